@@ -1,0 +1,1 @@
+"""The `dankserve` command line: one module per command, each exposing `command`."""

@@ -1,0 +1,108 @@
+"""The `dankserve` entry point: global options, lazy command loading, error reporting.
+
+Commands are imported only when invoked, so `dankserve probe --json` does not pay for
+Podman's or rich's import. A DankserveError becomes its message, its fix and its exit code;
+anything else is a bug: exit 1, with the traceback only under --debug.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from dankserve.cli.context import CliContext
+from dankserve.errors import DankserveError
+from dankserve.exitcodes import ExitCode
+
+# command name -> module under dankserve.cli (each module exposes `command`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "probe": ("probe", "Probe GPUs, CPUs, memory and NUMA; print or save the host description."),
+    "plan": ("plan", "Compute the vLLM command line for a deployment, with a reason per flag."),
+    "run": ("run", "Run the supervisor daemon in the foreground (systemd's ExecStart)."),
+    "up": ("up", "Start the service (or one deployment) and follow it until ready."),
+    "down": ("down", "Stop the service (or one deployment) gracefully."),
+    "status": ("status", "Show the daemon and each deployment's state."),
+    "logs": ("logs", "Show daemon and container logs together."),
+    "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),
+    "install": ("install", "Install the systemd unit and the example config."),
+    "doctor": ("doctor", "Check what a GPU host needs: Podman, driver, CDI, disk, image."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name, (module, _) in COMMANDS.items() if _module_exists(module))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None or not _module_exists(entry[0]):
+            return None
+        module = importlib.import_module(f"dankserve.cli.{entry[0]}")
+        command: click.Command = module.command
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _module_exists(module: str) -> bool:
+    return (Path(__file__).parent / f"{module}.py").is_file()
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Config file (default $DANKSERVE_CONFIG or /etc/dankserve/dankserve.toml).",
+)
+@click.option("--debug", is_flag=True, help="Print tracebacks of internal errors.")
+@click.version_option(package_name="dankserve")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None, debug: bool) -> None:
+    """dankserve: plan, start and keep the vLLM OpenAI server serving on this GPU host.
+
+    Exit codes: 0 success, 1 internal error, 2 invalid input, 3 environment not usable,
+    4 infeasible plan.
+    """
+    ctx.obj = CliContext(config=config, debug=debug)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI and exit with a documented exit code."""
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        rc = cli.main(args=argv, prog_name="dankserve", standalone_mode=False)
+    except DankserveError as exc:
+        click.echo(f"error: {exc.render()}", err=True)
+        sys.exit(int(exc.exit_code))
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitCode.INVALID_INPUT))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception:  # the last line of defence: a bug
+        if debug:
+            traceback.print_exc()
+        else:
+            click.echo(
+                "error: internal error (a bug in dankserve); run again with --debug for the traceback",
+                err=True,
+            )
+        sys.exit(int(ExitCode.INTERNAL))
+    # commands return an ExitCode (or None for success); ctx.exit(n) returns n here
+    sys.exit(int(rc) if isinstance(rc, int) else int(ExitCode.OK))

@@ -1,0 +1,81 @@
+"""The exceptions dankserve raises for failures a user can cause or fix.
+
+Every one carries a message naming the problem and the offending value, a `fix` telling the
+user what to do, and the exit code the CLI ends with::
+
+    DankserveError                      (never raised itself)
+    ├── InvalidInput                    exit 2
+    │   ├── ConfigError                 the TOML file, DANKSERVE_* env or a setting's value
+    │   ├── HardwareFileError           a recorded-host file (--hardware) that cannot be read
+    │   └── UnknownValueError           a value outside a known set (e.g. --kv-cache-dtype q8_0)
+    ├── EnvironmentUnusable             exit 3
+    │   ├── NvmlUnavailable             no NVIDIA driver / NVML library, or no GPU
+    │   ├── PodmanUnreachable           the Podman REST API does not answer
+    │   └── MissingTool                 a system program dankserve needs is absent
+    └── InfeasiblePlan                  exit 4: cannot run on this host as configured
+
+Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+from dankserve.exitcodes import ExitCode
+
+
+class DankserveError(Exception):
+    """Base of every error dankserve reports to a user."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def render(self) -> str:
+        """The text the CLI prints: the message, then the fix on its own line."""
+        if self.fix:
+            return f"{self.message}\n  fix: {self.fix}"
+        return self.message
+
+
+class InvalidInput(DankserveError):
+    """Arguments, configuration or an input file are invalid (exit 2)."""
+
+    exit_code = ExitCode.INVALID_INPUT
+
+
+class ConfigError(InvalidInput):
+    """The configuration file, a DANKSERVE_* variable or a setting value is invalid."""
+
+
+class HardwareFileError(InvalidInput):
+    """A recorded-host file is unreadable, not JSON, or does not match the schema."""
+
+
+class UnknownValueError(InvalidInput):
+    """A value is not one of the values the target accepts."""
+
+
+class EnvironmentUnusable(DankserveError):
+    """The host environment cannot run dankserve's job (exit 3)."""
+
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class NvmlUnavailable(EnvironmentUnusable):
+    """NVML cannot be loaded or initialised, or it sees no GPU."""
+
+
+class PodmanUnreachable(EnvironmentUnusable):
+    """The Podman REST API at the configured URL does not answer."""
+
+
+class MissingTool(EnvironmentUnusable):
+    """A system program that dankserve needs is not installed."""
+
+
+class InfeasiblePlan(DankserveError):
+    """The deployment cannot run on this host as configured (exit 4)."""
+
+    exit_code = ExitCode.INFEASIBLE

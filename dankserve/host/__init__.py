@@ -1,0 +1,1 @@
+"""What dankserve knows about the machine: GPUs, CPUs, memory, NUMA, disks."""

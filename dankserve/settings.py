@@ -1,0 +1,269 @@
+"""dankserve's settings: one TOML file plus ``DANKSERVE_*`` variables, validated by pydantic.
+
+Every key that any part of dankserve reads is declared here, with its default and its
+meaning, so keys never change names. `docs/CONFIGURATION.md` is generated from this module.
+
+Where the file lives: ``--config FILE``, else ``$DANKSERVE_CONFIG``, else
+``/etc/dankserve/dankserve.toml``. A missing default file means "no deployments"; a missing
+file that was named explicitly is an error. Environment variables override the file:
+``DANKSERVE_PODMAN_URL``, ``DANKSERVE_STATE_DIR`` ... and nested keys with ``__``
+(``DANKSERVE_DEPLOYMENTS__CHAT__PORT=8001``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from dankserve.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
+DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
+CONFIG_ENV = "DANKSERVE_CONFIG"
+
+PullPolicy = Literal["missing", "always", "never"]
+RuntimeKind = Literal["podman", "process"]
+Profile = Literal["throughput", "latency"]
+
+
+class _Strict(BaseModel):
+    """A settings section: unknown keys are errors, values are frozen once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeculativeSettings(_Strict):
+    """Speculative decoding, passed to vLLM as ``--speculative-config`` JSON."""
+
+    method: str = Field(description="vLLM speculative method: ngram, draft_model, eagle3, dflash, mtp ...")
+    model: str | None = Field(default=None, description="Draft model (HF id or path), when the method needs one.")
+    tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Speculative tokens per step; unset: 8 for the throughput profile, 16 for latency.",
+    )
+
+
+class CpuOffloadSettings(_Strict):
+    """Weights offloaded to CPU memory (vLLM UVA offload). Opt-in: it costs much latency."""
+
+    gib: float = Field(gt=0, description="GiB of weights per GPU to keep in CPU memory (--cpu-offload-gb).")
+    params: list[str] = Field(
+        default_factory=list,
+        description="Parameter name patterns to offload, e.g. ['experts'] (--cpu-offload-params).",
+    )
+
+
+class ModelFacts(_Strict):
+    """Model facts declared by hand, used when the HF cache does not hold the model's files."""
+
+    parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
+    num_attention_heads: int | None = Field(default=None, gt=0)
+    num_key_value_heads: int | None = Field(default=None, gt=0)
+    num_hidden_layers: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    moe: bool | None = Field(default=None, description="Mixture-of-experts model.")
+    quantization: str | None = Field(default=None, description="e.g. fp8, awq, gptq; unset: unquantised.")
+    dtype_bytes: int | None = Field(
+        default=None, gt=0, description="Bytes per KV element of the model dtype (2 for bf16)."
+    )
+
+
+class DeploymentSettings(_Strict):
+    """One served model: a ``[deployments.NAME]`` table."""
+
+    model: str = Field(description="HF model id (ORG/NAME) or a path inside the HF cache.")
+    revision: str | None = Field(default=None, description="HF revision (branch, tag or commit).")
+    image: str = Field(default=DEFAULT_IMAGE, description="The vLLM OpenAI server image.")
+    pull: PullPolicy = Field(default="missing", description="When to pull the image.")
+    runtime: RuntimeKind = Field(
+        default="podman", description="podman: a container; process: a plain `vllm serve` process."
+    )
+    executable: str | None = Field(
+        default=None,
+        description="process runtime: the `vllm` executable or a Python interpreter with vLLM installed.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address the server binds to on the host.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
+    api_key_file: Path | None = Field(default=None, description="File holding the server's API key.")
+    hf_token_file: Path | None = Field(default=None, description="File holding the Hugging Face token.")
+    gpus: list[int | str] | None = Field(default=None, description="GPU indices or UUIDs; unset: all GPUs.")
+    tensor_parallel_size: int | None = Field(default=None, ge=1, description="Unset: the fewest GPUs that fit.")
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of each GPU vLLM may use; unset: from the table by GPU size. Set to share a GPU.",
+    )
+    max_model_len: int | Literal["auto"] | None = Field(default=None, description="Context length, or auto.")
+    kv_cache_dtype: str | None = Field(default=None, description="Unset: fp8 where supported, else auto.")
+    attention_backend: str | None = Field(default=None, description="vLLM attention backend, e.g. FLASH_ATTN.")
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs: faster start, slower serving.")
+    speculative: SpeculativeSettings | None = None
+    cpu_offload: CpuOffloadSettings | None = None
+    kv_offload: float | Literal["auto", "off"] = Field(
+        default="auto",
+        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM), or off.",
+    )
+    profile: Profile = Field(default="throughput", description="Tune batching for throughput or latency.")
+    numa_bind: bool | None = Field(default=None, description="Unset: bind when the host has several NUMA nodes.")
+    shm_size: str | None = Field(default=None, description="Container shared memory (e.g. 16g) instead of ipc=host.")
+    privileged: bool = Field(
+        default=False,
+        description="Opt-in: run the container privileged (SYS_ADMIN, apparmor=unconfined). Warned about.",
+    )
+    model_facts: ModelFacts | None = Field(default=None, description="Declared model facts when not in the HF cache.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for vLLM.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments, verbatim, last.")
+    enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
+    hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
+    cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_unique(cls, value: list[int | str] | None) -> list[int | str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("gpus is empty: leave it out for all GPUs, or list indices/UUIDs")
+            if len(set(map(str, value))) != len(value):
+                raise ValueError(f"gpus lists a GPU twice: {value}")
+        return value
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _max_model_len_positive(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("max_model_len must be a positive integer or 'auto'")
+        return value
+
+
+class Settings(BaseSettings):
+    """Global settings and the deployments."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DANKSERVE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    podman_url: str = Field(default="unix:///run/podman/podman.sock", description="Podman REST API URL.")
+    state_dir: Path = Field(default=Path("/var/lib/dankserve"), description="Learned boot facts, pid, control socket.")
+    cache_dir: Path = Field(default=Path("/var/cache/dankserve"), description="Per-deployment torch.compile caches.")
+    hf_cache_dir: Path = Field(
+        default=Path("/var/cache/dankserve/huggingface"),
+        description="Hugging Face cache, mounted at /root/.cache/huggingface.",
+    )
+    vllm_version: str | None = Field(default=None, description="vLLM version when the image cannot tell.")
+    restart_backoff_initial_seconds: float = Field(
+        default=2.0, ge=0, description="Second retry's delay (the first is immediate)."
+    )
+    restart_backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest delay between restarts.")
+    restart_backoff_multiplier: float = Field(default=2.0, ge=1, description="Growth of the delay per failure.")
+    restart_jitter_seconds: float = Field(default=1.0, ge=0, description="Random jitter added to each delay.")
+    failure_window_seconds: float = Field(default=900.0, gt=0, description="Window in which failures are counted.")
+    max_failures_in_window: int = Field(default=5, ge=1, description="More failures in the window: failed.")
+    boot_timeout_seconds: float = Field(default=1800.0, gt=0, description="No readiness within this: restart.")
+    stop_timeout_seconds: float = Field(default=60.0, gt=0, description="Graceful stop before a kill.")
+    health_interval_seconds: float = Field(default=3.0, gt=0, description="Health probe period while ready.")
+    log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
+    deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)
+
+    @field_validator("deployments")
+    @classmethod
+    def _names_are_plain(cls, value: dict[str, DeploymentSettings]) -> dict[str, DeploymentSettings]:
+        for name in value:
+            if not name or not all(c.isalnum() or c in "-_" for c in name):
+                raise ValueError(f"deployment name {name!r} may hold only letters, digits, '-' and '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_deployment_per_port(self) -> Settings:
+        seen: dict[tuple[str, int], str] = {}
+        for name, dep in self.deployments.items():
+            for other_key, other in seen.items():
+                same_addr = other_key[0] == dep.host or "0.0.0.0" in (other_key[0], dep.host)
+                if other_key[1] == dep.port and same_addr:
+                    raise ValueError(
+                        f"deployments {other!r} and {name!r} both use port {dep.port}: "
+                        "give each deployment its own port"
+                    )
+            seen[(dep.host, dep.port)] = name
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs; env overrides them.
+        return (env_settings, init_settings)
+
+
+def resolve_config_path(explicit: Path | None, environ: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+    """The config file to read and whether the user named it (so its absence is an error)."""
+    env = os.environ if environ is None else environ
+    if explicit is not None:
+        return explicit, True
+    if env.get(CONFIG_ENV):
+        return Path(env[CONFIG_ENV]), True
+    return DEFAULT_CONFIG_PATH, False
+
+
+def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
+    """The TOML file's tables, or {} when an unnamed default file is absent."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(
+                f"config file {path} does not exist",
+                fix=f"create it (see config/dankserve.toml for every key) or point --config/{CONFIG_ENV} elsewhere",
+            ) from None
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}", fix="check its permissions") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not valid TOML: {exc}", fix="correct the syntax at that line"
+        ) from None
+
+
+def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    value = error.get("input")
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key {key!r} (value {value!r}); see config/dankserve.toml for the keys allowed"
+    shown = "" if isinstance(value, dict) else f" = {value!r}"
+    return f"{path}: {key}{shown}: {error['msg']}"
+
+
+def load_settings(config: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the settings; every problem becomes a ConfigError (exit 2)."""
+    path, required = resolve_config_path(config, environ)
+    data = read_config_file(path, required=required)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        lines = [_describe_error(path, err) for err in exc.errors()]
+        raise ConfigError(
+            "invalid configuration:\n  " + "\n  ".join(lines),
+            fix="correct the values named above (config/dankserve.toml documents every key)",
+        ) from None

@@ -1,0 +1,1 @@
+"""Shared fixtures. Harness fixtures for real services live in tests/harness/."""
