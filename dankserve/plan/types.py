@@ -1,0 +1,63 @@
+"""The planner's output: the vLLM command line, its environment, and a reason for each flag."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FlagChoice:
+    """One vLLM flag the planner chose, with its value (None for a bare switch) and why."""
+
+    flag: str
+    value: str | tuple[str, ...] | None
+    reason: str
+
+    def tokens(self) -> list[str]:
+        """The flag as separate argv tokens: switches bare, lists as separate tokens."""
+        if self.value is None:
+            return [self.flag]
+        if isinstance(self.value, tuple):
+            return [self.flag, *self.value]
+        return [self.flag, self.value]
+
+    def to_json(self) -> dict[str, Any]:
+        value: Any = list(self.value) if isinstance(self.value, tuple) else self.value
+        return {"flag": self.flag, "value": value, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to run one deployment: everything the runtime needs, nothing it must work out."""
+
+    deployment: str
+    image: str
+    model: str
+    vllm_version: str
+    argv: tuple[str, ...]
+    """What follows the image entrypoint (`vllm serve`): the model, then the flags."""
+    env: Mapping[str, str]
+    flags: tuple[FlagChoice, ...]
+    warnings: tuple[str, ...]
+    gpu_indices: tuple[int, ...]
+    """NVML indices of the GPUs assigned to this deployment (PCI bus order)."""
+    gpu_uuids: tuple[str, ...]
+    tensor_parallel_size: int
+    numa_bind: bool
+    """The plan binds workers to NUMA nodes (the container then needs SYS_NICE and numactl)."""
+    fingerprint: str
+    """Hash of config and totals (never of live free memory): equal plans, equal fingerprints."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `dankserve plan --json` form."""
+        return {
+            "deployment": self.deployment,
+            "image": self.image,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "flags": [f.to_json() for f in self.flags],
+            "warnings": list(self.warnings),
+        }

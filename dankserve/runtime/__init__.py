@@ -1,0 +1,1 @@
+"""Runtimes execute a workload spec: Podman containers, or plain processes."""

@@ -1,0 +1,179 @@
+"""The narrow runtime interface: what the supervisor may ask of Podman or of a process runner.
+
+Nothing above this module touches Podman or processes directly. A runtime executes a
+`WorkloadSpec` it is handed; it knows nothing of planning, learning or restart policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+PullPolicy = Literal["missing", "always", "never"]
+
+# Labels every dankserve workload carries; adoption and listing rely on them.
+LABEL_MANAGED = "io.dankserve.managed"
+LABEL_DEPLOYMENT = "io.dankserve.deployment"
+LABEL_FINGERPRINT = "io.dankserve.fingerprint"
+LABEL_BOOT = "io.dankserve.boot"
+
+
+def workload_name(deployment: str) -> str:
+    """The container (or process) name of a deployment."""
+    return f"dankserve-{deployment}"
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    """An assigned GPU: NVML index (PCI bus order) and UUID."""
+
+    index: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory bound into the workload (ignored by the process runtime)."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class SecretFile:
+    """A secret read from a host file and exposed to vLLM as a file, never as env or argv."""
+
+    name: str
+    """Secret name, e.g. `hf_token` or `api_key`."""
+    source: Path
+    """Host file holding the value."""
+    env_var: str
+    """How vLLM learns of it: `HF_TOKEN_PATH` points at the file; `VLLM_API_KEY` is read from it
+    by the entrypoint wrapper just before exec."""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything needed to start one vLLM server for one deployment."""
+
+    deployment: str
+    image: str
+    argv: tuple[str, ...]
+    """Arguments after `vllm serve`."""
+    env: Mapping[str, str]
+    port: int
+    bind_host: str = "127.0.0.1"
+    container_port: int = 8000
+    pull: PullPolicy = "missing"
+    gpus: tuple[GpuRef, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    secrets: tuple[SecretFile, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    shm_size: str | None = None
+    """None: share the host's IPC namespace (ipc=host)."""
+    numa_bind: bool = False
+    """Adds SYS_NICE so vLLM can bind worker memory to NUMA nodes."""
+    privileged: bool = False
+    """Explicit opt-in only (SYS_ADMIN, apparmor=unconfined)."""
+    executable: str | None = None
+    """Process runtime: the `vllm` executable or a Python with vLLM."""
+    cache_dir: Path | None = None
+    """Host directory of this deployment's torch.compile cache (VLLM_CACHE_ROOT)."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """A local image: the reference asked for, its digest, and the vLLM version it holds."""
+
+    reference: str
+    digest: str
+    vllm_version: str | None
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One progress report of an image pull."""
+
+    reference: str
+    status: str
+    current_bytes: int | None = None
+    total_bytes: int | None = None
+
+
+WorkloadState = Literal["created", "running", "paused", "exited", "stopped", "unknown"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A running or finished workload, as the runtime sees it now."""
+
+    id: str
+    name: str
+    deployment: str
+    state: WorkloadState
+    labels: Mapping[str, str]
+    image: str = ""
+    exit_code: int | None = None
+    oom_killed: bool = False
+    pid: int | None = None
+    started_at: float | None = None
+    """Unix time the workload started."""
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.labels.get(LABEL_FINGERPRINT)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    """A workload ended."""
+
+    workload_id: str
+    deployment: str
+    exit_code: int | None
+    oom_killed: bool = False
+
+
+class Runtime(Protocol):
+    """What the supervisor may ask of a runtime. Implementations: Podman, plain process."""
+
+    def ensure_image(
+        self, image: str, pull: PullPolicy, progress: Callable[[PullProgress], None] | None = None
+    ) -> ImageInfo:
+        """Make the image present per the pull policy; its digest and vLLM version."""
+        ...
+
+    def start(self, spec: WorkloadSpec) -> Workload:
+        """Create and start the workload; at most one per deployment (an existing one is replaced)."""
+        ...
+
+    def stop(self, workload_id: str, timeout: float) -> None:
+        """Stop gracefully, killing after `timeout` seconds; a workload already gone is fine."""
+        ...
+
+    def remove(self, workload_id: str) -> None:
+        """Remove a stopped workload; one already gone is fine."""
+        ...
+
+    def logs(self, workload_id: str, follow: bool = False) -> Iterator[str]:
+        """The workload's output as lines (without newlines), following if asked."""
+        ...
+
+    def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
+        """Block until the workload exits (its event) or the timeout passes (None)."""
+        ...
+
+    def list_workloads(self) -> list[Workload]:
+        """Every workload this runtime manages for dankserve, running or not."""
+        ...
+
+    def inspect(self, workload_id: str) -> Workload | None:
+        """The workload now, or None when it no longer exists."""
+        ...
