@@ -170,6 +170,10 @@ class Runtime(Protocol):
         """Block until the workload exits (its event) or the timeout passes (None)."""
         ...
 
+    def find(self, deployment: str) -> Workload | None:
+        """The deployment's workload (running or not), or None."""
+        ...
+
     def list_workloads(self) -> list[Workload]:
         """Every workload this runtime manages for dankserve, running or not."""
         ...

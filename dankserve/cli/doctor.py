@@ -1,0 +1,62 @@
+"""`dankserve doctor`: what a GPU host needs, checked one by one, each failure with its fix."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from dankserve import doctor
+from dankserve.cli.context import cli_context
+from dankserve.cli.render import print_json
+from dankserve.errors import DankserveError
+from dankserve.exitcodes import ExitCode
+
+
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def command(as_json: bool) -> ExitCode:
+    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk and images."""
+    settings = cli_context().load_settings()
+    checks: list[doctor.Check] = []
+
+    driver: str | None = None
+    try:
+        from dankserve.host.probe import probe_host
+
+        host = probe_host([settings.cache_dir, settings.hf_cache_dir])
+        driver = host.driver_version
+        checks.append(doctor.Check("nvidia driver", "ok", f"driver {driver}, {len(host.gpus)} GPU(s)"))
+    except DankserveError as exc:
+        checks.append(doctor.Check("nvidia driver", "fail", exc.message, exc.fix))
+    checks.append(doctor.device_node_verdict(doctor.read_device_nodes()))
+    checks.append(doctor.cdi_verdict(doctor.read_cdi_specs(), driver))
+    for path in (settings.cache_dir, settings.hf_cache_dir):
+        checks.append(doctor.disk_verdict(path, doctor.free_disk(path), None))
+
+    podman_deployments = {n: d for n, d in settings.deployments.items() if d.runtime == "podman" and d.enabled}
+    if podman_deployments:
+        try:
+            from dankserve.runtime.podman import PodmanRuntime
+
+            runtime = PodmanRuntime(settings.podman_url, cache_dir=settings.state_dir)
+            runtime.list_workloads()
+            checks.append(doctor.Check("podman", "ok", f"reachable at {settings.podman_url}"))
+            for name, dep in sorted(podman_deployments.items()):
+                present = runtime.image_present(dep.image)
+                verdict: doctor.Verdict = "ok" if present else ("fail" if dep.pull == "never" else "warn")
+                detail = f"{dep.image} {'present' if present else 'not present'}"
+                fix = None if present else f"podman pull {dep.image}"
+                checks.append(doctor.Check(f"image for {name}", verdict, detail, fix))
+        except DankserveError as exc:
+            checks.append(doctor.Check("podman", "fail", exc.message, exc.fix))
+
+    failed = [c for c in checks if c.verdict == "fail"]
+    if as_json:
+        print_json({"checks": [asdict(c) for c in checks], "ok": not failed})
+    else:
+        for check in checks:
+            click.echo(f"[{check.verdict:4}] {check.name}: {check.detail}")
+            if check.fix and check.verdict != "ok":
+                click.echo(f"        fix: {check.fix}")
+    return ExitCode.ENVIRONMENT if failed else ExitCode.OK

@@ -1,0 +1,36 @@
+"""`dankserve run`: the daemon in the foreground (systemd's ExecStart)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dankserve.cli.context import cli_context
+from dankserve.exitcodes import ExitCode
+
+
+@click.command("run")
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "console", "json", "journald"]),
+    default=None,
+    help="Log output (default: the log_format setting; auto picks journald when present).",
+)
+@click.option(
+    "--hardware",
+    type=click.Path(path_type=Path, dir_okay=False),
+    envvar="DANKSERVE_HARDWARE",
+    default=None,
+    help="Use a recorded host description instead of probing NVML.",
+)
+def command(log_format: str | None, hardware: Path | None) -> ExitCode:
+    """Supervise every enabled deployment until SIGTERM; SIGHUP reloads the config."""
+    from dankserve.logs import configure_logging
+    from dankserve.supervisor.assembly import build_daemon
+
+    ctx = cli_context()
+    settings = ctx.load_settings()
+    configure_logging(log_format or settings.log_format)
+    daemon = build_daemon(settings, hardware_file=hardware, config_path=ctx.config)
+    return daemon.run()

@@ -1,0 +1,103 @@
+"""`dankserve status [--json]`: the daemon and each deployment, whether or not the daemon runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from dankserve.cli.context import cli_context
+from dankserve.cli.render import format_bytes, print_json
+from dankserve.exitcodes import ExitCode
+from dankserve.settings import Settings
+
+
+def offline_status(settings: Settings) -> dict[str, Any]:
+    """What status can say from the config and the state store while no daemon runs."""
+    from dankserve.state import StateStore
+
+    store = StateStore(settings.state_dir, read_only=True)
+    deployments = []
+    for name in sorted(settings.deployments):
+        dep = settings.deployments[name]
+        record = store.deployment(name)
+        deployments.append(
+            {
+                "name": name,
+                "state": "down" if store.is_down(name) else ("disabled" if not dep.enabled else "stopped"),
+                "phase": "stopped",
+                "endpoint": f"http://{dep.host}:{dep.port}/v1",
+                "model": dep.model,
+                "image": dep.image,
+                "vllm_version": None,
+                "uptime_seconds": None,
+                "boots": record.boots if record else 0,
+                "restarts": record.restarts if record else 0,
+                "last_failure": record.last_failure if record else None,
+                "kv_cache_memory_bytes": store.any_learned_bytes(name),
+                "kv_cache_learned_used": False,
+                "compile_cache_hit": record.compile_cache_hit if record else None,
+                "gpus": [],
+                "kv_cache_usage_perc": None,
+                "preemptions": None,
+                "message": None,
+            }
+        )
+    return {"daemon": {"running": False, "pid": None}, "deployments": deployments}
+
+
+def current_status(settings: Settings) -> dict[str, Any]:
+    """The daemon's own answer when it runs, else the offline view."""
+    from dankserve import servicectl
+
+    reply = servicectl.daemon_request(settings.state_dir, {"command": "status"}, timeout=5)
+    if reply and reply.get("ok"):
+        status: dict[str, Any] = reply["status"]
+        return status
+    return offline_status(settings)
+
+
+def _warnings(doc: dict[str, Any]) -> list[str]:
+    out = []
+    for dep in doc["deployments"]:
+        if dep.get("preemptions"):
+            out.append(
+                f"{dep['name']}: {dep['preemptions']} preemptions: the KV cache is too small for the load "
+                "(lower max_num_seqs, shorten max_model_len, or give it more GPU memory)"
+            )
+        if dep["state"] == "failed" and dep.get("message"):
+            out.append(f"{dep['name']}: failed: {dep['message']}")
+    return out
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+def command(as_json: bool) -> ExitCode:
+    """Show the daemon and each deployment's state, boots, learned KV cache and GPU memory."""
+    settings = cli_context().load_settings()
+    doc = current_status(settings)
+    doc["warnings"] = _warnings(doc)
+    if as_json:
+        print_json(doc)
+        return ExitCode.OK
+    daemon = doc["daemon"]
+    click.echo(f"daemon: {'running (pid ' + str(daemon['pid']) + ')' if daemon['running'] else 'not running'}")
+    for dep in doc["deployments"]:
+        uptime = f", up {dep['uptime_seconds']:.0f}s" if dep.get("uptime_seconds") is not None else ""
+        click.echo(f"{dep['name']}: {dep['state']} ({dep['phase']}){uptime}  {dep['endpoint']}")
+        click.echo(f"  model {dep['model']}  image {dep['image']}  vLLM {dep.get('vllm_version') or '?'}")
+        learned = " (learned)" if dep.get("kv_cache_learned_used") else ""
+        click.echo(
+            f"  boots {dep['boots']}  restarts {dep['restarts']}  KV cache "
+            f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  compile cache hit {dep.get('compile_cache_hit')}"
+        )
+        for gpu in dep.get("gpus") or []:
+            click.echo(
+                f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "
+                f"{format_bytes(gpu['memory_total_bytes'])}"
+            )
+        if dep.get("last_failure"):
+            click.echo(f"  last failure: {dep['last_failure'].get('class')}: {dep['last_failure'].get('message')}")
+    for warning in doc["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+    return ExitCode.OK

@@ -1,0 +1,91 @@
+"""The checks behind `dankserve doctor`: each reads one thing and says ok, warn or fail, and the fix.
+
+Pure verdict functions over readings; the readers are thin edges at the bottom.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Verdict = Literal["ok", "warn", "fail"]
+CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's report."""
+
+    name: str
+    verdict: Verdict
+    detail: str
+    fix: str | None = None
+
+
+def cdi_verdict(spec_texts: dict[str, str], driver_version: str | None) -> Check:
+    """A CDI spec must list nvidia.com/gpu devices, made for the installed driver."""
+    specs = {path: text for path, text in spec_texts.items() if "nvidia.com/gpu" in text or "kind: nvidia.com" in text}
+    fix = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+    if not specs:
+        return Check("cdi", "warn", "no CDI spec lists nvidia.com/gpu: device nodes will be passed instead", fix)
+    if driver_version and not any(driver_version in text for text in specs.values()):
+        paths = ", ".join(sorted(specs))
+        return Check("cdi", "fail", f"CDI spec {paths} was made for another driver than {driver_version}", fix)
+    return Check("cdi", "ok", f"CDI spec {', '.join(sorted(specs))}")
+
+
+def disk_verdict(path: Path, free_bytes: int | None, needed_bytes: int | None) -> Check:
+    """Free disk where a cache lives: enough for the model when its size is known, else 20 GiB."""
+    if free_bytes is None:
+        return Check(f"disk {path}", "warn", "cannot read free space")
+    want = needed_bytes if needed_bytes else 20 * 2**30
+    detail = f"{free_bytes / 2**30:.1f} GiB free"
+    if free_bytes < want:
+        return Check(f"disk {path}", "fail", f"{detail}, need {want / 2**30:.1f} GiB", f"free space under {path}")
+    return Check(f"disk {path}", "ok", detail)
+
+
+def device_node_verdict(nodes: Iterable[str]) -> Check:
+    """/dev/nvidiactl and at least one /dev/nvidiaN must exist."""
+    present = sorted(nodes)
+    has_gpu = any(Path(n).name.removeprefix("nvidia").isdigit() for n in present)
+    if "/dev/nvidiactl" in present and has_gpu:
+        return Check("device nodes", "ok", " ".join(present))
+    return Check(
+        "device nodes",
+        "fail",
+        f"missing /dev/nvidiactl or /dev/nvidiaN (found: {' '.join(present) or 'none'})",
+        "install the NVIDIA driver and load its modules (nvidia-smi should list the GPUs)",
+    )
+
+
+# -- readers (edges) ------------------------------------------------------------------------------
+
+
+def read_cdi_specs(dirs: Iterable[Path] = CDI_DIRS) -> dict[str, str]:
+    out = {}
+    for directory in dirs:
+        for path in sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.json")):
+            try:
+                out[str(path)] = path.read_text(errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+def read_device_nodes() -> list[str]:
+    return glob.glob("/dev/nvidia*")
+
+
+def free_disk(path: Path) -> int | None:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None

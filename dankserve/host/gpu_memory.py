@@ -1,0 +1,84 @@
+"""Live GPU memory readings for boot learning and status: NVML, or the recorded host file.
+
+Boot learning compares free memory now with the baseline recorded before the learning boot.
+On a real host that reading comes from NVML; on a machine without GPUs (tests, the demo) it
+comes from the recorded host file, re-read each time so a test can change it between boots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dankserve.host.model import Host
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory now."""
+
+    index: int
+    uuid: str
+    total_bytes: int
+    free_bytes: int | None
+    used_bytes: int | None
+    other_processes: int | None = None
+    """Compute processes NVML lists on the GPU (None when unknown)."""
+
+
+def from_host(host: Host, uuids: Sequence[str]) -> dict[str, GpuMemory]:
+    """Readings taken from a host description (recorded or freshly probed), by UUID."""
+    out: dict[str, GpuMemory] = {}
+    for gpu in host.gpus:
+        if gpu.uuid in uuids:
+            free = gpu.memory_free_bytes
+            used = None if free is None else gpu.memory_total_bytes - free
+            out[gpu.uuid] = GpuMemory(gpu.index, gpu.uuid, gpu.memory_total_bytes, free, used)
+    return out
+
+
+def read_nvml(uuids: Sequence[str]) -> dict[str, GpuMemory] | None:
+    """Readings from NVML by UUID, or None when NVML cannot be used here."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        out: dict[str, GpuMemory] = {}
+        for uuid in uuids:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            index = int(pynvml.nvmlDeviceGetIndex(handle))
+            try:
+                others: int | None = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            except Exception:
+                others = None
+            out[uuid] = GpuMemory(index, uuid, int(info.total), int(info.free), int(info.used), others)
+        return out
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def read_gpu_memory(uuids: Sequence[str], hardware_file: Path | None, fallback: Host | None) -> dict[str, GpuMemory]:
+    """Free/used memory of the given GPUs now: recorded file if one drives this run, else NVML."""
+    if hardware_file is not None:
+        from dankserve.host.recorded import read_host
+
+        try:
+            return from_host(read_host(hardware_file), uuids)
+        except Exception:
+            return from_host(fallback, uuids) if fallback else {}
+    readings = read_nvml(uuids)
+    if readings is not None:
+        return readings
+    return from_host(fallback, uuids) if fallback else {}

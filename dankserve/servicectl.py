@@ -1,0 +1,108 @@
+"""How the CLI reaches the daemon: systemd when the unit is installed, else a background process.
+
+`up`, `down`, `status` and `logs` use these; the daemon itself never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dankserve import control
+from dankserve.errors import EnvironmentUnusable
+from dankserve.supervisor import instance
+
+UNIT_NAME = "dankserve.service"
+DAEMON_LOG = "daemon.log"
+
+
+def systemd_running() -> bool:
+    """systemd is PID 1 here (so units can be started)."""
+    return Path("/run/systemd/system").is_dir() and shutil.which("systemctl") is not None
+
+
+def unit_installed() -> bool:
+    """The dankserve unit is known to systemd."""
+    if not systemd_running():
+        return False
+    done = subprocess.run(["systemctl", "cat", UNIT_NAME], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+def systemctl(*args: str) -> None:
+    """Run systemctl, turning a failure into an environment error with its message."""
+    done = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise EnvironmentUnusable(
+            f"systemctl {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}",
+            fix=f"see `journalctl -u {UNIT_NAME}`",
+        )
+
+
+def daemon_request(state_dir: Path, message: dict[str, Any], timeout: float = 120.0) -> dict[str, Any] | None:
+    """Ask the running daemon; None when none answers."""
+    path = control.socket_path(state_dir)
+    try:
+        return control.request(path, message, timeout=timeout)
+    except PermissionError:
+        raise EnvironmentUnusable(
+            f"cannot reach the daemon's control socket {path}: permission denied",
+            fix="run as root (the control socket is root-only)",
+        ) from None
+    except (OSError, ValueError):
+        return None
+
+
+def daemon_pid(state_dir: Path) -> int | None:
+    """The running daemon's pid, or None."""
+    return instance.running_daemon(state_dir)
+
+
+def spawn_daemon(argv: list[str], state_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `dankserve run` detached from this terminal; its output goes to daemon.log."""
+    instance.ensure_private_dir(state_dir)
+    log_path = state_dir / DAEMON_LOG
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
+        )
+    finally:
+        os.close(fd)
+    return proc
+
+
+def run_argv(config: Path | None, extra: list[str] | None = None) -> list[str]:
+    """The command line that runs the daemon with the same interpreter and config."""
+    argv = [sys.executable, "-m", "dankserve"]
+    if config is not None:
+        argv += ["--config", str(config)]
+    return [*argv, "run", *(extra or [])]
+
+
+def stop_daemon(state_dir: Path, timeout: float) -> bool:
+    """SIGTERM the background daemon and wait until it is gone; False if it outlived timeout."""
+    pid = daemon_pid(state_dir)
+    if pid is None or pid <= 0:
+        return True
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if daemon_pid(state_dir) is None:
+            return True
+        time.sleep(0.1)
+    return False

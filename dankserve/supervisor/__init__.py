@@ -1,0 +1,1 @@
+"""The supervisor: deployment lifecycles, restart policy, boot learning, and the daemon loop."""

@@ -1,0 +1,96 @@
+"""Builds the daemon from settings: the planner, the runtimes and the host, checked up front.
+
+The daemon exits 2/3/4 before supervising anything when a deployment cannot be planned or a
+runtime cannot be reached, so systemd's RestartPreventExitStatus stops a restart loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dankserve.host.model import Host
+from dankserve.plan.types import Plan
+from dankserve.runtime.base import Runtime
+from dankserve.settings import DeploymentSettings, Settings
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps
+from dankserve.supervisor.workload import vllm_cache_root
+
+
+class _Runtimes:
+    """One runtime object per kind, created on first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._podman: Runtime | None = None
+        self._process: Runtime | None = None
+
+    def __call__(self, dep: DeploymentSettings) -> Runtime:
+        if dep.runtime == "process":
+            if self._process is None:
+                from dankserve.runtime.process import ProcessRuntime
+
+                self._process = ProcessRuntime(self._settings.state_dir / "processes")
+            return self._process
+        if self._podman is None:
+            from dankserve.runtime.podman import PodmanRuntime
+
+            self._podman = PodmanRuntime(self._settings.podman_url, cache_dir=self._settings.state_dir)
+        return self._podman
+
+
+def runtime_factory(settings: Settings) -> _Runtimes:
+    """A callable giving the runtime of a deployment's kind."""
+    return _Runtimes(settings)
+
+
+def make_planner(settings: Settings) -> object:
+    """The planner the daemon calls for each boot (the live settings are read at call time)."""
+
+    def plan(name: str, dep: DeploymentSettings, host: Host, overrides: BootOverrides) -> Plan:
+        from dankserve.plan.plan import plan_for_daemon
+
+        return plan_for_daemon(
+            name,
+            dep,
+            host,
+            settings,
+            vllm_cache_root=vllm_cache_root(settings, name, dep),
+            learned_kv_cache_memory_bytes=overrides.kv_cache_memory_bytes,
+            max_model_len=overrides.max_model_len,
+            gpu_memory_utilization=overrides.gpu_memory_utilization,
+        )
+
+    return plan
+
+
+def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Path | None) -> Daemon:
+    """A daemon ready to run, after checking that every enabled deployment can be planned."""
+    from dankserve.host.probe import load_host
+
+    def host_loader() -> Host:
+        return load_host(hardware_file)
+
+    runtimes = runtime_factory(settings)
+    planner = make_planner(settings)
+    deps = DaemonDeps(
+        planner=planner,  # type: ignore[arg-type]
+        runtime_for=runtimes,
+        load_host=host_loader,
+        hardware_file=hardware_file,
+    )
+    daemon = Daemon(settings, deps, config_path=config_path)
+    preflight(daemon)
+    return daemon
+
+
+def preflight(daemon: Daemon) -> None:
+    """Plan every enabled deployment and reach its runtime; raise the user error if one fails."""
+    from dankserve.plan.checks import check_gpu_sharing
+
+    plans = []
+    for name, dep in daemon.settings.deployments.items():
+        if not dep.enabled:
+            continue
+        plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides()))
+        daemon.deps.runtime_for(dep).list_workloads()
+    check_gpu_sharing(plans)

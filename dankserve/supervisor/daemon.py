@@ -1,0 +1,746 @@
+"""The daemon: one worker thread per deployment, driven by pure decisions, talking to the world
+through the runtime, the state store, NVML readings, sd_notify and the control socket.
+
+Each worker loops: plan -> pull -> adopt or start -> follow the boot log -> ready -> watch
+health and exit events -> on failure ask the policy what to do -> back off -> again. The main
+thread handles signals (SIGTERM/SIGINT stop, SIGHUP reload), systemd notifications and the
+control socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from dankserve.bootlog import BootFacts, BootLogReader
+from dankserve.control import ControlServer, socket_path
+from dankserve.errors import DankserveError
+from dankserve.exitcodes import ExitCode
+from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory
+from dankserve.host.model import Host
+from dankserve.plan.types import Plan
+from dankserve.runtime.base import Runtime, Workload
+from dankserve.settings import DeploymentSettings, Settings
+from dankserve.state import StateStore
+from dankserve.supervisor import instance, learning, policy
+from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
+from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, advance_boot_phase, all_settled, status_line
+from dankserve.supervisor.workload import compile_cache_dir, workload_spec
+from dankserve.systemd import notify
+
+log = structlog.get_logger("dankserve")
+
+Planner = Callable[[str, DeploymentSettings, Host, "BootOverrides"], Plan]
+RuntimeFactory = Callable[[DeploymentSettings], Runtime]
+HostLoader = Callable[[], Host]
+
+
+@dataclass(frozen=True)
+class BootOverrides:
+    """What the supervisor changes in a deployment's plan for the next boot."""
+
+    kv_cache_memory_bytes: int | None = None
+    """A learned value to pass as --kv-cache-memory-bytes (None: let vLLM profile)."""
+    max_model_len: int | str | None = None
+    """A remediation of a max-length error (vLLM's estimate, or 'auto')."""
+    gpu_memory_utilization: float | None = None
+    """A remediation of a no-KV-memory error (the top of the table band)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one boot-and-serve cycle ended."""
+
+    kind: str
+    """'stopped' (asked to), 'replan' (config changed), or 'failure'."""
+    failure: str | None = None
+    message: str | None = None
+    facts: BootFacts | None = None
+
+
+@dataclass(frozen=True)
+class DaemonDeps:
+    """The edges the daemon uses; tests swap none of them for fakes except the clock-free parts."""
+
+    planner: Planner
+    runtime_for: RuntimeFactory
+    load_host: HostLoader
+    hardware_file: Path | None = None
+    sleep: Callable[[float], None] = time.sleep
+
+
+@dataclass
+class DeploymentView:
+    """What `dankserve status` shows of one deployment (mutable, guarded by the worker's lock)."""
+
+    name: str
+    model: str
+    image: str
+    endpoint: str
+    state: str = "stopped"
+    phase: Phase = Phase.STOPPED
+    weights_percent: int | None = None
+    vllm_version: str | None = None
+    container_id: str | None = None
+    ready_since: float | None = None
+    boots: int = 0
+    restarts: int = 0
+    last_failure: dict[str, Any] | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_learned_used: bool = False
+    compile_cache_hit: bool | None = None
+    compile_seconds: float | None = None
+    preemptions: int | None = None
+    kv_cache_usage_perc: float | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    message: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class GpuBootLocks:
+    """Serialises boots that share a GPU: vLLM's memory profiling fails when another process
+    frees or takes memory on the same GPU meanwhile."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def holding(self, uuids: tuple[str, ...], cancelled: threading.Event) -> Iterator[bool]:
+        """Hold every GPU's lock (sorted, so no deadlock); yields False if cancelled meanwhile."""
+        with self._guard:
+            locks = [self._locks.setdefault(u, threading.Lock()) for u in sorted(set(uuids))]
+        taken: list[threading.Lock] = []
+        try:
+            for lock in locks:
+                while not lock.acquire(timeout=0.2):
+                    if cancelled.is_set():
+                        yield False
+                        return
+                taken.append(lock)
+            yield True
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+
+
+class DeploymentWorker:
+    """Keeps one deployment serving, in its own thread."""
+
+    def __init__(self, name: str, dep: DeploymentSettings, daemon: Daemon) -> None:
+        self.name = name
+        self.dep = dep
+        self.daemon = daemon
+        self.lock = threading.Lock()
+        self.view = DeploymentView(
+            name=name, model=dep.model, image=dep.image, endpoint=f"http://{dep.host}:{dep.port}/v1"
+        )
+        self._stop = threading.Event()
+        self._replan = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"deployment-{name}", daemon=True)
+        self.log = log.bind(deployment=name)
+        self._boot_started: float | None = None
+
+    # -- control -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def request_replan(self, dep: DeploymentSettings) -> None:
+        """Apply a changed configuration: the next cycle boots with it."""
+        with self.lock:
+            self.dep = dep
+        self._replan.set()
+        self._wake.set()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def phase(self) -> Phase:
+        with self.lock:
+            return self.view.phase
+
+    def booting_for(self) -> float | None:
+        """Seconds the current boot has run, or None when not booting."""
+        with self.lock:
+            if self.view.phase in BOOTING_PHASES and self._boot_started is not None:
+                return time.monotonic() - self._boot_started
+        return None
+
+    def _set(self, **changes: Any) -> None:
+        with self.lock:
+            for key, value in changes.items():
+                setattr(self.view, key, value)
+            phase = self.view.phase
+        if "phase" in changes:
+            self.log.info("phase", phase=phase.value)
+            self.daemon.phase_changed()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        overrides = BootOverrides()
+        failures: list[float] = []
+        remediated: set[str] = set()
+        while not self._stop.is_set():
+            self._replan.clear()
+            try:
+                outcome = self._cycle(overrides)
+            except DankserveError as exc:
+                outcome = Outcome("failure", "config_error", exc.render())
+            except Exception as exc:  # an unexpected runtime error: retry with backoff, never die
+                self.log.exception("cycle_error")
+                outcome = Outcome("failure", "crash", f"{type(exc).__name__}: {exc}")
+            if outcome.kind == "stopped" or self._stop.is_set():
+                self._set(phase=Phase.STOPPED, state="stopped", ready_since=None)
+                return
+            if outcome.kind == "replan":
+                overrides = BootOverrides()
+                remediated.clear()
+                failures.clear()
+                continue
+            assert outcome.failure is not None
+            now = time.time()
+            failures.append(now)
+            self.daemon.state.record_failure(self.name, outcome.failure, outcome.message, now)
+            with self.lock:
+                self.view.last_failure = {"class": outcome.failure, "message": outcome.message, "at": now}
+            action = policy.action_for(outcome.failure)
+            self.log.warning(
+                "boot_failed", failure=outcome.failure, action=action.value, failure_message=outcome.message
+            )
+            if action is policy.Action.CONFIG_ERROR:
+                self._fail(outcome.message or outcome.failure)
+                return
+            if action is policy.Action.REMEDIATE:
+                fixed = self._remediate(outcome, overrides, remediated)
+                if fixed is None:
+                    self._fail(outcome.message or outcome.failure)
+                    return
+                overrides = fixed
+            if action is policy.Action.RELEARN:
+                self.daemon.state.forget_learned(self.name)
+                overrides = replace(overrides, kv_cache_memory_bytes=None)
+            decision = policy.next_restart(
+                failures,
+                now,
+                self.daemon.settings,
+                first_retry_immediate=True,
+            )
+            if decision.give_up:
+                self._fail(
+                    f"{len(failures)} failures within {self.daemon.settings.failure_window_seconds:.0f}s: {decision.reason}"
+                )
+                return
+            with self.lock:
+                self.view.restarts += 1
+            self.daemon.state.record_restart(self.name)
+            self._set(phase=Phase.RESTARTING, state="restarting", ready_since=None)
+            self.log.info("restart_scheduled", delay_seconds=round(decision.delay, 2), reason=decision.reason)
+            self._wake.clear()
+            self._wake.wait(decision.delay)
+
+    def _fail(self, message: str) -> None:
+        self._set(phase=Phase.FAILED, state="failed", ready_since=None, message=message)
+        self.log.error("deployment_failed", failure_message=message)
+
+    def _remediate(self, outcome: Outcome, overrides: BootOverrides, done: set[str]) -> BootOverrides | None:
+        """The one remediation the policy allows for this failure, or None when none applies."""
+        failure = outcome.failure or ""
+        if failure in done:
+            return None
+        done.add(failure)
+        facts = outcome.facts
+        if failure == "max_len_too_large" and self.dep.max_model_len is None:
+            estimate = facts.estimated_max_model_len if facts else None
+            value: int | str = estimate if estimate else "auto"
+            self.log.warning("remediation", change=f"max_model_len={value}", because=failure)
+            return replace(overrides, max_model_len=value)
+        if failure == "no_kv_memory" and self.dep.gpu_memory_utilization is None:
+            top = policy.utilisation_band_top(self.daemon.smallest_gpu_bytes(self.name))
+            if top is None:
+                return None
+            self.log.warning("remediation", change=f"gpu_memory_utilization={top}", because=failure)
+            return replace(overrides, gpu_memory_utilization=top)
+        return None
+
+    def _cycle(self, overrides: BootOverrides) -> Outcome:
+        """One boot of the deployment and the time it serves, until it ends."""
+        daemon = self.daemon
+        with self.lock:
+            dep = self.dep
+        self._boot_started = time.monotonic()
+        self._set(phase=Phase.PLANNING, state="starting", message=None)
+        host = daemon.host
+        base_plan = daemon.deps.planner(self.name, dep, host, replace(overrides, kv_cache_memory_bytes=None))
+        uuids = base_plan.gpu_uuids
+        runtime = daemon.deps.runtime_for(dep)
+
+        self._set(phase=Phase.PULLING)
+        image = runtime.ensure_image(dep.image, dep.pull, lambda p: self.log.info("pull", status=p.status))
+        boot_key = learning.boot_fingerprint(base_plan, image.digest or image.vllm_version or "")
+        with self.lock:
+            self.view.vllm_version = image.vllm_version
+            self.view.gpu_uuids = uuids
+
+        existing = runtime.find(self.name)
+        if existing is not None and existing.running and existing.fingerprint == base_plan.fingerprint:
+            self.log.info("adopting", container_id=existing.id)
+            return self._follow(runtime, existing, base_plan, boot_key, baseline=None, learned_used=None)
+        if existing is not None:
+            self.log.info("replacing", container_id=existing.id, running=existing.running)
+            runtime.stop(existing.id, daemon.settings.stop_timeout_seconds)
+            runtime.remove(existing.id)
+
+        with daemon.gpu_locks.holding(uuids, self._stop) as held:
+            if not held:
+                return Outcome("stopped")
+            baseline = daemon.gpu_memory(uuids)
+            learned = daemon.state.learned(self.name, boot_key)
+            decision = learning.decide_kv_reuse(learned, {u: m.free_bytes for u, m in baseline.items()})
+            self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
+            plan = base_plan
+            if decision.use_bytes is not None:
+                plan = daemon.deps.planner(
+                    self.name, dep, host, replace(overrides, kv_cache_memory_bytes=decision.use_bytes)
+                )
+            boot = daemon.state.next_boot(self.name)
+            compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._set(phase=Phase.STARTING, boots=boot, kv_cache_learned_used=decision.use_bytes is not None)
+            workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
+            self.log.info("started", container_id=workload.id, boot=boot)
+            return self._follow(runtime, workload, plan, boot_key, baseline, decision.use_bytes)
+
+    def _follow(
+        self,
+        runtime: Runtime,
+        workload: Workload,
+        plan: Plan,
+        boot_key: str,
+        baseline: Mapping[str, GpuMemory] | None,
+        learned_used: int | None,
+    ) -> Outcome:
+        """Watch the workload boot and serve, until it ends or we are told to stop."""
+        settings = self.daemon.settings
+        with self.lock:
+            dep = self.dep
+            self.view.container_id = workload.id
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            try:
+                for line in runtime.logs(workload.id, follow=True):
+                    lines.put(line)
+            except Exception as exc:
+                self.log.warning("log_stream_error", error=str(exc))
+            finally:
+                lines.put(None)
+
+        threading.Thread(target=pump, name=f"logs-{self.name}", daemon=True).start()
+        reader = BootLogReader()
+        deadline = time.monotonic() + settings.boot_timeout_seconds
+        ready = False
+        next_health = 0.0
+        unhealthy = 0
+        log_ended = False
+
+        while True:
+            if self._stop.is_set() or self._replan.is_set():
+                runtime.stop(workload.id, settings.stop_timeout_seconds)
+                runtime.remove(workload.id)
+                return Outcome("stopped" if self._stop.is_set() else "replan")
+            try:
+                line = lines.get(timeout=0.05)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                log_ended = True
+            elif line:
+                for event in reader.feed(line):
+                    self._on_boot_event(event, reader.facts)
+                while True:  # drain what is queued without sleeping
+                    try:
+                        more = lines.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        log_ended = True
+                        break
+                    for event in reader.feed(more):
+                        self._on_boot_event(event, reader.facts)
+            facts = reader.facts
+            if log_ended:
+                return self._ended(runtime, workload, facts, ready)
+            if facts.failure is not None and facts.failure != "engine_dead" and not ready:
+                # vLLM exits after these; give it a moment, then make sure.
+                ended = runtime.wait(workload.id, timeout=10)
+                if ended is None:
+                    runtime.stop(workload.id, settings.stop_timeout_seconds)
+                runtime.remove(workload.id)
+                return Outcome("failure", facts.failure, facts.failure_message, facts)
+            now = time.monotonic()
+            if not ready:
+                if now > deadline:
+                    self.log.warning("boot_timeout", seconds=settings.boot_timeout_seconds)
+                    runtime.stop(workload.id, settings.stop_timeout_seconds)
+                    runtime.remove(workload.id)
+                    return Outcome(
+                        "failure", "boot_timeout", f"not ready within {settings.boot_timeout_seconds:.0f}s", facts
+                    )
+                # Poll fast once vLLM says the server is up; slowly otherwise (the port is closed).
+                if facts.ready or now >= next_health:
+                    next_health = now + 1.0
+                    if check_health(dep.host, dep.port, timeout=1.0).healthy:
+                        ready = True
+                        self._became_ready(plan, boot_key, facts, baseline, learned_used)
+                        next_health = now + settings.health_interval_seconds
+                continue
+            if now >= next_health:
+                next_health = now + settings.health_interval_seconds
+                result = check_health(dep.host, dep.port, timeout=min(2.0, settings.health_interval_seconds))
+                if result.healthy:
+                    unhealthy = 0
+                else:
+                    unhealthy += 1
+                    self.log.warning("health_failed", status=result.status, error=result.error, count=unhealthy)
+                    # 503 is vLLM's own "engine dead"; no answer twice in a row counts the same.
+                    if result.status == 503 or unhealthy >= 2:
+                        runtime.stop(workload.id, settings.stop_timeout_seconds)
+                        runtime.remove(workload.id)
+                        return Outcome("failure", "engine_dead", facts.failure_message or "health check failed", facts)
+
+    def _ended(self, runtime: Runtime, workload: Workload, facts: BootFacts, ready: bool) -> Outcome:
+        """The log stream ended: the workload exited. Classify why."""
+        event = runtime.wait(workload.id, timeout=10)
+        code = event.exit_code if event else None
+        with contextlib.suppress(Exception):
+            runtime.remove(workload.id)
+        failure = facts.failure
+        if failure is None:
+            if ready:
+                failure = "engine_dead" if code not in (0, None) else "crash"
+            elif code == 2:
+                failure = "bad_argument"
+            else:
+                failure = "crash"
+        message = facts.failure_message or f"vLLM exited with code {code}"
+        if event is not None and event.oom_killed:
+            message += " (killed by the kernel's OOM killer: host RAM)"
+        return Outcome("failure", failure, message, facts)
+
+    def _on_boot_event(self, event: Any, facts: BootFacts) -> None:
+        reported = _phase_of(event)
+        with self.lock:
+            current = self.view.phase
+            self.view.weights_percent = getattr(facts, "weights_percent", None)
+            self.view.compile_cache_hit = facts.compile_cache_hit
+            self.view.compile_seconds = facts.compile_seconds
+            self.view.preemptions = facts.preemptions
+            self.view.kv_cache_usage_perc = getattr(facts, "kv_cache_usage_perc", None)
+            if facts.vllm_version:
+                self.view.vllm_version = facts.vllm_version
+        if reported is not None:
+            new = advance_boot_phase(current, reported)
+            if new is not current and new is not Phase.READY:
+                self._set(phase=new)
+
+    def _became_ready(
+        self,
+        plan: Plan,
+        boot_key: str,
+        facts: BootFacts,
+        baseline: Mapping[str, GpuMemory] | None,
+        learned_used: int | None,
+    ) -> None:
+        state = self.daemon.state
+        kv_bytes = learned_used if learned_used is not None else facts.kv_cache_memory_bytes
+        self._set(
+            phase=Phase.READY,
+            state="ready",
+            ready_since=time.time(),
+            kv_cache_memory_bytes=kv_bytes,
+            compile_cache_hit=facts.compile_cache_hit,
+            compile_seconds=facts.compile_seconds,
+        )
+        took = None if self._boot_started is None else round(time.monotonic() - self._boot_started, 3)
+        self.log.info(
+            "ready",
+            endpoint=self.view.endpoint,
+            boot_seconds=took,
+            kv_cache_memory_bytes=kv_bytes,
+            learned_used=learned_used is not None,
+            compile_cache_hit=facts.compile_cache_hit,
+        )
+        state.record_boot(self.name, facts, boot_seconds=took)
+        if learned_used is None and baseline:
+            learned = learning.learn_from_boot(facts, {u: m.free_bytes for u, m in baseline.items()})
+            if learned is not None and state.learned(self.name, boot_key) is None:
+                state.remember_learned(self.name, boot_key, learned)
+                self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
+
+
+def _phase_of(event: Any) -> Phase | None:
+    """The lifecycle phase a boot-log event reports, if any."""
+    name = getattr(event, "phase", None)
+    if name is None:
+        return None
+    try:
+        return Phase(str(getattr(name, "value", name)))
+    except ValueError:
+        return None
+
+
+class Daemon:
+    """Supervises every enabled deployment until told to stop."""
+
+    def __init__(self, settings: Settings, deps: DaemonDeps, config_path: Path | None = None) -> None:
+        self.settings = settings
+        self._config_path = config_path
+        self.deps = deps
+        self.state = StateStore(settings.state_dir)
+        self.gpu_locks = GpuBootLocks()
+        self.workers: dict[str, DeploymentWorker] = {}
+        self.host: Host = deps.load_host()
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._ready_sent = False
+        self._lock = threading.Lock()
+
+    # -- called by workers -------------------------------------------------------------------
+    def phase_changed(self) -> None:
+        self._changed.set()
+
+    def gpu_memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
+        return read_gpu_memory(uuids, self.deps.hardware_file, self.host)
+
+    def smallest_gpu_bytes(self, name: str) -> int | None:
+        worker = self.workers.get(name)
+        uuids = worker.view.gpu_uuids if worker else ()
+        sizes = [g.memory_total_bytes for g in self.host.gpus if g.uuid in uuids]
+        return min(sizes) if sizes else None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> ExitCode:
+        """Run until SIGTERM/SIGINT; the exit code for the process."""
+        held = instance.acquire(self.settings.state_dir)
+        control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
+        previous = self._install_signals()
+        try:
+            control.start()
+            for name, dep in self.settings.deployments.items():
+                if dep.enabled and not self.state.is_down(name):
+                    self._start_worker(name, dep)
+            if not self.workers:
+                log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
+            self._main_loop()
+            return ExitCode.OK
+        finally:
+            notify.stopping()
+            self._stop_all()
+            control.close()
+            self.state.flush()
+            held.release()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            log.info("daemon_stopped")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self._changed.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self._changed.set()
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+
+        def on_stop(signum: int, frame: FrameType | None) -> None:
+            self.request_stop()
+
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            self.request_reload()
+
+        for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup)):
+            previous[sig] = signal.signal(sig, handler)
+        return previous
+
+    def _start_worker(self, name: str, dep: DeploymentSettings) -> None:
+        worker = DeploymentWorker(name, dep, self)
+        self.workers[name] = worker
+        worker.start()
+
+    def _main_loop(self) -> None:
+        watchdog = notify.watchdog_interval()
+        next_watchdog = 0.0
+        next_extend = 0.0
+        last_status = ""
+        while not self._stop.is_set():
+            self._changed.wait(0.25)
+            self._changed.clear()
+            if self._reload.is_set():
+                self._reload.clear()
+                self._apply_reload()
+            phases = {name: w.phase for name, w in self.workers.items()}
+            percents = {name: w.view.weights_percent for name, w in self.workers.items()}
+            text = status_line(phases, percents).text
+            if text != last_status:
+                notify.status(text)
+                last_status = text
+            if not self._ready_sent and all_settled(phases):
+                notify.ready()
+                self._ready_sent = True
+                log.info("daemon_ready", deployments=len(phases))
+            now = time.monotonic()
+            if not self._ready_sent and now >= next_extend:
+                # Long first boots: keep extending systemd's start timeout while we make progress.
+                notify.extend_timeout(int(60 * 1e6))
+                next_extend = now + 20
+            if watchdog is not None and now >= next_watchdog:
+                if all(w.alive or w.phase in (Phase.FAILED, Phase.STOPPED) for w in self.workers.values()):
+                    notify.watchdog()
+                next_watchdog = now + watchdog / 2
+
+    def _stop_all(self) -> None:
+        for worker in self.workers.values():
+            worker.request_stop()
+        deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
+        for worker in self.workers.values():
+            worker.join(max(0.1, deadline - time.monotonic()))
+
+    def _apply_reload(self) -> None:
+        from dankserve.settings import load_settings
+
+        try:
+            new = load_settings(self._config_path)
+        except DankserveError as exc:
+            log.error("reload_rejected", error=exc.render())
+            return
+        old = self.settings
+        self.settings = new
+        for name, worker in list(self.workers.items()):
+            dep = new.deployments.get(name)
+            if dep is None or not dep.enabled:
+                log.info("reload_stop", deployment=name)
+                worker.request_stop()
+                worker.join(new.stop_timeout_seconds + 15)
+                del self.workers[name]
+            elif dep != old.deployments.get(name):
+                log.info("reload_replan", deployment=name)
+                if worker.alive:
+                    worker.request_replan(dep)
+                else:
+                    self._start_worker(name, dep)
+        for name, dep in new.deployments.items():
+            if name not in self.workers and dep.enabled and not self.state.is_down(name):
+                log.info("reload_start", deployment=name)
+                self._start_worker(name, dep)
+
+    # -- control requests --------------------------------------------------------------------
+    def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        command = request.get("command")
+        name = request.get("deployment")
+        if command == "status":
+            return {"ok": True, "status": self.status()}
+        if command == "reload":
+            self.request_reload()
+            return {"ok": True}
+        if command in ("up", "down"):
+            if not isinstance(name, str) or name not in self.settings.deployments:
+                known = ", ".join(sorted(self.settings.deployments)) or "none"
+                return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
+            with self._lock:
+                if command == "down":
+                    self.state.set_down(name, True)
+                    worker = self.workers.pop(name, None)
+                    if worker is not None:
+                        worker.request_stop()
+                        worker.join(self.settings.stop_timeout_seconds + 15)
+                    return {"ok": True}
+                self.state.set_down(name, False)
+                existing = self.workers.get(name)
+                if existing is None or not existing.alive:
+                    self._start_worker(name, self.settings.deployments[name])
+                return {"ok": True}
+        return {"ok": False, "error": f"unknown command {command!r}"}
+
+    def status(self) -> dict[str, Any]:
+        """The `status --json` document while the daemon runs."""
+        import os
+
+        deployments = []
+        for name in sorted(self.settings.deployments):
+            worker = self.workers.get(name)
+            deployments.append(self._deployment_status(name, worker))
+        return {"daemon": {"running": True, "pid": os.getpid()}, "deployments": deployments}
+
+    def _deployment_status(self, name: str, worker: DeploymentWorker | None) -> dict[str, Any]:
+        dep = self.settings.deployments[name]
+        record = self.state.deployment(name)
+        if worker is None:
+            view = DeploymentView(name, dep.model, dep.image, f"http://{dep.host}:{dep.port}/v1")
+            view.state = "down" if self.state.is_down(name) else "stopped"
+        else:
+            with worker.lock:
+                view = replace(worker.view)
+        gpus = []
+        if view.gpu_uuids:
+            for reading in self.gpu_memory(view.gpu_uuids).values():
+                gpus.append(
+                    {
+                        "index": reading.index,
+                        "memory_used_bytes": reading.used_bytes,
+                        "memory_total_bytes": reading.total_bytes,
+                    }
+                )
+        preemptions = view.preemptions
+        usage = view.kv_cache_usage_perc
+        if view.phase is Phase.READY:
+            text = fetch_metrics(dep.host, dep.port, timeout=0.5)
+            if text is not None:
+                value = metric_value(text, "vllm:num_preemptions_total")
+                preemptions = int(value) if value is not None else preemptions
+                usage_value = metric_value(text, "vllm:kv_cache_usage_perc")
+                usage = usage_value if usage_value is not None else usage
+        return {
+            "name": name,
+            "state": view.state,
+            "phase": view.phase.value,
+            "endpoint": view.endpoint,
+            "model": view.model,
+            "image": view.image,
+            "vllm_version": view.vllm_version,
+            "uptime_seconds": None if view.ready_since is None else round(time.time() - view.ready_since, 1),
+            "boots": max(view.boots, record.boots if record else 0),
+            "restarts": max(view.restarts, record.restarts if record else 0),
+            "last_failure": view.last_failure or (record.last_failure if record else None),
+            "kv_cache_memory_bytes": view.kv_cache_memory_bytes,
+            "kv_cache_learned_used": view.kv_cache_learned_used,
+            "compile_cache_hit": view.compile_cache_hit,
+            "gpus": gpus,
+            "kv_cache_usage_perc": usage,
+            "preemptions": preemptions,
+            "message": view.message,
+        }
