@@ -296,7 +296,8 @@ class DeploymentWorker:
         runtime = daemon.deps.runtime_for(dep)
 
         self._set(phase=Phase.PULLING)
-        image = runtime.ensure_image(dep.image, dep.pull, lambda p: self.log.info("pull", status=p.status))
+        image_ref = dep.executable or "" if dep.runtime == "process" else dep.image
+        image = runtime.ensure_image(image_ref, dep.pull, lambda p: self.log.info("pull", status=p.status))
         boot_key = learning.boot_fingerprint(base_plan, image.digest or image.vllm_version or "")
         with self.lock:
             self.view.vllm_version = image.vllm_version

@@ -1,0 +1,389 @@
+"""The process runtime: `vllm serve` from a pip-installed vLLM, as a child process group.
+
+It fills the same interface as Podman. Each workload is recorded in a JSON file beside its log
+(pid, the process's start time, labels), so a restarted daemon, even after kill -9, finds the
+server it started: the pid alone could have been reused, the pid plus start time cannot. GPUs
+are assigned through CUDA_VISIBLE_DEVICES; stop sends SIGINT to the group, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dankserve.errors import EnvironmentUnusable, InvalidInput
+from dankserve.runtime.base import (
+    LABEL_DEPLOYMENT,
+    LABEL_MANAGED,
+    ExitEvent,
+    ImageInfo,
+    PullPolicy,
+    PullProgress,
+    Workload,
+    WorkloadSpec,
+    workload_name,
+)
+
+GPU_RELEASE_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What the runtime remembers of a process it started."""
+
+    deployment: str
+    pid: int
+    create_time: float
+    argv: tuple[str, ...]
+    labels: dict[str, str]
+    started_at: float
+    gpu_uuids: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"process-{self.deployment}-{self.pid}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "deployment": self.deployment,
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "argv": list(self.argv),
+            "labels": self.labels,
+            "started_at": self.started_at,
+            "gpu_uuids": list(self.gpu_uuids),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
+        return cls(
+            deployment=str(data["deployment"]),
+            pid=int(data["pid"]),
+            create_time=float(data["create_time"]),
+            argv=tuple(str(a) for a in data["argv"]),
+            labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
+            started_at=float(data["started_at"]),
+            gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", [])),
+        )
+
+
+def serve_command(executable: str, argv: tuple[str, ...]) -> list[str]:
+    """The command line for `vllm serve ARGV` from a `vllm` executable or a Python with vLLM."""
+    parts = shlex.split(executable)
+    if not parts:
+        raise InvalidInput("the process runtime needs `executable`", fix="set executable = \"/path/to/venv/bin/vllm\"")
+    if Path(parts[0]).name.startswith("python"):
+        return [*parts, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
+    return [*parts, "serve", *argv]
+
+
+def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
+    """The argv with --host/--port set to the deployment's address unless the plan set them."""
+    out = list(argv)
+    if "--host" not in out:
+        out += ["--host", host]
+    if "--port" not in out:
+        out += ["--port", str(port)]
+    return tuple(out)
+
+
+def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
+    """The server's environment: ours, the plan's, the GPUs, the caches and the secrets' files."""
+    env = dict(base)
+    env.update(spec.env)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in spec.gpus)
+    if spec.cache_dir is not None:
+        env["VLLM_CACHE_ROOT"] = str(spec.cache_dir)
+    for mount in spec.mounts:
+        if mount.target.endswith("/.cache/huggingface"):
+            env["HF_HOME"] = str(mount.source)
+    for secret in spec.secrets:
+        if secret.env_var == "HF_TOKEN_PATH":
+            env["HF_TOKEN_PATH"] = str(secret.source)
+        elif secret.env_var == "VLLM_API_KEY":
+            try:
+                env["VLLM_API_KEY"] = secret.source.read_text().strip()
+            except OSError as exc:
+                raise InvalidInput(
+                    f"cannot read the API key file {secret.source}: {exc.strerror}",
+                    fix="check api_key_file and its permissions",
+                ) from None
+    return env
+
+
+class ProcessRuntime:
+    """Runs vLLM servers as process groups, remembered under `directory`."""
+
+    def __init__(self, directory: Path, gpu_release: Callable[[tuple[str, ...], float], None] | None = None) -> None:
+        self.directory = directory
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._gpu_release = gpu_release if gpu_release is not None else wait_gpu_memory_released
+
+    # -- records -------------------------------------------------------------------------------
+    def _record_path(self, deployment: str) -> Path:
+        return self.directory / f"{deployment}.json"
+
+    def _log_path(self, deployment: str) -> Path:
+        return self.directory / f"{deployment}.log"
+
+    def _read_record(self, deployment: str) -> ProcessRecord | None:
+        try:
+            return ProcessRecord.from_json(json.loads(self._record_path(deployment).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _records(self) -> list[ProcessRecord]:
+        if not self.directory.is_dir():
+            return []
+        out = []
+        for path in sorted(self.directory.glob("*.json")):
+            record = self._read_record(path.stem)
+            if record is not None:
+                out.append(record)
+        return out
+
+    def _alive(self, record: ProcessRecord) -> bool:
+        """The recorded process still runs: same pid AND same start time (pids are reused)."""
+        child = self._children.get(record.pid)
+        if child is not None and child.poll() is not None:
+            return False
+        import psutil
+
+        try:
+            proc = psutil.Process(record.pid)
+            return abs(proc.create_time() - record.create_time) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _workload(self, record: ProcessRecord) -> Workload:
+        alive = self._alive(record)
+        child = self._children.get(record.pid)
+        code = None if child is None else child.returncode
+        return Workload(
+            id=record.id,
+            name=workload_name(record.deployment),
+            deployment=record.deployment,
+            state="running" if alive else "exited",
+            labels=record.labels,
+            image=record.argv[0] if record.argv else "",
+            exit_code=None if alive else code,
+            pid=record.pid,
+            started_at=record.started_at,
+        )
+
+    def _by_id(self, workload_id: str) -> ProcessRecord | None:
+        for record in self._records():
+            if record.id == workload_id:
+                return record
+        return None
+
+    # -- the Runtime interface -----------------------------------------------------------------
+    def ensure_image(
+        self, image: str, pull: PullPolicy, progress: Callable[[PullProgress], None] | None = None
+    ) -> ImageInfo:
+        """No image to pull: `image` is the executable; its identity stands in for a digest.
+
+        The version is left to the caller (the vllm_version setting, or `version_of`), since
+        importing real vLLM to ask takes tens of seconds."""
+        return ImageInfo(reference=image, digest=executable_digest(image), vllm_version=None)
+
+    def version_of(self, executable: str) -> str | None:
+        """`vllm --version` of an executable (None when it does not answer)."""
+        parts = shlex.split(executable)
+        argv = [*parts, "-m", "vllm.entrypoints.cli.main"] if Path(parts[0]).name.startswith("python") else parts
+        try:
+            done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        text = done.stdout.strip().splitlines()
+        return text[-1].strip() if done.returncode == 0 and text else None
+
+    def start(self, spec: WorkloadSpec) -> Workload:
+        if not spec.executable:
+            raise InvalidInput(
+                f"deployment {spec.deployment!r} uses runtime = \"process\" but sets no executable",
+                fix="set executable to the vllm script of a venv with vLLM, or to that venv's python",
+            )
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        existing = self.find(spec.deployment)
+        if existing is not None:
+            self.stop(existing.id, 30)
+            self.remove(existing.id)
+        argv = serve_command(spec.executable, with_bind_address(spec.argv, spec.bind_host, spec.port))
+        env = process_env(spec, {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")})
+        log_path = self._log_path(spec.deployment)
+        if log_path.exists():
+            log_path.replace(log_path.with_suffix(".log.1"))
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise EnvironmentUnusable(
+                f"cannot run {argv[0]}: {exc.strerror}", fix="check the deployment's executable setting"
+            ) from None
+        finally:
+            os.close(fd)
+        import psutil
+
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = time.time()
+        labels = {
+            LABEL_MANAGED: "true",
+            LABEL_DEPLOYMENT: spec.deployment,
+            **{str(k): str(v) for k, v in spec.labels.items()},
+        }
+        record = ProcessRecord(
+            deployment=spec.deployment,
+            pid=proc.pid,
+            create_time=create_time,
+            argv=tuple(argv),
+            labels=labels,
+            started_at=time.time(),
+            gpu_uuids=tuple(g.uuid for g in spec.gpus),
+        )
+        self._children[proc.pid] = proc
+        tmp = self._record_path(spec.deployment).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record.to_json()))
+        tmp.replace(self._record_path(spec.deployment))
+        return self._workload(record)
+
+    def stop(self, workload_id: str, timeout: float) -> None:
+        record = self._by_id(workload_id)
+        if record is None or not self._alive(record):
+            return
+        self._signal_group(record, signal.SIGINT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._alive(record):
+            time.sleep(0.05)
+        if self._alive(record):
+            self._signal_group(record, signal.SIGKILL)
+            while self._alive(record):
+                time.sleep(0.05)
+        self._reap_group(record)
+        if record.gpu_uuids:
+            self._gpu_release(record.gpu_uuids, GPU_RELEASE_TIMEOUT)
+
+    def _signal_group(self, record: ProcessRecord, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, sig)
+
+    def _reap_group(self, record: ProcessRecord) -> None:
+        """Kill what is left of the group (vLLM's workers) and reap our child."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signal.SIGKILL)
+        child = self._children.get(record.pid)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
+
+    def remove(self, workload_id: str) -> None:
+        record = self._by_id(workload_id)
+        if record is None:
+            return
+        if self._alive(record):
+            self.stop(workload_id, 10)
+        with contextlib.suppress(FileNotFoundError):
+            self._record_path(record.deployment).unlink()
+        self._children.pop(record.pid, None)
+
+    def logs(self, workload_id: str, follow: bool = False) -> Iterator[str]:
+        record = self._by_id(workload_id)
+        if record is None:
+            return
+        path = self._log_path(record.deployment)
+        try:
+            handle = path.open("rb")
+        except FileNotFoundError:
+            return
+        with handle:
+            pending = b""
+            while True:
+                chunk = handle.read(65536)
+                if chunk:
+                    pending += chunk
+                    *complete, pending = pending.split(b"\n")
+                    for raw in complete:
+                        yield raw.decode("utf-8", "replace")
+                    continue
+                if not follow or not self._alive(record):
+                    rest = handle.read()
+                    pending += rest
+                    if rest:
+                        continue
+                    if pending:
+                        yield pending.decode("utf-8", "replace")
+                    return
+                time.sleep(0.02)
+
+    def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
+        record = self._by_id(workload_id)
+        if record is None:
+            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._alive(record):
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        child = self._children.get(record.pid)
+        code = None
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = child.wait(timeout=1)
+        return ExitEvent(workload_id, record.deployment, code, oom_killed=code == -signal.SIGKILL)
+
+    def find(self, deployment: str) -> Workload | None:
+        record = self._read_record(deployment)
+        return None if record is None else self._workload(record)
+
+    def list_workloads(self) -> list[Workload]:
+        return [self._workload(r) for r in self._records()]
+
+    def inspect(self, workload_id: str) -> Workload | None:
+        record = self._by_id(workload_id)
+        return None if record is None else self._workload(record)
+
+
+def wait_gpu_memory_released(uuids: tuple[str, ...], timeout: float) -> None:
+    """After a stop, wait until NVML lists no compute process on the GPUs (no-op without NVML)."""
+    from dankserve.host.gpu_memory import read_nvml
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readings = read_nvml(uuids)
+        if readings is None:
+            return
+        if all(r.other_processes in (0, None) for r in readings.values()):
+            return
+        time.sleep(0.2)
+
+
+def executable_digest(executable: str) -> str:
+    """A stable identity of an executable (path and modification time) for learned facts."""
+    parts = shlex.split(executable)
+    try:
+        stat = Path(parts[0]).stat()
+        key = f"{parts}:{stat.st_mtime_ns}:{stat.st_size}"
+    except (OSError, IndexError):
+        key = executable
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()

@@ -1,0 +1,65 @@
+"""Tests for dankserve.cli.install: the installed unit verifies cleanly and is hardened."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dankserve.cli.install import UNIT_TEMPLATE, command, dankserve_executable, render_unit
+
+needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+
+
+def _installed_unit(tmp_path: Path) -> Path:
+    result = CliRunner().invoke(
+        command, ["--unit-dir", str(tmp_path / "units"), "--config-dir", str(tmp_path / "etc"), "--no-enable"]
+    )
+    assert result.exit_code == 0, result.output
+    return tmp_path / "units" / "dankserve.service"
+
+
+def test_exec_start_points_at_this_installation() -> None:
+    """The rendered unit runs this installation's dankserve."""
+    text = render_unit(UNIT_TEMPLATE.read_text(), "/opt/x/bin/dankserve")
+    assert "ExecStart=/opt/x/bin/dankserve run\n" in text
+
+
+def test_install_writes_unit_and_private_example_config(tmp_path: Path) -> None:
+    """install writes the unit and an example config readable by root only, keeping an existing one."""
+    unit = _installed_unit(tmp_path)
+    config = tmp_path / "etc" / "dankserve.toml"
+    assert unit.is_file()
+    assert config.stat().st_mode & 0o777 == 0o600
+    config.write_text("# mine\n")
+    _installed_unit(tmp_path)
+    assert config.read_text() == "# mine\n"
+
+
+@needs_analyze
+def test_installed_unit_verifies_silently(tmp_path: Path) -> None:
+    """systemd-analyze verify prints nothing for the installed unit."""
+    unit = _installed_unit(tmp_path)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, check=False
+    )
+    assert done.stdout.strip() == "" and done.stderr.strip() == "", done.stdout + done.stderr
+
+
+@needs_analyze
+def test_installed_unit_exposure_is_at_most_4_5(tmp_path: Path) -> None:
+    """systemd-analyze security rates the installed unit at 4.5 or lower."""
+    unit = _installed_unit(tmp_path)
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(unit)], capture_output=True, text=True, check=False
+    )
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", done.stdout)
+    assert match, done.stdout[-500:] + done.stderr
+    assert float(match.group(1)) <= 4.5
+
+
+def test_executable_is_found() -> None:
+    """The dankserve script of the running venv is found."""
+    assert Path(dankserve_executable()).name == "dankserve"

@@ -1,0 +1,54 @@
+"""Tests for dankserve.supervisor.instance with real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dankserve.errors import EnvironmentUnusable
+from dankserve.supervisor import instance
+
+HOLD = "import sys,time; from pathlib import Path; from dankserve.supervisor import instance; instance.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+
+
+def _holder(state_dir: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(state_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_second_daemon_is_refused_naming_the_first(tmp_path: Path) -> None:
+    """While one process holds the lock, another is refused with the holder's pid."""
+    proc = _holder(tmp_path)
+    try:
+        assert instance.running_daemon(tmp_path) == proc.pid
+        with pytest.raises(EnvironmentUnusable, match=str(proc.pid)):
+            instance.acquire(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_lock_dies_with_a_killed_daemon(tmp_path: Path) -> None:
+    """A daemon killed with -9 leaves a stale pid file that blocks nothing."""
+    proc = _holder(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.05)
+    assert instance.running_daemon(tmp_path) is None
+    held = instance.acquire(tmp_path)
+    assert instance.read_pid(tmp_path) == os.getpid()
+    held.release()
+    assert instance.read_pid(tmp_path) is None
+
+
+def test_state_dir_is_private(tmp_path: Path) -> None:
+    """The state directory is created 0700."""
+    held = instance.acquire(tmp_path / "state")
+    held.release()
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
