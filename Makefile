@@ -36,3 +36,6 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+docs: setup
+	$(BIN)/python scripts/gen_config_reference.py

@@ -1,0 +1,179 @@
+"""Tests for dankserve.runtime.process with real child processes."""
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dankserve.errors import InvalidInput
+from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec
+from dankserve.runtime.process import ProcessRuntime, serve_command, with_bind_address
+
+SERVER = textwrap.dedent(
+    """\
+    #!{python}
+    import os, signal, sys, time
+    print("argv", " ".join(sys.argv[1:]), flush=True)
+    print("cuda", os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"), flush=True)
+    print("cache", os.environ.get("VLLM_CACHE_ROOT"), "hf", os.environ.get("HF_HOME"), flush=True)
+    print("key-set", bool(os.environ.get("VLLM_API_KEY")), flush=True)
+    mode = os.environ.get("MODE", "serve")
+    if mode == "ignore-int":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if mode == "crash":
+        sys.exit(3)
+    child = os.fork()
+    if child == 0:
+        while True:
+            time.sleep(1)
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("shutting down", flush=True)
+        sys.exit(0)
+    """
+)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> str:
+    path = tmp_path / "vllm"
+    path.write_text(SERVER.format(python=sys.executable))
+    path.chmod(0o755)
+    return str(path)
+
+
+def _spec(tmp_path: Path, executable: str, **env: str) -> WorkloadSpec:
+    key = tmp_path / "key"
+    key.write_text("sekrit\n")
+    return WorkloadSpec(
+        deployment="chat",
+        image="",
+        argv=("org/model", "--max-model-len", "4096"),
+        env=env,
+        port=18000,
+        gpus=(GpuRef(1, "GPU-b"), GpuRef(3, "GPU-d")),
+        mounts=(Mount(tmp_path / "hf", "/root/.cache/huggingface"),),
+        secrets=(SecretFile("api_key", key, "VLLM_API_KEY"),),
+        labels={"io.dankserve.fingerprint": "abc"},
+        executable=executable,
+        cache_dir=tmp_path / "cache",
+    )
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    """Processes of the group that are not zombies (an orphaned zombie awaits init's reaping)."""
+    out = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def _runtime(tmp_path: Path) -> ProcessRuntime:
+    return ProcessRuntime(tmp_path / "procs", gpu_release=lambda uuids, timeout: None)
+
+
+def _wait_for(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_serve_command_for_vllm_script_and_python() -> None:
+    """A vllm script gets `serve ARGS`; a Python gets `-m vllm.entrypoints.cli.main serve ARGS`."""
+    assert serve_command("/v/bin/vllm", ("m",)) == ["/v/bin/vllm", "serve", "m"]
+    assert serve_command("/v/bin/python3", ("m",)) == ["/v/bin/python3", "-m", "vllm.entrypoints.cli.main", "serve", "m"]
+    with pytest.raises(InvalidInput):
+        serve_command("", ("m",))
+
+
+def test_bind_address_added_unless_planned() -> None:
+    """--host/--port come from the deployment unless the plan already set them."""
+    assert with_bind_address(("m",), "127.0.0.1", 8001) == ("m", "--host", "127.0.0.1", "--port", "8001")
+    assert with_bind_address(("m", "--port", "9"), "h", 1) == ("m", "--port", "9", "--host", "h")
+
+
+def test_started_process_gets_gpus_caches_and_key_but_not_in_argv(tmp_path: Path, fake_vllm: str) -> None:
+    """The server sees its GPUs, cache dirs and API key in env; the key is not in its argv."""
+    runtime = _runtime(tmp_path)
+    workload = runtime.start(_spec(tmp_path, fake_vllm))
+    try:
+        _wait_for(lambda: len(list(runtime.logs(workload.id))) >= 4)
+        lines = list(runtime.logs(workload.id))
+        assert lines[0] == "argv serve org/model --max-model-len 4096 --host 127.0.0.1 --port 18000"
+        assert lines[1] == "cuda 1,3 PCI_BUS_ID"
+        assert lines[2] == f"cache {tmp_path / 'cache'} hf {tmp_path / 'hf'}"
+        assert lines[3] == "key-set True"
+        cmdline = Path(f"/proc/{workload.pid}/cmdline").read_bytes()
+        assert b"sekrit" not in cmdline
+        assert workload.running
+        assert runtime.find("chat") == runtime.inspect(workload.id)
+    finally:
+        runtime.stop(workload.id, 5)
+        runtime.remove(workload.id)
+    assert runtime.find("chat") is None
+
+
+def test_stop_interrupts_then_kills_the_whole_group(tmp_path: Path, fake_vllm: str) -> None:
+    """A server ignoring SIGINT is killed with its children after the timeout."""
+    runtime = _runtime(tmp_path)
+    workload = runtime.start(_spec(tmp_path, fake_vllm, MODE="ignore-int"))
+    assert workload.pid is not None
+    _wait_for(lambda: len(list(runtime.logs(workload.id))) >= 4)
+    started = time.monotonic()
+    runtime.stop(workload.id, 0.5)
+    assert time.monotonic() - started >= 0.5
+    assert _live_group_members(workload.pid) == []
+    assert runtime.inspect(workload.id) is not None
+    assert not runtime.inspect(workload.id).running  # type: ignore[union-attr]
+    runtime.remove(workload.id)
+
+
+def test_exit_code_and_follow_end_when_process_exits(tmp_path: Path, fake_vllm: str) -> None:
+    """A crashing server's log stream ends and wait reports its exit code."""
+    runtime = _runtime(tmp_path)
+    workload = runtime.start(_spec(tmp_path, fake_vllm, MODE="crash"))
+    lines = list(runtime.logs(workload.id, follow=True))
+    assert lines[-1] == "key-set True"
+    event = runtime.wait(workload.id, timeout=5)
+    assert event is not None and event.exit_code == 3
+    runtime.remove(workload.id)
+
+
+def test_restarted_runtime_finds_server_by_pid_and_start_time(tmp_path: Path, fake_vllm: str) -> None:
+    """A new runtime object (a restarted daemon) finds the running server and can stop it."""
+    first = _runtime(tmp_path)
+    workload = first.start(_spec(tmp_path, fake_vllm))
+    second = _runtime(tmp_path)
+    found = second.find("chat")
+    assert found is not None and found.running and found.fingerprint == "abc"
+    second.stop(found.id, 5)
+    _wait_for(lambda: not second.inspect(found.id).running)  # type: ignore[union-attr]
+    second.remove(found.id)
+    first.wait(workload.id, timeout=1)
+
+
+def test_reused_pid_is_not_mistaken_for_the_server(tmp_path: Path, fake_vllm: str) -> None:
+    """A record whose pid now belongs to another process (other start time) is not running."""
+    runtime = _runtime(tmp_path)
+    workload = runtime.start(_spec(tmp_path, fake_vllm))
+    record = tmp_path / "procs" / "chat.json"
+    text = record.read_text().replace(f'"pid": {workload.pid}', f'"pid": {os.getpid()}')
+    os.killpg(workload.pid or 0, signal.SIGKILL)
+    record.write_text(text)
+    found = runtime.find("chat")
+    assert found is not None and not found.running
+    runtime.remove(found.id)
