@@ -28,7 +28,11 @@ test: setup system-deps lint
 test-fast: setup
 	$(BIN)/python -m pytest -m 'not podman and not journald and not slow'
 
+# Checks the host first (stopping at the first missing piece with its fix), installs the unit
+# where systemd runs, then starts every configured deployment and follows it until ready.
 up: setup
+	@$(BIN)/dankserve doctor
+	@if [ "$$(id -u)" -eq 0 ] && [ -d /run/systemd/system ]; then $(BIN)/dankserve install; fi
 	$(BIN)/dankserve up
 
 bench: setup
