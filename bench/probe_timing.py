@@ -57,14 +57,24 @@ def whole_process_rows() -> list[dict[str, Any]]:
     python = sys.executable
     commands = {
         "python3 -c pass (baseline)": [python, "-c", "pass"],
-        "dankserve probe --json --hardware": [python, "-m", "dankserve", "probe", "--json", "--hardware", str(RECORDED)],
+        "dankserve probe --json --hardware": [
+            python,
+            "-m",
+            "dankserve",
+            "probe",
+            "--json",
+            "--hardware",
+            str(RECORDED),
+        ],
         "dankserve probe --hardware (table)": [python, "-m", "dankserve", "probe", "--hardware", str(RECORDED)],
     }
     medians = {name: median_ms(time_command(argv, REPEAT, env=env)) for name, argv in commands.items()}
     baseline = medians["python3 -c pass (baseline)"]
     rows = []
     for name, value in medians.items():
-        verdict = "" if name.startswith("python3") else ("under" if value < TARGET_MS else "OVER") + f" {TARGET_MS:.0f} ms"
+        verdict = (
+            "" if name.startswith("python3") else ("under" if value < TARGET_MS else "OVER") + f" {TARGET_MS:.0f} ms"
+        )
         rows.append(
             {
                 "what": name,

@@ -161,14 +161,15 @@ def read_nvml(sysfs_root: Path = SYSFS_ROOT) -> NvmlReadings:
     except pynvml.NVMLError as exc:
         raise nvml_unavailable(f"NVML could not be initialised ({exc})", sorted(glob.glob(DEVICE_NODES))) from None
     try:
-        return _read_devices(pynvml, sysfs_root)
+        return read_devices(pynvml, sysfs_root)
     except pynvml.NVMLError as exc:
         raise nvml_unavailable(f"NVML failed while reading the GPUs ({exc})", sorted(glob.glob(DEVICE_NODES))) from None
     finally:
         pynvml.nvmlShutdown()
 
 
-def _read_devices(nvml: Any, sysfs_root: Path) -> NvmlReadings:
+def read_devices(nvml: Any, sysfs_root: Path = SYSFS_ROOT) -> NvmlReadings:
+    """Read every device through an initialised NVML binding (the pynvml module, or a stand-in in tests)."""
     count = nvml.nvmlDeviceGetCount()
     gpus: list[RawGpu] = []
     skipped: list[str] = []

@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,7 @@ from dankserve.host.nvml import (
     gpus_from_readings,
     numa_node_of,
     nvml_unavailable,
+    read_devices,
     read_nvml,
     sysfs_numa_node,
 )
@@ -174,6 +177,113 @@ def test_read_nvml_without_driver_raises() -> None:
         read_nvml()
 
 
+@dataclass
+class StandInNvml:
+    """An NVML binding answering like pynvml for recorded devices, raising pynvml's own error classes."""
+
+    devices: list[dict[str, Any]]
+    unsupported: set[str] = field(default_factory=set)
+    no_permission: set[int] = field(default_factory=set)
+    cuda_v2: bool = True
+
+    def __post_init__(self) -> None:
+        import pynvml
+
+        self.NVMLError = pynvml.NVMLError
+        self.NVMLError_NoPermission = pynvml.NVMLError_NoPermission
+        self.NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
+        self.NVMLError_Unknown = pynvml.NVMLError_Unknown
+        self._not_supported = pynvml.NVMLError_NotSupported
+        self._function_not_found = pynvml.NVMLError_FunctionNotFound
+
+    def _answer(self, name: str, handle: int) -> Any:
+        if name in self.unsupported:
+            raise self._not_supported()
+        return self.devices[handle][name]
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802  (pynvml's names)
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802  (pynvml's names)
+        if index in self.no_permission:
+            raise self.NVMLError_NoPermission()
+        return index
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802  (pynvml's names)
+        return "580.95.05"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:  # noqa: N802  (pynvml's names)
+        if not self.cuda_v2:
+            raise self._function_not_found()
+        return 13000
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802  (pynvml's names)
+        return 12080
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:  # noqa: N802  (pynvml's names)
+        return SimpleNamespace(total=self.devices[handle]["total"], free=self.devices[handle]["free"])
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> Any:  # noqa: N802  (pynvml's names)
+        return SimpleNamespace(busId=self.devices[handle]["bus"])
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:  # noqa: N802  (pynvml's names)
+        return (9, 0)
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802  (pynvml's names)
+        return f"GPU-{handle}"
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:  # noqa: N802  (pynvml's names)
+        return b"NVIDIA H200"  # older nvidia-ml-py versions return bytes
+
+    def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:  # noqa: N802  (pynvml's names)
+        return int(self._answer("numa", handle))
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:  # noqa: N802  (pynvml's names)
+        return [int(self._answer("mig", handle)), 0]
+
+
+def h200(bus: bytes | str, numa: int = 0, mig: int = 0) -> dict[str, Any]:
+    return {"bus": bus, "total": 150754820096, "free": 150167617536, "numa": numa, "mig": mig}
+
+
+def test_read_devices_through_binding(tmp_path: Path) -> None:
+    """Each device's readings are taken as NVML gives them, bytes decoded and the sysfs node read beside."""
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:9b:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    result = read_devices(StandInNvml([h200(b"00000000:9B:00.0", numa=1, mig=1)]), tmp_path)
+    assert (result.driver_version, result.cuda_driver_version, result.skipped) == ("580.95.05", 13000, ())
+    (gpu,) = result.gpus
+    assert (gpu.name, gpu.uuid, gpu.pci_bus_id) == ("NVIDIA H200", "GPU-0", "00000000:9B:00.0")
+    assert (gpu.memory_total_bytes, gpu.memory_free_bytes, gpu.compute_capability) == (
+        150754820096,
+        150167617536,
+        (9, 0),
+    )
+    assert (gpu.nvml_numa_node, gpu.sysfs_numa_node, gpu.mig_current_mode) == (1, 1, 1)
+
+
+def test_read_devices_unsupported_queries_are_unknown(tmp_path: Path) -> None:
+    """NUMA and MIG queries NVML does not support, and a missing v2 CUDA call, read as unknown or fall back."""
+    nvml = StandInNvml([h200("00000000:18:00.0")], unsupported={"numa", "mig"}, cuda_v2=False)
+    result = read_devices(nvml, tmp_path)
+    assert (result.gpus[0].nvml_numa_node, result.gpus[0].mig_current_mode) == (None, None)
+    assert result.gpus[0].sysfs_numa_node is None
+    assert result.cuda_driver_version == 12080
+
+
+def test_read_devices_skips_forbidden_devices(tmp_path: Path) -> None:
+    """A device NVML will not open is skipped with a note; none left is NvmlUnavailable."""
+    nvml = StandInNvml([h200("00000000:18:00.0"), h200("00000000:2A:00.0")], no_permission={0})
+    result = read_devices(nvml, tmp_path)
+    assert [gpu.uuid for gpu in result.gpus] == ["GPU-1"]
+    assert "GPU 0 (NVML index) skipped" in result.skipped[0]
+    with pytest.raises(NvmlUnavailable, match="could open none of its 1 GPUs"):
+        read_devices(StandInNvml([h200("00000000:18:00.0")], no_permission={0}), tmp_path)
+    with pytest.raises(NvmlUnavailable, match="NVML sees no GPU"):
+        read_devices(StandInNvml([]), tmp_path)
+
+
 # ---- real hardware ----------------------------------------------------------------------
 
 
@@ -206,10 +316,9 @@ def smi_q_mig(text: str) -> dict[str, str]:
     return modes
 
 
-def smi_topo_numa() -> dict[int, str]:
-    """The 'NUMA Affinity' column of `nvidia-smi topo -m` per nvidia-smi GPU index; {} if absent."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", nvidia_smi("topo", "-m"))
-    lines = text.splitlines()
+def topo_numa(text: str) -> dict[int, str]:
+    """The 'NUMA Affinity' column of `nvidia-smi topo -m` output per nvidia-smi GPU index; {} if absent."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()
     header = next((line.split("\t") for line in lines if "NUMA Affinity" in line), None)
     if header is None:
         return {}
@@ -220,6 +329,39 @@ def smi_topo_numa() -> dict[int, str]:
         if re.fullmatch(r"GPU\d+", cells[0].strip()) and len(cells) > column:
             result[int(cells[0].strip()[3:])] = cells[column].strip()
     return result
+
+
+TOPO_2GPU = (
+    "\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \tNV18\t0-47\t0\t\tN/A\n"
+    "GPU1\tNV18\t X \t48-95\t1\t\tN/A\n"
+    "\nLegend:\n\n  X    = Self\n"
+)
+SMI_Q = """
+Driver Version                            : 580.95.05
+CUDA Version                              : 13.0
+
+Attached GPUs                             : 2
+GPU 00000000:18:00.0
+    Product Name                          : NVIDIA H100 80GB HBM3
+    MIG Mode
+        Current                           : Disabled
+        Pending                           : Disabled
+GPU 00000000:2A:00.0
+    Product Name                          : NVIDIA GeForce RTX 4090
+    MIG Mode
+        Current                           : N/A
+        Pending                           : N/A
+"""
+
+
+def test_nvidia_smi_parsers() -> None:
+    """The helpers that read nvidia-smi's output for the gpu tests parse its known layouts."""
+    assert topo_numa(TOPO_2GPU) == {0: "0", 1: "1"}
+    assert topo_numa("no matrix here") == {}
+    assert smi_q_value(SMI_Q, "Driver Version") == "580.95.05"
+    assert smi_q_value(SMI_Q, "CUDA Version") == "13.0"
+    assert smi_q_mig(SMI_Q) == {"00000000:18:00.0": "Disabled", "00000000:2A:00.0": "N/A"}
 
 
 @pytest.mark.gpu
@@ -257,15 +399,17 @@ def test_probe_matches_nvidia_smi_q() -> None:
 
 @pytest.mark.gpu
 def test_probe_numa_matches_topology() -> None:
-    """Each GPU's NUMA node matches nvidia-smi topo's NUMA affinity, or is null where that says N/A."""
+    """Each GPU's NUMA node matches nvidia-smi topo's NUMA affinity; null only where that or sysfs has none."""
     facts = gpus_from_readings(read_nvml())
     by_uuid = {uuid: int(row["index"]) for uuid, row in smi_query().items()}
-    topo = smi_topo_numa()
+    topo = topo_numa(nvidia_smi("topo", "-m"))
     if not topo:
         pytest.skip("nvidia-smi topo -m shows no NUMA Affinity column")
     for gpu in facts.gpus:
         shown = topo[by_uuid[gpu.uuid]]
-        if shown.isdigit():
-            assert gpu.numa_node == int(shown)
-        else:
+        if not shown.isdigit():
             assert gpu.numa_node is None
+        elif gpu.numa_node is not None:
+            assert gpu.numa_node == int(shown)
+        else:  # unknown to us: only allowed where sysfs says -1 (documented: never guessed)
+            assert gpu.pci_bus_id is not None and sysfs_numa_node(gpu.pci_bus_id) is None
