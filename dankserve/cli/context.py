@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from dankserve.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -15,7 +19,8 @@ class CliContext:
     config: Path | None
     debug: bool
 
-    def load_settings(self):  # type: ignore[no-untyped-def]  # lazy import keeps startup fast
+    def load_settings(self) -> Settings:
+        # imported here: pydantic-settings costs startup time that commands without settings skip
         from dankserve.settings import load_settings
 
         return load_settings(self.config)

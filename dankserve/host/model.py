@@ -7,11 +7,35 @@ ignored and missing optional ones are null, so older and newer files both load.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION: Literal[1] = 1
+
+_PCI_BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def pci_address(bus_id: str) -> tuple[int, int, int, int]:
+    """(domain, bus, device, function) of a PCI bus id in NVML (00000000:17:00.0) or sysfs (0000:17:00.0) form."""
+    match = _PCI_BUS_ID.match(bus_id.strip())
+    if match is None:
+        raise ValueError(f"{bus_id!r} is not a PCI bus id like 00000000:17:00.0")
+    domain, bus, device, function = (int(part, 16) for part in match.groups())
+    return domain, bus, device, function
+
+
+def nvml_bus_id(bus_id: str) -> str:
+    """The bus id in NVML's form: 8-digit domain, upper-case hex (00000000:17:00.0)."""
+    domain, bus, device, function = pci_address(bus_id)
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
+
+
+def sysfs_bus_id(bus_id: str) -> str:
+    """The bus id as Linux names it under /sys/bus/pci/devices: lower case, 4-digit domain (0000:17:00.0)."""
+    domain, bus, device, function = pci_address(bus_id)
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 class _Record(BaseModel):
@@ -21,7 +45,7 @@ class _Record(BaseModel):
 class Gpu(_Record):
     """One NVIDIA GPU as NVML reports it."""
 
-    index: int = Field(ge=0, description="NVML index (PCI bus order with CUDA_DEVICE_ORDER=PCI_BUS_ID).")
+    index: int = Field(ge=0, description="Position in PCI bus order (= CUDA index with CUDA_DEVICE_ORDER=PCI_BUS_ID).")
     uuid: str
     name: str
     memory_total_bytes: int = Field(gt=0)
@@ -30,6 +54,12 @@ class Gpu(_Record):
     numa_node: int | None = Field(default=None, description="Nearest NUMA node; null when unknown.")
     pci_bus_id: str | None = Field(default=None, description="NVML form, e.g. 00000000:17:00.0.")
     mig_mode: bool | None = Field(default=None, description="MIG enabled; null when unsupported or unknown.")
+
+    @field_validator("pci_bus_id")
+    @classmethod
+    def _nvml_form(cls, value: str | None) -> str | None:
+        # files written by hand may use the sysfs form; keep one spelling
+        return None if value is None else nvml_bus_id(value)
 
 
 class Cpu(_Record):
@@ -70,6 +100,17 @@ class Host(_Record):
     disks: tuple[Disk, ...] = ()
     hostname: str | None = None
     warnings: tuple[str, ...] = Field(default=(), description="What the probe could not read exactly.")
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_distinct(cls, value: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+        # deployments name GPUs by index or UUID: each must pick exactly one
+        for attr in ("index", "uuid"):
+            seen = [getattr(gpu, attr) for gpu in value]
+            twice = sorted({str(v) for v in seen if seen.count(v) > 1})
+            if twice:
+                raise ValueError(f"two GPUs share the {attr} {', '.join(twice)}")
+        return value
 
     def gpu(self, ref: int | str) -> Gpu | None:
         """The GPU with this index or UUID."""

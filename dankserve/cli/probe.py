@@ -1,0 +1,104 @@
+"""`dankserve probe`: show (or save) what dankserve knows about this host.
+
+Settings are loaded only to find the cache directories of a live probe: a recorded host
+already carries its disks, which keeps `probe --json --hardware FILE` quick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dankserve.cli.context import cli_context
+from dankserve.cli.render import format_bytes, print_json
+from dankserve.exitcodes import ExitCode
+from dankserve.host.model import Host
+from dankserve.host.probe import load_host
+
+
+def _cache_dirs() -> list[Path]:
+    settings = cli_context().load_settings()
+    return [settings.state_dir, settings.cache_dir, settings.hf_cache_dir]
+
+
+@click.command("probe")
+@click.option("--json", "as_json", is_flag=True, help="Print the recorded-host JSON instead of a table.")
+@click.option(
+    "--save",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write the recorded-host JSON to FILE (for --hardware elsewhere).",
+)
+@click.option(
+    "--hardware",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Read a recorded host instead of probing (default $DANKSERVE_HARDWARE).",
+)
+def command(as_json: bool, save: Path | None, hardware: Path | None) -> ExitCode:
+    """Probe GPUs (NVML), CPUs, memory, NUMA nodes and cache-disk space; print or save them."""
+    host = load_host(hardware, _cache_dirs)
+    if save is not None:
+        from dankserve.host.recorded import write_host
+
+        write_host(host, save)
+        click.echo(f"saved the host description to {save}", err=True)
+    for warning in host.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if as_json:
+        from dankserve.host.recorded import host_to_json
+
+        print_json(host_to_json(host))
+    else:
+        _print_text(host)
+    return ExitCode.OK
+
+
+def _print_text(host: Host) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dankserve.host.cpu import format_cpulist
+
+    table = Table(title=f"GPUs (driver {host.driver_version or '?'}, CUDA {host.cuda_version or '?'})")
+    for header in ("#", "name", "memory", "free", "cc", "PCI bus id", "NUMA", "MIG", "UUID"):
+        table.add_column(header, overflow="fold")
+    for gpu in host.gpus:
+        table.add_row(
+            str(gpu.index),
+            gpu.name,
+            format_bytes(gpu.memory_total_bytes),
+            format_bytes(gpu.memory_free_bytes),
+            "{}.{}".format(*gpu.compute_capability),
+            gpu.pci_bus_id or "-",
+            _known(gpu.numa_node),
+            "-" if gpu.mig_mode is None else ("on" if gpu.mig_mode else "off"),
+            gpu.uuid,
+        )
+    # no emoji codes (":AB:" in a bus id), no markup; unlimited width when piped, so nothing wraps
+    console = Console(highlight=False, emoji=False, markup=False, width=None if _is_terminal() else 200)
+    console.print(table)
+    cpu, memory = host.cpu, host.memory
+    lines = [
+        f"CPU: {cpu.physical_cores} physical cores, {cpu.logical_cores} logical",
+        f"RAM: {format_bytes(memory.total_bytes)} total, {format_bytes(memory.available_bytes)} available; "
+        f"swap {format_bytes(memory.swap_total_bytes)}",
+    ]
+    lines += [
+        f"NUMA node {node.id}: CPUs {format_cpulist(node.cpus) or '-'}, memory {format_bytes(node.memory_total_bytes)}"
+        for node in host.numa_nodes
+    ]
+    lines += [f"disk {disk.path}: {format_bytes(disk.free_bytes)} free" for disk in host.disks]
+    for line in lines:
+        console.print(line, soft_wrap=True)
+
+
+def _is_terminal() -> bool:
+    import sys
+
+    return sys.stdout.isatty()
+
+
+def _known(value: int | None) -> str:
+    return "-" if value is None else str(value)

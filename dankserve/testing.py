@@ -1,0 +1,53 @@
+"""Helpers for dankserve's tests (and anyone testing against it): recorded hosts.
+
+Recorded hosts live in the source tree under `tests/hosts/NAME.json`: typical GPU machines
+(RTX 3090/4090, A100 40/80 GB, H100, H200; 1 to 8 GPUs; 1 and 2 NUMA nodes) in the
+`dankserve probe --save` format, so planner tests need no GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dankserve.host.model import Host
+
+HOSTS_DIR = Path(__file__).resolve().parent.parent / "tests" / "hosts"
+
+
+def recorded_host_names() -> list[str]:
+    """The names of the recorded hosts shipped with the source tree, sorted."""
+    return sorted(path.stem for path in HOSTS_DIR.glob("*.json"))
+
+
+def recorded_host_path(name: str) -> Path:
+    """The file of a recorded host, by name with or without '.json' (e.g. 'h100x4-2numa')."""
+    path = HOSTS_DIR / (name if name.endswith(".json") else f"{name}.json")
+    if not path.is_file():
+        known = ", ".join(recorded_host_names()) or f"none: {HOSTS_DIR} is absent (not a source checkout?)"
+        raise FileNotFoundError(f"no recorded host {name!r}; known: {known}")
+    return path
+
+
+def recorded_host(name: str) -> Host:
+    """A recorded host, read through the same code as `--hardware FILE`."""
+    from dankserve.host.recorded import read_host
+
+    return read_host(recorded_host_path(name))
+
+
+def nvml_unusable_reason() -> str | None:
+    """Why NVML cannot be used here (no package, no driver, no GPU), or None when it can."""
+    try:
+        import pynvml
+    except ImportError:
+        return "the nvidia-ml-py package is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"NVML cannot be initialised ({exc})"
+    try:
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return "NVML sees no GPU"
+    finally:
+        pynvml.nvmlShutdown()
+    return None
