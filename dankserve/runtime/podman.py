@@ -649,11 +649,16 @@ class PodmanRuntime:
             )
         secret_ids = self._replace_secrets(spec.deployment, spec.secrets)
         kwargs = container_create_kwargs(spec, gpu=gpu, journald=self._journal_socket.exists(), secret_ids=secret_ids)
-        container = self._call(f"create container {name}", lambda: self._client.containers.create(spec.image, **kwargs))
+        container = None
         try:
+            container = self._call(
+                f"create container {name}", lambda: self._client.containers.create(spec.image, **kwargs)
+            )
             self._call(f"start container {name}", container.start)
         except DankserveError:
-            self._remove_container(container.id)
+            # A failed start leaves nothing behind: neither the container nor its secrets.
+            if container is not None:
+                self._remove_container(container.id)
             self._remove_secrets(spec.deployment)
             raise
         log.info("workload_started", deployment=spec.deployment, id=container.id[:12], gpus=gpu.mode)

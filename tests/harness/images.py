@@ -91,14 +91,15 @@ def busybox_vllm_image(env: PodmanEnv, *, version_label: bool = True) -> str:
 def pull_test_image(env: PodmanEnv, registry: str, name: str, size_bytes: int = 0) -> str:
     """An image with a layer no other image has, pushed to the registry and absent locally; its ref.
 
-    `size_bytes` of random data make the layer big enough to time a pull.
+    `size_bytes` of random data make the layer big enough to time a pull. It carries the
+    vLLM-version label, so pulling it runs no version probe.
     """
     marker = {"etc/dankserve-test-marker": f"{name} {time.time_ns()}".encode()}
     if size_bytes:
         marker["payload.bin"] = os.urandom(size_bytes)
     local = f"localhost/dankserve-test-pull:{name}"
     remote = f"{registry}/dankserve-test/{name}:latest"
-    import_image(env, local, rootfs_tarball(marker), {})
+    import_image(env, local, rootfs_tarball(marker), {LABEL_VLLM_VERSION: "0.33.0"})
     env.podman("push", "--quiet", "--tls-verify=false", local, remote)
     env.podman("rmi", "--force", local)
     return remote

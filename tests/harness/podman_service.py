@@ -118,10 +118,24 @@ class PodmanEnv:
             raise RuntimeError(f"podman {' '.join(args)} failed ({done.returncode}): {done.stderr.decode().strip()}")
         return done.stdout.decode()
 
-    def requests_logged(self, fragment: str) -> list[str]:
-        """The service's access-log lines of requests whose path holds `fragment`."""
-        lines = self.service_log.read_text(errors="replace").splitlines()
-        return [line for line in lines if line.startswith("@ ") and fragment in line]
+    def requests_logged(self, fragment: str, at_least: int = 0, timeout: float = 5.0) -> list[str]:
+        """The service's access-log lines of requests whose path holds `fragment`.
+
+        The service writes a line after it has answered, so a caller expecting `at_least`
+        lines waits for them (and a moment more, so a surplus line shows too).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.service_log.read_text(errors="replace").splitlines()
+            found = [line for line in lines if line.startswith("@ ") and fragment in line]
+            if len(found) >= at_least or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if at_least:
+            time.sleep(0.2)
+            lines = self.service_log.read_text(errors="replace").splitlines()
+            found = [line for line in lines if line.startswith("@ ") and fragment in line]
+        return found
 
 
 def _ping(socket_path: Path) -> bool:
