@@ -36,6 +36,7 @@ from dankserve.runtime.base import (
     GpuRef,
     Mount,
     PullProgress,
+    Runtime,
     SecretFile,
     WorkloadSpec,
     workload_name,
@@ -531,6 +532,17 @@ def test_version_cache_persists(tmp_path: Path) -> None:
     assert VersionCache(tmp_path / "c" / "v.json").get("sha256:2") is None
     (tmp_path / "bad.json").write_text("{not json")
     assert VersionCache(tmp_path / "bad.json").get("sha256:1") is None
+
+
+def as_runtime(runtime: PodmanRuntime) -> Runtime:
+    return runtime  # mypy checks here that PodmanRuntime satisfies the Runtime protocol
+
+
+def test_podman_runtime_is_a_runtime() -> None:
+    """PodmanRuntime provides every method of the Runtime protocol (mypy checks the signatures)."""
+    protocol_methods = {name for name in vars(Runtime) if not name.startswith("_")}
+    assert protocol_methods <= set(dir(PodmanRuntime))
+    assert callable(as_runtime)
 
 
 def test_unreachable_url_is_exit_3_naming_url_and_fix(tmp_path: Path) -> None:
