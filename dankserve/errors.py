@@ -11,6 +11,9 @@ user what to do, and the exit code the CLI ends with::
     ├── EnvironmentUnusable             exit 3
     │   ├── NvmlUnavailable             no NVIDIA driver / NVML library, or no GPU
     │   ├── PodmanUnreachable           the Podman REST API does not answer
+    │   ├── PodmanRequestFailed         Podman answered but refused a request (port in use, ...)
+    │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
+    │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
     │   └── MissingTool                 a system program dankserve needs is absent
     └── InfeasiblePlan                  exit 4: cannot run on this host as configured
 
@@ -69,6 +72,18 @@ class NvmlUnavailable(EnvironmentUnusable):
 
 class PodmanUnreachable(EnvironmentUnusable):
     """The Podman REST API at the configured URL does not answer."""
+
+
+class PodmanRequestFailed(EnvironmentUnusable):
+    """Podman answered a request with an error (after retrying the transient ones)."""
+
+
+class ImageUnavailable(EnvironmentUnusable):
+    """The image is not present locally and may not, or could not, be pulled."""
+
+
+class GpuPassthroughUnavailable(EnvironmentUnusable):
+    """An assigned GPU cannot be handed to the container: no CDI spec entry and no device node."""
 
 
 class MissingTool(EnvironmentUnusable):

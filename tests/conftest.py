@@ -1,12 +1,44 @@
-"""Shared fixtures. Harness fixtures for real services live in tests/harness/."""
+"""Shared fixtures. Harness fixtures for real services live in tests/harness/.
+
+Real Podman: `podman_env` (a private `podman system service`, session-wide) with stand-in GPUs
+and a local registry; `vllm_image` is the image the tests run as vLLM. Any test that uses
+`podman_env`, directly or through another fixture, is marked `podman` automatically, so
+`pytest -m 'not podman'` runs without Podman. At the end of the session no container of the
+session may remain: the check fails the run (after removing them) if one does.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import pytest
+
+from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, WorkloadSpec, workload_name
+from tests.harness.gpus import StandInGpus, stand_in_gpus
+from tests.harness.podman_service import (
+    SESSION_LABEL,
+    PodmanEnv,
+    leftover_containers,
+    leftover_secrets,
+    missing_requirements,
+    podman_service,
+    remove_containers,
+    remove_images_from,
+)
+from tests.harness.registry import free_loopback_port, local_registry
+
+if TYPE_CHECKING:  # importing the runtime pulls in podman-py
+    from dankserve.runtime.podman import PodmanRuntime
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu`-marked tests where NVML cannot be used, saying why."""
+    """Mark tests using the Podman harness `podman`; skip `gpu` tests where NVML cannot be used."""
+    for item in items:
+        if "podman_env" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.podman)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
@@ -16,3 +48,112 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))
+
+
+def _require_harness() -> None:
+    missing = missing_requirements()
+    if missing:
+        pytest.skip(f"real-Podman harness unavailable here: missing {', '.join(missing)} (run `make test` as root)")
+
+
+@pytest.fixture(scope="session")
+def harness_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("harness")
+
+
+@pytest.fixture(scope="session")
+def gpus(harness_dir: Path) -> Iterator[StandInGpus]:
+    """Two stand-in GPUs: device nodes in a private directory and a uniquely named CDI spec."""
+    _require_harness()
+    with stand_in_gpus(harness_dir / "gpus", count=2) as made:
+        yield made
+
+
+@pytest.fixture(scope="session")
+def registry(harness_dir: Path) -> Iterator[str]:
+    """A local plain-HTTP registry: `127.0.0.1:PORT`."""
+    _require_harness()
+    with local_registry(harness_dir / "registry") as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def podman_env(harness_dir: Path, gpus: StandInGpus, registry: str) -> Iterator[PodmanEnv]:
+    """The private Podman service (started after the CDI spec, so it sees it); checked for leaks at the end."""
+    _require_harness()
+    with podman_service(harness_dir / "podman", insecure_registries=[registry]) as env:
+        yield env
+        leaked = leftover_containers(env, [f"{SESSION_LABEL}={env.session}", "io.dankserve.probe"])
+        secrets = leftover_secrets(env, workload_name(f"t{env.session}"))
+        remove_containers(env, leaked)
+        remove_images_from(env, registry)
+        for name in secrets:
+            env.podman("secret", "rm", name, check=False)
+        if leaked or secrets:
+            pytest.fail(f"the tests left containers {leaked} and secrets {secrets} behind (now removed)")
+
+
+@pytest.fixture(scope="session")
+def vllm_image(podman_env: PodmanEnv) -> str:
+    """The image the tests run as vLLM.
+
+    The busybox imitation until the stand-in of containers/ lands; then return
+    `stand_in_image(podman_env)` (tests.harness.images) instead.
+    """
+    from tests.harness.images import busybox_vllm_image
+
+    return busybox_vllm_image(podman_env)
+
+
+@pytest.fixture(scope="session")
+def busybox_image(podman_env: PodmanEnv) -> str:
+    """The busybox imitation, always (it can ignore SIGTERM; no version label)."""
+    from tests.harness.images import busybox_vllm_image
+
+    return busybox_vllm_image(podman_env, version_label=False)
+
+
+@pytest.fixture
+def deployment(podman_env: PodmanEnv, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A deployment name unique to this test and session; its container and secrets are removed after."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:32].strip("-")
+    name = f"t{podman_env.session}-{slug}"
+    yield name
+    podman_env.podman("rm", "-f", "-t", "0", workload_name(name), check=False)
+    for secret in leftover_secrets(podman_env, workload_name(name) + "."):
+        podman_env.podman("secret", "rm", secret, check=False)
+
+
+@pytest.fixture
+def podman_runtime(podman_env: PodmanEnv, gpus: StandInGpus, tmp_path: Path) -> Iterator[PodmanRuntime]:
+    """A PodmanRuntime on the private service; device nodes from the stand-in GPUs; no journal."""
+    from dankserve.runtime.podman import PodmanRuntime
+
+    runtime = PodmanRuntime(
+        podman_env.url,
+        cache_dir=tmp_path / "cache",
+        dev_root=gpus.dev_dir,
+        journal_socket=tmp_path / "no-journal.socket",
+        replace_stop_timeout=5,
+    )
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def make_spec(podman_env: PodmanEnv, deployment: str, vllm_image: str) -> Callable[..., WorkloadSpec]:
+    """Build a WorkloadSpec for this test's deployment: a free port, quick boot, session labels."""
+
+    def build(**overrides: Any) -> WorkloadSpec:
+        fields: dict[str, Any] = {
+            "deployment": deployment,
+            "image": vllm_image,
+            "argv": ("test/model", "--port", "8000"),
+            "env": {"FAKE_VLLM_BOOT_SECONDS": "0"},
+            "port": free_loopback_port(),
+            "labels": {SESSION_LABEL: podman_env.session, LABEL_FINGERPRINT: "fp-1", LABEL_BOOT: "1"},
+        }
+        fields.update(overrides)
+        return WorkloadSpec(**fields)
+
+    return build

@@ -101,6 +101,8 @@ class PullProgress:
     status: str
     current_bytes: int | None = None
     total_bytes: int | None = None
+    layer: str | None = None
+    """The layer (short digest) the byte counts refer to; a pull reports each layer separately."""
 
 
 WorkloadState = Literal["created", "running", "paused", "exited", "stopped", "unknown"]
