@@ -1,0 +1,1 @@
+"""The supervisor: pure policy, learning and lifecycle decisions, and the daemon that runs them."""
