@@ -16,6 +16,7 @@ a pattern (one frozenset test), or it mentions an Error/Exception or `--kv-cache
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -48,6 +49,8 @@ from dankserve.bootlog.patterns import (
 
 Groups = tuple[str | None, ...]
 Handler = Callable[[LinePattern, str, Groups], list[BootEvent]]
+Search = Callable[[str], "re.Match[str] | None"]
+_PHASE_RANK = {phase: phase.rank for phase in BootPhase}
 V0_DEFAULT_BLOCK_SIZE = 16
 """V0's CUDA default `--block-size`: its log gives GPU blocks, not tokens."""
 MAX_MESSAGE_CHARS = 2000
@@ -145,11 +148,8 @@ class BootLogReader:
     """Reads one stream of vLLM output line by line; a later boot in the stream replaces the facts."""
 
     def __init__(self, patterns: tuple[LinePattern, ...] = ALL_PATTERNS) -> None:
-        by_token: dict[str, list[int]] = {}
-        for index, pattern in enumerate(patterns):
-            by_token.setdefault(pattern.token, []).append(index)
-        self._by_token = {token: tuple(indices) for token, indices in by_token.items()}
-        self._tokens = frozenset(by_token)
+        self._tokens = frozenset(pattern.token for pattern in patterns)
+        self._token_order = {token: index for index, token in reversed(list(enumerate(p.token for p in patterns)))}
         self._boot = _Boot()
         self._partial: dict[str, str] = {}
         self._facts: BootFacts | None = None
@@ -180,7 +180,11 @@ class BootLogReader:
             Kind.READY: self._on_ready,
             Kind.FAILURE: self._on_failure,
         }
-        self._steps = tuple((p.regex.search, self._handlers[p.kind], p) for p in patterns)
+        groups: dict[str, list[tuple[Search, Handler, LinePattern, bool]]] = {}
+        for pattern in patterns:
+            step = (pattern.regex.search, self._handlers[pattern.kind], pattern, pattern.kind is Kind.FAILURE)
+            groups.setdefault(pattern.token, []).append(step)
+        self._groups = {token: tuple(steps) for token, steps in groups.items()}
 
     @property
     def facts(self) -> BootFacts:
@@ -193,8 +197,15 @@ class BootLogReader:
         """Read one line (with or without its newline); the events it causes, usually none."""
         if line.endswith("\n"):
             line = line[:-1]
-        if not line:
-            return []
+        if self._partial or self._boot.await_detail or "\x1b" in line or "\r" in line or line.find(" P ", 20, 50) != -1:
+            return self._feed_unusual(line)
+        hits = self._tokens.intersection(line.split())
+        if hits:
+            return self._read_tokens(line, hits)
+        return self._read_untokened(line)
+
+    def _feed_unusual(self, line: str) -> list[BootEvent]:
+        """Lines needing care first: CRI partial chunks, colours, \r, a pending error detail."""
         if self._partial or line.find(" P ", 20, 50) != -1:
             cri = split_cri(line)
             if cri is not None:  # rejoin a CRI line split into partial chunks
@@ -206,13 +217,12 @@ class BootLogReader:
                 line = joined
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
-        if "\r" in line:  # progress bars redraw with \r; vLLM ends continued lines with \r\n
-            events: list[BootEvent] = []
-            for segment in line.split("\r"):
-                if segment.strip():
-                    events.extend(self._read(segment))
-            return events
-        return self._read(line)
+        segments = line.split("\r") if "\r" in line else [line]
+        events: list[BootEvent] = []
+        for segment in segments:  # progress bars redraw with \r; vLLM ends continued lines with \r\n
+            if segment.strip():
+                events += self._read(segment)
+        return events
 
     def _read(self, line: str) -> list[BootEvent]:
         boot = self._boot
@@ -224,35 +234,36 @@ class BootLogReader:
                     self._validation_detail(line)
                 return events
         hits = self._tokens.intersection(line.split())
-        if not hits:
-            if "Error" in line or "Exception" in line:
-                return self._on_exception(line)
-            if "--kv-cache-memory" in line:
-                return self._on_argv_kv(line)
-            return []
-        return self._read_tokens(line, hits)
+        if hits:
+            return self._read_tokens(line, hits)
+        return self._read_untokened(line)
+
+    def _read_untokened(self, line: str) -> list[BootEvent]:
+        if "Error" in line or "Exception" in line:
+            return self._on_exception(line)
+        if "--kv-cache-memory" in line:
+            return self._on_argv_kv(line)
+        return []
 
     def _read_tokens(self, line: str, hits: frozenset[str]) -> list[BootEvent]:
-        by_token = self._by_token
-        if len(hits) == 1:
-            candidates: tuple[int, ...] | list[int] = by_token[next(iter(hits))]
-        else:
-            candidates = sorted({index for token in hits for index in by_token[token]})
+        # Per token, the first pattern that matches wins (its group's later ones are other
+        # eras' wordings of the same line); tokens in table order.
+        groups = self._groups
+        order = (next(iter(hits)),) if len(hits) == 1 else sorted(hits, key=self._token_order.__getitem__)
         events: list[BootEvent] = []
         failure_matched = False
-        steps = self._steps
-        for index in candidates:
-            search, handler, pattern = steps[index]
-            match = search(line)
-            if match is None:
-                continue
-            self._facts = None
-            failure_matched = failure_matched or pattern.kind is Kind.FAILURE
-            events.extend(handler(pattern, line, match.groups()))
+        for token in order:
+            for search, handler, pattern, is_failure in groups[token]:
+                match = search(line)
+                if match is not None:
+                    self._facts = None
+                    failure_matched = failure_matched or is_failure
+                    events += handler(pattern, line, match.groups())
+                    break
         if not failure_matched and ("Error" in line or "Exception" in line):
-            events.extend(self._on_exception(line))
+            events += self._on_exception(line)
         if "--kv-cache-memory" in line:
-            events.extend(self._on_argv_kv(line))
+            events += self._on_argv_kv(line)
         return events
 
     # --- boot boundaries ----------------------------------------------------------------------------
@@ -308,7 +319,7 @@ class BootLogReader:
     def _advance(self, phase: BootPhase, weights_percent: int | None = None) -> list[BootEvent]:
         boot = self._boot
         boot.progressed = True
-        if boot.phase is None or phase.rank > boot.phase.rank:
+        if boot.phase is None or _PHASE_RANK[phase] > _PHASE_RANK[boot.phase]:
             boot.phase = phase
             if phase is BootPhase.LOADING:
                 boot.weights_percent = weights_percent
