@@ -12,6 +12,7 @@ Regenerate the docs page: ``python -m dankserve.supervisor.policy --write docs/f
 
 from __future__ import annotations
 
+import random
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -155,7 +156,7 @@ class FailureContext:
     learned_kv_in_use: bool = False
     """The failed boot was given learned `--kv-cache-memory-bytes`."""
     relearned: bool = False
-    """The learned bytes were already dropped once after an OOM."""
+    """The learned bytes were already dropped after an OOM since the last boot that became ready."""
     other_gpu_processes: bool = False
     """NVML shows processes other than this deployment's holding memory on its GPUs."""
 
@@ -294,7 +295,9 @@ class RestartDecision:
     reason: str
 
 
-def backoff_delay(attempt: int, settings: RestartSettings, uniform: Callable[[float, float], float]) -> float:
+def backoff_delay(
+    attempt: int, settings: RestartSettings, uniform: Callable[[float, float], float] = random.uniform
+) -> float:
     """Seconds before retry number `attempt` (1-based): 0 for the first, then tenacity's
     `wait_exponential_jitter(multiplier=initial, max=max, exp_base=multiplier, jitter=jitter)`
     at its attempt `attempt - 1`: min(initial * multiplier**(attempt-2) + uniform(0, jitter), max)."""
@@ -317,13 +320,14 @@ def next_restart(
     history: Sequence[float],
     now: float,
     settings: RestartSettings,
-    uniform: Callable[[float, float], float],
+    uniform: Callable[[float, float], float] = random.uniform,
     *,
     immediate: bool = False,
 ) -> RestartDecision:
     """When to restart a deployment whose failures happened at `history` (the latest one included).
 
-    `uniform(a, b)` is the jitter's random source (e.g. `random.Random(seed).uniform`).
+    `uniform(a, b)` is the jitter's random source: tests inject a fixed one (or
+    `random.Random(seed).uniform`); the default draws from the process's random generator.
     `immediate`: a remediation or relearn restart, at once but still counted in the window.
     """
     count = failures_in_window(history, now, settings.window_seconds)
