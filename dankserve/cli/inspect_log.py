@@ -1,0 +1,67 @@
+"""`dankserve inspect-log FILE [--json]`: the boot facts a vLLM log tells (the last boot's).
+
+Exit 0 whatever the log says (a failed boot is a fact, not an error); exit 2 when the file
+cannot be read. `-` reads standard input.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+import click
+
+from dankserve.errors import InvalidInput
+from dankserve.exitcodes import ExitCode
+
+
+def _lines(stream: IO[bytes]) -> Iterator[str]:
+    # Binary lines split on \n only: a \r inside a line (progress bars) must reach the reader.
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace")
+
+
+def _text_value(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key == "kv_cache_memory_bytes":
+        return f"{value} ({value / 2**30:.2f} GiB)"
+    if key == "kv_cache_usage_perc":
+        return f"{value * 100:.1f} %"
+    return str(value)
+
+
+@click.command("inspect-log")
+@click.argument("file", metavar="FILE")
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def command(file: str, as_json: bool) -> ExitCode:
+    """Read a vLLM log (FILE, or - for stdin) and print the facts of its last boot."""
+    from dankserve.bootlog import BootLogReader
+    from dankserve.cli.render import print_json
+
+    reader = BootLogReader()
+    try:
+        if file == "-":
+            for line in _lines(sys.stdin.buffer):
+                reader.feed(line)
+        else:
+            with open(file, "rb") as stream:
+                for line in _lines(stream):
+                    reader.feed(line)
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read the log file {file}: {exc.strerror or exc}",
+            fix="name a readable file (a saved container log, `podman logs NAME > FILE`), or - for stdin",
+        ) from None
+    facts = reader.facts.to_json()
+    if as_json:
+        print_json(facts)
+        return ExitCode.OK
+    rows = [*facts.items(), ("boots_in_log", reader.boots)]
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key.ljust(width)}  {_text_value(key, value)}")
+    return ExitCode.OK

@@ -1,0 +1,334 @@
+"""The daemon's persistent state: one versioned JSON file under `state_dir`.
+
+Pure part: `State` and `DeploymentState` (frozen), `state_to_json()` / `state_from_json()`.
+I/O part: `StateStore`, which writes atomically (a temp file in the same directory, fsync,
+rename, fsync of the directory; the file 0600 in a 0700 directory) and never lets the state
+file stop the daemon: a corrupt, truncated, empty or future-schema file is moved aside as
+`state.json.corrupt-<UTC time>` with a warning; a failed write (read-only or full disk) is a
+warning, the caller keeps its in-memory state and the previous file stays intact.
+
+File form (schema 1)::
+
+    {"schema_version": 1,
+     "deployments": {"chat": {"learned_kv": {"kv1-…": {LearnedKv}}, "boots": 3, "restarts": 1,
+                              "last_failure": {"cause", "message", "at"} | null,
+                              "last_boot": {BootSummary} | null, "down": false,
+                              "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"]}},
+     "image_versions": {"sha256:…": "0.33.0"}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dankserve.supervisor.learning import LearnedKv, keep_first
+
+SCHEMA_VERSION = 1
+STATE_FILE = "state.json"
+
+
+class StateCorrupt(ValueError):
+    """The state file's text is not a state of this schema (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """The last failure of a deployment."""
+
+    cause: str
+    message: str | None
+    at: float
+
+
+@dataclass(frozen=True)
+class BootSummary:
+    """What `status` shows of a deployment's last boot."""
+
+    at: float
+    ready: bool
+    vllm_version: str | None = None
+    compile_cache_hit: bool | None = None
+    compile_seconds: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_learned_used: bool = False
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """What the daemon remembers of one deployment across its own restarts."""
+
+    learned_kv: Mapping[str, LearnedKv] = field(default_factory=dict)
+    """Learned KV bytes by boot fingerprint."""
+    boots: int = 0
+    restarts: int = 0
+    last_failure: FailureRecord | None = None
+    last_boot: BootSummary | None = None
+    down: bool = False
+    """Taken down with `dankserve down`: stays down across daemon restarts until `up`."""
+    overrides: Mapping[str, int | float | str] = field(default_factory=dict)
+    """Planned values changed by a remediation (cleared when the configuration changes)."""
+    remediated: tuple[str, ...] = ()
+    """Failure causes already remediated (each only once)."""
+
+    def learned(self, fingerprint: str) -> LearnedKv | None:
+        return self.learned_kv.get(fingerprint)
+
+    def remember(self, fingerprint: str, learned: LearnedKv | None) -> DeploymentState:
+        """Store learned bytes for a fingerprint, keeping the first value already there."""
+        kept = keep_first(self.learned_kv.get(fingerprint), learned)
+        if kept is None or kept is self.learned_kv.get(fingerprint):
+            return self
+        return replace(self, learned_kv={**self.learned_kv, fingerprint: kept})
+
+    def forget(self, fingerprint: str) -> DeploymentState:
+        """Drop the learned bytes of a fingerprint (after an OOM with them)."""
+        if fingerprint not in self.learned_kv:
+            return self
+        return replace(self, learned_kv={k: v for k, v in self.learned_kv.items() if k != fingerprint})
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything the state file holds."""
+
+    deployments: Mapping[str, DeploymentState] = field(default_factory=dict)
+    image_versions: Mapping[str, str] = field(default_factory=dict)
+    """vLLM version by image digest (asking an image for its version starts a container)."""
+
+    def deployment(self, name: str) -> DeploymentState:
+        """A deployment's state (empty when it has none yet)."""
+        return self.deployments.get(name) or DeploymentState()
+
+    def with_deployment(self, name: str, deployment: DeploymentState) -> State:
+        return replace(self, deployments={**self.deployments, name: deployment})
+
+    def update(self, name: str, change: Callable[[DeploymentState], DeploymentState]) -> State:
+        """The state with `change` applied to one deployment."""
+        return self.with_deployment(name, change(self.deployment(name)))
+
+    def with_image_version(self, digest: str, version: str) -> State:
+        return replace(self, image_versions={**self.image_versions, digest: version})
+
+
+# --- (de)serialisation, pure ---------------------------------------------------------------------
+
+
+def _optional(data: Mapping[str, Any], key: str, *kinds: type) -> Any:
+    """data[key] when it is None or one of `kinds` (a bool is no int here); else StateCorrupt."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise StateCorrupt(f"{key} = {value!r} is not {' or '.join(kind.__name__ for kind in kinds)}")
+    return value
+
+
+def _deployment_from_json(name: str, data: Any) -> DeploymentState:
+    if not isinstance(data, dict):
+        raise StateCorrupt(f"deployment {name!r} is not an object")
+    try:
+        learned = {str(fp): LearnedKv.from_json(entry) for fp, entry in (data.get("learned_kv") or {}).items()}
+        failure = data.get("last_failure")
+        boot = data.get("last_boot")
+        return DeploymentState(
+            learned_kv=learned,
+            boots=int(_optional(data, "boots", int) or 0),
+            restarts=int(_optional(data, "restarts", int) or 0),
+            last_failure=None
+            if failure is None
+            else FailureRecord(str(failure["cause"]), failure.get("message"), float(failure["at"])),
+            last_boot=None
+            if boot is None
+            else BootSummary(
+                at=float(boot["at"]),
+                ready=bool(boot["ready"]),
+                vllm_version=_optional(boot, "vllm_version", str),
+                compile_cache_hit=_optional(boot, "compile_cache_hit", bool),
+                compile_seconds=_optional(boot, "compile_seconds", int, float),
+                kv_cache_memory_bytes=_optional(boot, "kv_cache_memory_bytes", int),
+                kv_cache_learned_used=bool(boot.get("kv_cache_learned_used", False)),
+            ),
+            down=bool(_optional(data, "down", bool) or False),
+            overrides=dict(_optional(data, "overrides", dict) or {}),
+            remediated=tuple(str(cause) for cause in _optional(data, "remediated", list) or ()),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StateCorrupt(f"deployment {name!r}: {exc}") from None
+
+
+def state_from_json(text: str) -> State:
+    """Parse a state file; StateCorrupt names what is wrong (empty, truncated, future schema ...)."""
+    if not text.strip():
+        raise StateCorrupt("the file is empty")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StateCorrupt(f"not JSON (truncated?): {exc}") from None
+    if not isinstance(data, dict):
+        raise StateCorrupt("not a JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise StateCorrupt(f"schema_version {version} is newer than this dankserve's {SCHEMA_VERSION}")
+        raise StateCorrupt(f"schema_version {version!r} is not {SCHEMA_VERSION}")
+    deployments = data.get("deployments") or {}
+    images = data.get("image_versions") or {}
+    if not isinstance(deployments, dict) or not isinstance(images, dict):
+        raise StateCorrupt("deployments and image_versions must be objects")
+    return State(
+        deployments={str(name): _deployment_from_json(str(name), entry) for name, entry in deployments.items()},
+        image_versions={str(digest): str(version) for digest, version in images.items()},
+    )
+
+
+def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
+    failure = deployment.last_failure
+    boot = deployment.last_boot
+    return {
+        "learned_kv": {fp: entry.to_json() for fp, entry in sorted(deployment.learned_kv.items())},
+        "boots": deployment.boots,
+        "restarts": deployment.restarts,
+        "last_failure": None
+        if failure is None
+        else {"cause": failure.cause, "message": failure.message, "at": failure.at},
+        "last_boot": None
+        if boot is None
+        else {
+            "at": boot.at,
+            "ready": boot.ready,
+            "vllm_version": boot.vllm_version,
+            "compile_cache_hit": boot.compile_cache_hit,
+            "compile_seconds": boot.compile_seconds,
+            "kv_cache_memory_bytes": boot.kv_cache_memory_bytes,
+            "kv_cache_learned_used": boot.kv_cache_learned_used,
+        },
+        "down": deployment.down,
+        "overrides": dict(deployment.overrides),
+        "remediated": list(deployment.remediated),
+    }
+
+
+def state_to_json(state: State) -> str:
+    """The state file's text."""
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "deployments": {name: _deployment_to_json(dep) for name, dep in sorted(state.deployments.items())},
+        "image_versions": dict(sorted(state.image_versions.items())),
+    }
+    return json.dumps(data, indent=1) + "\n"
+
+
+# --- the file, atomically ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The state read (empty when there was none usable) and what went wrong on the way."""
+
+    state: State
+    warnings: tuple[str, ...] = ()
+
+
+def _utc_stamp(now: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+
+
+class StateStore:
+    """The state file under a state directory."""
+
+    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / STATE_FILE
+        self._clock = clock
+
+    def load(self) -> LoadResult:
+        """Read the state; a missing file is an empty state, an unusable one is moved aside."""
+        self._remove_stale_temp_files()
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return LoadResult(State())
+        except (OSError, UnicodeDecodeError) as exc:
+            if isinstance(exc, UnicodeDecodeError):
+                return self._move_aside(f"not UTF-8 text: {exc}")
+            return LoadResult(State(), (f"state file {self.path} cannot be read ({exc}); starting without it",))
+        try:
+            return LoadResult(state_from_json(text))
+        except StateCorrupt as exc:
+            return self._move_aside(str(exc))
+
+    def save(self, state: State) -> tuple[str, ...]:
+        """Write the state atomically; warnings (empty when saved). A failed write changes no file."""
+        tmp: str | None = None
+        try:
+            self._ensure_dir()
+            fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE}.", suffix=".tmp", dir=self.state_dir)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:  # mkstemp: mode 0600
+                out.write(state_to_json(state))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+            tmp = None
+            self._fsync_dir()
+        except OSError as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            why = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only"}.get(
+                exc.errno or 0, exc.strerror or str(exc)
+            )
+            return (f"state not saved to {self.path}: {why}; keeping it in memory and retrying on the next change",)
+        return ()
+
+    def _ensure_dir(self) -> None:
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.state_dir.stat().st_uid == os.geteuid():
+            with contextlib.suppress(OSError):
+                self.state_dir.chmod(0o700)
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _move_aside(self, reason: str) -> LoadResult:
+        aside = self.path.with_name(f"{STATE_FILE}.corrupt-{_utc_stamp(self._clock())}")
+        counter = 1
+        while aside.exists():
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{_utc_stamp(self._clock())}-{counter}")
+            counter += 1
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            return LoadResult(
+                State(),
+                (
+                    f"state file {self.path} is unusable ({reason}) and could not be moved aside ({exc}); "
+                    "starting with an empty state",
+                ),
+            )
+        return LoadResult(
+            State(),
+            (
+                f"state file {self.path} is unusable ({reason}); moved it to {aside}, starting with an empty "
+                "state (learned KV sizes are learned again)",
+            ),
+        )
+
+    def _remove_stale_temp_files(self) -> None:
+        # Temp files of a write interrupted by a crash; ours by name, never the state itself.
+        with contextlib.suppress(OSError):
+            for leftover in self.state_dir.glob(f".{STATE_FILE}.*.tmp"):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()

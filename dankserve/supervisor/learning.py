@@ -1,0 +1,245 @@
+"""Boot learning: remember a profiled boot's exact KV-cache bytes and reuse them safely. Pure.
+
+After a boot that profiled its memory and became ready, vLLM's suggestion
+(`--kv-cache-memory=<int>`, the bytes that fit the requested share) is kept together with the
+free GPU memory NVML showed just before that boot, under a fingerprint of everything that
+decides those bytes. A later boot with the same fingerprint passes `--kv-cache-memory-bytes`
+(skipping vLLM's memory profiling, the slow and fragile part of a boot) only when every
+assigned GPU has at least 99 % of the recorded free memory now: a pinned KV size with less
+free memory would run out of memory mid-request. The first learned value is kept: vLLM's
+suggestion drifts a little between identical boots (FACTS.md), and chasing it would change
+the compile cache key of older vLLM versions and gain nothing.
+
+vLLM's own `VLLM_ENABLE_STARTUP_PLAN` (vllm PR 47388) does the same inside the container; it
+is not used: dankserve needs the bytes and the reason outside vLLM (status, logs, the policy's
+relearn after an OOM), for every vLLM version that has `--kv-cache-memory-bytes`, and keeps the
+same free-memory guard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dankserve.bootlog.facts import BootFacts
+
+FREE_MEMORY_GUARD_PERCENT = 99
+"""Reuse learned bytes only with at least this share of the recorded free memory on each GPU."""
+FINGERPRINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What of an assigned GPU decides the KV bytes: its model and its total memory."""
+
+    name: str
+    memory_total_bytes: int
+
+
+# argv flag (either spelling) -> MemoryFlags field; `store_true` switches are in _SWITCHES.
+_FLAG_FIELDS: dict[str, str] = {
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-model-len": "max_model_len",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--speculative-config": "speculative_config",
+    "--spec-method": "spec_method",
+    "--spec-model": "spec_model",
+    "--spec-tokens": "spec_tokens",
+    "--cpu-offload-gb": "cpu_offload_gb",
+    "--cpu-offload-params": "cpu_offload_params",
+    "--kv-offloading-size": "kv_offloading_size",
+    "--kv-offloading-backend": "kv_offloading_backend",
+    "--dtype": "dtype",
+    "--quantization": "quantization",
+    "-q": "quantization",
+    "--block-size": "block_size",
+    "--compilation-config": "compilation_config",
+    "-O": "compilation_config",
+    "--max-cudagraph-capture-size": "max_cudagraph_capture_size",
+}
+_SWITCHES: dict[str, tuple[str, bool]] = {
+    "--enforce-eager": ("enforce_eager", True),
+    "--no-enforce-eager": ("enforce_eager", False),
+}
+
+
+@dataclass(frozen=True)
+class MemoryFlags:
+    """The vLLM flags that change how much memory is left for the KV cache (values as argv strings).
+
+    `--kv-cache-memory-bytes` is deliberately absent: it is what is learned, not an input.
+    """
+
+    gpu_memory_utilization: str | None = None
+    max_model_len: str | None = None
+    kv_cache_dtype: str | None = None
+    tensor_parallel_size: str | None = None
+    pipeline_parallel_size: str | None = None
+    max_num_seqs: str | None = None
+    max_num_batched_tokens: str | None = None
+    enforce_eager: bool = False
+    speculative_config: str | None = None
+    spec_method: str | None = None
+    spec_model: str | None = None
+    spec_tokens: str | None = None
+    cpu_offload_gb: str | None = None
+    cpu_offload_params: str | None = None
+    kv_offloading_size: str | None = None
+    kv_offloading_backend: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    block_size: str | None = None
+    compilation_config: str | None = None
+    max_cudagraph_capture_size: str | None = None
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> MemoryFlags:
+        """The memory flags of a `vllm serve` argv (the last occurrence wins, as in argparse)."""
+        values: dict[str, Any] = {}
+        index = 0
+        while index < len(argv):
+            token = argv[index]
+            name, has_value, inline = token.partition("=")
+            if name.startswith("--"):
+                name = "--" + name[2:].replace("_", "-")
+            if name.startswith("-O") and len(name) > 2 and not name.startswith("--") and not has_value:
+                values["compilation_config"] = name[2:]  # argparse's attached short value: -O3
+            elif name in _SWITCHES:
+                key, value = _SWITCHES[name]
+                values[key] = value
+            elif name in _FLAG_FIELDS:
+                if has_value:
+                    values[_FLAG_FIELDS[name]] = inline
+                elif index + 1 < len(argv):
+                    values[_FLAG_FIELDS[name]] = argv[index + 1]
+                    index += 1
+            index += 1
+        return cls(**values)
+
+
+def boot_fingerprint(
+    *,
+    vllm: str,
+    model: str,
+    revision: str | None,
+    gpus: Sequence[GpuIdentity],
+    flags: MemoryFlags,
+) -> str:
+    """A stable hash of what decides a boot's KV bytes.
+
+    `vllm`: the image digest, or the vLLM version when there is no digest (process runtime).
+    GPUs in assignment order. Live free memory is not part of it (that is the guard's job).
+    """
+    payload = {
+        "v": FINGERPRINT_VERSION,
+        "vllm": vllm,
+        "model": model,
+        "revision": revision,
+        "gpus": [[gpu.name, gpu.memory_total_bytes] for gpu in gpus],
+        "flags": asdict(flags),
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return "kv1-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class LearnedKv:
+    """KV bytes learned from a profiled boot, and the free memory that boot started with."""
+
+    kv_cache_memory_bytes: int
+    baseline_free_bytes: tuple[int, ...]
+    """NVML free memory per assigned GPU (assignment order) just before the learning boot."""
+    learned_at: float
+    """Unix time."""
+    vllm_version: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "baseline_free_bytes": list(self.baseline_free_bytes),
+            "learned_at": self.learned_at,
+            "vllm_version": self.vllm_version,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LearnedKv:
+        """Read `to_json()`'s form; raises ValueError/TypeError/KeyError when it is not that."""
+        kv = data["kv_cache_memory_bytes"]
+        baseline = data["baseline_free_bytes"]
+        if not isinstance(kv, int) or kv <= 0 or not isinstance(baseline, list):
+            raise ValueError(f"not a learned KV entry: {dict(data)!r}")
+        if not all(isinstance(value, int) and value >= 0 for value in baseline):
+            raise ValueError(f"baseline_free_bytes must be non-negative integers: {baseline!r}")
+        version = data.get("vllm_version")
+        return cls(kv, tuple(baseline), float(data["learned_at"]), None if version is None else str(version))
+
+
+@dataclass(frozen=True)
+class KvDecision:
+    """Whether the next boot passes learned bytes (`use_bytes`) or profiles (None), and why."""
+
+    use_bytes: int | None
+    reason: str
+    details: tuple[str, ...] = field(default_factory=tuple)
+    """One line per GPU: free now against the baseline."""
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def decide_kv_reuse(learned: LearnedKv | None, free_bytes_now: Sequence[int]) -> KvDecision:
+    """Reuse the learned bytes only when every assigned GPU has >= 99 % of the baseline free memory."""
+    if learned is None:
+        return KvDecision(None, "no KV size learned for this configuration yet: vLLM profiles memory")
+    if len(free_bytes_now) != len(learned.baseline_free_bytes):
+        return KvDecision(
+            None,
+            f"the KV size was learned on {len(learned.baseline_free_bytes)} GPU(s), {len(free_bytes_now)} assigned "
+            "now: vLLM profiles memory",
+        )
+    details = []
+    short = []
+    for index, (now, baseline) in enumerate(zip(free_bytes_now, learned.baseline_free_bytes, strict=True)):
+        ok = now * 100 >= baseline * FREE_MEMORY_GUARD_PERCENT
+        details.append(f"GPU {index}: {_gib(now)} free now, {_gib(baseline)} when learned")
+        if not ok:
+            short.append(index)
+    if short:
+        worst = short[0]
+        return KvDecision(
+            None,
+            f"GPU {worst} has {_gib(free_bytes_now[worst])} free, below {FREE_MEMORY_GUARD_PERCENT} % of the "
+            f"{_gib(learned.baseline_free_bytes[worst])} free when the KV size was learned (another process holds "
+            "memory?): vLLM profiles memory",
+            tuple(details),
+        )
+    return KvDecision(
+        learned.kv_cache_memory_bytes,
+        f"reusing the learned KV size {learned.kv_cache_memory_bytes} bytes ({_gib(learned.kv_cache_memory_bytes)}): "
+        f"free memory is at least {FREE_MEMORY_GUARD_PERCENT} % of the learned baseline on every GPU",
+        tuple(details),
+    )
+
+
+def learn_from_boot(facts: BootFacts, baseline_free_bytes: Sequence[int], now: float) -> LearnedKv | None:
+    """What to remember from a boot: only one that profiled its memory, became ready and did not fail."""
+    if not (facts.ready and facts.profiled and facts.failure is None):
+        return None
+    if facts.kv_cache_memory_bytes is None or facts.kv_cache_memory_bytes <= 0 or not baseline_free_bytes:
+        return None
+    return LearnedKv(facts.kv_cache_memory_bytes, tuple(baseline_free_bytes), now, facts.vllm_version)
+
+
+def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> LearnedKv | None:
+    """The learned value to store: the first one stays; a later boot's suggestion never replaces it."""
+    return existing if existing is not None else candidate

@@ -1,0 +1,1 @@
+"""systemd edges: sd_notify and journald's native protocol (no libsystemd)."""

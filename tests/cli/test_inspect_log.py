@@ -1,0 +1,45 @@
+"""Tests for dankserve.cli.inspect_log: the `dankserve inspect-log` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "bootlog" / "fixtures"
+
+
+def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "dankserve", "inspect-log", *args], input=stdin, capture_output=True, check=False
+    )
+
+
+def test_json_of_a_failed_boot_exits_zero() -> None:
+    """A log of a failed boot is reported as JSON with exit 0 (the failure is a fact)."""
+    done = run(str(FIXTURES / "fail_max_len_too_large.log"), "--json")
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["failure"] == "max_len_too_large"
+    assert facts["estimated_max_model_len"] == 34480
+    assert next(iter(facts)) == "vllm_version"
+
+
+def test_stdin_and_text_listing() -> None:
+    """`-` reads stdin, and the text form lists each fact as key and value."""
+    done = run("-", stdin=(FIXTURES / "v033_cold.log").read_bytes())
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert any(line.split() == ["kv_cache_memory_bytes", "132530194268", "(123.43", "GiB)"] for line in lines)
+    assert any(line.split() == ["ready", "yes"] for line in lines)
+
+
+def test_unreadable_file_is_invalid_input(tmp_path: Path) -> None:
+    """A missing file exits 2 with a message naming it and a fix, no traceback."""
+    missing = tmp_path / "nope.log"
+    done = run(str(missing))
+    assert done.returncode == 2
+    assert str(missing) in done.stderr.decode()
+    assert "fix:" in done.stderr.decode()
+    assert b"Traceback" not in done.stderr
