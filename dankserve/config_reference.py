@@ -63,7 +63,9 @@ def render_reference() -> str:
     lines += _table(DeploymentSettings, "")
     for field_name in ("speculative", "cpu_offload", "model_facts"):
         info = DeploymentSettings.model_fields[field_name]
-        model = next(a for a in getattr(info.annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel))
+        model = next(
+            a for a in getattr(info.annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)
+        )
         lines += ["", f"### `[deployments.NAME.{field_name}]`", "", (model.__doc__ or "").strip(), ""]
         lines += _table(model, "")
     return "\n".join(lines) + "\n"

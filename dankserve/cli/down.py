@@ -44,13 +44,12 @@ def command(deployment: str | None) -> ExitCode:
 
 def _down_offline(deployment: str) -> None:
     """No daemon: mark the deployment down and remove a leftover workload directly."""
-    from dankserve.state import StateStore
+    from dankserve.supervisor.records import StateBook
     from dankserve.supervisor.assembly import runtime_factory
 
     settings = cli_context().load_settings()
-    store = StateStore(settings.state_dir)
+    store = StateBook(settings.state_dir)
     store.set_down(deployment, True)
-    store.flush()
     runtime = runtime_factory(settings)(settings.deployments[deployment])
     existing = runtime.find(deployment)
     if existing is not None:

@@ -26,7 +26,7 @@ from dankserve.exitcodes import ExitCode
 )
 def command(log_format: str | None, hardware: Path | None) -> ExitCode:
     """Supervise every enabled deployment until SIGTERM; SIGHUP reloads the config."""
-    from dankserve.logs import configure_logging
+    from dankserve.logging_setup import configure_logging
     from dankserve.supervisor.assembly import build_daemon
 
     ctx = cli_context()

@@ -14,10 +14,10 @@ from dankserve.settings import Settings
 
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config and the state store while no daemon runs."""
-    from dankserve.state import StateStore
+    from dankserve.supervisor.records import StateBook, failure_json
 
-    store = StateStore(settings.state_dir, read_only=True)
-    deployments = []
+    store = StateBook(settings.state_dir, persist=False)
+    deployments: list[dict[str, Any]] = []
     for name in sorted(settings.deployments):
         dep = settings.deployments[name]
         record = store.deployment(name)
@@ -31,12 +31,12 @@ def offline_status(settings: Settings) -> dict[str, Any]:
                 "image": dep.image,
                 "vllm_version": None,
                 "uptime_seconds": None,
-                "boots": record.boots if record else 0,
-                "restarts": record.restarts if record else 0,
-                "last_failure": record.last_failure if record else None,
+                "boots": record.boots,
+                "restarts": record.restarts,
+                "last_failure": failure_json(record.last_failure),
                 "kv_cache_memory_bytes": store.any_learned_bytes(name),
                 "kv_cache_learned_used": False,
-                "compile_cache_hit": record.compile_cache_hit if record else None,
+                "compile_cache_hit": record.last_boot.compile_cache_hit if record.last_boot else None,
                 "gpus": [],
                 "kv_cache_usage_perc": None,
                 "preemptions": None,

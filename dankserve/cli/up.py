@@ -51,14 +51,13 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         )
     state_dir = settings.state_dir
     if deployment is not None:
-        from dankserve.state import StateStore
+        from dankserve.supervisor.records import StateBook
 
-        store = StateStore(state_dir)
+        store = StateBook(state_dir)
         store.set_down(deployment, False)
-        store.flush()
 
     if foreground:
-        from dankserve.logs import configure_logging
+        from dankserve.logging_setup import configure_logging
         from dankserve.supervisor.assembly import build_daemon
 
         configure_logging(settings.log_format)

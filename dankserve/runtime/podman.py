@@ -532,6 +532,10 @@ class PodmanRuntime:
 
     # -- images ------------------------------------------------------------------------------
 
+    def image_present(self, image: str) -> bool:
+        """The image is in local storage (no pull)."""
+        return self._image_attrs(image) is not None
+
     def ensure_image(
         self, image: str, pull: PullPolicy, progress: Callable[[PullProgress], None] | None = None
     ) -> ImageInfo:

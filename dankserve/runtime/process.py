@@ -81,7 +81,7 @@ def serve_command(executable: str, argv: tuple[str, ...]) -> list[str]:
     """The command line for `vllm serve ARGV` from a `vllm` executable or a Python with vLLM."""
     parts = shlex.split(executable)
     if not parts:
-        raise InvalidInput("the process runtime needs `executable`", fix="set executable = \"/path/to/venv/bin/vllm\"")
+        raise InvalidInput("the process runtime needs `executable`", fix='set executable = "/path/to/venv/bin/vllm"')
     if Path(parts[0]).name.startswith("python"):
         return [*parts, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
     return [*parts, "serve", *argv]
@@ -212,7 +212,7 @@ class ProcessRuntime:
     def start(self, spec: WorkloadSpec) -> Workload:
         if not spec.executable:
             raise InvalidInput(
-                f"deployment {spec.deployment!r} uses runtime = \"process\" but sets no executable",
+                f'deployment {spec.deployment!r} uses runtime = "process" but sets no executable',
                 fix="set executable to the vllm script of a venv with vLLM, or to that venv's python",
             )
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)

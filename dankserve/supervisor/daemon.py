@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from dankserve.bootlog import BootFacts, BootLogReader
+from dankserve.bootlog import BootFacts, BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
@@ -31,12 +31,13 @@ from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime, Workload
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.state import StateStore
 from dankserve.supervisor import instance, learning, policy
+from dankserve.supervisor.policy import FailureCause, FailureContext, RestartSettings
+from dankserve.supervisor.records import StateBook, failure_json
 from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, advance_boot_phase, all_settled, status_line
 from dankserve.supervisor.workload import compile_cache_dir, workload_spec
-from dankserve.systemd import notify
+from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 log = structlog.get_logger("dankserve")
 
@@ -63,7 +64,7 @@ class Outcome:
 
     kind: str
     """'stopped' (asked to), 'replan' (config changed), or 'failure'."""
-    failure: str | None = None
+    failure: FailureCause | None = None
     message: str | None = None
     facts: BootFacts | None = None
 
@@ -151,6 +152,9 @@ class DeploymentWorker:
         self._thread = threading.Thread(target=self._run, name=f"deployment-{name}", daemon=True)
         self.log = log.bind(deployment=name)
         self._boot_started: float | None = None
+        self._boot_key: str | None = None
+        self._learned_used: int | None = None
+        self._planned_utilization: float | None = None
 
     # -- control -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -198,90 +202,86 @@ class DeploymentWorker:
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
-        overrides = BootOverrides()
+        daemon = self.daemon
+        remembered = daemon.state.deployment(self.name)
+        overrides = _overrides_from(remembered.overrides)
+        remediated = frozenset(FailureCause(c) for c in remembered.remediated if c in FailureCause._value2member_map_)
         failures: list[float] = []
-        remediated: set[str] = set()
+        relearned = False
         while not self._stop.is_set():
             self._replan.clear()
             try:
                 outcome = self._cycle(overrides)
             except DankserveError as exc:
-                outcome = Outcome("failure", "config_error", exc.render())
+                # Planning or the runtime refused the configuration: restarting cannot help.
+                self._fail(exc.render())
+                return
             except Exception as exc:  # an unexpected runtime error: retry with backoff, never die
                 self.log.exception("cycle_error")
-                outcome = Outcome("failure", "crash", f"{type(exc).__name__}: {exc}")
+                outcome = Outcome("failure", FailureCause.CRASH, f"{type(exc).__name__}: {exc}")
             if outcome.kind == "stopped" or self._stop.is_set():
                 self._set(phase=Phase.STOPPED, state="stopped", ready_since=None)
                 return
             if outcome.kind == "replan":
-                overrides = BootOverrides()
-                remediated.clear()
+                overrides, remediated, relearned = BootOverrides(), frozenset(), False
                 failures.clear()
+                daemon.state.set_remediation(self.name, {}, ())
                 continue
+            if outcome.kind == "ready_then_failed":
+                relearned = False
             assert outcome.failure is not None
+            cause = outcome.failure
             now = time.time()
             failures.append(now)
-            self.daemon.state.record_failure(self.name, outcome.failure, outcome.message, now)
+            daemon.state.record_failure(self.name, cause.value, outcome.message, now)
             with self.lock:
-                self.view.last_failure = {"class": outcome.failure, "message": outcome.message, "at": now}
-            action = policy.action_for(outcome.failure)
-            self.log.warning(
-                "boot_failed", failure=outcome.failure, action=action.value, failure_message=outcome.message
+                self.view.last_failure = {"class": cause.value, "message": outcome.message, "at": now}
+                dep = self.dep
+            facts = outcome.facts
+            context = FailureContext(
+                message=outcome.message,
+                max_model_len_setting=dep.max_model_len,
+                estimated_max_model_len=facts.estimated_max_model_len if facts else None,
+                gpu_memory_utilization_setting=dep.gpu_memory_utilization,
+                gpu_memory_utilization_planned=self._planned_utilization,
+                utilization_band_top=daemon.utilization_band_top(self.name),
+                remediated=remediated,
+                learned_kv_in_use=self._learned_used is not None,
+                relearned=relearned,
+                other_gpu_processes=daemon.other_gpu_processes(self.view.gpu_uuids),
             )
-            if action is policy.Action.CONFIG_ERROR:
-                self._fail(outcome.message or outcome.failure)
+            decision = policy.decide(cause, context)
+            self.log.warning("boot_failed", failure=cause.value, action=decision.action.value, decision=decision.reason)
+            if decision.outcome == "config_error":
+                self._fail(decision.reason, cause.value)
                 return
-            if action is policy.Action.REMEDIATE:
-                fixed = self._remediate(outcome, overrides, remediated)
-                if fixed is None:
-                    self._fail(outcome.message or outcome.failure)
-                    return
-                overrides = fixed
-            if action is policy.Action.RELEARN:
-                self.daemon.state.forget_learned(self.name)
-                overrides = replace(overrides, kv_cache_memory_bytes=None)
-            decision = policy.next_restart(
-                failures,
-                now,
-                self.daemon.settings,
-                first_retry_immediate=True,
-            )
-            if decision.give_up:
-                self._fail(
-                    f"{len(failures)} failures within {self.daemon.settings.failure_window_seconds:.0f}s: {decision.reason}"
+            if decision.overrides:
+                overrides = replace(overrides, **_override_fields(decision.overrides))
+                if decision.remediation is not None:
+                    remediated = remediated | {decision.remediation}
+                daemon.state.set_remediation(
+                    self.name, dict(decision.overrides), tuple(sorted(c.value for c in remediated))
                 )
+            if decision.drop_learned_kv and self._boot_key is not None:
+                daemon.state.forget_learned(self.name, self._boot_key)
+                relearned = True
+            restart = policy.next_restart(
+                failures, now, RestartSettings.from_settings(daemon.settings), immediate=not decision.backoff
+            )
+            if restart.kind == "failed":
+                self._fail(restart.reason, cause.value)
                 return
             with self.lock:
                 self.view.restarts += 1
-            self.daemon.state.record_restart(self.name)
+            daemon.state.record_restart(self.name)
             self._set(phase=Phase.RESTARTING, state="restarting", ready_since=None)
-            self.log.info("restart_scheduled", delay_seconds=round(decision.delay, 2), reason=decision.reason)
+            self.log.info("restart_scheduled", delay_seconds=round(restart.delay_seconds, 2), reason=restart.reason)
             self._wake.clear()
-            self._wake.wait(decision.delay)
+            self._wake.wait(restart.delay_seconds)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, cause: str | None = None) -> None:
         self._set(phase=Phase.FAILED, state="failed", ready_since=None, message=message)
-        self.log.error("deployment_failed", failure_message=message)
-
-    def _remediate(self, outcome: Outcome, overrides: BootOverrides, done: set[str]) -> BootOverrides | None:
-        """The one remediation the policy allows for this failure, or None when none applies."""
-        failure = outcome.failure or ""
-        if failure in done:
-            return None
-        done.add(failure)
-        facts = outcome.facts
-        if failure == "max_len_too_large" and self.dep.max_model_len is None:
-            estimate = facts.estimated_max_model_len if facts else None
-            value: int | str = estimate if estimate else "auto"
-            self.log.warning("remediation", change=f"max_model_len={value}", because=failure)
-            return replace(overrides, max_model_len=value)
-        if failure == "no_kv_memory" and self.dep.gpu_memory_utilization is None:
-            top = policy.utilisation_band_top(self.daemon.smallest_gpu_bytes(self.name))
-            if top is None:
-                return None
-            self.log.warning("remediation", change=f"gpu_memory_utilization={top}", because=failure)
-            return replace(overrides, gpu_memory_utilization=top)
-        return None
+        self.log.error("deployment_failed", failure=cause, failure_message=message)
 
     def _cycle(self, overrides: BootOverrides) -> Outcome:
         """One boot of the deployment and the time it serves, until it ends."""
@@ -298,14 +298,23 @@ class DeploymentWorker:
         self._set(phase=Phase.PULLING)
         image_ref = dep.executable or "" if dep.runtime == "process" else dep.image
         image = runtime.ensure_image(image_ref, dep.pull, lambda p: self.log.info("pull", status=p.status))
-        boot_key = learning.boot_fingerprint(base_plan, image.digest or image.vllm_version or "")
+        boot_key = learning.boot_fingerprint(
+            vllm=image.digest or image.vllm_version or base_plan.vllm_version,
+            model=dep.model,
+            revision=dep.revision,
+            gpus=[learning.GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)],
+            flags=learning.MemoryFlags.from_argv(base_plan.argv),
+        )
+        self._boot_key = boot_key
+        self._planned_utilization = _flag_float(base_plan.argv, "--gpu-memory-utilization")
         with self.lock:
-            self.view.vllm_version = image.vllm_version
+            self.view.vllm_version = image.vllm_version or base_plan.vllm_version
             self.view.gpu_uuids = uuids
 
         existing = runtime.find(self.name)
         if existing is not None and existing.running and existing.fingerprint == base_plan.fingerprint:
             self.log.info("adopting", container_id=existing.id)
+            self._learned_used = None
             return self._follow(runtime, existing, base_plan, boot_key, baseline=None, learned_used=None)
         if existing is not None:
             self.log.info("replacing", container_id=existing.id, running=existing.running)
@@ -317,7 +326,8 @@ class DeploymentWorker:
                 return Outcome("stopped")
             baseline = daemon.gpu_memory(uuids)
             learned = daemon.state.learned(self.name, boot_key)
-            decision = learning.decide_kv_reuse(learned, {u: m.free_bytes for u, m in baseline.items()})
+            decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
+            self._learned_used = decision.use_bytes
             self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
             plan = base_plan
             if decision.use_bytes is not None:
@@ -397,7 +407,7 @@ class DeploymentWorker:
                 if ended is None:
                     runtime.stop(workload.id, settings.stop_timeout_seconds)
                 runtime.remove(workload.id)
-                return Outcome("failure", facts.failure, facts.failure_message, facts)
+                return Outcome("failure", FailureCause.from_log(facts.failure), facts.failure_message, facts)
             now = time.monotonic()
             if not ready:
                 if now > deadline:
@@ -405,7 +415,10 @@ class DeploymentWorker:
                     runtime.stop(workload.id, settings.stop_timeout_seconds)
                     runtime.remove(workload.id)
                     return Outcome(
-                        "failure", "boot_timeout", f"not ready within {settings.boot_timeout_seconds:.0f}s", facts
+                        "failure",
+                        FailureCause.BOOT_TIMEOUT,
+                        f"not ready within {settings.boot_timeout_seconds:.0f}s",
+                        facts,
                     )
                 # Poll fast once vLLM says the server is up; slowly otherwise (the port is closed).
                 if facts.ready or now >= next_health:
@@ -427,7 +440,12 @@ class DeploymentWorker:
                     if result.status == 503 or unhealthy >= 2:
                         runtime.stop(workload.id, settings.stop_timeout_seconds)
                         runtime.remove(workload.id)
-                        return Outcome("failure", "engine_dead", facts.failure_message or "health check failed", facts)
+                        return Outcome(
+                            "ready_then_failed",
+                            FailureCause.ENGINE_DEAD,
+                            facts.failure_message or f"health check failed ({result.status or result.error})",
+                            facts,
+                        )
 
     def _ended(self, runtime: Runtime, workload: Workload, facts: BootFacts, ready: bool) -> Outcome:
         """The log stream ended: the workload exited. Classify why."""
@@ -435,18 +453,18 @@ class DeploymentWorker:
         code = event.exit_code if event else None
         with contextlib.suppress(Exception):
             runtime.remove(workload.id)
-        failure = facts.failure
-        if failure is None:
-            if ready:
-                failure = "engine_dead" if code not in (0, None) else "crash"
-            elif code == 2:
-                failure = "bad_argument"
-            else:
-                failure = "crash"
+        if facts.failure is not None:
+            cause = FailureCause.from_log(facts.failure)
+        elif ready:
+            cause = FailureCause.ENGINE_DEAD
+        elif code == 2:
+            cause = FailureCause.BAD_ARGUMENT
+        else:
+            cause = FailureCause.CRASH
         message = facts.failure_message or f"vLLM exited with code {code}"
         if event is not None and event.oom_killed:
             message += " (killed by the kernel's OOM killer: host RAM)"
-        return Outcome("failure", failure, message, facts)
+        return Outcome("ready_then_failed" if ready else "failure", cause, message, facts)
 
     def _on_boot_event(self, event: Any, facts: BootFacts) -> None:
         reported = _phase_of(event)
@@ -491,9 +509,9 @@ class DeploymentWorker:
             learned_used=learned_used is not None,
             compile_cache_hit=facts.compile_cache_hit,
         )
-        state.record_boot(self.name, facts, boot_seconds=took)
+        state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
         if learned_used is None and baseline:
-            learned = learning.learn_from_boot(facts, {u: m.free_bytes for u, m in baseline.items()})
+            learned = learning.learn_from_boot(facts, _free_in_order(baseline, plan.gpu_uuids), time.time())
             if learned is not None and state.learned(self.name, boot_key) is None:
                 state.remember_learned(self.name, boot_key, learned)
                 self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
@@ -501,13 +519,48 @@ class DeploymentWorker:
 
 def _phase_of(event: Any) -> Phase | None:
     """The lifecycle phase a boot-log event reports, if any."""
-    name = getattr(event, "phase", None)
-    if name is None:
-        return None
-    try:
-        return Phase(str(getattr(name, "value", name)))
-    except ValueError:
-        return None
+    if isinstance(event, PhaseChanged):
+        return Phase(event.phase.value)
+    return None
+
+
+def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:
+    by_uuid = {g.uuid: g for g in host.gpus}
+    return [by_uuid[u] for u in uuids if u in by_uuid]
+
+
+def _free_in_order(readings: Mapping[str, GpuMemory], uuids: tuple[str, ...]) -> list[int]:
+    """Free bytes per assigned GPU in assignment order (unknown counts as none free)."""
+    out = []
+    for uuid in uuids:
+        reading = readings.get(uuid)
+        out.append(reading.free_bytes if reading is not None and reading.free_bytes is not None else 0)
+    return out
+
+
+def _flag_float(argv: tuple[str, ...], flag: str) -> float | None:
+    if flag in argv:
+        index = argv.index(flag)
+        if index + 1 < len(argv):
+            try:
+                return float(argv[index + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def _overrides_from(values: Mapping[str, int | float | str]) -> BootOverrides:
+    return BootOverrides(**_override_fields(values))
+
+
+def _override_fields(values: Mapping[str, int | float | str]) -> dict[str, Any]:
+    """The BootOverrides fields a policy remediation changes (unknown keys ignored)."""
+    out: dict[str, Any] = {}
+    if "max_model_len" in values:
+        out["max_model_len"] = values["max_model_len"]
+    if "gpu_memory_utilization" in values:
+        out["gpu_memory_utilization"] = float(values["gpu_memory_utilization"])
+    return out
 
 
 class Daemon:
@@ -517,7 +570,8 @@ class Daemon:
         self.settings = settings
         self._config_path = config_path
         self.deps = deps
-        self.state = StateStore(settings.state_dir)
+        self.state = StateBook(settings.state_dir)
+        self.notifier = SystemdNotifier.from_environ()
         self.gpu_locks = GpuBootLocks()
         self.workers: dict[str, DeploymentWorker] = {}
         self.host: Host = deps.load_host()
@@ -534,11 +588,21 @@ class Daemon:
     def gpu_memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
         return read_gpu_memory(uuids, self.deps.hardware_file, self.host)
 
-    def smallest_gpu_bytes(self, name: str) -> int | None:
+    def utilization_band_top(self, name: str) -> float | None:
+        """The top of the utilisation table band of the deployment's smallest GPU."""
         worker = self.workers.get(name)
         uuids = worker.view.gpu_uuids if worker else ()
         sizes = [g.memory_total_bytes for g in self.host.gpus if g.uuid in uuids]
-        return min(sizes) if sizes else None
+        if not sizes:
+            return None
+        from dankserve.plan.rules import utilization_band_top
+
+        return utilization_band_top(min(sizes))
+
+    def other_gpu_processes(self, uuids: tuple[str, ...]) -> bool:
+        """NVML lists compute processes on these GPUs (ours are stopped when this is asked)."""
+        readings = self.gpu_memory(uuids)
+        return any((r.other_processes or 0) > 0 for r in readings.values())
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> ExitCode:
@@ -556,7 +620,7 @@ class Daemon:
             self._main_loop()
             return ExitCode.OK
         finally:
-            notify.stopping()
+            self.notifier.stopping()
             self._stop_all()
             control.close()
             self.state.flush()
@@ -594,7 +658,8 @@ class Daemon:
         worker.start()
 
     def _main_loop(self) -> None:
-        watchdog = notify.watchdog_interval()
+        watchdog = watchdog_interval()
+        notify = self.notifier
         next_watchdog = 0.0
         next_extend = 0.0
         last_status = ""
@@ -734,9 +799,9 @@ class Daemon:
             "image": view.image,
             "vllm_version": view.vllm_version,
             "uptime_seconds": None if view.ready_since is None else round(time.time() - view.ready_since, 1),
-            "boots": max(view.boots, record.boots if record else 0),
-            "restarts": max(view.restarts, record.restarts if record else 0),
-            "last_failure": view.last_failure or (record.last_failure if record else None),
+            "boots": max(view.boots, record.boots),
+            "restarts": max(view.restarts, record.restarts),
+            "last_failure": view.last_failure or failure_json(record.last_failure),
             "kv_cache_memory_bytes": view.kv_cache_memory_bytes,
             "kv_cache_learned_used": view.kv_cache_learned_used,
             "compile_cache_hit": view.compile_cache_hit,

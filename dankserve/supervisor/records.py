@@ -1,0 +1,117 @@
+"""The daemon's view of the state store: the State in memory, shared by the worker threads.
+
+Every change is applied to the in-memory State (pure `State.update`) under a lock and saved
+at once. A save that fails (read-only or full disk) is logged once per distinct warning and
+retried on the next change: the daemon keeps serving and loses no earlier state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+from pathlib import Path
+
+import structlog
+
+from dankserve.bootlog import BootFacts
+from dankserve.state import BootSummary, DeploymentState, FailureRecord, State, StateStore
+from dankserve.supervisor.learning import LearnedKv
+
+log = structlog.get_logger("dankserve")
+
+
+def failure_json(record: FailureRecord | None) -> dict[str, Any] | None:
+    """A last-failure record as status shows it."""
+    if record is None:
+        return None
+    return {"class": record.cause, "message": record.message, "at": record.at}
+
+
+class StateBook:
+    """Thread-safe, write-through access to the persisted state."""
+
+    def __init__(self, state_dir: Path, *, persist: bool = True) -> None:
+        self._store = StateStore(state_dir)
+        self._lock = threading.Lock()
+        self._persist = persist
+        self._warned: set[str] = set()
+        loaded = self._store.load()
+        for warning in loaded.warnings:
+            log.warning("state_warning", warning=warning)
+        self._state: State = loaded.state
+        self.load_warnings = loaded.warnings
+
+    def _change(self, name: str, change: Callable[[DeploymentState], DeploymentState]) -> DeploymentState:
+        with self._lock:
+            self._state = self._state.update(name, change)
+            current = self._state.deployment(name)
+            state = self._state
+        if self._persist:
+            self._save(state)
+        return current
+
+    def _save(self, state: State) -> None:
+        for warning in self._store.save(state):
+            if warning not in self._warned:
+                self._warned.add(warning)
+                log.warning("state_not_saved", warning=warning)
+
+    def flush(self) -> None:
+        """Save the current state (again)."""
+        if self._persist:
+            with self._lock:
+                state = self._state
+            self._save(state)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def deployment(self, name: str) -> DeploymentState:
+        with self._lock:
+            return self._state.deployment(name)
+
+    def learned(self, name: str, fingerprint: str) -> LearnedKv | None:
+        return self.deployment(name).learned(fingerprint)
+
+    def is_down(self, name: str) -> bool:
+        return self.deployment(name).down
+
+    def any_learned_bytes(self, name: str) -> int | None:
+        """The most recently learned KV bytes of a deployment, for status without a daemon."""
+        entries = sorted(self.deployment(name).learned_kv.values(), key=lambda e: e.learned_at)
+        return entries[-1].kv_cache_memory_bytes if entries else None
+
+    # -- writes --------------------------------------------------------------------------------
+    def next_boot(self, name: str) -> int:
+        return self._change(name, lambda d: replace(d, boots=d.boots + 1)).boots
+
+    def record_restart(self, name: str) -> None:
+        self._change(name, lambda d: replace(d, restarts=d.restarts + 1))
+
+    def record_failure(self, name: str, cause: str, message: str | None, at: float) -> None:
+        self._change(name, lambda d: replace(d, last_failure=FailureRecord(cause, message, at)))
+
+    def record_boot(self, name: str, facts: BootFacts, kv_bytes: int | None, learned_used: bool) -> None:
+        summary = BootSummary(
+            at=time.time(),
+            ready=facts.ready,
+            vllm_version=facts.vllm_version,
+            compile_cache_hit=facts.compile_cache_hit,
+            compile_seconds=facts.compile_seconds,
+            kv_cache_memory_bytes=kv_bytes,
+            kv_cache_learned_used=learned_used,
+        )
+        self._change(name, lambda d: replace(d, last_boot=summary))
+
+    def remember_learned(self, name: str, fingerprint: str, learned: LearnedKv) -> None:
+        self._change(name, lambda d: d.remember(fingerprint, learned))
+
+    def forget_learned(self, name: str, fingerprint: str) -> None:
+        self._change(name, lambda d: d.forget(fingerprint))
+
+    def set_down(self, name: str, down: bool) -> None:
+        self._change(name, lambda d: replace(d, down=down))
+
+    def set_remediation(self, name: str, overrides: dict[str, int | float | str], remediated: tuple[str, ...]) -> None:
+        self._change(name, lambda d: replace(d, overrides=overrides, remediated=remediated))
