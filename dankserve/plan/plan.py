@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
 from dankserve.plan import checks, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
@@ -83,7 +84,7 @@ def plan_deployment(
     warnings += numa_warnings
     placement_flags(flags, deployment)
     checks.check_flags_supported(flags.causes, caps, catalogue)
-    warnings += rules.host_warnings(host, sizing.gpus)
+    warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus)]
     unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
     if unknown_extra:
         warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")
@@ -98,7 +99,7 @@ def plan_deployment(
         model=deployment.model,
         vllm_version=caps.version,
         argv=tuple(argv),
-        env=rules.container_env(vllm_cache_root, numa_bind, deployment.env),
+        env=rules.container_env(vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **deployment.env}),
         flags=tuple(flags.choices),
         warnings=tuple(warnings),
         gpu_indices=tuple(g.index for g in sizing.gpus),
@@ -113,6 +114,14 @@ def plan_deployment(
     )
 
 
+def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[str, str]:
+    """Settings that releases before the matching flag took from the environment."""
+    backend = attention_backend(deployment)
+    if backend is not None and not caps.has("--attention-backend"):
+        return {"VLLM_ATTENTION_BACKEND": backend}
+    return {}
+
+
 def validate_values(deployment: DeploymentSettings, caps: VllmCapabilities, catalogue: Catalogue | None) -> None:
     """Values a user can mistype: exit 2 (or 4 for a method a newer release has) before any arithmetic."""
     if deployment.kv_cache_dtype is not None:
@@ -123,6 +132,11 @@ def validate_values(deployment: DeploymentSettings, caps: VllmCapabilities, cata
         checks.check_speculative_method(deployment.speculative.method, caps, catalogue)
     if deployment.max_model_len == "auto":
         checks.check_max_model_len_auto(caps, catalogue)
+    if not isinstance(deployment.kv_offload, str) and deployment.kv_offload <= 0:
+        raise ConfigError(
+            f"kv_offload = {deployment.kv_offload} is not a positive number of GiB",
+            fix='set kv_offload to a positive GiB amount, "auto" or "off"',
+        )
 
 
 def size_memory(
@@ -231,13 +245,20 @@ def memory_flags(
     if sizing.context.value is not None:
         flags.decision("--max-model-len", sizing.context, "max_model_len")
     flags.decision("--kv-cache-dtype", sizing.kv_cache_dtype, "kv_cache_dtype")
-    if deployment.attention_backend is not None:
-        backend = deployment.attention_backend.upper()
-        if caps.has("--attention-backend"):
-            flags.add("--attention-backend", backend, "set in config (attention_backend)", "attention_backend")
-        else:
-            warnings.append(f"vLLM {caps.version} has no --attention-backend: set VLLM_ATTENTION_BACKEND in env")
+    backend = attention_backend(deployment)
+    if backend is not None and caps.has("--attention-backend"):
+        flags.add("--attention-backend", backend, "set in config (attention_backend)", "attention_backend")
+    elif backend is not None:
+        warnings.append(f"vLLM {caps.version} has no --attention-backend: passed as VLLM_ATTENTION_BACKEND={backend}")
     return warnings
+
+
+def attention_backend(deployment: DeploymentSettings) -> str | None:
+    """The configured attention backend as vLLM names it (None: vLLM chooses, also for `auto`)."""
+    value = deployment.attention_backend
+    if value is None or value.lower() == "auto":
+        return None
+    return value.upper()
 
 
 def offload_flags(

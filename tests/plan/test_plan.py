@@ -280,3 +280,20 @@ def test_plan_json_shape() -> None:
     assert nodes["value"] == ["0", "0", "1", "1"]
     assert next(f for f in data["flags"] if f["flag"] == "--numa-bind")["value"] is None
     assert all(set(f) == {"flag", "value", "reason"} for f in data["flags"])
+
+
+def test_attention_backend_flag_or_legacy_env() -> None:
+    """A configured backend is --attention-backend from 0.13, VLLM_ATTENTION_BACKEND before; auto adds nothing."""
+    dep = DeploymentSettings(model="q", attention_backend="flashinfer")
+    new = plan_deployment("d", dep, host(), caps(), QWEN3_30B)
+    assert "--attention-backend FLASHINFER" in " ".join(new.argv) and "VLLM_ATTENTION_BACKEND" not in new.env
+    old = plan_deployment("d", dep, host(), caps("0.12.0"), QWEN3_30B)
+    assert "--attention-backend" not in old.argv and old.env["VLLM_ATTENTION_BACKEND"] == "FLASHINFER"
+    auto = plan_deployment("d", DeploymentSettings(model="q", attention_backend="auto"), host(), caps(), QWEN3_30B)
+    assert "--attention-backend" not in auto.argv
+
+
+def test_non_positive_offload_is_invalid_input() -> None:
+    """kv_offload must be a positive GiB amount (or auto/off): exit 2."""
+    with pytest.raises(ConfigError, match="kv_offload"):
+        plan_deployment("d", DeploymentSettings(model="q", kv_offload=0), host(), caps(), QWEN3_30B)
