@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability clean docs
+.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability clean docs catalogue
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ test-fast: setup
 
 up: setup
 	$(BIN)/dankserve up
+
+# Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.33.json
+# from the vLLM wheels on PyPI (by hand, never in CI: the outputs are committed).
+catalogue: setup
+	$(BIN)/python scripts/gen_vllm_catalogue.py
 
 bench: setup
 	$(BIN)/python bench/run_all.py

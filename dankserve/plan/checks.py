@@ -44,11 +44,18 @@ def suggest_kv_cache_dtypes(value: str, valid: Sequence[str]) -> tuple[str, ...]
     return tuple(dict.fromkeys([*aliases, *close]))
 
 
-def check_kv_cache_dtype(value: str, caps: VllmCapabilities) -> None:
-    """An unknown `kv_cache_dtype` (e.g. llama.cpp's q8_0) is invalid input: exit 2."""
+def check_kv_cache_dtype(value: str, caps: VllmCapabilities, catalogue: Catalogue | None = None) -> None:
+    """An unknown `kv_cache_dtype` (e.g. llama.cpp's q8_0) is invalid input: exit 2; one that only
+    newer releases have is infeasible with this one: exit 4."""
     valid = caps.kv_cache_dtypes
     if not valid or value in valid:
         return
+    newer = _first_release_with_fact(catalogue, "kv_cache_dtypes", value) if catalogue else None
+    if newer is not None:
+        raise InfeasiblePlan(
+            f"kv_cache_dtype {value!r} is not in vLLM {caps.version}; it appears in {newer}",
+            fix=f"use an image of vLLM {newer} or newer, or one of: {', '.join(valid)}",
+        )
     suggestions = suggest_kv_cache_dtypes(value, valid)
     closest = f"; closest: {' or '.join(suggestions)}" if suggestions else ""
     raise UnknownValueError(

@@ -125,7 +125,7 @@ def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[s
 def validate_values(deployment: DeploymentSettings, caps: VllmCapabilities, catalogue: Catalogue | None) -> None:
     """Values a user can mistype: exit 2 (or 4 for a method a newer release has) before any arithmetic."""
     if deployment.kv_cache_dtype is not None:
-        checks.check_kv_cache_dtype(deployment.kv_cache_dtype, caps)
+        checks.check_kv_cache_dtype(deployment.kv_cache_dtype, caps, catalogue)
     if deployment.attention_backend is not None:
         checks.check_attention_backend(deployment.attention_backend, caps)
     if deployment.speculative is not None:

@@ -39,6 +39,13 @@ def test_known_kv_cache_dtype_passes() -> None:
     checks.check_kv_cache_dtype("int8_per_token_head", caps("0.33.0"))
 
 
+def test_kv_cache_dtype_of_a_newer_release_is_infeasible() -> None:
+    """A dtype only newer releases have exits 4, naming the first release that has it."""
+    with pytest.raises(InfeasiblePlan, match=r"appears in 0\.\d+\.\d+") as info:
+        checks.check_kv_cache_dtype("int8_per_token_head", caps("0.10.0"), load_catalogue())
+    assert info.value.exit_code == ExitCode.INFEASIBLE
+
+
 def test_unknown_attention_backend_is_invalid_input() -> None:
     """An attention backend the release does not name exits 2; a known one passes in any case."""
     checks.check_attention_backend("flashinfer", caps())
