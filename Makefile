@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability clean docs
+.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability clean docs catalogue
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ up: setup
 	@$(BIN)/dankserve doctor
 	@if [ "$$(id -u)" -eq 0 ] && [ -d /run/systemd/system ]; then $(BIN)/dankserve install; fi
 	$(BIN)/dankserve up
+
+# Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.33.json
+# from the vLLM wheels on PyPI (by hand, never in CI: the outputs are committed).
+catalogue: setup
+	$(BIN)/python scripts/gen_vllm_catalogue.py
 
 bench: setup
 	$(BIN)/python bench/run_all.py

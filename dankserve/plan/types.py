@@ -50,6 +50,12 @@ class Plan:
     fingerprint: str
     """Hash of config and totals (never of live free memory): equal plans, equal fingerprints."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    gpu_memory_utilization: float | None = None
+    """The fraction of each assigned GPU this deployment may use (for the GPU-sharing check)."""
+    max_model_len: str | None = None
+    """The planned `--max-model-len` value (None: the model's own length)."""
+    kv_cache_dtype: str | None = None
+    """The planned `--kv-cache-dtype`."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""

@@ -1,0 +1,175 @@
+"""`dankserve plan [DEPLOYMENT] [--model M] [--json] [--hardware FILE] [--vllm-version V]`.
+
+Prints the `vllm serve` command line of each deployment with a reason for every flag. Without a
+config file, `--model` plans a default deployment; without DEPLOYMENT, every configured
+deployment is planned (then `--json` prints a list). Nothing is started.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from dankserve.cli.context import cli_context
+from dankserve.errors import ConfigError, EnvironmentUnusable
+from dankserve.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    from dankserve.host.model import Host
+    from dankserve.plan.types import Plan
+    from dankserve.settings import DeploymentSettings, Settings
+
+HARDWARE_ENV = "DANKSERVE_HARDWARE"
+DEFAULT_DEPLOYMENT = "default"
+
+
+@click.command("plan")
+@click.argument("deployment", required=False)
+@click.option("--model", default=None, help="Model to plan (HF id); without a config: a default deployment.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan(s) as JSON.")
+@click.option(
+    "--hardware",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help=f"Recorded host (`dankserve probe --save`) instead of probing; also ${HARDWARE_ENV}.",
+)
+@click.option("--vllm-version", default=None, help="Plan for this vLLM release (default: the image tag's).")
+def command(
+    deployment: str | None, model: str | None, as_json: bool, hardware: Path | None, vllm_version: str | None
+) -> ExitCode:
+    """Compute the vLLM command line for a deployment, with a reason per flag."""
+    from dankserve.settings import load_settings
+
+    settings = load_settings(cli_context().config)
+    selected = select_deployments(settings, deployment, model)
+    host = load_host(hardware)
+    plans = plan_all(settings, selected, host, vllm_version)
+    if as_json:
+        from dankserve.cli.render import print_json
+
+        print_json(plans[0].to_json() if len(plans) == 1 else [p.to_json() for p in plans])
+    else:
+        print_plans(plans)
+    return ExitCode.OK
+
+
+def select_deployments(settings: Settings, name: str | None, model: str | None) -> list[tuple[str, DeploymentSettings]]:
+    """The deployments to plan: the named one, an ad-hoc one for --model, or every enabled one."""
+    from dankserve.settings import DeploymentSettings
+
+    configured = settings.deployments
+    if name is not None:
+        if name in configured:
+            dep = configured[name]
+            return [(name, dep.model_copy(update={"model": model}) if model else dep)]
+        if model is not None:
+            return [(name, DeploymentSettings(model=model))]
+        known = ", ".join(sorted(configured)) or "none configured"
+        raise ConfigError(
+            f"no deployment named {name!r} (deployments: {known})",
+            fix="name a configured deployment, or pass --model to plan an ad-hoc one",
+        )
+    if model is not None:
+        return [(DEFAULT_DEPLOYMENT, DeploymentSettings(model=model))]
+    enabled = [(n, d) for n, d in configured.items() if d.enabled]
+    if not enabled:
+        what = "no deployment is enabled" if configured else "no deployments are configured"
+        raise ConfigError(
+            what,
+            fix="name one (dankserve plan NAME), pass --model ORG/NAME, "
+            "or add an enabled [deployments.NAME] table (see config/dankserve.toml)",
+        )
+    return enabled
+
+
+def load_host(hardware: Path | None) -> Host:
+    """The recorded host named by --hardware or $DANKSERVE_HARDWARE, else this machine's probe."""
+    path = hardware
+    if path is None and os.environ.get(HARDWARE_ENV):
+        path = Path(os.environ[HARDWARE_ENV])
+    if path is not None:
+        from dankserve.host.recorded import read_host
+
+        return read_host(path)
+    try:
+        probe = importlib.import_module("dankserve.host.probe")
+    except ImportError:
+        raise EnvironmentUnusable(
+            "this build of dankserve cannot probe the hardware (dankserve.host.probe is missing)",
+            fix=f"pass --hardware FILE (a recorded host) or set {HARDWARE_ENV}",
+        ) from None
+    host: Host = probe.probe_host()
+    return host
+
+
+def plan_all(
+    settings: Settings,
+    selected: Sequence[tuple[str, DeploymentSettings]],
+    host: Host,
+    vllm_version: str | None,
+) -> list[Plan]:
+    """Plan each selected deployment, then check the GPUs the enabled ones share."""
+    from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, capabilities, load_catalogue, version_from_image
+    from dankserve.plan.checks import check_gpu_sharing
+    from dankserve.plan.models import model_facts, read_model_files
+    from dankserve.plan.plan import plan_deployment
+
+    catalogue = load_catalogue()
+    plans: list[Plan] = []
+    enabled: list[Plan] = []
+    for name, dep in selected:
+        version = vllm_version or version_from_image(dep.image) or settings.vllm_version
+        caps = capabilities(version, catalogue)
+        files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
+        facts = model_facts(dep.model, dep.model_facts, files)
+        cache_root = DEFAULT_CONTAINER_CACHE_ROOT
+        if dep.runtime == "process":
+            cache_root = str(settings.cache_dir / name / "vllm")
+        plan = plan_deployment(name, dep, host, caps, facts, vllm_cache_root=cache_root, catalogue=catalogue)
+        if not dep.enabled:
+            plan = _with_warning(plan, "disabled in config (enabled = false): the daemon does not run it")
+        else:
+            enabled.append(plan)
+        plans.append(plan)
+    check_gpu_sharing(enabled)
+    return plans
+
+
+def _with_warning(plan: Plan, warning: str) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, warnings=(*plan.warnings, warning))
+
+
+def print_plans(plans: Sequence[Plan]) -> None:
+    """The text form: the full command, then a flag / value / why table, then warnings."""
+    import shlex
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for i, plan in enumerate(plans):
+        if i:
+            console.print()
+        console.rule(f"[bold]{plan.deployment}[/bold]  {plan.image}  (vLLM {plan.vllm_version})")
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
+        console.print(f"{env} vllm serve {shlex.join(plan.argv)}", soft_wrap=True, highlight=False, markup=False)
+        table = Table(show_lines=False, expand=True)
+        table.add_column("flag", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        table.add_column("why", ratio=2)
+        for choice in plan.flags:
+            value = choice.value
+            shown = "" if value is None else " ".join(value) if isinstance(value, tuple) else value
+            table.add_row(choice.flag, shown, choice.reason)
+        console.print(table)
+        gpus = ", ".join(str(i) for i in plan.gpu_indices)
+        console.print(f"GPUs: {gpus}   fingerprint: {plan.fingerprint[:16]}", highlight=False)
+        for warning in plan.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)

@@ -1,0 +1,256 @@
+"""Model facts the planner needs: weight bytes, attention shape, context length, MoE, quantisation.
+
+They come from the Hugging Face cache layout under `hf_cache_dir`
+(`hub/models--ORG--NAME/snapshots/REV/config.json`, the weights' total size from
+`model.safetensors.index.json`'s `metadata.total_size`, else the sum of the `*.safetensors`
+sizes), and fill their gaps from the deployment's declared `model_facts`. A fact found in
+neither stays None: the checks that need it are skipped with a warning, never guessed.
+
+`read_model_files` is the only function here that touches files; everything else is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dankserve.settings import ModelFacts as DeclaredModelFacts
+
+CONTAINER_HF_CACHE = "/root/.cache/huggingface"
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
+
+# KV-cache dtype -> bytes per element (a 4-bit format is half a byte; k8v4 averages 6 bits).
+KV_DTYPE_BYTES: Mapping[str, float] = {
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_per_token_head": 1,
+    "int8_per_token_head": 1,
+    "int4_per_token_head": 0.5,
+    "nvfp4": 0.5,
+    "nvfp4_4over6": 0.5,
+    "turboquant_k8v4": 0.75,
+    "turboquant_4bit_nc": 0.5,
+    "ultraquant_4bit": 0.5,
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What is known about a model; None where neither the HF cache nor the config says."""
+
+    model: str
+    parameter_bytes: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    num_hidden_layers: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int | None = None
+    moe: bool | None = None
+    num_experts: int | None = None
+    quantization: str | None = None
+    dtype_bytes: int | None = None
+    kv_layout_standard: bool = True
+    """False for attention that the per-token KV estimate does not describe (MLA, sliding-window,
+    linear-attention hybrids): the KV-size checks are then skipped."""
+    kv_layout_note: str | None = None
+    source: str = "unknown"
+    """Where the facts came from: the snapshot directory, 'declared in config', or both."""
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """Names of the facts the fit checks need but nobody stated."""
+        needed = ("parameter_bytes", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "head_dim")
+        return tuple(name for name in needed if getattr(self, name) is None)
+
+    def kv_bytes_per_token(self, kv_element_bytes: float, tensor_parallel_size: int) -> float | None:
+        """KV-cache bytes one token takes on each GPU (K and V, every layer), or None when unknown.
+
+        vLLM gives each rank max(1, kv_heads // tp) KV heads (heads are replicated when TP
+        exceeds them; vllm/model_executor/layers/linear.py QKVParallelLinear).
+        """
+        if not self.kv_layout_standard:
+            return None
+        if self.num_key_value_heads is None or self.num_hidden_layers is None or self.head_dim is None:
+            return None
+        heads_per_rank = max(1, self.num_key_value_heads // tensor_parallel_size)
+        return 2 * self.num_hidden_layers * heads_per_rank * self.head_dim * kv_element_bytes
+
+
+def kv_element_bytes(kv_cache_dtype: str, model_dtype_bytes: int | None) -> float | None:
+    """Bytes per KV element of a `--kv-cache-dtype` value ('auto': the model's dtype), None if unknown."""
+    if kv_cache_dtype == "auto":
+        return float(model_dtype_bytes) if model_dtype_bytes is not None else None
+    return KV_DTYPE_BYTES.get(kv_cache_dtype)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def parse_config(model: str, config: Mapping[str, Any]) -> ModelFacts:
+    """Facts from a Hugging Face `config.json` (multimodal configs: their `text_config`)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
+    cfg: Mapping[str, Any] = {**config, **text} if text else config
+    heads = _int(cfg.get("num_attention_heads"))
+    kv_heads = _int(cfg.get("num_key_value_heads")) or heads  # absent: plain multi-head attention
+    hidden = _int(cfg.get("hidden_size"))
+    head_dim = _int(cfg.get("head_dim")) or (hidden // heads if hidden and heads else None)
+    experts = next(
+        (_int(cfg.get(k)) for k in ("num_experts", "num_local_experts", "n_routed_experts") if _int(cfg.get(k))),
+        None,
+    )
+    quant = cfg.get("quantization_config") or config.get("quantization_config")
+    quantization = str(quant.get("quant_method")) if isinstance(quant, Mapping) and quant.get("quant_method") else None
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
+    layout_note = _nonstandard_kv(cfg)
+    return ModelFacts(
+        model=model,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=_int(cfg.get("num_hidden_layers")),
+        head_dim=head_dim,
+        max_position_embeddings=_int(cfg.get("max_position_embeddings")),
+        moe=experts is not None,
+        num_experts=experts,
+        quantization=quantization,
+        dtype_bytes=DTYPE_BYTES.get(str(dtype)) if dtype else None,
+        kv_layout_standard=layout_note is None,
+        kv_layout_note=layout_note,
+    )
+
+
+def _nonstandard_kv(cfg: Mapping[str, Any]) -> str | None:
+    """Why the per-token KV estimate would not describe this model's cache, or None when it does."""
+    if cfg.get("kv_lora_rank"):
+        return "multi-head latent attention (kv_lora_rank)"
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        return "mixed layer types (" + ", ".join(sorted({str(t) for t in layer_types})) + ")"
+    if cfg.get("use_sliding_window") or (cfg.get("sliding_window") and cfg.get("use_sliding_window") is not False):
+        return "sliding-window attention"
+    return None
+
+
+def weights_bytes(index: Mapping[str, Any] | None, safetensors_sizes: tuple[int, ...]) -> int | None:
+    """Total weight bytes: the index's metadata.total_size, else the sum of the safetensors files."""
+    if index is not None:
+        metadata = index.get("metadata")
+        total = metadata.get("total_size") if isinstance(metadata, Mapping) else None
+        if isinstance(total, int | float) and total > 0:
+            return int(total)
+    return sum(safetensors_sizes) if safetensors_sizes else None
+
+
+def declared_facts(model: str, declared: DeclaredModelFacts) -> ModelFacts:
+    """Facts written in the deployment's `model_facts` table."""
+    return ModelFacts(
+        model=model,
+        parameter_bytes=declared.parameter_bytes,
+        num_attention_heads=declared.num_attention_heads,
+        num_key_value_heads=declared.num_key_value_heads,
+        num_hidden_layers=declared.num_hidden_layers,
+        head_dim=declared.head_dim,
+        max_position_embeddings=declared.max_position_embeddings,
+        moe=declared.moe,
+        quantization=declared.quantization,
+        dtype_bytes=declared.dtype_bytes,
+        source="declared in config",
+    )
+
+
+def merge_facts(found: ModelFacts | None, declared: ModelFacts | None, model: str) -> ModelFacts:
+    """The HF cache's facts, with the gaps filled from the declared ones."""
+    if found is None and declared is None:
+        return ModelFacts(model=model)
+    if found is None:
+        assert declared is not None
+        return declared
+    if declared is None:
+        return found
+    filled = {
+        f.name: getattr(declared, f.name)
+        for f in fields(ModelFacts)
+        if f.name not in {"model", "source", "kv_layout_standard", "kv_layout_note"}
+        and getattr(found, f.name) is None
+        and getattr(declared, f.name) is not None
+    }
+    source = f"{found.source}, gaps filled from config" if filled else found.source
+    return replace(found, **filled, source=source)
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """The raw files of one cached model snapshot."""
+
+    snapshot: Path
+    config: Mapping[str, Any]
+    index: Mapping[str, Any] | None
+    safetensors_sizes: tuple[int, ...]
+
+
+def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path | None:
+    """Where a model's files live in an HF cache, or None when it is not cached.
+
+    `model` is ORG/NAME, or a path: one under the container's HF cache mount maps into
+    `hf_cache_dir`; another absolute path is used as it is.
+    """
+    if model.startswith("/"):
+        path = Path(model)
+        if model.startswith(CONTAINER_HF_CACHE + "/"):
+            path = hf_cache_dir / model.removeprefix(CONTAINER_HF_CACHE + "/")
+        return path if path.is_dir() else None
+    repo = hf_cache_dir / "hub" / ("models--" + model.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    wanted = revision or "main"
+    if (snapshots / wanted).is_dir():  # a commit hash
+        return snapshots / wanted
+    ref = repo / "refs" / wanted
+    if ref.is_file():
+        commit = ref.read_text(encoding="utf-8").strip()
+        return snapshots / commit if (snapshots / commit).is_dir() else None
+    cached = [p for p in snapshots.iterdir() if p.is_dir()]
+    return cached[0] if revision is None and len(cached) == 1 else None
+
+
+def read_model_files(hf_cache_dir: Path, model: str, revision: str | None) -> ModelFiles | None:
+    """The edge: a cached snapshot's config, weight index and safetensors sizes (None if not cached)."""
+    snapshot = snapshot_dir(hf_cache_dir, model, revision)
+    if snapshot is None:
+        return None
+    try:
+        config = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    index_path = snapshot / "model.safetensors.index.json"
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else None
+    except (OSError, ValueError):
+        index = None
+    sizes = tuple(p.stat().st_size for p in sorted(snapshot.glob("*.safetensors")) if p.exists())
+    return ModelFiles(snapshot, config if isinstance(config, dict) else {}, index, sizes)
+
+
+def facts_from_files(model: str, files: ModelFiles) -> ModelFacts:
+    """Facts from a snapshot's files."""
+    facts = parse_config(model, files.config)
+    return replace(
+        facts,
+        parameter_bytes=weights_bytes(files.index, files.safetensors_sizes),
+        source=f"HF cache snapshot {files.snapshot.name}",
+    )
+
+
+def model_facts(model: str, declared: DeclaredModelFacts | None, files: ModelFiles | None) -> ModelFacts:
+    """All known facts of a deployment's model, from its cached files and its declared values."""
+    found = facts_from_files(model, files) if files is not None else None
+    return merge_facts(found, declared_facts(model, declared) if declared is not None else None, model)

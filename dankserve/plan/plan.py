@@ -1,0 +1,382 @@
+"""From a host, a deployment and a vLLM release to the `vllm serve` command line, with reasons.
+
+`plan_deployment` is pure: it reads nothing and starts nothing. The CLI and the supervisor
+gather its inputs (recorded or probed host, settings, catalogue, HF cache facts, learned boot
+facts) and hand it them. The steps: validate the values a user can mistype (exit 2), size the
+memory (utilisation, KV dtype, TP, context; exit 4 when it cannot fit), then spell the flags
+for the target release (exit 4 for a configured flag it lacks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dankserve.errors import ConfigError
+from dankserve.host.model import Gpu, Host
+from dankserve.plan import checks, rules
+from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
+from dankserve.plan.models import ModelFacts, kv_element_bytes
+from dankserve.plan.rules import GIB, Decision
+from dankserve.plan.types import FlagChoice, Plan
+from dankserve.settings import CpuOffloadSettings, DeploymentSettings
+
+
+class _Flags:
+    """The flags in argv order, each with its reason and the setting that asked for it."""
+
+    def __init__(self) -> None:
+        self.choices: list[FlagChoice] = []
+        self.causes: list[tuple[str, str]] = []
+
+    def add(self, flag: str, value: str | tuple[str, ...] | None, reason: str, cause: str) -> None:
+        self.choices.append(FlagChoice(flag, value, reason))
+        self.causes.append((flag, cause))
+
+    def decision(self, flag: str, decision: Decision[Any], cause: str) -> None:
+        value = decision.value
+        shown = value if isinstance(value, str | tuple) or value is None else rules.number(value)
+        self.add(flag, shown, decision.reason, cause)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The memory side of a plan: how much of which GPUs, and what fits in it."""
+
+    utilisation: Decision[float]
+    kv_cache_dtype: Decision[str]
+    cpu_offload: Decision[CpuOffloadSettings | None]
+    tensor_parallel: Decision[int]
+    gpus: tuple[Gpu, ...]
+    compute_capability: tuple[int, int]
+    context: Decision[str | None]
+    warnings: tuple[str, ...]
+
+
+def plan_deployment(
+    name: str,
+    deployment: DeploymentSettings,
+    host: Host,
+    caps: VllmCapabilities,
+    model: ModelFacts,
+    *,
+    learned_kv_cache_memory_bytes: int | None = None,
+    vllm_cache_root: str = DEFAULT_CONTAINER_CACHE_ROOT,
+    catalogue: Catalogue | None = None,
+) -> Plan:
+    """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4)."""
+    validate_values(deployment, caps, catalogue)
+    assigned = checks.resolve_gpus(host, deployment.gpus, name)
+    checks.check_has_gpus(assigned, name)
+    sizing = size_memory(
+        deployment, host, caps, model, assigned=assigned, learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes
+    )
+    warnings = [*caps.warnings, *sizing.warnings]
+    flags = _Flags()
+    warnings += memory_flags(flags, deployment, sizing, caps, learned_kv_cache_memory_bytes)
+    warnings += offload_flags(flags, deployment, host, sizing, caps)
+    serving_flags(flags, deployment)
+    numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
+    numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
+    warnings += numa_warnings
+    placement_flags(flags, deployment)
+    checks.check_flags_supported(flags.causes, caps, catalogue)
+    warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus)]
+    unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
+    if unknown_extra:
+        warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")
+
+    argv: list[str] = [deployment.model]
+    for choice in flags.choices:
+        argv.extend(choice.tokens())
+    argv.extend(deployment.extra_args)  # verbatim, last
+    return Plan(
+        deployment=name,
+        image=deployment.image,
+        model=deployment.model,
+        vllm_version=caps.version,
+        argv=tuple(argv),
+        env=rules.container_env(vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **deployment.env}),
+        flags=tuple(flags.choices),
+        warnings=tuple(warnings),
+        gpu_indices=tuple(g.index for g in sizing.gpus),
+        gpu_uuids=tuple(g.uuid for g in sizing.gpus),
+        tensor_parallel_size=sizing.tensor_parallel.value,
+        numa_bind=numa_bind,
+        fingerprint=fingerprint(name, deployment, host, caps, model, gpus=sizing.gpus, vllm_cache_root=vllm_cache_root),
+        extra={"model_facts_source": model.source},
+        gpu_memory_utilization=sizing.utilisation.value,
+        max_model_len=sizing.context.value,
+        kv_cache_dtype=sizing.kv_cache_dtype.value,
+    )
+
+
+def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[str, str]:
+    """Settings that releases before the matching flag took from the environment."""
+    backend = attention_backend(deployment)
+    if backend is not None and not caps.has("--attention-backend"):
+        return {"VLLM_ATTENTION_BACKEND": backend}
+    return {}
+
+
+def validate_values(deployment: DeploymentSettings, caps: VllmCapabilities, catalogue: Catalogue | None) -> None:
+    """Values a user can mistype: exit 2 (or 4 for a method a newer release has) before any arithmetic."""
+    if deployment.kv_cache_dtype is not None:
+        checks.check_kv_cache_dtype(deployment.kv_cache_dtype, caps, catalogue)
+    if deployment.attention_backend is not None:
+        checks.check_attention_backend(deployment.attention_backend, caps)
+    if deployment.speculative is not None:
+        checks.check_speculative_method(deployment.speculative.method, caps, catalogue)
+    if deployment.max_model_len == "auto":
+        checks.check_max_model_len_auto(caps, catalogue)
+    if not isinstance(deployment.kv_offload, str) and deployment.kv_offload <= 0:
+        raise ConfigError(
+            f"kv_offload = {deployment.kv_offload} is not a positive number of GiB",
+            fix='set kv_offload to a positive GiB amount, "auto" or "off"',
+        )
+
+
+def size_memory(
+    deployment: DeploymentSettings,
+    host: Host,
+    caps: VllmCapabilities,
+    model: ModelFacts,
+    *,
+    assigned: tuple[Gpu, ...],
+    learned_kv_cache_memory_bytes: int | None,
+) -> Sizing:
+    """Utilisation, KV dtype, TP and context length, with the fit checks (exit 4)."""
+    warnings: list[str] = []
+    util = rules.gpu_memory_utilization(assigned, deployment.gpu_memory_utilization)
+    budget = int(util.value * rules.smallest_gpu(assigned).memory_total_bytes)
+    low = min(tuple(g.compute_capability) for g in assigned)
+    cc = (low[0], low[1])
+    dtype = rules.kv_cache_dtype(deployment.kv_cache_dtype, cc, deployment.attention_backend, caps)
+    element_bytes = kv_element_bytes(dtype.value, model.dtype_bytes)
+    offload = rules.cpu_offload(deployment.cpu_offload)
+    offload_per_gpu = int(offload.value.gib * GIB) if offload.value is not None else 0
+
+    def kv_per_token(tp: int) -> float | None:
+        return model.kv_bytes_per_token(element_bytes, tp) if element_bytes is not None else None
+
+    wanted = deployment.max_model_len if isinstance(deployment.max_model_len, int) else None
+    tp = rules.tensor_parallel_size(
+        len(assigned),
+        budget,
+        model,
+        deployment.tensor_parallel_size,
+        kv_one_sequence_at=_one_sequence(wanted, len(assigned), kv_per_token),
+        cpu_offload_bytes_per_gpu=offload_per_gpu,
+    )
+    checks.check_tensor_parallel(tp.value, len(assigned), model)
+    used = assigned[: tp.value]
+    checks.check_cores(host, tp.value)
+    if len(used) < len(assigned):
+        warnings.append(f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp.value})")
+    if model.missing:
+        warnings.append(
+            f"model facts unknown for {model.model} ({', '.join(model.missing)}): the checks needing them are "
+            "skipped; cache the model under hf_cache_dir or declare model_facts"
+        )
+
+    kv_capacity: int | None = None
+    if model.parameter_bytes is not None:
+        fit = rules.gpu_fit(tp.value, budget, model.parameter_bytes, 0, offload_per_gpu)
+        checks.check_weights_fit(fit, model, len(assigned), util.value)
+        kv_capacity = fit.kv_capacity
+    if learned_kv_cache_memory_bytes is not None:
+        kv_capacity = learned_kv_cache_memory_bytes  # measured by vLLM itself on the first boot
+    per_token = kv_per_token(tp.value)
+    if per_token is None and model.kv_layout_note:
+        warnings.append(f"KV-cache size not estimated for {model.model}: {model.kv_layout_note}")
+    if wanted is not None and kv_capacity is not None and per_token is not None:
+        checks.check_max_model_len(wanted, kv_capacity, per_token, caps)
+    context = rules.max_model_len(
+        deployment.max_model_len,
+        model,
+        kv_capacity=kv_capacity,
+        kv_bytes_per_token=per_token,
+        supports_auto=caps.max_model_len_auto,
+    )
+    if deployment.kv_cache_dtype in rules.FP8_FAMILY:
+        ok, why = rules.fp8_supported(cc, deployment.attention_backend)
+        if not ok:
+            warnings.append(f"kv_cache_dtype {deployment.kv_cache_dtype} may fail here: {why}")
+    return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings))
+
+
+def _one_sequence(length: int | None, gpu_count: int, kv_per_token: Callable[[int], float | None]) -> dict[int, int]:
+    """KV bytes of one `length`-token sequence per GPU, for each TP size (empty when unknown)."""
+    if length is None:
+        return {}
+    sizes: dict[int, int] = {}
+    for t in range(1, gpu_count + 1):
+        per_token = kv_per_token(t)
+        if per_token is not None:
+            sizes[t] = int(length * per_token)
+    return sizes
+
+
+def memory_flags(
+    flags: _Flags,
+    deployment: DeploymentSettings,
+    sizing: Sizing,
+    caps: VllmCapabilities,
+    learned_kv_cache_memory_bytes: int | None,
+) -> list[str]:
+    """TP, utilisation, a learned KV size, context length, KV dtype, attention backend."""
+    warnings: list[str] = []
+    flags.decision("--tensor-parallel-size", sizing.tensor_parallel, "tensor_parallel_size")
+    flags.decision("--gpu-memory-utilization", sizing.utilisation, "gpu_memory_utilization")
+    if learned_kv_cache_memory_bytes is not None:
+        if caps.has("--kv-cache-memory-bytes"):
+            flags.add(
+                "--kv-cache-memory-bytes",
+                str(learned_kv_cache_memory_bytes),
+                "learned from the first boot's log: vLLM skips memory profiling "
+                "(and then ignores --gpu-memory-utilization)",
+                "a learned KV-cache size",
+            )
+        else:
+            warnings.append(f"vLLM {caps.version} has no --kv-cache-memory-bytes: the learned KV-cache size is unused")
+    if sizing.context.value is not None:
+        flags.decision("--max-model-len", sizing.context, "max_model_len")
+    flags.decision("--kv-cache-dtype", sizing.kv_cache_dtype, "kv_cache_dtype")
+    backend = attention_backend(deployment)
+    if backend is not None and caps.has("--attention-backend"):
+        flags.add("--attention-backend", backend, "set in config (attention_backend)", "attention_backend")
+    elif backend is not None:
+        warnings.append(f"vLLM {caps.version} has no --attention-backend: passed as VLLM_ATTENTION_BACKEND={backend}")
+    return warnings
+
+
+def attention_backend(deployment: DeploymentSettings) -> str | None:
+    """The configured attention backend as vLLM names it (None: vLLM chooses, also for `auto`)."""
+    value = deployment.attention_backend
+    if value is None or value.lower() == "auto":
+        return None
+    return value.upper()
+
+
+def offload_flags(
+    flags: _Flags, deployment: DeploymentSettings, host: Host, sizing: Sizing, caps: VllmCapabilities
+) -> list[str]:
+    """CPU KV offload (by RAM) and, only when configured, weights in CPU memory."""
+    warnings: list[str] = []
+    swap = rules.kv_offload_gib(host.memory, deployment.kv_offload)
+    if swap.value is not None:
+        spelt = rules.kv_offload_flags(swap.value, sizing.tensor_parallel.value, caps)
+        for i, (flag, value, why) in enumerate(spelt.flags):
+            flags.add(flag, value, f"{swap.reason}; {why}" if i == 0 else why, "kv_offload")
+        if spelt.note:
+            warnings.append(spelt.note + ": no CPU KV offload")
+        available = host.memory.available_bytes
+        if not isinstance(deployment.kv_offload, str) and available is not None and swap.value * GIB > available:
+            warnings.append(
+                f"kv_offload {rules.number(swap.value)} GiB exceeds the {rules.gib(available)} of RAM available"
+            )
+    offload = sizing.cpu_offload.value
+    if offload is not None:
+        flags.add("--cpu-offload-gb", rules.number(offload.gib), sizing.cpu_offload.reason, "cpu_offload.gib")
+        if offload.params:
+            flags.add(
+                "--cpu-offload-params",
+                tuple(offload.params),
+                "set in config: only these parameters are offloaded",
+                "cpu_offload.params",
+            )
+        warnings.append(
+            "cpu_offload keeps weights in CPU memory: every forward pass copies them over PCIe, "
+            "so latency rises a lot (seeds: a memory-saving measure, not a speed-up)"
+        )
+    return warnings
+
+
+def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
+    """Batching from the profile, CUDA graphs, speculative decoding."""
+    speculative = deployment.speculative is not None
+    flags.decision(
+        "--max-num-batched-tokens",
+        rules.max_num_batched_tokens(deployment.profile, deployment.max_num_batched_tokens),
+        "max_num_batched_tokens",
+    )
+    flags.decision(
+        "--max-num-seqs", rules.max_num_seqs(deployment.profile, speculative, deployment.max_num_seqs), "max_num_seqs"
+    )
+    if deployment.enforce_eager:
+        flags.add(
+            "--enforce-eager", None, "set in config: no CUDA graphs (faster start, slower serving)", "enforce_eager"
+        )
+    if deployment.speculative is not None:
+        flags.decision(
+            "--speculative-config", rules.speculative_config(deployment.speculative, deployment.profile), "speculative"
+        )
+
+
+def numa_flags(
+    flags: _Flags, numa: Decision[tuple[int, ...] | None], configured: bool | None, caps: VllmCapabilities
+) -> tuple[bool, list[str]]:
+    """`--numa-bind` (and `--numa-bind-nodes`, one node per GPU) where the release has them."""
+    if numa.value is None:
+        return False, []
+    if not caps.has("--numa-bind"):
+        if configured:
+            flags.add("--numa-bind", None, numa.reason, "numa_bind = true")  # the flag check reports it
+            return True, []
+        return False, [f"vLLM {caps.version} has no --numa-bind: workers are not bound to NUMA nodes"]
+    flags.add(
+        "--numa-bind",
+        None,
+        numa.reason + "; needs VLLM_WORKER_MULTIPROC_METHOD=spawn, numactl in the image and SYS_NICE",
+        "numa_bind",
+    )
+    if numa.value and caps.has("--numa-bind-nodes"):
+        nodes = tuple(str(n) for n in numa.value)
+        flags.add("--numa-bind-nodes", nodes, "the NUMA node of each GPU, in GPU order", "numa_bind")
+    return True, []
+
+
+def placement_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
+    """The model revision, and the address for the process runtime (a container maps its port)."""
+    if deployment.revision is not None:
+        flags.add("--revision", deployment.revision, "set in config (revision)", "revision")
+    if deployment.runtime == "process":
+        flags.add("--host", deployment.host, "process runtime: the server binds the host address itself", "host")
+        flags.add("--port", str(deployment.port), "process runtime: the server listens on the port itself", "port")
+
+
+def fingerprint(
+    name: str,
+    deployment: DeploymentSettings,
+    host: Host,
+    caps: VllmCapabilities,
+    model: ModelFacts,
+    *,
+    gpus: tuple[Gpu, ...],
+    vllm_cache_root: str,
+) -> str:
+    """sha256 of the configuration and the host's totals: never live free memory, never learned values.
+
+    Equal inputs give equal fingerprints, so a learned KV-cache size can be keyed by it and reused
+    only while the deployment, the GPUs, the vLLM release and the model are the same.
+    """
+    payload = {
+        "deployment": name,
+        "settings": deployment.model_dump(mode="json"),
+        "vllm": caps.version,
+        "vllm_cache_root": vllm_cache_root,
+        "gpus": [
+            {"name": g.name, "memory_total_bytes": g.memory_total_bytes, "cc": list(g.compute_capability)} for g in gpus
+        ],
+        "host": {
+            "physical_cores": host.cpu.physical_cores,
+            "logical_cores": host.cpu.logical_cores,
+            "memory_total_bytes": host.memory.total_bytes,
+            "numa_nodes": len(host.numa_nodes),
+        },
+        "model": asdict(model),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -1,0 +1,500 @@
+"""The planner's rules: one pure function per rule, each returning its value and the reason.
+
+Where the seed notes give a range, the rule takes a stated point of it; docs/planner.md lists
+every rule with its source (seed table, FACTS.md, or vLLM's source).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from dankserve.host.model import Gpu, Host, Memory
+from dankserve.plan.catalogue import VllmCapabilities
+from dankserve.plan.models import ModelFacts
+from dankserve.settings import CpuOffloadSettings, Profile, SpeculativeSettings
+
+T = TypeVar("T")
+GIB = 1 << 30
+
+RUNTIME_RESERVE_BYTES = 2 * GIB
+"""Per-GPU memory vLLM needs besides weights and KV cache (CUDA context outside its own
+accounting, the activation peak of one scheduled batch, CUDA graphs): an estimate."""
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """A rule's value and why it was chosen."""
+
+    value: T
+    reason: str
+
+
+def gib(value: float) -> str:
+    """Bytes as GiB for reasons and messages ('57.3 GiB')."""
+    return f"{value / GIB:.1f} GiB"
+
+
+def number(value: float) -> str:
+    """A number as vLLM takes it: integers bare, others with up to two decimals."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+# --------------------------------------------------------------------------- GPU memory utilisation
+
+
+@dataclass(frozen=True)
+class UtilisationRow:
+    """One row of the seeds' `--gpu-memory-utilization` table, and the point of its band we take."""
+
+    label: str
+    band: str
+    value: float
+
+
+# Seed table (Hybrid CPU GPU Processing, "GPU Memory Utilization"). Each band's lower end:
+# the fraction caps everything vLLM allocates on the GPU, so the lower end leaves the most
+# headroom for CUDA-graph and activation estimates that run over and for other GPU users.
+UTIL_24GB = UtilisationRow("24 GB class (RTX 3090/4090) or smaller", "0.7-0.8", 0.70)
+UTIL_40GB = UtilisationRow("40 GB class (A100 40 GB; 48 GB cards too)", "0.8-0.9", 0.80)
+UTIL_80GB_A100 = UtilisationRow("80 GB class, before Hopper (A100 80 GB)", "0.85-0.95", 0.85)
+UTIL_80GB_H100 = UtilisationRow("80 GB class, Hopper or newer (H100)", "0.9-0.95", 0.90)
+UTIL_ABOVE_80GB = UtilisationRow("above 80 GB (H200 141 GB, B200)", "0.9-0.95 (the H100 row)", 0.90)
+
+CLASS_40GB_MIN_GIB = 32
+CLASS_80GB_MIN_GIB = 60
+CLASS_ABOVE_80GB_MIN_GIB = 100
+
+
+def utilisation_row(gpu: Gpu) -> UtilisationRow:
+    """The seed-table row of a GPU: by nominal size class; at 80 GB, by architecture."""
+    size_gib = gpu.memory_total_bytes / GIB
+    if size_gib < CLASS_40GB_MIN_GIB:
+        return UTIL_24GB
+    if size_gib < CLASS_80GB_MIN_GIB:
+        return UTIL_40GB
+    if size_gib < CLASS_ABOVE_80GB_MIN_GIB:
+        return UTIL_80GB_H100 if tuple(gpu.compute_capability) >= (9, 0) else UTIL_80GB_A100
+    return UTIL_ABOVE_80GB
+
+
+def smallest_gpu(gpus: Sequence[Gpu]) -> Gpu:
+    """The assigned GPU with the least memory (ties: the older architecture)."""
+    return min(gpus, key=lambda g: (g.memory_total_bytes, tuple(g.compute_capability), g.index))
+
+
+def gpu_memory_utilization(gpus: Sequence[Gpu], configured: float | None) -> Decision[float]:
+    """`--gpu-memory-utilization`: the config's value, else the seed table by the smallest GPU."""
+    if configured is not None:
+        return Decision(configured, "set in config (gpu_memory_utilization)")
+    gpu = smallest_gpu(gpus)
+    row = utilisation_row(gpu)
+    return Decision(
+        row.value,
+        f"seed table: {row.label} -> {row.band}, lower end (smallest assigned GPU: {gpu.name}, "
+        f"{gib(gpu.memory_total_bytes)}); it caps all of vLLM's memory per GPU (weights, activations, "
+        "CUDA graphs, KV cache), the rest stays free",
+    )
+
+
+# --------------------------------------------------------------------------- CPU KV offload (swap)
+
+
+@dataclass(frozen=True)
+class SwapRow:
+    ram_gib: int
+    band: str
+    value_gib: int
+
+
+# Seed table ("Swap Space" by system RAM), lower end of each band. A row applies from 90 % of
+# its nominal size, since the OS reports a little less than the installed RAM.
+SWAP_TABLE = (
+    SwapRow(32, "8-16", 8),
+    SwapRow(64, "16-32", 16),
+    SwapRow(128, "32-64", 32),
+    SwapRow(256, "64-128", 64),
+)
+SWAP_ROW_TOLERANCE = 0.9
+
+
+def swap_row(total_bytes: int) -> SwapRow | None:
+    """The largest seed-table row a host's RAM reaches, or None below the first row."""
+    rows = [row for row in SWAP_TABLE if total_bytes >= row.ram_gib * GIB * SWAP_ROW_TOLERANCE]
+    return rows[-1] if rows else None
+
+
+def kv_offload_gib(memory: Memory, configured: float | Literal["auto", "off"]) -> Decision[float | None]:
+    """CPU memory for offloaded KV cache, GiB for the whole host (None: no offload).
+
+    auto: the seed table's lower end by total RAM, capped by the available RAM (whole GiB).
+    """
+    if configured == "off":
+        return Decision(None, "kv_offload = off in config")
+    if not isinstance(configured, str):
+        return Decision(float(configured), "set in config (kv_offload)")
+    row = swap_row(memory.total_bytes)
+    if row is None:
+        return Decision(None, f"host RAM {gib(memory.total_bytes)} is below the seed table's first row (32 GB)")
+    reason = f"seed table: {row.ram_gib} GB RAM -> {row.band} GB, lower end {row.value_gib} GiB"
+    available = memory.available_bytes
+    if available is None:
+        return Decision(float(row.value_gib), reason + " (available RAM unknown, not capped)")
+    cap = math.floor(available / GIB)
+    if cap < row.value_gib:
+        if cap < 1:
+            return Decision(None, reason + f", but only {gib(available)} of RAM is available: no offload")
+        return Decision(float(cap), reason + f", capped to the {gib(available)} of RAM available")
+    return Decision(float(row.value_gib), reason)
+
+
+@dataclass(frozen=True)
+class OffloadFlags:
+    """How a KV offload amount is spelt for one vLLM release."""
+
+    flags: tuple[tuple[str, str, str], ...]
+    """(flag, value, reason) in argv order; empty when the release can do neither."""
+    note: str | None = None
+
+
+def kv_offload_flags(total_gib: float, tensor_parallel_size: int, caps: VllmCapabilities) -> OffloadFlags:
+    """`--kv-offloading-size` (total over TP ranks) + `--kv-offloading-backend native`, else `--swap-space`.
+
+    vLLM 0.12-0.17 accept both, but there `--swap-space` is only validated (vllm/config/cache.py)
+    and the V1 engine never swaps; the KV offloading connector is what keeps KV in CPU RAM.
+    """
+    if caps.has("--kv-offloading-size") and caps.has("--kv-offloading-backend"):
+        return OffloadFlags(
+            (
+                (
+                    "--kv-offloading-size",
+                    number(total_gib),
+                    f"CPU KV-cache offload, GiB in total over the {tensor_parallel_size} TP rank(s)",
+                ),
+                ("--kv-offloading-backend", "native", "vLLM's own CPU offloading connector (no LMCache needed)"),
+            )
+        )
+    if caps.has("--swap-space"):
+        per_gpu = total_gib / tensor_parallel_size
+        return OffloadFlags(
+            (
+                (
+                    "--swap-space",
+                    number(round(per_gpu, 2)),
+                    f"vLLM {caps.version} has no --kv-offloading-size: CPU swap space per GPU "
+                    f"({number(total_gib)} GiB over {tensor_parallel_size} GPU(s))",
+                ),
+            )
+        )
+    return OffloadFlags((), note=f"vLLM {caps.version} has neither --kv-offloading-size nor --swap-space")
+
+
+# --------------------------------------------------------------------------- memory fit and TP
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """Estimated memory on each GPU at one tensor-parallel size."""
+
+    tensor_parallel_size: int
+    budget: int
+    """gpu_memory_utilization x the smallest GPU's memory."""
+    weights: int
+    """Weight bytes on each GPU (after any CPU offload)."""
+    reserve: int
+    kv_one_sequence: int
+    """KV cache of one sequence of the planned context length (0 when unknown or not required)."""
+
+    @property
+    def needed(self) -> int:
+        return self.weights + self.reserve + self.kv_one_sequence
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.budget
+
+    @property
+    def kv_capacity(self) -> int:
+        """Bytes left for the KV cache on each GPU."""
+        return self.budget - self.weights - self.reserve
+
+    def describe(self) -> str:
+        kv = f" + KV for one sequence {gib(self.kv_one_sequence)}" if self.kv_one_sequence else ""
+        return (
+            f"weights {gib(self.weights)} + reserve {gib(self.reserve)}{kv} = {gib(self.needed)} per GPU "
+            f"{'<=' if self.fits else '>'} budget {gib(self.budget)}"
+        )
+
+
+def gpu_fit(
+    tensor_parallel_size: int,
+    budget: int,
+    weights_total: int,
+    kv_one_sequence: int = 0,
+    cpu_offload_bytes_per_gpu: int = 0,
+) -> GpuFit:
+    """Memory per GPU when the weights are split over `tensor_parallel_size` GPUs."""
+    weights = max(0, math.ceil(weights_total / tensor_parallel_size) - cpu_offload_bytes_per_gpu)
+    return GpuFit(tensor_parallel_size, budget, weights, RUNTIME_RESERVE_BYTES, kv_one_sequence)
+
+
+def divides_heads(tensor_parallel_size: int, heads: int | None, kv_heads: int | None) -> bool:
+    """vLLM's head split: TP divides the attention heads; KV heads divide by TP or TP by them.
+
+    Sources: vllm/config/model.py verify_with_parallel_config ("Total number of attention heads
+    (%d) must be divisible by tensor parallel size (%d)."), and QKVParallelLinear in
+    vllm/model_executor/layers/linear.py for the KV heads.
+    """
+    if heads is not None and heads % tensor_parallel_size:
+        return False
+    if kv_heads is not None:
+        if kv_heads >= tensor_parallel_size:
+            return kv_heads % tensor_parallel_size == 0
+        return tensor_parallel_size % kv_heads == 0
+    return True
+
+
+def tensor_parallel_size(
+    gpu_count: int,
+    budget: int,
+    model: ModelFacts,
+    configured: int | None,
+    *,
+    kv_one_sequence_at: Mapping[int, int] | None = None,
+    cpu_offload_bytes_per_gpu: int = 0,
+) -> Decision[int]:
+    """`--tensor-parallel-size`: the config's value, else the fewest assigned GPUs that hold the
+    weights plus the reserve (and one sequence's KV when a context length is set) and divide the heads.
+
+    When nothing fits, the largest valid size is returned and `checks.check_weights_fit` reports it.
+    """
+    if configured is not None:
+        return Decision(configured, "set in config (tensor_parallel_size)")
+    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    valid = [t for t in range(1, gpu_count + 1) if divides_heads(t, heads, kv_heads)]
+    if model.parameter_bytes is None:
+        powers = [t for t in valid if t & (t - 1) == 0] or valid or [1]
+        return Decision(
+            powers[-1],
+            f"model size unknown: every assigned GPU that keeps a power-of-two split ({powers[-1]}); "
+            "set tensor_parallel_size or model_facts.parameter_bytes",
+        )
+    kv = kv_one_sequence_at or {}
+    for t in valid:
+        fit = gpu_fit(t, budget, model.parameter_bytes, kv.get(t, 0), cpu_offload_bytes_per_gpu)
+        if fit.fits:
+            split = (
+                "one GPU holds" if t == 1 else f"the fewest GPUs ({t} of {gpu_count}) that divide the heads and hold"
+            )
+            return Decision(t, f"{split} {gib(model.parameter_bytes)} of weights: {fit.describe()}")
+    largest = valid[-1] if valid else 1
+    return Decision(largest, f"no split of the {gpu_count} assigned GPU(s) holds the weights")
+
+
+# --------------------------------------------------------------------------- context length
+
+
+def largest_context(kv_capacity: int, kv_bytes_per_token: float) -> int:
+    """The longest context whose KV cache fits, rounded down to vLLM's 16-token block."""
+    if kv_capacity <= 0 or kv_bytes_per_token <= 0:
+        return 0
+    return int(kv_capacity // kv_bytes_per_token) // 16 * 16
+
+
+def max_model_len(
+    configured: int | Literal["auto"] | None,
+    model: ModelFacts,
+    *,
+    kv_capacity: int | None,
+    kv_bytes_per_token: float | None,
+    supports_auto: bool,
+) -> Decision[str | None]:
+    """`--max-model-len`: the config's value; unset, the model's own length when its KV cache
+    fits beside the weights, else `auto` (vLLM shrinks it; 0.14+) or the largest length that fits."""
+    if configured == "auto":
+        return Decision("auto", "set in config: vLLM picks the longest context that fits in memory")
+    if configured is not None:
+        return Decision(str(configured), "set in config (max_model_len)")
+    native = model.max_position_embeddings
+    if native is None or kv_capacity is None or kv_bytes_per_token is None:
+        return Decision(None, "model default (its KV size is unknown, so not checked)")
+    need = native * kv_bytes_per_token
+    if need <= kv_capacity:
+        return Decision(None, f"model default {native} tokens: its KV cache ({gib(need)}) fits in {gib(kv_capacity)}")
+    why = (
+        f"the model's {native}-token context needs {gib(need)} of KV cache per GPU, "
+        f"more than the ~{gib(kv_capacity)} left"
+    )
+    if supports_auto:
+        return Decision("auto", f"{why}: auto lets vLLM shrink it to what fits")
+    return Decision(str(largest_context(kv_capacity, kv_bytes_per_token)), f"{why}: the largest length that fits")
+
+
+# --------------------------------------------------------------------------- KV-cache dtype
+
+
+FP8_FAMILY = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def fp8_supported(compute_capability: tuple[int, int], attention_backend: str | None) -> tuple[bool, str]:
+    """Whether an fp8 KV cache works with this GPU and backend, and why (FACTS.md, vLLM 0.33 backends).
+
+    Triton needs SM 8.9+; FlashAttention SM 9.0 (FA3) or 10.0; FlashInfer SM 8.0-12.1. With no
+    backend configured vLLM picks one; from SM 8.9 one that takes fp8 exists (Triton), below it
+    only FlashInfer does, and the default there is FlashAttention 2: so unset means SM >= 8.9.
+    """
+    cc = tuple(compute_capability)
+    sm = f"SM {cc[0]}.{cc[1]}"
+    backend = (attention_backend or "").upper()
+    if backend in ("", "AUTO"):
+        ok = cc >= (8, 9)
+        return ok, f"{sm} {'has' if ok else 'lacks'} an fp8-capable default attention backend (Triton from SM 8.9)"
+    if backend in ("TRITON_ATTN", "TRITON"):
+        return cc >= (8, 9), f"Triton attention takes an fp8 KV cache from SM 8.9 ({sm})"
+    if backend in ("FLASH_ATTN", "FLASH_ATTENTION"):
+        return cc in ((9, 0), (10, 0)), f"FlashAttention takes an fp8 KV cache on SM 9.0 (FA3) and 10.0 ({sm})"
+    if backend == "FLASHINFER":
+        return (8, 0) <= cc <= (12, 1), f"FlashInfer takes an fp8 KV cache on SM 8.0-12.1 ({sm})"
+    return False, f"fp8 support of attention backend {attention_backend} is not known to dankserve"
+
+
+def kv_cache_dtype(
+    configured: str | None,
+    compute_capability: tuple[int, int],
+    attention_backend: str | None,
+    caps: VllmCapabilities,
+) -> Decision[str]:
+    """`--kv-cache-dtype`: the config's value, else fp8 where the GPU and backend support it, else auto."""
+    if configured is not None:
+        return Decision(configured, "set in config (kv_cache_dtype)")
+    ok, why = fp8_supported(compute_capability, attention_backend)
+    if ok and "fp8" in caps.kv_cache_dtypes:
+        return Decision("fp8", f"fp8 KV cache halves KV memory against bf16: {why}")
+    return Decision("auto", f"the model's dtype: {why}")
+
+
+# --------------------------------------------------------------------------- batching and speculation
+
+
+# The seeds' examples: 8192 batched tokens ("higher values improve throughput", the FP8 example),
+# 4096 ("lower values improve latency", the single-GPU example); 128 sequences (single-GPU
+# example), 32 with speculative decoding or for latency (the DFlash example).
+BATCHED_TOKENS = {"throughput": 8192, "latency": 4096}
+SEQS_THROUGHPUT = 128
+SEQS_FEW = 32
+SPEC_TOKENS = {"throughput": 8, "latency": 16}
+
+
+def max_num_batched_tokens(profile: Profile, configured: int | None) -> Decision[int]:
+    """`--max-num-batched-tokens` from the profile (seeds: higher for throughput, lower for latency)."""
+    if configured is not None:
+        return Decision(configured, "set in config (max_num_batched_tokens)")
+    value = BATCHED_TOKENS[profile]
+    if profile == "throughput":
+        return Decision(value, "throughput profile: the seeds' 8192 (larger prefill chunks, more throughput)")
+    return Decision(value, "latency profile: the seeds' 4096 (smaller prefill chunks keep decode steps short)")
+
+
+def max_num_seqs(profile: Profile, speculative: bool, configured: int | None) -> Decision[int]:
+    """`--max-num-seqs`: 128 for throughput (seeds' single-GPU example), 32 for latency or with speculation."""
+    if configured is not None:
+        return Decision(configured, "set in config (max_num_seqs)")
+    if speculative:
+        return Decision(SEQS_FEW, "speculative decoding pays off at modest concurrency: the seeds' DFlash example's 32")
+    if profile == "latency":
+        return Decision(SEQS_FEW, "latency profile: fewer concurrent sequences keep each one fast (seeds: 32)")
+    return Decision(SEQS_THROUGHPUT, "throughput profile: the seeds' single-GPU example's 128")
+
+
+def speculative_config(spec: SpeculativeSettings, profile: Profile) -> Decision[str]:
+    """`--speculative-config` as compact JSON with sorted keys (stable argv, stable compile-cache key)."""
+    tokens = spec.tokens if spec.tokens is not None else SPEC_TOKENS[profile]
+    payload: dict[str, str | int] = {"method": spec.method, "num_speculative_tokens": tokens}
+    if spec.model is not None:
+        payload["model"] = spec.model
+    if spec.tokens is not None:
+        why = "tokens set in config"
+    elif profile == "throughput":
+        why = "8 tokens per step for concurrent serving (DFlash model card, in the seeds)"
+    else:
+        why = "16 tokens per step for a single user (DFlash model card, in the seeds)"
+    return Decision(json.dumps(payload, sort_keys=True, separators=(",", ":")), f"{spec.method}: {why}")
+
+
+def cpu_offload(configured: CpuOffloadSettings | None) -> Decision[CpuOffloadSettings | None]:
+    """Weights in CPU memory (UVA offload): only when configured; it costs much latency."""
+    if configured is None:
+        return Decision(None, "weights stay on the GPU (the default)")
+    return Decision(configured, f"set in config: {number(configured.gib)} GiB of weights per GPU kept in CPU memory")
+
+
+# --------------------------------------------------------------------------- NUMA
+
+
+def numa_nodes_for(gpus: Sequence[Gpu]) -> tuple[int, ...] | None:
+    """Each GPU's nearest NUMA node in order, or None when any is unknown."""
+    nodes = [g.numa_node for g in gpus]
+    if any(n is None or n < 0 for n in nodes):
+        return None
+    return tuple(n for n in nodes if n is not None)
+
+
+def numa_binding(host: Host, gpus: Sequence[Gpu], configured: bool | None) -> Decision[tuple[int, ...] | None]:
+    """Bind each GPU worker to its NUMA node when the host has several (seeds: NUMA optimisation).
+
+    Value: None for no binding, () for `--numa-bind` alone (vLLM finds the nodes), else the node
+    of each GPU for `--numa-bind-nodes`.
+    """
+    if configured is False:
+        return Decision(None, "numa_bind = false in config")
+    several = len(host.numa_nodes) > 1
+    if not several and configured is None:
+        return Decision(None, "one NUMA node: nothing to bind")
+    nodes = numa_nodes_for(gpus)
+    why = "set in config" if configured else f"{len(host.numa_nodes)} NUMA nodes"
+    if nodes is None:
+        return Decision((), f"{why}: pins each GPU worker to its nearest node (vLLM finds the nodes; NVML did not say)")
+    return Decision(nodes, f"{why}: pins each GPU worker to the node nearest its GPU (one entry per GPU)")
+
+
+# --------------------------------------------------------------------------- env and warnings
+
+
+BASE_ENV = {
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "NO_COLOR": "1",
+    "VLLM_DISABLE_LOG_LOGO": "1",
+}
+
+
+def container_env(vllm_cache_root: str, numa_bind: bool, extra: Mapping[str, str]) -> dict[str, str]:
+    """vLLM's environment: a kept compile cache, NVML's GPU order, parseable logs, then the config's env."""
+    env = {"VLLM_CACHE_ROOT": vllm_cache_root, **BASE_ENV}
+    if numa_bind:
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # vLLM's NUMA binding needs spawned workers
+    env.update(extra)
+    return env
+
+
+RECOMMENDED_PHYSICAL_CORES = 8
+
+
+def host_warnings(host: Host, gpus: Sequence[Gpu]) -> tuple[str, ...]:
+    """What the seeds advise against: fewer than 8 physical cores; MIG on an assigned GPU."""
+    warnings: list[str] = []
+    cores = host.cpu.physical_cores
+    if cores < RECOMMENDED_PHYSICAL_CORES:
+        warnings.append(
+            f"{cores} physical CPU cores: the seeds recommend {RECOMMENDED_PHYSICAL_CORES}+ "
+            "(API server, engine core and one worker per GPU each want a core)"
+        )
+    mig = [g for g in gpus if g.mig_mode]
+    if mig:
+        names = ", ".join(f"GPU {g.index}" for g in mig)
+        warnings.append(f"MIG is enabled on {names}: vLLM then sees MIG slices, and the memory plan assumes whole GPUs")
+    return tuple(warnings)

@@ -1,0 +1,160 @@
+"""Tests for `dankserve plan`: exit codes 0/2/3/4, the JSON shape, list output and the text table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dankserve.cli.main import main
+from dankserve.exitcodes import ExitCode
+
+REPO = Path(__file__).resolve().parent.parent.parent
+HOSTS = REPO / "tests" / "hosts"
+EXAMPLE = REPO / "config" / "dankserve.toml"
+H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
+
+
+@pytest.fixture(autouse=True)
+def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No config file unless a test names one, whatever this machine has in /etc."""
+    monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    out, err = capsys.readouterr()
+    code = done.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "dankserve.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --json --hardware H --model M` exits 0 with exactly the documented keys."""
+    code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
+    assert code == ExitCode.OK
+    data: dict[str, Any] = json.loads(out)
+    assert list(data) == ["deployment", "image", "argv", "env", "flags", "warnings"]
+    assert data["deployment"] == "default"
+    assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
+    assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"
+    assert all(isinstance(t, str) for t in data["argv"])
+    assert all(list(f) == ["flag", "value", "reason"] for f in data["flags"])
+    assert data["env"]["NO_COLOR"] == "1"
+    assert any("model facts unknown" in w for w in data["warnings"])  # no HF cache here
+
+
+def test_hardware_from_the_environment(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """$DANKSERVE_HARDWARE names the recorded host when --hardware is absent."""
+    monkeypatch.setenv("DANKSERVE_HARDWARE", H100)
+    code, out, _ = run(["plan", "--json", "--model", "m/m"], capsys)
+    assert code == ExitCode.OK and json.loads(out)["argv"][0] == "m/m"
+
+
+def test_vllm_version_option_changes_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """--vllm-version 0.11.0 plans --swap-space instead of --kv-offloading-size."""
+    code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "m/m", "--vllm-version", "0.11.0"], capsys)
+    assert code == ExitCode.OK
+    assert "--swap-space" in json.loads(out)["argv"]
+
+
+def test_several_enabled_deployments_print_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without DEPLOYMENT every enabled deployment is planned and --json prints a list."""
+    config = write_config(
+        tmp_path,
+        '[deployments.a]\nmodel = "o/a"\ngpu_memory_utilization = 0.45\n'
+        '[deployments.b]\nmodel = "o/b"\nport = 8001\ngpu_memory_utilization = 0.45\n'
+        '[deployments.c]\nmodel = "o/c"\nport = 8002\nenabled = false\n',
+    )
+    code, out, _ = run(["--config", config, "plan", "--json", "--hardware", H100], capsys)
+    assert code == ExitCode.OK
+    assert [p["deployment"] for p in json.loads(out)] == ["a", "b"]
+
+
+def test_example_config_plans_its_enabled_deployment(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped example plans (its one enabled deployment) on an A100 80 GB host."""
+    host = str(HOSTS / "plan-a100-80gb-x1-64gb.json")
+    code, out, _ = run(["--config", str(EXAMPLE), "plan", "--json", "--hardware", host], capsys)
+    assert code == ExitCode.OK
+    assert json.loads(out)["deployment"] == "qwen3-30b"
+
+
+def test_text_output_has_command_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text form prints the full `vllm serve` command and a flag / value / why table."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(["plan", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
+    assert code == ExitCode.OK
+    assert "vllm serve Qwen/Qwen3-30B-A3B --tensor-parallel-size 1" in out
+    assert "flag" in out and "why" in out and "--gpu-memory-utilization" in out
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "expected"),
+    [
+        ('[deployments.a]\nmodel = "o/a"\nkv_cache_dtype = "q8_0"\n', [], "q8_0"),
+        ('[deployments.a]\nmodel = "o/a"\ngpus = [3]\n', [], "GPU 3"),
+        ('[deployments.a]\nmodel = "o/a"\n', ["nope"], "no deployment named 'nope'"),
+        ('[deployments.a]\nmodel = "o/a"\nflavour = 1\n', [], "unknown key"),
+        ('[deployments.a]\nmodel = "o/a"\nattention_backend = "WARP_DRIVE"\n', [], "WARP_DRIVE"),
+    ],
+)
+def test_invalid_input_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, args: list[str], expected: str
+) -> None:
+    """Unknown KV dtypes, missing GPUs, unknown deployments, unknown keys and backends exit 2 with a message."""
+    path = write_config(tmp_path, config)
+    code, out, err = run(["--config", path, "plan", *args, "--hardware", H100], capsys)
+    assert code == ExitCode.INVALID_INPUT
+    assert expected in err and "Traceback" not in err
+    assert out == ""
+
+
+def test_no_deployment_and_no_model_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """With no config and no --model there is nothing to plan: exit 2."""
+    code, _, err = run(["plan", "--hardware", H100], capsys)
+    assert code == ExitCode.INVALID_INPUT and "no deployments are configured" in err
+
+
+def test_malformed_hardware_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A recorded-host file that is not the schema exits 2 naming the file."""
+    bad = tmp_path / "host.json"
+    bad.write_text('{"schema_version": 1, "gpus": []}')
+    code, _, err = run(["plan", "--hardware", str(bad), "--model", "m/m"], capsys)
+    assert code == ExitCode.INVALID_INPUT and str(bad) in err
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        '[deployments.a]\nmodel = "o/a"\n[deployments.a.model_facts]\nparameter_bytes = 500_000_000_000\n',
+        '[deployments.a]\nmodel = "o/a"\ntensor_parallel_size = 2\n',
+        '[deployments.a]\nmodel = "o/a"\n[deployments.b]\nmodel = "o/b"\nport = 8001\n',  # 0.90 + 0.90 on GPU 0
+        '[deployments.a]\nmodel = "o/a"\nimage = "vllm/vllm-openai:v0.19.0"\nnuma_bind = true\n',
+    ],
+    ids=["weights", "tp-over-gpus", "shared-gpu", "flag-missing"],
+)
+def test_infeasible_plans_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str) -> None:
+    """Weights that do not fit, TP over the GPUs, an over-shared GPU and a flag the release lacks exit 4."""
+    code, out, err = run(["--config", write_config(tmp_path, config), "plan", "--hardware", H100], capsys)
+    assert code == ExitCode.INFEASIBLE
+    assert err.startswith("error: ") and "fix:" in err and out == ""
+
+
+def test_without_a_probe_it_is_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --hardware and without a usable probe module the environment is unusable: exit 3."""
+    monkeypatch.setitem(sys.modules, "dankserve.host.probe", None)  # makes the import fail
+    code, _, err = run(["plan", "--model", "m/m"], capsys)
+    assert code == ExitCode.ENVIRONMENT and "--hardware" in err
