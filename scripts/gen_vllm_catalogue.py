@@ -909,7 +909,8 @@ class ParserInterpreter:
             target = self._class_attr(target.owner, target.attr)
         dyn = None
         if isinstance(target, _Bound):
-            target, dyn = target.func, target.dyn
+            dyn = target.dyn
+            target = target.func
         if isinstance(target, FuncRef) and _interesting(args):
             kwargs = {k.arg: self.eval(frame, k.value) for k in node.keywords if k.arg}
             if target.owner is not None and dyn is None:

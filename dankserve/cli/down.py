@@ -44,8 +44,8 @@ def command(deployment: str | None) -> ExitCode:
 
 def _down_offline(deployment: str) -> None:
     """No daemon: mark the deployment down and remove a leftover workload directly."""
-    from dankserve.supervisor.records import StateBook
     from dankserve.supervisor.assembly import runtime_factory
+    from dankserve.supervisor.records import StateBook
 
     settings = cli_context().load_settings()
     store = StateBook(settings.state_dir)

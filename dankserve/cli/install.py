@@ -21,9 +21,7 @@ def render_unit(template: str, executable: str) -> str:
     """The unit with ExecStart pointing at this installation's dankserve."""
     out = []
     for line in template.splitlines():
-        if line.startswith("ExecStart="):
-            line = f"ExecStart={executable} run"
-        out.append(line)
+        out.append(f"ExecStart={executable} run" if line.startswith("ExecStart=") else line)
     return "\n".join(out) + "\n"
 
 

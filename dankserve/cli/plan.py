@@ -7,8 +7,6 @@ deployment is planned (then `--json` prints a list). Nothing is started.
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.errors import ConfigError, EnvironmentUnusable
+from dankserve.errors import ConfigError
 from dankserve.exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -24,7 +22,6 @@ if TYPE_CHECKING:
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
-HARDWARE_ENV = "DANKSERVE_HARDWARE"
 DEFAULT_DEPLOYMENT = "default"
 
 
@@ -36,7 +33,7 @@ DEFAULT_DEPLOYMENT = "default"
     "--hardware",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help=f"Recorded host (`dankserve probe --save`) instead of probing; also ${HARDWARE_ENV}.",
+    help="Recorded host (`dankserve probe --save`) instead of probing; also $DANKSERVE_HARDWARE.",
 )
 @click.option("--vllm-version", default=None, help="Plan for this vLLM release (default: the image tag's).")
 def command(
@@ -47,7 +44,9 @@ def command(
 
     settings = load_settings(cli_context().config)
     selected = select_deployments(settings, deployment, model)
-    host = load_host(hardware)
+    from dankserve.host.probe import load_host
+
+    host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
     plans = plan_all(settings, selected, host, vllm_version)
     if as_json:
         from dankserve.cli.render import print_json
@@ -87,26 +86,6 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
     return enabled
 
 
-def load_host(hardware: Path | None) -> Host:
-    """The recorded host named by --hardware or $DANKSERVE_HARDWARE, else this machine's probe."""
-    path = hardware
-    if path is None and os.environ.get(HARDWARE_ENV):
-        path = Path(os.environ[HARDWARE_ENV])
-    if path is not None:
-        from dankserve.host.recorded import read_host
-
-        return read_host(path)
-    try:
-        probe = importlib.import_module("dankserve.host.probe")
-    except ImportError:
-        raise EnvironmentUnusable(
-            "this build of dankserve cannot probe the hardware (dankserve.host.probe is missing)",
-            fix=f"pass --hardware FILE (a recorded host) or set {HARDWARE_ENV}",
-        ) from None
-    host: Host = probe.probe_host()
-    return host
-
-
 def plan_all(
     settings: Settings,
     selected: Sequence[tuple[str, DeploymentSettings]],
@@ -114,23 +93,13 @@ def plan_all(
     vllm_version: str | None,
 ) -> list[Plan]:
     """Plan each selected deployment, then check the GPUs the enabled ones share."""
-    from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, capabilities, load_catalogue, version_from_image
     from dankserve.plan.checks import check_gpu_sharing
-    from dankserve.plan.models import model_facts, read_model_files
-    from dankserve.plan.plan import plan_deployment
+    from dankserve.planning import plan_one
 
-    catalogue = load_catalogue()
     plans: list[Plan] = []
     enabled: list[Plan] = []
     for name, dep in selected:
-        version = vllm_version or version_from_image(dep.image) or settings.vllm_version
-        caps = capabilities(version, catalogue)
-        files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
-        facts = model_facts(dep.model, dep.model_facts, files)
-        cache_root = DEFAULT_CONTAINER_CACHE_ROOT
-        if dep.runtime == "process":
-            cache_root = str(settings.cache_dir / name / "vllm")
-        plan = plan_deployment(name, dep, host, caps, facts, vllm_cache_root=cache_root, catalogue=catalogue)
+        plan = plan_one(settings, name, dep, host, vllm_version=vllm_version)
         if not dep.enabled:
             plan = _with_warning(plan, "disabled in config (enabled = false): the daemon does not run it")
         else:

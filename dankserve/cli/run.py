@@ -31,6 +31,6 @@ def command(log_format: str | None, hardware: Path | None) -> ExitCode:
 
     ctx = cli_context()
     settings = ctx.load_settings()
-    configure_logging(log_format or settings.log_format)
+    configure_logging(log_format or settings.log_format)  # type: ignore[arg-type]  # click.Choice checked it
     daemon = build_daemon(settings, hardware_file=hardware, config_path=ctx.config)
     return daemon.run()

@@ -89,7 +89,8 @@ def command(as_json: bool) -> ExitCode:
         learned = " (learned)" if dep.get("kv_cache_learned_used") else ""
         click.echo(
             f"  boots {dep['boots']}  restarts {dep['restarts']}  KV cache "
-            f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  compile cache hit {dep.get('compile_cache_hit')}"
+            f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  "
+            f"compile cache hit {dep.get('compile_cache_hit')}"
         )
         for gpu in dep.get("gpus") or []:
             click.echo(

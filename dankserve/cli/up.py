@@ -7,6 +7,7 @@ started is ready or failed, and prints the endpoints. Running it again changes n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -142,10 +143,8 @@ def _explain_daemon_exit(state_dir: Path, code: int) -> None:
 
     log_path = state_dir / servicectl.DAEMON_LOG
     tail = ""
-    try:
+    with contextlib.suppress(OSError):
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-5:])
-    except OSError:
-        pass
     error = DankserveError(f"the daemon exited with code {code}:\n{tail}", fix=f"see {log_path}")
     error.exit_code = ExitCode(code) if code in tuple(ExitCode) else ExitCode.INTERNAL
     raise error

@@ -7,6 +7,7 @@ comes from the recorded host file, re-read each time so a test can change it bet
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +64,8 @@ def read_nvml(uuids: Sequence[str]) -> dict[str, GpuMemory] | None:
     except Exception:
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def read_gpu_memory(uuids: Sequence[str], hardware_file: Path | None, fallback: Host | None) -> dict[str, GpuMemory]:

@@ -55,16 +55,18 @@ class UtilisationRow:
     label: str
     band: str
     value: float
+    top: float
+    """The band's upper end: where a no-KV-memory remediation raises an unset utilisation."""
 
 
 # Seed table (Hybrid CPU GPU Processing, "GPU Memory Utilization"). Each band's lower end:
 # the fraction caps everything vLLM allocates on the GPU, so the lower end leaves the most
 # headroom for CUDA-graph and activation estimates that run over and for other GPU users.
-UTIL_24GB = UtilisationRow("24 GB class (RTX 3090/4090) or smaller", "0.7-0.8", 0.70)
-UTIL_40GB = UtilisationRow("40 GB class (A100 40 GB; 48 GB cards too)", "0.8-0.9", 0.80)
-UTIL_80GB_A100 = UtilisationRow("80 GB class, before Hopper (A100 80 GB)", "0.85-0.95", 0.85)
-UTIL_80GB_H100 = UtilisationRow("80 GB class, Hopper or newer (H100)", "0.9-0.95", 0.90)
-UTIL_ABOVE_80GB = UtilisationRow("above 80 GB (H200 141 GB, B200)", "0.9-0.95 (the H100 row)", 0.90)
+UTIL_24GB = UtilisationRow("24 GB class (RTX 3090/4090) or smaller", "0.7-0.8", 0.70, 0.80)
+UTIL_40GB = UtilisationRow("40 GB class (A100 40 GB; 48 GB cards too)", "0.8-0.9", 0.80, 0.90)
+UTIL_80GB_A100 = UtilisationRow("80 GB class, before Hopper (A100 80 GB)", "0.85-0.95", 0.85, 0.95)
+UTIL_80GB_H100 = UtilisationRow("80 GB class, Hopper or newer (H100)", "0.9-0.95", 0.90, 0.95)
+UTIL_ABOVE_80GB = UtilisationRow("above 80 GB (H200 141 GB, B200)", "0.9-0.95 (the H100 row)", 0.90, 0.95)
 
 CLASS_40GB_MIN_GIB = 32
 CLASS_80GB_MIN_GIB = 60

@@ -12,8 +12,7 @@ from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps
-from dankserve.supervisor.workload import vllm_cache_root
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner
 
 
 class _Runtimes:
@@ -43,18 +42,20 @@ def runtime_factory(settings: Settings) -> _Runtimes:
     return _Runtimes(settings)
 
 
-def make_planner(settings: Settings) -> object:
-    """The planner the daemon calls for each boot (the live settings are read at call time)."""
+def make_planner(settings: Settings) -> Planner:
+    """The planner the daemon calls for each boot."""
 
-    def plan(name: str, dep: DeploymentSettings, host: Host, overrides: BootOverrides) -> Plan:
-        from dankserve.plan.plan import plan_for_daemon
+    def plan(
+        name: str, dep: DeploymentSettings, host: Host, overrides: BootOverrides, vllm_version: str | None
+    ) -> Plan:
+        from dankserve.planning import plan_one
 
-        return plan_for_daemon(
+        return plan_one(
+            settings,
             name,
             dep,
             host,
-            settings,
-            vllm_cache_root=vllm_cache_root(settings, name, dep),
+            vllm_version=vllm_version,
             learned_kv_cache_memory_bytes=overrides.kv_cache_memory_bytes,
             max_model_len=overrides.max_model_len,
             gpu_memory_utilization=overrides.gpu_memory_utilization,
@@ -68,12 +69,12 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
     from dankserve.host.probe import load_host
 
     def host_loader() -> Host:
-        return load_host(hardware_file)
+        return load_host(hardware_file, cache_dirs=[settings.cache_dir, settings.hf_cache_dir])
 
     runtimes = runtime_factory(settings)
     planner = make_planner(settings)
     deps = DaemonDeps(
-        planner=planner,  # type: ignore[arg-type]
+        planner=planner,
         runtime_for=runtimes,
         load_host=host_loader,
         hardware_file=hardware_file,
@@ -91,6 +92,6 @@ def preflight(daemon: Daemon) -> None:
     for name, dep in daemon.settings.deployments.items():
         if not dep.enabled:
             continue
-        plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides()))
+        plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
         daemon.deps.runtime_for(dep).list_workloads()
     check_gpu_sharing(plans)

@@ -29,19 +29,20 @@ from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
+from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime, Workload
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, learning, policy
-from dankserve.supervisor.policy import FailureCause, FailureContext, RestartSettings
-from dankserve.supervisor.records import StateBook, failure_json
 from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, advance_boot_phase, all_settled, status_line
-from dankserve.supervisor.workload import compile_cache_dir, workload_spec
+from dankserve.supervisor.policy import FailureCause, FailureContext, RestartSettings
+from dankserve.supervisor.records import StateBook, failure_json
+from dankserve.supervisor.workload import workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 log = structlog.get_logger("dankserve")
 
-Planner = Callable[[str, DeploymentSettings, Host, "BootOverrides"], Plan]
+Planner = Callable[[str, DeploymentSettings, Host, "BootOverrides", str | None], Plan]
 RuntimeFactory = Callable[[DeploymentSettings], Runtime]
 HostLoader = Callable[[], Host]
 
@@ -201,7 +202,7 @@ class DeploymentWorker:
             self.daemon.phase_changed()
 
     # -- the loop ----------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self) -> None:  # noqa: PLR0915  (one loop, read top to bottom, is clearer than pieces)
         daemon = self.daemon
         remembered = daemon.state.deployment(self.name)
         overrides = _overrides_from(remembered.overrides)
@@ -289,15 +290,23 @@ class DeploymentWorker:
         with self.lock:
             dep = self.dep
         self._boot_started = time.monotonic()
-        self._set(phase=Phase.PLANNING, state="starting", message=None)
-        host = daemon.host
-        base_plan = daemon.deps.planner(self.name, dep, host, replace(overrides, kv_cache_memory_bytes=None))
-        uuids = base_plan.gpu_uuids
+        self._set(phase=Phase.PULLING, state="starting", message=None)
         runtime = daemon.deps.runtime_for(dep)
-
-        self._set(phase=Phase.PULLING)
-        image_ref = dep.executable or "" if dep.runtime == "process" else dep.image
+        image_ref = (dep.executable or "") if dep.runtime == "process" else dep.image
         image = runtime.ensure_image(image_ref, dep.pull, lambda p: self.log.info("pull", status=p.status))
+        self._set(phase=Phase.PLANNING)
+        host = daemon.host
+        version = image.vllm_version
+
+        def planned(kv_bytes: int | None) -> Plan:
+            return daemon.deps.planner(
+                self.name, dep, host, replace(overrides, kv_cache_memory_bytes=kv_bytes), version
+            )
+
+        base_plan = planned(None)
+        for warning in base_plan.warnings:
+            self.log.warning("plan_warning", warning=warning)
+        uuids = base_plan.gpu_uuids
         boot_key = learning.boot_fingerprint(
             vllm=image.digest or image.vllm_version or base_plan.vllm_version,
             model=dep.model,
@@ -331,9 +340,7 @@ class DeploymentWorker:
             self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
             plan = base_plan
             if decision.use_bytes is not None:
-                plan = daemon.deps.planner(
-                    self.name, dep, host, replace(overrides, kv_cache_memory_bytes=decision.use_bytes)
-                )
+                plan = planned(decision.use_bytes)
             boot = daemon.state.next_boot(self.name)
             compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
             self._set(phase=Phase.STARTING, boots=boot, kv_cache_learned_used=decision.use_bytes is not None)
@@ -341,7 +348,7 @@ class DeploymentWorker:
             self.log.info("started", container_id=workload.id, boot=boot)
             return self._follow(runtime, workload, plan, boot_key, baseline, decision.use_bytes)
 
-    def _follow(
+    def _follow(  # noqa: PLR0915, PLR0917  (the boot-and-serve loop)
         self,
         runtime: Runtime,
         workload: Workload,
@@ -590,14 +597,12 @@ class Daemon:
 
     def utilization_band_top(self, name: str) -> float | None:
         """The top of the utilisation table band of the deployment's smallest GPU."""
+        from dankserve.plan.rules import smallest_gpu, utilisation_row
+
         worker = self.workers.get(name)
         uuids = worker.view.gpu_uuids if worker else ()
-        sizes = [g.memory_total_bytes for g in self.host.gpus if g.uuid in uuids]
-        if not sizes:
-            return None
-        from dankserve.plan.rules import utilization_band_top
-
-        return utilization_band_top(min(sizes))
+        gpus = [g for g in self.host.gpus if g.uuid in uuids]
+        return utilisation_row(smallest_gpu(gpus)).top if gpus else None
 
     def other_gpu_processes(self, uuids: tuple[str, ...]) -> bool:
         """NVML lists compute processes on these GPUs (ours are stopped when this is asked)."""

@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import structlog
 

@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dankserve.plan.types import Plan
+from dankserve.planning import CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT, compile_cache_dir
 from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, GpuRef, Mount, SecretFile, WorkloadSpec
 from dankserve.settings import DeploymentSettings, Settings
-
-HF_CACHE_TARGET = "/root/.cache/huggingface"
-VLLM_CACHE_TARGET = "/root/.cache/vllm"
-
-
-def compile_cache_dir(settings: Settings, deployment: str) -> Path:
-    """The host directory holding this deployment's torch.compile cache (VLLM_CACHE_ROOT)."""
-    return settings.cache_dir / "deployments" / deployment / "vllm"
-
-
-def vllm_cache_root(settings: Settings, deployment: str, dep: DeploymentSettings) -> str:
-    """VLLM_CACHE_ROOT as vLLM sees it: the container path, or the host dir for a process."""
-    if dep.runtime == "process":
-        return str(compile_cache_dir(settings, deployment))
-    return VLLM_CACHE_TARGET
 
 
 def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot: int) -> WorkloadSpec:
@@ -42,8 +26,8 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         pull=dep.pull,
         gpus=tuple(GpuRef(i, u) for i, u in zip(plan.gpu_indices, plan.gpu_uuids, strict=True)),
         mounts=(
-            Mount(settings.hf_cache_dir, HF_CACHE_TARGET),
-            Mount(cache, VLLM_CACHE_TARGET),
+            Mount(settings.hf_cache_dir, CONTAINER_HF_HOME),
+            Mount(cache, CONTAINER_VLLM_CACHE_ROOT),
         ),
         secrets=tuple(secrets),
         labels={LABEL_BOOT: str(boot), LABEL_FINGERPRINT: plan.fingerprint},

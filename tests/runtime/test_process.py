@@ -95,7 +95,13 @@ def _wait_for(predicate: object, timeout: float = 10.0) -> None:
 def test_serve_command_for_vllm_script_and_python() -> None:
     """A vllm script gets `serve ARGS`; a Python gets `-m vllm.entrypoints.cli.main serve ARGS`."""
     assert serve_command("/v/bin/vllm", ("m",)) == ["/v/bin/vllm", "serve", "m"]
-    assert serve_command("/v/bin/python3", ("m",)) == ["/v/bin/python3", "-m", "vllm.entrypoints.cli.main", "serve", "m"]
+    assert serve_command("/v/bin/python3", ("m",)) == [
+        "/v/bin/python3",
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        "m",
+    ]
     with pytest.raises(InvalidInput):
         serve_command("", ("m",))
 

@@ -14,7 +14,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     status = 200
 
     def do_GET(self) -> None:
-        body = b"vllm:num_preemptions_total{model_name=\"m\"} 3.0\nvllm:kv_cache_usage_perc 0.25\n"
+        body = b'vllm:num_preemptions_total{model_name="m"} 3.0\nvllm:kv_cache_usage_perc 0.25\n'
         self.send_response(self.status if self.path == "/health" else 200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -12,7 +12,10 @@ import pytest
 from dankserve.errors import EnvironmentUnusable
 from dankserve.supervisor import instance
 
-HOLD = "import sys,time; from pathlib import Path; from dankserve.supervisor import instance; instance.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+HOLD = (
+    "import sys,time; from pathlib import Path; from dankserve.supervisor import instance; "
+    "instance.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+)
 
 
 def _holder(state_dir: Path) -> subprocess.Popen[str]:

@@ -1,0 +1,72 @@
+"""Planning with the world read in: the catalogue, the model's files in the HF cache, the
+settings. The pure planner (`dankserve.plan`) gets everything as arguments; this module is its
+thin imperative shell, shared by `dankserve plan` and the daemon so both plan alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dankserve.host.model import Host
+    from dankserve.plan.types import Plan
+    from dankserve.settings import DeploymentSettings, Settings
+
+CONTAINER_VLLM_CACHE_ROOT = "/root/.cache/vllm"
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+
+
+def compile_cache_dir(settings: Settings, deployment: str) -> Path:
+    """The host directory holding this deployment's torch.compile cache (VLLM_CACHE_ROOT)."""
+    return settings.cache_dir / "deployments" / deployment / "vllm"
+
+
+def vllm_cache_root(settings: Settings, deployment: str, dep: DeploymentSettings) -> str:
+    """VLLM_CACHE_ROOT as vLLM sees it: the container path, or the host dir for a process."""
+    if dep.runtime == "process":
+        return str(compile_cache_dir(settings, deployment))
+    return CONTAINER_VLLM_CACHE_ROOT
+
+
+def plan_one(
+    settings: Settings,
+    name: str,
+    dep: DeploymentSettings,
+    host: Host,
+    *,
+    vllm_version: str | None = None,
+    learned_kv_cache_memory_bytes: int | None = None,
+    max_model_len: int | str | None = None,
+    gpu_memory_utilization: float | None = None,
+) -> Plan:
+    """The plan of one deployment; remediations (max_model_len, utilisation) override the config."""
+    from dankserve.plan.catalogue import capabilities, load_catalogue, version_from_image
+    from dankserve.plan.models import model_facts, read_model_files
+    from dankserve.plan.plan import plan_deployment
+
+    changes: dict[str, object] = {}
+    if max_model_len is not None:
+        changes["max_model_len"] = max_model_len
+    if gpu_memory_utilization is not None:
+        changes["gpu_memory_utilization"] = gpu_memory_utilization
+    if changes:
+        dep = dep.model_copy(update=changes)
+    catalogue = load_catalogue()
+    if dep.runtime == "process":  # no image to read a version from
+        version = vllm_version or settings.vllm_version
+    else:
+        version = vllm_version or version_from_image(dep.image) or settings.vllm_version
+    caps = capabilities(version, catalogue)
+    files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
+    facts = model_facts(dep.model, dep.model_facts, files)
+    return plan_deployment(
+        name,
+        dep,
+        host,
+        caps,
+        facts,
+        learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes,
+        vllm_cache_root=vllm_cache_root(settings, name, dep),
+        catalogue=catalogue,
+    )
