@@ -77,8 +77,8 @@ class CacheStatus:
     """The compile cache as found before the boot."""
 
     hit: bool
-    backend_dir: str  # rank 0's `Using cache directory`
-    aot_model_path: str  # rank 0's AOT model file
+    backend_dirs: tuple[str, ...]  # each rank's `Using cache directory`
+    aot_model_paths: tuple[str, ...]  # each rank's AOT model file
 
 
 @dataclass(frozen=True)
@@ -182,16 +182,16 @@ def _compile_events(inputs: BootInputs, ranks: int) -> list[Event]:
     rank_args: list[tuple[object, ...]] = [("",) for _ in range(ranks)]
     events: list[Event] = []
     if inputs.cache.hit:
-        events += _per_rank(msg.USING_CACHE_DIRECTORY, [("", inputs.cache.backend_dir) for _ in range(ranks)])
+        events += _per_rank(msg.USING_CACHE_DIRECTORY, [("", path) for path in inputs.cache.backend_dirs[:ranks]])
         events.append(Sleep(total * 0.8))
         events += _per_rank(msg.DIRECTLY_LOAD_GRAPHS, [("", compile_range, total * 0.78) for _ in range(ranks)])
         events.append(Sleep(total * 0.2))
-        events += _per_rank(msg.DIRECTLY_LOAD_AOT, [("", inputs.cache.aot_model_path) for _ in range(ranks)])
+        events += _per_rank(msg.DIRECTLY_LOAD_AOT, [("", path) for path in inputs.cache.aot_model_paths[:ranks]])
         events += _per_rank(msg.TORCH_COMPILE_TOOK, [("", total) for _ in range(ranks)])
         return events
     dynamo = total * 0.3
     events += _per_rank(msg.STARTING_TORCH_COMPILE, rank_args)
-    events += _per_rank(msg.USING_CACHE_DIRECTORY, [("", inputs.cache.backend_dir) for _ in range(ranks)])
+    events += _per_rank(msg.USING_CACHE_DIRECTORY, [("", path) for path in inputs.cache.backend_dirs[:ranks]])
     events.append(Sleep(dynamo))
     events += _per_rank(msg.DYNAMO_TRANSFORM_TIME, [("", dynamo) for _ in range(ranks)])
     events.append(Sleep(total * 0.05))
@@ -200,7 +200,7 @@ def _compile_events(inputs: BootInputs, ranks: int) -> list[Event]:
     events += _per_rank(msg.COMPILING_A_GRAPH, [("", compile_range, total - dynamo) for _ in range(ranks)])
     events.append(Action("write_compile_artifacts"))
     events += _per_rank(msg.TORCH_COMPILE_TOOK, [("", total) for _ in range(ranks)])
-    events += _per_rank(msg.SAVED_AOT, [("", inputs.cache.aot_model_path) for _ in range(ranks)])
+    events += _per_rank(msg.SAVED_AOT, [("", path) for path in inputs.cache.aot_model_paths[:ranks]])
     return events
 
 

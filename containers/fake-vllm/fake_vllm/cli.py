@@ -162,8 +162,8 @@ def serve(
         durations=durations,
         cache=CacheStatus(
             hit=hit,
-            backend_dir=str(compile_cache.backend_cache_dir(root, key, 0)),
-            aot_model_path=str(compile_cache.aot_model_path(root, key, 0)),
+            backend_dirs=tuple(str(compile_cache.backend_cache_dir(root, key, rank)) for rank in range(ranks)),
+            aot_model_paths=tuple(str(compile_cache.aot_model_path(root, key, rank)) for rank in range(ranks)),
         ),
         non_default_args=non_default,
         logo=not _truthy_int(env.get("VLLM_DISABLE_LOG_LOGO")) and env.get("VLLM_CONFIGURE_LOGGING", "1") != "0",
