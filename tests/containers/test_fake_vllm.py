@@ -167,6 +167,18 @@ def test_argv_vllm_lacks_is_rejected_like_argparse(tmp_path: Path, args: list[st
     assert expected in result.stderr
 
 
+def test_flexible_argv_forms_are_accepted_like_vllm(tmp_path: Path) -> None:
+    """Underscores, human-readable sizes, flag prefixes and `--model X` parse as FlexibleArgumentParser does."""
+    args = ["serve", "--model", MODEL, "--max_model_len", "4k", "--kv-cache-memory", "20G", "--port", str(free_port())]
+    result = run_to_exit(args, base_env(tmp_path, FAKE_VLLM_FAIL="model_not_found"))
+    assert result.returncode == 1
+    assert re.search(
+        r"^\(MainProcess pid=\d+\) WARNING .*With `vllm serve`, you should provide the model as a", result.stdout, re.M
+    )
+    assert f"non-default args: {{'model_tag': '{MODEL}'" in result.stdout
+    assert "'max_model_len': 4000, 'kv_cache_memory_bytes': 21474836480}" in result.stdout
+
+
 def test_version_and_full_help(tmp_path: Path) -> None:
     """`vllm --version` prints 0.33.0 and `vllm serve --help=all` lists the catalogue's flags."""
     version = run_to_exit(["--version"], base_env(tmp_path))
@@ -466,6 +478,22 @@ def test_gpu_listing_honours_cuda_visible_devices(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("colour_env", "coloured"),
+    [({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": "1", "NO_COLOR": "1"}, False), ({}, False)],
+)
+def test_colour_only_with_force_color_and_never_with_no_color(
+    tmp_path: Path, colour_env: dict[str, str], coloured: bool
+) -> None:
+    """ANSI colours appear with FORCE_COLOR (no TTY here), never with NO_COLOR, as vllm/logger.py decides."""
+    env = base_env(tmp_path, FAKE_VLLM_FAIL="model_not_found")
+    del env["NO_COLOR"]
+    env.update(colour_env)
+    result = run_to_exit(["serve", MODEL, "--port", str(free_port())], env)
+    assert ("\x1b[0;36m(APIServer pid=" in result.stdout) is coloured
+    assert ("\x1b[" in result.stdout) is coloured
+
+
 def test_no_visible_gpu_fails_like_vllm_when_required(tmp_path: Path) -> None:
     """With FAKE_VLLM_REQUIRE_GPU=1 and no GPU node, vLLM's `Failed to infer device type` ends the boot."""
     result = run_to_exit(["serve", MODEL, "--port", str(free_port())], base_env(tmp_path, FAKE_VLLM_REQUIRE_GPU="1"))
@@ -480,7 +508,7 @@ def podman_usable() -> bool:
 @pytest.mark.podman
 @pytest.mark.skipif(not podman_usable(), reason="needs podman, mmdebstrap and root")
 def test_image_entrypoint_serves_and_lists_device_nodes(tmp_path: Path) -> None:
-    """The built image runs `vllm serve`, sees a stand-in /dev/nvidia0 passed with --device, and serves."""
+    """The image runs `vllm serve`, has `sh` for the key wrapper, sees a --device /dev/nvidia0, and serves."""
     env = dict(os.environ)
     if not env.get("CONTAINERS_CONF"):
         conf = tmp_path / "containers.conf"
@@ -489,6 +517,24 @@ def test_image_entrypoint_serves_and_lists_device_nodes(tmp_path: Path) -> None:
         )
         env["CONTAINERS_CONF"] = str(conf)
     subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, check=True, timeout=600)
+    wrapped = subprocess.run(
+        [
+            *env.get("PODMAN", "podman").split(),
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            "localhost/fake-vllm:latest",
+            "-c",
+            "VLLM_API_KEY=$(cat /etc/hostname) exec vllm --version",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrapped.stdout.strip() == "0.33.0"
     node = tmp_path / "nvidia0"
     subprocess.run(["mknod", str(node), "c", "195", "0"], check=True)
     podman = env.get("PODMAN", "podman").split()

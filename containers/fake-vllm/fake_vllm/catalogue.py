@@ -232,13 +232,44 @@ class ServeArgumentParser(argparse.ArgumentParser):
         return formatter.format_help()
 
 
+class EnableDisableAction(argparse.Action):
+    """`--x`/`--no-x` like BooleanOptionalAction, plus vLLM's `--enable-x`/`--disable-x` pairs.
+
+    An alias that is the inverse of the flag (`--disable-prefix-caching` for
+    `--enable-prefix-caching`) sets False, as vllm/utils/argparse_utils.py EnableDisableAction does.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, default: object = None, **kwargs: object) -> None:
+        negatives = {option for option in option_strings if _is_negative(option, option_strings[0])}
+        positives = [option for option in option_strings if option not in negatives]
+        negatives |= {"--no-" + option[2:] for option in positives if option.startswith("--")}
+        self.negative_options = frozenset(negatives)
+        super().__init__([*positives, *sorted(negatives)], dest, nargs=0, default=default)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, option_string not in self.negative_options)
+
+
+def _is_negative(option: str, flag: str) -> bool:
+    for positive, negative in (("--enable-", "--disable-"), ("--disable-", "--enable-")):
+        if flag.startswith(positive) and option == negative + flag.removeprefix(positive):
+            return True
+    return False
+
+
 def _add_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
     dest = spec.dest
     default = DEFAULTS.get(dest)
     if spec.kind == "switch":
         parser.add_argument(spec.flag, *spec.aliases, dest=dest, action="store_true", default=bool(default))
     elif spec.kind == "bool_optional":
-        parser.add_argument(spec.flag, *spec.aliases, dest=dest, action=argparse.BooleanOptionalAction, default=default)
+        parser.add_argument(spec.flag, *spec.aliases, dest=dest, action=EnableDisableAction, default=default)
     else:
         value_type = VALUE_TYPES.get(dest, str)
         parser.add_argument(
