@@ -328,6 +328,15 @@ FAILURES = [
         [r"max seq len \(131072\), .*the estimated maximum model length is \d+\."],
     ),
     (
+        {"FAKE_VLLM_GPU_USED_BYTES": str(12 << 30)},
+        ["--kv-cache-memory-bytes", "126G", "--gpu-memory-utilization", "0.9"],
+        [
+            r"skipped memory profiling",
+            r"GPU KV cache size: ",
+            r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate 126\.00 GiB\.",
+        ],
+    ),
+    (
         {"FAKE_VLLM_GPU_USED_BYTES": str(40 << 30)},
         [],
         [

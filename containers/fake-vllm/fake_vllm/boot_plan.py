@@ -281,7 +281,10 @@ def _load_phase(inputs: BootInputs) -> list[Event]:
         events += _weights_bar(shards, durations.weights_load, failing_at=shards // 2)
         free = max(0, min(rank0.init_free - rank0.weights // 2, 512 << 20))
         oom = fail.cuda_oom_message(
-            allocation=max(rank0.weights // shards, 64 << 20), total=rank0.total, free=free, in_use=rank0.total - free
+            allocation=max(rank0.weights // shards, 64 << 20),
+            total=rank0.total,
+            free=free,
+            in_use=rank0.weights // 2 + rank0.non_torch,
         )
         failing = _per_rank(msg.FAILED_TO_LOAD, [(oom,) for _ in range(ranks)])
         return _engine_startup_failure(fail.weights_oom_traceback(oom), [*events, *failing])
@@ -334,7 +337,13 @@ def _kv_cache_phase(inputs: BootInputs) -> list[Event]:
     elif memory.auto_fit == "reduced":
         events.append(Log(msg.AUTO_FIT_REDUCED, (memory.derived_max_model_len, memory.max_model_len, kv_memory_text)))
     size = ("GPU", f"{memory.kv_tokens:,}", f"{memory.max_model_len:,}", memory.max_concurrency)
-    return [*events, Log(msg.KV_CACHE_SIZE, size), Sleep(durations.kv_cache_allocation), Sleep(durations.warmup)]
+    events += [Log(msg.KV_CACHE_SIZE, size), Sleep(durations.kv_cache_allocation)]
+    if memory.outcome == "kv_allocation_oom":
+        in_use = rank0.total_consumed + rank0.transient_peak
+        free = max(0, rank0.init_free - in_use)
+        oom = fail.cuda_oom_message(allocation=limiting, total=rank0.total, free=free, in_use=in_use)
+        return _engine_startup_failure(fail.kv_allocation_oom_traceback(oom), events)
+    return [*events, Sleep(durations.warmup)]
 
 
 def _capture_phase(inputs: BootInputs) -> list[Event]:

@@ -164,6 +164,36 @@ def weights_oom_traceback(oom_message: str) -> str:
     return traceback_text(frames, f"torch.OutOfMemoryError: {oom_message}")
 
 
+def kv_allocation_oom_traceback(oom_message: str) -> str:
+    """The KV cache tensors do not fit (only possible when --kv-cache-memory-bytes skipped profiling)."""
+    frames = [
+        *_ENGINE_FRAMES,
+        _frame(
+            f"{VLLM}/v1/engine/core.py", 163, "__init__", "kv_cache_config = self._initialize_kv_caches(vllm_config)"
+        ),
+        _frame(
+            f"{VLLM}/v1/engine/core.py",
+            372,
+            "_initialize_kv_caches",
+            "self.model_executor.initialize_from_config(kv_cache_configs)",
+        ),
+        _frame(
+            f"{VLLM}/v1/worker/gpu_worker.py",
+            880,
+            "initialize_from_config",
+            "self.model_runner.initialize_kv_cache(kv_cache_config)",
+        ),
+        _frame(
+            f"{VLLM}/v1/worker/gpu_model_runner.py",
+            6830,
+            "initialize_kv_cache",
+            "kv_caches = self.initialize_kv_cache_tensors(",
+        ),
+        _frame(f"{VLLM}/v1/worker/gpu_model_runner.py", 6702, "_allocate_kv_cache_tensors", "tensor = torch.zeros("),
+    ]
+    return traceback_text(frames, f"torch.OutOfMemoryError: {oom_message}")
+
+
 def kv_check_traceback(final_message: str) -> str:
     frames = [
         *_ENGINE_FRAMES,

@@ -36,6 +36,7 @@ Outcome = Literal[
     "no_kv_memory",
     "max_len_too_large",
     "auto_fit_impossible",
+    "kv_allocation_oom",
 ]
 Forced = Literal["no_kv_memory", "max_len_too_large", "oom_load"] | None
 
@@ -197,6 +198,11 @@ def plan_memory(inputs: MemoryInputs) -> MemoryPlan:
     needed = math.ceil(max_len / BLOCK_SIZE) * page_bytes
     if outcome == "ok" and needed > limiting:
         outcome = "max_len_too_large"
+    if outcome == "ok" and inputs.kv_cache_memory_bytes is not None:
+        # Given bytes skip profiling: nothing checks they fit until the KV tensors are allocated.
+        in_use = weights + non_torch + transient + (ranks[-1].transient_peak - transient)
+        if in_use + inputs.kv_cache_memory_bytes > init_free:
+            outcome = "kv_allocation_oom"
     blocks = max(0, limiting) // page_bytes
     concurrency = blocks / math.ceil(max_len / BLOCK_SIZE) if max_len > 0 else 0.0
     return MemoryPlan(
