@@ -99,15 +99,15 @@ def parse_catalogue(document: object) -> Catalogue:
         choices, aliases = entry.get("choices"), entry.get("aliases") or []
         if not isinstance(flag, str) or not flag.startswith("--") or kind not in KINDS:
             raise CatalogueError(f"catalogue entry {entry!r} needs a '--flag' and a kind of {KINDS}")
-        if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
-            raise CatalogueError(f"catalogue entry {flag}: 'choices' must be null or a list of strings")
+        if choices is not None and not isinstance(choices, list):
+            raise CatalogueError(f"catalogue entry {flag}: 'choices' must be null or a list")
         if not (isinstance(aliases, list) and all(isinstance(a, str) for a in aliases)):
             raise CatalogueError(f"catalogue entry {flag}: 'aliases' must be a list of strings")
         flags.append(
             FlagSpec(
                 flag=flag,
                 kind=cast(Kind, kind),
-                choices=tuple(choices) if choices is not None else None,
+                choices=tuple(str(choice) for choice in choices) if choices is not None else None,
                 aliases=tuple(aliases),
             )
         )
@@ -263,21 +263,39 @@ def _is_negative(option: str, flag: str) -> bool:
     return False
 
 
-def _add_flag(parser: argparse.ArgumentParser, spec: FlagSpec) -> None:
+def _typed_choices(
+    spec: FlagSpec, value_type: Callable[[str], object]
+) -> tuple[Callable[[str], object], list[object] | None]:
+    """argparse compares converted values with the choices, so convert the choices too (or keep strings)."""
+    if spec.choices is None:
+        return value_type, None
+    try:
+        return value_type, [value_type(choice) for choice in spec.choices]
+    except (ValueError, argparse.ArgumentTypeError):
+        return str, list(spec.choices)
+
+
+def _add_flag(parser: argparse.ArgumentParser, spec: FlagSpec, taken: set[str]) -> None:
+    """Register one flag; option strings another entry already registered are left out, not fatal."""
+    options = [option for option in (spec.flag, *spec.aliases) if option not in taken]
+    if spec.flag not in options:
+        return
+    taken.update(options)
     dest = spec.dest
     default = DEFAULTS.get(dest)
     if spec.kind == "switch":
-        parser.add_argument(spec.flag, *spec.aliases, dest=dest, action="store_true", default=bool(default))
+        parser.add_argument(*options, dest=dest, action="store_true", default=bool(default))
     elif spec.kind == "bool_optional":
-        parser.add_argument(spec.flag, *spec.aliases, dest=dest, action=EnableDisableAction, default=default)
+        negated = {"--no-" + option[2:] for option in options if option.startswith("--")}
+        taken.update(negated)
+        parser.add_argument(*options, dest=dest, action=EnableDisableAction, default=default)
     else:
-        value_type = VALUE_TYPES.get(dest, str)
+        value_type, choices = _typed_choices(spec, VALUE_TYPES.get(dest, str))
         parser.add_argument(
-            spec.flag,
-            *spec.aliases,
+            *options,
             dest=dest,
             type=value_type,
-            choices=list(spec.choices) if spec.choices is not None else None,
+            choices=choices,
             nargs="+" if spec.kind == "list" else None,
             default=default,
         )
@@ -302,8 +320,9 @@ def build_parser(catalogue: Catalogue) -> tuple[argparse.ArgumentParser, ServeAr
             subparsers.add_parser(name, help=f"`vllm {name}` (not imitated by the stand-in)")
     assert serve is not None
     serve.add_argument("model_tag", type=str, nargs="?", help="The model tag to serve")
+    taken = {"-h", "--help"}
     for spec in catalogue.flags:
-        _add_flag(serve, spec)
+        _add_flag(serve, spec, taken)
     return top, serve
 
 
