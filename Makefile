@@ -43,6 +43,9 @@ catalogue: setup
 bench: setup
 	$(BIN)/python bench/run_all.py
 
+fake-vllm-image:
+	bash containers/build-image.sh
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
 

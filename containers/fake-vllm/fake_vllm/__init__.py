@@ -1,0 +1,9 @@
+"""A stand-in for the `vllm/vllm-openai` 0.33 server, faithful at the process boundary.
+
+It parses `vllm serve` argv from a flag catalogue generated from the vLLM 0.33 wheel, prints
+0.33's boot log line shapes with phase durations scaled from real H200 measurements, writes and
+reuses a torch.compile cache directory, serves the OpenAI-style endpoints, and fails on request
+with vLLM's own error lines. Pure standard library: it runs in a Debian image with only python3.
+"""
+
+VLLM_VERSION = "0.33.0"

@@ -1,0 +1,356 @@
+"""The OpenAI-compatible HTTP surface of vLLM 0.33 that a supervisor touches (stdlib http.server).
+
+/health and /ping: 200 with an empty body, 503 once the engine is dead
+(vllm/entrypoints/serve/instrumentator/health.py). /version: {"version": "0.33.0"}.
+/v1/*: guarded by the API key like vllm/entrypoints/serve/middleware/authenticate.py
+(401 {"error": "Unauthorized"}). /metrics: Prometheus text with vLLM's metric names.
+Minimal /v1/completions and /v1/chat/completions (deterministic text, streaming as SSE).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Final
+
+from . import VLLM_VERSION
+from .logfmt import access_message
+from .messages import ENGINE_DEAD_CLIENT_MESSAGE
+from .output import Output
+from .serve_config import ServeConfig
+
+GUARDED_PREFIXES: Final = ("/v1", "/v2", "/inference", "/cohere")
+FILLER_WORDS: Final = ("The", " stand-in", " vLLM", " answers", " with", " a", " fixed", " text", ".")
+
+
+@dataclass
+class EngineState:
+    """Counters the server and the stats logger share; every access holds `lock`."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dead: bool = False
+    running: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    preemptions_total: int = 0
+    requests_total: int = 0
+    interval_prompt_tokens: int = 0
+    interval_generation_tokens: int = 0
+    interval_preemptions: int = 0
+    kv_usage: float = 0.0  # fraction, 1.0 = full
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the endpoints report about the engine."""
+
+    config: ServeConfig
+    max_model_len: int
+    num_gpu_blocks: int
+    started: int
+
+
+def _approximate_tokens(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+def completion_text(max_tokens: int) -> str:
+    return "".join(FILLER_WORDS[index % len(FILLER_WORDS)] for index in range(max(0, max_tokens)))
+
+
+def metrics_text(facts: ServerFacts, state: EngineState) -> str:
+    """Prometheus exposition with the vLLM 0.33 names a supervisor reads (vllm/v1/metrics/loggers.py)."""
+    config = facts.config
+    labels = f'engine="0",model_name="{config.served_model_name}"'
+    with state.lock:
+        running, usage = state.running, state.kv_usage
+        preemptions, prompt, generation = (
+            state.preemptions_total,
+            state.prompt_tokens_total,
+            state.generation_tokens_total,
+        )
+        requests = state.requests_total
+    info = {
+        "block_size": "16",
+        "cache_dtype": config.kv_cache_dtype,
+        "calculate_kv_scales": "False",
+        "enable_prefix_caching": str(config.enable_prefix_caching),
+        "gpu_memory_utilization": str(config.gpu_memory_utilization),
+        "kv_cache_memory_bytes": str(config.kv_cache_memory_bytes),
+        "num_gpu_blocks": str(facts.num_gpu_blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "sha256",
+        "engine": "0",
+    }
+    info_labels = ",".join(f'{key}="{value}"' for key, value in sorted(info.items()))
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {float(running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} 0.0",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{labels}}} {float(preemptions)}",
+        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE vllm:prompt_tokens_total counter",
+        f"vllm:prompt_tokens_total{{{labels}}} {float(prompt)}",
+        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+        "# TYPE vllm:generation_tokens_total counter",
+        f"vllm:generation_tokens_total{{{labels}}} {float(generation)}",
+        "# HELP vllm:request_success_total Count of successfully processed requests.",
+        "# TYPE vllm:request_success_total counter",
+        f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(requests)}',
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+        "# TYPE vllm:cache_config_info gauge",
+        f"vllm:cache_config_info{{{info_labels}}} 1.0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class FakeVllmHTTPServer(ThreadingHTTPServer):
+    """Bound early like vLLM's setup_server, listening only once the engine is ready."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], facts: ServerFacts, state: EngineState, output: Output) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, RequestHandler, bind_and_activate=False)
+        self.facts = facts
+        self.state = state
+        self.output = output
+
+    def bind(self) -> None:
+        """Bind without listening: connections are refused while the engine loads."""
+        self.server_bind()
+
+    def listen(self) -> None:
+        self.server_activate()
+
+
+class RequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FakeVllmHTTPServer
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Access lines are uvicorn's, written after each response (see _access_log)."""
+
+    def _access_log(self, status: int) -> None:
+        config = self.server.facts.config
+        path = self.path.split("?", 1)[0]
+        if config.disable_access_log or path in config.access_log_excluded_paths:
+            return
+        client = f"{self.client_address[0]}:{self.client_address[1]}"
+        phrase = HTTPStatus(status).phrase
+        self.server.output.uvicorn(access_message(client, self.command, self.path, status, phrase), stream="stdout")
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("date", self.date_time_string())
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._access_log(status)
+
+    def _json(self, status: int, document: object) -> None:
+        self._send(status, json.dumps(document).encode())
+
+    def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
+
+    def _authorized(self) -> bool:
+        keys = self.server.facts.config.api_keys
+        if not keys or self.command == "OPTIONS" or not self.path.startswith(GUARDED_PREFIXES):
+            return True
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        offered = hashlib.sha256(token.encode()).digest()
+        return any(hmac.compare_digest(offered, hashlib.sha256(key.encode()).digest()) for key in keys)
+
+    def _dead(self) -> bool:
+        with self.server.state.lock:
+            return self.server.state.dead
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_HEAD(self) -> None:
+        self._route("HEAD")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        if not self._authorized():
+            self._json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized"})
+            return
+        path = self.path.split("?", 1)[0]
+        routes: dict[tuple[str, str], Callable[[], None]] = {
+            ("GET", "/health"): self._health,
+            ("HEAD", "/health"): self._health,
+            ("GET", "/ping"): self._health,
+            ("POST", "/ping"): self._health,
+            ("GET", "/version"): self._version,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/v1/completions"): lambda: self._generate(chat=False),
+            ("POST", "/v1/chat/completions"): lambda: self._generate(chat=True),
+        }
+        handler = routes.get((method, path))
+        if handler is not None:
+            handler()
+        elif any(route_path == path for _, route_path in routes):
+            self._json(HTTPStatus.METHOD_NOT_ALLOWED, {"detail": "Method Not Allowed"})
+        else:
+            self._json(HTTPStatus.NOT_FOUND, {"detail": "Not Found"})
+
+    def _version(self) -> None:
+        self._json(200, {"version": VLLM_VERSION})
+
+    def _health(self) -> None:
+        self._send(HTTPStatus.SERVICE_UNAVAILABLE if self._dead() else HTTPStatus.OK, b"")
+
+    def _metrics(self) -> None:
+        text = metrics_text(self.server.facts, self.server.state)
+        self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _models(self) -> None:
+        facts = self.server.facts
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": facts.started,
+                "owned_by": "vllm",
+                "root": facts.config.model,
+                "parent": None,
+                "max_model_len": facts.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": facts.started,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in facts.config.served_model_names
+        ]
+        self._json(200, {"object": "list", "data": data})
+
+    def _read_json(self) -> dict[str, object] | None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        try:
+            document = json.loads(raw or b"null")
+        except json.JSONDecodeError as exc:
+            self._error(HTTPStatus.BAD_REQUEST, f"JSON decode error: {exc}", "BadRequestError")
+            return None
+        if not isinstance(document, dict):
+            self._error(HTTPStatus.BAD_REQUEST, "The request body must be a JSON object.", "BadRequestError")
+            return None
+        return document
+
+    def _generate(self, chat: bool) -> None:
+        request = self._read_json()
+        if request is None:
+            return
+        facts, state = self.server.facts, self.server.state
+        model = request.get("model") or facts.config.served_model_name
+        if model not in facts.config.served_model_names:
+            self._error(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            return
+        if self._dead():
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")
+            return
+        raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
+        max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
+        prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
+        prompt_tokens = _approximate_tokens(prompt_text)
+        text = completion_text(max_tokens)
+        with state.lock:
+            state.prompt_tokens_total += prompt_tokens
+            state.generation_tokens_total += max_tokens
+            state.interval_prompt_tokens += prompt_tokens
+            state.interval_generation_tokens += max_tokens
+            state.requests_total += 1
+        created = int(time.time())
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + max_tokens,
+            "completion_tokens": max_tokens,
+        }
+        if chat:
+            choice: dict[str, object] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+        response: dict[str, object] = {
+            "id": request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": usage,
+        }
+        if request.get("stream") is True:
+            self._stream(response, chat, text)
+        else:
+            self._json(200, response)
+
+    def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
+        """Server-sent events: the text in one chunk, a finishing chunk, then [DONE]."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        chunk_object = "chat.completion.chunk" if chat else "text_completion"
+        choices: list[dict[str, object]] = [
+            {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
+            if chat
+            else {"index": 0, "text": text, "finish_reason": None},
+            {"index": 0, "delta": {"content": ""}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": "", "finish_reason": "length"},
+        ]
+        for choice in choices:
+            chunk = {key: value for key, value in response.items() if key != "usage"}
+            chunk.update(object=chunk_object, choices=[choice])
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self._access_log(200)

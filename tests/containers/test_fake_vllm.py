@@ -1,0 +1,600 @@
+"""Tests for the stand-in vLLM (containers/fake-vllm), run as a plain process and once in Podman."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = REPO / "containers" / "fake-vllm" / "vllm.py"
+BUILD_SCRIPT = REPO / "containers" / "build-image.sh"
+MODEL = "/models/tiny-llama"
+BOOT_SECONDS = "0.3"
+WAIT_SECONDS = 15.0
+PREFIX = r"\((?:APIServer|EngineCore) pid=\d+\) (?:INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] "
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def base_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("FAKE_VLLM_", "VLLM_"))}
+    env.update(
+        NO_COLOR="1",
+        VLLM_DISABLE_LOG_LOGO="1",
+        VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
+        FAKE_VLLM_BOOT_SECONDS=BOOT_SECONDS,
+        FAKE_VLLM_DEV_DIR=str(tmp_path / "no-dev"),
+    )
+    env.update(extra)
+    return env
+
+
+def run_to_exit(args: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(PROGRAM), *args],
+        check=False,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+    )
+
+
+@dataclass
+class Served:
+    """A stand-in process started in the background; its output goes to files."""
+
+    process: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+    port: int
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_bytes().decode(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_bytes().decode(errors="replace")
+
+    def wait_for(self, text: str, stream: str = "stdout", timeout: float = WAIT_SECONDS) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            output = self.stdout if stream == "stdout" else self.stderr
+            if text in output:
+                return output
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"{text!r} not seen on {stream}:\n{self.stdout}\n{self.stderr}")
+
+    def wait_ready(self) -> None:
+        self.wait_for("Application startup complete.", stream="stderr")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=WAIT_SECONDS)
+
+
+class StartServer(Protocol):
+    def __call__(self, *args: str, env: Mapping[str, str] | None = None, model: str = MODEL) -> Served: ...
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[StartServer]:
+    """Starts stand-in servers on free loopback ports and kills whatever is still running afterwards."""
+    started: list[Served] = []
+
+    def start(*args: str, env: Mapping[str, str] | None = None, model: str = MODEL) -> Served:
+        port = free_port()
+        index = len(started)
+        stdout_path, stderr_path = tmp_path / f"stdout-{index}.log", tmp_path / f"stderr-{index}.log"
+        with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, str(PROGRAM), "serve", model, "--host", "127.0.0.1", "--port", str(port), *args],
+                env=dict(env if env is not None else base_env(tmp_path)),
+                stdout=stdout,
+                stderr=stderr,
+            )
+        served = Served(process, stdout_path, stderr_path, port)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.wait()
+
+
+def http(url: str, method: str = "GET", body: object = None, token: str | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def lines_in_order(text: str, patterns: Sequence[str]) -> None:
+    position = 0
+    for pattern in patterns:
+        match = re.compile(pattern, re.MULTILINE).search(text, position)
+        assert match is not None, f"{pattern!r} not found after offset {position} in:\n{text[position:]}"
+        position = match.end()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--swap-space", "16"], "vllm: error: unrecognized arguments: --swap-space 16"),
+        (["--kv-cache-dtype", "q8_0"], "vllm serve: error: argument --kv-cache-dtype: invalid choice: 'q8_0'"),
+        (["--max-model-len", "lots"], "argument --max-model-len: invalid human_readable_int_or_auto value: 'lots'"),
+    ],
+)
+def test_argv_vllm_lacks_is_rejected_like_argparse(tmp_path: Path, args: list[str], expected: str) -> None:
+    """Flags or values vLLM 0.33 does not accept end with argparse's usage and error lines and exit 2."""
+    result = run_to_exit(["serve", MODEL, *args], base_env(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: vllm")
+    assert expected in result.stderr
+
+
+def test_flexible_argv_forms_are_accepted_like_vllm(tmp_path: Path) -> None:
+    """Underscores, human-readable sizes, flag prefixes and `--model X` parse as FlexibleArgumentParser does."""
+    args = ["serve", "--model", MODEL, "--max_model_len", "4k", "--kv-cache-memory", "20G", "--port", str(free_port())]
+    result = run_to_exit(args, base_env(tmp_path, FAKE_VLLM_FAIL="model_not_found"))
+    assert result.returncode == 1
+    assert re.search(
+        r"^\(MainProcess pid=\d+\) WARNING .*With `vllm serve`, you should provide the model as a", result.stdout, re.M
+    )
+    assert f"non-default args: {{'model_tag': '{MODEL}'" in result.stdout
+    assert "'max_model_len': 4000, 'kv_cache_memory_bytes': 21474836480}" in result.stdout
+
+
+def test_version_and_full_help(tmp_path: Path) -> None:
+    """`vllm --version` prints 0.33.0 and `vllm serve --help=all` lists the catalogue's flags."""
+    version = run_to_exit(["--version"], base_env(tmp_path))
+    assert (version.returncode, version.stdout.strip()) == (0, "0.33.0")
+    helped = run_to_exit(["serve", "--help=all"], base_env(tmp_path))
+    assert helped.returncode == 0
+    assert "--kv-cache-memory-bytes" in helped.stdout
+    assert "usage: vllm serve [model_tag] [options]" in helped.stdout
+
+
+def test_cold_boot_prints_vllm_lines_in_order_then_stops_on_sigterm(serve: StartServer, tmp_path: Path) -> None:
+    """A cold boot prints 0.33's lines in order, serves, and SIGTERM stops it with the shutdown lines, exit 0."""
+    served = serve()
+    served.wait_ready()
+    assert http(served.url("/health")) == (200, b"")
+    assert served.stop() == 0
+    stdout, stderr = served.stdout, served.stderr
+    lines_in_order(
+        stdout,
+        [
+            r"^FAKE-VLLM stand-in: GPU device nodes visible",
+            rf"^\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[startup\.py:38\] "
+            rf"vLLM server version 0\.33\.0, serving model {MODEL}$",
+            rf"^{PREFIX}non-default args: \{{'model_tag': '{MODEL}'",
+            rf"^\(EngineCore pid=\d+\) INFO .*\[gpu_model_runner\.py:\d+\] Starting to load model {MODEL}\.\.\.$",
+            rf"^{PREFIX}Loading weights took \d+\.\d\d seconds$",
+            rf"^{PREFIX}Model loading took [\d.]+ GiB memory and \d+\.\d{{6}} seconds$",
+            rf"^{PREFIX}Using cache directory: {re.escape(str(tmp_path))}/vllm-cache/torch_compile_cache/\w+/",
+            rf"^{PREFIX}Compiling a graph for compile range \(1, 8192\) takes \d+\.\d\d s$",
+            rf"^{PREFIX}torch\.compile took \d+\.\d\d s in total$",
+            rf"^{PREFIX}Available KV cache memory: [\d.]+ GiB$",
+            rf"^{PREFIX}GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 131,072 tokens per request: "
+            r"[\d.]+x$",
+            rf"^{PREFIX}Graph capturing finished in \d+ secs, took [\d.]+ GiB$",
+            rf"^{PREFIX}Free memory on device \([\d.]+/[\d.]+ GiB\) on startup\. .*Replace gpu_memory_utilization "
+            r"config with `--kv-cache-memory=\d+` \([\d.]+ GiB\) to fit into requested memory, "
+            r"or `--kv-cache-memory=\d+` \([\d.]+ GiB\) to fully utilize gpu memory\.",
+            rf"^{PREFIX}init engine \(profile, create kv cache, warmup model\) took \d+\.\d\d s "
+            r"\(compilation: \d+\.\d\d s\)$",
+            rf"^{PREFIX}Starting vLLM server on http://127\.0\.0\.1:{served.port}$",
+            rf"^{PREFIX}\[shutdown\] API server: shutdown triggered$",
+        ],
+    )
+    assert "\x1b[" not in stdout
+    lines_in_order(
+        stderr,
+        [
+            r"\rLoading safetensors checkpoint shards:  50% Completed \| 1/2 \[",
+            r"^INFO:     Application startup complete\.$",
+            r"^INFO:     Shutting down$",
+        ],
+    )
+
+
+def suggested_bytes(stdout: str) -> int:
+    match = re.search(r"Replace gpu_memory_utilization config with `--kv-cache-memory=(\d+)`", stdout)
+    assert match is not None, stdout
+    return int(match.group(1))
+
+
+def test_second_boot_hits_the_compile_cache_and_uses_learned_bytes(serve: StartServer, tmp_path: Path) -> None:
+    """A boot with the same VLLM_CACHE_ROOT loads the compiled graphs, and the learned bytes skip profiling."""
+    first = serve()
+    first.wait_ready()
+    assert first.stop() == 0
+    learned = suggested_bytes(first.stdout)
+    assert list((tmp_path / "vllm-cache" / "torch_compile_cache" / "torch_aot_compile").glob("*/rank_0_0/model"))
+
+    second = serve("--kv-cache-memory-bytes", str(learned))
+    second.wait_ready()
+    assert second.stop() == 0
+    stdout = second.stdout
+    lines_in_order(
+        stdout,
+        [
+            rf"^{PREFIX}Directly load the compiled graph\(s\) for compile range \(1, 8192\) from the cache, "
+            r"took \d+\.\d{3} s$",
+            rf"^{PREFIX}Directly load AOT compilation from path {re.escape(str(tmp_path))}/vllm-cache/",
+            rf"^{PREFIX}torch\.compile took \d+\.\d\d s in total$",
+            rf"^{PREFIX}Initial free memory [\d.]+ GiB, reserved [\d.]+ GiB memory for KV Cache as specified by "
+            r"kv_cache_memory_bytes config and skipped memory profiling\.",
+            rf"^{PREFIX}init engine",
+        ],
+    )
+    assert "Compiling a graph" not in stdout
+    assert "Available KV cache memory" not in stdout
+    assert "Free memory on device" not in stdout
+
+
+def test_suggestion_is_deterministic_without_jitter_and_varies_with_it(serve: StartServer, tmp_path: Path) -> None:
+    """Identical boots suggest the same bytes; FAKE_VLLM_KV_JITTER_BYTES moves the suggestion between boots."""
+    values = []
+    for jitter in ("0", "0", "60000000", "60000000"):
+        served = serve(env=base_env(tmp_path, FAKE_VLLM_KV_JITTER_BYTES=jitter))
+        served.wait_ready()
+        assert served.stop() == 0
+        values.append(suggested_bytes(served.stdout))
+    assert values[0] == values[1]
+    assert values[2] != values[3]
+
+
+def test_tensor_parallel_ranks_log_their_own_lines(serve: StartServer, tmp_path: Path) -> None:
+    """With -tp 2 worker lines come from Worker_TP0/1, each rank with its own cache directory and suggestion."""
+    served = serve("-tp", "2")
+    served.wait_ready()
+    assert served.stop() == 0
+    stdout = served.stdout
+    for rank in (0, 1):
+        assert re.search(
+            rf"^\(Worker_TP{rank} pid=\d+\) INFO .*Using cache directory: .*/rank_{rank}_0/backbone ", stdout, re.M
+        )
+        assert re.search(rf"^\(Worker_TP{rank} pid=\d+\) INFO .*--kv-cache-memory=\d+", stdout, re.M)
+    assert len(re.findall(r"Available KV cache memory", stdout)) == 1
+    assert re.search(r"^\(EngineCore pid=\d+\) INFO .*\[core\.py:405\] init engine", stdout, re.M)
+
+
+FAILURES = [
+    (
+        {"FAKE_VLLM_FAIL": "oom_load"},
+        [],
+        [
+            r"\[gpu_model_runner\.py:\d+\] Failed to load model - not enough GPU memory\.",
+            r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate",
+        ],
+    ),
+    (
+        {"FAKE_VLLM_MODEL_BYTES": str(160 << 30)},
+        [],
+        [r"Failed to load model - not enough GPU memory\."],
+    ),
+    (
+        {"FAKE_VLLM_FAIL": "no_kv_memory"},
+        [],
+        [r"Available KV cache memory: -[\d.]+ GiB", r"ValueError: No available memory for the cache blocks\."],
+    ),
+    (
+        {"FAKE_VLLM_FAIL": "max_len_too_large"},
+        ["--max-model-len", "4096"],
+        [
+            r"ValueError: To serve at least one request with the model's max seq len \(4096\), .*"
+            r"the estimated maximum model length is \d+\."
+        ],
+    ),
+    (
+        {"FAKE_VLLM_MODEL_BYTES": str(126 << 30)},
+        [],
+        [r"max seq len \(131072\), .*the estimated maximum model length is \d+\."],
+    ),
+    (
+        {"FAKE_VLLM_GPU_USED_BYTES": str(12 << 30)},
+        ["--kv-cache-memory-bytes", "126G", "--gpu-memory-utilization", "0.9"],
+        [
+            r"skipped memory profiling",
+            r"GPU KV cache size: ",
+            r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate 126\.00 GiB\.",
+        ],
+    ),
+    (
+        {"FAKE_VLLM_GPU_USED_BYTES": str(40 << 30)},
+        [],
+        [
+            r"ValueError: Free memory on device cuda:0 \([\d.]+/[\d.]+ GiB\) on startup is less than desired GPU "
+            r"memory utilization \(0\.92, [\d.]+ GiB\)"
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "args", "patterns"), FAILURES)
+def test_engine_startup_failures_print_vllm_errors_and_exit_1(
+    tmp_path: Path, env: dict[str, str], args: list[str], patterns: list[str]
+) -> None:
+    """Each engine startup failure prints vLLM's own error, then the API server's RuntimeError, and exits 1."""
+    result = run_to_exit(["serve", MODEL, "--port", str(free_port()), *args], base_env(tmp_path, **env))
+    assert result.returncode == 1
+    lines_in_order(result.stdout + result.stderr, [*patterns])
+    assert result.stderr.rstrip().endswith(
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+    )
+    assert "Application startup complete." not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "model", "final"),
+    [
+        ({"FAKE_VLLM_FAIL": "model_not_found"}, MODEL, "huggingface_hub.errors.HFValidationError"),
+        ({"FAKE_VLLM_REQUIRE_MODEL": "1"}, "/root/.cache/huggingface/absent", "HFValidationError"),
+        ({"FAKE_VLLM_REQUIRE_MODEL": "1"}, "org/absent-model", "huggingface_hub.errors.RepositoryNotFoundError"),
+        ({"FAKE_VLLM_FAIL": "model_gated"}, "org/gated-model", "huggingface_hub.errors.GatedRepoError"),
+    ],
+)
+def test_missing_model_prints_hub_and_vllm_errors(tmp_path: Path, env: dict[str, str], model: str, final: str) -> None:
+    """A missing or gated model fails in the API server with huggingface_hub's error and vLLM's, exit 1."""
+    env = base_env(tmp_path, HF_HOME=str(tmp_path / "hf"), **env)
+    result = run_to_exit(["serve", model, "--port", str(free_port())], env)
+    assert result.returncode == 1
+    assert final in result.stderr
+    assert f"ValueError: Invalid repository ID or local directory specified: '{model}'." in result.stderr
+
+
+def test_model_present_in_the_hub_cache_boots(tmp_path: Path, serve: StartServer) -> None:
+    """With FAKE_VLLM_REQUIRE_MODEL=1 a repo id with a snapshot in HF_HOME's hub cache loads normally."""
+    (tmp_path / "hf" / "hub" / "models--org--present" / "snapshots" / "abc").mkdir(parents=True)
+    env = base_env(tmp_path, HF_HOME=str(tmp_path / "hf"), FAKE_VLLM_REQUIRE_MODEL="1", FAKE_VLLM_FAIL="hang")
+    served = serve(env=env, model="org/present")
+    served.wait_for("Starting to load model org/present...")
+
+
+def test_engine_death_turns_health_503_and_exits_0(serve: StartServer, tmp_path: Path) -> None:
+    """After ready, a dead engine makes /health 503, logs EngineDeadError, and the server exits 0 (vllm #48966)."""
+    env = base_env(
+        tmp_path, FAKE_VLLM_FAIL="engine_dead", FAKE_VLLM_FAIL_AFTER_SECONDS="0.3", FAKE_VLLM_WATCHDOG_SECONDS="0.8"
+    )
+    served = serve(env=env)
+    served.wait_ready()
+    assert http(served.url("/health"))[0] == 200
+    served.wait_for("AsyncLLM output_handler failed.")
+    assert http(served.url("/health"))[0] == 503
+    assert http(served.url("/ping"))[0] == 503
+    assert served.process.wait(timeout=WAIT_SECONDS) == 0
+    lines_in_order(
+        served.stdout,
+        [
+            r"^\(EngineCore pid=\d+\) ERROR .*\[core\.py:\d+\] EngineCore encountered a fatal error\.",
+            rf"^{PREFIX}\[shutdown\] MPClient: engine core exited unexpectedly; starting cleanup$",
+            r"vllm\.v1\.engine\.exceptions\.EngineDeadError: EngineCore encountered an issue\.",
+        ],
+    )
+    assert "INFO:     Application shutdown complete." in served.stderr
+
+
+def test_hang_never_listens_and_sigterm_interrupts(serve: StartServer, tmp_path: Path) -> None:
+    """A hung boot never accepts connections; SIGTERM then ends it like vLLM's _interrupt_init (KeyboardInterrupt)."""
+    served = serve(env=base_env(tmp_path, FAKE_VLLM_FAIL="hang"))
+    served.wait_for("Model loading took")
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", served.port), timeout=2):
+        pass
+    assert served.stop() in (-signal.SIGINT, 130)
+    assert served.stderr.rstrip().endswith("KeyboardInterrupt: terminated")
+
+
+def test_crash_after_seconds_exits_with_the_configured_code(serve: StartServer, tmp_path: Path) -> None:
+    """FAKE_VLLM_CRASH_AFTER_SECONDS ends the process with FAKE_VLLM_CRASH_EXIT_CODE."""
+    env = base_env(tmp_path, FAKE_VLLM_CRASH_AFTER_SECONDS="0.2", FAKE_VLLM_CRASH_EXIT_CODE="3")
+    served = serve(env=env)
+    assert served.process.wait(timeout=WAIT_SECONDS) == 3
+
+
+def test_endpoints_api_key_and_stats(serve: StartServer, tmp_path: Path) -> None:
+    """Endpoints answer like vLLM's; /v1 needs the VLLM_API_KEY bearer token; stats lines report load."""
+    env = base_env(
+        tmp_path,
+        VLLM_API_KEY="sekret",
+        FAKE_VLLM_STATS_INTERVAL_SECONDS="0.2",
+        FAKE_VLLM_KV_USAGE="42",
+        FAKE_VLLM_PREEMPTIONS_PER_INTERVAL="2",
+    )
+    served = serve("--served-model-name", "tiny", env=env)
+    served.wait_ready()
+    assert http(served.url("/version")) == (200, b'{"version": "0.33.0"}')
+    assert http(served.url("/v1/models")) == (401, b'{"error": "Unauthorized"}')
+    status, body = http(served.url("/v1/models"), token="sekret")
+    assert status == 200
+    assert [model["id"] for model in json.loads(body)["data"]] == ["tiny"]
+    status, body = http(
+        served.url("/v1/completions"), "POST", {"model": "tiny", "prompt": "hi", "max_tokens": 3}, token="sekret"
+    )
+    assert status == 200
+    assert json.loads(body)["usage"]["completion_tokens"] == 3
+    status, body = http(
+        served.url("/v1/chat/completions"),
+        "POST",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        token="sekret",
+    )
+    assert status == 200
+    assert json.loads(body)["choices"][0]["message"]["role"] == "assistant"
+    assert http(served.url("/v1/completions"), "POST", {"model": "other", "prompt": "x"}, token="sekret")[0] == 404
+    served.wait_for("Preemptions: 2, GPU KV cache usage: 42.0%")
+    status, body = http(served.url("/metrics"))
+    metrics = body.decode()
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:cache_config_info",
+    ):
+        assert re.search(rf"^{re.escape(name)}\{{.*\}} [\d.e+]+$", metrics, re.MULTILINE), name
+    assert "sekret" not in served.stdout
+    assert served.stop() == 0
+
+
+def test_gpu_listing_honours_cuda_visible_devices(tmp_path: Path) -> None:
+    """The stand-in's own first line lists the /dev/nvidia* nodes, filtered by CUDA_VISIBLE_DEVICES."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (dev / name).touch()
+    env = base_env(tmp_path, FAKE_VLLM_DEV_DIR=str(dev), CUDA_VISIBLE_DEVICES="1", FAKE_VLLM_FAIL="model_not_found")
+    result = run_to_exit(["serve", MODEL, "--port", str(free_port())], env)
+    first = result.stdout.splitlines()[0]
+    assert first == (
+        f"FAKE-VLLM stand-in: GPU device nodes visible (CUDA_VISIBLE_DEVICES '1'): "
+        f"{dev}/nvidia-uvm, {dev}/nvidia1, {dev}/nvidiactl"
+    )
+
+
+@pytest.mark.parametrize(
+    ("colour_env", "coloured"),
+    [({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": "1", "NO_COLOR": "1"}, False), ({}, False)],
+)
+def test_colour_only_with_force_color_and_never_with_no_color(
+    tmp_path: Path, colour_env: dict[str, str], coloured: bool
+) -> None:
+    """ANSI colours appear with FORCE_COLOR (no TTY here), never with NO_COLOR, as vllm/logger.py decides."""
+    env = base_env(tmp_path, FAKE_VLLM_FAIL="model_not_found")
+    del env["NO_COLOR"]
+    env.update(colour_env)
+    result = run_to_exit(["serve", MODEL, "--port", str(free_port())], env)
+    assert ("\x1b[0;36m(APIServer pid=" in result.stdout) is coloured
+    assert ("\x1b[" in result.stdout) is coloured
+
+
+def test_no_visible_gpu_fails_like_vllm_when_required(tmp_path: Path) -> None:
+    """With FAKE_VLLM_REQUIRE_GPU=1 and no GPU node, vLLM's `Failed to infer device type` ends the boot."""
+    result = run_to_exit(["serve", MODEL, "--port", str(free_port())], base_env(tmp_path, FAKE_VLLM_REQUIRE_GPU="1"))
+    assert result.returncode == 1
+    assert "RuntimeError: Failed to infer device type" in result.stderr
+
+
+def podman_usable() -> bool:
+    return shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None and os.geteuid() == 0
+
+
+@pytest.mark.podman
+@pytest.mark.skipif(not podman_usable(), reason="needs podman, mmdebstrap and root")
+def test_image_entrypoint_serves_and_lists_device_nodes(tmp_path: Path) -> None:
+    """The image runs `vllm serve`, has `sh` for the key wrapper, sees a --device /dev/nvidia0, and serves."""
+    env = dict(os.environ)
+    if not env.get("CONTAINERS_CONF"):
+        conf = tmp_path / "containers.conf"
+        conf.write_text(
+            '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n'
+        )
+        env["CONTAINERS_CONF"] = str(conf)
+    subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, check=True, timeout=600)
+    wrapped = subprocess.run(
+        [
+            *env.get("PODMAN", "podman").split(),
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            "localhost/fake-vllm:latest",
+            "-c",
+            "VLLM_API_KEY=$(cat /etc/hostname) exec vllm --version",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrapped.stdout.strip() == "0.33.0"
+    node = tmp_path / "nvidia0"
+    subprocess.run(["mknod", str(node), "c", "195", "0"], check=True)
+    podman = env.get("PODMAN", "podman").split()
+    name = f"fake-vllm-test-{os.getpid()}"
+    port = free_port()
+    try:
+        subprocess.run(
+            [
+                *podman,
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--device",
+                f"{node}:/dev/nvidia0",
+                "-p",
+                f"127.0.0.1:{port}:8000",
+                "-e",
+                f"FAKE_VLLM_BOOT_SECONDS={BOOT_SECONDS}",
+                "-e",
+                "VLLM_DISABLE_LOG_LOGO=1",
+                "localhost/fake-vllm:latest",
+                MODEL,
+                "--max-model-len",
+                "4096",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + WAIT_SECONDS
+        status = 0
+        while time.monotonic() < deadline and status != 200:
+            try:
+                status = http(f"http://127.0.0.1:{port}/health")[0]
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        assert status == 200
+        logs = subprocess.run([*podman, "logs", name], check=False, env=env, capture_output=True, text=True, timeout=30)
+        assert "FAKE-VLLM stand-in: GPU device nodes visible (CUDA_VISIBLE_DEVICES unset): /dev/nvidia0" in logs.stdout
+        assert "(APIServer pid=1) INFO" in logs.stdout
+        subprocess.run([*podman, "stop", "-t", "10", name], env=env, check=True, capture_output=True, timeout=30)
+        state = subprocess.run(
+            [*podman, "inspect", "--format", "{{.State.ExitCode}}", name],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert state.stdout.strip() == "0"
+    finally:
+        subprocess.run([*podman, "rm", "-f", name], check=False, env=env, capture_output=True, timeout=60)
