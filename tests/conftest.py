@@ -95,14 +95,10 @@ def podman_env(harness_dir: Path, gpus: StandInGpus, registry: str) -> Iterator[
 
 @pytest.fixture(scope="session")
 def vllm_image(podman_env: PodmanEnv) -> str:
-    """The image the tests run as vLLM.
+    """The image the tests run as vLLM: the stand-in of containers/ (`make fake-vllm-image`)."""
+    from tests.harness.images import stand_in_image
 
-    The busybox imitation until the stand-in of containers/ lands; then return
-    `stand_in_image(podman_env)` (tests.harness.images) instead.
-    """
-    from tests.harness.images import busybox_vllm_image
-
-    return busybox_vllm_image(podman_env)
+    return stand_in_image(podman_env)
 
 
 @pytest.fixture(scope="session")

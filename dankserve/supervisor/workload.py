@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dankserve.plan.types import Plan
-from dankserve.planning import CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT, compile_cache_dir
+from dankserve.planning import CONTAINER_HF_HOME, compile_cache_dir
 from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, GpuRef, Mount, SecretFile, WorkloadSpec
 from dankserve.settings import DeploymentSettings, Settings
 
@@ -25,10 +25,8 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         bind_host=dep.host,
         pull=dep.pull,
         gpus=tuple(GpuRef(i, u) for i, u in zip(plan.gpu_indices, plan.gpu_uuids, strict=True)),
-        mounts=(
-            Mount(settings.hf_cache_dir, CONTAINER_HF_HOME),
-            Mount(cache, CONTAINER_VLLM_CACHE_ROOT),
-        ),
+        # The compile cache is mounted by the runtime from `cache_dir` (at VLLM_CACHE_ROOT).
+        mounts=(Mount(settings.hf_cache_dir, CONTAINER_HF_HOME),),
         secrets=tuple(secrets),
         labels={LABEL_BOOT: str(boot), LABEL_FINGERPRINT: plan.fingerprint},
         shm_size=dep.shm_size,

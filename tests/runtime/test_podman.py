@@ -808,6 +808,9 @@ def test_foreign_container_with_the_name_is_left_alone(
 def test_stop_is_graceful_and_idempotent(podman_runtime: PodmanRuntime, make_spec: SpecFactory) -> None:
     """Stop ends a server that honours SIGTERM without a kill; stopping again or after removal is fine."""
     workload = podman_runtime.start(make_spec())
+    # Python as PID 1 ignores SIGTERM until it has installed its handler (as real vLLM does):
+    # stop once the server has printed its first line.
+    next(iter(podman_runtime.logs(workload.id, follow=True)))
     podman_runtime.stop(workload.id, timeout=30)
     stopped = podman_runtime.inspect(workload.id)
     assert stopped is not None and stopped.state == "exited" and stopped.exit_code != 137
