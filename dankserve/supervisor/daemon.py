@@ -14,7 +14,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -117,22 +117,31 @@ class GpuBootLocks:
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
 
-    @contextlib.contextmanager
-    def holding(self, uuids: tuple[str, ...], cancelled: threading.Event) -> Iterator[bool]:
-        """Hold every GPU's lock (sorted, so no deadlock); yields False if cancelled meanwhile."""
+    def acquire(self, uuids: tuple[str, ...], cancelled: threading.Event) -> BootSlot | None:
+        """Hold every GPU's lock (sorted, so no deadlock); None if cancelled while waiting."""
         with self._guard:
             locks = [self._locks.setdefault(u, threading.Lock()) for u in sorted(set(uuids))]
         taken: list[threading.Lock] = []
-        try:
-            for lock in locks:
-                while not lock.acquire(timeout=0.2):
-                    if cancelled.is_set():
-                        yield False
-                        return
-                taken.append(lock)
-            yield True
-        finally:
-            for lock in reversed(taken):
+        for lock in locks:
+            while not lock.acquire(timeout=0.2):
+                if cancelled.is_set():
+                    BootSlot(taken).release()
+                    return None
+            taken.append(lock)
+        return BootSlot(taken)
+
+
+class BootSlot:
+    """The right to boot on some GPUs; released once the boot is ready or over."""
+
+    def __init__(self, locks: list[threading.Lock]) -> None:
+        self._locks = locks
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            for lock in reversed(self._locks):
                 lock.release()
 
 
@@ -324,29 +333,30 @@ class DeploymentWorker:
         if existing is not None and existing.running and existing.fingerprint == base_plan.fingerprint:
             self.log.info("adopting", container_id=existing.id)
             self._learned_used = None
-            return self._follow(runtime, existing, base_plan, boot_key, baseline=None, learned_used=None)
+            return self._follow(runtime, existing, base_plan, boot_key, None, None, None)
         if existing is not None:
             self.log.info("replacing", container_id=existing.id, running=existing.running)
             runtime.stop(existing.id, daemon.settings.stop_timeout_seconds)
             runtime.remove(existing.id)
 
-        with daemon.gpu_locks.holding(uuids, self._stop) as held:
-            if not held:
-                return Outcome("stopped")
+        slot = daemon.gpu_locks.acquire(uuids, self._stop)
+        if slot is None:
+            return Outcome("stopped")
+        try:
             baseline = daemon.gpu_memory(uuids)
             learned = daemon.state.learned(self.name, boot_key)
             decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
             self._learned_used = decision.use_bytes
             self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
-            plan = base_plan
-            if decision.use_bytes is not None:
-                plan = planned(decision.use_bytes)
+            plan = planned(decision.use_bytes) if decision.use_bytes is not None else base_plan
             boot = daemon.state.next_boot(self.name)
             compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
             self._set(phase=Phase.STARTING, boots=boot, kv_cache_learned_used=decision.use_bytes is not None)
             workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
             self.log.info("started", container_id=workload.id, boot=boot)
-            return self._follow(runtime, workload, plan, boot_key, baseline, decision.use_bytes)
+            return self._follow(runtime, workload, plan, boot_key, baseline, decision.use_bytes, slot)
+        finally:
+            slot.release()
 
     def _follow(  # noqa: PLR0915, PLR0917  (the boot-and-serve loop)
         self,
@@ -356,6 +366,7 @@ class DeploymentWorker:
         boot_key: str,
         baseline: Mapping[str, GpuMemory] | None,
         learned_used: int | None,
+        slot: BootSlot | None,
     ) -> Outcome:
         """Watch the workload boot and serve, until it ends or we are told to stop."""
         settings = self.daemon.settings
@@ -432,6 +443,8 @@ class DeploymentWorker:
                     next_health = now + 1.0
                     if check_health(dep.host, dep.port, timeout=1.0).healthy:
                         ready = True
+                        if slot is not None:
+                            slot.release()  # the next boot on these GPUs may profile now
                         self._became_ready(plan, boot_key, facts, baseline, learned_used)
                         next_health = now + settings.health_interval_seconds
                 continue

@@ -1,0 +1,263 @@
+"""A real dankserve daemon in a subprocess, with a real sd_notify socket, for end-to-end tests.
+
+The daemon runs `python -m dankserve --config FILE run --hardware FILE` exactly as systemd
+would start it; the test binds NOTIFY_SOCKET (a datagram socket) and records every message with
+its arrival time, and asks the daemon for its status over the control socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dankserve import control
+
+REPO = Path(__file__).resolve().parents[2]
+STAND_IN = REPO / "containers" / "fake-vllm" / "vllm.py"
+BASE_HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+
+# A small Llama-shaped model, declared (no HF cache in tests).
+MODEL_FACTS = {
+    "parameter_bytes": 2_000_000_000,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 16,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_host(path: Path, uuids: Sequence[str] | None = None, free_fraction: float = 0.996) -> Path:
+    """A recorded two-H200 host (from a real one), optionally with the stand-in GPUs' UUIDs."""
+    data = json.loads(BASE_HOST.read_text())
+    for i, gpu in enumerate(data["gpus"]):
+        if uuids is not None:
+            gpu["uuid"] = uuids[i]
+        gpu["memory_free_bytes"] = int(gpu["memory_total_bytes"] * free_fraction)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def write_config(path: Path, globals_: Mapping[str, Any], deployments: Mapping[str, Mapping[str, Any]]) -> Path:
+    """A dankserve.toml from plain dicts."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in globals_.items()]
+    for name, dep in deployments.items():
+        lines.append(f"[deployments.{name}]")
+        tables = {k: v for k, v in dep.items() if k in ("model_facts", "speculative", "cpu_offload")}
+        lines += [f"{k} = {toml_value(v)}" for k, v in dep.items() if k not in tables]
+        for key, table in tables.items():
+            lines.append(f"[deployments.{name}.{key}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
+    """A deployment running the stand-in as a plain process."""
+    env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
+    return {
+        "model": "test/tiny",
+        "runtime": "process",
+        "executable": str(STAND_IN),
+        "port": port,
+        "env": env,
+        "model_facts": MODEL_FACTS,
+        **extra,
+    }
+
+
+@dataclass
+class Notifications:
+    """What the daemon said on NOTIFY_SOCKET, with arrival times (time.time())."""
+
+    path: Path
+    messages: list[tuple[float, str]] = field(default_factory=list)
+    _sock: socket.socket | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(str(self.path))
+        sock.settimeout(0.2)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.messages.append((time.time(), data.decode()))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+
+    def first(self, assignment: str) -> float | None:
+        """Arrival time of the first message holding `assignment` (e.g. READY=1)."""
+        for at, text in self.messages:
+            if assignment in text.split("\n"):
+                return at
+        return None
+
+
+@dataclass
+class RunningDaemon:
+    """A dankserve daemon started by a test."""
+
+    config: Path
+    hardware: Path
+    state_dir: Path
+    log_path: Path
+    notifications: Notifications
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def start(self) -> RunningDaemon:
+        env = {
+            **os.environ,
+            "NOTIFY_SOCKET": str(self.notifications.path),
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        env.pop("DANKSERVE_CONFIG", None)
+        argv = [sys.executable, "-m", "dankserve", "--config", str(self.config), "run"]
+        argv += ["--hardware", str(self.hardware), "--log-format", "json"]
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        return self
+
+    def status(self) -> dict[str, Any] | None:
+        reply = control.request(control.socket_path(self.state_dir), {"command": "status"}, timeout=5)
+        if reply is None or not reply.get("ok"):
+            return None
+        status: dict[str, Any] = reply["status"]
+        return status
+
+    def deployment(self, name: str) -> dict[str, Any] | None:
+        status = self.status()
+        if status is None:
+            return None
+        return next((d for d in status["deployments"] if d["name"] == name), None)
+
+    def wait_for(self, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
+        """Poll the deployment's status until `predicate` holds; its status then."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(OSError, ValueError):
+                last = self.deployment(name)
+            if last is not None and predicate(last):
+                return last
+            time.sleep(0.05)
+        raise AssertionError(f"{name}: condition not met in {timeout}s; last status {last}\n{self.log_tail()}")
+
+    def request(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        return control.request(control.socket_path(self.state_dir), message, timeout=120)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait; the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines."""
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                item = json.loads(line)
+                if isinstance(item, dict):
+                    out.append(item)
+        return out
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def running_daemon(
+    tmp_path: Path,
+    deployments: Mapping[str, Mapping[str, Any]],
+    *,
+    hardware: Path | None = None,
+    extra_globals: Mapping[str, Any] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[RunningDaemon]:
+    """Start a daemon for these deployments; stop it (and check it exits 0) afterwards."""
+    globals_ = {
+        "state_dir": str(tmp_path / "state"),
+        "cache_dir": str(tmp_path / "cache"),
+        "hf_cache_dir": str(tmp_path / "hf"),
+        "vllm_version": "0.33.0",
+        "restart_backoff_initial_seconds": 0.2,
+        "restart_jitter_seconds": 0.1,
+        "health_interval_seconds": 1.0,
+        "stop_timeout_seconds": 10.0,
+        **(extra_globals or {}),
+    }
+    config = write_config(tmp_path / "dankserve.toml", globals_, deployments)
+    hw = hardware or write_host(tmp_path / "host.json")
+    notifications = Notifications(tmp_path / "notify.sock")
+    notifications.start()
+    daemon = RunningDaemon(
+        config, hw, tmp_path / "state", tmp_path / "daemon.log", notifications, extra_env=extra_env or {}
+    ).start()
+    try:
+        yield daemon
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+        notifications.close()
