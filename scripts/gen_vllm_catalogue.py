@@ -1213,7 +1213,8 @@ def write_catalogue(entries: dict[str, dict[str, Any]], path: Path) -> None:
 
 def write_fake_args(args: list[Arg], wheel: str, path: Path) -> None:
     optional = ", ".join(sorted(a.flag for a in args if a.optional_value and a.kind == "value"))
-    payload = {
+    kv = next((a for a in args if a.flag == "--kv-cache-dtype"), None)
+    payload: dict[str, Any] = {
         "vllm_version": FAKE_VERSION,
         "source": (
             f"scripts/gen_vllm_catalogue.py: static reading of {wheel} (vllm/entrypoints/cli/serve.py, "
@@ -1223,12 +1224,17 @@ def write_fake_args(args: list[Arg], wheel: str, path: Path) -> None:
             "against dankserve/data/vllm_catalogue.json's kv_cache_dtypes). bool_optional also accepts --no-FLAG "
             "for the flag and each alias. These value flags may also stand bare (nargs='?'): "
             f"{optional or 'none'}. vLLM's parser also accepts --flag=value, underscores for dashes, "
-            "unambiguous prefixes, and --json-flag.key value forms."
+            "unambiguous prefixes, and --json-flag.key value forms. kv_cache_dtypes: the values CacheConfig's "
+            "cache_dtype validator accepts (the CacheDType Literal); any other --kv-cache-dtype fails there, "
+            "after argparse. args are in vLLM's registration order."
         ),
-        "args": [
-            {"flag": a.flag, "kind": a.kind, "choices": a.choices, "aliases": a.aliases}
-            for a in sorted(args, key=lambda a: a.flag)
-        ],
+        # The stand-in fails an unknown --kv-cache-dtype where 0.33 does (CacheConfig), not in argparse.
+        "kv_cache_dtypes": {
+            "value": kv.literal if kv is not None else None,
+            "source": kv.literal_source if kv is not None else None,
+        },
+        # Registration order, as argparse keeps it: `non-default args:` lists values in this order.
+        "args": [{"flag": a.flag, "kind": a.kind, "choices": a.choices, "aliases": a.aliases} for a in args],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")

@@ -380,6 +380,17 @@ V1_CURRENT: tuple[LinePattern, ...] = (
     ),
     _p(
         Kind.FAILURE,
+        "Invalid",
+        r"Invalid kv_cache_dtype: .*?(?= \[type=|$)",
+        'config/cache.py CacheConfig._validate_cache_dtype: f"Invalid kv_cache_dtype: {cache_dtype!r}. Valid values '
+        'are: {KV_CACHE_DTYPES}" (a pydantic ValidationError for CacheConfig, API server); v1/attention/selector.py '
+        "get_attn_backend asserts the same text without the quotes",
+        "  Value error, Invalid kv_cache_dtype: 'q8_0'. Valid values are: ['auto', 'float16', 'bfloat16', 'fp8'] "
+        "[type=value_error, input_value='q8_0', input_type=str]",
+        failure=FailureClass.BAD_ARGUMENT,
+    ),
+    _p(
+        Kind.FAILURE,
         "initialization",
         r"Engine core initialization failed\..*",
         'v1/engine/utils.py: "Engine core initialization failed. See root cause above. Failed core proc(s): ..."',
@@ -590,6 +601,17 @@ COMMON: tuple[LinePattern, ...] = (
     ),
     _p(
         Kind.FAILURE,
+        "Repo",
+        r"Repo id must (?:be in the form|use alphanumeric chars).*",
+        "huggingface_hub/utils/_validators.py validate_repo_id: \"Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '{repo_id}'. ...\" / \"Repo id must use alphanumeric chars ...\" (a model path that "
+        "does not exist is no repo id; transformers/utils/hub.py cached_files re-raises it as OSError(str(e)))",
+        "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/models/missing'. Use "
+        "`repo_type` argument if needed.",
+        failure=FailureClass.MODEL_NOT_FOUND,
+    ),
+    _p(
+        Kind.FAILURE,
         "identifier",
         r"is not a local folder and is not a valid model identifier.*",
         'transformers/utils/hub.py: "%s is not a local folder and is not a valid model identifier listed on '
@@ -639,6 +661,12 @@ EXCEPTION_CLASSES: dict[str, ExceptionClass] = {
         'pydantic_core: "%d validation error for %s" (vLLM\'s config classes are pydantic dataclasses; the '
         "detail follows on the next line)",
     ),
+    "HFValidationError": ExceptionClass(
+        FailureClass.MODEL_NOT_FOUND,
+        RANK_SPECIFIC,
+        "huggingface_hub/errors.py: HFValidationError (validate_repo_id: the model is neither a local directory nor "
+        "a repo id)",
+    ),
     "RepositoryNotFoundError": ExceptionClass(
         FailureClass.MODEL_NOT_FOUND, RANK_SPECIFIC, "huggingface_hub/errors.py: RepositoryNotFoundError"
     ),
@@ -665,8 +693,10 @@ EXCEPTION_CLASSES: dict[str, ExceptionClass] = {
         'V0 engine/async_llm_engine.py: AsyncEngineDeadError("Background loop has errored already.")',
     ),
 }
-# A pydantic error's detail line follows its header: `  Value error, <message> [type=...]`.
+# A pydantic error's detail line follows its header: `  Value error, <message> [type=...]`; a field
+# error has the field's location on a line of its own in between (`cache_dtype`, `a.b.0`).
 VALUE_ERROR_DETAIL_RE = re.compile(r"^\s*(?:Value error, |Assertion failed, )?(.+?)(?:\s*\[type=.*)?$")
+PYDANTIC_LOCATION_RE = re.compile(r"^[A-Za-z_][\w.\[\]-]*$")
 # The given KV bytes on an echoed command line (`--kv-cache-memory-bytes 20G`, `=21474836480`).
 ARGV_KV_RE = re.compile(r"--kv-cache-memory(?:-bytes)?[= ]+(\d+(?:\.\d+)?[kKmMgGtT]?)(?![\w`])")
 ARGS_KV_RE = re.compile(r"kv_cache_memory_bytes['\"]?[:=]\s*(\d+)")

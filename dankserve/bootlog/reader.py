@@ -39,6 +39,7 @@ from dankserve.bootlog.patterns import (
     ARGV_KV_RE,
     EXCEPTION_CLASSES,
     EXCEPTION_RE,
+    PYDANTIC_LOCATION_RE,
     RANK_OTHER,
     RANK_SPECIFIC,
     RANK_VALIDATION,
@@ -233,6 +234,10 @@ class BootLogReader:
                 if boot.failure_rank == RANK_VALIDATION:
                     self._validation_detail(line)
                 return events
+            if boot.failure_rank == RANK_VALIDATION and PYDANTIC_LOCATION_RE.match(line):
+                self._validation_detail(line)  # a field error: its location, then the detail line
+                boot.await_detail = True
+                return []
         hits = self._tokens.intersection(line.split())
         if hits:
             return self._read_tokens(line, hits)

@@ -137,6 +137,13 @@ FAILURES: list[tuple[str, FailureClass, str]] = [
     ("fail_max_len_too_large.log", FailureClass.MAX_LEN_TOO_LARGE, "ValueError: To serve at least one request"),
     ("fail_bad_argument.log", FailureClass.BAD_ARGUMENT, "vllm serve: error: unrecognized arguments: --swap-space 4"),
     ("fail_model_not_found.log", FailureClass.MODEL_NOT_FOUND, "Invalid repository ID or local directory specified"),
+    (
+        "fail_model_path_missing.log",
+        FailureClass.MODEL_NOT_FOUND,
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+        "'/models/Llama-3.2-1B-Instruct'.",
+    ),
+    ("fail_bad_kv_dtype.log", FailureClass.BAD_ARGUMENT, "Invalid kv_cache_dtype: 'q8_0'. Valid values are: ['auto', "),
     ("fail_model_gated.log", FailureClass.MODEL_NOT_FOUND, "huggingface_hub.errors.GatedRepoError: 401"),
     ("fail_engine_dead.log", FailureClass.ENGINE_DEAD, "EngineCore encountered a fatal error."),
     ("fail_other.log", FailureClass.OTHER, "PermissionError: [Errno 13] Permission denied"),
@@ -150,6 +157,38 @@ def test_failure_fixtures(name: str, failure: FailureClass, message: str) -> Non
     assert facts.failure is failure
     assert facts.failure_message is not None
     assert facts.failure_message.startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("location", "detail", "message"),
+    [
+        (
+            "block_size",
+            "  Value error, Block size must be a power of 2 [type=value_error, input_value=7, input_type=int]",
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig: block_size: "
+            "Block size must be a power of 2",
+        ),
+        (
+            "cache_dtype",
+            "  Value error, Invalid kv_cache_dtype: 'int3'. Valid values are: ['auto'] [type=value_error, "
+            "input_value='int3', input_type=str]",
+            "Invalid kv_cache_dtype: 'int3'. Valid values are: ['auto']",
+        ),
+    ],
+)
+def test_pydantic_field_error_reads_location_and_detail(location: str, detail: str, message: str) -> None:
+    """A pydantic field error (header, the field on its own line, the detail) gives bad_argument with the detail."""
+    facts = read_boot_facts(
+        [
+            "Traceback (most recent call last):",
+            '  File "/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py", line 2307, in x',
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
+            location,
+            detail,
+            "    For further information visit https://errors.pydantic.dev/2.12/v/value_error",
+        ]
+    )
+    assert (facts.failure, facts.failure_message) == (FailureClass.BAD_ARGUMENT, message)
 
 
 def test_max_len_error_gives_the_estimate() -> None:

@@ -155,7 +155,7 @@ def lines_in_order(text: str, patterns: Sequence[str]) -> None:
     ("args", "expected"),
     [
         (["--swap-space", "16"], "vllm: error: unrecognized arguments: --swap-space 16"),
-        (["--kv-cache-dtype", "q8_0"], "vllm serve: error: argument --kv-cache-dtype: invalid choice: 'q8_0'"),
+        (["--dtype", "q8_0"], "vllm serve: error: argument --dtype: invalid choice: 'q8_0'"),
         (["--max-model-len", "lots"], "argument --max-model-len: invalid human_readable_int_or_auto value: 'lots'"),
     ],
 )
@@ -165,6 +165,52 @@ def test_argv_vllm_lacks_is_rejected_like_argparse(tmp_path: Path, args: list[st
     assert result.returncode == 2
     assert result.stderr.startswith("usage: vllm")
     assert expected in result.stderr
+
+
+KV_DTYPE_ERROR = (
+    "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
+    "cache_dtype\n"
+    "  Value error, Invalid kv_cache_dtype: {value!r}. Valid values are: ['auto', 'float16', 'bfloat16', 'fp8', "
+    "'fp8_e4m3', 'fp8_e5m2', 'fp8_inc', 'fp8_ds_mla', 'nvfp4_ds_mla', 'turboquant_k8v4', 'turboquant_4bit_nc', "
+    "'turboquant_k3v4_nc', 'turboquant_3bit_nc', 'octave_k3v4', 'octave_k3v3', 'octave_k3v3_compact', "
+    "'ultraquant_4bit', 'int4_per_token_head', 'int8_per_token_head', 'fp8_per_token_head', 'nvfp4', "
+    "'nvfp4_4over6'] [type=value_error, input_value={shown}, input_type=str]\n"
+    "    For further information visit https://errors.pydantic.dev/2.12/v/value_error\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("q8_0", "'q8_0'"), ("FP8", "'FP8'"), ("x" * 60, "'" + "x" * 24 + "..." + "x" * 23 + "'")],
+)
+def test_kv_cache_dtype_outside_cachedtype_fails_in_cache_config(tmp_path: Path, value: str, shown: str) -> None:
+    """A --kv-cache-dtype outside 0.33's CacheDType passes argparse and fails in CacheConfig's validator, exit 1."""
+    result = run_to_exit(["serve", MODEL, "--kv-cache-dtype", value, "--port", str(free_port())], base_env(tmp_path))
+    assert result.returncode == 1
+    assert not result.stderr.startswith("usage:")
+    lines_in_order(
+        result.stdout,
+        [
+            rf"^{PREFIX}non-default args: .*'kv_cache_dtype': {re.escape(repr(value))}",
+            rf"^{PREFIX}Resolved architecture: LlamaForCausalLM$",
+            rf"^{PREFIX}Using max model len 131072$",
+        ],
+    )
+    assert "Chunked prefill" not in result.stdout
+    assert "Initializing a V1 LLM engine" not in result.stdout
+    assert result.stderr.startswith("Traceback (most recent call last):\n")
+    assert "in create_engine_config\n    cache_config = CacheConfig(\n" in result.stderr
+    assert result.stderr.endswith(KV_DTYPE_ERROR.format(value=value, shown=shown))
+
+
+@pytest.mark.parametrize("value", ["auto", "fp8", "int8_per_token_head", "nvfp4_4over6"])
+def test_cachedtype_values_pass_cache_config(tmp_path: Path, value: str) -> None:
+    """Values of 0.33's CacheDType (first, middle, last) get past CacheConfig to the scheduler config."""
+    env = base_env(tmp_path, FAKE_VLLM_FAIL="oom_load")
+    result = run_to_exit(["serve", MODEL, "--kv-cache-dtype", value, "--port", str(free_port())], env)
+    assert result.returncode == 1
+    assert "Chunked prefill is enabled with max_num_batched_tokens=8192." in result.stdout
+    assert "CacheConfig" not in result.stderr
 
 
 def test_flexible_argv_forms_are_accepted_like_vllm(tmp_path: Path) -> None:
@@ -362,21 +408,75 @@ def test_engine_startup_failures_print_vllm_errors_and_exit_1(
 
 
 @pytest.mark.parametrize(
-    ("env", "model", "final"),
+    ("env", "model", "cause", "final"),
     [
-        ({"FAKE_VLLM_FAIL": "model_not_found"}, MODEL, "huggingface_hub.errors.HFValidationError"),
-        ({"FAKE_VLLM_REQUIRE_MODEL": "1"}, "/root/.cache/huggingface/absent", "HFValidationError"),
-        ({"FAKE_VLLM_REQUIRE_MODEL": "1"}, "org/absent-model", "huggingface_hub.errors.RepositoryNotFoundError"),
-        ({"FAKE_VLLM_FAIL": "model_gated"}, "org/gated-model", "huggingface_hub.errors.GatedRepoError"),
+        (
+            {"FAKE_VLLM_FAIL": "model_not_found"},
+            MODEL,
+            "huggingface_hub.errors.HFValidationError: Repo id must be in the form",
+            f"OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{MODEL}'. "
+            "Use `repo_type` argument if needed.",
+        ),
+        (
+            {"FAKE_VLLM_REQUIRE_MODEL": "1"},
+            "./absent",
+            "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars",
+            "OSError: Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start or end with '-' "
+            "or '.' and the maximum length is 96: './absent'.",
+        ),
+        (
+            {"FAKE_VLLM_REQUIRE_MODEL": "1"},
+            "org/absent-model",
+            "huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error.",
+            "OSError: org/absent-model is not a local folder and is not a valid model identifier listed on "
+            "'https://huggingface.co/models'\nIf this is a private repository, make sure to pass a token having "
+            "permission to this repo either by logging in with `hf auth login` or by passing `token=<your_token>`",
+        ),
+        (
+            {"FAKE_VLLM_FAIL": "model_gated"},
+            "org/gated-model",
+            "huggingface_hub.errors.GatedRepoError: 401 Client Error.",
+            "Access to model org/gated-model is restricted. You must have access to it and be authenticated to "
+            "access it. Please log in.",
+        ),
     ],
 )
-def test_missing_model_prints_hub_and_vllm_errors(tmp_path: Path, env: dict[str, str], model: str, final: str) -> None:
-    """A missing or gated model fails in the API server with huggingface_hub's error and vLLM's, exit 1."""
+def test_missing_model_fails_in_transformers_config_read(
+    tmp_path: Path, env: dict[str, str], model: str, cause: str, final: str
+) -> None:
+    """A missing path, unknown or gated repo fails where 0.33 first reads the config: transformers' OSError, exit 1."""
     env = base_env(tmp_path, HF_HOME=str(tmp_path / "hf"), **env)
     result = run_to_exit(["serve", model, "--port", str(free_port())], env)
     assert result.returncode == 1
-    assert final in result.stderr
-    assert f"ValueError: Invalid repository ID or local directory specified: '{model}'." in result.stderr
+    lines_in_order(
+        result.stderr,
+        [
+            re.escape(cause),
+            r"^The above exception was the direct cause of the following exception:$",
+            r"in maybe_override_with_speculators\n    config_dict, _ = PreTrainedConfig\.get_config_dict\(",
+        ],
+    )
+    assert result.stderr.rstrip("\n").endswith(final)
+    assert "Resolved architecture" not in result.stdout
+
+
+def test_local_dir_without_config_fails_in_model_config(tmp_path: Path) -> None:
+    """A local directory without config.json passes transformers and fails in ModelConfig (pydantic), exit 1."""
+    model = tmp_path / "model"
+    model.mkdir()
+    result = run_to_exit(
+        ["serve", str(model), "--port", str(free_port())], base_env(tmp_path, FAKE_VLLM_REQUIRE_MODEL="1")
+    )
+    assert result.returncode == 1
+    lines_in_order(
+        result.stderr,
+        [
+            r"^pydantic_core\._pydantic_core\.ValidationError: 1 validation error for ModelConfig$",
+            rf"^  Value error, Invalid repository ID or local directory specified: '{re.escape(str(model))}'\.$",
+            r"^ \[type=value_error, input_value=ArgsKwargs",
+        ],
+    )
+    assert "Resolved architecture" not in result.stdout
 
 
 def test_model_present_in_the_hub_cache_boots(tmp_path: Path, serve: StartServer) -> None:

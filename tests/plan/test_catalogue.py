@@ -154,7 +154,7 @@ def test_parse_version_ignores_longer_numbers() -> None:
 def test_fake_vllm_args_follow_the_fixed_schema() -> None:
     """The stand-in vLLM's argv grammar has the fixed schema and agrees with the 0.33 catalogue."""
     data = json.loads(FAKE_ARGS.read_text())
-    assert set(data) == {"vllm_version", "source", "args"}
+    assert set(data) == {"vllm_version", "source", "kv_cache_dtypes", "args"}
     assert data["vllm_version"] == "0.33.0"
     caps = capabilities("0.33.0")
     by_flag = {a["flag"]: a for a in data["args"]}
@@ -171,4 +171,5 @@ def test_fake_vllm_args_follow_the_fixed_schema() -> None:
     assert by_flag["--tensor-parallel-size"]["aliases"] == ["-tp"]
     assert by_flag["--kv-offloading-backend"]["choices"] == ["native", "lmcache"]
     assert by_flag["--kv-cache-dtype"]["choices"] is None  # 0.33 validates it in CacheConfig, after argparse
+    assert data["kv_cache_dtypes"] == {"value": list(caps.kv_cache_dtypes), "source": "vllm/config/cache.py"}
     assert "--disable-prefix-caching" in by_flag["--enable-prefix-caching"]["aliases"]

@@ -98,8 +98,10 @@ class BootInputs:
     model_flag_used: bool
     fail: str | None
     model_missing: bool
+    model_is_local_dir: bool  # a missing config.json then fails in ModelConfig, not in transformers
     no_gpu: bool
     max_len_over_derived: bool
+    kv_cache_dtypes: tuple[str, ...] | None  # what CacheConfig accepts; None: anything
     model_bytes: int
     host_ram_bytes: int
     extra_notes: tuple[str, ...] = field(default=())
@@ -235,22 +237,31 @@ def _api_server_phase(inputs: BootInputs) -> list[Event]:
         events.append(Log(msg.VERSION_PLAIN, (VLLM_VERSION, config.model)))
     events.append(Log(msg.NON_DEFAULT_ARGS, (inputs.non_default_args,)))
     events.append(Action("bind"))
-    if inputs.model_missing or inputs.fail in ("model_not_found", "model_gated"):
-        traceback = fail.model_not_found_traceback(config.model, gated=inputs.fail == "model_gated")
-        return [*events, Sleep(1.5), Raw("stderr", traceback + "\n"), Exit(1)]
+    # EngineArgs.create_engine_config, in its order: DeviceConfig, transformers' config read
+    # (maybe_override_with_speculators), ModelConfig, CacheConfig, SchedulerConfig.
     if inputs.no_gpu:
         return [*events, Sleep(1.5), Raw("stderr", fail.no_gpu_traceback() + "\n"), Exit(1)]
+    model_missing = inputs.model_missing or inputs.fail in ("model_not_found", "model_gated")
+    if model_missing and not inputs.model_is_local_dir:
+        traceback = fail.model_not_found_traceback(config.model, gated=inputs.fail == "model_gated")
+        return [*events, Sleep(1.5), Raw("stderr", traceback + "\n"), Exit(1)]
+    events.append(Sleep(durations.api_server_setup * 0.5))
+    if model_missing:
+        traceback = fail.model_not_found_traceback(config.model, gated=False, local_dir=True)
+        return [*events, Raw("stderr", traceback + "\n"), Exit(1)]
+    events.append(Log(msg.RESOLVED_ARCHITECTURE, ("LlamaForCausalLM",)))
     if inputs.max_len_over_derived:
         traceback = fail.max_len_over_derived_traceback(
             config.max_model_len or 0, memory.derived_max_model_len, config.model
         )
-        return [*events, Sleep(1.5), Raw("stderr", traceback + "\n"), Exit(1)]
+        return [*events, Raw("stderr", traceback + "\n"), Exit(1)]
     configured_len = memory.derived_max_model_len if config.max_model_len in (None, -1) else config.max_model_len
+    events.append(Log(msg.USING_MAX_MODEL_LEN, (configured_len,)))
+    if inputs.kv_cache_dtypes is not None and config.kv_cache_dtype not in inputs.kv_cache_dtypes:
+        traceback = fail.invalid_kv_cache_dtype_traceback(config.kv_cache_dtype, inputs.kv_cache_dtypes)
+        return [*events, Raw("stderr", traceback + "\n"), Exit(1)]
     return [
         *events,
-        Sleep(durations.api_server_setup * 0.5),
-        Log(msg.RESOLVED_ARCHITECTURE, ("LlamaForCausalLM",)),
-        Log(msg.USING_MAX_MODEL_LEN, (configured_len,)),
         Log(msg.CHUNKED_PREFILL, (config.max_num_batched_tokens,)),
         Sleep(durations.api_server_setup * 0.5),
         Log(msg.ENGINE_INIT, (VLLM_VERSION, _engine_config_repr(config, configured_len or 0))),

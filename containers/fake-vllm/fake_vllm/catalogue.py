@@ -76,6 +76,8 @@ class Catalogue:
     vllm_version: str
     source: str
     flags: tuple[FlagSpec, ...]
+    kv_cache_dtypes: tuple[str, ...] | None = None
+    """What CacheConfig's cache_dtype validator accepts (vllm/config/cache.py CacheDType); None: no check."""
 
 
 def dest_of(flag: str) -> str:
@@ -111,7 +113,19 @@ def parse_catalogue(document: object) -> Catalogue:
                 aliases=tuple(aliases),
             )
         )
-    return Catalogue(vllm_version=version, source=str(document.get("source", "")), flags=tuple(flags))
+    kv_cache_dtypes: tuple[str, ...] | None = None
+    kv_entry = document.get("kv_cache_dtypes")
+    if kv_entry is not None:
+        values = kv_entry.get("value") if isinstance(kv_entry, dict) else None
+        if not (isinstance(values, list) and all(isinstance(value, str) for value in values)):
+            raise CatalogueError("'kv_cache_dtypes' needs a 'value' list of strings")
+        kv_cache_dtypes = tuple(values)
+    return Catalogue(
+        vllm_version=version,
+        source=str(document.get("source", "")),
+        flags=tuple(flags),
+        kv_cache_dtypes=kv_cache_dtypes,
+    )
 
 
 def load_catalogue(path: Path) -> Catalogue:

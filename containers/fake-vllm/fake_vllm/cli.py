@@ -110,7 +110,13 @@ def start_crash_timer(knobs: Knobs, output: Output) -> None:
 
 
 def serve(
-    config: ServeConfig, knobs: Knobs, env: Mapping[str, str], non_default: dict[str, object], model_flag: bool
+    config: ServeConfig,
+    knobs: Knobs,
+    env: Mapping[str, str],
+    non_default: dict[str, object],
+    model_flag: bool,
+    *,
+    kv_cache_dtypes: tuple[str, ...] | None,
 ) -> int:
     colour = use_colour(env.get("NO_COLOR"), env.get("FORCE_COLOR"), env.get("VLLM_LOGGING_COLOR"), sys.stdout.isatty())
     output = Output(sys.stdout, sys.stderr, colour, os.getpid(), config.tensor_parallel_size)
@@ -174,8 +180,10 @@ def serve(
         model_flag_used=model_flag,
         fail=knobs.fail,
         model_missing=knobs.require_model and not model_present(config.model, env),
+        model_is_local_dir=Path(os.path.expanduser(config.model)).is_dir(),
         no_gpu=knobs.require_gpu and gpus == 0,
         max_len_over_derived=over_derived,
+        kv_cache_dtypes=kv_cache_dtypes,
         model_bytes=knobs.model_bytes,
         host_ram_bytes=host_ram_bytes(),
     )
@@ -232,4 +240,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if "hf_token" in non_default:
         non_default["hf_token"] = "***"
     config = serve_config_from(namespace, environment.get("VLLM_API_KEY"))
-    return serve(config, knobs, environment, non_default, prepared.model_flag_used)
+    return serve(
+        config, knobs, environment, non_default, prepared.model_flag_used, kv_cache_dtypes=catalogue.kv_cache_dtypes
+    )

@@ -7,6 +7,7 @@ paths and line numbers from the 0.33 wheel, not a promise of exact stacks.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from .memory import GIB, MIB, format_gib
@@ -53,6 +54,24 @@ _CLI_FRAMES: Final = [
     ),
     _frame("/usr/lib/python3.12/contextlib.py", 210, "__aenter__", "return await anext(self.gen)"),
 ]
+
+# build_async_engine_client_from_engine_args -> EngineArgs.create_engine_config (API server process).
+_CREATE_ENGINE_CONFIG_FRAMES: Final = [
+    *_CLI_FRAMES,
+    _frame(
+        f"{VLLM}/entrypoints/launchers/api_server/entry.py",
+        82,
+        "build_async_engine_client_from_engine_args",
+        "vllm_config = engine_args.create_engine_config(usage_context=usage_context)",
+    ),
+]
+PYDANTIC_DATACLASS_INIT: Final = _frame(
+    f"{PACKAGE}/pydantic/_internal/_dataclasses.py",
+    121,
+    "__init__",
+    "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)",
+)
+PYDANTIC_ERRORS_URL: Final = "https://errors.pydantic.dev/2.12/v/value_error"
 
 _ENGINE_FRAMES: Final = [
     _frame(
@@ -255,64 +274,151 @@ def free_below_requested_traceback(free: int, total: int, utilization: float, re
     )
 
 
-def model_not_found_traceback(model: str, gated: bool) -> str:
-    """huggingface_hub's error, then vLLM's `Invalid repository ID or local directory` (API server)."""
-    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1
-    if gated:
-        cause = (
-            "huggingface_hub.errors.GatedRepoError: 401 Client Error. "
-            "(Request ID: Root=1-6749a2b1-3c1f0e5d2a9b8c7d6e5f4a3b)\n"
+def pydantic_repr(value: str) -> str:
+    """pydantic-core's `input_value=` rendering: the repr, cut in the middle beyond 50 characters."""
+    text = repr(value)
+    return text if len(text) <= 50 else text[:25] + "..." + text[-24:]
+
+
+def invalid_kv_cache_dtype_traceback(value: str, valid: tuple[str, ...]) -> str:
+    """vllm/config/cache.py CacheConfig._validate_cache_dtype, raised in the API server's create_engine_config."""
+    frames = [
+        *_CREATE_ENGINE_CONFIG_FRAMES,
+        _frame(f"{VLLM}/engine/arg_utils.py", 2307, "create_engine_config", "cache_config = CacheConfig("),
+        PYDANTIC_DATACLASS_INIT,
+    ]
+    return traceback_text(
+        frames,
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\n"
+        "cache_dtype\n"
+        f"  Value error, Invalid kv_cache_dtype: {value!r}. Valid values are: {list(valid)} "
+        f"[type=value_error, input_value={pydantic_repr(value)}, input_type=str]\n"
+        f"    For further information visit {PYDANTIC_ERRORS_URL}",
+    )
+
+
+_SPECULATORS_FRAMES: Final = [
+    *_CREATE_ENGINE_CONFIG_FRAMES,
+    _frame(f"{VLLM}/engine/arg_utils.py", 2270, "create_engine_config", "maybe_override_with_speculators("),
+    _frame(
+        f"{VLLM}/transformers_utils/config.py",
+        831,
+        "maybe_override_with_speculators",
+        "config_dict, _ = PreTrainedConfig.get_config_dict(",
+    ),
+    _frame(
+        f"{PACKAGE}/transformers/configuration_utils.py",
+        919,
+        "get_config_dict",
+        "config_dict, kwargs = cls._get_config_dict(pretrained_model_name_or_path, **kwargs)",
+    ),
+    _frame(
+        f"{PACKAGE}/transformers/configuration_utils.py",
+        971,
+        "_get_config_dict",
+        "resolved_config_file = cached_file(",
+    ),
+    _frame(
+        f"{PACKAGE}/transformers/utils/hub.py",
+        370,
+        "cached_file",
+        "file = cached_files(path_or_repo_id=path_or_repo_id, filenames=[filename], **kwargs)",
+    ),
+]
+_HUB_DOWNLOAD_FRAME: Final = _frame(f"{PACKAGE}/transformers/utils/hub.py", 537, "cached_files", "hf_hub_download(")
+
+
+# huggingface_hub/utils/_validators.py REPO_ID_REGEX
+_REPO_ID_RE: Final = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b")
+
+
+def repo_id_problem(model: str) -> tuple[str, int] | None:
+    """huggingface_hub's validate_repo_id message (and its line) for a string that is no repo id, else None."""
+    if model.count("/") > 1:
+        return (
+            "Repo id must be in the form 'repo_name' or 'namespace/repo_name':"
+            f" '{model}'. Use `repo_type` argument if needed."
+        ), 133
+    if not _REPO_ID_RE.fullmatch(model):
+        return (
+            "Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start or end with '-' or '.' "
+            f"and the maximum length is 96: '{model}'."
+        ), 139
+    if "--" in model or ".." in model:
+        return f"Cannot have -- or .. in repo_id: '{model}'.", 146
+    if model.endswith(".git"):
+        return f"Repo_id cannot end by '.git': '{model}'.", 149
+    return None
+
+
+def model_not_found_traceback(model: str, gated: bool, local_dir: bool = False) -> str:
+    """A model vLLM cannot find, as 0.33 reports it (API server, create_engine_config).
+
+    vLLM first reads the config with transformers (maybe_override_with_speculators), so a
+    missing path, an unknown repo or a gated one ends in transformers' OSError with
+    huggingface_hub's error as its cause (transformers/utils/hub.py cached_files). Only a
+    local directory without config.json gets through to ModelConfig, whose `Invalid
+    repository ID or local directory` ValueError pydantic reports as a ValidationError.
+    """
+    if local_dir:
+        return traceback_text(
+            [
+                *_CREATE_ENGINE_CONFIG_FRAMES,
+                _frame(
+                    f"{VLLM}/engine/arg_utils.py",
+                    2280,
+                    "create_engine_config",
+                    "model_config = self.create_model_config()",
+                ),
+                _frame(f"{VLLM}/engine/arg_utils.py", 1994, "create_model_config", "return ModelConfig("),
+                PYDANTIC_DATACLASS_INIT,
+            ],
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+            f"  Value error, Invalid repository ID or local directory specified: '{model}'.\n"
+            "Please verify the following requirements:\n"
+            "1. Provide a valid Hugging Face repository ID.\n"
+            "2. Specify a local directory that contains a recognized configuration file.\n"
+            "   - For Hugging Face models: ensure the presence of a 'config.json'.\n"
+            "   - For Mistral models: ensure the presence of a 'params.json'.\n"
+            f" [type=value_error, input_value=ArgsKwargs((), {{'model': '{model}', ...}}), input_type=ArgsKwargs]\n"
+            f"    For further information visit {PYDANTIC_ERRORS_URL}",
+        )
+    problem = repo_id_problem(model)
+    if problem is not None:
+        invalid, line = problem
+        cause = f"huggingface_hub.errors.HFValidationError: {invalid}"
+        cause_frames = [
+            _HUB_DOWNLOAD_FRAME,
+            _frame(f"{PACKAGE}/huggingface_hub/utils/_validators.py", 85, "_inner_fn", "validate_repo_id(arg_value)"),
+            _frame(
+                f"{PACKAGE}/huggingface_hub/utils/_validators.py", line, "validate_repo_id", "raise HFValidationError("
+            ),
+        ]
+        final = f"OSError: {invalid}"
+        raise_line = (595, 'raise OSError(f"{e}") from e')
+    elif gated:
+        hub_message = (
+            "401 Client Error. (Request ID: Root=1-6749a2b1-3c1f0e5d2a9b8c7d6e5f4a3b)\n"
             "\n"
             f"Cannot access gated repo for url https://huggingface.co/{model}/resolve/main/config.json.\n"
             f"Access to model {model} is restricted. You must have access to it and be authenticated to access it. "
             "Please log in."
         )
+        cause = f"huggingface_hub.errors.GatedRepoError: {hub_message}"
         cause_frames = [
-            _frame(
-                f"{VLLM}/transformers_utils/config.py",
-                900,
-                "get_config",
-                "elif file_or_path_exists(model, HF_CONFIG_NAME, revision=revision):",
-            ),
-            _frame(
-                f"{VLLM}/transformers_utils/repo_utils.py",
-                281,
-                "file_or_path_exists",
-                "return file_exists(str(model), config_name, revision=revision)",
-            ),
-            _frame(
-                f"{PACKAGE}/huggingface_hub/hf_api.py", 3020, "file_exists", "get_hf_file_metadata(url, token=token)"
-            ),
+            _HUB_DOWNLOAD_FRAME,
             _frame(
                 f"{PACKAGE}/huggingface_hub/utils/_http.py",
-                657,
+                892,
                 "hf_raise_for_status",
-                "raise _format(GatedRepoError, message, response) from e",
+                "raise _format(GatedRepoError, message, response, repo_type=repo_type, repo_id=repo_id) from e",
             ),
         ]
-    elif looks_like_path:
-        cause = (
-            "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
-            f"'namespace/repo_name': '{model}'. Use `repo_type` argument if needed."
+        final = (
+            "OSError: You are trying to access a gated repo.\n"
+            f"Make sure to have access to it at https://huggingface.co/{model}.\n{hub_message}"
         )
-        cause_frames = [
-            _frame(
-                f"{VLLM}/transformers_utils/config.py",
-                900,
-                "get_config",
-                "elif file_or_path_exists(model, HF_CONFIG_NAME, revision=revision):",
-            ),
-            _frame(
-                f"{VLLM}/transformers_utils/repo_utils.py",
-                269,
-                "file_or_path_exists",
-                "cached_filepath = try_to_load_from_cache(",
-            ),
-            _frame(f"{PACKAGE}/huggingface_hub/utils/_validators.py", 106, "_inner_fn", "validate_repo_id(arg_value)"),
-            _frame(
-                f"{PACKAGE}/huggingface_hub/utils/_validators.py", 154, "validate_repo_id", "raise HFValidationError("
-            ),
-        ]
+        raise_line = (610, "raise OSError(")
     else:
         cause = (
             "huggingface_hub.errors.RepositoryNotFoundError: 401 Client Error. "
@@ -320,55 +426,30 @@ def model_not_found_traceback(model: str, gated: bool) -> str:
             "\n"
             f"Repository Not Found for url: https://huggingface.co/api/models/{model}/revision/main.\n"
             "Please make sure you specified the correct `repo_id` and `repo_type`.\n"
-            "If you are trying to access a private or gated repo, make sure you are authenticated. For more details, "
-            "see https://huggingface.co/docs/huggingface_hub/authentication\n"
-            "Invalid username or password."
+            "If you are trying to access a private or gated repo, make sure you are authenticated and your token "
+            "has the required permissions.\n"
+            "For more details, see https://huggingface.co/docs/huggingface_hub/authentication"
         )
         cause_frames = [
-            _frame(
-                f"{VLLM}/transformers_utils/config.py",
-                900,
-                "get_config",
-                "elif file_or_path_exists(model, HF_CONFIG_NAME, revision=revision):",
-            ),
-            _frame(
-                f"{VLLM}/transformers_utils/repo_utils.py",
-                281,
-                "file_or_path_exists",
-                "return file_exists(str(model), config_name, revision=revision)",
-            ),
-            _frame(
-                f"{PACKAGE}/huggingface_hub/hf_api.py", 3020, "file_exists", "get_hf_file_metadata(url, token=token)"
-            ),
+            _HUB_DOWNLOAD_FRAME,
             _frame(
                 f"{PACKAGE}/huggingface_hub/utils/_http.py",
-                645,
+                953,
                 "hf_raise_for_status",
-                "raise _format(RepositoryNotFoundError, message, response) from e",
+                "raise _format(RepositoryNotFoundError, message, response, repo_type=repo_type, repo_id=repo_id) "
+                "from e",
             ),
         ]
+        final = (
+            f"OSError: {model} is not a local folder and is not a valid model identifier listed on "
+            "'https://huggingface.co/models'\nIf this is a private repository, make sure to pass a token having "
+            "permission to this repo either by logging in with `hf auth login` or by passing `token=<your_token>`"
+        )
+        raise_line = (569, "raise OSError(")
     outer_frames = [
-        *_CLI_FRAMES,
-        _frame(
-            f"{VLLM}/entrypoints/launchers/api_server/entry.py",
-            80,
-            "build_async_engine_client_from_engine_args",
-            "vllm_config = engine_args.create_engine_config(usage_context=usage_context)",
-        ),
-        _frame(
-            f"{VLLM}/engine/arg_utils.py", 2214, "create_engine_config", "model_config = self.create_model_config()"
-        ),
-        _frame(f"{VLLM}/config/model.py", 612, "__post_init__", "hf_config = get_config("),
-        _frame(f"{VLLM}/transformers_utils/config.py", 923, "get_config", "raise ValueError(error_message) from e"),
+        *_SPECULATORS_FRAMES,
+        _frame(f"{PACKAGE}/transformers/utils/hub.py", raise_line[0], "cached_files", raise_line[1]),
     ]
-    final = (
-        f"ValueError: Invalid repository ID or local directory specified: '{model}'.\n"
-        "Please verify the following requirements:\n"
-        "1. Provide a valid Hugging Face repository ID.\n"
-        "2. Specify a local directory that contains a recognized configuration file.\n"
-        "   - For Hugging Face models: ensure the presence of a 'config.json'.\n"
-        "   - For Mistral models: ensure the presence of a 'params.json'.\n"
-    )
     return (
         traceback_text(cause_frames, cause)
         + "\n\nThe above exception was the direct cause of the following exception:\n\n"
@@ -379,23 +460,12 @@ def model_not_found_traceback(model: str, gated: bool) -> str:
 def max_len_over_derived_traceback(max_model_len: int, derived: int, model: str) -> str:
     """vllm/config/model.py: a --max-model-len above the model's own, as pydantic reports it."""
     frames = [
-        *_CLI_FRAMES,
+        *_CREATE_ENGINE_CONFIG_FRAMES,
         _frame(
-            f"{VLLM}/entrypoints/launchers/api_server/entry.py",
-            80,
-            "build_async_engine_client_from_engine_args",
-            "vllm_config = engine_args.create_engine_config(usage_context=usage_context)",
+            f"{VLLM}/engine/arg_utils.py", 2280, "create_engine_config", "model_config = self.create_model_config()"
         ),
-        _frame(
-            f"{VLLM}/engine/arg_utils.py", 2214, "create_engine_config", "model_config = self.create_model_config()"
-        ),
-        _frame(f"{VLLM}/engine/arg_utils.py", 1991, "create_model_config", "return ModelConfig("),
-        _frame(
-            f"{PACKAGE}/pydantic/_internal/_dataclasses.py",
-            121,
-            "__init__",
-            "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)",
-        ),
+        _frame(f"{VLLM}/engine/arg_utils.py", 1994, "create_model_config", "return ModelConfig("),
+        PYDANTIC_DATACLASS_INIT,
     ]
     return traceback_text(
         frames,
@@ -407,7 +477,7 @@ def max_len_over_derived_traceback(max_model_len: int, derived: int, model: str)
         "exceeding derived_max_model_len lead to nan. If the model uses absolute position encoding, positions "
         "exceeding derived_max_model_len will cause a CUDA array out-of-bounds error. [type=value_error, "
         f"input_value=ArgsKwargs((), {{'model': '{model}', ...}}), input_type=ArgsKwargs]\n"
-        "    For further information visit https://errors.pydantic.dev/2.12/v/value_error",
+        f"    For further information visit {PYDANTIC_ERRORS_URL}",
     )
 
 
@@ -496,14 +566,8 @@ def keyboard_interrupt_traceback() -> str:
 def no_gpu_traceback() -> str:
     """vllm/config/device.py when no platform is detected (no GPU device visible)."""
     frames = [
-        *_CLI_FRAMES,
-        _frame(
-            f"{VLLM}/entrypoints/launchers/api_server/entry.py",
-            80,
-            "build_async_engine_client_from_engine_args",
-            "vllm_config = engine_args.create_engine_config(usage_context=usage_context)",
-        ),
-        _frame(f"{VLLM}/engine/arg_utils.py", 2230, "create_engine_config", "device_config = DeviceConfig("),
+        *_CREATE_ENGINE_CONFIG_FRAMES,
+        _frame(f"{VLLM}/engine/arg_utils.py", 2259, "create_engine_config", "device_config = DeviceConfig("),
         _frame(f"{VLLM}/config/device.py", 55, "__post_init__", "raise RuntimeError("),
     ]
     return traceback_text(
