@@ -81,3 +81,43 @@ def read_gpu_memory(uuids: Sequence[str], hardware_file: Path | None, fallback: 
     if readings is not None:
         return readings
     return from_host(fallback, uuids) if fallback else {}
+
+
+def nvml_compute_pids(uuids: Sequence[str]) -> list[int] | None:
+    """The pids NVML lists as compute processes on these GPUs, or None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        pids: list[int] = []
+        for uuid in uuids:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            pids += [int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        return pids
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def wait_dead_processes_released(uuids: Sequence[str], timeout: float) -> bool:
+    """Wait until no process that has exited still holds memory on these GPUs (the driver frees a
+    killed process's memory a moment after it dies). True when settled or NVML is absent."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = nvml_compute_pids(uuids)
+        if pids is None or all(psutil.pid_exists(pid) for pid in pids):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)

@@ -26,7 +26,7 @@ from dankserve.bootlog import BootFacts, BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
-from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory
+from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, wait_dead_processes_released
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
@@ -343,6 +343,9 @@ class DeploymentWorker:
         if slot is None:
             return Outcome("stopped")
         try:
+            # A server that just died may still hold GPU memory for a moment: the baseline
+            # (and the learned-bytes guard) must not read that as another tenant's memory.
+            wait_dead_processes_released(uuids, timeout=15)
             baseline = daemon.gpu_memory(uuids)
             learned = daemon.state.learned(self.name, boot_key)
             decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))

@@ -1,0 +1,374 @@
+"""The proof on real vLLM: dankserve's warm restarts against a cold boot and the manual best.
+
+Runs on the GPU machine with real vLLM (bench/real_vllm/install-on-gpu.sh) and dankserve's
+dependencies on PYTHONPATH, in steps that can be split over calls (state lives in WORK):
+
+  dankserve_cold  the daemon (process runtime), fresh caches: first boot, KV bytes learned
+  warm_kill       the vLLM process group killed with -9: restart with cache + learned bytes
+  down_up         `down` then `up` over the control socket: the same warm path
+  manual_best     by hand, with the compile cache and the learned bytes
+  manual_cold     by hand, fresh caches, the flags `dankserve plan` gives
+
+Each boot is timed from the server process's start to /health 200 (vLLM's own process), and for
+the daemon also from its boot start to its `ready` event. READY latency: the moment the
+`Application startup complete.` line appears in the server's log (polled every 2 ms) against
+the READY=1 datagram on NOTIFY_SOCKET. Results: WORK/results.json and OUT/*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+WORK = Path(os.environ.get("PROOF_WORK", "/tmp/proof"))
+MODEL = os.environ.get("PROOF_MODEL", "/tmp/tinyllama")
+# A dry run on a machine without a GPU: the stand-in as the `vllm` executable.
+EXECUTABLE = os.environ.get("PROOF_VLLM_EXECUTABLE", sys.executable)
+PORT = 8000
+STARTUP_LINE = "Application startup complete."
+
+
+def config_text(python: str) -> str:
+    return f"""
+state_dir = "{WORK}/state"
+cache_dir = "{WORK}/cache"
+hf_cache_dir = "{WORK}/hf"
+vllm_version = "0.26.0"
+boot_timeout_seconds = 900
+stop_timeout_seconds = 60
+health_interval_seconds = 1
+log_format = "json"
+
+[deployments.tiny]
+model = "{MODEL}"
+runtime = "process"
+executable = "{python}"
+port = {PORT}
+attention_backend = "TRITON_ATTN"
+max_model_len = 4096
+kv_cache_dtype = "auto"
+kv_offload = "off"
+env = {{ VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }}
+"""
+
+
+def results() -> dict[str, Any]:
+    path = WORK / "results.json"
+    loaded: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    return loaded
+
+
+def record(key: str, value: Any, out: Path | None) -> None:
+    data = results()
+    data[key] = value
+    (WORK / "results.json").write_text(json.dumps(data, indent=2))
+    if out is not None:
+        shutil.copy(WORK / "results.json", out / "results.json")
+    print(f"== {key}: {json.dumps(value)}", flush=True)
+
+
+def healthy(port: int = PORT) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+class LineWatch:
+    """Polls a log file and records when each watched text first appears (time.time())."""
+
+    def __init__(self, path: Path, texts: list[str]) -> None:
+        self.path, self.texts, self.seen = path, texts, {}  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        offset, pending = 0, b""
+        while not self._stop.is_set():
+            try:
+                with self.path.open("rb") as handle:
+                    handle.seek(offset)
+                    chunk = handle.read()
+            except OSError:
+                chunk = b""
+            if chunk:
+                now = time.time()
+                offset += len(chunk)
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    text = raw.decode("utf-8", "replace")
+                    for wanted in self.texts:
+                        if wanted in text and wanted not in self.seen:
+                            self.seen[wanted] = now
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+class Notify:
+    """A real NOTIFY_SOCKET: records each datagram with its arrival time."""
+
+    def __init__(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self.path = path
+        self.messages: list[tuple[float, str]] = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.messages.append((time.time(), data.decode()))
+
+    def first(self, assignment: str) -> float | None:
+        return next((at for at, text in self.messages if assignment in text.split("\n")), None)
+
+
+def dankserve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "dankserve", "--config", str(WORK / "dankserve.toml"), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def control(message: dict[str, Any], timeout: float = 900) -> dict[str, Any] | None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from dankserve import control as ctl
+
+    return ctl.request(ctl.socket_path(WORK / "state"), message, timeout=timeout)
+
+
+def deployment_status() -> dict[str, Any] | None:
+    reply = control({"command": "status"}, timeout=10)
+    if not reply or not reply.get("ok"):
+        return None
+    return next((d for d in reply["status"]["deployments"] if d["name"] == "tiny"), None)
+
+
+def wait_status(predicate: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            last = deployment_status()
+        if last is not None and predicate(last):
+            return last
+        time.sleep(0.1)
+    raise SystemExit(f"timed out waiting; last status {last}")
+
+
+def daemon_events() -> list[dict[str, Any]]:
+    out = []
+    path = WORK / "daemon.log"
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            if isinstance(item, dict):
+                out.append(item)
+    return out
+
+
+def iso_to_epoch(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def gpu_used_bytes() -> int | None:
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+        finally:
+            pynvml.nvmlShutdown()
+    return None
+
+
+def wait_gpu_idle(timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        used = gpu_used_bytes()
+        if used is None or used < 2 * 2**30:
+            return
+        time.sleep(0.5)
+
+
+def server_log() -> Path:
+    return WORK / "state" / "processes" / "tiny.log"
+
+
+def daemon_boot(label: str, action: Any, out: Path | None, notify: Notify | None = None) -> None:
+    """Run `action`, then wait for the daemon's next ready boot; record its timings."""
+    before = {e.get("timestamp") for e in daemon_events() if e.get("event") == "ready"}
+    boots_before = (deployment_status() or {}).get("boots", 0)
+    log = server_log()
+    watch: LineWatch | None = None
+    action()
+    # the new server's log replaces the old one once started
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = deployment_status() or {}
+        if status.get("boots", 0) > boots_before:
+            break
+        time.sleep(0.05)
+    watch = LineWatch(log, [STARTUP_LINE])
+    status = wait_status(lambda d: d["state"] == "ready" and d["boots"] > boots_before, 900)
+    time.sleep(0.5)
+    watch.stop()
+    ready = [e for e in daemon_events() if e.get("event") == "ready" and e.get("timestamp") not in before][-1]
+    started = [e for e in daemon_events() if e.get("event") == "started"][-1]
+    ready_at = iso_to_epoch(ready["timestamp"])
+    line_at = watch.seen.get(STARTUP_LINE)
+    result = {
+        "daemon_boot_seconds": ready["boot_seconds"],
+        "server_start_to_ready_seconds": round(ready_at - iso_to_epoch(started["timestamp"]), 2),
+        "ready_after_startup_line_ms": None if line_at is None else round((ready_at - line_at) * 1000, 1),
+        "kv_cache_learned_used": status["kv_cache_learned_used"],
+        "kv_cache_memory_bytes": status["kv_cache_memory_bytes"],
+        "compile_cache_hit": status["compile_cache_hit"],
+        "boots": status["boots"],
+    }
+    if notify is not None and line_at is not None:
+        ready_notify = notify.first("READY=1")
+        result["notify_ready_after_startup_line_ms"] = (
+            None if ready_notify is None else round((ready_notify - line_at) * 1000, 1)
+        )
+    if out is not None:
+        shutil.copy(log, out / f"boot-{label}.log")
+    record(label, result, out)
+
+
+def step_dankserve_cold(out: Path | None) -> None:
+    shutil.rmtree(WORK / "state", ignore_errors=True)
+    shutil.rmtree(WORK / "cache", ignore_errors=True)
+    plan = dankserve("plan", "tiny", "--json")
+    (WORK / "plan.json").write_text(plan.stdout)
+    if out is not None:
+        (out / "plan.json").write_text(plan.stdout + plan.stderr)
+    if plan.returncode != 0:
+        raise SystemExit(f"plan failed: {plan.stderr}")
+    notify = Notify(WORK / "notify.sock")
+    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "dankserve", "--config", str(WORK / "dankserve.toml"), "run"]
+    log = (WORK / "daemon.log").open("ab")
+    subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def started() -> None:
+        deadline = time.monotonic() + 60
+        while deployment_status() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    daemon_boot("dankserve_cold", started, out, notify)
+
+
+def step_warm_kill(out: Path | None) -> None:
+    pid = json.loads((WORK / "state" / "processes" / "tiny.json").read_text())["pid"]
+    daemon_boot("warm_kill", lambda: os.killpg(pid, signal.SIGKILL), out)
+
+
+def step_down_up(out: Path | None) -> None:
+    reply = control({"command": "down", "deployment": "tiny"})
+    used_after_down = gpu_used_bytes()
+    record("after_down", {"reply": reply, "gpu_used_bytes": used_after_down}, out)
+    daemon_boot("down_up", lambda: control({"command": "up", "deployment": "tiny"}), out)
+
+
+def manual_boot(label: str, cache_root: Path, extra: list[str], out: Path | None) -> None:
+    plan = json.loads((WORK / "plan.json").read_text())
+    env = {**os.environ, **plan["env"], "VLLM_CACHE_ROOT": str(cache_root)}
+    log_path = WORK / f"manual-{label}.log"
+    if sys.executable == EXECUTABLE:
+        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *plan["argv"], *extra]
+    else:
+        argv = [EXECUTABLE, "serve", *plan["argv"], *extra]
+    with log_path.open("wb") as log:
+        start = time.time()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    watch = LineWatch(log_path, [STARTUP_LINE])
+    while not healthy():
+        if proc.poll() is not None:
+            raise SystemExit(f"{label}: vLLM exited {proc.returncode}; see {log_path}")
+        time.sleep(0.05)
+    took = time.time() - start
+    watch.stop()
+    os.killpg(proc.pid, signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    wait_gpu_idle()
+    if out is not None:
+        shutil.copy(log_path, out / f"boot-{label}.log")
+    record(label, {"start_to_health_seconds": round(took, 2), "argv": argv[argv.index("serve") + 1 :]}, out)
+
+
+def step_manual_best(out: Path | None) -> None:
+    control({"command": "down", "deployment": "tiny"})
+    subprocess.run(["pkill", "-TERM", "-f", "dankserve --config"], check=False)
+    time.sleep(3)
+    wait_gpu_idle()
+    learned = results()["dankserve_cold"]["kv_cache_memory_bytes"]
+    manual_boot(
+        "manual_best", WORK / "cache" / "deployments" / "tiny" / "vllm", ["--kv-cache-memory-bytes", str(learned)], out
+    )
+
+
+def step_manual_cold(out: Path | None) -> None:
+    shutil.rmtree(WORK / "manual-cache", ignore_errors=True)
+    manual_boot("manual_cold", WORK / "manual-cache", [], out)
+
+
+STEPS = {
+    "dankserve_cold": step_dankserve_cold,
+    "warm_kill": step_warm_kill,
+    "down_up": step_down_up,
+    "manual_best": step_manual_best,
+    "manual_cold": step_manual_cold,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("steps", help="comma-separated: " + ",".join(STEPS))
+    args = parser.parse_args()
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "dankserve.toml").write_text(config_text(EXECUTABLE))
+    for name in args.steps.split(","):
+        t0 = time.time()
+        STEPS[name](out)
+        print(f"-- step {name} took {time.time() - t0:.1f}s", flush=True)
+    if out is not None and (WORK / "daemon.log").exists():
+        shutil.copy(WORK / "daemon.log", out / "daemon.log")
+
+
+if __name__ == "__main__":
+    main()
