@@ -175,6 +175,12 @@ class Settings(BaseSettings):
     max_failures_in_window: int = Field(default=5, ge=1, description="More failures in the window: failed.")
     boot_timeout_seconds: float = Field(default=1800.0, gt=0, description="No readiness within this: restart.")
     stop_timeout_seconds: float = Field(default=60.0, gt=0, description="Graceful stop before a kill.")
+    gpu_memory_settle_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="After a server dies, wait up to this long for its GPU memory to be freed before "
+        "giving up on the learned KV size and profiling.",
+    )
     health_interval_seconds: float = Field(default=3.0, gt=0, description="Health probe period while ready.")
     log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
     deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)

@@ -345,10 +345,11 @@ class DeploymentWorker:
         try:
             # A server that just died may still hold GPU memory for a moment: the baseline
             # (and the learned-bytes guard) must not read that as another tenant's memory.
-            wait_dead_processes_released(uuids, timeout=15)
-            baseline = daemon.gpu_memory(uuids)
             learned = daemon.state.learned(self.name, boot_key)
-            decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
+            settled = self._kv_decision(learned, uuids)
+            if settled is None:
+                return Outcome("stopped")
+            baseline, decision = settled
             self._learned_used = decision.use_bytes
             self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
             plan = planned(decision.use_bytes) if decision.use_bytes is not None else base_plan
@@ -362,6 +363,24 @@ class DeploymentWorker:
             return self._follow(runtime, workload, plan, boot_key, baseline, decision.use_bytes, slot)
         finally:
             slot.release()
+
+    def _kv_decision(
+        self, learned: learning.LearnedKv | None, uuids: tuple[str, ...]
+    ) -> tuple[dict[str, GpuMemory], learning.KvDecision] | None:
+        """The free-memory baseline now and whether to reuse the learned KV bytes (None: stopped)."""
+        daemon = self.daemon
+        wait_dead_processes_released(uuids, timeout=15)
+        baseline = daemon.gpu_memory(uuids)
+        decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
+        # Measured on an H200: after kill -9 the driver frees the dead server's memory a few
+        # seconds later. Give free memory time to come back before falling back to profiling.
+        settle_until = time.monotonic() + daemon.settings.gpu_memory_settle_seconds
+        while decision.use_bytes is None and learned is not None and time.monotonic() < settle_until:
+            if self._stop.wait(0.5):
+                return None
+            baseline = daemon.gpu_memory(uuids)
+            decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
+        return baseline, decision
 
     def _follow(  # noqa: PLR0915, PLR0917  (the boot-and-serve loop)
         self,

@@ -221,3 +221,27 @@ def test_down_stays_down_across_daemon_restarts_until_up(tmp_path: Path) -> None
         daemon.wait_for("chat", lambda d: d["state"] == "down")
         assert daemon.request({"command": "up", "deployment": "chat"}) == {"ok": True}
         daemon.wait_for("chat", ready)
+
+
+def test_learned_bytes_wait_for_freed_memory_and_are_refused_while_others_hold_it(tmp_path: Path) -> None:
+    """A restart waits for a dead server's memory to come back; while another tenant holds it, vLLM profiles."""
+    from tests.harness.daemon import write_host
+
+    host = write_host(tmp_path / "host.json")
+    globals_ = {"gpu_memory_settle_seconds": 3}
+    with running_daemon(
+        tmp_path, {"chat": process_deployment(free_port())}, hardware=host, extra_globals=globals_
+    ) as d:
+        d.wait_for("chat", ready)
+        write_host(host, free_fraction=0.5)  # memory still held just after the crash ...
+        os.killpg(server_pid(d, "chat"), signal.SIGKILL)
+        time.sleep(1.0)
+        write_host(host)  # ... and freed a moment later
+        second = d.wait_for("chat", lambda s: ready(s) and s["boots"] == 2)
+        assert second["kv_cache_learned_used"] is True
+        write_host(host, free_fraction=0.5)  # another process keeps half the GPU
+        os.killpg(server_pid(d, "chat"), signal.SIGKILL)
+        third = d.wait_for("chat", lambda s: ready(s) and s["boots"] == 3)
+        assert third["kv_cache_learned_used"] is False
+        reasons = [e["reason"] for e in events_named(d, "kv_cache_decision")]
+        assert "below 99 %" in reasons[-1]
