@@ -20,7 +20,7 @@ REAL = Path(__file__).parent / "fixtures" / "real-0.26"
     ],
 )
 def test_real_boots_give_their_facts(log: str, kv_bytes: int, kv_gib: float | None, hit: bool, tokens: int) -> None:
-    """Each real boot yields the exact KV bytes (suggested or given), the KV GiB only when profiled, and the cache hit."""
+    """Each real boot yields its exact KV bytes, the KV GiB only when it profiled, and its compile-cache hit."""
     facts = read_boot_facts((REAL / log).read_text().splitlines())
     assert facts.vllm_version == "0.26.0"
     assert facts.ready is True and facts.failure is None
