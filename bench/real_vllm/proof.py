@@ -72,7 +72,7 @@ def results() -> dict[str, Any]:
 
 def record(key: str, value: Any, out: Path | None) -> None:
     data = results()
-    data[key] = value
+    data.setdefault(key, []).append(value)  # steps may repeat: keep every run
     (WORK / "results.json").write_text(json.dumps(data, indent=2))
     if out is not None:
         shutil.copy(WORK / "results.json", out / "results.json")
@@ -331,11 +331,12 @@ def manual_boot(label: str, cache_root: Path, extra: list[str], out: Path | None
 
 
 def step_manual_best(out: Path | None) -> None:
-    control({"command": "down", "deployment": "tiny"})
-    subprocess.run(["pkill", "-TERM", "-f", "dankserve --config"], check=False)
-    time.sleep(3)
+    if deployment_status() is not None:  # the daemon still runs: stop it first
+        control({"command": "down", "deployment": "tiny"})
+        subprocess.run(["pkill", "-TERM", "-f", "dankserve --config"], check=False)
+        time.sleep(3)
     wait_gpu_idle()
-    learned = results()["dankserve_cold"]["kv_cache_memory_bytes"]
+    learned = results()["dankserve_cold"][0]["kv_cache_memory_bytes"]
     manual_boot(
         "manual_best", WORK / "cache" / "deployments" / "tiny" / "vllm", ["--kv-cache-memory-bytes", str(learned)], out
     )
