@@ -35,6 +35,12 @@ up: setup
 	@if [ "$$(id -u)" -eq 0 ] && [ -d /run/systemd/system ]; then $(BIN)/dankserve install; fi
 	$(BIN)/dankserve up
 
+# The whole flow on a machine without a GPU, with the stand-in vLLM (dankserve/demo.py): sets up
+# stand-in GPUs, a private Podman service and the image, runs plan/up/kill/restart/status/down
+# through the real CLI, prints a summary and removes what it set up.
+demo: setup system-deps
+	$(BIN)/python -m dankserve.demo
+
 # Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.33.json
 # from the vLLM wheels on PyPI (by hand, never in CI: the outputs are committed).
 catalogue: setup
