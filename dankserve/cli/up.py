@@ -46,9 +46,13 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
             f"unknown deployment {deployment!r}", fix=f"configured deployments: {known} (edit the config file)"
         )
     if not settings.deployments:
+        from dankserve.settings import resolve_config_path
+
+        path, _ = resolve_config_path(ctx.config)
         raise InvalidInput(
-            "no deployments are configured",
-            fix="add a [deployments.NAME] table to the config file (config/dankserve.toml shows every key)",
+            f"no deployments are configured in {path}{'' if path.exists() else ' (the file does not exist)'}",
+            fix=f"copy config/dankserve.toml to {path} (chmod 600), keep or edit its [deployments.NAME] tables; "
+            "`dankserve install` does this and installs the systemd unit",
         )
     state_dir = settings.state_dir
     if deployment is not None:

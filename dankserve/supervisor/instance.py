@@ -27,7 +27,13 @@ def use_private_umask() -> None:
 
 def ensure_private_dir(path: Path) -> Path:
     """Create `path` (0700) if needed; refuse nothing, but tighten a dir we created."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except PermissionError:
+        raise EnvironmentUnusable(
+            f"cannot create {path}: permission denied",
+            fix="run as root (sudo), or set state_dir and cache_dir to directories you own",
+        ) from None
     return path
 
 
