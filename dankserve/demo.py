@@ -49,6 +49,8 @@ CDI_PREFIX = "dankserve-demo-"
 DEMO_TOOLS = ("podman", "runc", "conmon", "mmdebstrap")
 TIME_SCALE = 0.05
 """The stand-in sleeps this fraction of a real H200 boot: cold 116.2 s -> about 6 s."""
+UP_TIMEOUT_SECONDS = 300
+"""`dankserve up --timeout`: a boot that hangs ends the demo (and its clean-up runs) instead of waiting on."""
 REAL_H200_BOOTS = "cold 116.2 s, compile cache kept 80.0 s, cache kept + learned KV bytes 52.8 s"
 
 # A Llama-3.2-1B-shaped model, declared (nothing is downloaded; the stand-in loads no weights).
@@ -274,7 +276,7 @@ def run_flow(cli: Cli, podman: Any, state_dir: Path, result: FlowResult) -> None
     result.steps.append("planned the vLLM command line for the recorded H200 host, a reason per flag")
 
     step("Start it (`dankserve up`): the daemon starts in the background; phases are shown live")
-    cli.run("up")
+    cli.run("up", "--timeout", str(UP_TIMEOUT_SECONDS))
     first = cli.status()
     if first["state"] != "ready":
         raise DemoFailed(f"after `dankserve up` the deployment is {first['state']}, not ready")
@@ -299,7 +301,7 @@ def run_flow(cli: Cli, podman: Any, state_dir: Path, result: FlowResult) -> None
     result.steps.append(f"killed the container ({container}); the daemon restarted it at once")
 
     step("The daemon restarts it with the learned KV-cache bytes; `dankserve up` follows until ready")
-    cli.run("up")
+    cli.run("up", "--timeout", str(UP_TIMEOUT_SECONDS))
     second = cli.status()
     if second["state"] != "ready" or second["boots"] != first["boots"] + 1:
         raise DemoFailed(f"after the restart: state {second['state']}, boots {second['boots']}")
