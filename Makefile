@@ -28,12 +28,24 @@ test: setup system-deps lint
 test-fast: setup
 	$(BIN)/python -m pytest -m 'not podman and not journald and not slow'
 
-# Checks the host first (stopping at the first missing piece with its fix), installs the unit
-# where systemd runs, then starts every configured deployment and follows it until ready.
+# Checks the host first (`dankserve doctor`: every missing piece with its fix; make up stops there),
+# installs the unit where systemd runs (a fresh install stops after writing the example config, to
+# be reviewed first), then starts every configured deployment and follows it until ready.
+CONFIG_FILE = $${DANKSERVE_CONFIG:-/etc/dankserve/dankserve.toml}
 up: setup
-	@$(BIN)/dankserve doctor
-	@if [ "$$(id -u)" -eq 0 ] && [ -d /run/systemd/system ]; then $(BIN)/dankserve install; fi
+	@$(BIN)/dankserve doctor || { echo "make up: stopped: fix the [fail] lines above, then run make up again (docs/OPERATIONS.md)" >&2; exit 3; }
+	@if [ "$$(id -u)" -eq 0 ] && [ -d /run/systemd/system ]; then \
+	  fresh=$$([ -e "$(CONFIG_FILE)" ] || echo yes); \
+	  $(BIN)/dankserve install || exit $$?; \
+	  if [ -n "$$fresh" ]; then echo "make up: review the deployments in $(CONFIG_FILE) (an example), then run make up again"; exit 0; fi; \
+	fi; \
 	$(BIN)/dankserve up
+
+# The whole flow on a machine without a GPU, with the stand-in vLLM (dankserve/demo.py): sets up
+# stand-in GPUs, a private Podman service and the image, runs plan/up/kill/restart/status/down
+# through the real CLI, prints a summary and removes what it set up.
+demo: setup system-deps
+	$(BIN)/python -m dankserve.demo
 
 # Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.33.json
 # from the vLLM wheels on PyPI (by hand, never in CI: the outputs are committed).

@@ -29,7 +29,10 @@ class Check:
 def cdi_verdict(spec_texts: dict[str, str], driver_version: str | None) -> Check:
     """A CDI spec must list nvidia.com/gpu devices, made for the installed driver."""
     specs = {path: text for path, text in spec_texts.items() if "nvidia.com/gpu" in text or "kind: nvidia.com" in text}
-    fix = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+    fix = (
+        "install the NVIDIA Container Toolkit (it provides nvidia-ctk), then "
+        "`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` (again after every driver update)"
+    )
     if not specs:
         return Check("cdi", "warn", "no CDI spec lists nvidia.com/gpu: device nodes will be passed instead", fix)
     if driver_version and not any(driver_version in text for text in specs.values()):
@@ -47,6 +50,19 @@ def disk_verdict(path: Path, free_bytes: int | None, needed_bytes: int | None) -
     if free_bytes < want:
         return Check(f"disk {path}", "fail", f"{detail}, need {want / 2**30:.1f} GiB", f"free space under {path}")
     return Check(f"disk {path}", "ok", detail)
+
+
+def podman_tool_verdict(found: str | None) -> Check | None:
+    """A failing check when the podman program is absent (a local socket then cannot exist), else None."""
+    if found is not None:
+        return None
+    return Check(
+        "podman",
+        "fail",
+        "podman is not installed",
+        "install Podman (Debian/Ubuntu: `apt-get install podman`; Fedora/RHEL: `dnf install podman`), "
+        "then start its API socket: `systemctl enable --now podman.socket`",
+    )
 
 
 def device_node_verdict(nodes: Iterable[str]) -> Check:

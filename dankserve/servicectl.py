@@ -36,6 +36,24 @@ def unit_installed() -> bool:
     return done.returncode == 0
 
 
+def systemd_manages(config: Path | None) -> bool:
+    """The unit runs the daemon of this config: it is installed and the config is the unit's own.
+
+    The unit reads the default config file; a daemon for any other file (a second instance,
+    `make demo`) runs in the background, so `up`/`down` never start or stop the unit for it.
+    """
+    from dankserve.settings import DEFAULT_CONFIG_PATH, resolve_config_path
+
+    path, _ = resolve_config_path(config)
+    return path.absolute() == DEFAULT_CONFIG_PATH and unit_installed()
+
+
+def unit_failed() -> bool:
+    """systemd reports the unit failed (e.g. the daemon exited 2/3/4 and is not restarted)."""
+    done = subprocess.run(["systemctl", "is-failed", "--quiet", UNIT_NAME], capture_output=True, check=False)
+    return done.returncode == 0
+
+
 def systemctl(*args: str) -> None:
     """Run systemctl, turning a failure into an environment error with its message."""
     done = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)

@@ -8,11 +8,20 @@ Where the file lives: ``--config FILE``, else ``$DANKSERVE_CONFIG``, else
 file that was named explicitly is an error. Environment variables override the file:
 ``DANKSERVE_PODMAN_URL``, ``DANKSERVE_STATE_DIR`` ... and nested keys with ``__``
 (``DANKSERVE_DEPLOYMENTS__CHAT__PORT=8001``).
+
+Security rules enforced here (each refusal is a ConfigError, exit 2, naming the key, the value
+and the fix): a deployment bound to a non-loopback ``host`` must set ``api_key_file``; the
+config file must not be writable by group or others nor owned by anyone but root or the user
+running dankserve (it decides what runs as root); a secret file (``api_key_file``,
+``hf_token_file``, ``cluster_token_file``) that exists must not be writable by its group nor
+readable or writable by others.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -91,10 +100,17 @@ class DeploymentSettings(_Strict):
         default=None,
         description="process runtime: the `vllm` executable or a Python interpreter with vLLM installed.",
     )
-    host: str = Field(default="127.0.0.1", description="Address the server binds to on the host.")
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address the server binds to on the host. Beyond loopback, api_key_file is required.",
+    )
     port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
-    api_key_file: Path | None = Field(default=None, description="File holding the server's API key.")
-    hf_token_file: Path | None = Field(default=None, description="File holding the Hugging Face token.")
+    api_key_file: Path | None = Field(
+        default=None, description="File holding the server's API key (mode 0600 or 0640: never readable by others)."
+    )
+    hf_token_file: Path | None = Field(
+        default=None, description="File holding the Hugging Face token (mode 0600 or 0640: never readable by others)."
+    )
     gpus: list[int | str] | None = Field(default=None, description="GPU indices or UUIDs; unset: all GPUs.")
     tensor_parallel_size: int | None = Field(default=None, ge=1, description="Unset: the fewest GPUs that fit.")
     gpu_memory_utilization: float | None = Field(
@@ -145,6 +161,26 @@ class DeploymentSettings(_Strict):
         if isinstance(value, int) and value < 1:
             raise ValueError("max_model_len must be a positive integer or 'auto'")
         return value
+
+    @model_validator(mode="after")
+    def _exposed_server_needs_a_key(self) -> DeploymentSettings:
+        if not is_loopback(self.host) and self.api_key_file is None:
+            raise ValueError(
+                f"host = {self.host!r} is not a loopback address and no api_key_file is set: anyone who can "
+                "reach that address could use the server. Set api_key_file to a file (mode 0600) holding "
+                'the key, or bind to host = "127.0.0.1" and put a proxy with authentication in front'
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # another host name: it may resolve to anything
+        return False
 
 
 class Settings(BaseSettings):
@@ -230,8 +266,60 @@ def resolve_config_path(explicit: Path | None, environ: Mapping[str, str] | None
     return DEFAULT_CONFIG_PATH, False
 
 
+def config_file_problem(mode: int, owner: int, me: int) -> str | None:
+    """Why a config file with this mode and owner must not be trusted, or None when it may be."""
+    if mode & 0o022:
+        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "others")) if mode & bit)
+        return f"is writable by {who} (mode {stat.S_IMODE(mode):04o})"
+    if owner not in (0, me):
+        return f"is owned by uid {owner}, neither root nor the user running dankserve (uid {me})"
+    return None
+
+
+def secret_file_problem(mode: int) -> str | None:
+    """Why a secret file with this mode is unsafe (others may read it, or its group change it), or None."""
+    if mode & 0o007:
+        return f"is open to others (mode {stat.S_IMODE(mode):04o})"
+    if mode & 0o020:
+        return f"is writable by its group (mode {stat.S_IMODE(mode):04o})"
+    return None
+
+
+def _check_config_file(path: Path) -> None:
+    try:
+        info = path.stat()
+    except OSError:
+        return  # reading it reports the problem
+    problem = config_file_problem(info.st_mode, info.st_uid, os.geteuid())
+    if problem is not None:
+        raise ConfigError(
+            f"config file {path} {problem}: whoever can change it decides what dankserve runs as root",
+            fix=f"chmod go-w {path} && chown root {path} (or your own user when you run dankserve yourself)",
+        )
+
+
+def check_secret_files(settings: Settings) -> None:
+    """Refuse secret files that exist and are open to others; absent ones are reported when read."""
+    for name, dep in settings.deployments.items():
+        for key in ("api_key_file", "hf_token_file", "cluster_token_file"):
+            path: Path | None = getattr(dep, key)
+            if path is None:
+                continue
+            try:
+                mode = path.stat().st_mode
+            except OSError:
+                continue
+            problem = secret_file_problem(mode)
+            if problem is not None:
+                raise ConfigError(
+                    f"deployments.{name}.{key} = {str(path)!r}: the file {problem}",
+                    fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
+                )
+
+
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
     """The TOML file's tables, or {} when an unnamed default file is absent."""
+    _check_config_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -266,10 +354,12 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
     path, required = resolve_config_path(config, environ)
     data = read_config_file(path, required=required)
     try:
-        return Settings(**data)
+        settings = Settings(**data)
     except ValidationError as exc:
         lines = [_describe_error(path, err) for err in exc.errors()]
         raise ConfigError(
             "invalid configuration:\n  " + "\n  ".join(lines),
             fix="correct the values named above (config/dankserve.toml documents every key)",
         ) from None
+    check_secret_files(settings)
+    return settings

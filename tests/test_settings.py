@@ -5,12 +5,19 @@ from pathlib import Path
 import pytest
 
 from dankserve.errors import ConfigError
-from dankserve.settings import load_settings
+from dankserve.settings import (
+    DeploymentSettings,
+    config_file_problem,
+    is_loopback,
+    load_settings,
+    secret_file_problem,
+)
 
 
-def write(tmp_path: Path, text: str) -> Path:
+def write(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
     path = tmp_path / "dankserve.toml"
     path.write_text(text)
+    path.chmod(mode)
     return path
 
 
@@ -54,3 +61,99 @@ def test_bad_toml_is_invalid_input(tmp_path: Path) -> None:
     path = write(tmp_path, "deployments = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_settings(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.10", False),
+        ("gpu1.example", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    """Loopback addresses and `localhost` count as loopback; every other address or name does not."""
+    assert is_loopback(host) is loopback
+
+
+def test_default_bind_address_is_loopback() -> None:
+    """A deployment binds to 127.0.0.1 unless told otherwise."""
+    assert DeploymentSettings(model="m").host == "127.0.0.1"
+
+
+def test_non_loopback_host_without_api_key_is_refused(tmp_path: Path) -> None:
+    """host = 0.0.0.0 without api_key_file is refused, naming the key, the value and the fix."""
+    path = write(tmp_path, '[deployments.chat]\nmodel = "m"\nhost = "0.0.0.0"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert "deployments.chat" in info.value.message
+    assert "host = '0.0.0.0'" in info.value.message
+    assert "api_key_file" in info.value.message and "127.0.0.1" in info.value.message
+
+
+def test_non_loopback_host_with_api_key_is_accepted(tmp_path: Path) -> None:
+    """host = 0.0.0.0 with an api_key_file loads."""
+    path = write(tmp_path, '[deployments.chat]\nmodel = "m"\nhost = "0.0.0.0"\napi_key_file = "/etc/k"\n')
+    assert load_settings(path, environ={}).deployments["chat"].host == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "problem"),
+    [
+        (0o100600, 0, None),
+        (0o100644, 0, None),
+        (0o100640, 1000, None),  # the user running dankserve (me = 1000 below)
+        (0o100664, 0, "writable by its group (mode 0664)"),
+        (0o100646, 0, "writable by others (mode 0646)"),
+        (0o100666, 0, "writable by its group and others (mode 0666)"),
+        (0o100600, 4242, "owned by uid 4242"),
+    ],
+)
+def test_config_file_problem(mode: int, owner: int, problem: str | None) -> None:
+    """A config file writable by group or others, or owned by another user than root or me, is untrusted."""
+    found = config_file_problem(mode, owner, me=1000)
+    assert found == problem if problem is None else problem in (found or "")
+
+
+@pytest.mark.parametrize(
+    ("mode", "problem"),
+    [
+        (0o100600, None),
+        (0o100400, None),
+        (0o100640, None),
+        (0o100644, "is open to others (mode 0644)"),
+        (0o100604, "is open to others (mode 0604)"),
+        (0o100660, "is writable by its group (mode 0660)"),
+    ],
+)
+def test_secret_file_problem(mode: int, problem: str | None) -> None:
+    """A secret file open to others, or writable by its group, is unsafe; a group may read it."""
+    assert secret_file_problem(mode) == problem
+
+
+def test_group_writable_config_file_is_refused(tmp_path: Path) -> None:
+    """load_settings refuses a config file writable by its group, naming the file and the fix."""
+    path = write(tmp_path, "", mode=0o664)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert str(path) in info.value.message and "writable by its group" in info.value.message
+    assert info.value.fix is not None and "chmod go-w" in info.value.fix
+
+
+def test_world_readable_secret_file_is_refused(tmp_path: Path) -> None:
+    """load_settings refuses an existing api_key_file readable by others, naming the key and the fix."""
+    key = tmp_path / "api.key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    path = write(tmp_path, f'[deployments.chat]\nmodel = "m"\napi_key_file = "{key}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert "deployments.chat.api_key_file" in info.value.message
+    assert info.value.fix is not None and f"chmod 600 {key}" in info.value.fix
+    key.chmod(0o600)
+    assert load_settings(path, environ={}).deployments["chat"].api_key_file == key

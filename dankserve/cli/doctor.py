@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict
 
 import click
@@ -35,7 +36,13 @@ def command(as_json: bool) -> ExitCode:
         checks.append(doctor.disk_verdict(path, doctor.free_disk(path), None))
 
     podman_deployments = {n: d for n, d in settings.deployments.items() if d.runtime == "podman" and d.enabled}
-    if podman_deployments:
+    # With no deployment yet (a fresh host) Podman is checked too: the example config uses it.
+    wants_podman = bool(podman_deployments) or not settings.deployments
+    local = settings.podman_url.startswith("unix://")
+    missing_podman = doctor.podman_tool_verdict(shutil.which("podman")) if wants_podman and local else None
+    if missing_podman is not None:
+        checks.append(missing_podman)
+    elif wants_podman:
         try:
             from dankserve.runtime.podman import PodmanRuntime
 

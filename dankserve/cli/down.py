@@ -15,7 +15,8 @@ def command(deployment: str | None) -> ExitCode:
     """Stop the service, or take one deployment down (it stays down across restarts until `up`)."""
     from dankserve import servicectl
 
-    settings = cli_context().load_settings()
+    ctx = cli_context()
+    settings = ctx.load_settings()
     state_dir = settings.state_dir
     if deployment is not None:
         if deployment not in settings.deployments:
@@ -31,7 +32,7 @@ def command(deployment: str | None) -> ExitCode:
     if servicectl.daemon_pid(state_dir) is None:
         click.echo("dankserve is not running")
         return ExitCode.OK
-    if servicectl.unit_installed():
+    if servicectl.systemd_manages(ctx.config):
         servicectl.systemctl("stop", servicectl.UNIT_NAME)
     elif not servicectl.stop_daemon(state_dir, settings.stop_timeout_seconds + 30):
         raise EnvironmentUnusable(

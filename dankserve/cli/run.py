@@ -28,7 +28,9 @@ def command(log_format: str | None, hardware: Path | None) -> ExitCode:
     """Supervise every enabled deployment until SIGTERM; SIGHUP reloads the config."""
     from dankserve.logging_setup import configure_logging
     from dankserve.supervisor.assembly import build_daemon
+    from dankserve.supervisor.instance import use_private_umask
 
+    use_private_umask()
     ctx = cli_context()
     settings = ctx.load_settings()
     configure_logging(log_format or settings.log_format)  # type: ignore[arg-type]  # click.Choice checked it

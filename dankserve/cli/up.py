@@ -46,9 +46,13 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
             f"unknown deployment {deployment!r}", fix=f"configured deployments: {known} (edit the config file)"
         )
     if not settings.deployments:
+        from dankserve.settings import resolve_config_path
+
+        path, _ = resolve_config_path(ctx.config)
         raise InvalidInput(
-            "no deployments are configured",
-            fix="add a [deployments.NAME] table to the config file (config/dankserve.toml shows every key)",
+            f"no deployments are configured in {path}{'' if path.exists() else ' (the file does not exist)'}",
+            fix=f"copy config/dankserve.toml to {path} (chmod 600), keep or edit its [deployments.NAME] tables; "
+            "`dankserve install` does this and installs the systemd unit",
         )
     state_dir = settings.state_dir
     if deployment is not None:
@@ -60,20 +64,24 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
     if foreground:
         from dankserve.logging_setup import configure_logging
         from dankserve.supervisor.assembly import build_daemon
+        from dankserve.supervisor.instance import use_private_umask
 
+        use_private_umask()
         configure_logging(settings.log_format)
         return build_daemon(settings, hardware_file=hardware, config_path=ctx.config).run()
 
     proc: subprocess.Popen[bytes] | None = None
+    via_systemd = False
     pid = servicectl.daemon_pid(state_dir)
     if pid is not None:
         if deployment is not None:
             reply = servicectl.daemon_request(state_dir, {"command": "up", "deployment": deployment})
             if reply is not None and not reply.get("ok"):
                 raise InvalidInput(str(reply.get("error")))
-    elif servicectl.unit_installed():
+    elif servicectl.systemd_manages(ctx.config):
         servicectl.systemctl("start", "--no-block", servicectl.UNIT_NAME)
         click.echo("started dankserve.service")
+        via_systemd = True
     else:
         env = dict(os.environ)
         if hardware is not None:
@@ -84,11 +92,15 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         proc = servicectl.spawn_daemon(argv, state_dir, env)
         click.echo(f"started the dankserve daemon (pid {proc.pid}; log {state_dir / servicectl.DAEMON_LOG})")
     wanted = [deployment] if deployment else [n for n, d in settings.deployments.items() if d.enabled]
-    return _follow(settings.state_dir, wanted, proc, timeout)
+    return _follow(settings.state_dir, wanted, proc, timeout, via_systemd)
 
 
 def _follow(
-    state_dir: Path, wanted: list[str], proc: subprocess.Popen[bytes] | None, timeout: float | None
+    state_dir: Path,
+    wanted: list[str],
+    proc: subprocess.Popen[bytes] | None,
+    timeout: float | None,
+    via_systemd: bool = False,
 ) -> ExitCode:
     """Print phase changes until every wanted deployment settles; the exit code that follows."""
     from dankserve import servicectl
@@ -122,6 +134,11 @@ def _follow(
                 return ExitCode.OK
         elif answered and servicectl.daemon_pid(state_dir) is None:
             raise EnvironmentUnusable("the daemon stopped while starting", fix="see `dankserve logs`")
+        elif via_systemd and not answered and servicectl.unit_failed():
+            raise EnvironmentUnusable(
+                f"{servicectl.UNIT_NAME} failed to start",
+                fix=f"read why with `journalctl -u {servicectl.UNIT_NAME} -n 30`; `dankserve doctor` checks the host",
+            )
         if deadline is not None and time.monotonic() > deadline:
             raise EnvironmentUnusable(
                 "not ready before --timeout; the daemon keeps trying", fix="follow it with `dankserve status`"

@@ -404,10 +404,10 @@ class VersionCache:
         self._versions[image_id] = version
         if self._path is None:
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._versions, indent=1, sort_keys=True) + "\n")
-        tmp.replace(self._path)
+        from dankserve.state import write_private_file
+
+        self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private_file(self._path, json.dumps(self._versions, indent=1, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------

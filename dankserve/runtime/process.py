@@ -33,6 +33,7 @@ from dankserve.runtime.base import (
     WorkloadSpec,
     workload_name,
 )
+from dankserve.state import write_private_file
 
 GPU_RELEASE_TIMEOUT = 30.0
 
@@ -263,9 +264,7 @@ class ProcessRuntime:
             gpu_uuids=tuple(g.uuid for g in spec.gpus),
         )
         self._children[proc.pid] = proc
-        tmp = self._record_path(spec.deployment).with_suffix(".tmp")
-        tmp.write_text(json.dumps(record.to_json()))
-        tmp.replace(self._record_path(spec.deployment))
+        write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
         return self._workload(record)
 
     def stop(self, workload_id: str, timeout: float) -> None:

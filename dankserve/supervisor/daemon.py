@@ -354,9 +354,9 @@ class DeploymentWorker:
             self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
             plan = planned(decision.use_bytes) if decision.use_bytes is not None else base_plan
             boot = daemon.state.next_boot(self.name)
-            # The HF cache and this deployment's compile cache are bind-mounted: they must exist.
-            daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # Both are mounted into the container; a missing source would fail the start.
             compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
+            daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._set(phase=Phase.STARTING, boots=boot, kv_cache_learned_used=decision.use_bytes is not None)
             workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
             self.log.info("started", container_id=workload.id, boot=boot)

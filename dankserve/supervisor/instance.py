@@ -18,9 +18,22 @@ LOCK_NAME = "daemon.lock"
 PID_NAME = "daemon.pid"
 
 
+def use_private_umask() -> None:
+    """Files and dirs the daemon (and a process-runtime server) creates: owner only (0600/0700).
+
+    The unit sets UMask=0077; this does the same for a daemon started by `dankserve up`."""
+    os.umask(0o077)
+
+
 def ensure_private_dir(path: Path) -> Path:
     """Create `path` (0700) if needed; refuse nothing, but tighten a dir we created."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except PermissionError:
+        raise EnvironmentUnusable(
+            f"cannot create {path}: permission denied",
+            fix="run as root (sudo), or set state_dir and cache_dir to directories you own",
+        ) from None
     return path
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from dankserve import control
+from dankserve.testing import write_recorded_host
+from dankserve.testing.config_file import write_config
 
 REPO = Path(__file__).resolve().parents[2]
 STAND_IN = REPO / "containers" / "fake-vllm" / "vllm.py"
@@ -47,41 +49,7 @@ def free_port() -> int:
 
 def write_host(path: Path, uuids: Sequence[str] | None = None, free_fraction: float = 0.996) -> Path:
     """A recorded two-H200 host (from a real one), optionally with the stand-in GPUs' UUIDs."""
-    data = json.loads(BASE_HOST.read_text())
-    for i, gpu in enumerate(data["gpus"]):
-        if uuids is not None:
-            gpu["uuid"] = uuids[i]
-        gpu["memory_free_bytes"] = int(gpu["memory_total_bytes"] * free_fraction)
-    path.write_text(json.dumps(data))
-    return path
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(value)
-
-
-def write_config(path: Path, globals_: Mapping[str, Any], deployments: Mapping[str, Mapping[str, Any]]) -> Path:
-    """A dankserve.toml from plain dicts."""
-    lines = [f"{k} = {toml_value(v)}" for k, v in globals_.items()]
-    for name, dep in deployments.items():
-        lines.append(f"[deployments.{name}]")
-        tables = {k: v for k, v in dep.items() if k in ("model_facts", "speculative", "cpu_offload")}
-        lines += [f"{k} = {toml_value(v)}" for k, v in dep.items() if k not in tables]
-        for key, table in tables.items():
-            lines.append(f"[deployments.{name}.{key}]")
-            lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_recorded_host(path, BASE_HOST.stem, uuids, free_fraction)
 
 
 def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
@@ -92,6 +60,21 @@ def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
         "runtime": "process",
         "executable": str(STAND_IN),
         "port": port,
+        "env": env,
+        "model_facts": MODEL_FACTS,
+        **extra,
+    }
+
+
+def podman_deployment(port: int, image: str, **extra: Any) -> dict[str, Any]:
+    """A deployment running the stand-in image in a container on the first stand-in GPU."""
+    env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
+    return {
+        "model": "test/tiny",
+        "image": image,
+        "pull": "never",
+        "port": port,
+        "gpus": [0],
         "env": env,
         "model_facts": MODEL_FACTS,
         **extra,

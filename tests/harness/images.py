@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 from dankserve.runtime.podman import LABEL_VLLM_VERSION
-from tests.harness.podman_service import PodmanEnv
+from dankserve.testing.podman_service import PodmanEnv, build_stand_in_image
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 FAKE_VLLM = HERE / "fake_vllm.sh"
-STAND_IN_REF = "localhost/fake-vllm:latest"
 
 
 def _busybox() -> Path:
@@ -107,5 +106,4 @@ def pull_test_image(env: PodmanEnv, registry: str, name: str, size_bytes: int = 
 
 def stand_in_image(env: PodmanEnv) -> str:
     """The faithful vLLM stand-in (containers/, `make fake-vllm-image`), built into the test storage."""
-    subprocess.run(["make", "-C", str(REPO), "fake-vllm-image"], env={**env.env, "PODMAN": "podman"}, check=True)
-    return STAND_IN_REF
+    return build_stand_in_image(env)

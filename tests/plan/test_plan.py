@@ -257,7 +257,9 @@ def test_invalid_inputs_exit_2() -> None:
 
 def test_process_runtime_binds_host_and_port() -> None:
     """The process runtime gets --host and --port; a container maps its port instead."""
-    dep = DeploymentSettings(model="q", runtime="process", host="0.0.0.0", port=8123)
+    dep = DeploymentSettings(
+        model="q", runtime="process", host="0.0.0.0", port=8123, api_key_file=Path("/etc/dankserve/d.key")
+    )
     plan = plan_deployment("d", dep, host(), caps(), QWEN3_30B, vllm_cache_root="/var/cache/dankserve/d/vllm")
     assert list(plan.argv[-4:]) == ["--host", "0.0.0.0", "--port", "8123"]
     assert plan.env["VLLM_CACHE_ROOT"] == "/var/cache/dankserve/d/vllm"

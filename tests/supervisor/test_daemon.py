@@ -16,7 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_config
+from dankserve.testing.config_file import write_config
+from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,79 @@
+"""Security: the CLI refuses unsafe configurations with exit 2 and a message naming the problem,
+the value and the fix (never a traceback): a server exposed beyond loopback without an API key,
+a config file others can change, a secret file others can read."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+RECORDED_HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x1-vm.json"
+DEPLOYMENT = '[deployments.chat]\nmodel = "m"\n[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n'
+
+
+def exposed_without_key(tmp_path: Path) -> Path:
+    return config(tmp_path, DEPLOYMENT.replace('model = "m"\n', 'model = "m"\nhost = "0.0.0.0"\n'))
+
+
+def group_writable(tmp_path: Path) -> Path:
+    path = config(tmp_path, DEPLOYMENT)
+    path.chmod(0o664)
+    return path
+
+
+def owned_by_another_user(tmp_path: Path) -> Path:
+    path = config(tmp_path, DEPLOYMENT)
+    os.chown(path, 4242, -1)
+    return path
+
+
+def world_readable_key(tmp_path: Path) -> Path:
+    key = tmp_path / "api.key"
+    key.write_text("sk-x\n")
+    key.chmod(0o644)
+    return config(tmp_path, DEPLOYMENT.replace('model = "m"\n', f'model = "m"\napi_key_file = "{key}"\n'))
+
+
+def config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "dankserve.toml"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+CASES: list[tuple[str, Callable[[Path], Path], list[str]]] = [
+    ("exposed", exposed_without_key, ["deployments.chat", "host = '0.0.0.0'", "api_key_file", "127.0.0.1"]),
+    ("group-writable", group_writable, ["writable by its group (mode 0664)", "fix: chmod go-w"]),
+    ("foreign-owner", owned_by_another_user, ["owned by uid 4242", "fix: chmod go-w"]),
+    ("readable-key", world_readable_key, ["deployments.chat.api_key_file", "open to others", "fix: chmod 600"]),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "expected"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("command", [["plan"], ["status"], ["run", "--hardware", str(RECORDED_HOST)]])
+def test_unsafe_configuration_exits_2_with_the_reason(
+    tmp_path: Path, case: str, make: Callable[[Path], Path], expected: list[str], command: list[str]
+) -> None:
+    """plan, status and the daemon itself refuse the unsafe configuration: exit 2, the reason and the fix."""
+    if case == "foreign-owner" and os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    path = make(tmp_path)
+    env = {**os.environ, "DANKSERVE_HARDWARE": str(RECORDED_HOST)}
+    env.pop("NOTIFY_SOCKET", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "dankserve", "--config", str(path), *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    for fragment in expected:
+        assert fragment in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
