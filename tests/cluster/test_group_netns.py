@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dankserve.cluster.ray_node import ray_executable, wait_for_cluster
+from dankserve.cluster.ray_node import ray_executable
 from tests.harness import netns
 from tests.harness.daemon import (
     Notifications,
@@ -50,10 +50,6 @@ class NsDaemon(RunningDaemon):
     """A dankserve daemon started inside a network namespace."""
 
     ns: netns.NsHost | None = None
-
-    def start(self) -> NsDaemon:
-        super().start()
-        return self
 
     def _argv(self) -> list[str]:
         assert self.ns is not None

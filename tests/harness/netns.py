@@ -6,6 +6,7 @@ Needs root and `ip netns`; `available()` says why not where they are missing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -98,10 +99,8 @@ class Lab:
         for host in self.hosts:
             pids = _ip("netns", "pids", host.name, check=False).stdout.split()
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
         if self.hosts:
             time.sleep(0.2)
         for host in self.hosts:

@@ -7,6 +7,8 @@ Only when `ray` is importable; the stand-in's image has no Ray, and then this is
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import sys
 import time
@@ -18,14 +20,15 @@ DEFAULT_PG_WAIT_SECONDS = 60  # vLLM's PG_WAIT_TIMEOUT (ray_utils.py)
 
 def join_ray_cluster(world_size: int, env: Mapping[str, str]) -> tuple[int | None, Any]:
     """(None, placement group) once reserved; (exit code, None) on failure, as vLLM exits."""
-    try:
-        import ray  # type: ignore[import-not-found]
-        from ray.util.placement_group import placement_group  # type: ignore[import-not-found]
+    try:  # through importlib: typed the same whether or not Ray is installed
+        ray: Any = importlib.import_module("ray")
+        placement_group: Any = importlib.import_module("ray.util.placement_group").placement_group
     except ImportError:
         print("WARNING Failed to import Ray: the stand-in runs without it (pip install ray)", file=sys.stderr)
         return None, None
     timeout = float(env.get("FAKE_VLLM_PG_WAIT_SECONDS", DEFAULT_PG_WAIT_SECONDS))
-    ray.init(address=env.get("RAY_ADDRESS") or "auto", ignore_reinit_error=True, logging_level="ERROR", log_to_driver=False)
+    address = env.get("RAY_ADDRESS") or "auto"
+    ray.init(address=address, ignore_reinit_error=True, logging_level=logging.ERROR, log_to_driver=False)
     available = ray.cluster_resources().get("GPU", 0)
     print(f"INFO Current cluster resources: {ray.cluster_resources()}", flush=True)
     if world_size > available:
