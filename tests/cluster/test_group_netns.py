@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dankserve.cluster.ray_node import ray_executable
+from dankserve.cluster.ray_node import ray_executable, ray_temp_dir
 from tests.harness import netns
 from tests.harness.daemon import (
     Notifications,
@@ -137,6 +138,7 @@ def group(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Group]:
                 except Exception:
                     daemon.proc.kill()
             daemon.notifications.close()
+            shutil.rmtree(ray_temp_dir(daemon.state_dir / "ray"), ignore_errors=True)
         lab.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,7 @@ def test_stand_in_fails_like_vllm_when_too_few_gpus(tmp_path: Path) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
     finally:
         node.stop()
+        shutil.rmtree(ray_temp_dir(tmp_path), ignore_errors=True)
     assert done.returncode == 1
     assert "Cannot provide a placement group of placement_group_specs=[{'GPU': 1.0}, {'GPU': 1.0}]" in done.stderr
     assert "See `ray status` to make sure the cluster has enough resources." in done.stderr
