@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from dankserve.host.model import Host
+    from dankserve.plan.cluster import GroupMember
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
@@ -39,6 +42,7 @@ def plan_one(
     learned_kv_cache_memory_bytes: int | None = None,
     max_model_len: int | str | None = None,
     gpu_memory_utilization: float | None = None,
+    group: Sequence[GroupMember] | None = None,
 ) -> Plan:
     """The plan of one deployment; remediations (max_model_len, utilisation) override the config."""
     from dankserve.plan.catalogue import capabilities, load_catalogue, version_from_image
@@ -60,6 +64,19 @@ def plan_one(
     caps = capabilities(version, catalogue)
     files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
     facts = model_facts(dep.model, dep.model_facts, files)
+    if group is not None:  # a multi-host deployment: every member's hardware (leader first)
+        from dankserve.plan.cluster import plan_group
+
+        return plan_group(
+            name,
+            dep,
+            group,
+            caps,
+            facts,
+            learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes,
+            vllm_cache_root=vllm_cache_root(settings, name, dep),
+            catalogue=catalogue,
+        )
     return plan_deployment(
         name,
         dep,

@@ -86,6 +86,17 @@ class ModelFacts(_Strict):
     )
 
 
+class ClusterSettings(_Strict):
+    """This daemon's part in multi-host groups: the API other daemons call (see docs/MULTI-HOST.md)."""
+
+    listen: str = Field(
+        description="ADDRESS:PORT the cluster API binds to; ADDRESS is also this host's Ray node address."
+    )
+    token_file: Path = Field(description="File holding the group's shared token (the same on every host).")
+    ray_executable: str | None = Field(default=None, description="The `ray` CLI; unset: beside dankserve's Python.")
+    ray_port: int = Field(default=6379, ge=1, le=65535, description="Port of the Ray head (GCS) on a leader.")
+
+
 class DeploymentSettings(_Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
@@ -219,6 +230,7 @@ class Settings(BaseSettings):
     )
     health_interval_seconds: float = Field(default=3.0, gt=0, description="Health probe period while ready.")
     log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
+    cluster: ClusterSettings | None = Field(default=None, description="Multi-host groups: this daemon's cluster API.")
     deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)
 
     @field_validator("deployments")

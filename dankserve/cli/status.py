@@ -92,6 +92,9 @@ def command(as_json: bool) -> ExitCode:
             f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  "
             f"compile cache hit {dep.get('compile_cache_hit')}"
         )
+        for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
+            note = f"  {member['message']}" if member.get("message") else ""
+            click.echo(f"  host {member['address']} ({member['role']}): {member['state']}{note}")
         for gpu in dep.get("gpus") or []:
             click.echo(
                 f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "

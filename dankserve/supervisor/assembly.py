@@ -7,6 +7,7 @@ runtime cannot be reached, so systemd's RestartPreventExitStatus stops a restart
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
@@ -14,16 +15,25 @@ from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner
 
+if TYPE_CHECKING:
+    from dankserve.cluster.context import ClusterContext
+
 
 class _Runtimes:
     """One runtime object per kind, created on first use."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, cluster: ClusterContext | None = None) -> None:
         self._settings = settings
+        self._cluster = cluster
         self._podman: Runtime | None = None
         self._process: Runtime | None = None
 
     def __call__(self, dep: DeploymentSettings) -> Runtime:
+        if dep.hosts and self._cluster is not None:
+            return self._cluster.runtime(dep, self._single(dep))
+        return self._single(dep)
+
+    def _single(self, dep: DeploymentSettings) -> Runtime:
         if dep.runtime == "process":
             if self._process is None:
                 from dankserve.runtime.process import ProcessRuntime
@@ -37,13 +47,13 @@ class _Runtimes:
         return self._podman
 
 
-def runtime_factory(settings: Settings) -> _Runtimes:
-    """A callable giving the runtime of a deployment's kind."""
-    return _Runtimes(settings)
+def runtime_factory(settings: Settings, cluster: ClusterContext | None = None) -> _Runtimes:
+    """A callable giving the runtime of a deployment's kind (a group's for one with hosts)."""
+    return _Runtimes(settings, cluster)
 
 
-def make_planner(settings: Settings) -> Planner:
-    """The planner the daemon calls for each boot."""
+def make_planner(settings: Settings, cluster: ClusterContext | None = None) -> Planner:
+    """The planner the daemon calls for each boot (with every member's hardware for a group)."""
 
     def plan(
         name: str, dep: DeploymentSettings, host: Host, overrides: BootOverrides, vllm_version: str | None
@@ -59,6 +69,7 @@ def make_planner(settings: Settings) -> Planner:
             learned_kv_cache_memory_bytes=overrides.kv_cache_memory_bytes,
             max_model_len=overrides.max_model_len,
             gpu_memory_utilization=overrides.gpu_memory_utilization,
+            group=cluster.members(dep, host) if dep.hosts and cluster is not None else None,
         )
 
     return plan
@@ -71,13 +82,18 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
     def host_loader() -> Host:
         return load_host(hardware_file, cache_dirs=[settings.cache_dir, settings.hf_cache_dir])
 
-    runtimes = runtime_factory(settings)
-    planner = make_planner(settings)
+    from dankserve.cluster.context import ClusterContext
+
+    cluster = ClusterContext(settings)
+    runtimes = runtime_factory(settings, cluster)
+    planner = make_planner(settings, cluster)
     deps = DaemonDeps(
         planner=planner,
         runtime_for=runtimes,
         load_host=host_loader,
         hardware_file=hardware_file,
+        services=cluster.start_api,
+        describe_hosts=cluster.hosts,
     )
     daemon = Daemon(settings, deps, config_path=config_path)
     preflight(daemon)
@@ -86,12 +102,16 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
 
 def preflight(daemon: Daemon) -> None:
     """Plan every enabled deployment and reach its runtime; raise the user error if one fails."""
+    from dankserve.cluster.api import MemberUnreachable
     from dankserve.plan.checks import check_gpu_sharing
 
     plans = []
     for name, dep in daemon.settings.deployments.items():
         if not dep.enabled:
             continue
-        plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
+        try:
+            plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
+        except MemberUnreachable:
+            continue  # a follower not up yet: the deployment's worker retries with backoff
         daemon.deps.runtime_for(dep).list_workloads()
     check_gpu_sharing(plans)

@@ -79,6 +79,10 @@ class DaemonDeps:
     load_host: HostLoader
     hardware_file: Path | None = None
     sleep: Callable[[float], None] = time.sleep
+    services: Callable[[Daemon], Callable[[], None]] | None = None
+    """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
+    describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None
+    """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
 
 
 @dataclass
@@ -652,8 +656,11 @@ class Daemon:
         held = instance.acquire(self.settings.state_dir)
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
         previous = self._install_signals()
+        close_services: Callable[[], None] = lambda: None  # noqa: E731
         try:
             control.start()
+            if self.deps.services is not None:
+                close_services = self.deps.services(self)
             for name, dep in self.settings.deployments.items():
                 if dep.enabled and not self.state.is_down(name):
                     self._start_worker(name, dep)
@@ -664,6 +671,7 @@ class Daemon:
         finally:
             self.notifier.stopping()
             self._stop_all()
+            close_services()
             control.close()
             self.state.flush()
             held.release()
@@ -851,4 +859,9 @@ class Daemon:
             "kv_cache_usage_perc": usage,
             "preemptions": preemptions,
             "message": view.message,
+            **self._hosts_status(name),
         }
+
+    def _hosts_status(self, name: str) -> dict[str, Any]:
+        hosts = self.deps.describe_hosts(name) if self.deps.describe_hosts is not None else None
+        return {} if hosts is None else {"hosts": hosts}

@@ -23,7 +23,7 @@ from typing import Any
 
 from dankserve import control
 from dankserve.testing import write_recorded_host
-from dankserve.testing.config_file import write_config
+from dankserve.testing.config_file import write_config as write_config
 
 REPO = Path(__file__).resolve().parents[2]
 STAND_IN = REPO / "containers" / "fake-vllm" / "vllm.py"

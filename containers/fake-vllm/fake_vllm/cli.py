@@ -240,6 +240,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if "hf_token" in non_default:
         non_default["hf_token"] = "***"
     config = serve_config_from(namespace, environment.get("VLLM_API_KEY"))
+    if getattr(namespace, "distributed_executor_backend", None) == "ray":
+        from .ray_leader import join_ray_cluster
+
+        pp = int(getattr(namespace, "pipeline_parallel_size", None) or 1)
+        failed, _group = join_ray_cluster(config.tensor_parallel_size * pp, environment)
+        if failed is not None:
+            return failed
     return serve(
         config, knobs, environment, non_default, prepared.model_flag_used, kv_cache_dtypes=catalogue.kv_cache_dtypes
     )

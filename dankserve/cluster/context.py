@@ -1,0 +1,100 @@
+"""Wires groups into the daemon: the follower API, a GroupRuntime per multi-host deployment,
+the members' hardware for the planner, and the hosts shown by `status`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dankserve.cluster.api import ClusterClient, ClusterServer, read_token, split_address
+from dankserve.cluster.follower import FollowerService
+from dankserve.cluster.group import GroupConfig, GroupRuntime
+from dankserve.cluster.ray_node import ray_executable
+from dankserve.errors import ConfigError
+from dankserve.host.model import Host
+from dankserve.plan.cluster import LEADER, GroupMember
+from dankserve.runtime.base import Runtime
+from dankserve.settings import DeploymentSettings, Settings
+
+if TYPE_CHECKING:
+    from dankserve.supervisor.daemon import Daemon
+
+API_PORT = 7390
+
+
+class ClusterContext:
+    """The daemon's multi-host parts, created from the settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._groups: dict[str, GroupRuntime] = {}
+        self._by_name: dict[str, GroupRuntime] = {}
+
+    # -- leader ---------------------------------------------------------------------------------
+    def _require_cluster(self, dep: DeploymentSettings) -> tuple[str, str]:
+        cluster = self.settings.cluster
+        if cluster is None:
+            raise ConfigError(
+                f"a deployment names hosts {dep.hosts} but this daemon has no [cluster] section",
+                fix='add [cluster] with listen = "THIS-HOST-ADDRESS:7390" and token_file (docs/MULTI-HOST.md)',
+            )
+        token_file = dep.cluster_token_file or cluster.token_file
+        return split_address(cluster.listen, API_PORT)[0], read_token(token_file)
+
+    def clients(self, dep: DeploymentSettings) -> tuple[ClusterClient, ...]:
+        _, token = self._require_cluster(dep)
+        return tuple(ClusterClient(address, token, timeout=2.0, default_port=API_PORT) for address in dep.hosts)
+
+    def members(self, dep: DeploymentSettings, host: Host) -> list[GroupMember]:
+        """This host and every follower's hardware (MemberUnreachable when one does not answer)."""
+        members = [GroupMember(LEADER, host)]
+        for client in self.clients(dep):
+            answer = client.status()
+            members.append(GroupMember(client.address, Host.model_validate(answer["host"])))
+        return members
+
+    def runtime(self, dep: DeploymentSettings, inner: Runtime) -> GroupRuntime:
+        key = json.dumps([dep.hosts, dep.host, dep.port])
+        group = self._groups.get(key)
+        if group is None:
+            node_ip, _ = self._require_cluster(dep)
+            cluster = self.settings.cluster
+            assert cluster is not None
+            config = GroupConfig(
+                followers=self.clients(dep),
+                node_ip=node_ip,
+                ray=ray_executable(cluster.ray_executable),
+                ray_port=cluster.ray_port,
+                state_dir=self.settings.state_dir / "ray",
+            )
+            group = GroupRuntime(inner, config)
+            self._groups[key] = group
+        return group
+
+    def hosts(self, deployment: str) -> list[dict[str, Any]] | None:
+        """The group's hosts for `status`, or None for a single-host deployment."""
+        dep = self.settings.deployments.get(deployment)
+        if dep is None or not dep.hosts:
+            return None
+        for group in self._groups.values():
+            if group.deployment == deployment:
+                return group.hosts()
+        return [{"address": a, "role": "follower", "state": "unknown", "message": None} for a in dep.hosts]
+
+    # -- follower -------------------------------------------------------------------------------
+    def start_api(self, daemon: Daemon) -> Callable[[], None]:
+        """Serve the cluster API when [cluster] is configured; the function that stops it."""
+        cluster = self.settings.cluster
+        if cluster is None:
+            return lambda: None
+        service = FollowerService(cluster, self.settings.state_dir, lambda: daemon.host)
+        service.remove_stale()
+        server = ClusterServer(split_address(cluster.listen, API_PORT), read_token(cluster.token_file), service)
+        server.start()
+
+        def close() -> None:
+            server.close()
+            service.close()
+
+        return close

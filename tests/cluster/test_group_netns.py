@@ -1,0 +1,208 @@
+"""End to end: a group of dankserve daemons, each in its own network namespace, forming a real Ray
+cluster (fake GPU resources) under the stand-in vLLM in leader mode; faults and recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dankserve.cluster.ray_node import ray_executable, ray_temp_dir
+from tests.harness import netns
+from tests.harness.daemon import (
+    Notifications,
+    RunningDaemon,
+    free_port,
+    process_deployment,
+    write_config,
+    write_host,
+)
+
+TOKEN = "group-token-0123456789abcdef0123"
+API_PORT = 7390
+RAY_PORT = 6379
+
+why_not = netns.available()
+try:
+    import ray  # noqa: F401
+
+    HAVE_RAY = True
+except ImportError:
+    HAVE_RAY = False
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(why_not is not None, reason=why_not or ""),
+    pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (pip install -e '.[cluster]')"),
+]
+
+
+@dataclass
+class NsDaemon(RunningDaemon):
+    """A dankserve daemon started inside a network namespace."""
+
+    ns: netns.NsHost | None = None
+
+    def _argv(self) -> list[str]:
+        assert self.ns is not None
+        argv = [sys.executable, "-m", "dankserve", "--config", str(self.config), "run"]
+        return self.ns.command([*argv, "--hardware", str(self.hardware), "--log-format", "json"])
+
+
+def _spawn(daemon: NsDaemon) -> NsDaemon:
+    import subprocess
+
+    from tests.harness.daemon import REPO
+
+    env = {**os.environ, "NOTIFY_SOCKET": str(daemon.notifications.path), "PYTHONUNBUFFERED": "1", **daemon.extra_env}
+    env.pop("DANKSERVE_CONFIG", None)
+    with daemon.log_path.open("ab") as out:
+        daemon.proc = subprocess.Popen(daemon._argv(), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return daemon
+
+
+def make_daemon(root: Path, ns: netns.NsHost, deployments: dict[str, Any], token: Path) -> NsDaemon:
+    root.mkdir(parents=True, exist_ok=True)
+    globals_ = {
+        "state_dir": str(root / "state"),
+        "cache_dir": str(root / "cache"),
+        "hf_cache_dir": str(root / "hf"),
+        "vllm_version": "0.33.0",
+        "restart_backoff_initial_seconds": 0.5,
+        "restart_jitter_seconds": 0.1,
+        "health_interval_seconds": 1.0,
+        "stop_timeout_seconds": 10.0,
+        "max_failures_in_window": 10,
+        "cluster": {"listen": f"{ns.address}:{API_PORT}", "token_file": str(token), "ray_port": RAY_PORT},
+    }
+    config = write_config(root / "dankserve.toml", globals_, deployments)
+    notifications = Notifications(root / "notify.sock")
+    notifications.start()
+    # The stand-in (#!/usr/bin/env python3) must find the Python that has Ray.
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    return NsDaemon(
+        config,
+        write_host(root / "host.json"),
+        root / "state",
+        root / "daemon.log",
+        notifications,
+        extra_env={"PATH": path},
+        ns=ns,
+    )
+
+
+@dataclass
+class Group:
+    lab: netns.Lab
+    leader: NsDaemon
+    followers: list[NsDaemon]
+
+
+@pytest.fixture
+def group(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Group]:
+    size = getattr(request, "param", 2)
+    lab = netns.Lab.create(size)
+    daemons: list[NsDaemon] = []
+    try:
+        token = tmp_path / "token"
+        token.write_text(TOKEN)
+        token.chmod(0o600)
+        leader_ns, *follower_ns = lab.hosts
+        followers = [make_daemon(tmp_path / f"host{i + 1}", ns, {}, token) for i, ns in enumerate(follower_ns)]
+        dep = process_deployment(
+            free_port(),
+            hosts=[f"{ns.address}:{API_PORT}" for ns in follower_ns],
+            env={"FAKE_VLLM_TIME_SCALE": "0.02", "FAKE_VLLM_PG_WAIT_SECONDS": "20"},
+        )
+        leader = make_daemon(tmp_path / "host0", leader_ns, {"big": dep}, token)
+        daemons = [*followers, leader]
+        for daemon in followers:
+            _spawn(daemon)
+        _spawn(leader)
+        yield Group(lab, leader, followers)
+    finally:
+        for daemon in reversed(daemons):
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                daemon.proc.send_signal(signal.SIGTERM)
+                try:
+                    daemon.proc.wait(40)
+                except Exception:
+                    daemon.proc.kill()
+            daemon.notifications.close()
+            shutil.rmtree(ray_temp_dir(daemon.state_dir / "ray"), ignore_errors=True)
+        lab.close()
+
+
+def ready(d: dict[str, Any]) -> bool:
+    return d["phase"] == "ready" and all(h["state"] == "joined" for h in d.get("hosts", []))
+
+
+def ray_nodes(group: Group) -> list[dict[str, Any]]:
+    """The live Ray nodes as the leader's namespace sees them."""
+    import subprocess
+
+    from dankserve.cluster.ray_node import WAIT_SCRIPT, ray_python
+
+    leader = group.lab.hosts[0]
+    ray = ray_executable(None)
+    argv = leader.command([ray_python(ray), "-c", WAIT_SCRIPT, f"{leader.address}:{RAY_PORT}", "1", "0", "1"])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    nodes: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])["nodes"]
+    return nodes
+
+
+def wait_unready(daemon: NsDaemon, since: float, timeout: float = 15) -> float:
+    """Seconds from `since` until the leader no longer reports the group ready."""
+    daemon.wait_for("big", lambda d: d["phase"] != "ready", timeout=timeout)
+    return time.monotonic() - since
+
+
+def test_two_hosts_form_serve_and_survive_a_killed_worker(group: Group) -> None:
+    """Two hosts form one Ray cluster (2 nodes, 4 GPUs) and serve; a follower's Ray worker killed is
+    detected within 15 s and the whole group restarts to ready, never as two groups."""
+    status = group.leader.wait_for("big", ready, timeout=120)
+    assert [h["role"] for h in status["hosts"]] == ["leader", "follower"]
+    nodes = ray_nodes(group)
+    assert sorted(n["address"] for n in nodes) == sorted(h.address for h in group.lab.hosts)
+    assert sum(n["gpus"] for n in nodes) == 4
+
+    follower = group.followers[0]
+    record = json.loads((follower.state_dir / "ray" / "worker-big.json").read_text())
+    killed = time.monotonic()
+    os.killpg(record["pid"], signal.SIGKILL)
+    assert wait_unready(group.leader, killed) < 15
+    after = group.leader.wait_for("big", ready, timeout=120)
+    assert after["restarts"] >= 1
+    assert len(ray_nodes(group)) == 2
+
+
+def test_link_cut_and_restored(group: Group) -> None:
+    """A follower's link cut is detected within 15 s; once restored, the group forms again and serves."""
+    group.leader.wait_for("big", ready, timeout=120)
+    cut = time.monotonic()
+    group.lab.hosts[1].link(False)
+    try:
+        assert wait_unready(group.leader, cut) < 15
+        time.sleep(3)
+    finally:
+        group.lab.hosts[1].link(True)
+    group.leader.wait_for("big", ready, timeout=150)
+    assert len(ray_nodes(group)) == 2
+
+
+def test_leader_restarted(group: Group) -> None:
+    """The leader killed with -9 and started again replaces its old group (never adopts it): one group serves."""
+    group.leader.wait_for("big", ready, timeout=120)
+    group.leader.kill()
+    _spawn(group.leader)
+    group.leader.wait_for("big", lambda d: d["phase"] == "ready" and d["boots"] >= 2, timeout=150)
+    assert len(ray_nodes(group)) == 2
