@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from dankserve.cli.context import cli_context
+from dankserve.cli.options import hardware_option
 from dankserve.exitcodes import ExitCode
 
 
@@ -17,13 +18,7 @@ from dankserve.exitcodes import ExitCode
     default=None,
     help="Log output (default: the log_format setting; auto picks journald when present).",
 )
-@click.option(
-    "--hardware",
-    type=click.Path(path_type=Path, dir_okay=False),
-    envvar="DANKSERVE_HARDWARE",
-    default=None,
-    help="Use a recorded host description instead of probing NVML.",
-)
+@hardware_option
 def command(log_format: str | None, hardware: Path | None) -> ExitCode:
     """Supervise every enabled deployment until SIGTERM; SIGHUP reloads the config."""
     from dankserve.logging_setup import configure_logging

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from dankserve.cli.context import cli_context
+from dankserve.cli.options import hardware_option
 from dankserve.errors import EnvironmentUnusable, InfeasiblePlan, InvalidInput
 from dankserve.exitcodes import ExitCode
 
@@ -27,13 +28,7 @@ SETTLED = ("ready", "failed", "down", "disabled")
 @click.argument("deployment", required=False)
 @click.option("--foreground", is_flag=True, help="Run the daemon attached to this terminal.")
 @click.option("--timeout", type=float, default=None, help="Give up following after this many seconds.")
-@click.option(
-    "--hardware",
-    type=click.Path(path_type=Path, dir_okay=False),
-    envvar="DANKSERVE_HARDWARE",
-    default=None,
-    help="Use a recorded host description instead of probing NVML.",
-)
+@hardware_option
 def command(deployment: str | None, foreground: bool, timeout: float | None, hardware: Path | None) -> ExitCode:
     """Start every enabled deployment (or DEPLOYMENT) and wait until ready."""
     from dankserve import servicectl

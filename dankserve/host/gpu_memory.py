@@ -8,9 +8,10 @@ comes from the recorded host file, re-read each time so a test can change it bet
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from dankserve.host.model import Host
 
@@ -39,8 +40,11 @@ def from_host(host: Host, uuids: Sequence[str]) -> dict[str, GpuMemory]:
     return out
 
 
-def read_nvml(uuids: Sequence[str]) -> dict[str, GpuMemory] | None:
-    """Readings from NVML by UUID, or None when NVML cannot be used here."""
+T = TypeVar("T")
+
+
+def _with_nvml(read: Callable[[Any], T]) -> T | None:
+    """read(pynvml) inside nvmlInit/nvmlShutdown; None when NVML is absent or a call fails."""
     try:
         import pynvml
     except ImportError:
@@ -50,22 +54,31 @@ def read_nvml(uuids: Sequence[str]) -> dict[str, GpuMemory] | None:
     except Exception:
         return None
     try:
-        out: dict[str, GpuMemory] = {}
-        for uuid in uuids:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            index = int(pynvml.nvmlDeviceGetIndex(handle))
-            try:
-                others: int | None = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
-            except Exception:
-                others = None
-            out[uuid] = GpuMemory(index, uuid, int(info.total), int(info.free), int(info.used), others)
-        return out
+        return read(pynvml)
     except Exception:
         return None
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def read_nvml(uuids: Sequence[str]) -> dict[str, GpuMemory] | None:
+    """Readings from NVML by UUID, or None when NVML cannot be used here."""
+
+    def read(nvml: Any) -> dict[str, GpuMemory]:
+        out: dict[str, GpuMemory] = {}
+        for uuid in uuids:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                others: int | None = len(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            except Exception:
+                others = None
+            index = int(nvml.nvmlDeviceGetIndex(handle))
+            out[uuid] = GpuMemory(index, uuid, int(info.total), int(info.free), int(info.used), others)
+        return out
+
+    return _with_nvml(read)
 
 
 def read_gpu_memory(uuids: Sequence[str], hardware_file: Path | None, fallback: Host | None) -> dict[str, GpuMemory]:
@@ -85,25 +98,15 @@ def read_gpu_memory(uuids: Sequence[str], hardware_file: Path | None, fallback: 
 
 def nvml_compute_pids(uuids: Sequence[str]) -> list[int] | None:
     """The pids NVML lists as compute processes on these GPUs, or None without NVML."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
+
+    def read(nvml: Any) -> list[int]:
         pids: list[int] = []
         for uuid in uuids:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            pids += [int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            pids += [int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
         return pids
-    except Exception:
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+
+    return _with_nvml(read)
 
 
 def wait_dead_processes_released(uuids: Sequence[str], timeout: float) -> bool:
