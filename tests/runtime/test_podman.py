@@ -48,6 +48,7 @@ from dankserve.runtime.podman import (
     VersionCache,
     cdi_device_names,
     choose_gpu_passthrough,
+    conmon_exit_file,
     container_create_kwargs,
     exit_event_from,
     is_transient,
@@ -409,6 +410,24 @@ def test_parse_vllm_version(output: str, version: str | None) -> None:
 def test_split_lines(chunks: list[bytes], lines: list[str]) -> None:
     """Log frames are re-split into whole lines, even when a frame cuts a line or a character."""
     assert list(split_lines(chunks)) == lines
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "expected"),
+    [
+        (
+            ["/usr/bin/conmon", "-c", "abc", "--exit-dir", "/run/libpod/exits", "-l", "k8s-file:/x"],
+            "/run/libpod/exits/abc",
+        ),
+        (["/usr/bin/conmon", "--exit-dir=/run/exits", "-c", "abc"], "/run/exits/abc"),
+        (["/usr/bin/conmon", "-c", "abc", "--exit-dir"], None),
+        (["/usr/bin/conmon", "-c", "abc"], None),
+    ],
+)
+def test_conmon_exit_file(cmdline: list[str], expected: str | None) -> None:
+    """conmon's exit file is its --exit-dir joined with the container ID; none without the option."""
+    found = conmon_exit_file(cmdline, "abc")
+    assert (str(found) if found is not None else None) == expected
 
 
 @pytest.mark.parametrize(
