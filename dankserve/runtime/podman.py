@@ -42,6 +42,7 @@ from dankserve.runtime.base import (
     WorkloadState,
     workload_name,
 )
+from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, poll_briefly
 
 if TYPE_CHECKING:
     from podman import PodmanClient
@@ -367,6 +368,65 @@ def present_device_nodes(dev_root: Path) -> frozenset[str]:
         return frozenset(name for name in os.listdir(dev_root) if name.startswith("nvidia"))
     except OSError:
         return frozenset()
+
+
+def conmon_exit_file(cmdline: Sequence[str], container_id: str) -> Path | None:
+    """Where conmon writes the container's exit status (its `--exit-dir` and the container ID)."""
+    for i, arg in enumerate(cmdline):
+        if arg == "--exit-dir" and i + 1 < len(cmdline):
+            return Path(cmdline[i + 1]) / container_id
+        if arg.startswith("--exit-dir="):
+            return Path(arg.partition("=")[2]) / container_id
+    return None
+
+
+def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
+    """The lines of a running container's k8s-file log on this host, followed until it exits.
+
+    None (read through the API instead) unless the log driver is k8s-file, the file is readable
+    here, and the ConmonPid of the inspect document is visible here as conmon for this container.
+    conmon drains the container's output into the file and syncs it before it writes the exit
+    file, and exits after that, so once either happened the file holds the whole log. The
+    follower sleeps on inotify and conmon's pidfd (ChangeWatch) where it can, else polls.
+    """
+    import psutil
+
+    log_config = (attrs.get("HostConfig") or {}).get("LogConfig") or {}
+    path = Path(str(log_config.get("Path") or ""))
+    conmon_pid = (attrs.get("State") or {}).get("ConmonPid")
+    container_id = str(attrs.get("Id") or "")
+    if log_config.get("Type") != "k8s-file" or not conmon_pid or not container_id or not os.access(path, os.R_OK):
+        return None
+    try:
+        conmon = psutil.Process(int(conmon_pid))
+        exit_file = conmon_exit_file(conmon.cmdline(), container_id)
+        watch = ChangeWatch.open(path, conmon.pid, exit_file.parent if exit_file else None)
+        # After the pidfd is open: it is this container's conmon only if the pid still names it.
+        if conmon.name() != "conmon" or container_id not in conmon.cmdline():
+            if watch is not None:
+                watch.close()
+            return None
+    except (psutil.Error, ValueError):
+        return None
+
+    def running() -> bool:
+        if exit_file is not None and exit_file.exists():
+            return False
+        if watch is not None:
+            return not watch.process_ended()
+        try:
+            return conmon.is_running() and conmon.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def lines() -> Iterator[str]:
+        try:
+            yield from k8s_file_lines(follow_file(path, True, running, watch.wait if watch else poll_briefly))
+        finally:
+            if watch is not None:
+                watch.close()
+
+    return lines()
 
 
 def read_secret(secret: SecretFile) -> bytes:
@@ -738,7 +798,21 @@ class PodmanRuntime:
             self._remove_secrets(deployment)
 
     def logs(self, workload_id: str, follow: bool = False) -> Iterator[str]:
-        """The container's stdout and stderr as lines; following until it exits if asked."""
+        """The container's stdout and stderr as lines; following until it exits if asked.
+
+        Following a running container of this host whose log is a k8s-file reads that file
+        directly (local_k8s_log): Podman 4's follow stream polls it only every 250 ms, which
+        would hold back every line, readiness included, by up to that.
+        """
+        if follow and self.url.startswith("unix://"):
+            attrs = self._container_attrs(workload_id)
+            local = local_k8s_log(attrs) if attrs is not None else None
+            if local is not None:
+                yield from local
+                return
+        yield from self._api_logs(workload_id, follow)
+
+    def _api_logs(self, workload_id: str, follow: bool) -> Iterator[str]:
         from podman.api import stream_frames
         from podman.errors import NotFound
 

@@ -33,6 +33,7 @@ from dankserve.runtime.base import (
     WorkloadSpec,
     workload_name,
 )
+from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
 from dankserve.state import write_private_file
 
 GPU_RELEASE_TIMEOUT = 30.0
@@ -311,29 +312,16 @@ class ProcessRuntime:
         if record is None:
             return
         path = self._log_path(record.deployment)
+        # Sleep until the file grows or the server ends; `_alive` (checked at each end of the
+        # file) tells whether the watched pid was still ours.
+        watch = ChangeWatch.open(path, record.pid) if follow and path.exists() else None
         try:
-            handle = path.open("rb")
-        except FileNotFoundError:
-            return
-        with handle:
-            pending = b""
-            while True:
-                chunk = handle.read(65536)
-                if chunk:
-                    pending += chunk
-                    *complete, pending = pending.split(b"\n")
-                    for raw in complete:
-                        yield raw.decode("utf-8", "replace")
-                    continue
-                if not follow or not self._alive(record):
-                    rest = handle.read()
-                    pending += rest
-                    if rest:
-                        continue
-                    if pending:
-                        yield pending.decode("utf-8", "replace")
-                    return
-                time.sleep(0.02)
+            wait = watch.wait if watch is not None else poll_briefly
+            for raw in follow_file(path, follow, lambda: self._alive(record), wait):
+                yield raw.decode("utf-8", "replace")
+        finally:
+            if watch is not None:
+                watch.close()
 
     def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
         record = self._by_id(workload_id)

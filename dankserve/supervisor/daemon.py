@@ -33,7 +33,7 @@ from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime, Workload
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, learning, policy
-from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
+from dankserve.supervisor.health import check_health, fetch_metrics, idle_seconds, metric_value
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, advance_boot_phase, all_settled, status_line
 from dankserve.supervisor.policy import FailureCause, FailureContext, RestartSettings
 from dankserve.supervisor.records import StateBook, failure_json
@@ -169,6 +169,7 @@ class DeploymentWorker:
         self._boot_key: str | None = None
         self._learned_used: int | None = None
         self._planned_utilization: float | None = None
+        self._lines: queue.Queue[str | None] | None = None
 
     # -- control -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -177,6 +178,7 @@ class DeploymentWorker:
     def request_stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._nudge()
 
     def request_replan(self, dep: DeploymentSettings) -> None:
         """Apply a changed configuration: the next cycle boots with it."""
@@ -184,6 +186,13 @@ class DeploymentWorker:
             self.dep = dep
         self._replan.set()
         self._wake.set()
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the follow loop, which sleeps on its line queue until it has something to do."""
+        lines = self._lines
+        if lines is not None:
+            lines.put("")
 
     def join(self, timeout: float) -> bool:
         self._thread.join(timeout)
@@ -402,6 +411,7 @@ class DeploymentWorker:
             dep = self.dep
             self.view.container_id = workload.id
         lines: queue.Queue[str | None] = queue.Queue()
+        self._lines = lines
 
         def pump() -> None:
             try:
@@ -425,8 +435,9 @@ class DeploymentWorker:
                 runtime.stop(workload.id, settings.stop_timeout_seconds)
                 runtime.remove(workload.id)
                 return Outcome("stopped" if self._stop.is_set() else "replan")
+            idle = idle_seconds(ready, reader.facts.ready, next_health, deadline, time.monotonic())
             try:
-                line = lines.get(timeout=0.05)
+                line = lines.get(timeout=idle)
             except queue.Empty:
                 line = ""
             if line is None:

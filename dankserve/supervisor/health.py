@@ -18,6 +18,22 @@ class HealthResult:
         return self.status == 200
 
 
+HEALTH_RETRY_SECONDS = 0.05
+"""How often /health is asked once the log says the server is up, until it answers."""
+MAX_IDLE_SECONDS = 1.0
+"""The follow loop looks around at least this often, whatever it waits for."""
+
+
+def idle_seconds(ready: bool, log_says_up: bool, next_health: float, deadline: float, now: float) -> float:
+    """How long the follow loop may sleep on its line queue before it has something to do: the
+    next health check (or the boot deadline while booting), soon when the log says the server
+    is up but /health has not answered yet. Lines, and stop or replan requests, wake it earlier."""
+    if not ready and log_says_up:
+        return HEALTH_RETRY_SECONDS
+    due = next_health if ready else min(next_health, deadline)
+    return min(max(0.0, due - now), MAX_IDLE_SECONDS)
+
+
 def probe_host_for(bind_host: str) -> str:
     """Where to probe a server bound to `bind_host` (a wildcard bind answers on loopback)."""
     if bind_host in ("0.0.0.0", "", "*"):

@@ -527,6 +527,32 @@ def test_crash_after_seconds_exits_with_the_configured_code(serve: StartServer, 
     assert served.process.wait(timeout=WAIT_SECONDS) == 3
 
 
+def test_trace_file_records_each_line_with_both_clocks(serve: StartServer, tmp_path: Path) -> None:
+    """FAKE_VLLM_TRACE_FILE gets `monotonic wall stream line` for every record, in the order written."""
+    trace = tmp_path / "trace.log"
+    served = serve(env=base_env(tmp_path, FAKE_VLLM_TRACE_FILE=str(trace)))
+    served.wait_ready()
+    assert served.stop() == 0
+    entries = [line.split(" ", 3) for line in trace.read_text().splitlines()]
+    assert all(len(entry) == 4 for entry in entries)
+    monotonic = [float(entry[0]) for entry in entries]
+    assert monotonic == sorted(monotonic)
+    assert all(abs(float(entry[1]) - time.time()) < 60 for entry in entries)
+    texts = [(entry[2], entry[3]) for entry in entries]
+    assert ("stderr", "INFO:     Application startup complete.") in texts
+    assert any(stream == "stdout" and "Starting vLLM server on" in text for stream, text in texts)
+    assert any(
+        stream == "stderr" and text.startswith("Loading safetensors checkpoint shards: 100%") for stream, text in texts
+    )
+
+
+def test_unwritable_trace_file_is_a_knob_error(tmp_path: Path) -> None:
+    """A trace file that cannot be opened stops the stand-in with exit 2, naming the variable."""
+    result = run_to_exit(["serve", MODEL], base_env(tmp_path, FAKE_VLLM_TRACE_FILE=str(tmp_path / "no" / "trace")))
+    assert result.returncode == 2
+    assert "FAKE_VLLM_TRACE_FILE=" in result.stderr
+
+
 def test_endpoints_api_key_and_stats(serve: StartServer, tmp_path: Path) -> None:
     """Endpoints answer like vLLM's; /v1 needs the VLLM_API_KEY bearer token; stats lines report load."""
     env = base_env(

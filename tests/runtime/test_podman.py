@@ -48,6 +48,7 @@ from dankserve.runtime.podman import (
     VersionCache,
     cdi_device_names,
     choose_gpu_passthrough,
+    conmon_exit_file,
     container_create_kwargs,
     exit_event_from,
     is_transient,
@@ -409,6 +410,24 @@ def test_parse_vllm_version(output: str, version: str | None) -> None:
 def test_split_lines(chunks: list[bytes], lines: list[str]) -> None:
     """Log frames are re-split into whole lines, even when a frame cuts a line or a character."""
     assert list(split_lines(chunks)) == lines
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "expected"),
+    [
+        (
+            ["/usr/bin/conmon", "-c", "abc", "--exit-dir", "/run/libpod/exits", "-l", "k8s-file:/x"],
+            "/run/libpod/exits/abc",
+        ),
+        (["/usr/bin/conmon", "--exit-dir=/run/exits", "-c", "abc"], "/run/exits/abc"),
+        (["/usr/bin/conmon", "-c", "abc", "--exit-dir"], None),
+        (["/usr/bin/conmon", "-c", "abc"], None),
+    ],
+)
+def test_conmon_exit_file(cmdline: list[str], expected: str | None) -> None:
+    """conmon's exit file is its --exit-dir joined with the container ID; none without the option."""
+    found = conmon_exit_file(cmdline, "abc")
+    assert (str(found) if found is not None else None) == expected
 
 
 @pytest.mark.parametrize(
@@ -851,6 +870,31 @@ def test_logs_wait_and_exit_events(podman_runtime: PodmanRuntime, make_spec: Spe
     podman_runtime.remove(workload.id)
     gone = podman_runtime.wait(workload.id, timeout=5)
     assert gone is not None and gone.exit_code is None
+
+
+def test_followed_log_is_read_from_the_k8s_file_with_cut_lines_joined(
+    podman_runtime: PodmanRuntime, podman_env: PodmanEnv, make_spec: SpecFactory
+) -> None:
+    """Following a local container reads conmon's k8s-file, not the service's stream; lines conmon cut come
+    whole, joined per stream (Podman 4.3's API joins a cut stdout line with the next stderr record); the
+    stream ends once the container has exited."""
+    model = "org/" + "m" * 20000  # printed in one line, longer than conmon's 8 KiB buffer
+    workload = podman_runtime.start(
+        make_spec(
+            argv=(model, "--port", "8000"), env={"FAKE_VLLM_BOOT_SECONDS": "0", "FAKE_VLLM_CRASH_AFTER_SECONDS": "2"}
+        )
+    )
+    streams_before = len(podman_env.requests_logged("/logs?"))
+    followed = list(podman_runtime.logs(workload.id, follow=True))
+    assert any(line.endswith(f"model   {model}") for line in followed)  # the logo's model line
+    assert "INFO:     Application startup complete." in followed
+    exited = podman_runtime.inspect(workload.id)
+    assert exited is not None and exited.state in ("exited", "stopped")
+    assert len(podman_env.requests_logged("/logs?", at_least=streams_before + 1, timeout=1)) == streams_before
+    load_line = next(line for line in followed if "Starting to load model" in line)
+    assert load_line.endswith(f"Starting to load model {model}...")
+    assert any(line.startswith("\rLoading safetensors checkpoint shards:") for line in followed)
+    podman_runtime.remove(workload.id)
 
 
 def test_server_errors_are_retried_client_errors_not(

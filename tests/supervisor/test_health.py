@@ -7,7 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from dankserve.supervisor.health import check_health, fetch_metrics, metric_value, probe_host_for
+from dankserve.supervisor.health import (
+    HEALTH_RETRY_SECONDS,
+    MAX_IDLE_SECONDS,
+    check_health,
+    fetch_metrics,
+    idle_seconds,
+    metric_value,
+    probe_host_for,
+)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -72,3 +80,21 @@ def test_metrics_are_read_and_summed(server: http.server.ThreadingHTTPServer) ->
 def test_wildcard_binds_are_probed_on_loopback(bind: str, probe: str) -> None:
     """A server bound to every address is probed on loopback."""
     assert probe_host_for(bind) == probe
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        # (ready, log_says_up, next_health, deadline, now)
+        ((False, False, 0.0, 1800.0, 100.0), 0.0),  # the first probe: at once
+        ((False, False, 100.4, 1800.0, 100.0), 0.4),  # booting: until the next slow probe
+        ((False, False, 101.0, 100.2, 100.0), 0.2),  # ... or the boot deadline, if sooner
+        ((False, True, 101.0, 1800.0, 100.0), HEALTH_RETRY_SECONDS),  # the log says up: probe soon
+        ((True, True, 102.5, 1800.0, 100.0), MAX_IDLE_SECONDS),  # serving: at most the idle cap
+        ((True, False, 100.3, 1800.0, 100.0), 0.3),  # serving: until the next probe
+        ((True, True, 99.0, 1800.0, 100.0), 0.0),  # a probe is overdue
+    ],
+)
+def test_idle_seconds(state: tuple[bool, bool, float, float, float], expected: float) -> None:
+    """The follow loop sleeps until its next probe or deadline, briefly once the log says the server is up."""
+    assert idle_seconds(*state) == pytest.approx(expected)

@@ -119,7 +119,12 @@ def serve(
     kv_cache_dtypes: tuple[str, ...] | None,
 ) -> int:
     colour = use_colour(env.get("NO_COLOR"), env.get("FORCE_COLOR"), env.get("VLLM_LOGGING_COLOR"), sys.stdout.isatty())
-    output = Output(sys.stdout, sys.stderr, colour, os.getpid(), config.tensor_parallel_size)
+    try:
+        trace = open(knobs.trace_file, "a", encoding="utf-8") if knobs.trace_file else None  # noqa: SIM115  (open for the process's life)
+    except OSError as exc:
+        print(f"{STAND_IN_PREFIX} FAKE_VLLM_TRACE_FILE={knobs.trace_file!r}: {exc.strerror}", file=sys.stderr)
+        return 2
+    output = Output(sys.stdout, sys.stderr, colour, os.getpid(), config.tensor_parallel_size, trace=trace)
     start_crash_timer(knobs, output)
     install_signal_handlers()
 

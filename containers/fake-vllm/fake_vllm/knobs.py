@@ -54,6 +54,8 @@ class Knobs:
     kv_usage_percent: float
     preemptions_per_interval: int
     dev_dir: str
+    trace_file: str | None = None
+    """FAKE_VLLM_TRACE_FILE: append `monotonic wall stream line` for every record written (benchmarks)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -118,4 +120,5 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         kv_usage_percent=_number(env, "FAKE_VLLM_KV_USAGE", 0.0) or 0.0,
         preemptions_per_interval=_integer(env, "FAKE_VLLM_PREEMPTIONS_PER_INTERVAL", 0),
         dev_dir=env.get("FAKE_VLLM_DEV_DIR", "").strip() or "/dev",
+        trace_file=env.get("FAKE_VLLM_TRACE_FILE", "").strip() or None,
     )

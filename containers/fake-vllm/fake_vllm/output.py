@@ -1,8 +1,14 @@
-"""Writes log lines to stdout/stderr from any thread, each record whole and flushed."""
+"""Writes log lines to stdout/stderr from any thread, each record whole and flushed.
+
+With a trace file (FAKE_VLLM_TRACE_FILE) each record's write is also noted there, with the
+clocks read just after the flush returned: `MONOTONIC WALL STREAM FIRST-LINE`. A benchmark
+compares them with when a reader saw the line, without the noise of watching the log itself.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime
 from typing import TextIO
 
@@ -13,9 +19,19 @@ from .messages import Message
 class Output:
     """The process's two streams; vLLM logs to stdout, tqdm bars and uvicorn's own lines to stderr."""
 
-    def __init__(self, stdout: TextIO, stderr: TextIO, colour: bool, api_pid: int, tensor_parallel_size: int) -> None:
+    def __init__(
+        self,
+        stdout: TextIO,
+        stderr: TextIO,
+        colour: bool,
+        api_pid: int,
+        tensor_parallel_size: int,
+        *,
+        trace: TextIO | None = None,
+    ) -> None:
         self._stdout = stdout
         self._stderr = stderr
+        self._trace = trace
         self._lock = threading.Lock()
         self.colour = colour
         self.api_pid = api_pid
@@ -51,3 +67,16 @@ class Output:
                 target.flush()
             except (BrokenPipeError, ValueError):
                 pass  # the reader went away; the server keeps its behaviour regardless
+            if self._trace is not None:
+                monotonic, wall = time.monotonic(), time.time()
+                self._trace.write(f"{monotonic:.6f} {wall:.6f} {stream} {trace_line(text)}\n")
+                self._trace.flush()
+
+
+def trace_line(text: str) -> str:
+    """The record's first non-empty line as the trace names it (progress bars: the last \\r frame)."""
+    for line in text.split("\n"):
+        shown = line.rsplit("\r", 1)[-1].strip()
+        if shown:
+            return shown
+    return ""
