@@ -90,8 +90,32 @@ def _print_text(host: Host) -> None:
         for node in host.numa_nodes
     ]
     lines += [f"disk {disk.path}: {format_bytes(disk.free_bytes)} free" for disk in host.disks]
+    lines += links_matrix(host)
     for line in lines:
         console.print(line, soft_wrap=True)
+
+
+def links_matrix(host: Host) -> list[str]:
+    """The links between GPUs as `nvidia-smi topo -m` shows them (NV18, PXB, SYS...), GPUs in dankserve's order."""
+    if len(host.gpus) < 2:
+        return []
+    if host.links is None:
+        return ["links between GPUs: not recorded"]
+    names = [f"GPU{gpu.index}" for gpu in host.gpus]
+    width = max(5, *(len(name) + 1 for name in names))
+
+    def cell(a: int, b: int) -> str:
+        if a == b:
+            return " X"
+        link = host.link(a, b)
+        return "?" if link is None else link.label()
+
+    rows = ["links between GPUs (as nvidia-smi topo -m; NV# = # NVLinks, else the PCIe path PIX/PXB/PHB/NODE/SYS):"]
+    rows.append(" " * width + "".join(name.ljust(width) for name in names) + "NUMA")
+    for gpu, name in zip(host.gpus, names, strict=True):
+        cells = "".join(cell(gpu.index, other.index).ljust(width) for other in host.gpus)
+        rows.append(name.ljust(width) + cells + _known(gpu.numa_node))
+    return rows
 
 
 def _is_terminal() -> bool:

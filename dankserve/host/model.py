@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -87,6 +87,35 @@ class Disk(_Record):
     total_bytes: int | None = Field(default=None, ge=0)
 
 
+LinkKind = Literal["NVLINK", "PIX", "PXB", "PHB", "NODE", "SYS"]
+"""How two GPUs reach each other, in nvidia-smi topo's words: NVLink, else the PCIe path (best to worst)."""
+
+LINK_KINDS: tuple[LinkKind, ...] = ("NVLINK", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+class GpuLink(_Record):
+    """The connection between two GPUs (by index, a < b)."""
+
+    a: int = Field(ge=0)
+    b: int = Field(ge=0)
+    kind: LinkKind
+    nvlinks: int | None = Field(default=None, ge=1, description="Active NVLinks between them (nvidia-smi's NV#).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GpuLink:
+        if self.a >= self.b:
+            raise ValueError(f"a link names its GPUs in order (a < b), found a={self.a}, b={self.b}")
+        if self.kind != "NVLINK" and self.nvlinks is not None:
+            raise ValueError(f"a {self.kind} link has no NVLinks (nvlinks = {self.nvlinks})")
+        return self
+
+    def label(self) -> str:
+        """nvidia-smi topo's cell: NV18, or the PCIe path's name."""
+        if self.kind == "NVLINK":
+            return f"NV{self.nvlinks}" if self.nvlinks is not None else "NV?"
+        return self.kind
+
+
 class Host(_Record):
     """Everything the planner needs to know about a machine."""
 
@@ -100,6 +129,9 @@ class Host(_Record):
     disks: tuple[Disk, ...] = ()
     hostname: str | None = None
     warnings: tuple[str, ...] = Field(default=(), description="What the probe could not read exactly.")
+    links: tuple[GpuLink, ...] | None = Field(
+        default=None, description="How each GPU pair is connected; null when not recorded (older files) or unreadable."
+    )
 
     @field_validator("gpus")
     @classmethod
@@ -111,6 +143,27 @@ class Host(_Record):
             if twice:
                 raise ValueError(f"two GPUs share the {attr} {', '.join(twice)}")
         return value
+
+    @field_validator("links")
+    @classmethod
+    def _links_name_gpus(cls, value: tuple[GpuLink, ...] | None, info: ValidationInfo) -> tuple[GpuLink, ...] | None:
+        if value is None:
+            return None
+        indices = {gpu.index for gpu in info.data.get("gpus", ())}
+        seen: set[tuple[int, int]] = set()
+        for link in value:
+            pair = (link.a, link.b)
+            if not {link.a, link.b} <= indices:
+                raise ValueError(f"the link {link.a}-{link.b} names a GPU index the host lacks ({sorted(indices)})")
+            if pair in seen:
+                raise ValueError(f"the link {link.a}-{link.b} appears twice")
+            seen.add(pair)
+        return value
+
+    def link(self, a: int, b: int) -> GpuLink | None:
+        """The recorded connection between GPUs `a` and `b` (either order); None when unknown."""
+        low, high = min(a, b), max(a, b)
+        return next((link for link in self.links or () if (link.a, link.b) == (low, high)), None)
 
     def gpu(self, ref: int | str) -> Gpu | None:
         """The GPU with this index or UUID."""

@@ -38,6 +38,7 @@ def probe_host(cache_dirs: Sequence[Path] = (), *, sysfs_root: Path = Path("/sys
         disks=read_disks(cache_dirs),
         hostname=socket.gethostname() or None,
         warnings=gpu.warnings + cpu.warnings,
+        links=gpu.links,
     )
 
 

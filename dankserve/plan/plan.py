@@ -17,7 +17,7 @@ from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, rules
+from dankserve.plan import checks, gpu_choice, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
@@ -172,10 +172,15 @@ def size_memory(
         cpu_offload_bytes_per_gpu=offload_per_gpu,
     )
     checks.check_tensor_parallel(tp.value, len(assigned), model)
-    used = assigned[: tp.value]
+    chosen = gpu_choice.choose_gpus(host, assigned, tp.value)
+    used = chosen.value
     checks.check_cores(host, tp.value)
     if len(used) < len(assigned):
-        warnings.append(f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp.value})")
+        tp = Decision(tp.value, f"{tp.reason}; uses {chosen.reason}")
+        warnings.append(
+            f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp.value}): "
+            f"GPUs {', '.join(str(g.index) for g in used)}"
+        )
     if model.missing:
         warnings.append(
             f"model facts unknown for {model.model} ({', '.join(model.missing)}): the checks needing them are "

@@ -57,6 +57,38 @@ def test_text_output_lists_gpus_cpus_numa_and_disks() -> None:
         assert text in done.stdout
 
 
+def test_text_output_shows_the_links_matrix() -> None:
+    """The text output ends with the links between GPUs laid out like `nvidia-smi topo -m`."""
+    done = dankserve("probe", "--hardware", str(recorded_host_path("rtx4090x4-1numa")))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("links between GPUs"))
+    assert [line.split() for line in lines[start + 1 : start + 6]] == [
+        ["GPU0", "GPU1", "GPU2", "GPU3", "NUMA"],
+        ["GPU0", "X", "PXB", "NODE", "NODE", "0"],
+        ["GPU1", "PXB", "X", "NODE", "NODE", "0"],
+        ["GPU2", "NODE", "NODE", "X", "PXB", "0"],
+        ["GPU3", "NODE", "NODE", "PXB", "X", "0"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("h200x2-vm-real", ["GPU0", "X", "NV18", "-"]), ("h100x4-2numa", None), ("h200x1-vm", None)],
+)
+def test_links_matrix(name: str, expected: list[str] | None) -> None:
+    """NVLink pairs read NV#; a host without recorded links says so; one GPU shows no matrix."""
+    from dankserve.cli.probe import links_matrix
+
+    lines = links_matrix(recorded_host(name))
+    if name == "h100x4-2numa":
+        assert lines == ["links between GPUs: not recorded"]
+    elif expected is None:
+        assert lines == []
+    else:
+        assert lines[2].split() == expected
+
+
 def test_environment_variable_names_the_file() -> None:
     """$DANKSERVE_HARDWARE is read when --hardware is not given."""
     done = dankserve("probe", "--json", env={"DANKSERVE_HARDWARE": str(recorded_host_path("a100-80x2-mig"))})

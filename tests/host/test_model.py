@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dankserve.host.model import Gpu, Host, nvml_bus_id, pci_address, sysfs_bus_id
+from dankserve.host.model import Gpu, GpuLink, Host, nvml_bus_id, pci_address, sysfs_bus_id
 
 BUS_IDS = [
     # given, NVML form, sysfs form
@@ -58,3 +58,37 @@ def test_host_rejects_ambiguous_gpus(gpus: tuple[Gpu, ...], message: str) -> Non
     """Two GPUs with one index or one UUID make a host invalid, since deployments name GPUs by them."""
     with pytest.raises(ValidationError, match=message):
         Host(gpus=gpus, cpu={"physical_cores": 1, "logical_cores": 1}, memory={"total_bytes": 1})
+
+
+def _host(**fields: object) -> Host:
+    gpus = tuple(_gpu(i, f"GPU-{i}") for i in range(3))
+    return Host.model_validate(
+        {"gpus": gpus, "cpu": {"physical_cores": 1, "logical_cores": 1}, "memory": {"total_bytes": 1}, **fields}
+    )
+
+
+def test_links_are_optional_and_looked_up_in_either_order() -> None:
+    """A host without links has None (older files); a recorded link is found by its GPUs in either order."""
+    assert _host().links is None
+    host = _host(links=[{"a": 0, "b": 2, "kind": "NVLINK", "nvlinks": 18}, {"a": 0, "b": 1, "kind": "SYS"}])
+    assert host.link(2, 0) == GpuLink(a=0, b=2, kind="NVLINK", nvlinks=18)
+    assert host.link(1, 0) is not None and host.link(1, 0).label() == "SYS"  # type: ignore[union-attr]
+    assert host.link(1, 2) is None
+    assert GpuLink(a=0, b=1, kind="NVLINK").label() == "NV?"
+
+
+@pytest.mark.parametrize(
+    ("links", "message"),
+    [
+        ([{"a": 1, "b": 0, "kind": "SYS"}], "a < b"),
+        ([{"a": 0, "b": 0, "kind": "SYS"}], "a < b"),
+        ([{"a": 0, "b": 1, "kind": "PXB", "nvlinks": 2}], "no NVLinks"),
+        ([{"a": 0, "b": 1, "kind": "NV18"}], "kind"),
+        ([{"a": 0, "b": 7, "kind": "SYS"}], "lacks"),
+        ([{"a": 0, "b": 1, "kind": "SYS"}, {"a": 0, "b": 1, "kind": "PIX"}], "twice"),
+    ],
+)
+def test_malformed_links_are_rejected(links: list[dict[str, object]], message: str) -> None:
+    """Links out of order, NVLinks on a PCIe path, unknown kinds, unknown GPUs and repeated pairs are invalid."""
+    with pytest.raises(ValidationError, match=message):
+        _host(links=links)

@@ -19,11 +19,15 @@ import pytest
 
 from dankserve.errors import NvmlUnavailable
 from dankserve.exitcodes import ExitCode
+from dankserve.host.model import GpuLink
 from dankserve.host.nvml import (
     NvmlReadings,
     RawGpu,
+    RawNvLink,
+    RawPair,
     cuda_version_string,
     gpus_from_readings,
+    links_from_readings,
     numa_node_of,
     nvml_unavailable,
     read_devices,
@@ -52,8 +56,8 @@ def raw(nvml_index: int, bus: str, **changes: object) -> RawGpu:
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
-def readings(*gpus: RawGpu, skipped: tuple[str, ...] = ()) -> NvmlReadings:
-    return NvmlReadings(driver_version="580.95.05", cuda_driver_version=13000, gpus=gpus, skipped=skipped)
+def readings(*gpus: RawGpu, skipped: tuple[str, ...] = (), pairs: tuple[RawPair, ...] | None = None) -> NvmlReadings:
+    return NvmlReadings(driver_version="580.95.05", cuda_driver_version=13000, gpus=gpus, skipped=skipped, pairs=pairs)
 
 
 @pytest.mark.parametrize(
@@ -144,6 +148,108 @@ def test_recorded_fields_pass_through() -> None:
     assert gpu.compute_capability == (9, 0)
 
 
+SWITCH, GPU, VM_SWITCH_BUS = 2, 0, "FFFFFFFF:FF:FF.0"
+
+
+def to_switch(count: int) -> tuple[RawNvLink, ...]:
+    """`count` active links ending at an NVSwitch, as NVML reports them inside a VM."""
+    return tuple(RawNvLink(SWITCH, VM_SWITCH_BUS) for _ in range(count))
+
+
+def to_gpu(bus: str, count: int) -> tuple[RawNvLink, ...]:
+    return tuple(RawNvLink(GPU, bus) for _ in range(count))
+
+
+BUS_A, BUS_B = "00000000:18:00.0", "00000000:2A:00.0"
+
+# name, links of the GPU at BUS_A, links of the GPU at BUS_B, common ancestor, NVLink P2P status, expected link
+PAIR_CASES = [
+    (
+        "H200 VM: 18 links each to NVSwitches",
+        to_switch(18),
+        to_switch(18),
+        30,
+        0,
+        GpuLink(a=0, b=1, kind="NVLINK", nvlinks=18),
+    ),
+    ("A100 SXM: 12 switch links", to_switch(12), to_switch(12), 50, 0, GpuLink(a=0, b=1, kind="NVLINK", nvlinks=12)),
+    (
+        "switches, one GPU with fewer links up",
+        to_switch(18),
+        to_switch(16),
+        50,
+        None,
+        GpuLink(a=0, b=1, kind="NVLINK", nvlinks=16),
+    ),
+    ("switches but another NVLink partition", to_switch(18), to_switch(18), 50, 4, GpuLink(a=0, b=1, kind="SYS")),
+    (
+        "RTX 3090 pair with a bridge: NV4",
+        to_gpu(BUS_B, 4),
+        to_gpu(BUS_A, 4),
+        30,
+        0,
+        GpuLink(a=0, b=1, kind="NVLINK", nvlinks=4),
+    ),
+    (
+        "direct links seen from one side only",
+        to_gpu("0000:2a:00.0", 2),
+        (),
+        20,
+        None,
+        GpuLink(a=0, b=1, kind="NVLINK", nvlinks=2),
+    ),
+    ("links to a third GPU do not count", to_gpu("00000000:3A:00.0", 4), (), 40, None, GpuLink(a=0, b=1, kind="NODE")),
+    (
+        "remote type unknown, bus id matches",
+        (RawNvLink(None, BUS_B),),
+        (),
+        20,
+        None,
+        GpuLink(a=0, b=1, kind="NVLINK", nvlinks=1),
+    ),
+    ("PCIe: one board", (), (), 0, None, GpuLink(a=0, b=1, kind="PIX")),
+    ("PCIe: single switch", (), (), 10, None, GpuLink(a=0, b=1, kind="PIX")),
+    ("PCIe: several switches", (), (), 20, None, GpuLink(a=0, b=1, kind="PXB")),
+    ("PCIe: host bridge", (), (), 30, None, GpuLink(a=0, b=1, kind="PHB")),
+    ("PCIe: across host bridges", (), (), 40, None, GpuLink(a=0, b=1, kind="NODE")),
+    ("PCIe: across NUMA nodes", (), (), 50, None, GpuLink(a=0, b=1, kind="SYS")),
+]
+
+
+@pytest.mark.parametrize(
+    ("links_a", "links_b", "ancestor", "p2p", "expected"),
+    [case[1:] for case in PAIR_CASES],
+    ids=[case[0] for case in PAIR_CASES],
+)
+def test_pair_link(
+    links_a: tuple[RawNvLink, ...], links_b: tuple[RawNvLink, ...], ancestor: int, p2p: int | None, expected: GpuLink
+) -> None:
+    """A pair is NVLink when links join them directly or both reach NVSwitches with P2P OK, else its PCIe path."""
+    # NVML numbers B first: the link is still named in PCI bus order
+    gpus = (raw(0, BUS_B, nvlinks=links_b), raw(1, BUS_A, nvlinks=links_a))
+    pairs = (RawPair(nvml_a=0, nvml_b=1, common_ancestor=ancestor, p2p_nvlink=p2p),)
+    assert links_from_readings(readings(*gpus, pairs=pairs)) == (expected,)
+
+
+def test_links_unknown_or_unread() -> None:
+    """Links not read are None; a pair with no NVLink and no PCIe answer is left out; one GPU has no pairs."""
+    assert links_from_readings(readings(raw(0, BUS_A), raw(1, BUS_B))) is None
+    unknown = (RawPair(nvml_a=0, nvml_b=1, common_ancestor=None, p2p_nvlink=None),)
+    assert links_from_readings(readings(raw(0, BUS_A), raw(1, BUS_B), pairs=unknown)) == ()
+    assert links_from_readings(readings(raw(0, BUS_A), pairs=())) == ()
+
+
+def test_gpu_facts_carry_links_and_link_problems() -> None:
+    """The interpreted facts hold the links; a failure reading them is a warning and no links."""
+    pairs = (RawPair(nvml_a=0, nvml_b=1, common_ancestor=50, p2p_nvlink=None),)
+    facts = gpus_from_readings(readings(raw(0, BUS_A), raw(1, BUS_B), pairs=pairs))
+    assert facts.links == (GpuLink(a=0, b=1, kind="SYS"),)
+    failed = replace(readings(raw(0, BUS_A), raw(1, BUS_B)), link_problem="NVML failed (Unknown)")
+    facts = gpus_from_readings(failed)
+    assert facts.links is None
+    assert facts.warnings == ("links between GPUs not recorded: NVML failed (Unknown)",)
+
+
 @pytest.mark.parametrize(("content", "expected"), [("1\n", 1), ("0", 0), ("-1\n", None), ("garbage", None)])
 def test_sysfs_numa_node(tmp_path: Path, content: str, expected: int | None) -> None:
     """The PCI device's numa_node file is read under the sysfs name of an NVML bus id; -1 is unknown."""
@@ -185,6 +291,9 @@ class StandInNvml:
     unsupported: set[str] = field(default_factory=set)
     no_permission: set[int] = field(default_factory=set)
     cuda_v2: bool = True
+    links_fail: bool = False
+    NVML_NVLINK_MAX_LINKS = 36  # nvidia-ml-py 13's value
+    NVML_P2P_CAPS_INDEX_NVLINK = 3
 
     def __post_init__(self) -> None:
         import pynvml
@@ -193,6 +302,8 @@ class StandInNvml:
         self.NVMLError_NoPermission = pynvml.NVMLError_NoPermission
         self.NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
         self.NVMLError_Unknown = pynvml.NVMLError_Unknown
+        self.NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+        self.NVMLError_InvalidArgument = pynvml.NVMLError_InvalidArgument
         self._not_supported = pynvml.NVMLError_NotSupported
         self._function_not_found = pynvml.NVMLError_FunctionNotFound
 
@@ -241,9 +352,36 @@ class StandInNvml:
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:  # noqa: N802  (pynvml's names)
         return [int(self._answer("mig", handle)), 0]
 
+    # links: each device's "links" is a list of (remote type, remote bus id); no list means no NVLink
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:  # noqa: N802  (pynvml's names)
+        if self.links_fail:
+            raise self.NVMLError_Unknown()
+        links = self.devices[handle].get("links")
+        if links is None:
+            raise self._not_supported()
+        if link >= 18:
+            raise self.NVMLError_InvalidArgument()  # as a real H200 answers past its 18 links
+        return 1 if link < len(links) else 0
 
-def h200(bus: bytes | str, numa: int = 0, mig: int = 0) -> dict[str, Any]:
-    return {"bus": bus, "total": 150754820096, "free": 150167617536, "numa": numa, "mig": mig}
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:  # noqa: N802  (pynvml's names)
+        return int(self.devices[handle]["links"][link][0])
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> Any:  # noqa: N802  (pynvml's names)
+        return SimpleNamespace(busId=self.devices[handle]["links"][link][1].encode())
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: int, second: int) -> int:  # noqa: N802  (pynvml's names)
+        if "ancestor" in self.unsupported:
+            raise self._not_supported()
+        return 30
+
+    def nvmlDeviceGetP2PStatus(self, first: int, second: int, index: int) -> int:  # noqa: N802  (pynvml's names)
+        assert index == self.NVML_P2P_CAPS_INDEX_NVLINK
+        return 0
+
+
+def h200(bus: bytes | str, numa: int = 0, mig: int = 0, switch_links: int | None = 18) -> dict[str, Any]:
+    links = None if switch_links is None else [(2, "FFFFFFFF:FF:FF.0")] * switch_links
+    return {"bus": bus, "total": 150754820096, "free": 150167617536, "numa": numa, "mig": mig, "links": links}
 
 
 def test_read_devices_through_binding(tmp_path: Path) -> None:
@@ -282,6 +420,44 @@ def test_read_devices_skips_forbidden_devices(tmp_path: Path) -> None:
         read_devices(StandInNvml([h200("00000000:18:00.0")], no_permission={0}), tmp_path)
     with pytest.raises(NvmlUnavailable, match="NVML sees no GPU"):
         read_devices(StandInNvml([]), tmp_path)
+
+
+def test_read_links_through_binding(tmp_path: Path) -> None:
+    """Active NVLinks are read per device with their remote ends, and every pair's PCIe ancestor and P2P status."""
+    nvml = StandInNvml([h200("00000000:00:06.0"), h200("00000000:00:07.0", switch_links=16), h200("00000000:00:08.0")])
+    result = read_devices(nvml, tmp_path)
+    assert [len(gpu.nvlinks) for gpu in result.gpus] == [18, 16, 18]
+    assert result.gpus[0].nvlinks[0] == RawNvLink(remote_type=2, remote_bus_id="FFFFFFFF:FF:FF.0")
+    assert result.pairs == tuple(
+        RawPair(nvml_a=a, nvml_b=b, common_ancestor=30, p2p_nvlink=0) for a, b in ((0, 1), (0, 2), (1, 2))
+    )
+    assert result.link_problem is None
+    assert gpus_from_readings(result).links == (
+        GpuLink(a=0, b=1, kind="NVLINK", nvlinks=16),
+        GpuLink(a=0, b=2, kind="NVLINK", nvlinks=18),
+        GpuLink(a=1, b=2, kind="NVLINK", nvlinks=16),
+    )
+
+
+def test_read_links_pcie_only_and_unsupported(tmp_path: Path) -> None:
+    """GPUs without NVLink (Not Supported) have no links; an unsupported ancestor query leaves the pair unknown."""
+    pcie = [h200("00000000:01:00.0", switch_links=None), h200("00000000:21:00.0", switch_links=None)]
+    result = read_devices(StandInNvml(pcie), tmp_path)
+    assert [gpu.nvlinks for gpu in result.gpus] == [(), ()]
+    assert gpus_from_readings(result).links == (GpuLink(a=0, b=1, kind="PHB"),)
+    result = read_devices(StandInNvml(pcie, unsupported={"ancestor"}), tmp_path)
+    assert gpus_from_readings(result).links == ()
+
+
+def test_link_errors_are_a_warning_not_a_failure(tmp_path: Path) -> None:
+    """An NVML error while reading links leaves the GPUs read, the links unknown and a warning."""
+    result = read_devices(StandInNvml([h200("00000000:18:00.0"), h200("00000000:2A:00.0")], links_fail=True), tmp_path)
+    assert len(result.gpus) == 2
+    assert result.pairs is None
+    assert result.link_problem is not None and "NVML" in result.link_problem
+    facts = gpus_from_readings(result)
+    assert facts.links is None
+    assert any(warning.startswith("links between GPUs not recorded") for warning in facts.warnings)
 
 
 # ---- real hardware ----------------------------------------------------------------------
@@ -331,6 +507,27 @@ def topo_numa(text: str) -> dict[int, str]:
     return result
 
 
+def topo_cells(text: str) -> dict[tuple[int, int], str]:
+    """The GPU-to-GPU cells of `nvidia-smi topo -m` (NV18, PXB, SYS...) by nvidia-smi index pair (i < j)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()
+    header = next((line.split("\t") for line in lines if "GPU0" in line and not line.startswith("GPU0")), None)
+    if header is None:
+        return {}
+    columns = {
+        position: int(cell.strip()[3:]) for position, cell in enumerate(header) if re.fullmatch(r"GPU\d+", cell.strip())
+    }
+    cells = {}
+    for line in lines:
+        row = line.split("\t")
+        if not re.fullmatch(r"GPU\d+", row[0].strip()):
+            continue
+        i = int(row[0].strip()[3:])
+        for position, j in columns.items():
+            if i < j and position < len(row):
+                cells[(i, j)] = row[position].strip()
+    return cells
+
+
 TOPO_2GPU = (
     "\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
     "GPU0\t X \tNV18\t0-47\t0\t\tN/A\n"
@@ -358,6 +555,8 @@ GPU 00000000:2A:00.0
 def test_nvidia_smi_parsers() -> None:
     """The helpers that read nvidia-smi's output for the gpu tests parse its known layouts."""
     assert topo_numa(TOPO_2GPU) == {0: "0", 1: "1"}
+    assert topo_cells(TOPO_2GPU) == {(0, 1): "NV18"}
+    assert topo_cells("no matrix here") == {}
     assert topo_numa("no matrix here") == {}
     assert smi_q_value(SMI_Q, "Driver Version") == "580.95.05"
     assert smi_q_value(SMI_Q, "CUDA Version") == "13.0"
@@ -413,3 +612,21 @@ def test_probe_numa_matches_topology() -> None:
             assert gpu.numa_node == int(shown)
         else:  # unknown to us: only allowed where sysfs says -1 (documented: never guessed)
             assert gpu.pci_bus_id is not None and sysfs_numa_node(gpu.pci_bus_id) is None
+
+
+@pytest.mark.gpu
+def test_probe_links_match_topology() -> None:
+    """Every GPU pair's link matches `nvidia-smi topo -m`: NV# as NVLink with # links, else the same PCIe path."""
+    facts = gpus_from_readings(read_nvml())
+    smi_index = {uuid: int(row["index"]) for uuid, row in smi_query().items()}
+    cells = topo_cells(nvidia_smi("topo", "-m"))
+    if len(facts.gpus) < 2:
+        pytest.skip("one GPU: no links")
+    assert facts.links is not None, facts.warnings
+    by_pair = {(link.a, link.b): link for link in facts.links}
+    for first in facts.gpus:
+        for second in facts.gpus[first.index + 1 :]:
+            i, j = sorted((smi_index[first.uuid], smi_index[second.uuid]))
+            link = by_pair.get((first.index, second.index))
+            assert link is not None, f"no link read for GPUs {first.index}-{second.index} (nvidia-smi: {cells[(i, j)]})"
+            assert link.label() == cells[(i, j)], f"GPUs {first.index}-{second.index}"
