@@ -206,3 +206,28 @@ def test_leader_restarted(group: Group) -> None:
     _spawn(group.leader)
     group.leader.wait_for("big", lambda d: d["phase"] == "ready" and d["boots"] >= 2, timeout=150)
     assert len(ray_nodes(group)) == 2
+
+
+def worker_pid(daemon: NsDaemon) -> int:
+    record: dict[str, Any] = json.loads((daemon.state_dir / "ray" / "worker-big.json").read_text())
+    return int(record["pid"])
+
+
+@pytest.mark.parametrize("group", [3], indirect=True)
+def test_three_hosts_form_and_restart_whole_group_when_a_follower_is_killed(group: Group) -> None:
+    """Three hosts form one Ray cluster (TP 2 x PP 3: 3 nodes, 6 GPUs) and serve; the last follower's Ray worker
+    killed is detected within 15 s and every member's worker is replaced (the whole group restarts), one group."""
+    status = group.leader.wait_for("big", ready, timeout=150)
+    assert [h["role"] for h in status["hosts"]] == ["leader", "follower", "follower"]
+    nodes = ray_nodes(group)
+    assert sorted(n["address"] for n in nodes) == sorted(h.address for h in group.lab.hosts)
+    assert sum(n["gpus"] for n in nodes) == 6
+
+    before = [worker_pid(f) for f in group.followers]
+    killed = time.monotonic()
+    os.killpg(before[-1], signal.SIGKILL)
+    assert wait_unready(group.leader, killed) < 15
+    after = group.leader.wait_for("big", ready, timeout=150)
+    assert after["restarts"] >= 1
+    assert all(worker_pid(f) != pid for f, pid in zip(group.followers, before, strict=True))
+    assert len(ray_nodes(group)) == 3
