@@ -23,7 +23,17 @@ from typing import Any
 
 from dankserve import control
 from dankserve.testing import write_recorded_host
-from dankserve.testing.config_file import write_config as write_config
+from dankserve.testing.config_file import write_config
+
+__all__ = [
+    "Notifications",
+    "RunningDaemon",
+    "free_port",
+    "process_deployment",
+    "running_daemon",
+    "write_config",
+    "write_host",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 STAND_IN = REPO / "containers" / "fake-vllm" / "vllm.py"
