@@ -10,7 +10,7 @@ import pytest
 
 STANDIN = Path(__file__).resolve().parents[2] / "containers" / "fake-vllm"
 sys.path.insert(0, str(STANDIN))
-from fake_vllm.ray_leader import carried_env  # noqa: E402
+from fake_vllm.ray_leader import carried_env, rank_order  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -32,3 +32,15 @@ def test_carried_env(tmp_path: Path, listed: list[str] | None, expected: dict[st
         "VLLM_CONFIG_ROOT": str(tmp_path),
     }
     assert carried_env(env) == {**expected, "VLLM_CONFIG_ROOT": str(tmp_path)}
+
+
+@pytest.mark.parametrize(
+    ("ips", "expected"),
+    [
+        (["10.0.0.3", "10.0.0.1", "10.0.0.2", "10.0.0.1"], [1, 3, 2, 0]),
+        (["10.0.0.1", "10.0.0.1"], [0, 1]),
+    ],
+)
+def test_rank_order(ips: list[str], expected: list[int]) -> None:
+    """Ranks go to the driver's node first, then by node IP, whatever order the placement group gave."""
+    assert rank_order(ips, "10.0.0.1") == expected

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 DEFAULT_PG_WAIT_SECONDS = 60  # vLLM's PG_WAIT_TIMEOUT (ray_utils.py)
@@ -60,6 +60,17 @@ def _compile_on_worker(rank: int, copied: dict[str, str], backend_hash: str, aot
     return {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "dir": backbone, "hit": hit}
 
 
+def _node_ip() -> str:
+    """The node a Ray task runs on (pickled by value with the module)."""
+    return str(importlib.import_module("ray").util.get_node_ip_address())
+
+
+def rank_order(bundle_ips: Sequence[str], driver_ip: str) -> list[int]:
+    """Bundle indices in vLLM's rank order: the driver's node first, then by node IP (ray_executor.py's
+    sort_by_driver_then_worker_ip), so a rank stays on the same host from boot to boot."""
+    return sorted(range(len(bundle_ips)), key=lambda i: (bundle_ips[i] != driver_ip, bundle_ips[i], i))
+
+
 def run_workers(group: Any, world_size: int, env: Mapping[str, str], backend_hash: str, aot_hash: str) -> None:
     """One worker per bundle on its node, as vLLM places its RayWorkerWrappers; their cache lines printed."""
     ray: Any = importlib.import_module("ray")
@@ -67,12 +78,14 @@ def run_workers(group: Any, world_size: int, env: Mapping[str, str], backend_has
     copied = carried_env(env)
     # The workers cannot import the stand-in: send this module's code along, as cloudpickle can.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    on_bundle = [strategy(placement_group=group, placement_group_bundle_index=i) for i in range(world_size)]
+    where = ray.remote(num_gpus=1, num_cpus=0)(_node_ip)
+    ips = ray.get([where.options(scheduling_strategy=s).remote() for s in on_bundle], timeout=120)
+    order = rank_order(ips, env.get("VLLM_HOST_IP") or ray.util.get_node_ip_address())
     remote = ray.remote(num_gpus=1, num_cpus=0)(_compile_on_worker)
     refs = [
-        remote.options(scheduling_strategy=strategy(placement_group=group, placement_group_bundle_index=rank)).remote(
-            rank, copied, backend_hash, aot_hash
-        )
-        for rank in range(world_size)
+        remote.options(scheduling_strategy=on_bundle[bundle]).remote(rank, copied, backend_hash, aot_hash)
+        for rank, bundle in enumerate(order)
     ]
     for result in ray.get(refs, timeout=120):
         print(
