@@ -1,6 +1,6 @@
 """The small HTTP API between dankserve daemons of a group (stdlib only).
 
-Endpoints (JSON): ``GET /v1/status`` (hardware and Ray worker), ``POST /v1/start-worker``,
+Endpoints (JSON): ``GET /v1/status`` (hardware, free GPU memory, Ray worker), ``POST /v1/start-worker``,
 ``POST /v1/stop-worker``. Every request carries ``Authorization: Bearer TOKEN``; the token is
 read from a file and compared in constant time before anything else happens, so a follower
 never acts (nor reads a body) without it. The server binds only the address the config names.

@@ -7,15 +7,18 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dankserve.cluster.api import ClusterClient, ClusterServer, read_token, split_address
+from dankserve.cluster.api import ClusterClient, ClusterServer, MemberUnreachable, read_token, split_address
 from dankserve.cluster.follower import FollowerService
 from dankserve.cluster.group import GroupConfig, GroupRuntime
+from dankserve.cluster.per_host import follower_gpus
 from dankserve.cluster.ray_node import ray_executable
 from dankserve.errors import ConfigError
 from dankserve.host.model import Host
 from dankserve.plan.cluster import LEADER, GroupMember
+from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
+from dankserve.supervisor.learning import GpuIdentity
 
 if TYPE_CHECKING:
     from dankserve.supervisor.daemon import Daemon
@@ -54,6 +57,23 @@ class ClusterContext:
             members.append(GroupMember(client.address, Host.model_validate(answer["host"])))
         return members
 
+    def follower_gpus(self, name: str, dep: DeploymentSettings, *, strict: bool) -> list[tuple[GpuIdentity, int]]:
+        """Every follower's assigned GPUs (in `hosts` order) with their free memory now, for boot learning.
+
+        strict: a follower not answering raises MemberUnreachable (the fingerprint needs its GPUs);
+        otherwise its GPUs are left out, so the guard sees fewer GPUs than learned and vLLM profiles.
+        """
+        out: list[tuple[GpuIdentity, int]] = []
+        for client in self.clients(dep):
+            try:
+                answer = client.status()
+            except MemberUnreachable:
+                if strict:
+                    raise
+                continue
+            out += [(gpu.identity, gpu.free_bytes) for gpu in follower_gpus(answer, dep.gpus, name)]
+        return out
+
     def runtime(self, dep: DeploymentSettings, inner: Runtime) -> GroupRuntime:
         key = json.dumps([dep.hosts, dep.host, dep.port])
         group = self._groups.get(key)
@@ -67,6 +87,7 @@ class ClusterContext:
                 ray=ray_executable(cluster.ray_executable),
                 ray_port=cluster.ray_port,
                 state_dir=self.settings.state_dir / "ray",
+                cache_root=lambda deployment: compile_cache_dir(self.settings, deployment),
             )
             group = GroupRuntime(inner, config)
             self._groups[key] = group
@@ -88,7 +109,14 @@ class ClusterContext:
         cluster = self.settings.cluster
         if cluster is None:
             return lambda: None
-        service = FollowerService(cluster, self.settings.state_dir, lambda: daemon.host)
+        settings = self.settings
+        service = FollowerService(
+            cluster,
+            settings.state_dir,
+            lambda: daemon.host,
+            gpu_memory=daemon.gpu_memory,
+            cache_root=lambda deployment: compile_cache_dir(settings, deployment),
+        )
         service.remove_stale()
         server = ClusterServer(split_address(cluster.listen, API_PORT), read_token(cluster.token_file), service)
         server.start()

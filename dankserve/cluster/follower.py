@@ -14,7 +14,9 @@ from typing import Any
 import structlog
 
 from dankserve.cluster.api import split_address
+from dankserve.cluster.per_host import free_memory_report, node_env
 from dankserve.cluster.ray_node import RayNode, ray_executable, ray_temp_dir, worker_command
+from dankserve.host.gpu_memory import GpuMemory
 from dankserve.host.model import Host
 from dankserve.settings import ClusterSettings
 
@@ -27,11 +29,20 @@ _HEAD = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,100}:\d{1,5}$")
 class FollowerService:
     """Implements the ClusterHandler protocol for this daemon."""
 
-    def __init__(self, cluster: ClusterSettings, state_dir: Path, host: Callable[[], Host]) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSettings,
+        state_dir: Path,
+        host: Callable[[], Host],
+        gpu_memory: Callable[[tuple[str, ...]], Mapping[str, GpuMemory]] | None = None,
+        cache_root: Callable[[str], Path] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.node_ip = split_address(cluster.listen, 0)[0]
         self.directory = state_dir / "ray"
         self._host = host
+        self._gpu_memory = gpu_memory
+        self._cache_root = cache_root
         self._nodes: dict[str, RayNode] = {}
         self._heads: dict[str, str] = {}
 
@@ -42,10 +53,13 @@ class FollowerService:
         workers = {}
         for name, node in self._nodes.items():
             workers[name] = {"running": node.alive(), "pid": node.pid(), "head": self._heads.get(name)}
+        host = self._host()
+        readings = self._gpu_memory(tuple(g.uuid for g in host.gpus)) if self._gpu_memory is not None else {}
         return {
             "ok": True,
             "address": self.cluster.listen,
-            "host": self._host().model_dump(mode="json"),
+            "host": host.model_dump(mode="json"),
+            "gpu_memory": free_memory_report({uuid: r.free_bytes for uuid, r in readings.items()}),
             "workers": workers,
         }
 
@@ -61,8 +75,14 @@ class FollowerService:
         argv = worker_command(
             ray_executable(self.cluster.ray_executable), head, self.node_ip, gpus, ray_temp_dir(self.directory)
         )
-        log.info("ray_worker_start", deployment=deployment, head=head, num_gpus=gpus)
-        pid = node.start(argv)
+        env: dict[str, str] = {}
+        if self._cache_root is not None:
+            # This host's compile cache, for the vLLM workers Ray places here.
+            root = self._cache_root(deployment)
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            env = node_env(str(root))
+        log.info("ray_worker_start", deployment=deployment, head=head, num_gpus=gpus, env=env)
+        pid = node.start(argv, env)
         self._heads[deployment] = head
         return {"ok": True, "pid": pid}
 

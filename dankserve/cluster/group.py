@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from dankserve.cluster.api import ClusterClient, MemberUnreachable, split_address
+from dankserve.cluster.per_host import NON_CARRY_OVER_FILE, node_env, non_carry_over
 from dankserve.cluster.ray_node import RayNode, head_command, ray_temp_dir, wait_for_cluster
 from dankserve.runtime.base import (
     LABEL_FINGERPRINT,
@@ -65,6 +66,8 @@ class GroupConfig:
     ray_port: int
     state_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
+    cache_root: Callable[[str], Path] | None = None
+    """This host's compile cache dir of a deployment (VLLM_CACHE_ROOT of the head's workers)."""
 
 
 class GroupRuntime:
@@ -117,7 +120,13 @@ class GroupRuntime:
         self.lost = None
         cfg = self.config
         head = self._head_node(deployment)
-        head.start(head_command(cfg.ray, cfg.node_ip, cfg.ray_port, gpus_per_host, ray_temp_dir(cfg.state_dir)))
+        env: dict[str, str] = {}
+        if cfg.cache_root is not None:
+            root = cfg.cache_root(deployment)
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            env = node_env(str(root))
+        argv = head_command(cfg.ray, cfg.node_ip, cfg.ray_port, gpus_per_host, ray_temp_dir(cfg.state_dir))
+        head.start(argv, env)
         self._set_member(0, "starting")
         for i, client in enumerate(cfg.followers, start=1):
             client.start_worker({"deployment": deployment, "head": self.head_address, "num_gpus": gpus_per_host})
@@ -129,6 +138,14 @@ class GroupRuntime:
         log.info("group_formed", deployment=deployment, ray=seen)
         for i in range(nodes):
             self._set_member(i, "joined")
+
+    def vllm_config_root(self, deployment: str) -> Path:
+        """vLLM's config dir for the group's driver, holding the list of variables it must not copy into
+        the Ray workers (VLLM_CACHE_ROOT: each host's workers keep their own compile cache)."""
+        root = self.config.state_dir / f"vllm-config-{deployment}"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (root / NON_CARRY_OVER_FILE).write_text(non_carry_over() + "\n")
+        return root
 
     # -- the monitor ----------------------------------------------------------------------------------
     def _start_monitor(self, deployment: str, workload_id: str) -> None:
@@ -190,6 +207,7 @@ class GroupRuntime:
         self.deployment = spec.deployment
         self.form(spec.deployment, max(1, len(spec.gpus)))
         env = {
+            "VLLM_CONFIG_ROOT": str(self.vllm_config_root(spec.deployment)),
             **spec.env,
             **self.config.extra_env,
             "RAY_ADDRESS": self.head_address,

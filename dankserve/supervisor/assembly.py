@@ -94,6 +94,7 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
         hardware_file=hardware_file,
         services=cluster.start_api,
         describe_hosts=cluster.hosts,
+        follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
     )
     daemon = Daemon(settings, deps, config_path=config_path)
     preflight(daemon)

@@ -14,7 +14,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -83,6 +83,9 @@ class DaemonDeps:
     """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
     describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None
     """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
+    follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[learning.GpuIdentity, int]]] | None = None
+    """A group's followers' GPUs (identity, free bytes now) for boot learning; with strict=True a follower that
+    does not answer raises, otherwise it is left out (so learned bytes are not reused)."""
 
 
 @dataclass
@@ -333,7 +336,10 @@ class DeploymentWorker:
             vllm=image.digest or image.vllm_version or base_plan.vllm_version,
             model=dep.model,
             revision=dep.revision,
-            gpus=[learning.GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)],
+            gpus=[
+                *(learning.GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
+                *(identity for identity, _ in self._follower_gpus(dep, strict=True)),
+            ],
             flags=learning.MemoryFlags.from_argv(base_plan.argv),
         )
         self._boot_key = boot_key
@@ -359,7 +365,7 @@ class DeploymentWorker:
             # A server that just died may still hold GPU memory for a moment: the baseline
             # (and the learned-bytes guard) must not read that as another tenant's memory.
             learned = daemon.state.learned(self.name, boot_key)
-            settled = self._kv_decision(learned, uuids)
+            settled = self._kv_decision(learned, uuids, dep)
             if settled is None:
                 return Outcome("stopped")
             baseline, decision = settled
@@ -377,22 +383,31 @@ class DeploymentWorker:
         finally:
             slot.release()
 
+    def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[learning.GpuIdentity, int]]:
+        """A group's followers' GPUs (none for a single host)."""
+        found = self.daemon.deps.follower_gpus
+        return found(self.name, dep, strict) if found is not None and dep.hosts else ()
+
+    def _free_now(self, uuids: tuple[str, ...], dep: DeploymentSettings) -> list[int]:
+        """Free bytes per GPU in learning order: this host's assigned GPUs, then every follower's."""
+        free = _free_in_order(self.daemon.gpu_memory(uuids), uuids)
+        return free + [free_bytes for _, free_bytes in self._follower_gpus(dep, strict=False)]
+
     def _kv_decision(
-        self, learned: learning.LearnedKv | None, uuids: tuple[str, ...]
-    ) -> tuple[dict[str, GpuMemory], learning.KvDecision] | None:
+        self, learned: learning.LearnedKv | None, uuids: tuple[str, ...], dep: DeploymentSettings
+    ) -> tuple[list[int], learning.KvDecision] | None:
         """The free-memory baseline now and whether to reuse the learned KV bytes (None: stopped)."""
-        daemon = self.daemon
         wait_dead_processes_released(uuids, timeout=15)
-        baseline = daemon.gpu_memory(uuids)
-        decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
+        baseline = self._free_now(uuids, dep)
+        decision = learning.decide_kv_reuse(learned, baseline)
         # Measured on an H200: after kill -9 the driver frees the dead server's memory a few
         # seconds later. Give free memory time to come back before falling back to profiling.
-        settle_until = time.monotonic() + daemon.settings.gpu_memory_settle_seconds
+        settle_until = time.monotonic() + self.daemon.settings.gpu_memory_settle_seconds
         while decision.use_bytes is None and learned is not None and time.monotonic() < settle_until:
             if self._stop.wait(0.5):
                 return None
-            baseline = daemon.gpu_memory(uuids)
-            decision = learning.decide_kv_reuse(learned, _free_in_order(baseline, uuids))
+            baseline = self._free_now(uuids, dep)
+            decision = learning.decide_kv_reuse(learned, baseline)
         return baseline, decision
 
     def _follow(  # noqa: PLR0915, PLR0917  (the boot-and-serve loop)
@@ -401,7 +416,7 @@ class DeploymentWorker:
         workload: Workload,
         plan: Plan,
         boot_key: str,
-        baseline: Mapping[str, GpuMemory] | None,
+        baseline: Sequence[int] | None,
         learned_used: int | None,
         slot: BootSlot | None,
     ) -> Outcome:
@@ -546,7 +561,7 @@ class DeploymentWorker:
         plan: Plan,
         boot_key: str,
         facts: BootFacts,
-        baseline: Mapping[str, GpuMemory] | None,
+        baseline: Sequence[int] | None,
         learned_used: int | None,
     ) -> None:
         state = self.daemon.state
@@ -570,7 +585,7 @@ class DeploymentWorker:
         )
         state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
         if learned_used is None and baseline:
-            learned = learning.learn_from_boot(facts, _free_in_order(baseline, plan.gpu_uuids), time.time())
+            learned = learning.learn_from_boot(facts, baseline, time.time())
             if learned is not None and state.learned(self.name, boot_key) is None:
                 state.remember_learned(self.name, boot_key, learned)
                 self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)

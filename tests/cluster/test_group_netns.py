@@ -206,3 +206,53 @@ def test_leader_restarted(group: Group) -> None:
     _spawn(group.leader)
     group.leader.wait_for("big", lambda d: d["phase"] == "ready" and d["boots"] >= 2, timeout=150)
     assert len(ray_nodes(group)) == 2
+
+
+def worker_pid(daemon: NsDaemon) -> int:
+    record: dict[str, Any] = json.loads((daemon.state_dir / "ray" / "worker-big.json").read_text())
+    return int(record["pid"])
+
+
+def cache_log(daemon: NsDaemon) -> list[str]:
+    """What the stand-in's Ray workers on this host wrote to its compile cache dir (`rank R hit|miss`)."""
+    path = daemon.config.parent / "cache" / "deployments" / "big" / "vllm" / "stand-in-ray-workers.log"
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def learned_entries(daemon: NsDaemon) -> list[dict[str, Any]]:
+    state = json.loads((daemon.state_dir / "state.json").read_text())
+    entries: dict[str, dict[str, Any]] = state["deployments"]["big"].get("learned_kv") or {}
+    return list(entries.values())
+
+
+@pytest.mark.parametrize("group", [3], indirect=True)
+def test_three_hosts_form_and_restart_whole_group_when_a_follower_is_killed(group: Group) -> None:
+    """Three hosts form one Ray cluster (TP 2 x PP 3: 3 nodes, 6 GPUs) and serve, each host's workers compiling
+    into that host's cache dir; the last follower's Ray worker killed is detected within 15 s and every member's
+    worker is replaced (one group); the second boot passes the KV bytes learned for all 6 GPUs and every host's
+    workers hit their own compile cache."""
+    status = group.leader.wait_for("big", ready, timeout=150)
+    assert [h["role"] for h in status["hosts"]] == ["leader", "follower", "follower"]
+    assert status["kv_cache_learned_used"] is False
+    nodes = ray_nodes(group)
+    assert sorted(n["address"] for n in nodes) == sorted(h.address for h in group.lab.hosts)
+    assert sum(n["gpus"] for n in nodes) == 6
+    daemons = [group.leader, *group.followers]
+    for daemon in daemons:  # two ranks per host, each compiling into that host's own cache dir
+        assert [line.split()[-1] for line in cache_log(daemon)] == ["miss", "miss"], daemon.config
+    [learned] = learned_entries(group.leader)
+    assert len(learned["baseline_free_bytes"]) == 6  # the leader's 2 GPUs and each follower's 2
+
+    before = [worker_pid(f) for f in group.followers]
+    killed = time.monotonic()
+    os.killpg(before[-1], signal.SIGKILL)
+    assert wait_unready(group.leader, killed) < 15
+    after = group.leader.wait_for("big", ready, timeout=150)
+    assert after["restarts"] >= 1
+    assert all(worker_pid(f) != pid for f, pid in zip(group.followers, before, strict=True))
+    assert len(ray_nodes(group)) == 3
+    assert after["kv_cache_learned_used"] is True
+    assert after["kv_cache_memory_bytes"] == learned["kv_cache_memory_bytes"]
+    for daemon in daemons:
+        lines = cache_log(daemon)
+        assert len(lines) == 4 and all(line.endswith("hit") for line in lines[2:]), (daemon.config, lines)

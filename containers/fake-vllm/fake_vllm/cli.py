@@ -249,9 +249,15 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         from .ray_leader import join_ray_cluster
 
         pp = int(getattr(namespace, "pipeline_parallel_size", None) or 1)
-        failed, _group = join_ray_cluster(config.tensor_parallel_size * pp, environment)
+        world_size = config.tensor_parallel_size * pp
+        failed, group = join_ray_cluster(world_size, environment)
         if failed is not None:
             return failed
+        if group is not None:
+            from .ray_leader import run_workers
+
+            key = compile_cache.compile_cache_key(config, knobs.gpu_name, environment)
+            run_workers(group, world_size, environment, key.backend_hash, key.aot_hash)
     return serve(
         config, knobs, environment, non_default, prepared.model_flag_used, kv_cache_dtypes=catalogue.kv_cache_dtypes
     )
