@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from dankserve.settings import (
+    ClusterSettings,
     CpuOffloadSettings,
     DeploymentSettings,
     ModelFacts,
@@ -35,13 +36,15 @@ def test_example_shows_every_key() -> None:
         ("speculative", SpeculativeSettings),
         ("cpu_offload", CpuOffloadSettings),
         ("model_facts", ModelFacts),
+        ("cluster", ClusterSettings),
     ]
     missing = []
     for section, model in sections:
         for name in model.model_fields:
             as_key = re.search(rf"^#? ?{name} = ", text, re.MULTILINE)
+            as_section = re.search(rf"^#? ?\[{name}\]", text, re.MULTILINE)
             as_table = re.search(rf"^#? ?\[deployments\.[\w-]+\.{name}\]", text, re.MULTILINE)
             as_tables = name == "deployments" and "[deployments." in text
-            if not (as_key or as_table or as_tables):
+            if not (as_key or as_table or as_tables or as_section):
                 missing.append(f"{section}.{name}")
     assert missing == []
