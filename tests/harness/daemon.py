@@ -98,6 +98,20 @@ def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
+    """A deployment running the stand-in image in a container (the image must be present)."""
+    env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
+    return {
+        "model": "test/tiny",
+        "image": image,
+        "pull": "never",
+        "port": port,
+        "env": env,
+        "model_facts": MODEL_FACTS,
+        **extra,
+    }
+
+
 @dataclass
 class Notifications:
     """What the daemon said on NOTIFY_SOCKET, with arrival times (time.time())."""
