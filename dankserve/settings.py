@@ -287,6 +287,11 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         return {}
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}", fix="check its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})",
+            fix="save it as UTF-8 (TOML files are UTF-8)",
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -91,3 +91,12 @@ def test_booleans_stay_booleans(tmp_path: Path) -> None:
     path = write(tmp_path, '[deployments.chat]\nmodel = "m"\nenabled = false\nnuma_bind = true\n')
     dep = load_settings(path, environ={}).deployments["chat"]
     assert (dep.enabled, dep.numa_bind) == (False, True)
+
+
+def test_a_file_that_is_not_utf8_is_invalid_input(tmp_path: Path) -> None:
+    """A config file with bytes that are not UTF-8 is an error naming the file and the byte, not a crash."""
+    path = tmp_path / "dankserve.toml"
+    path.write_bytes(b'[deployments.chat]\nmodel = "m"\n# caf\xe9\n')
+    with pytest.raises(ConfigError, match="not UTF-8") as info:
+        load_settings(path, environ={})
+    assert str(path) in info.value.message

@@ -8,6 +8,7 @@ docs/podman-runtime.md explains what the container gets and why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -401,13 +402,19 @@ class VersionCache:
         return self._versions.get(image_id)
 
     def put(self, image_id: str, version: str) -> None:
+        """Remember a version; kept in memory when the file cannot be written (read-only or full disk)."""
         self._versions[image_id] = version
         if self._path is None:
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._versions, indent=1, sort_keys=True) + "\n")
-        tmp.replace(self._path)
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self._versions, indent=1, sort_keys=True) + "\n")
+            tmp.replace(self._path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            log.warning("version_cache_not_saved", path=str(self._path), error=exc.strerror or str(exc))
 
 
 # ---------------------------------------------------------------------------------------------

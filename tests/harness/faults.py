@@ -82,9 +82,12 @@ class FaultTally:
     lost: int = 0
     breakdown: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.time)
+    started: float | None = None
+    """When the first fault was injected."""
 
     def inject(self, kind: str | None = None) -> None:
+        if self.started is None:
+            self.started = time.time()
         self.injected += 1
         if kind is not None:
             self.breakdown[kind] += 1
@@ -107,7 +110,7 @@ class FaultTally:
             "lost": self.lost,
             "breakdown": dict(sorted(self.breakdown.items())),
             "notes": self.notes[-10:],
-            "seconds": round(time.time() - self.started, 1),
+            "seconds": None if self.started is None else round(time.time() - self.started, 1),
             "quick": quick(),
         }
 
