@@ -143,6 +143,7 @@ class Notifications:
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
+        self.path.unlink(missing_ok=True)  # so a test may start another daemon in the same directory
 
     def first(self, assignment: str) -> float | None:
         """Arrival time of the first message holding `assignment` (e.g. READY=1)."""
