@@ -237,7 +237,7 @@ def test_an_adopted_boot_keeps_its_gpu_until_ready(tmp_path: Path) -> None:
             time.sleep(0.05)
             started = events_named(daemon, "started")
         booting = started[0]["deployment"]
-        daemon.wait_for(booting, lambda d: d["phase"] == "loading")
+        daemon.wait_for(booting, lambda d: d["phase"] in ("loading", "compiling", "profiling", "capturing"))
         daemon.kill()
         daemon.log_path.write_text("")  # only the next daemon's events from here
         daemon.start()
