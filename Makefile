@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability clean docs catalogue
+.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability reliability-quick clean docs catalogue
 
 setup: $(STAMP)
 
@@ -57,6 +57,22 @@ bench: setup
 
 fake-vllm-image:
 	bash containers/build-image.sh
+
+# The fault-injection suite (tests/reliability, marker `reliability`; `make test` leaves it out): real Podman,
+# the stand-in image, each fault repeated. Writes the counts to docs/RELIABILITY.md even when something was
+# lost, then fails if anything was. reliability-quick: smaller counts (CI), report under build/ only.
+RELIABILITY_RESULTS ?= build/reliability
+reliability: setup system-deps
+	rm -rf $(RELIABILITY_RESULTS)
+	DANKSERVE_RELIABILITY_RESULTS=$(RELIABILITY_RESULTS) $(BIN)/python -m pytest -m reliability tests/reliability; \
+	rc=$$?; $(BIN)/python scripts/reliability_report.py $(RELIABILITY_RESULTS) docs/RELIABILITY.md; exit $$rc
+
+reliability-quick: setup system-deps
+	rm -rf build/reliability-quick
+	DANKSERVE_RELIABILITY_QUICK=1 DANKSERVE_RELIABILITY_RESULTS=build/reliability-quick \
+	$(BIN)/python -m pytest -m reliability tests/reliability; \
+	rc=$$?; $(BIN)/python scripts/reliability_report.py build/reliability-quick build/reliability-quick/RELIABILITY.md; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -25,9 +25,9 @@ import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
@@ -41,10 +41,44 @@ RuntimeKind = Literal["podman", "process"]
 Profile = Literal["throughput", "latency"]
 
 
-class _Strict(BaseModel):
-    """A settings section: unknown keys are errors, values are frozen once loaded."""
+MAX_SECONDS = 7 * 24 * 3600.0
+"""Upper bound of every duration setting: beyond a week is a typo (and overflows timers)."""
+MAX_GIB = 1_000_000.0
+"""Upper bound of every GiB amount (a petabyte)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type accepts a boolean (bool itself, or a union holding it)."""
+    if annotation is bool:
+        return True
+    return any(_takes_bool(arg) for arg in get_args(annotation) if get_origin(annotation) is not list)
+
+
+def reject_bool_for_non_bool(model: type[BaseModel], value: Any, field_name: str | None) -> Any:
+    """A TOML `true` where a number, text or list of them is expected is a type error, not 1.
+
+    (pydantic's lax mode would read `port = true` as port 1.)
+    """
+    field = model.model_fields.get(field_name or "")
+    if field is None or _takes_bool(field.annotation):
+        return value
+    items = value if isinstance(value, list) else [value]
+    if any(isinstance(item, bool) for item in items):
+        expected = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+        raise ValueError(f"a boolean ({value!r}) where {expected} is expected")
+    return value
+
+
+class _Strict(BaseModel):
+    """A settings section: unknown keys are errors, values are frozen once loaded, no NaN or
+    infinity, no boolean standing in for a number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_bool_for_non_bool(cls, value, info.field_name)
 
 
 class SpeculativeSettings(_Strict):
@@ -63,7 +97,7 @@ class SpeculativeSettings(_Strict):
 class CpuOffloadSettings(_Strict):
     """Weights offloaded to CPU memory (vLLM UVA offload). Opt-in: it costs much latency."""
 
-    gib: float = Field(gt=0, description="GiB of weights per GPU to keep in CPU memory (--cpu-offload-gb).")
+    gib: float = Field(gt=0, le=MAX_GIB, description="GiB of weights per GPU to keep in CPU memory (--cpu-offload-gb).")
     params: list[str] = Field(
         default_factory=list,
         description="Parameter name patterns to offload, e.g. ['experts'] (--cpu-offload-params).",
@@ -100,9 +134,9 @@ class ClusterSettings(_Strict):
 class DeploymentSettings(_Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
-    model: str = Field(description="HF model id (ORG/NAME) or a path inside the HF cache.")
-    revision: str | None = Field(default=None, description="HF revision (branch, tag or commit).")
-    image: str = Field(default=DEFAULT_IMAGE, description="The vLLM OpenAI server image.")
+    model: str = Field(min_length=1, description="HF model id (ORG/NAME) or a path inside the HF cache.")
+    revision: str | None = Field(default=None, min_length=1, description="HF revision (branch, tag or commit).")
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="The vLLM OpenAI server image.")
     pull: PullPolicy = Field(default="missing", description="When to pull the image.")
     runtime: RuntimeKind = Field(
         default="podman", description="podman: a container; process: a plain `vllm serve` process."
@@ -202,6 +236,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
     podman_url: str = Field(default="unix:///run/podman/podman.sock", description="Podman REST API URL.")
@@ -213,25 +248,41 @@ class Settings(BaseSettings):
     )
     vllm_version: str | None = Field(default=None, description="vLLM version when the image cannot tell.")
     restart_backoff_initial_seconds: float = Field(
-        default=2.0, ge=0, description="Second retry's delay (the first is immediate)."
+        default=2.0, ge=0, le=MAX_SECONDS, description="Second retry's delay (the first is immediate)."
     )
-    restart_backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest delay between restarts.")
+    restart_backoff_max_seconds: float = Field(
+        default=300.0, gt=0, le=MAX_SECONDS, description="Longest delay between restarts."
+    )
     restart_backoff_multiplier: float = Field(default=2.0, ge=1, description="Growth of the delay per failure.")
-    restart_jitter_seconds: float = Field(default=1.0, ge=0, description="Random jitter added to each delay.")
-    failure_window_seconds: float = Field(default=900.0, gt=0, description="Window in which failures are counted.")
+    restart_jitter_seconds: float = Field(
+        default=1.0, ge=0, le=MAX_SECONDS, description="Random jitter added to each delay."
+    )
+    failure_window_seconds: float = Field(
+        default=900.0, gt=0, le=MAX_SECONDS, description="Window in which failures are counted."
+    )
     max_failures_in_window: int = Field(default=5, ge=1, description="More failures in the window: failed.")
-    boot_timeout_seconds: float = Field(default=1800.0, gt=0, description="No readiness within this: restart.")
-    stop_timeout_seconds: float = Field(default=60.0, gt=0, description="Graceful stop before a kill.")
+    boot_timeout_seconds: float = Field(
+        default=1800.0, gt=0, le=MAX_SECONDS, description="No readiness within this: restart."
+    )
+    stop_timeout_seconds: float = Field(default=60.0, gt=0, le=MAX_SECONDS, description="Graceful stop before a kill.")
     gpu_memory_settle_seconds: float = Field(
         default=30.0,
         ge=0,
+        le=MAX_SECONDS,
         description="After a server dies, wait up to this long for its GPU memory to be freed before "
         "giving up on the learned KV size and profiling.",
     )
-    health_interval_seconds: float = Field(default=3.0, gt=0, description="Health probe period while ready.")
+    health_interval_seconds: float = Field(
+        default=3.0, gt=0, le=MAX_SECONDS, description="Health probe period while ready."
+    )
     log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
     cluster: ClusterSettings | None = Field(default=None, description="Multi-host groups: this daemon's cluster API.")
     deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        return reject_bool_for_non_bool(cls, value, info.field_name)
 
     @field_validator("deployments")
     @classmethod
@@ -343,6 +394,11 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         return {}
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}", fix="check its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})",
+            fix="save it as UTF-8 (TOML files are UTF-8)",
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -5,6 +5,9 @@ and a local registry; `vllm_image` is the image the tests run as vLLM. Any test 
 `podman_env`, directly or through another fixture, is marked `podman` automatically, so
 `pytest -m 'not podman'` runs without Podman. At the end of the session no container of the
 session may remain: the check fails the run (after removing them) if one does.
+
+The fault-injection suite (tests/reliability, marker `reliability`) runs only when asked for
+with `-m reliability` (`make reliability`): every other run deselects it.
 """
 
 from __future__ import annotations
@@ -35,10 +38,16 @@ if TYPE_CHECKING:  # importing the runtime pulls in podman-py
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests using the Podman harness `podman`; skip `gpu` tests where NVML cannot be used."""
+    """Mark tests using the Podman harness `podman`; skip `gpu` tests where NVML cannot be used;
+    deselect the `reliability` suite unless the marker expression names it (`make reliability`)."""
     for item in items:
         if "podman_env" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.podman)
+    if "reliability" not in (config.getoption("markexpr", "") or ""):
+        kept = [item for item in items if item.get_closest_marker("reliability") is None]
+        if len(kept) != len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

@@ -157,3 +157,49 @@ def test_world_readable_secret_file_is_refused(tmp_path: Path) -> None:
     assert info.value.fix is not None and f"chmod 600 {key}" in info.value.fix
     key.chmod(0o600)
     assert load_settings(path, environ={}).deployments["chat"].api_key_file == key
+
+
+REJECTED_VALUES = [
+    ("a boolean for a port", "port = true", "deployments.chat.port = True"),
+    ("a boolean among GPU indices", "gpus = [0, true]", "deployments.chat.gpus"),
+    ("NaN", "kv_offload = nan", "finite number"),
+    ("infinity", "gpu_memory_utilization = inf", "gpu_memory_utilization"),
+    ("an empty model", 'model = ""', "at least 1 character"),
+    ("an empty image", 'image = ""', "at least 1 character"),
+    ("an absurd CPU offload", "cpu_offload = { gib = 1e308 }", "less than or equal to 1000000"),
+]
+
+
+@pytest.mark.parametrize(("_what", "line", "named"), REJECTED_VALUES, ids=[r[0] for r in REJECTED_VALUES])
+def test_values_no_deployment_can_use_are_invalid(tmp_path: Path, _what: str, line: str, named: str) -> None:
+    """Booleans for numbers, NaN and infinity, empty names and absurd amounts are rejected, naming the key."""
+    model = "" if line.startswith("model") else 'model = "m"\n'
+    path = write(tmp_path, f"[deployments.chat]\n{model}{line}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert named in info.value.message
+
+
+def test_durations_are_bounded(tmp_path: Path) -> None:
+    """A duration beyond a week (or infinite) is rejected rather than overflowing a timer later."""
+    for value in ("1e300", "inf", "604801"):
+        path = write(tmp_path, f"stop_timeout_seconds = {value}\n")
+        with pytest.raises(ConfigError, match="stop_timeout_seconds"):
+            load_settings(path, environ={})
+    assert load_settings(write(tmp_path, "stop_timeout_seconds = 604800\n"), environ={}).stop_timeout_seconds == 604800
+
+
+def test_booleans_stay_booleans(tmp_path: Path) -> None:
+    """Boolean keys still take TOML booleans."""
+    path = write(tmp_path, '[deployments.chat]\nmodel = "m"\nenabled = false\nnuma_bind = true\n')
+    dep = load_settings(path, environ={}).deployments["chat"]
+    assert (dep.enabled, dep.numa_bind) == (False, True)
+
+
+def test_a_file_that_is_not_utf8_is_invalid_input(tmp_path: Path) -> None:
+    """A config file with bytes that are not UTF-8 is an error naming the file and the byte, not a crash."""
+    path = tmp_path / "dankserve.toml"
+    path.write_bytes(b'[deployments.chat]\nmodel = "m"\n# caf\xe9\n')
+    with pytest.raises(ConfigError, match="not UTF-8") as info:
+        load_settings(path, environ={})
+    assert str(path) in info.value.message

@@ -461,13 +461,17 @@ class VersionCache:
         return self._versions.get(image_id)
 
     def put(self, image_id: str, version: str) -> None:
+        """Remember a version; kept in memory when the file cannot be written (read-only or full disk)."""
         self._versions[image_id] = version
         if self._path is None:
             return
         from dankserve.state import write_private_file
 
-        self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private_file(self._path, json.dumps(self._versions, indent=1, sort_keys=True) + "\n")
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private_file(self._path, json.dumps(self._versions, indent=1, sort_keys=True) + "\n")
+        except OSError as exc:
+            log.warning("version_cache_not_saved", path=str(self._path), error=exc.strerror or str(exc))
 
 
 # ---------------------------------------------------------------------------------------------

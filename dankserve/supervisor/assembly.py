@@ -102,17 +102,22 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
 
 
 def preflight(daemon: Daemon) -> None:
-    """Plan every enabled deployment and reach its runtime; raise the user error if one fails."""
+    """Plan every enabled deployment, then reach its runtime; raise the user error if one fails.
+
+    Every plan comes first: a configuration error (exit 2) is reported as such even when a
+    runtime is unreachable too (exit 3), whatever the order of the deployments. A follower of a
+    multi-host group that is not up yet is not an error here: its worker retries with backoff.
+    """
     from dankserve.cluster.api import MemberUnreachable
     from dankserve.plan.checks import check_gpu_sharing
 
+    enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
     plans = []
-    for name, dep in daemon.settings.deployments.items():
-        if not dep.enabled:
-            continue
+    for name, dep in enabled:
         try:
             plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
         except MemberUnreachable:
-            continue  # a follower not up yet: the deployment's worker retries with backoff
-        daemon.deps.runtime_for(dep).list_workloads()
+            continue
     check_gpu_sharing(plans)
+    for _, dep in enabled:
+        daemon.deps.runtime_for(dep).list_workloads()

@@ -24,13 +24,13 @@ import structlog
 
 from dankserve.bootlog import BootFacts, BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
-from dankserve.errors import DankserveError
+from dankserve.errors import DankserveError, EnvironmentUnusable, PodmanUnreachable
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, wait_dead_processes_released
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
-from dankserve.runtime.base import Runtime, Workload
+from dankserve.runtime.base import ExitEvent, Runtime, Workload
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, learning, policy
 from dankserve.supervisor.health import check_health, fetch_metrics, idle_seconds, metric_value
@@ -126,16 +126,28 @@ class GpuBootLocks:
 
     def acquire(self, uuids: tuple[str, ...], cancelled: threading.Event) -> BootSlot | None:
         """Hold every GPU's lock (sorted, so no deadlock); None if cancelled while waiting."""
-        with self._guard:
-            locks = [self._locks.setdefault(u, threading.Lock()) for u in sorted(set(uuids))]
         taken: list[threading.Lock] = []
-        for lock in locks:
+        for lock in self._locks_of(uuids):
             while not lock.acquire(timeout=0.2):
                 if cancelled.is_set():
                     BootSlot(taken).release()
                     return None
             taken.append(lock)
         return BootSlot(taken)
+
+    def try_acquire(self, uuids: tuple[str, ...]) -> BootSlot | None:
+        """Every GPU's lock if all are free now; else None (holding none)."""
+        taken: list[threading.Lock] = []
+        for lock in self._locks_of(uuids):
+            if not lock.acquire(blocking=False):
+                BootSlot(taken).release()
+                return None
+            taken.append(lock)
+        return BootSlot(taken)
+
+    def _locks_of(self, uuids: tuple[str, ...]) -> list[threading.Lock]:
+        with self._guard:
+            return [self._locks.setdefault(u, threading.Lock()) for u in sorted(set(uuids))]
 
 
 class BootSlot:
@@ -150,6 +162,59 @@ class BootSlot:
             self._released = True
             for lock in reversed(self._locks):
                 lock.release()
+
+
+class LogPump:
+    """Follows a workload's log in a thread: lines into `lines`, then None when the stream ends
+    (the workload exited, or the runtime went away: the caller asks the runtime which)."""
+
+    def __init__(self, runtime: Runtime, workload_id: str, name: str, logger: Any, skip: int = 0) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._runtime = runtime
+        self._workload_id = workload_id
+        self._skip = skip
+        self._log = logger
+        threading.Thread(target=self._pump, name=f"logs-{name}", daemon=True).start()
+
+    def _pump(self) -> None:
+        seen = 0
+        try:
+            for line in self._runtime.logs(self._workload_id, follow=True):
+                seen += 1
+                if seen > self._skip:  # a stream opened again replays the log from its start
+                    self.lines.put(line)
+        except Exception as exc:
+            self._log.warning("log_stream_error", error=str(exc))
+        finally:
+            self.lines.put(None)
+
+
+@dataclass
+class RuntimeOutage:
+    """While the runtime is unreachable: since when, and when to ask it again (backing off)."""
+
+    since: float | None = None
+    attempts: int = 0
+    next_try: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_try
+
+    def failed(self, now: float, restart: RestartSettings) -> None:
+        if self.since is None:
+            self.since = now
+        self.attempts += 1
+        self.next_try = now + policy.outage_retry_delay(self.attempts, restart)
+
+    def clear(self) -> None:
+        self.since, self.attempts, self.next_try = None, 0, 0.0
+
+    def seconds(self, now: float) -> float | None:
+        return None if self.since is None else round(now - self.since, 1)
 
 
 class DeploymentWorker:
@@ -234,10 +299,29 @@ class DeploymentWorker:
         remediated = frozenset(FailureCause(c) for c in remembered.remediated if c in FailureCause._value2member_map_)
         failures: list[float] = []
         relearned = False
+        outages = 0
         while not self._stop.is_set():
             self._replan.clear()
             try:
                 outcome = self._cycle(overrides)
+            except PodmanUnreachable as exc:
+                # The runtime went away, not the deployment: no failure counted, never `failed`. Retry with
+                # backoff; the next cycle adopts the container if it kept running, or replaces it.
+                if self._stop.is_set():
+                    self.log.error("stop_incomplete", error=exc.message, container_id=self.view.container_id)
+                    break
+                outages += 1
+                delay = policy.outage_retry_delay(outages, RestartSettings.from_settings(daemon.settings))
+                self._set(
+                    phase=Phase.RESTARTING,
+                    state="restarting",
+                    ready_since=None,
+                    message=f"{exc.message}; retrying in {delay:.1f} s",
+                )
+                self.log.warning("runtime_unreachable", error=exc.message, retry_in_seconds=round(delay, 2))
+                self._wake.clear()
+                self._wake.wait(delay)
+                continue
             except DankserveError as exc:
                 # Planning or the runtime refused the configuration: restarting cannot help.
                 self._fail(exc.render())
@@ -245,6 +329,7 @@ class DeploymentWorker:
             except Exception as exc:  # an unexpected runtime error: retry with backoff, never die
                 self.log.exception("cycle_error")
                 outcome = Outcome("failure", FailureCause.CRASH, f"{type(exc).__name__}: {exc}")
+            outages = 0
             if outcome.kind == "stopped" or self._stop.is_set():
                 self._set(phase=Phase.STOPPED, state="stopped", ready_since=None)
                 return
@@ -304,6 +389,8 @@ class DeploymentWorker:
             self.log.info("restart_scheduled", delay_seconds=round(restart.delay_seconds, 2), reason=restart.reason)
             self._wake.clear()
             self._wake.wait(restart.delay_seconds)
+        if self._stop.is_set():
+            self._set(phase=Phase.STOPPED, state="stopped", ready_since=None)
 
     def _fail(self, message: str, cause: str | None = None) -> None:
         self._set(phase=Phase.FAILED, state="failed", ready_since=None, message=message)
@@ -311,6 +398,15 @@ class DeploymentWorker:
 
     def _cycle(self, overrides: BootOverrides) -> Outcome:
         """One boot of the deployment and the time it serves, until it ends."""
+        # A boot an earlier daemon left running may hold its GPUs' boot slot (claimed at start-up).
+        claimed = self.daemon.take_claimed_slot(self.name)
+        try:
+            return self._boot_or_adopt(overrides, claimed)
+        finally:
+            if claimed is not None:
+                claimed.release()
+
+    def _boot_or_adopt(self, overrides: BootOverrides, claimed: BootSlot | None) -> Outcome:
         daemon = self.daemon
         with self.lock:
             dep = self.dep
@@ -352,7 +448,10 @@ class DeploymentWorker:
         if existing is not None and existing.running and existing.fingerprint == base_plan.fingerprint:
             self.log.info("adopting", container_id=existing.id)
             self._learned_used = None
-            return self._follow(runtime, existing, base_plan, boot_key, None, None, None)
+            # An adopted boot keeps its GPUs' slot until ready: another boot there would upset its profiling.
+            return self._follow(runtime, existing, base_plan, boot_key, None, None, claimed)
+        if claimed is not None:
+            claimed.release()
         if existing is not None:
             self.log.info("replacing", container_id=existing.id, running=existing.running)
             runtime.stop(existing.id, daemon.settings.stop_timeout_seconds)
@@ -420,30 +519,32 @@ class DeploymentWorker:
         learned_used: int | None,
         slot: BootSlot | None,
     ) -> Outcome:
-        """Watch the workload boot and serve, until it ends or we are told to stop."""
+        """Watch the workload boot and serve, until it ends or we are told to stop.
+
+        The log stream ending means the workload exited only when the runtime says so: while
+        the runtime (Podman) is unreachable the server is still probed over HTTP, and once the
+        runtime answers again the log is followed on from where it broke off.
+        """
         settings = self.daemon.settings
         with self.lock:
             dep = self.dep
             self.view.container_id = workload.id
-        lines: queue.Queue[str | None] = queue.Queue()
-        self._lines = lines
-
-        def pump() -> None:
-            try:
-                for line in runtime.logs(workload.id, follow=True):
-                    lines.put(line)
-            except Exception as exc:
-                self.log.warning("log_stream_error", error=str(exc))
-            finally:
-                lines.put(None)
-
-        threading.Thread(target=pump, name=f"logs-{self.name}", daemon=True).start()
+        pump = LogPump(runtime, workload.id, self.name, self.log)
+        self._lines = pump.lines  # stop/replan requests wake the loop through it
         reader = BootLogReader()
+        fed = 0  # log lines read so far: a new stream after an outage skips them
         deadline = time.monotonic() + settings.boot_timeout_seconds
         ready = False
         next_health = 0.0
         unhealthy = 0
         log_ended = False
+        lost = RuntimeOutage()  # the runtime unreachable since ..., and when to look again
+
+        def feed(line: str) -> None:
+            nonlocal fed
+            fed += 1
+            for event in reader.feed(line):
+                self._on_boot_event(event, reader.facts)
 
         while True:
             if self._stop.is_set() or self._replan.is_set():
@@ -452,27 +553,45 @@ class DeploymentWorker:
                 return Outcome("stopped" if self._stop.is_set() else "replan")
             idle = idle_seconds(ready, reader.facts.ready, next_health, deadline, time.monotonic())
             try:
-                line = lines.get(timeout=idle)
+                line = pump.lines.get(timeout=idle)
             except queue.Empty:
                 line = ""
             if line is None:
                 log_ended = True
             elif line:
-                for event in reader.feed(line):
-                    self._on_boot_event(event, reader.facts)
+                feed(line)
                 while True:  # drain what is queued without sleeping
                     try:
-                        more = lines.get_nowait()
+                        more = pump.lines.get_nowait()
                     except queue.Empty:
                         break
                     if more is None:
                         log_ended = True
                         break
-                    for event in reader.feed(more):
-                        self._on_boot_event(event, reader.facts)
+                    feed(more)
             facts = reader.facts
-            if log_ended:
-                return self._ended(runtime, workload, facts, ready)
+            now = time.monotonic()
+            if log_ended and lost.due(now):
+                # The stream ended: the workload exited, or the runtime went away (or both).
+                try:
+                    event = runtime.wait(workload.id, timeout=1 if lost.active else 10)
+                except PodmanUnreachable as exc:
+                    if not lost.active:
+                        self.log.warning("runtime_unreachable", error=exc.message, container_id=workload.id)
+                        with self.lock:
+                            self.view.message = f"Podman unreachable since {time.strftime('%H:%M:%S')}: {exc.message}"
+                    lost.failed(now, RestartSettings.from_settings(settings))
+                else:
+                    if event is not None:
+                        return self._ended(runtime, workload, event, facts, ready)
+                    if lost.active:
+                        self.log.info("runtime_reconnected", container_id=workload.id, after_seconds=lost.seconds(now))
+                        with self.lock:
+                            self.view.message = None
+                    lost.clear()
+                    log_ended = False
+                    pump = LogPump(runtime, workload.id, self.name, self.log, skip=fed)
+                    self._lines = pump.lines
             if facts.failure is not None and facts.failure != "engine_dead" and not ready:
                 # vLLM exits after these; give it a moment, then make sure.
                 ended = runtime.wait(workload.id, timeout=10)
@@ -480,7 +599,6 @@ class DeploymentWorker:
                     runtime.stop(workload.id, settings.stop_timeout_seconds)
                 runtime.remove(workload.id)
                 return Outcome("failure", FailureCause.from_log(facts.failure), facts.failure_message, facts)
-            now = time.monotonic()
             if not ready:
                 if now > deadline:
                     self.log.warning("boot_timeout", seconds=settings.boot_timeout_seconds)
@@ -521,10 +639,9 @@ class DeploymentWorker:
                             facts,
                         )
 
-    def _ended(self, runtime: Runtime, workload: Workload, facts: BootFacts, ready: bool) -> Outcome:
-        """The log stream ended: the workload exited. Classify why."""
-        event = runtime.wait(workload.id, timeout=10)
-        code = event.exit_code if event else None
+    def _ended(self, runtime: Runtime, workload: Workload, event: ExitEvent, facts: BootFacts, ready: bool) -> Outcome:
+        """The workload exited (its exit event): classify why."""
+        code = event.exit_code
         with contextlib.suppress(Exception):
             runtime.remove(workload.id)
         if facts.failure is not None:
@@ -536,7 +653,7 @@ class DeploymentWorker:
         else:
             cause = FailureCause.CRASH
         message = facts.failure_message or f"vLLM exited with code {code}"
-        if event is not None and event.oom_killed:
+        if event.oom_killed:
             message += " (killed by the kernel's OOM killer: host RAM)"
         return Outcome("ready_then_failed" if ready else "failure", cause, message, facts)
 
@@ -654,10 +771,16 @@ class Daemon:
         self._reload = threading.Event()
         self._ready_sent = False
         self._lock = threading.Lock()
+        self._claimed_slots: dict[str, BootSlot] = {}
 
     # -- called by workers -------------------------------------------------------------------
     def phase_changed(self) -> None:
         self._changed.set()
+
+    def take_claimed_slot(self, name: str) -> BootSlot | None:
+        """The boot slot claimed at start-up for the deployment's running workload (once), if any."""
+        with self._lock:
+            return self._claimed_slots.pop(name, None)
 
     def gpu_memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
         return read_gpu_memory(uuids, self.deps.hardware_file, self.host)
@@ -684,12 +807,19 @@ class Daemon:
         previous = self._install_signals()
         close_services: Callable[[], None] = lambda: None  # noqa: E731
         try:
-            control.start()
+            try:
+                control.start()
+            except OSError as exc:
+                raise EnvironmentUnusable(
+                    f"cannot listen on the control socket {control.path}: {exc.strerror or exc}",
+                    fix="make the state dir writable (the state_dir setting or DANKSERVE_STATE_DIR names it)",
+                ) from None
             if self.deps.services is not None:
                 close_services = self.deps.services(self)
-            for name, dep in self.settings.deployments.items():
-                if dep.enabled and not self.state.is_down(name):
-                    self._start_worker(name, dep)
+            starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
+            self._claim_running_boots(starting)
+            for name, dep in starting.items():
+                self._start_worker(name, dep)
             if not self.workers:
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
@@ -704,6 +834,27 @@ class Daemon:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             log.info("daemon_stopped")
+
+    def _claim_running_boots(self, deployments: Mapping[str, DeploymentSettings]) -> None:
+        """Before any worker starts: give each workload an earlier daemon left running its GPUs' boot slot.
+
+        Its worker adopts it and keeps the slot until it is ready, so no other deployment on those
+        GPUs starts booting meanwhile (workers start in no fixed order; this runs before all of them).
+        Anything that fails here is left to the worker, which looks again.
+        """
+        for name, dep in deployments.items():
+            try:
+                existing = self.deps.runtime_for(dep).find(name)
+                if existing is None or not existing.running:
+                    continue
+                overrides = _overrides_from(self.state.deployment(name).overrides)
+                uuids = self.deps.planner(name, dep, self.host, overrides, None).gpu_uuids
+            except Exception as exc:
+                log.warning("claim_skipped", deployment=name, error=str(exc))
+                continue
+            slot = self.gpu_locks.try_acquire(uuids)
+            if slot is not None:
+                self._claimed_slots[name] = slot
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -53,9 +53,18 @@ class DaemonLock:
 
 
 def acquire(state_dir: Path) -> DaemonLock:
-    """Take the one-daemon lock or fail naming the daemon that holds it."""
-    ensure_private_dir(state_dir)
-    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    """Take the one-daemon lock or fail naming the daemon that holds it.
+
+    The lock file is opened read-only (flock needs no write access): an open writable file
+    would keep the state dir's file system from being remounted read-only, and the daemon
+    must keep running when that happens. A state dir the daemon cannot use at start is an
+    environment error (exit 3), never a traceback.
+    """
+    try:
+        ensure_private_dir(state_dir)
+        fd = os.open(state_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise _unusable(state_dir, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -67,10 +76,23 @@ def acquire(state_dir: Path) -> DaemonLock:
         ) from None
     pid_path = state_dir / PID_NAME
     tmp = pid_path.with_suffix(".tmp")
-    tmp.write_text(f"{os.getpid()}\n")
-    os.chmod(tmp, 0o600)
-    tmp.replace(pid_path)
+    try:
+        tmp.write_text(f"{os.getpid()}\n")
+        os.chmod(tmp, 0o600)
+        tmp.replace(pid_path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        os.close(fd)
+        raise _unusable(state_dir, exc) from None
     return DaemonLock(fd, pid_path)
+
+
+def _unusable(state_dir: Path, exc: OSError) -> EnvironmentUnusable:
+    return EnvironmentUnusable(
+        f"the state dir {state_dir} cannot be used: {exc.strerror or exc}",
+        fix="make it a writable directory with free space (the state_dir setting or DANKSERVE_STATE_DIR names it)",
+    )
 
 
 def read_pid(state_dir: Path) -> int | None:

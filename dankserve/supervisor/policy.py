@@ -311,6 +311,23 @@ def backoff_delay(
     return max(0.0, min(result, settings.max_seconds))
 
 
+OUTAGE_RETRY_MAX_SECONDS = 30.0
+"""The longest wait between attempts to reach an unreachable runtime (Podman)."""
+
+
+def outage_retry_delay(
+    attempt: int, settings: RestartSettings, uniform: Callable[[float, float], float] = random.uniform
+) -> float:
+    """Seconds before attempt number `attempt` (1-based) to reach a runtime that did not answer.
+
+    The restart backoff, never zero (an unreachable service is not back a moment later) and at
+    most `OUTAGE_RETRY_MAX_SECONDS` (so the deployment is supervised again soon after the
+    service returns). Outages count no failure: a deployment is never `failed` for one.
+    """
+    delay = backoff_delay(attempt + 1, settings, uniform)
+    return max(0.2, min(delay, settings.max_seconds, OUTAGE_RETRY_MAX_SECONDS))
+
+
 def failures_in_window(history: Sequence[float], now: float, window_seconds: float) -> int:
     """How many failure times of `history` lie within the window ending `now`."""
     return sum(1 for at in history if now - window_seconds < at <= now)
@@ -389,6 +406,10 @@ def render_policy_markdown() -> str:
         f"({defaults.window_seconds:g} s); more than `max_failures_in_window` ({defaults.max_failures_in_window}) "
         "there and the deployment is `failed`: not restarted until `dankserve up`. Other deployments are untouched.",
         "- Remediations (`remediate_once`) and the relearn after an OOM restart at once, but count in the window.",
+        "- The runtime (Podman) unreachable is no failure of the deployment: its server is still probed over "
+        "HTTP, and the runtime is asked again with the same backoff (never more than "
+        f"{OUTAGE_RETRY_MAX_SECONDS:g} s apart) until it answers; the container is then followed again if it "
+        "kept running, else replaced. Nothing counts in the window.",
         "- A configuration error is not restarted; the deployment shows `failed` with vLLM's message.",
         "",
     ]

@@ -2,7 +2,8 @@
 
 Every change is applied to the in-memory State (pure `State.update`) under a lock and saved
 at once. A save that fails (read-only or full disk) is logged once per distinct warning and
-retried on the next change: the daemon keeps serving and loses no earlier state.
+retried on the next change: the daemon keeps serving and loses no earlier state. Once a save
+succeeds again the warnings are re-armed, so each spell of a read-only or full disk is reported.
 """
 
 from __future__ import annotations
@@ -54,10 +55,15 @@ class StateBook:
         return current
 
     def _save(self, state: State) -> None:
-        for warning in self._store.save(state):
+        warnings = self._store.save(state)
+        for warning in warnings:
             if warning not in self._warned:
                 self._warned.add(warning)
                 log.warning("state_not_saved", warning=warning)
+        if not warnings and self._warned:
+            # Saved again after failures: a later failure is worth a warning again.
+            self._warned.clear()
+            log.info("state_saved_again", path=str(self._store.path))
 
     def flush(self) -> None:
         """Save the current state (again)."""

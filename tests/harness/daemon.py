@@ -76,15 +76,14 @@ def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-def podman_deployment(port: int, image: str, **extra: Any) -> dict[str, Any]:
-    """A deployment running the stand-in image in a container on the first stand-in GPU."""
+def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
+    """A deployment running the stand-in image in a container (the image must be present)."""
     env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
     return {
         "model": "test/tiny",
         "image": image,
         "pull": "never",
         "port": port,
-        "gpus": [0],
         "env": env,
         "model_facts": MODEL_FACTS,
         **extra,
@@ -122,6 +121,7 @@ class Notifications:
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
+        self.path.unlink(missing_ok=True)  # so a test may start another daemon in the same directory
 
     def first(self, assignment: str) -> float | None:
         """Arrival time of the first message holding `assignment` (e.g. READY=1)."""

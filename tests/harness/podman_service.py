@@ -1,10 +1,17 @@
 """The private Podman service of the tests: shipped as dankserve.testing.podman_service (the demo
-uses it too); re-exported here under the names the tests and benchmarks import."""
+uses it too); re-exported here under the names the tests and benchmarks import, plus a service
+the fault-injection tests stop and start."""
+
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 from dankserve.testing.podman_service import (
     REQUIRED_TOOLS,
     SESSION_LABEL,
     PodmanEnv,
+    _ping,
     containers_conf,
     leftover_containers,
     leftover_secrets,
@@ -22,6 +29,7 @@ __all__ = [
     "REQUIRED_TOOLS",
     "SESSION_LABEL",
     "PodmanEnv",
+    "RestartableService",
     "containers_conf",
     "leftover_containers",
     "leftover_secrets",
@@ -34,3 +42,52 @@ __all__ = [
     "storage_conf",
     "storage_root",
 ]
+
+
+class RestartableService:
+    """A second `podman system service` on the same storage and configuration as `env`, on a socket of its
+    own, that a test may stop and start again (the fault: the Podman service goes away and comes back).
+
+    Containers outlive the service (conmon keeps them), as under systemd's podman.service.
+    """
+
+    def __init__(self, env: PodmanEnv, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.env = env
+        self.socket = workdir / "podman.sock"
+        self.url = f"unix://{self.socket}"
+        self.log = workdir / "service.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout: float = 60) -> None:
+        with self.log.open("ab") as log_file:
+            self._process = subprocess.Popen(
+                ["podman", "system", "service", "--time=0", self.url],
+                env=dict(self.env.env),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not (self.socket.exists() and _ping(self.socket)):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"podman system service did not come up:\n{self.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the service (SIGTERM: graceful; SIGKILL: gone at once) and remove its socket."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.send_signal(sig)
+            try:
+                self._process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        self.socket.unlink(missing_ok=True)

@@ -553,6 +553,14 @@ def test_version_cache_persists(tmp_path: Path) -> None:
     assert VersionCache(tmp_path / "bad.json").get("sha256:1") is None
 
 
+def test_version_cache_that_cannot_be_written_keeps_the_version_in_memory(tmp_path: Path) -> None:
+    """A version cache on an unwritable path (here a file in the way) keeps the version in memory, no error."""
+    (tmp_path / "file").write_text("")
+    cache = VersionCache(tmp_path / "file" / "v.json")
+    cache.put("sha256:1", "0.33.0")
+    assert cache.get("sha256:1") == "0.33.0"
+
+
 def as_runtime(runtime: PodmanRuntime) -> Runtime:
     return runtime  # mypy checks here that PodmanRuntime satisfies the Runtime protocol
 

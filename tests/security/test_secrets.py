@@ -21,7 +21,7 @@ import pytest
 from dankserve.runtime.base import workload_name
 from dankserve.testing.gpus import StandInGpus
 from dankserve.testing.podman_service import PodmanEnv
-from tests.harness.daemon import free_port, podman_deployment, process_deployment, running_daemon, write_host
+from tests.harness.daemon import container_deployment, free_port, process_deployment, running_daemon, write_host
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def test_container_path_keeps_secrets_out_of_logs_inspect_argv_and_status(
     """With Podman the key reaches vLLM, yet no log, inspect, argv or status shows a secret; the port is loopback."""
     port = free_port()
     host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
-    dep = podman_deployment(port, vllm_image, **write_secrets(tmp_path))
+    dep = container_deployment(vllm_image, port, gpus=[0], **write_secrets(tmp_path))
     globals_ = {"podman_url": podman_env.url}
     with running_daemon(tmp_path, {deployment: dep}, hardware=host, extra_globals=globals_) as daemon:
         status = daemon.wait_for(deployment, settled, timeout=120)

@@ -246,3 +246,31 @@ def test_learned_bytes_wait_for_freed_memory_and_are_refused_while_others_hold_i
         assert third["kv_cache_learned_used"] is False
         reasons = [e["reason"] for e in events_named(d, "kv_cache_decision")]
         assert "below 99 %" in reasons[-1]
+
+
+def test_an_adopted_boot_keeps_its_gpu_until_ready(tmp_path: Path) -> None:
+    """A daemon killed with -9 while one of two deployments sharing a GPU boots: the next daemon adopts that boot
+    and starts the other only once the adopted one is ready (boots on one GPU stay serialised)."""
+    slow = {"FAKE_VLLM_TIME_SCALE": "0.1"}  # a cold boot of about 12 s: time to kill the daemon while loading
+    deployments = {
+        "a": process_deployment(free_port(), gpus=[0], gpu_memory_utilization=0.45, env=slow),
+        "b": process_deployment(free_port(), gpus=[0], gpu_memory_utilization=0.45, env=slow),
+    }
+    with running_daemon(tmp_path, deployments) as daemon:
+        started = events_named(daemon, "started")
+        while not started:
+            time.sleep(0.05)
+            started = events_named(daemon, "started")
+        booting = started[0]["deployment"]
+        daemon.wait_for(booting, lambda d: d["phase"] in ("loading", "compiling", "profiling", "capturing"))
+        daemon.kill()
+        daemon.log_path.write_text("")  # only the next daemon's events from here
+        daemon.start()
+        other = "b" if booting == "a" else "a"
+        daemon.wait_for(booting, ready)
+        daemon.wait_for(other, ready)
+        adopted = [e["deployment"] for e in events_named(daemon, "adopting")]
+        assert adopted == [booting]
+        ready_at = next(e["timestamp"] for e in events_named(daemon, "ready") if e["deployment"] == booting)
+        other_started = next(e["timestamp"] for e in events_named(daemon, "started") if e["deployment"] == other)
+        assert ready_at <= other_started

@@ -1,5 +1,6 @@
 """Tests for dankserve.supervisor.instance with real processes."""
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -55,3 +56,20 @@ def test_state_dir_is_private(tmp_path: Path) -> None:
     held = instance.acquire(tmp_path / "state")
     held.release()
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+
+
+def test_an_unusable_state_dir_is_an_environment_error(tmp_path: Path) -> None:
+    """A state dir that cannot be created (a file is in the way) is refused with exit 3 naming it, no traceback."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EnvironmentUnusable, match="cannot be used") as info:
+        instance.acquire(tmp_path / "file" / "state")
+    assert str(tmp_path / "file" / "state") in info.value.message
+
+
+def test_the_lock_holds_no_writable_descriptor(tmp_path: Path) -> None:
+    """The lock is held through a read-only descriptor, so the state dir's mount can still be made read-only."""
+    held = instance.acquire(tmp_path)
+    try:
+        assert fcntl.fcntl(held.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+    finally:
+        held.release()

@@ -20,6 +20,7 @@ from dankserve.supervisor.policy import (
     backoff_delay,
     decide,
     next_restart,
+    outage_retry_delay,
     render_policy_markdown,
 )
 
@@ -192,6 +193,14 @@ def test_backoff_sequence() -> None:
     """Later retries wait initial, initial*multiplier, ... up to the maximum."""
     delays = [backoff_delay(attempt, SETTINGS, no_jitter) for attempt in range(1, 12)]
     assert delays == [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0]
+
+
+def test_runtime_outage_retries_back_off_to_at_most_30_seconds() -> None:
+    """An unreachable runtime is asked again soon, then less often, never more than 30 s apart, never at once."""
+    delays = [outage_retry_delay(attempt, SETTINGS, no_jitter) for attempt in range(1, 8)]
+    assert delays == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    quick = RestartSettings(0.1, 1.0, 2.0, 0.0, 900.0, 5)
+    assert [outage_retry_delay(a, quick, no_jitter) for a in (1, 5)] == [0.2, 1.0]
 
 
 def test_more_than_max_failures_in_window_is_failed() -> None:

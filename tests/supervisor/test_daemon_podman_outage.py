@@ -1,0 +1,65 @@
+"""The daemon on real Podman while the Podman service goes away and comes back (regression: a lost log stream
+or an unreachable service used to fail the deployment for good). tests/reliability repeats this at volume."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dankserve.supervisor.health import check_health
+from tests.harness.daemon import container_deployment, free_port, running_daemon, write_host
+from tests.harness.faults import boot_reached, is_ready, ready_after
+from tests.harness.gpus import StandInGpus
+from tests.harness.podman_service import PodmanEnv, RestartableService
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def service(podman_env: PodmanEnv, tmp_path: Path) -> Iterator[RestartableService]:
+    started = RestartableService(podman_env, tmp_path / "outage-podman")
+    started.start()
+    yield started
+    started.stop()
+
+
+def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
+    *,
+    tmp_path: Path,
+    podman_env: PodmanEnv,
+    gpus: StandInGpus,
+    vllm_image: str,
+    deployment: str,
+    service: RestartableService,
+) -> None:
+    """With the Podman service killed the server keeps answering and the deployment stays ready; once it is back
+    the daemon follows the same container again, and a container that died meanwhile is replaced."""
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    (tmp_path / "hf").mkdir()
+    port = free_port()
+    globals_ = {"podman_url": service.url, "restart_backoff_max_seconds": 1.0}
+    dep = container_deployment(vllm_image, port, gpus=[0])
+    with running_daemon(tmp_path, {deployment: dep}, hardware=host, extra_globals=globals_) as daemon:
+        first = daemon.wait_for(deployment, is_ready, timeout=120)
+        service.stop(signal.SIGKILL)
+        time.sleep(3)
+        assert check_health("127.0.0.1", port).healthy
+        assert daemon.deployment(deployment)["state"] == "ready"  # type: ignore[index]
+        service.start()
+        daemon.wait_for(deployment, lambda d: is_ready(d) and not d["message"], timeout=60)
+        assert [e for e in daemon.events() if e.get("event") == "runtime_reconnected"]
+        assert daemon.deployment(deployment)["boots"] == first["boots"]  # type: ignore[index]
+
+        service.stop(signal.SIGTERM)
+        podman_env.podman("kill", f"dankserve-{deployment}")
+        daemon.wait_for(deployment, lambda d: d["state"] != "ready", timeout=30)
+        time.sleep(2)
+        assert daemon.deployment(deployment)["state"] != "failed"  # type: ignore[index]
+        service.start()
+        daemon.wait_for(deployment, ready_after(first["boots"]), timeout=120)
+        assert boot_reached("ready", after=first["boots"])(daemon.deployment(deployment) or {})
+        assert daemon.stop() == 0
