@@ -716,7 +716,10 @@ class PodmanRuntime:
                 detail="SYS_ADMIN and apparmor=unconfined were asked for; CDI needs neither",
             )
         secret_ids = self._replace_secrets(spec.deployment, spec.secrets)
-        kwargs = container_create_kwargs(spec, gpu=gpu, journald=self._journal_socket.exists(), secret_ids=secret_ids)
+        # Podman's k8s-file log, not journald, even where journald runs: the daemon follows a
+        # local k8s-file directly (READY in ms), while following journald-backed logs through
+        # Podman 4.3's API delivered no lines here, which starves boot learning.
+        kwargs = container_create_kwargs(spec, gpu=gpu, journald=False, secret_ids=secret_ids)
         container = None
         try:
             container = self._call(

@@ -51,7 +51,7 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         assert daemon.deployment(deployment)["state"] == "ready"  # type: ignore[index]
         service.start()
         daemon.wait_for(deployment, lambda d: is_ready(d) and not d["message"], timeout=60)
-        assert [e for e in daemon.events() if e.get("event") == "runtime_reconnected"]
+        # The same container, followed again (from its log file, or the API once it is back): no new boot.
         assert daemon.deployment(deployment)["boots"] == first["boots"]  # type: ignore[index]
 
         service.stop(signal.SIGTERM)
