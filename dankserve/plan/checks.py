@@ -50,12 +50,9 @@ def check_kv_cache_dtype(value: str, caps: VllmCapabilities, catalogue: Catalogu
     valid = caps.kv_cache_dtypes
     if not valid or value in valid:
         return
-    newer = _first_release_with_fact(catalogue, "kv_cache_dtypes", value) if catalogue else None
-    if newer is not None:
-        raise InfeasiblePlan(
-            f"kv_cache_dtype {value!r} is not in vLLM {caps.version}; it appears in {newer}",
-            fix=f"use an image of vLLM {newer} or newer, or one of: {', '.join(valid)}",
-        )
+    _refuse_if_newer(
+        catalogue, "kv_cache_dtypes", value, caps, what="kv_cache_dtype", otherwise=f"one of: {', '.join(valid)}"
+    )
     suggestions = suggest_kv_cache_dtypes(value, valid)
     closest = f"; closest: {' or '.join(suggestions)}" if suggestions else ""
     raise UnknownValueError(
@@ -84,12 +81,14 @@ def check_speculative_method(method: str, caps: VllmCapabilities, catalogue: Cat
     valid = caps.speculative_methods
     if not valid or method in valid:
         return
-    newer = _first_release_with_fact(catalogue, "speculative_methods", method) if catalogue else None
-    if newer is not None:
-        raise InfeasiblePlan(
-            f"speculative method {method!r} is not in vLLM {caps.version}; it appears in {newer}",
-            fix=f"use an image of vLLM {newer} or newer, or another method ({', '.join(valid)})",
-        )
+    _refuse_if_newer(
+        catalogue,
+        "speculative_methods",
+        method,
+        caps,
+        what="speculative method",
+        otherwise=f"another method ({', '.join(valid)})",
+    )
     close = difflib.get_close_matches(method, valid, n=2, cutoff=0.6)
     raise UnknownValueError(
         f"speculative.method {method!r} is not a vLLM speculative method"
@@ -97,6 +96,18 @@ def check_speculative_method(method: str, caps: VllmCapabilities, catalogue: Cat
         + f". Valid in {caps.version}: {', '.join(valid)}",
         fix="set speculative.method to one of those",
     )
+
+
+def _refuse_if_newer(
+    catalogue: Catalogue | None, fact: str, value: str, caps: VllmCapabilities, *, what: str, otherwise: str
+) -> None:
+    """A value only later releases know is infeasible with this one (exit 4), naming the first."""
+    newer = _first_release_with_fact(catalogue, fact, value) if catalogue else None
+    if newer is not None:
+        raise InfeasiblePlan(
+            f"{what} {value!r} is not in vLLM {caps.version}; it appears in {newer}",
+            fix=f"use an image of vLLM {newer} or newer, or {otherwise}",
+        )
 
 
 def _first_release_with_fact(catalogue: Catalogue, fact: str, value: str) -> str | None:

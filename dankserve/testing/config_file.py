@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,22 @@ from typing import Any
 NESTED_TABLES = ("model_facts", "speculative", "cpu_offload")
 
 
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class TomlRaw(str):
+    """A TOML value written verbatim (e.g. a deliberately broken literal in a malformed config)."""
+
+
+def toml_key(name: str) -> str:
+    """A key: bare when TOML allows, else quoted."""
+    return name if BARE_KEY.fullmatch(name) else json.dumps(name)
+
+
 def toml_value(value: Any) -> str:
-    """A TOML literal for a bool, number, string, list or inline table."""
+    """A TOML literal for a bool, number, string, list or inline table (TomlRaw as it is)."""
+    if isinstance(value, TomlRaw):
+        return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -22,20 +37,20 @@ def toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(value)
 
 
 def config_text(globals_: Mapping[str, Any], deployments: Mapping[str, Mapping[str, Any]]) -> str:
     """The TOML of global keys and `[deployments.NAME]` tables (sub-tables for model_facts ...)."""
-    lines = [f"{k} = {toml_value(v)}" for k, v in globals_.items()]
+    lines = [f"{toml_key(k)} = {toml_value(v)}" for k, v in globals_.items()]
     for name, dep in deployments.items():
-        lines.append(f"[deployments.{name}]")
-        tables = {k: v for k, v in dep.items() if k in NESTED_TABLES}
-        lines += [f"{k} = {toml_value(v)}" for k, v in dep.items() if k not in tables]
-        for key, table in tables.items():
-            lines.append(f"[deployments.{name}.{key}]")
-            lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+        lines.append(f"[deployments.{toml_key(name)}]")
+        tables = {k: v for k, v in dep.items() if k in NESTED_TABLES and isinstance(v, dict)}
+        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in dep.items() if k not in tables]
+        for table, body in tables.items():
+            lines.append(f"[deployments.{toml_key(name)}.{table}]")
+            lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in body.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -10,20 +10,16 @@ description, so a failing example says what it broke.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
 from dankserve.settings import CpuOffloadSettings, DeploymentSettings, ModelFacts, Settings, SpeculativeSettings
+from dankserve.testing.config_file import TomlRaw, config_text
 
-BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-class Raw(str):
-    """A TOML value written verbatim (a literal the generator chose, maybe a broken one)."""
+Raw = TomlRaw
+"""A TOML value written verbatim (a literal the generator chose, maybe a broken one)."""
 
 
 Table = dict[str, Any]
@@ -46,37 +42,9 @@ class BrokenConfig:
     text: bytes
 
 
-def key(name: str) -> str:
-    return name if BARE_KEY.fullmatch(name) else json.dumps(name)
-
-
-def value(v: Any) -> str:
-    if isinstance(v, Raw):
-        return str(v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(v)
-
-
 def render(config: Config) -> str:
     """The configuration as a TOML document (nested tables of a deployment as sub-tables)."""
-    lines = [f"{key(k)} = {value(v)}" for k, v in config.globals_.items()]
-    for name, dep in config.deployments.items():
-        lines.append(f"[deployments.{key(name)}]")
-        tables = {k: v for k, v in dep.items() if k in NESTED and isinstance(v, dict)}
-        lines += [f"{key(k)} = {value(v)}" for k, v in dep.items() if k not in tables]
-        for table, body in tables.items():
-            lines.append(f"[deployments.{key(name)}.{table}]")
-            lines += [f"{key(k)} = {value(v)}" for k, v in body.items()]
-    return "\n".join(lines) + "\n"
+    return config_text(config.globals_, config.deployments)
 
 
 NESTED = {"model_facts": ModelFacts, "speculative": SpeculativeSettings, "cpu_offload": CpuOffloadSettings}
