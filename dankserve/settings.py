@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -288,7 +289,7 @@ class Settings(BaseSettings):
     @classmethod
     def _names_are_plain(cls, value: dict[str, DeploymentSettings]) -> dict[str, DeploymentSettings]:
         for name in value:
-            if not name or not all(c.isalnum() or c in "-_" for c in name):
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # ASCII: it becomes a container name
                 raise ValueError(f"deployment name {name!r} may hold only letters, digits, '-' and '_'")
         return value
 

@@ -203,3 +203,11 @@ def test_a_file_that_is_not_utf8_is_invalid_input(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not UTF-8") as info:
         load_settings(path, environ={})
     assert str(path) in info.value.message
+
+
+@pytest.mark.parametrize("name", ["é", "chat bot", "a.b", "модель"])
+def test_deployment_names_are_plain_ascii(tmp_path: Path, name: str) -> None:
+    """A deployment name outside ASCII letters, digits, '-' and '_' is refused (it names a container)."""
+    path = write(tmp_path, f'[deployments."{name}"]\nmodel = "m"\n')
+    with pytest.raises(ConfigError, match="may hold only"):
+        load_settings(path, environ={})
