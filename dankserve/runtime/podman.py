@@ -380,6 +380,15 @@ def conmon_exit_file(cmdline: Sequence[str], container_id: str) -> Path | None:
     return None
 
 
+def local_k8s_path(attrs: Mapping[str, Any]) -> Path | None:
+    """The container's k8s-file log when it is readable on this host, else None."""
+    log_config = (attrs.get("HostConfig") or {}).get("LogConfig") or {}
+    path = Path(str(log_config.get("Path") or ""))
+    if log_config.get("Type") != "k8s-file" or not log_config.get("Path") or not os.access(path, os.R_OK):
+        return None
+    return path
+
+
 def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
     """The lines of a running container's k8s-file log on this host, followed until it exits.
 
@@ -811,12 +820,19 @@ class PodmanRuntime:
         directly (local_k8s_log): Podman 4's follow stream polls it only every 250 ms, which
         would hold back every line, readiness included, by up to that.
         """
-        if follow and self.url.startswith("unix://"):
+        if self.url.startswith("unix://"):
             attrs = self._container_attrs(workload_id)
-            local = local_k8s_log(attrs) if attrs is not None else None
-            if local is not None:
-                yield from local
-                return
+            if attrs is not None and follow:
+                local = local_k8s_log(attrs)
+                if local is not None:
+                    yield from local
+                    return
+            elif attrs is not None:
+                # The same file as the follower reads, so both views cut lines alike.
+                path = local_k8s_path(attrs)
+                if path is not None:
+                    yield from k8s_file_lines(follow_file(path, False, lambda: False))
+                    return
         yield from self._api_logs(workload_id, follow)
 
     def _api_logs(self, workload_id: str, follow: bool) -> Iterator[str]:
