@@ -197,6 +197,7 @@ def serve(
         max_model_len=memory.max_model_len,
         num_gpu_blocks=max(0, memory.limiting_rank.available_kv) // (16 * memory.kv_bytes_per_token_rank),
         started=int(time.time()),
+        token_seconds=knobs.token_seconds,
     )
     state = EngineState()
     server = FakeVllmHTTPServer((host, config.port), facts, state, output)

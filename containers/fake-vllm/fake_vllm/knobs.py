@@ -56,6 +56,8 @@ class Knobs:
     dev_dir: str
     trace_file: str | None = None
     """FAKE_VLLM_TRACE_FILE: append `monotonic wall stream line` for every record written (benchmarks)."""
+    token_seconds: float = 0.0
+    """FAKE_VLLM_TOKEN_SECONDS: stream one token per event this far apart (0: the whole text in one event)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -121,4 +123,5 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         preemptions_per_interval=_integer(env, "FAKE_VLLM_PREEMPTIONS_PER_INTERVAL", 0),
         dev_dir=env.get("FAKE_VLLM_DEV_DIR", "").strip() or "/dev",
         trace_file=env.get("FAKE_VLLM_TRACE_FILE", "").strip() or None,
+        token_seconds=_number(env, "FAKE_VLLM_TOKEN_SECONDS", 0.0) or 0.0,
     )

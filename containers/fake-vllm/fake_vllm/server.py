@@ -43,6 +43,7 @@ class EngineState:
     generation_tokens_total: int = 0
     preemptions_total: int = 0
     requests_total: int = 0
+    aborted_total: int = 0
     interval_prompt_tokens: int = 0
     interval_generation_tokens: int = 0
     interval_preemptions: int = 0
@@ -57,6 +58,8 @@ class ServerFacts:
     max_model_len: int
     num_gpu_blocks: int
     started: int
+    token_seconds: float = 0.0
+    """Delay between streamed tokens; 0 streams the whole text in one event."""
 
 
 def _approximate_tokens(text: str) -> int:
@@ -78,7 +81,7 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
             state.prompt_tokens_total,
             state.generation_tokens_total,
         )
-        requests = state.requests_total
+        requests, aborted = state.requests_total, state.aborted_total
     info = {
         "block_size": "16",
         "cache_dtype": config.kv_cache_dtype,
@@ -113,7 +116,8 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
         f"vllm:generation_tokens_total{{{labels}}} {float(generation)}",
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
-        f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(requests)}',
+        f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(requests - aborted)}',
+        f'vllm:request_success_total{{{labels},finished_reason="abort"}} {float(aborted)}',
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f"vllm:cache_config_info{{{info_labels}}} 1.0",
@@ -333,24 +337,57 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._json(200, response)
 
     def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
-        """Server-sent events: the text in one chunk, a finishing chunk, then [DONE]."""
+        """Server-sent events: the text (in one event, or a token per event with
+        FAKE_VLLM_TOKEN_SECONDS), a finishing event, then [DONE]. A client that goes away
+        aborts the request, as vLLM does (counted as finished_reason="abort")."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("connection", "close")
         self.end_headers()
         self.close_connection = True
-        chunk_object = "chat.completion.chunk" if chat else "text_completion"
-        choices: list[dict[str, object]] = [
-            {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
-            if chat
-            else {"index": 0, "text": text, "finish_reason": None},
-            {"index": 0, "delta": {"content": ""}, "finish_reason": "length"}
-            if chat
-            else {"index": 0, "text": "", "finish_reason": "length"},
-        ]
-        for choice in choices:
-            chunk = {key: value for key, value in response.items() if key != "usage"}
-            chunk.update(object=chunk_object, choices=[choice])
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
+        delay = self.server.facts.token_seconds
+        pieces = _tokens(text) if delay > 0 else [text]
+        events = [_chunk(response, chat, piece, None) for piece in pieces]
+        events.append(_chunk(response, chat, "", "length"))
+        state = self.server.state
+        with state.lock:
+            state.running += 1
+        try:
+            for index, event in enumerate(events):
+                if index and delay > 0:
+                    time.sleep(delay)
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            with state.lock:
+                state.aborted_total += 1
+            self._access_log(200)
+            return
+        finally:
+            with state.lock:
+                state.running -= 1
         self._access_log(200)
+
+
+def _tokens(text: str) -> list[str]:
+    """The filler text as the words it was made of (each one token)."""
+    words: list[str] = []
+    for index, char in enumerate(text):
+        if index == 0 or ((char == " " or char == ".") and words):
+            words.append(char)
+        else:
+            words[-1] += char
+    return words or [""]
+
+
+def _chunk(response: dict[str, object], chat: bool, piece: str, finish: str | None) -> dict[str, object]:
+    choice: dict[str, object]
+    if chat:
+        delta: dict[str, object] = {"content": piece} if finish else {"role": "assistant", "content": piece}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": piece, "finish_reason": finish}
+    chunk = {key: value for key, value in response.items() if key != "usage"}
+    chunk.update(object="chat.completion.chunk" if chat else "text_completion", choices=[choice])
+    return chunk
