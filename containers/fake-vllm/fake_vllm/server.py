@@ -374,7 +374,7 @@ def _tokens(text: str) -> list[str]:
     """The filler text as the words it was made of (each one token)."""
     words: list[str] = []
     for index, char in enumerate(text):
-        if index == 0 or ((char == " " or char == ".") and words):
+        if index == 0 or (char in {" ", "."} and words):
             words.append(char)
         else:
             words[-1] += char
