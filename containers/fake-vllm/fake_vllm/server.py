@@ -130,6 +130,7 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 2048  # uvicorn's default backlog (socketserver's 5 drops connections under load)
 
     def __init__(self, address: tuple[str, int], facts: ServerFacts, state: EngineState, output: Output) -> None:
         if ":" in address[0]:
@@ -152,6 +153,7 @@ class RequestHandler(BaseHTTPRequestHandler):
     server: FakeVllmHTTPServer
     server_version = "uvicorn"
     sys_version = ""
+    disable_nagle_algorithm = True  # asyncio (uvicorn) sets TCP_NODELAY on every connection
 
     def log_message(self, format: str, *args: object) -> None:
         """Access lines are uvicorn's, written after each response (see _access_log)."""
