@@ -145,9 +145,9 @@ def main() -> int:
 
     server_port, gateway_port = free_port(), free_port()
     env = {**os.environ, "FAKE_VLLM_TIME_SCALE": "0.01", "FAKE_VLLM_TOKEN_SECONDS": str(args.token_seconds)}
+    flags = ["--served-model-name", MODEL, "--disable-log-requests", "--disable-uvicorn-access-log"]
     server = subprocess.Popen(
-        [sys.executable, str(STAND_IN), "serve", "org/bench", "--port", str(server_port)]
-        + ["--served-model-name", MODEL, "--disable-log-requests", "--disable-uvicorn-access-log"],
+        [sys.executable, str(STAND_IN), "serve", "org/bench", "--port", str(server_port), *flags],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -180,7 +180,7 @@ def main() -> int:
             proc.wait(10)
 
     def med(mode: str, key: str) -> float:
-        return statistics.median(r[key] for r in rounds[mode])
+        return float(statistics.median(r[key] for r in rounds[mode]))
 
     rows = [
         {
