@@ -170,8 +170,8 @@ def main() -> int:
             for mode, port in (("direct", server_port), ("gateway", gateway_port)):
                 before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
                 result = asyncio.run(one_round(port, args.concurrency, args.seconds, args.tokens))
-                for name, proc in processes.items():
-                    result[f"{name}_cpu_s"] = sum(proc.cpu_times()[:2]) - before[name]
+                for name, watched in processes.items():
+                    result[f"{name}_cpu_s"] = sum(watched.cpu_times()[:2]) - before[name]
                 rounds[mode].append(result)
                 print(f"round {index + 1} {mode}: {json.dumps({k: round(v, 3) for k, v in result.items()})}")
     finally:
