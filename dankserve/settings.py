@@ -147,6 +147,11 @@ class ClusterSettings(_Strict):
     ray_executable: str | None = Field(default=None, description="The `ray` CLI; unset: beside dankserve's Python.")
     ray_port: int = Field(default=6379, ge=1, le=65535, description="Port of the Ray head (GCS) on a leader.")
 
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_an_address(cls, value: str) -> str:
+        return check_address(value, default_port=7390)  # the cluster API's port
+
 
 class GatewaySettings(_Strict):
     """One OpenAI endpoint in front of every deployment, routed by the request's `model` (docs/GATEWAY.md)."""
@@ -184,10 +189,7 @@ class GatewaySettings(_Strict):
     @field_validator("listen")
     @classmethod
     def _listen_is_an_address(cls, value: str) -> str:
-        host, port = split_listen(value)
-        if not host or not 1 <= port <= 65535:
-            raise ValueError(f"{value!r} is not ADDRESS:PORT")
-        return value
+        return check_address(value)
 
     @model_validator(mode="after")
     def _exposed_gateway_needs_a_key(self) -> GatewaySettings:
@@ -199,6 +201,14 @@ class GatewaySettings(_Strict):
                 'the key, or listen on "127.0.0.1:PORT"'
             )
         return self
+
+
+def check_address(value: str, default_port: int = 0) -> str:
+    """The value, when it is ADDRESS:PORT (or ADDRESS with a default port); ValueError otherwise."""
+    host, port = split_listen(value, default_port)
+    if not host or not 1 <= port <= 65535:
+        raise ValueError(f"{value!r} is not ADDRESS:PORT")
+    return value
 
 
 def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
@@ -289,6 +299,13 @@ class DeploymentSettings(_Strict):
                 raise ValueError("gpus is empty: leave it out for all GPUs, or list indices/UUIDs")
             if len(set(map(str, value))) != len(value):
                 raise ValueError(f"gpus lists a GPU twice: {value}")
+        return value
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_are_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            check_address(address, default_port=7390)  # the cluster API's port
         return value
 
     @field_validator("max_model_len")
