@@ -71,7 +71,13 @@ def address(server: ClusterServer) -> str:
 
 
 def raw(
-    server: ClusterServer, certs: HostCert, method: str, path: str, headers: dict[str, str], body: bytes | None = None
+    server: ClusterServer,
+    certs: HostCert,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    *,
+    body: bytes | None = None,
 ) -> int:
     conn = http.client.HTTPSConnection(*server.address, timeout=3, context=certs.tls().client)
     conn.request(method, path, body=body, headers=headers)
@@ -113,7 +119,7 @@ def test_no_valid_token_no_action(
     """Without the exact token every endpoint answers 401 and the handler is never called."""
     server, handler = served
     body = json.dumps({"deployment": "big"}).encode() if method == "POST" else None
-    assert raw(server, certs, method, path, headers, body) == 401
+    assert raw(server, certs, method, path, headers, body=body) == 401
     assert handler.calls == []
 
 
@@ -129,7 +135,7 @@ def test_unknown_path_and_bad_body(served: tuple[ClusterServer, Recorder], certs
     server, handler = served
     auth = {"Authorization": f"Bearer {TOKEN}"}
     assert raw(server, certs, "GET", "/v1/secrets", auth) == 404
-    assert raw(server, certs, "POST", "/v1/start-worker", {**auth, "Content-Length": "2"}, b"[]") == 400
+    assert raw(server, certs, "POST", "/v1/start-worker", {**auth, "Content-Length": "2"}, body=b"[]") == 400
     assert handler.calls == []
 
 
