@@ -87,16 +87,15 @@ def test_a_peer_without_the_group_certificate_gets_no_further_than_the_handshake
     stranger = group_certs(tmp_path / "other-group", ["127.0.0.1"])["127.0.0.1"]
     other_ca = ssl.create_default_context(cafile=str(certs["127.0.0.1"].ca))
     other_ca.load_cert_chain(str(stranger.cert), str(stranger.key))
+    request = b"GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
+    refused = (ssl.SSLError, ConnectionResetError, BrokenPipeError)
     for context in (no_cert, other_ca):
-        with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
-            with tls_socket(server, context) as sock:
-                sock.sendall(
-                    b"GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
-                )
-                if not answer(sock):
-                    raise ConnectionResetError("closed without an answer")
+        with pytest.raises(refused), tls_socket(server, context) as sock:
+            sock.sendall(request)
+            if not answer(sock):
+                raise ConnectionResetError("closed without an answer")
     with pytest.raises(MemberUnreachable):
-        ClusterClient("127.0.0.1:%d" % server.address[1], TOKEN, stranger.tls().client).status()
+        ClusterClient(f"127.0.0.1:{server.address[1]}", TOKEN, stranger.tls().client).status()
     assert handler.calls == []
 
 
