@@ -125,7 +125,7 @@ class GuardedServer:
         self._listener.listen(1024)
         self._listener.setblocking(False)
         self._connections: dict[int, _Connection] = {}
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_loop()
         self._started = threading.Event()
         self._stopping: asyncio.Event | None = None
         self._failure: BaseException | None = None
@@ -271,6 +271,15 @@ class GuardedServer:
             return None
         conn = self._connections.get(sock.fileno())
         return conn if conn is not None and conn.sock.fileno() == sock.fileno() else None
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop (libuv: less CPU per request and per streamed chunk), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def _shut(sock: socket.socket) -> None:
