@@ -15,6 +15,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,11 +24,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
 from . import VLLM_VERSION
+from . import messages as msg
 from .logfmt import access_message
 from .messages import ENGINE_DEAD_CLIENT_MESSAGE
 from .output import Output
 from .serve_config import ServeConfig
 
+GIB: Final = 1 << 30
 GUARDED_PREFIXES: Final = ("/v1", "/v2", "/inference", "/cohere")
 FILLER_WORDS: Final = ("The", " stand-in", " vLLM", " answers", " with", " a", " fixed", " text", ".")
 
@@ -48,6 +51,11 @@ class EngineState:
     interval_generation_tokens: int = 0
     interval_preemptions: int = 0
     kv_usage: float = 0.0  # fraction, 1.0 = full
+    sleeping_tags: set[str] = field(default_factory=set)
+    """Memory pools asleep ('weights', 'kv_cache'); empty when awake."""
+    sleep_level: int = 0
+    weights_stale: bool = False
+    """Woken from level 2 without reload_weights: the weights are garbage (completions decode to nothing)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,15 @@ class ServerFacts:
     started: int
     token_seconds: float = 0.0
     """Delay between streamed tokens; 0 streams the whole text in one event."""
+    dev_mode: bool = False
+    """VLLM_SERVER_DEV_MODE=1: the dev-mode routes exist (/sleep, /wake_up, /is_sleeping, ...)."""
+    sleep_seconds: float = 0.22
+    wake_seconds: float = 0.2
+    reload_seconds: float = 0.5
+    sleep_freed_bytes: int = 0
+    """GPU memory (rank 0) a sleep frees, at either level."""
+    asleep_used_bytes: int = 0
+    """GPU memory (rank 0) still in use while asleep (CUDA context, graphs, NCCL)."""
 
 
 def _approximate_tokens(text: str) -> int:
@@ -222,6 +239,16 @@ class RequestHandler(BaseHTTPRequestHandler):
             ("POST", "/v1/completions"): lambda: self._generate(chat=False),
             ("POST", "/v1/chat/completions"): lambda: self._generate(chat=True),
         }
+        if self.server.facts.dev_mode:
+            routes.update(
+                {
+                    ("POST", "/sleep"): self._sleep,
+                    ("POST", "/wake_up"): self._wake_up,
+                    ("GET", "/is_sleeping"): self._is_sleeping,
+                    ("POST", "/collective_rpc"): self._collective_rpc,
+                    ("POST", "/reset_prefix_cache"): lambda: self._send(200, b""),
+                }
+            )
         handler = routes.get((method, path))
         if handler is not None:
             handler()
@@ -272,6 +299,92 @@ class RequestHandler(BaseHTTPRequestHandler):
         ]
         self._json(200, {"object": "list", "data": data})
 
+    def _query(self) -> dict[str, list[str]]:
+        return urllib.parse.parse_qs(self.path.partition("?")[2])
+
+    def _sleep_mode_off(self) -> bool:
+        if self.server.facts.config.enable_sleep_mode:
+            return False
+        self._error(
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+            "Sleep mode is not enabled: start the server with --enable-sleep-mode.",
+            "InternalServerError",
+        )
+        return True
+
+    def _sleep(self) -> None:
+        """POST /sleep?level=1|2: level 1 offloads the weights to CPU RAM, level 2 drops them; both free the KV."""
+        if self._sleep_mode_off():
+            return
+        raw = (self._query().get("level") or ["1"])[0]
+        if raw not in ("1", "2"):
+            self._error(HTTPStatus.BAD_REQUEST, f"level must be 1 or 2, not {raw!r}", "BadRequestError", "level")
+            return
+        facts, state, output = self.server.facts, self.server.state, self.server.output
+        with state.lock:
+            already = bool(state.sleeping_tags)
+        if already:
+            output.log(msg.ALREADY_SLEEPING)
+            self._send(200, b"")
+            return
+        started = time.monotonic()
+        time.sleep(facts.sleep_seconds)
+        level = int(raw)
+        with state.lock:
+            state.sleeping_tags = {"weights", "kv_cache"}
+            state.sleep_level = level
+            state.weights_stale = False
+        output.log(msg.SLEEP_FREED, (facts.sleep_freed_bytes / GIB, facts.asleep_used_bytes / GIB))
+        output.log(msg.FELL_ASLEEP, (time.monotonic() - started,))
+        self._send(200, b"")
+
+    def _wake_up(self) -> None:
+        """POST /wake_up[?tags=weights|kv_cache ...]: reallocate those pools (all without tags)."""
+        if self._sleep_mode_off():
+            return
+        tags = self._query().get("tags") or []
+        facts, state, output = self.server.facts, self.server.state, self.server.output
+        with state.lock:
+            sleeping = set(state.sleeping_tags)
+        if not sleeping:
+            output.log(msg.NOT_SLEEPING)
+            self._send(200, b"")
+            return
+        unknown = [tag for tag in tags if tag not in sleeping]
+        if unknown:
+            self._send(200, b"")  # vLLM warns ("Tag %s is not in sleeping tags") and does nothing
+            return
+        started = time.monotonic()
+        time.sleep(facts.wake_seconds)
+        waking = set(tags) or sleeping
+        with state.lock:
+            if "weights" in waking and state.sleep_level == 2:
+                state.weights_stale = True  # allocated, not loaded: reload_weights fills them
+            state.sleeping_tags -= waking
+            if not state.sleeping_tags:
+                state.sleep_level = 0
+        output.log(msg.WOKE_UP, (time.monotonic() - started, sorted(waking)))
+        self._send(200, b"")
+
+    def _is_sleeping(self) -> None:
+        with self.server.state.lock:
+            asleep = bool(self.server.state.sleeping_tags)
+        self._json(200, {"is_sleeping": asleep})
+
+    def _collective_rpc(self) -> None:
+        """POST /collective_rpc {"method": ...}: the stand-in knows reload_weights (after a level-2 sleep)."""
+        request = self._read_json()
+        if request is None:
+            return
+        method = request.get("method")
+        if method != "reload_weights":
+            self._error(HTTPStatus.BAD_REQUEST, f"the stand-in has no worker method {method!r}", "BadRequestError")
+            return
+        time.sleep(self.server.facts.reload_seconds)
+        with self.server.state.lock:
+            self.server.state.weights_stale = False
+        self._json(200, {"results": [None] * self.server.facts.config.tensor_parallel_size})
+
     def _read_json(self) -> dict[str, object] | None:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
@@ -297,11 +410,17 @@ class RequestHandler(BaseHTTPRequestHandler):
         if self._dead():
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")
             return
+        with state.lock:
+            asleep, stale = bool(state.sleeping_tags), state.weights_stale
+        if asleep:
+            # Not vLLM's verified behaviour: a supervisor never sends a request to a sleeping server.
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, "The engine is sleeping.", "ServiceUnavailableError")
+            return
         raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
         prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
         prompt_tokens = _approximate_tokens(prompt_text)
-        text = completion_text(max_tokens)
+        text = "" if stale else completion_text(max_tokens)
         with state.lock:
             state.prompt_tokens_total += prompt_tokens
             state.generation_tokens_total += max_tokens
