@@ -525,6 +525,20 @@ def check_secret_files(settings: Settings) -> None:
             )
 
 
+def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
+    """A secret's text, stripped; unreadable, empty or shorter than min_length is a ConfigError (exit 2)."""
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{what} {path} cannot be read: {reason}", fix=fix) from None
+    if len(secret) < min_length:
+        raise ConfigError(
+            f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
+        )
+    return secret
+
+
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
     """The TOML file's tables, or {} when an unnamed default file is absent."""
     _check_config_file(path)

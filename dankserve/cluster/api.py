@@ -34,7 +34,7 @@ from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, read_body
 from dankserve.errors import ConfigError
-from dankserve.settings import ClusterSettings, split_listen
+from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
 log = structlog.get_logger("dankserve.cluster")
 
@@ -49,19 +49,12 @@ class MemberUnreachable(Exception):
 
 def read_token(path: Path) -> str:
     """The shared token of a group; a missing, unreadable or short token is a config error (exit 2)."""
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"cluster token file {path} cannot be read: {exc.strerror}",
-            fix="create it with the same random token on every host (e.g. `openssl rand -hex 32 > FILE`), mode 0600",
-        ) from None
-    if len(token) < 16:
-        raise ConfigError(
-            f"cluster token in {path} is {len(token)} characters long: at least 16 are needed",
-            fix="write a long random token (e.g. `openssl rand -hex 32`) to the same file on every host",
-        )
-    return token
+    return read_secret_file(
+        path,
+        "cluster token",
+        fix="write a long random token (e.g. `openssl rand -hex 32 > FILE`) to the same file on every host, mode 0600",
+        min_length=16,
+    )
 
 
 def split_address(address: str, default_port: int) -> tuple[str, int]:

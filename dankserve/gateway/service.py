@@ -6,27 +6,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dankserve.aioserver import GuardedServer, Limits
-from dankserve.errors import ConfigError, EnvironmentUnusable
+from dankserve.errors import EnvironmentUnusable
 from dankserve.gateway.backends import Supervisor
 from dankserve.gateway.proxy import Gateway, QueuePolicy
-from dankserve.settings import DeploymentSettings, GatewaySettings, split_listen
+from dankserve.settings import DeploymentSettings, GatewaySettings, read_secret_file, split_listen
 
 
 def read_api_key(path: Path) -> str:
     """The gateway's client key; a missing, unreadable or empty file is a config error (exit 2)."""
-    try:
-        key = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"gateway.api_key_file = {str(path)!r} cannot be read: {exc.strerror}",
-            fix="create it holding the key clients send (mode 0600), or leave api_key_file out on loopback",
-        ) from None
-    if not key:
-        raise ConfigError(
-            f"gateway.api_key_file = {str(path)!r} is empty: that would be no key at all",
-            fix="write a long random key into it (e.g. `openssl rand -hex 32`)",
-        )
-    return key
+    return read_secret_file(
+        path,
+        "gateway.api_key_file",
+        fix="write a long random key into it (e.g. `openssl rand -hex 32`), mode 0600, or leave it out on loopback",
+    )
 
 
 def start_gateway(

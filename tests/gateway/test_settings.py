@@ -63,3 +63,18 @@ def test_gateway_conflicts_are_refused(tmp_path: Path, tables: str, named: str) 
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, text), environ={})
     assert named in info.value.message
+
+
+def test_an_empty_or_missing_gateway_key_file_is_a_config_error(tmp_path: Path) -> None:
+    """An empty key file would be no key at all: exit 2 naming the file; a missing one likewise."""
+    from dankserve.gateway.service import read_api_key
+
+    empty = tmp_path / "empty.key"
+    empty.write_text("  \n")
+    with pytest.raises(ConfigError, match="0 characters long"):
+        read_api_key(empty)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        read_api_key(tmp_path / "absent.key")
+    good = tmp_path / "good.key"
+    good.write_text("k3y\n")
+    assert read_api_key(good) == "k3y"
