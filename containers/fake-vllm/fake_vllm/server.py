@@ -460,12 +460,21 @@ class RequestHandler(BaseHTTPRequestHandler):
     def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
         """Server-sent events: the text (in one event, or a token per event with
         FAKE_VLLM_TOKEN_SECONDS), a finishing event, then [DONE]. A client that goes away
-        aborts the request, as vLLM does (counted as finished_reason="abort")."""
+        aborts the request, as vLLM does (counted as finished_reason="abort"). Chunked and kept
+        alive as uvicorn sends a streaming response (HTTP/1.0 clients: until the connection closes)."""
+        chunked = self.request_version == "HTTP/1.1"
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("connection", "close")
+        if chunked:
+            self.send_header("transfer-encoding", "chunked")
+        else:
+            self.send_header("connection", "close")
+            self.close_connection = True
         self.end_headers()
-        self.close_connection = True
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+
         delay = self.server.facts.token_seconds
         pieces = _tokens(text) if delay > 0 else [text]
         events = [_chunk(response, chat, piece, None) for piece in pieces]
@@ -477,10 +486,12 @@ class RequestHandler(BaseHTTPRequestHandler):
             for index, event in enumerate(events):
                 if index and delay > 0:
                     time.sleep(delay)
-                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
+                send(b"data: " + json.dumps(event).encode() + b"\n\n")
+            send(b"data: [DONE]\n\n")
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
             with state.lock:
                 state.aborted_total += 1
             self._access_log(200)
