@@ -572,6 +572,11 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
     kind = error.get("type", "")
     if kind == "extra_forbidden":
         return f"{path}: unknown key {key!r} (value {value!r}); see config/dankserve.toml for the keys allowed"
+    if kind == "missing" and key.startswith("cluster.tls_"):
+        return (
+            f"{path}: {key} is required: the cluster API speaks TLS only (make the group's certificates "
+            "with scripts/cluster-certs.sh DIR ADDRESS..., docs/MULTI-HOST.md)"
+        )
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"
 

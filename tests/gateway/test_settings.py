@@ -78,3 +78,13 @@ def test_an_empty_or_missing_gateway_key_file_is_a_config_error(tmp_path: Path) 
     good = tmp_path / "good.key"
     good.write_text("k3y\n")
     assert read_api_key(good) == "k3y"
+
+
+def test_cluster_without_tls_names_the_script(tmp_path: Path) -> None:
+    """A [cluster] table from before TLS: exit 2 naming each missing file and how to make them."""
+    path = write(tmp_path, '[cluster]\nlisten = "10.0.0.1:7390"\ntoken_file = "/t"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        assert f"cluster.{key} is required" in info.value.message
+    assert "scripts/cluster-certs.sh" in info.value.message
