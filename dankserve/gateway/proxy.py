@@ -134,6 +134,13 @@ class Gateway:
             return _json_error(401, "missing or wrong API key (Authorization: Bearer KEY)", "AuthenticationError")
         if path == "/v1/models" and request.method == "GET":
             return web.json_response(models_document(model_entries(self._deployments()), self.started))
+        if path.startswith("/v1/models/") and request.method == "GET":
+            wanted = path.removeprefix("/v1/models/")
+            listed = models_document(model_entries(self._deployments()), self.started)["data"]
+            found = [entry for entry in listed if entry["id"] == wanted]
+            if found:
+                return web.json_response(found[0])
+            return _json_error(404, f"The model `{wanted}` does not exist.", "NotFoundError", "model")
         if path not in ROUTED_BY_MODEL:
             return _json_error(404, f"no route {request.method} {path}", "NotFoundError")
         if request.method != "POST":

@@ -36,6 +36,10 @@ def test_models_lists_enabled_deployments_and_aliases(gateway_for: Callable[...,
     ids = [m["id"] for m in reply.json()["data"]]
     assert ids == ["tiny", "small", "gpt-4o-mini", "org/other"]
     assert reply.json()["data"][1]["root"] == "tiny"
+    one = httpx.get(gateway.url + "/v1/models/gpt-4o-mini")
+    assert one.status_code == 200 and one.json()["id"] == "gpt-4o-mini"
+    assert httpx.get(gateway.url + "/v1/models/org/other").json()["id"] == "org/other"
+    assert httpx.get(gateway.url + "/v1/models/org/disabled").status_code == 404
 
 
 def test_request_is_routed_by_model_and_an_alias_is_rewritten(
