@@ -32,6 +32,7 @@ from aiohttp import web
 log = structlog.get_logger("dankserve.http")
 
 SWEEP_SECONDS = 0.5
+LOG_EVERY_SECONDS = 10.0
 
 
 class _OneLine(logging.Filter):
@@ -65,6 +66,23 @@ class Limits:
 
 class BodyTooLarge(Exception):
     """The request body is larger than the server accepts."""
+
+
+class _Throttled:
+    """One log line per event name every LOG_EVERY_SECONDS at most, with the count since the last:
+    a flood of bad peers must not flood the journal."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._logged_at: dict[str, float] = {}
+
+    def note(self, event: str, **fields: object) -> None:
+        self._counts[event] = self._counts.get(event, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(event, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
+            log.warning(event, count=self._counts[event], **fields)
+            self._counts[event] = 0
+            self._logged_at[event] = now
 
 
 @dataclass
@@ -131,6 +149,7 @@ class GuardedServer:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.refused = 0
+        self._throttled = _Throttled()
         """Connections closed at once because max_connections were open (for tests and logs)."""
 
     @property
@@ -217,6 +236,7 @@ class GuardedServer:
             if len(self._connections) >= self._limits.max_connections:
                 self.refused += 1
                 sock.close()
+                self._throttled.note(f"{self._name}_connection_refused", open=len(self._connections))
                 continue
             self._connections[sock.fileno()] = _Connection(sock, time.monotonic())
             task = asyncio.ensure_future(self._connect(server, sock))
@@ -233,8 +253,11 @@ class GuardedServer:
                 ssl_handshake_timeout=self._limits.header_timeout if self._tls is not None else None,
             )
         except (OSError, ssl.SSLError, TimeoutError) as exc:
-            log.info(f"{self._name}_handshake_failed", error=str(exc) or type(exc).__name__)
+            self._handshake_failed(str(exc) or type(exc).__name__)
             sock.close()
+
+    def _handshake_failed(self, error: str) -> None:
+        self._throttled.note(f"{self._name}_handshake_failed", error=error)
 
     def _prune(self) -> None:
         closed = [fd for fd, conn in self._connections.items() if conn.sock.fileno() == -1]
