@@ -22,7 +22,7 @@ class DaemonSupervisor:
 
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
-        self._keys: dict[Path, str | None] = {}
+        self._keys: dict[Path, tuple[int, str | None]] = {}
 
     def backend(self, deployment: str) -> Backend:
         daemon = self._daemon
@@ -49,11 +49,19 @@ class DaemonSupervisor:
         return  # swap groups will keep the last-use time here
 
     def _key(self, path: Path | None) -> str | None:
+        """The deployment's key, read again when its file changes (a rotated key reaches the next boot too)."""
         if path is None:
             return None
-        if path not in self._keys:
+        try:
+            changed = path.stat().st_mtime_ns
+        except OSError:
+            return None  # the server could not have started either: its boot reports it
+        cached = self._keys.get(path)
+        if cached is None or cached[0] != changed:
             try:
-                self._keys[path] = path.read_text(encoding="utf-8").strip() or None
-            except OSError:
-                self._keys[path] = None  # the server would not have started either: its boot reports it
-        return self._keys[path]
+                key = path.read_text(encoding="utf-8").strip() or None
+            except (OSError, UnicodeDecodeError):
+                key = None
+            cached = (changed, key)
+            self._keys[path] = cached
+        return cached[1]
