@@ -33,6 +33,8 @@ log = structlog.get_logger("dankserve.http")
 
 SWEEP_SECONDS = 0.5
 LOG_EVERY_SECONDS = 10.0
+SHUTDOWN_SECONDS = 2.0
+"""On close, how long handlers still running may take (their connections are already shut)."""
 
 
 class _OneLine(logging.Filter):
@@ -199,6 +201,7 @@ class GuardedServer:
             handler_cancellation=self._handler_cancellation,
             keepalive_timeout=self._limits.header_timeout,
             logger=PEER_LOG,
+            shutdown_timeout=SHUTDOWN_SECONDS,
         )
         try:
             await runner.setup()
@@ -229,7 +232,7 @@ class GuardedServer:
             try:
                 sock, _ = await loop.sock_accept(self._listener)
             except OSError as exc:  # EMFILE and friends: wait instead of spinning
-                log.warning(f"{self._name}_accept_failed", error=str(exc))
+                self._throttled.note(f"{self._name}_accept_failed", error=str(exc))
                 await asyncio.sleep(0.1)
                 continue
             self._prune()
