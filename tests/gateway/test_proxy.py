@@ -249,3 +249,29 @@ def test_body_limits(gateway_for: Callable[..., RunningGateway], caplog: pytest.
             assert client.recv(4096).split(b"\r\n")[0].endswith(b" 400 Bad Request")
     assert "Traceback" not in caplog.text
     assert all(record.exc_info is None for record in caplog.records)
+
+
+def test_closing_the_gateway_ends_open_streams_promptly(
+    gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn]
+) -> None:
+    """The daemon stopping closes the gateway within seconds even with a 20 s stream open; the server sees an abort."""
+    a = stand_ins("tiny", token_seconds=0.1)
+    gateway = gateway_for(two_models())
+    gateway.supervisor.set("a", Availability.READY, a.port)
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 200}).encode()
+    with socket.create_connection(gateway.server.address) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"data: " not in received:
+            received += client.recv(65536)
+        started = time.monotonic()
+        gateway.server.close()
+        assert time.monotonic() - started < 5
+    deadline = time.monotonic() + 5
+    while a.metric("vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the server's request outlived the gateway"
+        time.sleep(0.1)
