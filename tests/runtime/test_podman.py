@@ -995,6 +995,13 @@ def test_harness_leaves_host_config_alone(podman_env: PodmanEnv) -> None:
     assert info["host"]["ociRuntime"]["name"] == "runc"
 
 
+def test_network_backend_is_read_from_the_service(podman_env: PodmanEnv, podman_runtime: PodmanRuntime) -> None:
+    """The service names its network backend, as `podman info` does (the doctor's CNI check reads it)."""
+    expected = podman_env.podman("info", "--format", "{{.Host.NetworkBackend}}").stdout.strip()
+    assert podman_runtime.network_backend() == expected
+    assert expected in {"cni", "netavark"}
+
+
 def _call(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
