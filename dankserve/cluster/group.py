@@ -20,9 +20,10 @@ from typing import Any
 
 import structlog
 
-from dankserve.cluster.api import ClusterClient, MemberUnreachable, split_address
+from dankserve.cluster.api import ClusterClient, split_address
 from dankserve.cluster.per_host import NON_CARRY_OVER_FILE, node_env, non_carry_over
 from dankserve.cluster.ray_node import RayNode, head_command, ray_temp_dir, wait_for_cluster
+from dankserve.errors import GroupNotFormed, MemberUnreachable
 from dankserve.runtime.base import (
     LABEL_FINGERPRINT,
     ExitEvent,
@@ -39,10 +40,6 @@ log = structlog.get_logger("dankserve.cluster")
 POLL_SECONDS = 2.0
 MISSES_BEFORE_LOST = 2
 CLUSTER_WAIT_SECONDS = 90.0
-
-
-class GroupNotFormed(Exception):
-    """Ray did not show every member in time."""
 
 
 @dataclass

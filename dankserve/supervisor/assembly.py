@@ -108,7 +108,7 @@ def preflight(daemon: Daemon) -> None:
     runtime is unreachable too (exit 3), whatever the order of the deployments. A follower of a
     multi-host group that is not up yet is not an error here: its worker retries with backoff.
     """
-    from dankserve.cluster.api import MemberUnreachable
+    from dankserve.errors import MemberUnreachable
     from dankserve.plan.checks import check_gpu_sharing
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
