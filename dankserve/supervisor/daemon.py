@@ -276,13 +276,13 @@ class DeploymentWorker:
             self._feed(m.LogEnded())
             return
         self._fed += 1
-        events = self._reader.feed(item.text)
-        if not events:
-            return
+        before = self._reader.facts
+        phases = [Phase(e.phase.value) for e in self._reader.feed(item.text) if isinstance(e, PhaseChanged)]
         facts = self._reader.facts
-        for event in events:
-            phase = Phase(event.phase.value) if isinstance(event, PhaseChanged) else None
+        for phase in phases:
             self._feed(m.BootLog(facts, phase))
+        if not phases and facts != before:  # a fact without a phase change (the version, a failure ...)
+            self._feed(m.BootLog(facts))
 
     def _feed(self, event: m.Event) -> None:
         """Step the machine with `event`, run its commands; a command's answer is stepped next."""
