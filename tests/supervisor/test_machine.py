@@ -63,6 +63,12 @@ def in_stage(stage: m.Stage) -> m.MachineState:
     return m.MachineState(CONFIG, stage=stage, boot=boot if stage is not m.Stage.IDLE else None, pending=pending)
 
 
+def with_boot(state: m.MachineState, **changes: Any) -> m.MachineState:
+    """`state` with its boot's fields changed."""
+    assert state.boot is not None
+    return replace(state, boot=replace(state.boot, **changes))
+
+
 def test_every_event_has_a_sample_and_every_pair_a_rule() -> None:
     """The table covers every stage x event type, and the tests have an event of every type."""
     assert set(SAMPLES) == set(m.EVENT_TYPES)
@@ -100,12 +106,12 @@ def test_status_and_phase_derive_from_the_stage() -> None:
     assert in_stage(m.Stage.DOWNLOADING).phase is Phase.DOWNLOADING
     booting = in_stage(m.Stage.BOOTING)
     assert booting.status == "starting"
-    assert replace(booting, boot=replace(booting.boot, phase=Phase.COMPILING)).phase is Phase.COMPILING  # type: ignore[arg-type]
+    assert with_boot(booting, phase=Phase.COMPILING).phase is Phase.COMPILING
 
 
 def test_unknown_free_memory_never_passes_the_learned_bytes_guard() -> None:
     """A GPU whose free memory could not be read makes the boot profile, and nothing is learned from it."""
-    state = replace(in_stage(m.Stage.MEASURING), boot=replace(in_stage(m.Stage.MEASURING).boot, settle_until=0.0))  # type: ignore[arg-type]
+    state = with_boot(in_stage(m.Stage.MEASURING), settle_until=0.0)
     after, commands = m.step(state, m.FreeMemoryRead((None,)), 10.0)
     assert after.stage is m.Stage.STARTING
     start = commands[-1]
@@ -124,7 +130,7 @@ def test_learned_bytes_are_reused_when_memory_is_back() -> None:
 
 def test_short_memory_is_read_again_until_the_settle_time() -> None:
     """Less free memory than learned: read again every half second until gpu_memory_settle_seconds pass."""
-    state = replace(in_stage(m.Stage.MEASURING), boot=replace(in_stage(m.Stage.MEASURING).boot, settle_until=20.0))  # type: ignore[arg-type]
+    state = with_boot(in_stage(m.Stage.MEASURING), settle_until=20.0)
     after, commands = m.step(state, m.FreeMemoryRead((1,)), 10.0)
     assert after.stage is m.Stage.MEASURING and commands == () and after.wake_at == 10.5
     after, commands = m.step(after, m.Tick(), 10.5)
@@ -155,7 +161,7 @@ def test_a_port_held_by_another_process_is_waited_for_without_counting_a_failure
 
 def test_a_runtime_outage_while_serving_keeps_serving() -> None:
     """While ready, an unreachable runtime is noted and asked again later; the deployment stays ready."""
-    ready = replace(in_stage(m.Stage.READY), boot=replace(in_stage(m.Stage.READY).boot, log_ended=True))  # type: ignore[arg-type]
+    ready = with_boot(in_stage(m.Stage.READY), log_ended=True)
     after, _ = m.step(ready, m.RuntimeUnreachable("refused", "12:00:00"), 5.0)
     assert after.stage is m.Stage.READY and after.message == "Podman unreachable since 12:00:00: refused"
     after, commands = m.step(after, m.StillRunning(), 7.0)
@@ -195,7 +201,7 @@ def test_downloading_comes_first_when_dankserve_fetches_weights() -> None:
 def test_an_oom_again_after_the_relearn_is_a_configuration_error() -> None:
     """OOM with learned bytes drops them; the next OOM with no other process is a configuration error."""
     state = replace(in_stage(m.Stage.DECIDING), pending=m.Failure(FailureCause.OOM_LOAD, "oom", None, False))
-    state = replace(state, boot=replace(state.boot, learned_used=LEARNED.kv_cache_memory_bytes))  # type: ignore[arg-type]
+    state = with_boot(state, learned_used=LEARNED.kv_cache_memory_bytes)
     after, commands = m.step(state, m.GpuTenants(False), 1.0)
     assert after.stage is m.Stage.BACKOFF and m.ForgetLearned("kv1-x") in commands and after.relearned
     again = replace(after, stage=m.Stage.DECIDING, pending=m.Failure(FailureCause.OOM_LOAD, "oom", None, False))
@@ -290,7 +296,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         else:
             assert after == before
         assert after.restarts >= before.restarts
-        assert all(isinstance(c, m.Command.__args__) for c in commands)  # type: ignore[attr-defined]
+        assert all(isinstance(c, m.Command.__args__) for c in commands)
         if before.stage in m.TERMINAL:
             assert after == before and commands == ()
         self.state = after
