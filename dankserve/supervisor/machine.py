@@ -1191,7 +1191,7 @@ def _watch(state: MachineState, now: float) -> Step:
         timeout = 1.0 if boot.outage is not None else EXIT_WAIT_SECONDS
         return replace(state, wake_at=now + MAX_IDLE_SECONDS), (WaitExit(wid, timeout),)
     if state.stage is Stage.BOOTING:
-        if now > boot.deadline:
+        if now >= boot.deadline:
             message = f"not ready within {config.boot_timeout_seconds:.0f}s"
             warn = note("boot_timeout", "warning", seconds=config.boot_timeout_seconds)
             after, commands = _decide_after(

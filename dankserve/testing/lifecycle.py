@@ -16,7 +16,7 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from dankserve.errors import PodmanUnreachable
@@ -158,6 +158,14 @@ class FakeRuntime:
     def crash(self, wid: str, code: int = 137) -> None:
         """The workload dies (as if killed)."""
         self._end(wid, code)
+
+    def sicken(self, wid: str) -> None:
+        """The workload's engine dies while its process runs: /health answers 503 from now on."""
+        with self._lock:
+            running = self._workloads[wid]
+            self._workloads[wid] = _Running(
+                running.workload, replace(running.boot, healthy=False), running.ended, running.exit_code
+            )
 
     def stop(self, workload_id: str, timeout: float) -> None:
         self._call("stop", workload_id)
