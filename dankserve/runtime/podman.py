@@ -474,7 +474,7 @@ class VersionCache:
         self._versions[image_id] = version
         if self._path is None:
             return
-        from dankserve.state import write_private_file
+        from dankserve.processes import write_private_file
 
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

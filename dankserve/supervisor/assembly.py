@@ -36,9 +36,10 @@ class _Runtimes:
     def _single(self, dep: DeploymentSettings) -> Runtime:
         if dep.runtime == "process":
             if self._process is None:
+                from dankserve.host.gpu_memory import wait_gpu_memory_released
                 from dankserve.runtime.process import ProcessRuntime
 
-                self._process = ProcessRuntime(self._settings.state_dir / "processes")
+                self._process = ProcessRuntime(self._settings.state_dir / "processes", wait_gpu_memory_released)
             return self._process
         if self._podman is None:
             from dankserve.runtime.podman import PodmanRuntime

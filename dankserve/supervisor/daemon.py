@@ -460,6 +460,9 @@ class DeploymentWorker:
         self._follower += 1
         self._following = workload_id
         runtime = self.daemon.deps.runtime_for(dep)
+        watch = getattr(runtime, "watch_members", None)
+        if callable(watch):  # a multi-host group reports a lost member as an event
+            watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
         LogPump(
             runtime, workload_id, self._inbox, number=self._follower, name=self.name, logger=self.log, skip=self._fed
         )
