@@ -153,7 +153,8 @@ class Runtime(Protocol):
         ...
 
     def start(self, spec: WorkloadSpec) -> Workload:
-        """Create and start the workload; at most one per deployment (an existing one is replaced)."""
+        """Create and start the workload; at most one per deployment: while one exists, starting is refused
+        (replacing it is the supervisor's decision: it stops and removes the old one first)."""
         ...
 
     def stop(self, workload_id: str, timeout: float) -> None:

@@ -507,7 +507,6 @@ class PodmanRuntime:
         journal_socket: Path = JOURNAL_SOCKET,
         request_timeout: float = 60.0,
         attempts: int = 3,
-        replace_stop_timeout: float = 30.0,
         version_timeout: float = 120.0,
     ) -> None:
         from podman import PodmanClient
@@ -518,7 +517,6 @@ class PodmanRuntime:
         self._journal_socket = journal_socket
         self._request_timeout = request_timeout
         self._attempts = attempts
-        self._replace_stop_timeout = replace_stop_timeout
         self._version_timeout = version_timeout
         self._versions = VersionCache(cache_dir / "vllm-versions.json" if cache_dir is not None else None)
         try:
@@ -694,7 +692,7 @@ class PodmanRuntime:
     # -- workloads ---------------------------------------------------------------------------
 
     def start(self, spec: WorkloadSpec) -> Workload:
-        """Create and start the deployment's container, replacing one that exists."""
+        """Create and start the deployment's container; one that exists is refused (the supervisor replaces)."""
         name = workload_name(spec.deployment)
         existing = self._container_attrs(name)
         if existing is not None:
@@ -704,9 +702,11 @@ class PodmanRuntime:
                     f"a container named {name} exists that dankserve does not manage",
                     fix=f"rename or remove it (`podman rm -f {name}`), or rename the deployment",
                 )
-            log.info("workload_replace", deployment=spec.deployment, old=existing["Id"][:12])
-            self.stop(existing["Id"], self._replace_stop_timeout)
-            self._remove_container(existing["Id"])
+            # Replacing is the supervisor's decision (it stops and removes the old one first).
+            raise PodmanRequestFailed(
+                f"container {name} ({existing['Id'][:12]}) already exists",
+                fix=f"stop the deployment first (`dankserve down {spec.deployment}`) or `podman rm -f {name}`",
+            )
         if spec.cache_dir is not None:
             spec.cache_dir.mkdir(parents=True, exist_ok=True)
         for mount in spec.mounts:

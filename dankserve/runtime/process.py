@@ -217,9 +217,14 @@ class ProcessRuntime:
             )
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         existing = self.find(spec.deployment)
+        if existing is not None and existing.running:
+            # Replacing is the supervisor's decision (it stops and removes the old one first).
+            raise EnvironmentUnusable(
+                f"deployment {spec.deployment!r} already has a running server (pid {existing.pid})",
+                fix=f"stop it first (`dankserve down {spec.deployment}`)",
+            )
         if existing is not None:
-            self.stop(existing.id, 30)
-            self.remove(existing.id)
+            self.remove(existing.id)  # the record of a server that has exited
         argv = serve_command(spec.executable, with_bind_address(spec.argv, spec.bind_host, spec.port))
         env = process_env(spec, {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")})
         log_path = self._log_path(spec.deployment)

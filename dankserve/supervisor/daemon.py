@@ -525,12 +525,15 @@ class Daemon:
         self.notifier = SystemdNotifier.from_environ()
         self.gpu_locks = GpuBootLocks()
         self.workers: dict[str, DeploymentWorker] = {}
+        """Changed only under `_lock` (control thread, main thread); readers take `snapshot()`."""
+        self._retiring: list[DeploymentWorker] = []
+        """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
         self.host: Host = deps.load_host()
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._ready_sent = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
 
     # -- called by workers -------------------------------------------------------------------
@@ -593,7 +596,7 @@ class Daemon:
             self._claim_running_boots(starting)
             for name, dep in starting.items():
                 self._start_worker(name, dep)
-            if not self.workers:
+            if not self.snapshot():
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
             return ExitCode.OK
@@ -652,9 +655,15 @@ class Daemon:
             previous[sig] = signal.signal(sig, handler)
         return previous
 
+    def snapshot(self) -> dict[str, DeploymentWorker]:
+        """The workers now (a copy: the control thread may add or remove some meanwhile)."""
+        with self._lock:
+            return dict(self.workers)
+
     def _start_worker(self, name: str, dep: DeploymentSettings) -> None:
         worker = DeploymentWorker(name, dep, self)
-        self.workers[name] = worker
+        with self._lock:
+            self.workers[name] = worker
         worker.start()
 
     def _main_loop(self) -> None:
@@ -664,13 +673,17 @@ class Daemon:
         next_extend = 0.0
         last_status = ""
         while not self._stop.is_set():
-            self._changed.wait(0.25)
+            wait = 0.25 if watchdog is None else max(0.0, min(0.25, next_watchdog - time.monotonic()))
+            self._changed.wait(wait)
             self._changed.clear()
             if self._reload.is_set():
                 self._reload.clear()
                 self._apply_reload()
-            phases = {name: w.phase for name, w in self.workers.items()}
-            percents = {name: w.machine.weights_percent for name, w in self.workers.items()}
+            with self._lock:
+                self._retiring = [w for w in self._retiring if w.alive]
+            workers = self.snapshot()
+            phases = {name: w.phase for name, w in workers.items()}
+            percents = {name: w.machine.weights_percent for name, w in workers.items()}
             text = status_line(phases, percents).text
             if text != last_status:
                 notify.status(text)
@@ -685,15 +698,17 @@ class Daemon:
                 notify.extend_timeout(int(60 * 1e6))
                 next_extend = now + 20
             if watchdog is not None and now >= next_watchdog:
-                if all(w.alive or w.phase in (Phase.FAILED, Phase.STOPPED) for w in self.workers.values()):
+                if all(w.alive or w.phase in (Phase.FAILED, Phase.STOPPED) for w in workers.values()):
                     notify.watchdog()
                 next_watchdog = now + watchdog / 2
 
     def _stop_all(self) -> None:
-        for worker in self.workers.values():
+        with self._lock:
+            workers = [*self.workers.values(), *self._retiring]
+        for worker in workers:
             worker.request_stop()
         deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
-        for worker in self.workers.values():
+        for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
 
     def _apply_reload(self) -> None:
@@ -706,21 +721,24 @@ class Daemon:
             return
         old = self.settings
         self.settings = new
-        for name, worker in list(self.workers.items()):
+        for name, worker in self.snapshot().items():
             dep = new.deployments.get(name)
             if dep is None or not dep.enabled:
+                # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
                 log.info("reload_stop", deployment=name)
                 worker.request_stop()
-                worker.join(new.stop_timeout_seconds + 15)
-                del self.workers[name]
+                with self._lock:
+                    self.workers.pop(name, None)
+                    self._retiring.append(worker)
             elif dep != old.deployments.get(name):
                 log.info("reload_replan", deployment=name)
                 if worker.alive:
                     worker.request_replan(dep)
                 else:
                     self._start_worker(name, dep)
+        running = self.snapshot()
         for name, dep in new.deployments.items():
-            if name not in self.workers and dep.enabled and not self.state.is_down(name):
+            if name not in running and dep.enabled and not self.state.is_down(name):
                 log.info("reload_start", deployment=name)
                 self._start_worker(name, dep)
 
@@ -737,19 +755,20 @@ class Daemon:
             if not isinstance(name, str) or name not in self.settings.deployments:
                 known = ", ".join(sorted(self.settings.deployments)) or "none"
                 return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
-            with self._lock:
-                if command == "down":
+            if command == "down":
+                with self._lock:
                     self.state.set_down(name, True)
                     worker = self.workers.pop(name, None)
-                    if worker is not None:
-                        worker.request_stop()
-                        worker.join(self.settings.stop_timeout_seconds + 15)
-                    return {"ok": True}
+                if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
+                    worker.request_stop()
+                    worker.join(self.settings.stop_timeout_seconds + 15)
+                return {"ok": True}
+            with self._lock:
                 self.state.set_down(name, False)
                 existing = self.workers.get(name)
                 if existing is None or not existing.alive:
                     self._start_worker(name, self.settings.deployments[name])
-                return {"ok": True}
+            return {"ok": True}
         return {"ok": False, "error": f"unknown command {command!r}"}
 
     def status(self) -> dict[str, Any]:
@@ -757,8 +776,9 @@ class Daemon:
         import os
 
         deployments = []
+        workers = self.snapshot()
         for name in sorted(self.settings.deployments):
-            worker = self.workers.get(name)
+            worker = workers.get(name)
             deployments.append(self._deployment_status(name, worker))
         return {"daemon": {"running": True, "pid": os.getpid()}, "deployments": deployments}
 

@@ -6,6 +6,7 @@ runtimes are tested end to end in test_daemon.py (process) and test_daemon_podma
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import pytest
 
 from dankserve.bootlog.facts import FailureClass
 from dankserve.bootlog.patterns import ALL_PATTERNS
+from dankserve.errors import GroupNotFormed, MemberUnreachable
 from dankserve.settings import load_settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.assembly import make_planner
@@ -60,7 +62,12 @@ class World:
 
 
 def make_world(
-    tmp_path: Path, handler: Handler | None = None, *, dep: dict[str, Any] | None = None, **globals_: Any
+    tmp_path: Path,
+    handler: Handler | None = None,
+    *,
+    dep: dict[str, Any] | None = None,
+    runtime: FakeRuntime | None = None,
+    **globals_: Any,
 ) -> World:
     config = write_config(
         tmp_path / "dankserve.toml",
@@ -87,7 +94,7 @@ def make_world(
     host_file = write_recorded_host(tmp_path / "host.json")
     from dankserve.host.recorded import read_host
 
-    runtime = FakeRuntime(handler)
+    runtime = runtime or FakeRuntime(handler)
     clock = FakeClock()
     holders: list[str | None] = []
     deps = DaemonDeps(
@@ -333,3 +340,26 @@ def test_status_online_and_offline_show_the_same_fields(tmp_path: Path, stopping
 def test_ready_line_is_what_makes_the_boot_ready() -> None:
     """The scripted serving boot ends with vLLM's startup line (what readiness needs besides /health)."""
     assert serving_lines()[-1] == READY_LINE
+
+
+@pytest.mark.parametrize("error", [MemberUnreachable("10.0.0.2:7070: refused"), GroupNotFormed("Ray saw 1 of 2")])
+def test_cluster_errors_are_retried_like_a_podman_outage(
+    tmp_path: Path, stopping: list[DeploymentWorker], error: Exception
+) -> None:
+    """A group member not answering (or Ray not forming) is retried with backoff, never counted as a failure."""
+    world = make_world(tmp_path)
+    planner = world.daemon.deps.planner
+    raised: list[bool] = []
+
+    def flaky(*args: Any) -> Any:
+        if len(raised) < 2:
+            raised.append(True)
+            raise error
+        return planner(*args)
+
+    world.daemon.deps = dataclasses.replace(world.daemon.deps, planner=flaky)
+    worker = world.worker()
+    stopping.append(worker)
+    state = wait_for(worker, ready)
+    assert raised == [True, True] and state.restarts == 0
+    assert world.daemon.state.deployment("chat").last_failure is None
