@@ -29,6 +29,8 @@ from dankserve.errors import (
     PodmanUnreachable,
 )
 from dankserve.runtime.base import (
+    CONTAINER_HF_HOME,
+    CONTAINER_VLLM_CACHE_ROOT,
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ExitEvent,
@@ -54,9 +56,8 @@ T = TypeVar("T")
 CDI_KIND_NVIDIA_GPU = "nvidia.com/gpu"
 DEFAULT_CDI_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
-HF_CACHE_TARGET = "/root/.cache/huggingface"
+HF_CACHE_TARGET = CONTAINER_HF_HOME
 """Where the HF cache is mounted (the supervisor passes it as a `Mount`)."""
-DEFAULT_VLLM_CACHE_ROOT = "/root/.cache/vllm"
 SECRETS_DIR = "/run/secrets"
 LABEL_VLLM_VERSION = "io.dankserve.vllm-version"
 """Image label naming the vLLM version the image holds; without it the image is run with --version."""
@@ -179,7 +180,7 @@ def container_create_kwargs(
         {"type": "bind", "source": str(m.source), "target": m.target, "read_only": m.read_only} for m in spec.mounts
     ]
     if spec.cache_dir is not None:
-        target = env.setdefault("VLLM_CACHE_ROOT", DEFAULT_VLLM_CACHE_ROOT)
+        target = env.setdefault("VLLM_CACHE_ROOT", CONTAINER_VLLM_CACHE_ROOT)
         mounts.append({"type": "bind", "source": str(spec.cache_dir), "target": target, "read_only": False})
     secrets = []
     for s in spec.secrets:

@@ -24,6 +24,7 @@ from typing import Any
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
 from dankserve.runtime.base import (
+    CONTAINER_HF_HOME,
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ExitEvent,
@@ -108,7 +109,7 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
     if spec.cache_dir is not None:
         env["VLLM_CACHE_ROOT"] = str(spec.cache_dir)
     for mount in spec.mounts:
-        if mount.target.endswith("/.cache/huggingface"):
+        if mount.target == CONTAINER_HF_HOME:
             env["HF_HOME"] = str(mount.source)
     for secret in spec.secrets:
         if secret.env_var == "HF_TOKEN_PATH":
