@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from dankserve.bootlog.facts import BootFacts, FailureClass
 from dankserve.supervisor import learning, policy
@@ -483,32 +483,7 @@ Event = (
     | Refused
     | Crashed
 )
-EVENT_TYPES: tuple[type[Event], ...] = (
-    Begin,
-    StopRequested,
-    Reconfigured,
-    Tick,
-    WeightsProgress,
-    WeightsReady,
-    WeightsFailed,
-    ImageReady,
-    BootPlanned,
-    GpusAcquired,
-    FreeMemoryRead,
-    PortBusy,
-    WorkloadStarted,
-    BootLog,
-    LogEnded,
-    Exited,
-    StillRunning,
-    HealthChecked,
-    LivenessFailed,
-    MemberLost,
-    GpuTenants,
-    RuntimeUnreachable,
-    Refused,
-    Crashed,
-)
+EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
 
 
 # --- commands ---------------------------------------------------------------------------------------

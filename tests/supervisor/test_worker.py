@@ -34,15 +34,7 @@ from dankserve.testing.lifecycle import (
     Handler,
     serving_lines,
 )
-
-MODEL_FACTS = {
-    "parameter_bytes": 2_000_000_000,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 16,
-    "head_dim": 64,
-    "max_position_embeddings": 8192,
-}
+from tests.harness.daemon import MODEL_FACTS
 
 
 @dataclass
