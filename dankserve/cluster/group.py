@@ -126,13 +126,18 @@ class GroupRuntime:
         argv = head_command(cfg.ray, cfg.node_ip, cfg.ray_port, gpus_per_host, ray_temp_dir(cfg.state_dir))
         head.start(argv, env)
         self._set_member(0, "starting")
-        for i, client in enumerate(cfg.followers, start=1):
-            client.start_worker({"deployment": deployment, "head": self.head_address, "num_gpus": gpus_per_host})
-            self._set_member(i, "starting")
         nodes = 1 + len(cfg.followers)
-        ok, seen = wait_for_cluster(cfg.ray, self.head_address, nodes, nodes * gpus_per_host, CLUSTER_WAIT_SECONDS)
-        if not ok:
-            raise GroupNotFormed(f"Ray did not report {nodes} nodes with {nodes * gpus_per_host} GPUs: {seen}")
+        try:
+            for i, client in enumerate(cfg.followers, start=1):
+                client.start_worker({"deployment": deployment, "head": self.head_address, "num_gpus": gpus_per_host})
+                self._set_member(i, "starting")
+            ok, seen = wait_for_cluster(cfg.ray, self.head_address, nodes, nodes * gpus_per_host, CLUSTER_WAIT_SECONDS)
+            if not ok:
+                raise GroupNotFormed(f"Ray did not report {nodes} nodes with {nodes * gpus_per_host} GPUs: {seen}")
+        except BaseException:
+            # Half a group serves nobody: leave none behind (a worker left would join the next head).
+            self.teardown(deployment)
+            raise
         log.info("group_formed", deployment=deployment, ray=seen)
         for i in range(nodes):
             self._set_member(i, "joined")

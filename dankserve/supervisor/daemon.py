@@ -66,7 +66,6 @@ class DaemonDeps:
     runtime_for: RuntimeFactory
     load_host: HostLoader
     hardware_file: Path | None = None
-    sleep: Callable[[float], None] = time.sleep
     services: Callable[[Daemon], Callable[[], None]] | None = None
     """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
     describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None

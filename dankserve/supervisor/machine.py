@@ -1047,7 +1047,7 @@ def _on_member_lost(state: MachineState, event: MemberLost, now: float) -> Step:
     facts = state.facts
     served = state.stage is Stage.READY
     failure = Failure(FailureCause.ENGINE_DEAD, f"a member of the group was lost: {event.reason}", facts, served)
-    return _decide_after(state, failure, (note("group_member_lost", "error", reason=event.reason), *_teardown(state)))
+    return _decide_after(state, failure, _teardown(state))  # the group runtime logged group_member_lost
 
 
 def _on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
