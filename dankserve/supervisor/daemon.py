@@ -199,6 +199,7 @@ class DeploymentWorker:
             self._config(dep), overrides=BootOverrides.from_remediation(remembered.overrides), remediated=remediated
         )
         self._inbox: Inbox = queue.Queue()
+        self._stepping = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"deployment-{name}", daemon=True)
         self.log = log.bind(deployment=name)
@@ -287,9 +288,10 @@ class DeploymentWorker:
         """Step the machine with `event`, run its commands; a command's answer is stepped next."""
         pending: deque[m.Event] = deque([event])
         while pending:
-            before = self._machine
-            after, commands = m.step(before, pending.popleft(), self.clock.monotonic())
-            self._publish(before, after)
+            with self._stepping:  # a downloader's progress callback may step from its own thread
+                before = self._machine
+                after, commands = m.step(before, pending.popleft(), self.clock.monotonic())
+                self._publish(before, after)
             for command in commands:
                 answer = self._execute(command)
                 if answer is not None:

@@ -355,3 +355,23 @@ def test_cluster_errors_are_retried_like_a_podman_outage(
     state = wait_for(worker, ready)
     assert raised == [True, True] and state.restarts == 0
     assert world.daemon.state.deployment("chat").last_failure is None
+
+
+def test_a_weights_download_shows_its_percentage_before_the_boot(
+    tmp_path: Path, stopping: list[DeploymentWorker]
+) -> None:
+    """With a weights fetcher (issue 14's), the boot starts `downloading` with its percentage, then boots."""
+    world = make_world(tmp_path)
+    seen: list[tuple[str, int | None]] = []
+
+    def fetch(name: str, dep: Any, progress: Callable[[int], None]) -> None:
+        for percent in (10, 60, 100):
+            progress(percent)
+            state = world.daemon.workers[name].machine
+            seen.append((state.phase.value, state.weights_percent))
+
+    world.daemon.deps = dataclasses.replace(world.daemon.deps, fetch_weights=fetch)
+    worker = world.worker()
+    stopping.append(worker)
+    wait_for(worker, ready)
+    assert seen == [("downloading", 10), ("downloading", 60), ("downloading", 100)]
