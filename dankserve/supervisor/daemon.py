@@ -53,7 +53,8 @@ log = structlog.get_logger("dankserve")
 Planner = Callable[[str, DeploymentSettings, Host, BootOverrides, str | None], Plan]
 RuntimeFactory = Callable[[DeploymentSettings], Runtime]
 HostLoader = Callable[[], Host]
-WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], None]
+WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], "m.WeightsFailed | None"]
+"""fetch(name, dep, progress) -> None when the weights are in place, or WeightsFailed (permanent or not)."""
 
 __all__ = ["BootOverrides", "Daemon", "DaemonDeps", "DeploymentWorker", "Planner"]
 
@@ -393,11 +394,13 @@ class DeploymentWorker:
                 daemon.state.set_remediation(self.name, dict(values), causes)
 
     # -- commands with more to them ----------------------------------------------------------------
-    def _fetch_weights(self, dep: DeploymentSettings) -> m.Event:
+    def _fetch_weights(self, dep: DeploymentSettings) -> m.WeightsReady | m.WeightsFailed:
         fetch = self.daemon.deps.fetch_weights
         if fetch is not None:
             # Progress is stepped at once (it only updates the percentage); the answer ends the command.
-            fetch(self.name, dep, lambda percent: self._feed(m.WeightsProgress(percent)))
+            failed = fetch(self.name, dep, lambda percent: self._feed(m.WeightsProgress(percent)))
+            if failed is not None:
+                return failed
         return m.WeightsReady()
 
     def _plan_boot(

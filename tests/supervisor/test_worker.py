@@ -364,14 +364,19 @@ def test_a_weights_download_shows_its_percentage_before_the_boot(
     world = make_world(tmp_path)
     seen: list[tuple[str, int | None]] = []
 
-    def fetch(name: str, dep: Any, progress: Callable[[int], None]) -> None:
+    def fetch(name: str, dep: Any, progress: Callable[[int], None]) -> m.WeightsFailed | None:
+        if not seen:  # the first try fails for a while (the Hub unreachable): retried, not counted
+            seen.append(("failed once", None))
+            return m.WeightsFailed("the Hub did not answer", permanent=False)
         for percent in (10, 60, 100):
             progress(percent)
             state = world.daemon.workers[name].machine
             seen.append((state.phase.value, state.weights_percent))
+        return None
 
     world.daemon.deps = dataclasses.replace(world.daemon.deps, fetch_weights=fetch)
     worker = world.worker()
     stopping.append(worker)
     wait_for(worker, ready)
-    assert seen == [("downloading", 10), ("downloading", 60), ("downloading", 100)]
+    assert seen == [("failed once", None), ("downloading", 10), ("downloading", 60), ("downloading", 100)]
+    assert world.daemon.state.deployment("chat").last_failure is None
