@@ -1270,8 +1270,9 @@ def render_state_table() -> str:
                 allowed.append(f"`{kind.__name__}` → {targets}{extra}")
             elif rule.kind == "ignored":
                 ignored.append(f"`{kind.__name__}`")
+        phase = "the log's (starting … capturing)" if stage in (Stage.BOOTING, Stage.ENDING) else shown.phase.value
         lines.append(
-            f"| `{stage.value}` | {shown.status} / {shown.phase.value} | {'; '.join(allowed) or '-'} | "
+            f"| `{stage.value}` | {shown.status} / {phase} | {'; '.join(allowed) or '-'} | "
             f"{', '.join(ignored) or '-'} |"
         )
     lines += [
