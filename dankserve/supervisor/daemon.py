@@ -209,6 +209,8 @@ class DeploymentWorker:
         self._fed = 0  # lines of the current workload's log read so far (a resumed stream skips them)
         self._follower = 0  # the current log follower's number: lines of older ones are dropped
         self._following: str | None = None
+        self._runtimes: dict[str, Runtime] = {}
+        """The runtime of each workload seen: a reload may change the deployment's runtime, never an old workload's."""
 
     def _config(self, dep: DeploymentSettings) -> m.MachineConfig:
         return machine_config(self.daemon.settings, dep, download_weights=self.daemon.deps.fetch_weights is not None)
@@ -336,15 +338,16 @@ class DeploymentWorker:
                 return self._plan_boot(dep, overrides, version, digest)
             case m.StopWorkload(workload_id=wid):
                 self._unfollow(wid)
-                daemon.deps.runtime_for(dep).stop(wid, settings.stop_timeout_seconds)
+                self._runtime_of(wid, dep).stop(wid, settings.stop_timeout_seconds)
             case m.RemoveWorkload(workload_id=wid, best_effort=best_effort):
                 self._unfollow(wid)
                 try:
-                    daemon.deps.runtime_for(dep).remove(wid)
+                    self._runtime_of(wid, dep).remove(wid)
                 except Exception as exc:
                     if not best_effort:
                         raise
                     self.log.warning("remove_failed", container_id=wid, error=str(exc))
+                self._runtimes.pop(wid, None)
             case m.AcquireGpus(uuids=uuids):
                 self._release()
                 slot = daemon.gpu_locks.acquire(uuids, self._stopping)
@@ -365,7 +368,7 @@ class DeploymentWorker:
             case m.FollowLogs(workload_id=wid, resume=resume):
                 self._follow(dep, wid, resume)
             case m.WaitExit(workload_id=wid, timeout=timeout):
-                ended = daemon.deps.runtime_for(dep).wait(wid, timeout=timeout)
+                ended = self._runtime_of(wid, dep).wait(wid, timeout=timeout)
                 return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
             case m.ProbeHealth(timeout=timeout):
                 if daemon.deps.health is not None:
@@ -431,6 +434,7 @@ class DeploymentWorker:
         found = runtime.find(self.name)
         existing = None
         if found is not None:
+            self._runtimes[found.id] = runtime
             existing = m.ExistingWorkload(found.id, found.running, found.fingerprint == plan.fingerprint)
         adoptable = getattr(runtime, "adoptable", None)
         return m.BootPlanned(
@@ -454,7 +458,9 @@ class DeploymentWorker:
         # Both are mounted into the container; a missing source would fail the start.
         compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
         daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        workload = daemon.deps.runtime_for(dep).start(workload_spec(plan, dep, daemon.settings, boot))
+        runtime = daemon.deps.runtime_for(dep)
+        workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
+        self._runtimes[workload.id] = runtime
         return m.WorkloadStarted(workload.id, boot)
 
     def _follow(self, dep: DeploymentSettings, workload_id: str, resume: bool) -> None:
@@ -463,7 +469,7 @@ class DeploymentWorker:
             self._fed = 0
         self._follower += 1
         self._following = workload_id
-        runtime = self.daemon.deps.runtime_for(dep)
+        runtime = self._runtime_of(workload_id, dep)
         watch = getattr(runtime, "watch_members", None)
         if callable(watch):  # a multi-host group reports a lost member as an event
             watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
@@ -475,6 +481,9 @@ class DeploymentWorker:
         if self._following == workload_id:
             self._follower += 1  # what the old follower still sends is dropped
             self._following = None
+
+    def _runtime_of(self, workload_id: str, dep: DeploymentSettings) -> Runtime:
+        return self._runtimes.get(workload_id) or self.daemon.deps.runtime_for(dep)
 
     def _release(self) -> None:
         if self._slot is not None:
