@@ -813,8 +813,11 @@ def _on_weights_ready(state: MachineState, event: WeightsReady, now: float) -> S
 
 
 def _on_weights_failed(state: MachineState, event: WeightsFailed, now: float) -> Step:
-    if event.permanent:
-        return _fail(state, event.message, FailureCause.MODEL_NOT_FOUND.value)
+    if event.permanent:  # no such model or revision, or gated without a token: a configuration error
+        cause = FailureCause.MODEL_NOT_FOUND
+        after, commands = _fail(state, event.message, cause.value)
+        after = replace(after, last_failure=LastFailure(cause.value, event.message, now))
+        return after, (RecordFailure(cause.value, event.message), *commands)
     return _retry_later(state, event.message, now)
 
 

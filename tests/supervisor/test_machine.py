@@ -194,8 +194,10 @@ def test_downloading_comes_first_when_dankserve_fetches_weights() -> None:
     assert state.weights_percent == 42 and state.phase is Phase.DOWNLOADING
     state, commands = m.step(state, m.WeightsReady(), 2.0)
     assert state.stage is m.Stage.PULLING and commands == (m.EnsureImage(),)
-    failed, _ = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("404", permanent=True), 3.0)
-    assert failed.stage is m.Stage.FAILED
+    failed, commands = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("404", permanent=True), 3.0)
+    assert failed.stage is m.Stage.FAILED and m.RecordFailure("model_not_found", "404") in commands
+    retry, _ = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("reset", permanent=False), 3.0)
+    assert retry.stage is m.Stage.RETRY_WAIT and retry.failures == ()
 
 
 def test_an_oom_again_after_the_relearn_is_a_configuration_error() -> None:
