@@ -301,6 +301,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert all(isinstance(c, m.Command.__args__) for c in commands)
         if before.stage in m.TERMINAL:
             assert after == before and commands == ()
+        if before.stage is m.Stage.BOOTING and after.stage is m.Stage.READY:  # this boot's log and /health
+            assert before.boot is not None and before.boot.facts.ready
+            assert isinstance(event, m.HealthChecked) and event.status == 200
+        if isinstance(event, m.FreeMemoryRead) and None in event.free:  # unknown never passes the guard
+            assert all(c.overrides.kv_cache_memory_bytes is None for c in commands if isinstance(c, m.StartWorkload))
         self.state = after
 
     @precondition(lambda self: self.state.stage in (m.Stage.BACKOFF, m.Stage.RETRY_WAIT))
