@@ -308,6 +308,30 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert all(c.overrides.kv_cache_memory_bytes is None for c in commands if isinstance(c, m.StartWorkload))
         self.state = after
 
+    @rule(data=st.data(), later=st.floats(0, 2))
+    def boot_goes_on(self, data: st.DataObject, later: float) -> None:
+        """The event a boot expects next in this stage (random walks alone rarely get far)."""
+        onward = {
+            m.Stage.DOWNLOADING: st.just(m.WeightsReady()),
+            m.Stage.PULLING: st.just(SAMPLES[m.ImageReady]),
+            m.Stage.PLANNING: st.sampled_from([SAMPLES[m.BootPlanned], m.BootPlanned(("GPU-0",), "k", None, None)]),
+            m.Stage.WAITING_GPUS: st.just(m.GpusAcquired()),
+            m.Stage.MEASURING: st.builds(m.FreeMemoryRead, st.tuples(st.none() | st.integers(0, 2**40))),
+            m.Stage.STARTING: st.just(SAMPLES[m.WorkloadStarted]),
+            m.Stage.BOOTING: st.sampled_from(
+                [
+                    m.BootLog(READY_FACTS, Phase.READY),
+                    m.HealthChecked(200),
+                    m.BootLog(BootFacts(failure=FailureClass.OOM_LOAD, failure_message="CUDA out of memory")),
+                ]
+            ),
+            m.Stage.READY: st.sampled_from([m.HealthChecked(503), m.Tick(), m.LogEnded()]),
+            m.Stage.ENDING: st.just(m.Exited(1)),
+            m.Stage.DECIDING: st.builds(m.GpuTenants, st.none() | st.booleans(), st.floats(0, 0.999)),
+        }.get(self.state.stage)
+        if onward is not None:
+            self.feed(data.draw(onward), later)
+
     @precondition(lambda self: self.state.stage in (m.Stage.BACKOFF, m.Stage.RETRY_WAIT))
     @rule()
     def time_passes(self) -> None:
