@@ -34,8 +34,8 @@ class DaemonSupervisor:
         if worker is None:
             why = "taken down (`dankserve up NAME` starts it)" if daemon.state.is_down(deployment) else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
-        with worker.lock:
-            phase, message = worker.view.phase, worker.view.message
+        machine = worker.machine
+        phase, message = machine.phase, machine.message
         if phase is Phase.READY:
             return Backend(Availability.READY, dep.host, dep.port, key)
         if phase in (Phase.FAILED, Phase.STOPPED):
