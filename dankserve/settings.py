@@ -290,6 +290,21 @@ class DeploymentSettings(_Strict):
     aliases: list[str] = Field(
         default_factory=list, description="More names the gateway routes to this deployment (rewritten to its name)."
     )
+    swap_group: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Deployments of one swap group share GPUs beyond 0.95 of their memory: the awake ones fit, "
+        "the others sleep (vLLM's sleep mode) until a request names them.",
+    )
+    idle_sleep_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="swap groups: put the deployment to sleep after this long without requests; unset: never.",
+    )
+    pinned: bool = Field(
+        default=False, description="swap groups: never put to sleep to make room for another member (nor when idle)."
+    )
 
     @field_validator("gpus")
     @classmethod
@@ -314,6 +329,38 @@ class DeploymentSettings(_Strict):
         if isinstance(value, int) and value < 1:
             raise ValueError("max_model_len must be a positive integer or 'auto'")
         return value
+
+    @field_validator("swap_group")
+    @classmethod
+    def _swap_group_is_plain(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError(f"swap_group {value!r} may hold only letters, digits, '-' and '_'")
+        return value
+
+    @model_validator(mode="after")
+    def _swap_settings_need_a_group(self) -> DeploymentSettings:
+        if self.swap_group is None and (self.pinned or self.idle_sleep_seconds is not None):
+            named = "pinned" if self.pinned else "idle_sleep_seconds"
+            raise ValueError(
+                f"{named} is set but swap_group is not: only members of a swap group sleep; "
+                f'set swap_group = "NAME" (the same on the deployments that share the GPUs) or remove {named}'
+            )
+        if self.swap_group is not None and self.hosts:
+            raise ValueError(
+                f"swap_group = {self.swap_group!r} on a multi-host deployment (hosts = {self.hosts}): swap groups "
+                "are for deployments on this host's GPUs; remove swap_group or hosts"
+            )
+        if self.swap_group is not None and not is_loopback(self.host):
+            raise ValueError(
+                f"swap_group = {self.swap_group!r} with host = {self.host!r}: a member runs with vLLM's dev-mode "
+                "routes (/sleep, /collective_rpc ...) that must never be reachable beyond this machine; "
+                'set host = "127.0.0.1" and reach it through the [gateway]'
+            )
+        if self.pinned and self.idle_sleep_seconds is not None:
+            raise ValueError(
+                "pinned and idle_sleep_seconds are both set: a pinned member never sleeps; remove one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _exposed_server_needs_a_key(self) -> DeploymentSettings:
@@ -415,6 +462,21 @@ class Settings(BaseSettings):
                         "give each deployment its own port"
                     )
             seen[(dep.host, dep.port)] = name
+        return self
+
+    @model_validator(mode="after")
+    def _swap_groups_are_whole(self) -> Settings:
+        members: dict[str, list[str]] = {}
+        for name, dep in self.deployments.items():
+            if dep.swap_group is not None and dep.enabled:
+                members.setdefault(dep.swap_group, []).append(name)
+        for group, names in members.items():
+            runtimes = {self.deployments[n].runtime for n in names}
+            if len(runtimes) > 1:
+                raise ValueError(
+                    f"swap group {group!r} mixes runtimes ({', '.join(sorted(runtimes))}): give its members "
+                    "(" + ", ".join(names) + ") the same runtime"
+                )
         return self
 
     @model_validator(mode="after")

@@ -93,7 +93,7 @@ def plan_all(
     vllm_version: str | None,
 ) -> list[Plan]:
     """Plan each selected deployment, then check the GPUs the enabled ones share."""
-    from dankserve.plan.checks import check_gpu_sharing
+    from dankserve.plan.checks import check_gpu_sharing, swap_memberships
     from dankserve.planning import plan_one
 
     plans: list[Plan] = []
@@ -105,7 +105,7 @@ def plan_all(
         else:
             enabled.append(plan)
         plans.append(plan)
-    check_gpu_sharing(enabled)
+    check_gpu_sharing(enabled, swap_memberships((n, d) for n, d in selected if d.enabled))
     return plans
 
 

@@ -9,7 +9,8 @@ exceeds the GPUs, GPUs shared beyond 0.95, and flags the target vLLM release lac
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from dankserve.errors import ConfigError, InfeasiblePlan, UnknownValueError
 from dankserve.host.model import Gpu, Host
@@ -17,6 +18,7 @@ from dankserve.plan.catalogue import Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts
 from dankserve.plan.rules import GpuFit, divides_heads, gib, largest_context
 from dankserve.plan.types import Plan
+from dankserve.settings import DeploymentSettings
 
 MAX_SHARED_UTILISATION = 0.95
 BASE_PROCESSES = 2  # the API server and the engine core, besides one worker per GPU (seeds)
@@ -254,8 +256,20 @@ def _releases_with(flag: str, catalogue: Catalogue | None) -> str:
     return f" (added in {first})"
 
 
-def check_gpu_sharing(plans: Sequence[Plan]) -> None:
-    """GPUs shared by deployments whose memory utilisations add up above 0.95: exit 4."""
+@dataclass(frozen=True)
+class SwapMembership:
+    """A deployment's swap group (issue 16) and whether it is pinned (always awake)."""
+
+    group: str
+    pinned: bool = False
+
+
+def check_gpu_sharing(plans: Sequence[Plan], swap: Mapping[str, SwapMembership] | None = None) -> None:
+    """GPUs shared by deployments whose memory utilisations add up above 0.95: exit 4.
+
+    Members of one swap group count as what is awake at once: its pinned members plus its
+    largest other member (the rest sleep, holding almost nothing)."""
+    swap = swap or {}
     users: dict[int, list[Plan]] = {}
     for plan in plans:
         for index in plan.gpu_indices:
@@ -263,12 +277,36 @@ def check_gpu_sharing(plans: Sequence[Plan]) -> None:
     for index, sharing in sorted(users.items()):
         if len(sharing) < 2:
             continue
-        total = sum(p.gpu_memory_utilization or 0.0 for p in sharing)
+        awake = _awake_at_once(sharing, swap)
+        total = sum(p.gpu_memory_utilization or 0.0 for p in awake)
         if total > MAX_SHARED_UTILISATION + 1e-9:
-            parts = " + ".join(f"{p.deployment} {p.gpu_memory_utilization:.2f}" for p in sharing)
+            parts = " + ".join(f"{p.deployment} {p.gpu_memory_utilization:.2f}" for p in awake)
+            grouped = len(awake) < len(sharing)
             raise InfeasiblePlan(
                 f"GPU {index} is shared by {', '.join(p.deployment for p in sharing)} whose memory utilisations "
-                f"add up to {total:.2f} ({parts}), above {MAX_SHARED_UTILISATION}",
+                f"{'awake at once ' if grouped else ''}add up to {total:.2f} ({parts}), above {MAX_SHARED_UTILISATION}",
                 fix="set gpu_memory_utilization in each of these deployments so they sum to 0.95 or less, "
-                "or give them different GPUs (gpus)",
+                "give them different GPUs (gpus), or put them in one swap_group (only the awake ones must fit; "
+                "pin fewer members)",
             )
+
+
+def _awake_at_once(sharing: Sequence[Plan], swap: Mapping[str, SwapMembership]) -> list[Plan]:
+    """The plans on one GPU that may be awake together: every plan outside a swap group, each
+    group's pinned members, and each group's largest unpinned member."""
+    out: list[Plan] = []
+    largest: dict[str, Plan] = {}
+    for plan in sharing:
+        member = swap.get(plan.deployment)
+        if member is None or member.pinned:
+            out.append(plan)
+            continue
+        best = largest.get(member.group)
+        if best is None or (plan.gpu_memory_utilization or 0.0) > (best.gpu_memory_utilization or 0.0):
+            largest[member.group] = plan
+    return [*out, *largest.values()]
+
+
+def swap_memberships(deployments: Iterable[tuple[str, DeploymentSettings]]) -> dict[str, SwapMembership]:
+    """The swap group of each deployment that has one."""
+    return {name: SwapMembership(dep.swap_group, dep.pinned) for name, dep in deployments if dep.swap_group is not None}

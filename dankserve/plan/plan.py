@@ -83,6 +83,8 @@ def plan_deployment(
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
     placement_flags(flags, deployment)
+    swap_env, swap_warnings = sleep_mode_flags(flags, deployment, caps)
+    warnings += swap_warnings
     checks.check_flags_supported(flags.causes, caps, catalogue)
     warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus)]
     unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
@@ -99,7 +101,9 @@ def plan_deployment(
         model=deployment.model,
         vllm_version=caps.version,
         argv=tuple(argv),
-        env=rules.container_env(vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **deployment.env}),
+        env=rules.container_env(
+            vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **swap_env, **deployment.env}
+        ),
         flags=tuple(flags.choices),
         warnings=tuple(warnings),
         gpu_indices=tuple(g.index for g in sizing.gpus),
@@ -112,6 +116,31 @@ def plan_deployment(
         max_model_len=sizing.context.value,
         kv_cache_dtype=sizing.kv_cache_dtype.value,
     )
+
+
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+"""vLLM serves /sleep, /wake_up, /is_sleeping only in dev mode: the server must stay on loopback."""
+
+
+def sleep_mode_flags(
+    flags: _Flags, deployment: DeploymentSettings, caps: VllmCapabilities
+) -> tuple[dict[str, str], list[str]]:
+    """A swap group's member gets vLLM's sleep mode and its dev-mode routes, where its release has them."""
+    if deployment.swap_group is None:
+        return {}, []
+    if not caps.has(SLEEP_MODE_FLAG):
+        return {}, [
+            f"vLLM {caps.version} has no {SLEEP_MODE_FLAG}: swap group {deployment.swap_group!r} swaps this "
+            "deployment by stopping it and booting it again"
+        ]
+    flags.add(
+        SLEEP_MODE_FLAG,
+        None,
+        f"swap group {deployment.swap_group!r}: sleeps instead of stopping when another member needs its GPUs",
+        "swap_group",
+    )
+    return {DEV_MODE_ENV: "1"}, []
 
 
 def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[str, str]:

@@ -133,7 +133,7 @@ def preflight(daemon: Daemon) -> None:
     multi-host group that is not up yet is not an error here: its worker retries with backoff.
     """
     from dankserve.errors import MemberUnreachable
-    from dankserve.plan.checks import check_gpu_sharing
+    from dankserve.plan.checks import check_gpu_sharing, swap_memberships
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
     plans = []
@@ -142,6 +142,6 @@ def preflight(daemon: Daemon) -> None:
             plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
         except MemberUnreachable:
             continue
-    check_gpu_sharing(plans)
+    check_gpu_sharing(plans, swap_memberships(enabled))
     for _, dep in enabled:
         daemon.deps.runtime_for(dep).list_workloads()

@@ -28,6 +28,10 @@ class Phase(StrEnum):
     RESTARTING = "restarting"
     FAILED = "failed"
     STOPPED = "stopped"
+    # Swap groups (issue 16): a member put to sleep to let another use its GPUs.
+    FALLING_ASLEEP = "falling_asleep"
+    ASLEEP = "asleep"
+    WAKING = "waking"
 
 
 BOOTING_PHASES = frozenset(
@@ -44,7 +48,7 @@ BOOTING_PHASES = frozenset(
         Phase.RESTARTING,
     }
 )
-SETTLED_PHASES = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPED})
+SETTLED_PHASES = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPED, Phase.ASLEEP})
 
 # Boot phases only move forward: a late log line of an earlier phase must not move status back.
 _BOOT_ORDER = (Phase.STARTING, Phase.LOADING, Phase.COMPILING, Phase.PROFILING, Phase.CAPTURING, Phase.READY)

@@ -79,6 +79,13 @@ class Stage(StrEnum):
     """Given up: a configuration error or too many failures; not restarted until `up` or a config change."""
     STOPPED = "stopped"
     """Stopped on request."""
+    # Swap groups (issue 16): these three only follow READY.
+    FALLING_ASLEEP = "falling_asleep"
+    """vLLM's /sleep is asked (a swap group member makes room for another)."""
+    ASLEEP = "asleep"
+    """Asleep: level 1 or 2 (the server runs, its GPU memory freed) or stopped (no sleep mode: boots on wake)."""
+    WAKING = "waking"
+    """vLLM's /wake_up is asked (level 2: the staged wake with reload_weights)."""
 
 
 TERMINAL = frozenset({Stage.FAILED, Stage.STOPPED})
@@ -87,6 +94,8 @@ RUNNING = frozenset({Stage.BOOTING, Stage.READY, Stage.ENDING})
 PREPARING = frozenset(
     {Stage.DOWNLOADING, Stage.PULLING, Stage.PLANNING, Stage.WAITING_GPUS, Stage.MEASURING, Stage.STARTING}
 )
+SLEEP_STAGES = frozenset({Stage.FALLING_ASLEEP, Stage.ASLEEP, Stage.WAKING})
+"""Swap groups' stages: a workload runs in them unless the member sleeps by being stopped (`swap.level` stop)."""
 BOOT_PHASES = (Phase.STARTING, Phase.LOADING, Phase.COMPILING, Phase.PROFILING, Phase.CAPTURING)
 
 _STAGE_PHASE: dict[Stage, Phase] = {
@@ -103,8 +112,11 @@ _STAGE_PHASE: dict[Stage, Phase] = {
     Stage.RETRY_WAIT: Phase.RESTARTING,
     Stage.FAILED: Phase.FAILED,
     Stage.STOPPED: Phase.STOPPED,
+    Stage.FALLING_ASLEEP: Phase.FALLING_ASLEEP,
+    Stage.ASLEEP: Phase.ASLEEP,
+    Stage.WAKING: Phase.WAKING,
 }
-StatusState = Literal["starting", "ready", "restarting", "failed", "stopped"]
+StatusState = Literal["starting", "ready", "restarting", "failed", "stopped", "falling_asleep", "asleep", "waking"]
 _STAGE_STATUS: dict[Stage, StatusState] = {
     Stage.IDLE: "stopped",
     Stage.READY: "ready",
@@ -113,6 +125,9 @@ _STAGE_STATUS: dict[Stage, StatusState] = {
     Stage.RETRY_WAIT: "restarting",
     Stage.FAILED: "failed",
     Stage.STOPPED: "stopped",
+    Stage.FALLING_ASLEEP: "falling_asleep",
+    Stage.ASLEEP: "asleep",
+    Stage.WAKING: "waking",
 }
 
 
@@ -210,6 +225,27 @@ class LastFailure:
     """Monotonic time, like `now`."""
 
 
+SleepLevel = Literal["1", "2", "stop"]
+"""vLLM's sleep level 1 (weights to CPU RAM), 2 (weights dropped), or stop and boot (no sleep mode)."""
+
+
+@dataclass(frozen=True)
+class SwapTimes:
+    """A swap group member's sleeping and waking: the current one and the last ones' timings."""
+
+    level: SleepLevel | None = None
+    """The level it sleeps at (or fell asleep at last)."""
+    since: float | None = None
+    """When the current sleep or wake began (monotonic)."""
+    wake_wanted: bool = False
+    """A wake was asked for while falling asleep: wake as soon as asleep."""
+    last_sleep_seconds: float | None = None
+    last_wake_seconds: float | None = None
+    last_level: SleepLevel | None = None
+    last_at: float | None = None
+    """When the last sleep or wake ended (monotonic)."""
+
+
 @dataclass(frozen=True)
 class MachineState:
     """Everything the machine knows of one deployment. Frozen: `step` returns a new one."""
@@ -237,6 +273,8 @@ class MachineState:
     kv_cache_learned_used: bool = False
     compile_cache_hit: bool | None = None
     compile_seconds: float | None = None
+    swap: SwapTimes = SwapTimes()
+    """Swap groups (issue 16): sleep level and timings."""
 
     @property
     def phase(self) -> Phase:
@@ -248,6 +286,8 @@ class MachineState:
     @property
     def status(self) -> StatusState:
         """The `state` field of `dankserve status`."""
+        if self.swap.since is not None and (self.stage in PREPARING or self.stage is Stage.BOOTING):
+            return "waking"  # a swap group member that sleeps by stopping boots to wake
         return _STAGE_STATUS.get(self.stage, "starting")
 
     @property
@@ -457,6 +497,58 @@ class Crashed:
     message: str
 
 
+# Swap groups (issue 16): the supervisor's swap coordinator feeds SleepRequested and
+# WakeRequested; SleepServer and WakeServer are answered by the others.
+
+
+@dataclass(frozen=True)
+class SleepRequested:
+    """Put the ready server to sleep at `level` (chosen by `swap.sleep_level`), for `reason`."""
+
+    level: SleepLevel
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FellAsleep:
+    """/sleep answered: the server is asleep after `seconds`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SleepUnsupported:
+    """The server has no sleep mode (`/is_sleeping` 404): it is stopped instead, and booted on wake."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class SleepFailed:
+    """/sleep failed (an error, a timeout): a failure of the server, as the failure policy says."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class WakeRequested:
+    """A request (or `dankserve wake`) needs the sleeping server: wake it."""
+
+
+@dataclass(frozen=True)
+class WokeUp:
+    """/wake_up (and for level 2 reload_weights) answered: serving again after `seconds`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WakeFailed:
+    """The wake failed: a failure of the server, as the failure policy says."""
+
+    message: str
+
+
 Event = (
     Begin
     | StopRequested
@@ -482,6 +574,13 @@ Event = (
     | RuntimeUnreachable
     | Refused
     | Crashed
+    | SleepRequested
+    | FellAsleep
+    | SleepUnsupported
+    | SleepFailed
+    | WakeRequested
+    | WokeUp
+    | WakeFailed
 )
 EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
 
@@ -621,6 +720,23 @@ class Note:
     fields: tuple[tuple[str, object], ...] = ()
 
 
+@dataclass(frozen=True)
+class SleepServer:
+    """Swap groups: sleep at `level`; "stop" stops and removes the server (answered by FellAsleep,
+    SleepUnsupported or SleepFailed)."""
+
+    workload_id: str
+    level: SleepLevel
+
+
+@dataclass(frozen=True)
+class WakeServer:
+    """Swap groups: wake the server slept at `level` (answered by WokeUp or WakeFailed)."""
+
+    workload_id: str
+    level: SleepLevel
+
+
 Command = (
     EnsureWeights
     | EnsureImage
@@ -641,6 +757,8 @@ Command = (
     | ForgetLearned
     | SetRemediation
     | Note
+    | SleepServer
+    | WakeServer
 )
 
 
@@ -722,11 +840,34 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.DECIDING, GpuTenants] = _allowed(Stage.BACKOFF, Stage.FAILED)
     t[Stage.BACKOFF, Tick] = _allowed(Stage.BACKOFF, *_RESTART)
     t[Stage.RETRY_WAIT, Tick] = _allowed(Stage.RETRY_WAIT, *_RESTART)
+    _swap_transitions(t)
     for stage in TERMINAL:
         for kind in EVENT_TYPES:
             if t[stage, kind] is REFUSED:
                 t[stage, kind] = IGNORED  # a finished worker drops what still comes in
     return t
+
+
+def _swap_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
+    """Swap groups (issue 16): sleeping and waking a ready server."""
+    for stage in _ALL:
+        # The coordinator asks from its own view, which may be a moment old: a request that
+        # does not fit the stage (already asleep, still booting) changes nothing.
+        t[stage, SleepRequested] = IGNORED
+        t[stage, WakeRequested] = IGNORED
+    t[Stage.READY, SleepRequested] = _allowed(Stage.FALLING_ASLEEP)
+    t[Stage.FALLING_ASLEEP, WakeRequested] = _allowed(Stage.FALLING_ASLEEP, note="wakes once asleep")
+    t[Stage.FALLING_ASLEEP, FellAsleep] = _allowed(Stage.ASLEEP, Stage.WAKING, *_RESTART, note="a wake was asked")
+    t[Stage.FALLING_ASLEEP, SleepUnsupported] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")
+    t[Stage.FALLING_ASLEEP, SleepFailed] = _allowed(*_ON_FAILURE)
+    t[Stage.ASLEEP, WakeRequested] = _allowed(Stage.WAKING, *_RESTART, note="stop: boots")
+    t[Stage.WAKING, WokeUp] = _allowed(Stage.READY)
+    t[Stage.WAKING, WakeFailed] = _allowed(*_ON_FAILURE)
+    for stage in SLEEP_STAGES:
+        # The server still runs (unless stopped to sleep): it may die meanwhile.
+        t[stage, LogEnded] = _allowed(stage)
+        t[stage, Exited] = _allowed(*_ON_FAILURE, stage, note="stop: nothing ran")
+        t[stage, StillRunning] = _allowed(stage)
 
 
 TRANSITIONS: Mapping[tuple[Stage, type[Event]], Transition] = _transitions()
@@ -759,7 +900,7 @@ def _teardown(state: MachineState) -> tuple[Command, ...]:
     """Stop and remove the running workload (if any) and give the GPUs back."""
     wid = state.workload_id
     out: list[Command] = []
-    if wid is not None and state.stage in RUNNING:
+    if wid is not None and (state.stage in RUNNING or state.stage in SLEEP_STAGES):
         out += [StopWorkload(wid), RemoveWorkload(wid)]
     out.append(ReleaseGpus())
     return tuple(out)
@@ -950,6 +1091,8 @@ def _on_log_ended(state: MachineState, event: LogEnded, now: float) -> Step:
     if boot is None:
         return state, ()
     state = replace(state, boot=replace(boot, log_ended=True))
+    if state.stage in SLEEP_STAGES:  # no health probes while asleep: ask the runtime whether it exited
+        return state, (WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS),)
     return _watch(state, now)
 
 
@@ -960,7 +1103,7 @@ def _on_exited(state: MachineState, event: Exited, now: float) -> Step:
     wid = boot.workload_id or ""
     if state.stage is Stage.ENDING and state.pending is not None:
         return _decide_after(state, state.pending, (RemoveWorkload(wid, best_effort=True),))
-    served = state.stage is Stage.READY
+    served = state.stage is Stage.READY or state.stage in SLEEP_STAGES
     facts = boot.facts
     if facts.failure is not None:
         cause = FailureCause.from_log(facts.failure)
@@ -1015,6 +1158,8 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
             wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS),
         )
         learn_baseline = boot.baseline if boot.learned_used is None else None
+        if state.swap.since is not None:
+            after = replace(after, swap=_swap_done(state.swap, "wake", now))
         return after, (
             ReleaseGpus(),
             note(
@@ -1025,6 +1170,7 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
                 compile_cache_hit=facts.compile_cache_hit,
             ),
             RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
+            *_woke_by_boot(state, now),
         )
     if event.status == 200:
         return replace(state, boot=replace(boot, unhealthy=0)), ()
@@ -1218,6 +1364,84 @@ def _retry_later(state: MachineState, why: str, now: float, cause: str = "retry"
     return after, (ReleaseGpus(), note(cause, "warning", error=why, retry_in_seconds=round(delay, 2)))
 
 
+# --- swap groups (issue 16) --------------------------------------------------------------------------
+
+
+def _swap_done(swap: SwapTimes, kind: Literal["sleep", "wake"], now: float) -> SwapTimes:
+    """The swap record once a sleep or a wake that began at `swap.since` ended at `now`."""
+    seconds = round(now - swap.since, 3) if swap.since is not None else None
+    if kind == "sleep":
+        return replace(swap, since=None, last_sleep_seconds=seconds, last_level=swap.level, last_at=now)
+    return replace(swap, since=None, wake_wanted=False, last_wake_seconds=seconds, last_level=swap.level, last_at=now)
+
+
+def _woke_by_boot(state: MachineState, now: float) -> tuple[Command, ...]:
+    """The log line of a wake done by booting (the member slept by being stopped)."""
+    if state.swap.since is None:
+        return ()
+    return (note("woke_up", sleep_level=state.swap.level, seconds=round(now - state.swap.since, 3)),)
+
+
+def _on_sleep_requested(state: MachineState, event: SleepRequested, now: float) -> Step:
+    wid = state.workload_id or ""
+    swap = replace(state.swap, level=event.level, since=now, wake_wanted=False)
+    after = replace(state, stage=Stage.FALLING_ASLEEP, swap=swap, wake_at=None)
+    return after, (note("falling_asleep", sleep_level=event.level, reason=event.reason), SleepServer(wid, event.level))
+
+
+def _on_fell_asleep(state: MachineState, event: FellAsleep, now: float) -> Step:
+    swap = state.swap
+    commands: list[Command] = [note("fell_asleep", sleep_level=swap.level, seconds=round(event.seconds, 3))]
+    swap = replace(_swap_done(swap, "sleep", now), last_sleep_seconds=round(event.seconds, 3))
+    after = replace(state, stage=Stage.ASLEEP, swap=swap, wake_at=None)
+    if swap.level == "stop":  # the interpreter stopped and removed the server
+        after = replace(after, boot=None)
+        commands.append(ReleaseGpus())
+    if state.swap.wake_wanted:
+        woken, more = _on_wake_requested(after, WakeRequested(), now)
+        return woken, (*commands, *more)
+    return after, tuple(commands)
+
+
+def _on_sleep_unsupported(state: MachineState, event: SleepUnsupported, now: float) -> Step:
+    swap = replace(state.swap, level="stop")
+    return replace(state, swap=swap), (
+        note("sleep_unsupported", "warning", reason=event.reason),
+        SleepServer(state.workload_id or "", "stop"),
+    )
+
+
+def _on_wake_requested(state: MachineState, event: WakeRequested, now: float) -> Step:
+    if state.stage is Stage.FALLING_ASLEEP:
+        return replace(state, swap=replace(state.swap, wake_wanted=True)), ()
+    swap = replace(state.swap, since=now, wake_wanted=False)
+    wid = state.workload_id
+    if state.swap.level == "stop" or wid is None:
+        after, commands = _begin_boot(replace(state, swap=replace(swap, level="stop")), now)
+        return after, (note("waking", sleep_level="stop"), *commands)
+    return replace(state, stage=Stage.WAKING, swap=swap, wake_at=None), (
+        note("waking", sleep_level=swap.level),
+        WakeServer(wid, swap.level or "1"),
+    )
+
+
+def _on_woke_up(state: MachineState, event: WokeUp, now: float) -> Step:
+    boot = state.boot
+    swap = replace(_swap_done(state.swap, "wake", now), last_wake_seconds=round(event.seconds, 3))
+    after = replace(state, stage=Stage.READY, swap=swap, wake_at=now)
+    if boot is not None:
+        after = replace(after, boot=replace(boot, next_health=now, unhealthy=0))
+    return after, (note("woke_up", sleep_level=state.swap.level, seconds=round(event.seconds, 3)),)
+
+
+def _on_swap_failed(state: MachineState, event: SleepFailed | WakeFailed, now: float) -> Step:
+    kind = "sleep" if isinstance(event, SleepFailed) else "wake"
+    swap = replace(state.swap, since=None, wake_wanted=False, level=None)
+    failure = Failure(FailureCause.ENGINE_DEAD, f"{kind} failed: {event.message}", state.facts, served=True)
+    after, commands = _decide_after(replace(state, swap=swap), failure, _teardown(state))
+    return after, (note(f"{kind}_failed", "error", error=event.message), *commands)
+
+
 _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     Begin: _on_begin,
     StopRequested: _on_stop,
@@ -1243,6 +1467,13 @@ _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     RuntimeUnreachable: _on_unreachable,
     Refused: _on_refused,
     Crashed: _on_crashed,
+    SleepRequested: _on_sleep_requested,
+    FellAsleep: _on_fell_asleep,
+    SleepUnsupported: _on_sleep_unsupported,
+    SleepFailed: _on_swap_failed,
+    WakeRequested: _on_wake_requested,
+    WokeUp: _on_woke_up,
+    WakeFailed: _on_swap_failed,
 }
 
 

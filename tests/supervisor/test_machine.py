@@ -49,18 +49,29 @@ SAMPLES: dict[type[Any], Any] = {
     m.RuntimeUnreachable: m.RuntimeUnreachable("connection refused", "12:00:00"),
     m.Refused: m.Refused("bad config"),
     m.Crashed: m.Crashed("KeyError: 'x'"),
+    # swap groups
+    m.SleepRequested: m.SleepRequested("1", "make room for b"),
+    m.FellAsleep: m.FellAsleep(0.22),
+    m.SleepUnsupported: m.SleepUnsupported("/is_sleeping 404"),
+    m.SleepFailed: m.SleepFailed("HTTP 500"),
+    m.WakeRequested: m.WakeRequested(),
+    m.WokeUp: m.WokeUp(0.2),
+    m.WakeFailed: m.WakeFailed("HTTP 500"),
 }
 
 
 def in_stage(stage: m.Stage) -> m.MachineState:
     """A plausible machine in `stage` (a running workload where one runs, a failure where one is pending)."""
     boot = m.Boot(started_at=0.0, uuids=("GPU-0",), boot_key="kv1-x", learned=LEARNED, deadline=100.0)
-    if stage in m.RUNNING:
+    if stage in m.RUNNING or stage in m.SLEEP_STAGES:
         boot = replace(boot, workload_id="w1")
     pending = (
         m.Failure(FailureCause.CRASH, "exit 1", None, False) if stage in (m.Stage.ENDING, m.Stage.DECIDING) else None
     )
-    return m.MachineState(CONFIG, stage=stage, boot=boot if stage is not m.Stage.IDLE else None, pending=pending)
+    swap = m.SwapTimes(level="1", since=0.0) if stage in m.SLEEP_STAGES else m.SwapTimes()
+    return m.MachineState(
+        CONFIG, stage=stage, boot=boot if stage is not m.Stage.IDLE else None, pending=pending, swap=swap
+    )
 
 
 def with_boot(state: m.MachineState, **changes: Any) -> m.MachineState:
@@ -276,6 +287,13 @@ EVENTS = st.one_of(
     st.builds(m.RuntimeUnreachable, st.just("refused"), st.just("12:00:00")),
     st.builds(m.Refused, st.just("bad")),
     st.builds(m.Crashed, st.just("bug")),
+    st.builds(m.SleepRequested, st.sampled_from(["1", "2", "stop"]), st.just("room")),
+    st.builds(m.FellAsleep, st.floats(0, 5)),
+    st.builds(m.SleepUnsupported, st.just("404")),
+    st.builds(m.SleepFailed, st.just("500")),
+    st.just(m.WakeRequested()),
+    st.builds(m.WokeUp, st.floats(0, 5)),
+    st.builds(m.WakeFailed, st.just("500")),
 )
 
 
@@ -325,7 +343,14 @@ class LifecycleMachine(RuleBasedStateMachine):
                     m.BootLog(BootFacts(failure=FailureClass.OOM_LOAD, failure_message="CUDA out of memory")),
                 ]
             ),
-            m.Stage.READY: st.sampled_from([m.HealthChecked(503), m.Tick(), m.LogEnded()]),
+            m.Stage.READY: st.sampled_from(
+                [m.HealthChecked(503), m.Tick(), m.LogEnded(), m.SleepRequested("1"), m.SleepRequested("stop")]
+            ),
+            m.Stage.FALLING_ASLEEP: st.sampled_from(
+                [m.FellAsleep(0.2), m.SleepUnsupported("404"), m.WakeRequested(), m.SleepFailed("500")]
+            ),
+            m.Stage.ASLEEP: st.sampled_from([m.WakeRequested(), m.Exited(1)]),
+            m.Stage.WAKING: st.sampled_from([m.WokeUp(0.2), m.WakeFailed("500")]),
             m.Stage.ENDING: st.just(m.Exited(1)),
             m.Stage.DECIDING: st.builds(m.GpuTenants, st.none() | st.booleans(), st.floats(0, 0.999)),
         }.get(self.state.stage)
@@ -356,8 +381,18 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.state.stage in (m.Stage.ENDING, m.Stage.DECIDING)
 
     @invariant()
+    def sleeping_stages_know_their_workload_unless_stopped(self) -> None:
+        if self.state.stage in (m.Stage.FALLING_ASLEEP, m.Stage.WAKING):
+            assert self.state.workload_id is not None or self.state.swap.level == "stop"
+        if self.state.stage is m.Stage.ASLEEP and self.state.swap.level == "stop":
+            assert self.state.boot is None
+
+    @invariant()
     def status_is_derivable(self) -> None:
-        assert self.state.status in ("starting", "ready", "restarting", "failed", "stopped")
+        assert self.state.status in (
+            *("starting", "ready", "restarting", "failed", "stopped"),
+            *("falling_asleep", "asleep", "waking"),
+        )
         assert isinstance(self.state.phase, Phase)
 
 
