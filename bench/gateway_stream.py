@@ -79,6 +79,9 @@ def serve_gateway(port: int, upstream: int) -> None:
         def touched(self, deployment: str) -> None:
             return
 
+        def released(self, deployment: str) -> None:
+            return
+
     start_gateway(GatewaySettings(listen=f"127.0.0.1:{port}", max_connections=4096), lambda: deployments, Ready())
     while True:
         time.sleep(3600)

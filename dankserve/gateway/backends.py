@@ -47,4 +47,7 @@ class Supervisor(Protocol):
         """Ask for the deployment to become ready; returns at once, the outcome shows in `backend`."""
 
     def touched(self, deployment: str) -> None:
-        """A request was routed to the deployment (now)."""
+        """A request was routed to the deployment (now): it is in flight until `released`."""
+
+    def released(self, deployment: str) -> None:
+        """A request routed to the deployment ended (answered, failed or cancelled)."""

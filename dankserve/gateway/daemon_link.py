@@ -1,8 +1,8 @@
 """The daemon's side of the gateway's Supervisor protocol: each deployment's phase and address.
 
-Reads only what the workers already publish (their phase under their lock) and the settings;
-it decides nothing. `wake` has nothing to do until swap groups put deployments to sleep: a
-deployment that is booting or restarting gets ready on its own.
+Reads only what the workers already publish (their machine state) and the settings; it decides
+nothing. `wake`, `touched` and `released` go to the daemon's swap groups (a deployment outside
+one that is booting or restarting gets ready on its own).
 """
 
 from __future__ import annotations
@@ -38,15 +38,23 @@ class DaemonSupervisor:
         phase, message = machine.phase, machine.message
         if phase is Phase.READY:
             return Backend(Availability.READY, dep.host, dep.port, key)
+        refused = daemon.swap_groups.refused(deployment)
+        if refused is not None:
+            return Backend(Availability.OFF, dep.host, dep.port, key, refused)
+        if phase is Phase.ASLEEP:
+            return Backend(Availability.ASLEEP, dep.host, dep.port, key, "asleep")
         if phase in (Phase.FAILED, Phase.STOPPED):
             return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value)
         return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value)
 
     def wake(self, deployment: str) -> None:
-        return  # nothing sleeps yet: booting and restarting deployments get ready by themselves
+        self._daemon.swap_groups.wake(deployment)  # booting and restarting ones get ready by themselves
 
     def touched(self, deployment: str) -> None:
-        return  # swap groups will keep the last-use time here
+        self._daemon.swap_groups.touched(deployment)
+
+    def released(self, deployment: str) -> None:
+        self._daemon.swap_groups.released(deployment)
 
     def _key(self, path: Path | None) -> str | None:
         """The deployment's key, read again when its file changes (a rotated key reaches the next boot too)."""

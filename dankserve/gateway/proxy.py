@@ -164,7 +164,10 @@ class Gateway:
                 503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(self._queue.retry_after)}
             )
         self._supervisor.touched(name)
-        return await self._forward(request, name, backend, routed.body)
+        try:
+            return await self._forward(request, name, backend, routed.body)
+        finally:
+            self._supervisor.released(name)  # a member busy with requests is never put to sleep
 
     async def _ready(self, name: str) -> Backend:
         """The deployment's backend once ready; waits in its bounded queue meanwhile (Unavailable otherwise)."""

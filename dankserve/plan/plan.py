@@ -111,7 +111,7 @@ def plan_deployment(
         tensor_parallel_size=sizing.tensor_parallel.value,
         numa_bind=numa_bind,
         fingerprint=fingerprint(name, deployment, host, caps, model, gpus=sizing.gpus, vllm_cache_root=vllm_cache_root),
-        extra={"model_facts_source": model.source},
+        extra={"model_facts_source": model.source, "weights_bytes": model.parameter_bytes},
         gpu_memory_utilization=sizing.utilisation.value,
         max_model_len=sizing.context.value,
         kv_cache_dtype=sizing.kv_cache_dtype.value,

@@ -31,11 +31,12 @@ from dankserve.errors import ClusterUnreachable, DankserveError, EnvironmentUnus
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
+from dankserve.plan.plan import SLEEP_MODE_FLAG
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, learning
+from dankserve.supervisor import instance, learning, sleep_mode
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
@@ -45,6 +46,7 @@ from dankserve.supervisor.policy import FailureCause, RestartSettings
 from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.status import Metrics, deployment_status
+from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.workload import workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
@@ -83,6 +85,13 @@ class DaemonDeps:
     """/health of (host, port, timeout); None: the real HTTP probe."""
     draw: Callable[[], float] = random.random
     """The uniform draw in [0, 1) behind the restart jitter."""
+    # Swap groups (issue 16).
+    sleep_server: Callable[[str, int, str | None, m.SleepLevel], m.Event] = sleep_mode.sleep_server
+    """Put the server on (host, port) with this API key to sleep at level 1 or 2."""
+    wake_server: Callable[[str, int, str | None, m.SleepLevel], m.Event] = sleep_mode.wake_server
+    """Wake it (level 2: the staged wake with reload_weights)."""
+    available_ram: Callable[[], int | None] = sleep_mode.available_ram_bytes
+    """The host's available RAM now (level 1 pins the weights there)."""
 
 
 class GpuBootLocks:
@@ -350,6 +359,8 @@ class DeploymentWorker:
                 self._runtimes.pop(wid, None)
             case m.AcquireGpus(uuids=uuids):
                 self._release()
+                if not daemon.swap_groups.admit_boot(self.name, uuids, self._stopping):
+                    return m.StopRequested()
                 slot = daemon.gpu_locks.acquire(uuids, self._stopping)
                 if slot is None:
                     return m.StopRequested()
@@ -377,6 +388,11 @@ class DeploymentWorker:
                 return m.HealthChecked(result.status, result.error)
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
+            case m.SleepServer(workload_id=wid, level=level):
+                return self._sleep_server(dep, wid, level)
+            case m.WakeServer(level=level):
+                self.log.info("wake_server", sleep_level=level)
+                return daemon.deps.wake_server(dep.host, dep.port, _api_key(dep), level)
             case _:
                 self._record(command)
         return None
@@ -397,6 +413,18 @@ class DeploymentWorker:
                 daemon.state.set_remediation(self.name, dict(values), causes)
 
     # -- commands with more to them ----------------------------------------------------------------
+    def _sleep_server(self, dep: DeploymentSettings, workload_id: str, level: m.SleepLevel) -> m.Event:
+        """Sleep at level 1 or 2 through vLLM's route, or (`stop`) stop and remove the server."""
+        if level != "stop":
+            return self.daemon.deps.sleep_server(dep.host, dep.port, _api_key(dep), level)
+        started = self.clock.monotonic()
+        self._unfollow(workload_id)
+        runtime = self._runtime_of(workload_id, dep)
+        runtime.stop(workload_id, self.daemon.settings.stop_timeout_seconds)
+        runtime.remove(workload_id)
+        self._runtimes.pop(workload_id, None)
+        return m.FellAsleep(self.clock.monotonic() - started)
+
     def _fetch_weights(self, dep: DeploymentSettings) -> m.WeightsReady | m.WeightsFailed:
         fetch = self.daemon.deps.fetch_weights
         if fetch is not None:
@@ -416,6 +444,16 @@ class DeploymentWorker:
         for warning in plan.warnings:
             self.log.warning("plan_warning", warning=warning)
         uuids = plan.gpu_uuids
+        if dep.swap_group is not None:
+            weights = plan.extra.get("weights_bytes")
+            daemon.swap_groups.record_plan(
+                self.name,
+                PlanFacts(
+                    utilization=plan.gpu_memory_utilization or 0.9,
+                    weights_bytes=weights if isinstance(weights, int) else None,
+                    sleep_mode=SLEEP_MODE_FLAG in plan.argv,
+                ),
+            )
         boot_key = learning.boot_fingerprint(
             vllm=digest or version or plan.vllm_version,
             model=dep.model,
@@ -511,6 +549,16 @@ class DeploymentWorker:
         return (*free, *(free_bytes for _, free_bytes in self._follower_gpus(dep, strict=False)))
 
 
+def _api_key(dep: DeploymentSettings) -> str | None:
+    """The server's API key (sent to its sleep-mode routes too); None without one or when unreadable."""
+    if dep.api_key_file is None:
+        return None
+    try:
+        return dep.api_key_file.read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:
     by_uuid = {g.uuid: g for g in host.gpus}
     return [by_uuid[u] for u in uuids if u in by_uuid]
@@ -548,10 +596,12 @@ class Daemon:
         self._ready_sent = False
         self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
+        self.swap_groups = SwapGroups(self, deps.available_ram)
 
     # -- called by workers -------------------------------------------------------------------
     def phase_changed(self) -> None:
         self._changed.set()
+        self.swap_groups.poke()
 
     def take_claimed_slot(self, name: str) -> BootSlot | None:
         """The boot slot claimed at start-up for the deployment's running workload (once), if any."""
@@ -606,6 +656,7 @@ class Daemon:
             if self.deps.services is not None:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
+            self.swap_groups.start()
             self._claim_running_boots(starting)
             for name, dep in starting.items():
                 self._start_worker(name, dep)
@@ -615,6 +666,7 @@ class Daemon:
             return ExitCode.OK
         finally:
             self.notifier.stopping()
+            self.swap_groups.close()
             self._stop_all()
             close_services()
             control.close()
@@ -764,6 +816,8 @@ class Daemon:
         if command == "reload":
             self.request_reload()
             return {"ok": True}
+        if command in ("sleep", "wake"):
+            return self._swap_request(command, name)
         if command in ("up", "down"):
             if not isinstance(name, str) or name not in self.settings.deployments:
                 known = ", ".join(sorted(self.settings.deployments)) or "none"
@@ -783,6 +837,40 @@ class Daemon:
                     self._start_worker(name, self.settings.deployments[name])
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {command!r}"}
+
+    def _swap_request(self, command: str, name: object) -> dict[str, Any]:
+        """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
+        if not isinstance(name, str) or name not in self.settings.deployments:
+            known = ", ".join(sorted(self.settings.deployments)) or "none"
+            return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
+        dep = self.settings.deployments[name]
+        if dep.swap_group is None:
+            return {"ok": False, "error": f"deployment {name!r} is in no swap group: set swap_group to let it sleep"}
+        worker = self.snapshot().get(name)
+        if worker is None:
+            return {"ok": False, "error": f"deployment {name!r} is not running (`dankserve up {name}` starts it)"}
+        if command == "sleep":
+            error = self.swap_groups.sleep(name, "by hand (`dankserve sleep`)")
+            goal, wait = m.Stage.ASLEEP, sleep_mode.SLEEP_TIMEOUT_SECONDS
+        else:
+            error = None
+            self.swap_groups.wake(name)
+            goal, wait = m.Stage.READY, self.settings.boot_timeout_seconds
+        if error is not None:
+            return {"ok": False, "error": error}
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            state = worker.machine
+            refused = self.swap_groups.refused(name)
+            if state.stage is goal:
+                return {"ok": True, "status": self._deployment_status(name, worker)}
+            if refused is not None:
+                return {"ok": False, "error": f"cannot wake {name!r}: {refused}"}
+            if state.stage in m.TERMINAL or (state.stage is m.Stage.BACKOFF and state.last_failure is not None):
+                failure = state.last_failure.message if state.last_failure is not None else state.message
+                return {"ok": False, "error": f"{name!r} is {state.status}: {failure or 'see the log'}"}
+            time.sleep(0.05)
+        return {"ok": False, "error": f"{name!r} did not become {goal.value} within {wait:g} s"}
 
     def status(self) -> dict[str, Any]:
         """The `status --json` document while the daemon runs."""

@@ -130,4 +130,21 @@ def deployment_status(
         else (facts.preemptions if facts else None),
         "message": machine.message if machine is not None else None,
         "hosts": [dict(h) for h in hosts] if hosts is not None else configured_hosts(dep),
+        "swap": swap_json(dep, machine),
+    }
+
+
+def swap_json(dep: DeploymentSettings, machine: MachineState | None) -> dict[str, Any] | None:
+    """A swap group member's group, sleep level and last swap's timings (None outside a group)."""
+    if dep.swap_group is None:
+        return None
+    times = machine.swap if machine is not None else None
+    return {
+        "group": dep.swap_group,
+        "pinned": dep.pinned,
+        "idle_sleep_seconds": dep.idle_sleep_seconds,
+        "level": times.level if times is not None and machine is not None and machine.stage is Stage.ASLEEP else None,
+        "last_level": times.last_level if times is not None else None,
+        "last_sleep_seconds": times.last_sleep_seconds if times is not None else None,
+        "last_wake_seconds": times.last_wake_seconds if times is not None else None,
     }

@@ -95,6 +95,7 @@ class TableSupervisor:
     backends: dict[str, Backend] = field(default_factory=dict)
     wakes: list[str] = field(default_factory=list)
     touches: list[str] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)
 
     def backend(self, deployment: str) -> Backend:
         return self.backends.get(deployment, Backend(Availability.OFF, "", 0, message="unknown"))
@@ -104,6 +105,9 @@ class TableSupervisor:
 
     def touched(self, deployment: str) -> None:
         self.touches.append(deployment)
+
+    def released(self, deployment: str) -> None:
+        self.releases.append(deployment)
 
     def set(self, deployment: str, availability: Availability, port: int = 0, api_key: str | None = None) -> None:
         self.backends[deployment] = Backend(availability, "127.0.0.1", port, api_key, message=availability.value)

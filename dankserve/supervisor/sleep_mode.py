@@ -1,0 +1,105 @@
+"""vLLM's sleep mode over loopback HTTP (swap groups, issue 16): the edge behind SleepServer and WakeServer.
+
+The routes exist only with `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode` (../shared facts:
+"Sleep mode"): `GET /is_sleeping`, `POST /sleep?level=1|2`, `POST /wake_up[?tags=...]`,
+`POST /collective_rpc {"method": "reload_weights"}`, `POST /reset_prefix_cache`. A level-2
+wake is staged: weights, reload_weights, kv_cache, then the prefix cache reset. Each function
+answers the machine's event (never raises): the decisions stay in `machine` and `swap`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.health import probe_host_for
+
+SLEEP_TIMEOUT_SECONDS = 300.0
+"""The longest a sleep or a wake may take: level 1 copies the weights to pinned RAM (GBs/s)."""
+
+
+class _Unsupported(Exception):
+    """The server has no sleep mode (`/is_sleeping` answered 404)."""
+
+
+class _Failed(Exception):
+    """A sleep-mode route failed."""
+
+
+def _client(host: str, port: int, api_key: str | None, timeout: float) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    address = probe_host_for(host)
+    address = f"[{address}]" if ":" in address else address
+    return httpx.Client(base_url=f"http://{address}:{port}", headers=headers, timeout=timeout)
+
+
+def _call(client: httpx.Client, method: str, path: str, **kwargs: object) -> httpx.Response:
+    try:
+        response = client.request(method, path, **kwargs)  # type: ignore[arg-type]
+    except httpx.HTTPError as exc:
+        raise _Failed(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+    if response.status_code == 404 and path == "/is_sleeping":
+        raise _Unsupported("GET /is_sleeping answered 404: the server runs without sleep mode or dev mode")
+    if response.status_code >= 400:
+        raise _Failed(f"{method} {path} answered HTTP {response.status_code}: {response.text[:200]}")
+    return response
+
+
+def _is_sleeping(client: httpx.Client) -> bool:
+    try:
+        return bool(_call(client, "GET", "/is_sleeping").json().get("is_sleeping"))
+    except ValueError:
+        raise _Failed("GET /is_sleeping did not answer JSON") from None
+
+
+def sleep_server(
+    host: str, port: int, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
+) -> m.FellAsleep | m.SleepUnsupported | m.SleepFailed:
+    """Put the server to sleep at level 1 or 2 (`stop` is the runtime's, not this module's)."""
+    started = time.monotonic()
+    try:
+        with _client(host, port, api_key, timeout) as client:
+            if not _is_sleeping(client):
+                _call(client, "POST", "/sleep", params={"level": level})
+            if not _is_sleeping(client):
+                raise _Failed(f"POST /sleep?level={level} answered, yet /is_sleeping says awake")
+    except _Unsupported as exc:
+        return m.SleepUnsupported(str(exc))
+    except _Failed as exc:
+        return m.SleepFailed(str(exc))
+    return m.FellAsleep(time.monotonic() - started)
+
+
+def wake_server(
+    host: str, port: int, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
+) -> m.WokeUp | m.WakeFailed:
+    """Wake the server; after level 2 the staged wake: weights, reload_weights, KV cache, prefix cache reset."""
+    started = time.monotonic()
+    try:
+        with _client(host, port, api_key, timeout) as client:
+            if level == "2":
+                _call(client, "POST", "/wake_up", params={"tags": "weights"})
+                _call(client, "POST", "/collective_rpc", json={"method": "reload_weights"})
+                _call(client, "POST", "/wake_up", params={"tags": "kv_cache"})
+                _call(client, "POST", "/reset_prefix_cache")
+            else:
+                _call(client, "POST", "/wake_up")
+            if _is_sleeping(client):
+                raise _Failed("the wake answered, yet /is_sleeping still says asleep")
+    except (_Unsupported, _Failed) as exc:
+        return m.WakeFailed(str(exc))
+    return m.WokeUp(time.monotonic() - started)
+
+
+def available_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The host's MemAvailable (what level 1 may pin for the weights); None when unreadable."""
+    try:
+        for line in meminfo.read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

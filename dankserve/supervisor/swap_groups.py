@@ -1,0 +1,332 @@
+"""The daemon's side of swap groups (issue 16): who sleeps, who wakes, and when members may boot.
+
+It keeps what the pure decisions in `swap` need (each member's last use and requests in
+flight, wakes asked for) and turns their answers into machine events for the members'
+workers: `SleepRequested(level)` and `WakeRequested`. Its thread looks around whenever a
+phase changes (and at least every quarter second): pending wakes, members ready for the first
+time, idle members. Workers ask `admit_boot` before a boot takes GPU memory, so a boot (a
+first boot, a restart, a wake by booting) always finds room.
+
+At start-up each member's first boot happens one at a time; every member but the group's first
+(in configuration order) is put to sleep once ready, and the first boots last and stays awake.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+
+from dankserve.plan.catalogue import capabilities
+from dankserve.plan.plan import SLEEP_MODE_FLAG
+from dankserve.supervisor import machine as m
+from dankserve.supervisor import swap
+from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait
+
+if TYPE_CHECKING:
+    from dankserve.supervisor.daemon import Daemon, DeploymentWorker
+
+log = structlog.get_logger("dankserve.swap")
+
+LOOK_SECONDS = 0.25
+"""The coordinator looks around at least this often."""
+_HOLDING_STAGES = frozenset(
+    {m.Stage.MEASURING, m.Stage.STARTING, m.Stage.BOOTING, m.Stage.ENDING, m.Stage.WAKING}
+)  # a boot past its GPU slot, or a wake: holds (or is about to hold) its GPU memory
+_NOT_YET = frozenset({m.Stage.IDLE, m.Stage.DOWNLOADING, m.Stage.PULLING, m.Stage.PLANNING, m.Stage.WAITING_GPUS})
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What a member's latest plan says that swapping needs (recorded by its worker)."""
+
+    utilization: float
+    weights_bytes: int | None
+    sleep_mode: bool
+    """The plan passes --enable-sleep-mode (the release has it: the catalogue)."""
+
+
+class SwapGroups:
+    """Coordinates the members of every swap group of one daemon."""
+
+    def __init__(self, daemon: Daemon, available_ram: Callable[[], int | None]) -> None:
+        self._daemon = daemon
+        self._available_ram = available_ram
+        self._lock = threading.RLock()
+        self._last_used: dict[str, float] = {}
+        self._in_flight: dict[str, int] = {}
+        self._wanted: set[str] = set()
+        self._refused: dict[str, str] = {}
+        self._booted: set[str] = set()
+        """Members ready (or given up) once since the daemon started."""
+        self._admitted: set[str] = set()
+        """Members let past `admit_boot` whose boot has not yet taken its GPU memory (they count as holding)."""
+        self._facts: dict[str, PlanFacts] = {}
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="swap-groups", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._changed.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def poke(self) -> None:
+        """Something changed (a phase): look around now."""
+        self._changed.set()
+
+    # -- what the gateway and the workers tell ----------------------------------------------------
+    def group_of(self, name: str) -> str | None:
+        dep = self._daemon.settings.deployments.get(name)
+        return dep.swap_group if dep is not None else None
+
+    def touched(self, name: str) -> None:
+        """A request went to `name` (from the gateway's loop: no I/O)."""
+        with self._lock:
+            self._last_used[name] = time.monotonic()
+            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+
+    def released(self, name: str) -> None:
+        """A request to `name` ended."""
+        with self._lock:
+            self._last_used[name] = time.monotonic()
+            self._in_flight[name] = max(0, self._in_flight.get(name, 0) - 1)
+
+    def wake(self, name: str) -> None:
+        """Make `name` ready (from the gateway's loop or the control socket: returns at once)."""
+        if self.group_of(name) is None:
+            return
+        with self._lock:
+            self._wanted.add(name)
+            self._refused.pop(name, None)
+        self._changed.set()
+
+    def refused(self, name: str) -> str | None:
+        """Why the last wake of `name` cannot happen (the gateway answers 503 with it), or None."""
+        with self._lock:
+            return self._refused.get(name)
+
+    def record_plan(self, name: str, facts: PlanFacts) -> None:
+        with self._lock:
+            self._facts[name] = facts
+
+    def sleep(self, name: str, reason: str) -> str | None:
+        """Put a ready member to sleep now (`dankserve sleep`); the error text when it cannot."""
+        worker = self._daemon.snapshot().get(name)
+        if self.group_of(name) is None:
+            return f"deployment {name!r} is in no swap group: set swap_group to let it sleep"
+        if worker is None:
+            return f"deployment {name!r} is not running"
+        stage = worker.machine.stage
+        if stage in (m.Stage.ASLEEP, m.Stage.FALLING_ASLEEP):
+            return None
+        if stage is not m.Stage.READY:
+            return f"deployment {name!r} is {worker.machine.status}: only a ready deployment can be put to sleep"
+        with self._lock:
+            self._wanted.discard(name)
+        self._put_to_sleep(worker, reason)
+        return None
+
+    # -- boots ------------------------------------------------------------------------------------
+    def admit_boot(self, name: str, uuids: tuple[str, ...], cancelled: threading.Event) -> bool:
+        """Block until `name` may boot on `uuids`: its group's awake members fit beside it (others
+        are put to sleep meanwhile) and, at start-up, the group's first boots come in order. False
+        when cancelled."""
+        group = self.group_of(name)
+        if group is None:
+            return True
+        announced = False
+        while not cancelled.is_set() and not self._stop.is_set():
+            with self._lock:
+                why = self._boot_waits_for(name, group)
+                if why is None:
+                    decision = swap.make_room(self._members(group, target=name, target_gpus=uuids), name)
+                    if isinstance(decision, Swap):
+                        if not decision.sleep:
+                            self._admitted.add(name)
+                            return True
+                        for sleeper in decision.sleep:
+                            self._sleep_member(sleeper, f"make room for {name}'s boot")
+                        why = "members falling asleep: " + ", ".join(decision.sleep)
+                    elif isinstance(decision, Wait):
+                        why = decision.reason
+                    else:
+                        why = decision.reason
+            if not announced:
+                log.info("swap_boot_waits", deployment=name, reason=why)
+                announced = True
+            self._changed.wait(LOOK_SECONDS)
+        return False
+
+    def _boot_waits_for(self, name: str, group: str) -> str | None:
+        """At start-up: one first boot at a time, and the group's first member after the others."""
+        if name in self._booted:
+            return None
+        members = self._member_names(group)
+        pending = [n for n in members if n not in self._booted and n != name]
+        workers = self._daemon.snapshot()
+        booting = [
+            n for n in pending if n in self._admitted or (n in workers and workers[n].machine.stage in _HOLDING_STAGES)
+        ]
+        if booting:
+            return f"first boots come one at a time: {booting[0]} boots"
+        if members and name == members[0] and pending:
+            return f"the group's first member boots last (after {', '.join(pending)}) and stays awake"
+        return None
+
+    # -- the look around --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._changed.wait(LOOK_SECONDS)
+            self._changed.clear()
+            try:
+                self._look()
+            except Exception:  # a bug here must not end swapping for good
+                log.exception("swap_error")
+
+    def _look(self) -> None:
+        now = time.monotonic()
+        workers = self._daemon.snapshot()
+        groups: dict[str, list[str]] = {}
+        with self._lock:
+            for name, worker in workers.items():
+                group = self.group_of(name)
+                if group is None:
+                    continue
+                groups.setdefault(group, []).append(name)
+                stage = worker.machine.stage
+                if stage not in _NOT_YET:
+                    self._admitted.discard(name)
+                if stage in (m.Stage.READY, m.Stage.FAILED, m.Stage.STOPPED) and name not in self._booted:
+                    self._first_ready(name, worker, group)
+                if stage is m.Stage.READY:
+                    self._last_used.setdefault(name, now)
+            for group in groups:
+                self._serve_wakes(group, now)
+                self._idle_sleep(group, now)
+
+    def _first_ready(self, name: str, worker: DeploymentWorker, group: str) -> None:
+        self._booted.add(name)
+        members = self._member_names(group)
+        if worker.machine.stage is m.Stage.READY and members and name != members[0] and name not in self._wanted:
+            self._put_to_sleep(worker, f"first boot done; {members[0]} is the group's awake member")
+
+    def _serve_wakes(self, group: str, now: float) -> None:
+        workers = self._daemon.snapshot()
+        for name in [n for n in self._member_names(group) if n in self._wanted]:
+            worker = workers.get(name)
+            if worker is None:
+                self._wanted.discard(name)
+                continue
+            state = worker.machine
+            if state.stage is m.Stage.FALLING_ASLEEP:
+                continue  # woken once asleep, when room is made
+            if state.stage is not m.Stage.ASLEEP:
+                self._wanted.discard(name)  # ready already, or booting / restarting on its own
+                continue
+            if state.swap.level == "stop":  # a boot: admit_boot makes the room
+                self._wake_member(name, worker, now)
+                continue
+            decision = swap.make_room(self._members(group), name)
+            if isinstance(decision, Swap):
+                if not decision.sleep:
+                    self._wake_member(name, worker, now)
+                for sleeper in decision.sleep:
+                    self._sleep_member(sleeper, f"make room for {name}")
+            elif isinstance(decision, CannotFit):
+                self._wanted.discard(name)
+                self._refused[name] = decision.reason
+                log.error("swap_cannot_fit", deployment=name, reason=decision.reason)
+
+    def _idle_sleep(self, group: str, now: float) -> None:
+        deps = self._daemon.settings.deployments
+        limits = {n: deps[n].idle_sleep_seconds for n in self._member_names(group) if n in deps}
+        for name in swap.idle_sleepers(self._members(group), limits, now):
+            if name not in self._wanted:
+                self._sleep_member(name, f"idle for {limits[name]:g} s")
+
+    # -- acting -----------------------------------------------------------------------------------
+    def _wake_member(self, name: str, worker: DeploymentWorker, now: float) -> None:
+        self._wanted.discard(name)
+        self._last_used[name] = now
+        log.info("swap_wake", deployment=name, level=worker.machine.swap.level)
+        worker.feed(m.WakeRequested())
+
+    def _sleep_member(self, name: str, reason: str) -> None:
+        worker = self._daemon.snapshot().get(name)
+        if worker is not None and worker.machine.stage is m.Stage.READY:
+            self._put_to_sleep(worker, reason)
+
+    def _put_to_sleep(self, worker: DeploymentWorker, reason: str) -> None:
+        choice = self.sleep_level(worker.name, worker.machine)
+        log.info("swap_sleep", deployment=worker.name, level=choice.level.value, reason=reason, why=choice.reason)
+        worker.feed(m.SleepRequested(choice.level.value, reason))
+
+    def sleep_level(self, name: str, state: m.MachineState) -> swap.LevelChoice:
+        """Level 1, 2 or stop for `name` now (RAM is read here: it changes)."""
+        with self._lock:
+            facts = self._facts.get(name)
+        sleep_mode = facts.sleep_mode if facts is not None else capabilities(state.vllm_version).has(SLEEP_MODE_FLAG)
+        ram = self._available_ram()
+        weights = facts.weights_bytes if facts is not None else None
+        if ram is None or weights is None:
+            # Unknown sizes never pin RAM: level 2 keeps nothing in it.
+            return swap.sleep_level(1, 0, sleep_mode=sleep_mode, level_2=True)
+        return swap.sleep_level(weights, ram, sleep_mode=sleep_mode, level_2=True)
+
+    # -- views ------------------------------------------------------------------------------------
+    def _member_names(self, group: str) -> list[str]:
+        """The group's enabled, not taken-down members, in configuration order."""
+        daemon = self._daemon
+        return [
+            name
+            for name, dep in daemon.settings.deployments.items()
+            if dep.swap_group == group and dep.enabled and not daemon.state.is_down(name)
+        ]
+
+    def _members(self, group: str, *, target: str | None = None, target_gpus: tuple[str, ...] = ()) -> list[Member]:
+        workers = self._daemon.snapshot()
+        deps = self._daemon.settings.deployments
+        out = []
+        for name in self._member_names(group):
+            worker = workers.get(name)
+            if worker is None:
+                continue
+            machine = worker.machine
+            facts = self._facts.get(name)
+            utilization = facts.utilization if facts is not None else (deps[name].gpu_memory_utilization or 0.9)
+            gpus = frozenset(target_gpus if name == target else machine.gpu_uuids)
+            state = MemberState.ASLEEP if name == target else self._member_state(name, machine.stage)
+            out.append(
+                Member(
+                    name,
+                    gpus,
+                    utilization,
+                    state,
+                    self._last_used.get(name, 0.0),
+                    self._in_flight.get(name, 0),
+                    deps[name].pinned,
+                )
+            )
+        return out
+
+    def _member_state(self, name: str, stage: m.Stage) -> MemberState:
+        if stage is m.Stage.READY:
+            return MemberState.AWAKE
+        if stage in _HOLDING_STAGES or name in self._admitted:
+            return MemberState.WAKING
+        if stage is m.Stage.FALLING_ASLEEP:
+            return MemberState.SLEEPING
+        if stage is m.Stage.ASLEEP:
+            return MemberState.ASLEEP
+        return MemberState.STOPPED
