@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("up", "Start the service (or one deployment) and follow it until ready."),
     "down": ("down", "Stop the service (or one deployment) gracefully."),
     "status": ("status", "Show the daemon and each deployment's state."),
+    "sleep": ("sleep", "Put a swap group member to sleep now (vLLM's sleep mode)."),
+    "wake": ("wake", "Wake a sleeping swap group member and wait until it is ready."),
     "logs": ("logs", "Show daemon and container logs together."),
     "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),
     "install": ("install", "Install the systemd unit and the example config."),

@@ -36,6 +36,23 @@ def current_status(settings: Settings) -> dict[str, Any]:
     return offline_status(settings)
 
 
+def swap_line(swap: dict[str, Any]) -> str:
+    """A swap group member's line: its group, how it sleeps, the last swap's timings."""
+    parts = [f"swap group {swap['group']}" + (" (pinned)" if swap.get("pinned") else "")]
+    if swap.get("level"):
+        parts.append(f"asleep at level {swap['level']}" if swap["level"] != "stop" else "asleep (stopped)")
+    if swap.get("idle_sleep_seconds"):
+        parts.append(f"sleeps after {swap['idle_sleep_seconds']:g} s idle")
+    timings = []
+    if swap.get("last_sleep_seconds") is not None:
+        timings.append(f"sleep {swap['last_sleep_seconds']:.2f} s")
+    if swap.get("last_wake_seconds") is not None:
+        timings.append(f"wake {swap['last_wake_seconds']:.2f} s")
+    if timings:
+        parts.append(f"last swap (level {swap.get('last_level') or '?'}): " + ", ".join(timings))
+    return "; ".join(parts)
+
+
 def _warnings(doc: dict[str, Any]) -> list[str]:
     out = []
     for dep in doc["deployments"]:
@@ -80,6 +97,8 @@ def command(as_json: bool) -> ExitCode:
         for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
             note = f"  {member['message']}" if member.get("message") else ""
             click.echo(f"  host {member['address']} ({member['role']}): {member['state']}{note}")
+        if dep.get("swap"):
+            click.echo(f"  {swap_line(dep['swap'])}")
         for gpu in dep.get("gpus") or []:
             click.echo(
                 f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "
