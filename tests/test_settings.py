@@ -211,3 +211,32 @@ def test_deployment_names_are_plain_ascii(tmp_path: Path, name: str) -> None:
     path = write(tmp_path, f'[deployments."{name}"]\nmodel = "m"\n')
     with pytest.raises(ConfigError, match="may hold only"):
         load_settings(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ("pinned = true", "pinned is set but swap_group is not"),
+        ("idle_sleep_seconds = 60", "idle_sleep_seconds is set but swap_group is not"),
+        ('swap_group = "g"\npinned = true\nidle_sleep_seconds = 60', "a pinned member never sleeps"),
+        ('swap_group = "g g"', "may hold only letters"),
+        ('swap_group = "g"\nhost = "0.0.0.0"\napi_key_file = "/k"', "dev-mode"),
+        ('swap_group = "g"\nhosts = ["10.0.0.2"]', "multi-host"),
+        ('swap_group = "g"\nidle_sleep_seconds = 0', "greater than 0"),
+    ],
+)
+def test_swap_group_settings_are_checked(tmp_path: Path, fields: str, message: str) -> None:
+    """Swap settings outside a group, a pinned member with idle sleep, and a member beyond loopback are refused."""
+    path = write(tmp_path, f'[deployments.a]\nmodel = "m"\n{fields}\n')
+    with pytest.raises(ConfigError, match=message):
+        load_settings(path, environ={})
+
+
+def test_swap_group_members_load(tmp_path: Path) -> None:
+    """Two members of one group, one pinned, the other sleeping when idle."""
+    text = (
+        '[deployments.a]\nmodel = "m"\nswap_group = "g"\npinned = true\n'
+        '[deployments.b]\nmodel = "n"\nport = 8001\nswap_group = "g"\nidle_sleep_seconds = 300\n'
+    )
+    settings = load_settings(write(tmp_path, text), environ={})
+    assert settings.deployments["a"].pinned and settings.deployments["b"].idle_sleep_seconds == 300

@@ -218,7 +218,8 @@ class SwapGroups:
     def _first_ready(self, name: str, worker: DeploymentWorker, group: str) -> None:
         self._booted.add(name)
         members = self._member_names(group)
-        if worker.machine.stage is m.Stage.READY and members and name != members[0] and name not in self._wanted:
+        asked = name in self._wanted
+        if worker.machine.stage is m.Stage.READY and swap.sleeps_after_first_boot(name, members) and not asked:
             self._put_to_sleep(worker, f"first boot done; {members[0]} is the group's awake member")
 
     def _serve_wakes(self, group: str, now: float) -> None:

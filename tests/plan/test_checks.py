@@ -174,6 +174,40 @@ def test_gpu_sharing(plans: list[Plan], ok: bool) -> None:
     assert "above 0.95" in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("plans", "swap", "ok"),
+    [
+        # One group of two at 0.9: one awake at a time.
+        ([_plan("a", (0,), 0.9), _plan("b", (0,), 0.9)], {"a": ("g", False), "b": ("g", False)}, True),
+        # A pinned member and another: both may be awake at once.
+        ([_plan("a", (0,), 0.9), _plan("b", (0,), 0.9)], {"a": ("g", True), "b": ("g", False)}, False),
+        (
+            [_plan("a", (0,), 0.5), _plan("b", (0,), 0.4), _plan("c", (0,), 0.4)],
+            {"a": ("g", True), "b": ("g", False), "c": ("g", False)},
+            True,
+        ),
+        # A member beside a deployment outside the group: they must fit together.
+        ([_plan("a", (0,), 0.9), _plan("x", (0,), 0.2)], {"a": ("g", False)}, False),
+        # Two groups on one GPU: the largest of each is awake.
+        (
+            [_plan("a", (0,), 0.5), _plan("b", (0,), 0.3), _plan("c", (0,), 0.45), _plan("d", (0,), 0.2)],
+            {"a": ("g", False), "b": ("g", False), "c": ("h", False), "d": ("h", False)},
+            True,
+        ),
+    ],
+)
+def test_gpu_sharing_counts_a_swap_groups_awake_members(
+    plans: list[Plan], swap: dict[str, tuple[str, bool]], ok: bool
+) -> None:
+    """Swap group members count as the pinned ones plus the largest other: the rest sleep."""
+    members = {name: checks.SwapMembership(group, pinned) for name, (group, pinned) in swap.items()}
+    if ok:
+        checks.check_gpu_sharing(plans, members)
+        return
+    with pytest.raises(InfeasiblePlan, match=r"above 0\.95"):
+        checks.check_gpu_sharing(plans, members)
+
+
 def test_suggestions_skip_dtypes_the_release_lacks() -> None:
     """Suggestions only name dtypes the target release has."""
     assert checks.suggest_kv_cache_dtypes("q4_0", caps("0.33.0").kv_cache_dtypes)[0] == "int4_per_token_head"

@@ -398,3 +398,39 @@ class LifecycleMachine(RuleBasedStateMachine):
 
 TestLifecycleMachine = LifecycleMachine.TestCase
 TestLifecycleMachine.settings = hsettings(max_examples=300, stateful_step_count=40, deadline=None)
+
+
+# --- swap groups (issue 16) ---------------------------------------------------------------------------
+
+
+def test_a_wake_asked_while_falling_asleep_wakes_once_asleep() -> None:
+    """WakeRequested during /sleep is kept; FellAsleep then goes straight to waking (and records the sleep)."""
+    ready_ = with_boot(in_stage(m.Stage.READY), workload_id="w1")
+    falling, commands = m.step(ready_, m.SleepRequested("1", "room"), 10.0)
+    assert falling.stage is m.Stage.FALLING_ASLEEP and commands[-1] == m.SleepServer("w1", "1")
+    kept, commands = m.step(falling, m.WakeRequested(), 10.1)
+    assert kept.swap.wake_wanted and commands == ()
+    waking, commands = m.step(kept, m.FellAsleep(0.25), 10.3)
+    assert waking.stage is m.Stage.WAKING and commands[-1] == m.WakeServer("w1", "1")
+    assert waking.swap.last_sleep_seconds == 0.25 and waking.status == "waking"
+    awake, _ = m.step(waking, m.WokeUp(0.2), 10.5)
+    assert awake.stage is m.Stage.READY and awake.wake_at == 10.5 and awake.swap.last_wake_seconds == 0.2
+
+
+def test_a_member_stopped_to_sleep_shows_waking_while_it_boots() -> None:
+    """Sleeping by stopping drops the workload; the wake is a boot that status calls waking until ready."""
+    ready_ = with_boot(in_stage(m.Stage.READY), workload_id="w1")
+    falling, _ = m.step(ready_, m.SleepRequested("1"), 1.0)
+    stopping, commands = m.step(falling, m.SleepUnsupported("/is_sleeping 404"), 1.1)
+    assert commands[-1] == m.SleepServer("w1", "stop") and stopping.swap.level == "stop"
+    asleep, commands = m.step(stopping, m.FellAsleep(2.0), 3.0)
+    assert asleep.stage is m.Stage.ASLEEP and asleep.boot is None and m.ReleaseGpus() in commands
+    booting, commands = m.step(asleep, m.WakeRequested(), 5.0)
+    assert booting.stage is m.Stage.PULLING and booting.status == "waking" and m.EnsureImage() in commands
+
+
+def test_a_server_that_dies_asleep_is_a_failure() -> None:
+    """The server exits while asleep: the policy decides, as for a server that died serving."""
+    asleep = in_stage(m.Stage.ASLEEP)
+    after, _ = m.step(asleep, m.Exited(137), 5.0)
+    assert after.stage is m.Stage.DECIDING and after.pending is not None and after.pending.served
