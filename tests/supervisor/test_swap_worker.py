@@ -13,6 +13,8 @@ from dankserve.supervisor.daemon import DeploymentWorker
 from tests.supervisor.test_worker import World, make_world, ready, wait_for
 
 SWAP = {"swap_group": "g", "gpu_memory_utilization": 0.9}
+ASLEEP = m.FellAsleep(0.2)
+AWAKE = m.WokeUp(0.3)
 
 
 @pytest.fixture
@@ -27,8 +29,8 @@ def stopping() -> Iterator[list[DeploymentWorker]]:
 def member(
     tmp_path: Path,
     stopping: list[DeploymentWorker],
-    sleep: m.Event = m.FellAsleep(0.2),
-    wake: m.Event = m.WokeUp(0.3),
+    sleep: m.Event = ASLEEP,
+    wake: m.Event = AWAKE,
 ) -> tuple[World, DeploymentWorker, list[tuple[str, str]]]:
     """A ready swap group member whose server's sleep and wake answer `sleep` and `wake`."""
     world = make_world(tmp_path, dep=SWAP)
