@@ -88,7 +88,7 @@ def test_a_failed_sleep_or_wake_follows_the_failure_policy(
 ) -> None:
     """A sleep or wake that fails counts as the server failing: it is removed and restarted with backoff."""
     failed = m.SleepFailed("HTTP 500") if failing == "sleep" else m.WakeFailed("HTTP 500")
-    world, worker, _ = member(
+    _, worker, _ = member(
         tmp_path,
         stopping,
         **({"sleep": failed} if failing == "sleep" else {"wake": failed}),  # type: ignore[arg-type]
