@@ -91,7 +91,7 @@ def test_a_failed_sleep_or_wake_follows_the_failure_policy(
     _, worker, _ = member(
         tmp_path,
         stopping,
-        **({"sleep": failed} if failing == "sleep" else {"wake": failed}),  # type: ignore[arg-type]
+        **({"sleep": failed} if failing == "sleep" else {"wake": failed}),
     )
     worker.feed(m.SleepRequested("2"))
     if failing == "wake":
