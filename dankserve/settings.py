@@ -305,6 +305,11 @@ class DeploymentSettings(_Strict):
     pinned: bool = Field(
         default=False, description="swap groups: never put to sleep to make room for another member (nor when idle)."
     )
+    sleep_level: Literal["auto", "1", "2", "stop"] = Field(
+        default="auto",
+        description="swap groups: auto (level 1 when available RAM holds the weights, else 2), or always 1, 2, "
+        "or stop (stop and boot again; no sleep mode).",
+    )
 
     @field_validator("gpus")
     @classmethod
@@ -339,8 +344,10 @@ class DeploymentSettings(_Strict):
 
     @model_validator(mode="after")
     def _swap_settings_need_a_group(self) -> DeploymentSettings:
-        if self.swap_group is None and (self.pinned or self.idle_sleep_seconds is not None):
-            named = "pinned" if self.pinned else "idle_sleep_seconds"
+        if self.swap_group is None and (
+            self.pinned or self.idle_sleep_seconds is not None or self.sleep_level != "auto"
+        ):
+            named = "pinned" if self.pinned else "sleep_level" if self.sleep_level != "auto" else "idle_sleep_seconds"
             raise ValueError(
                 f"{named} is set but swap_group is not: only members of a swap group sleep; "
                 f'set swap_group = "NAME" (the same on the deployments that share the GPUs) or remove {named}'

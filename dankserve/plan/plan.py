@@ -127,7 +127,7 @@ def sleep_mode_flags(
     flags: _Flags, deployment: DeploymentSettings, caps: VllmCapabilities
 ) -> tuple[dict[str, str], list[str]]:
     """A swap group's member gets vLLM's sleep mode and its dev-mode routes, where its release has them."""
-    if deployment.swap_group is None:
+    if deployment.swap_group is None or deployment.sleep_level == "stop":
         return {}, []
     if not caps.has(SLEEP_MODE_FLAG):
         return {}, [

@@ -198,6 +198,15 @@ def sleep_level(
     )
 
 
+def forced_level(level: str, *, sleep_mode: bool) -> LevelChoice:
+    """The level a deployment's `sleep_level` setting names (stop where the server has no sleep mode)."""
+    if level == "stop":
+        return LevelChoice(SleepLevel.STOP, "sleep_level = stop: stop it and boot again when needed")
+    if not sleep_mode:
+        return LevelChoice(SleepLevel.STOP, f"sleep_level = {level}, but the server has no sleep mode: stop and boot")
+    return LevelChoice(SleepLevel(level), f"sleep_level = {level} (set in config)")
+
+
 def sleeps_after_first_boot(name: str, boot_order: Sequence[str]) -> bool:
     """At start-up members boot one at a time on their shared GPUs; each but the first is put to
     sleep once ready, so the next one finds its memory free."""

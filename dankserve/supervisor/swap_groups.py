@@ -278,6 +278,10 @@ class SwapGroups:
         with self._lock:
             facts = self._facts.get(name)
         sleep_mode = facts.sleep_mode if facts is not None else capabilities(state.vllm_version).has(SLEEP_MODE_FLAG)
+        dep = self._daemon.settings.deployments.get(name)
+        forced = dep.sleep_level if dep is not None else "auto"
+        if forced != "auto":
+            return swap.forced_level(forced, sleep_mode=sleep_mode)
         ram = self._available_ram()
         weights = facts.weights_bytes if facts is not None else None
         if ram is None or weights is None:

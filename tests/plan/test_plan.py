@@ -175,6 +175,19 @@ def test_served_model_name_is_passed_with_its_reason() -> None:
     )
 
 
+def test_a_swap_group_member_gets_sleep_mode_and_dev_mode_where_the_release_has_it() -> None:
+    """swap_group adds --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1; with sleep_level = stop neither."""
+    dep = DeploymentSettings(model="m", swap_group="g", gpu_memory_utilization=0.9)
+    plan = plan_deployment("d", dep, host(), caps(), QWEN3_30B)
+    assert "--enable-sleep-mode" in plan.argv and plan.env["VLLM_SERVER_DEV_MODE"] == "1"
+    stopped = plan_deployment("d", dep.model_copy(update={"sleep_level": "stop"}), host(), caps(), QWEN3_30B)
+    assert "--enable-sleep-mode" not in stopped.argv and "VLLM_SERVER_DEV_MODE" not in stopped.env
+    old = caps("0.8.5")
+    if not old.has("--enable-sleep-mode"):
+        warned = plan_deployment("d", dep, host(), old, QWEN3_30B)
+        assert any("stopping it and booting it again" in w for w in warned.warnings)
+
+
 def test_cpu_offload_flags_and_latency_warning() -> None:
     """cpu_offload adds --cpu-offload-gb and --cpu-offload-params (a list) and warns about latency."""
     dep = DeploymentSettings(model="m", cpu_offload={"gib": 16, "params": ["experts", "lm_head"]})

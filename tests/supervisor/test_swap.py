@@ -139,3 +139,12 @@ def test_first_boots_all_but_the_first_sleep() -> None:
     order = ["a", "b", "c"]
     assert [sleeps_after_first_boot(n, order) for n in order] == [False, True, True]
     assert sleeps_after_first_boot("a", []) is False
+
+
+def test_a_configured_sleep_level_wins_unless_the_server_has_no_sleep_mode() -> None:
+    """sleep_level = 1, 2 or stop is used as set; without sleep mode every level is a stop."""
+    from dankserve.supervisor.swap import forced_level
+
+    assert forced_level("2", sleep_mode=True).level is SleepLevel.LEVEL_2
+    assert forced_level("stop", sleep_mode=True).level is SleepLevel.STOP
+    assert forced_level("1", sleep_mode=False).level is SleepLevel.STOP
