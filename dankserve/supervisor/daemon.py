@@ -483,7 +483,8 @@ class DeploymentWorker:
             planned_utilization=_flag_float(plan.argv, "--gpu-memory-utilization"),
             band_top=daemon.utilization_band_top(uuids),
             existing=existing,
-            adoptable=adoptable() if callable(adoptable) else True,
+            # A swap group member left running may be asleep at an unknown level: boot it afresh, in order.
+            adoptable=(adoptable() if callable(adoptable) else True) and dep.swap_group is None,
         )
 
     def _start(self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None) -> m.Event:
