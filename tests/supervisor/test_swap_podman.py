@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,27 @@ def _member(image: str, model: str, **extra: Any) -> dict[str, Any]:
         "model_facts": MODEL_FACTS,
         **extra,
     }
+
+
+def _cli(daemon: RunningDaemon, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "dankserve", "--config", str(daemon.config), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_sleep_and_wake_refuse_what_is_not_a_running_swap_member(tmp_path: Path) -> None:
+    """Outside a swap group: exit 2 naming the setting; a member without a running daemon: exit 3."""
+    from dankserve.testing.config_file import write_config
+
+    config = write_config(
+        tmp_path / "dankserve.toml",
+        {"state_dir": str(tmp_path / "state")},
+        {"solo": {"model": "m", "port": free_port()}, "member": _member("localhost/vllm:test", "mm")},
+    )
+    argv = [sys.executable, "-m", "dankserve", "--config", str(config)]
+    outside = subprocess.run([*argv, "wake", "solo"], capture_output=True, text=True, timeout=60, check=False)
+    assert outside.returncode == 2 and "swap_group" in outside.stderr
+    no_daemon = subprocess.run([*argv, "sleep", "member"], capture_output=True, text=True, timeout=60, check=False)
+    assert no_daemon.returncode == 3 and "not running" in no_daemon.stderr
 
 
 def _state(daemon: RunningDaemon, name: str) -> dict[str, Any]:
@@ -94,13 +118,12 @@ def test_a_swap_group_sleeps_and_wakes_its_members_through_the_gateway(
         assert reply.status_code == 200, reply.text
         assert _state(daemon, c)["boots"] == 2
 
-        # By hand: wake a (c makes room), put it to sleep again.
-        woken = daemon.request({"command": "wake", "deployment": a})
-        assert woken is not None and woken["ok"], woken
-        assert woken["status"]["state"] == "ready" and _state(daemon, c)["state"] == "asleep"
-        slept = daemon.request({"command": "sleep", "deployment": a})
-        assert slept is not None and slept["ok"] and slept["status"]["state"] == "asleep", slept
-        refused = daemon.request({"command": "sleep", "deployment": a})
-        assert refused is not None and refused["ok"], "asleep already: nothing to do"
+        # By hand, through the CLI: wake a (c makes room), put it to sleep again (twice: nothing to do).
+        woken = _cli(daemon, "wake", a, "--json")
+        assert woken.returncode == 0, woken.stderr
+        assert json.loads(woken.stdout)["state"] == "ready" and _state(daemon, c)["state"] == "asleep"
+        slept = _cli(daemon, "sleep", a)
+        assert slept.returncode == 0 and f"{a}: asleep" in slept.stdout, slept.stderr
+        assert _cli(daemon, "sleep", a).returncode == 0
         events = [e.get("event") for e in daemon.events()]
         assert {"fell_asleep", "woke_up", "swap_sleep", "swap_wake"} <= set(events)
