@@ -37,6 +37,9 @@ LOOK_SECONDS = 0.25
 _HOLDING_STAGES = frozenset(
     {m.Stage.MEASURING, m.Stage.STARTING, m.Stage.BOOTING, m.Stage.ENDING, m.Stage.WAKING}
 )  # a boot past its GPU slot, or a wake: holds (or is about to hold) its GPU memory
+_FIRST_TURN_OVER = frozenset(
+    {m.Stage.READY, m.Stage.DECIDING, m.Stage.BACKOFF, m.Stage.RETRY_WAIT, m.Stage.FAILED, m.Stage.STOPPED}
+)  # ready, or its first boot failed: the next member's first boot may begin
 _NOT_YET = frozenset({m.Stage.IDLE, m.Stage.DOWNLOADING, m.Stage.PULLING, m.Stage.PLANNING, m.Stage.WAITING_GPUS})
 
 
@@ -62,7 +65,7 @@ class SwapGroups:
         self._wanted: set[str] = set()
         self._refused: dict[str, str] = {}
         self._booted: set[str] = set()
-        """Members ready (or given up) once since the daemon started."""
+        """Members whose first boot since the daemon started is over (ready, or failed)."""
         self._admitted: set[str] = set()
         """Members let past `admit_boot` whose boot has not yet taken its GPU memory (they count as holding)."""
         self._facts: dict[str, PlanFacts] = {}
@@ -207,7 +210,7 @@ class SwapGroups:
                 stage = worker.machine.stage
                 if stage not in _NOT_YET:
                     self._admitted.discard(name)
-                if stage in (m.Stage.READY, m.Stage.FAILED, m.Stage.STOPPED) and name not in self._booted:
+                if stage in _FIRST_TURN_OVER and name not in self._booted:
                     self._first_ready(name, worker, group)
                 if stage is m.Stage.READY:
                     self._last_used.setdefault(name, now)
