@@ -1,0 +1,132 @@
+"""Tests for dankserve.supervisor.swap_groups: the coordinator's choices over members' machine states.
+
+The daemon is a small stand-in at the coordinator's seam (settings, the workers' machines and
+inboxes); the real daemon and Podman are tested in test_swap_podman.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dankserve.settings import Settings
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.policy import RestartSettings
+from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
+
+CONFIG = m.MachineConfig(RestartSettings(1, 1, 1, 0, 1, 1))
+
+
+@dataclass
+class Worker:
+    name: str
+    machine: m.MachineState
+    fed: list[m.Event] = field(default_factory=list)
+
+    def feed(self, event: m.Event) -> None:
+        self.fed.append(event)
+
+
+class State:
+    def is_down(self, name: str) -> bool:
+        return False
+
+
+@dataclass
+class Daemon:
+    settings: Settings
+    workers: dict[str, Worker]
+    state: State = field(default_factory=State)
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(self.workers)
+
+
+def world(members: dict[str, tuple[m.Stage, float, dict[str, Any]]]) -> tuple[SwapGroups, Daemon]:
+    """A group g on one GPU: name -> (stage, utilisation, more settings)."""
+    deployments = {
+        name: {"model": "m", "port": 8001 + i, "swap_group": "g", "gpu_memory_utilization": util, **extra}
+        for i, (name, (_, util, extra)) in enumerate(members.items())
+    }
+    settings = Settings(state_dir="/nonexistent", deployments=deployments)
+    workers = {}
+    for name, (stage, _, _) in members.items():
+        swap = m.SwapTimes(level="1") if stage is m.Stage.ASLEEP else m.SwapTimes()
+        state = m.MachineState(CONFIG, stage=stage, gpu_uuids=("GPU-0",), swap=swap)
+        workers[name] = Worker(name, state)
+    daemon = Daemon(settings, workers)
+    groups = SwapGroups(daemon, lambda: 64 << 30)  # type: ignore[arg-type]
+    for name, (_, util, _) in members.items():
+        groups.record_plan(name, PlanFacts(util, 2 << 30, sleep_mode=True))
+        groups._booted.add(name)  # start-up is over
+    return groups, daemon
+
+
+def test_a_wake_puts_the_least_recently_used_unpinned_member_to_sleep_first() -> None:
+    """Room for c: b (unpinned) sleeps, never the pinned a; c wakes once b is asleep."""
+    groups, daemon = world(
+        {
+            "a": (m.Stage.READY, 0.5, {"pinned": True}),
+            "b": (m.Stage.READY, 0.4, {}),
+            "c": (m.Stage.ASLEEP, 0.4, {}),
+        }
+    )
+    groups.touched("b")
+    groups.released("b")
+    groups.wake("c")
+    groups._look()
+    assert daemon.workers["a"].fed == []
+    assert [type(e) for e in daemon.workers["b"].fed] == [m.SleepRequested]
+    assert daemon.workers["c"].fed == [], "c waits until b is asleep"
+    b = daemon.workers["b"]
+    b.machine = m.MachineState(CONFIG, stage=m.Stage.ASLEEP, gpu_uuids=("GPU-0",), swap=m.SwapTimes(level="1"))
+    groups._look()
+    assert daemon.workers["c"].fed == [m.WakeRequested()]
+
+
+def test_a_member_busy_with_a_request_is_not_put_to_sleep() -> None:
+    """A request in flight on the only member that could make room: the wake waits."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    groups.touched("a")  # in flight
+    groups.wake("b")
+    groups._look()
+    assert daemon.workers["a"].fed == [] and daemon.workers["b"].fed == []
+    groups.released("a")
+    groups._look()
+    assert [type(e) for e in daemon.workers["a"].fed] == [m.SleepRequested]
+
+
+def test_a_wake_that_cannot_fit_beside_pinned_members_is_refused_with_the_reason() -> None:
+    """A pinned member at 0.9 leaves no room for another at 0.9: the wake is refused (the gateway's 503)."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {"pinned": True}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    groups.wake("b")
+    groups._look()
+    reason = groups.refused("b")
+    assert reason is not None and "pinned a" in reason
+    assert daemon.workers["a"].fed == [] and daemon.workers["b"].fed == []
+
+
+def test_idle_members_are_put_to_sleep_and_pinned_ones_never() -> None:
+    """idle_sleep_seconds passed without requests: asleep; the level follows RAM and the weights."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.4, {"idle_sleep_seconds": 0.01}), "b": (m.Stage.READY, 0.4, {})})
+    groups.touched("a")
+    groups.released("a")
+    time.sleep(0.05)
+    groups._look()
+    fed = daemon.workers["a"].fed
+    assert len(fed) == 1 and isinstance(fed[0], m.SleepRequested) and fed[0].level == "1"
+    assert daemon.workers["b"].fed == []
+
+
+def test_first_boots_come_one_at_a_time_and_the_groups_first_member_last() -> None:
+    """At start-up b boots before a (the group's first), and c waits while b boots."""
+    groups, _ = world(
+        {"a": (m.Stage.WAITING_GPUS, 0.9, {}), "b": (m.Stage.WAITING_GPUS, 0.9, {}), "c": (m.Stage.IDLE, 0.9, {})}
+    )
+    groups._booted.clear()
+    cancelled = threading.Event()
+    assert groups.admit_boot("b", ("GPU-0",), cancelled)
+    assert groups._boot_waits_for("c", "g") is not None, "b's first boot is under way"
+    assert groups._boot_waits_for("a", "g") is not None, "the group's first boots last"
