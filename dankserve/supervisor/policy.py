@@ -417,6 +417,11 @@ def render_policy_markdown() -> str:
         f"{OUTAGE_RETRY_MAX_SECONDS:g} s apart) until it answers; the container is then followed again if it "
         "kept running, else replaced. Nothing counts in the window.",
         "- A configuration error is not restarted; the deployment shows `failed` with vLLM's message.",
+        "- Swap groups: a sleep or wake that fails (an error answer, a route that answers but leaves the server in "
+        "the wrong state, 300 s without an answer) is `engine_dead` of a server that served: it is removed and "
+        "restarted as above, and its boot first makes room among the group's awake members. A server that dies "
+        "while asleep is the same. A server without sleep mode (`/is_sleeping` 404) is no failure: it is stopped "
+        "instead of put to sleep.",
         "",
     ]
     return "\n".join(lines)
