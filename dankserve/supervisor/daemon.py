@@ -303,12 +303,25 @@ class DeploymentWorker:
             with self._stepping:  # a downloader's progress callback may step from its own thread
                 before = self._machine
                 after, commands = m.step(before, pending.popleft(), self.clock.monotonic())
+                # Logs and records of the transition come first: once status shows the new state,
+                # its log line and its state-file record are there too.
+                instant = 0
+                while instant < len(commands) and isinstance(commands[instant], _INSTANT):
+                    instant += 1
+                answer = self._run_batch(commands[:instant])
                 self._publish(before, after)
-            for command in commands:
-                answer = self._execute(command)
-                if answer is not None:
-                    pending.append(answer)
-                    break  # the rest of the batch was for a world that this answer changed
+            if answer is None:
+                answer = self._run_batch(commands[instant:])
+            if answer is not None:
+                pending.append(answer)
+
+    def _run_batch(self, commands: Sequence[m.Command]) -> m.Event | None:
+        """Run commands in order until one answers; the rest of the batch was for a world that answer changed."""
+        for command in commands:
+            answer = self._execute(command)
+            if answer is not None:
+                return answer
+        return None
 
     def _publish(self, before: m.MachineState, after: m.MachineState) -> None:
         with self.lock:
@@ -558,6 +571,10 @@ def _api_key(dep: DeploymentSettings) -> str | None:
         return dep.api_key_file.read_text(encoding="utf-8").strip() or None
     except (OSError, UnicodeDecodeError):
         return None
+
+
+_INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)
+"""Commands that never wait and never answer: run before the new state is published."""
 
 
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:
