@@ -7,14 +7,18 @@ user what to do, and the exit code the CLI ends with::
     ├── InvalidInput                    exit 2
     │   ├── ConfigError                 the TOML file, DANKSERVE_* env or a setting's value
     │   ├── HardwareFileError           a recorded-host file (--hardware) that cannot be read
-    │   └── UnknownValueError           a value outside a known set (e.g. --kv-cache-dtype q8_0)
+    │   ├── UnknownValueError           a value outside a known set (e.g. --kv-cache-dtype q8_0)
+    │   ├── ModelNotFound               the Hub has no such model or revision (or hides a private one)
+    │   └── ModelAccessDenied           a gated or private model and no token that may read it
     ├── EnvironmentUnusable             exit 3
     │   ├── NvmlUnavailable             no NVIDIA driver / NVML library, or no GPU
     │   ├── PodmanUnreachable           the Podman REST API does not answer
     │   ├── PodmanRequestFailed         Podman answered but refused a request (port in use, ...)
     │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
     │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
-    │   └── MissingTool                 a system program dankserve needs is absent
+    │   ├── MissingTool                 a system program dankserve needs is absent
+    │   ├── HubUnreachable              the Hub does not answer (or offline mode) and nothing is cached
+    │   └── DiskSpaceShortfall          too little free disk for a model's weights
     └── InfeasiblePlan                  exit 4: cannot run on this host as configured
 
 Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debug``.
@@ -88,6 +92,22 @@ class GpuPassthroughUnavailable(EnvironmentUnusable):
 
 class MissingTool(EnvironmentUnusable):
     """A system program that dankserve needs is not installed."""
+
+
+class ModelNotFound(InvalidInput):
+    """The Hub knows no such model repo or revision (private repos look the same without a token)."""
+
+
+class ModelAccessDenied(InvalidInput):
+    """A gated or private model, and no token (hf_token_file) that may read it."""
+
+
+class HubUnreachable(EnvironmentUnusable):
+    """The Hugging Face Hub cannot be reached (or offline mode is on) and the model is not cached."""
+
+
+class DiskSpaceShortfall(EnvironmentUnusable):
+    """The file system of the HF cache has less free space than the download needs."""
 
 
 class InfeasiblePlan(DankserveError):

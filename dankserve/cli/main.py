@@ -22,6 +22,7 @@ from dankserve.exitcodes import ExitCode
 COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("probe", "Probe GPUs, CPUs, memory and NUMA; print or save the host description."),
     "plan": ("plan", "Compute the vLLM command line for a deployment, with a reason per flag."),
+    "pull": ("pull", "Download a model's weights into the HF cache, with progress (resumable)."),
     "run": ("run", "Run the supervisor daemon in the foreground (systemd's ExecStart)."),
     "up": ("up", "Start the service (or one deployment) and follow it until ready."),
     "down": ("down", "Stop the service (or one deployment) gracefully."),
