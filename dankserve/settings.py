@@ -427,7 +427,7 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         if required:
             raise ConfigError(
                 f"config file {path} does not exist",
-                fix=f"create it (see config/dankserve.toml for every key) or point --config/{CONFIG_ENV} elsewhere",
+                fix=f"create it (`dankserve install` writes a commented example of every key) or point --config/{CONFIG_ENV} elsewhere",
             ) from None
         return {}
     except OSError as exc:
@@ -450,7 +450,7 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
     value = error.get("input")
     kind = error.get("type", "")
     if kind == "extra_forbidden":
-        return f"{path}: unknown key {key!r} (value {value!r}); see config/dankserve.toml for the keys allowed"
+        return f"{path}: unknown key {key!r} (value {value!r}); see the keys allowed in the example `dankserve install` writes"
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"
 
@@ -465,7 +465,7 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
         lines = [_describe_error(path, err) for err in exc.errors()]
         raise ConfigError(
             "invalid configuration:\n  " + "\n  ".join(lines),
-            fix="correct the values named above (config/dankserve.toml documents every key)",
+            fix="correct the values named above (the example config `dankserve install` writes documents every key)",
         ) from None
     check_secret_files(settings)
     return settings

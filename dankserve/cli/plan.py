@@ -81,7 +81,7 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
         raise ConfigError(
             what,
             fix="name one (dankserve plan NAME), pass --model ORG/NAME, "
-            "or add an enabled [deployments.NAME] table (see config/dankserve.toml)",
+            "or add an enabled [deployments.NAME] table (`dankserve install` writes an example)",
         )
     return enabled
 

@@ -207,7 +207,8 @@ def check_max_model_len(
         f"beside the weights; vLLM would stop with \"To serve at least one request with the model's max seq len "
         f"({length}), ({need / 2**30:.2f} GiB KV cache is needed, which is larger than the available KV cache "
         f'memory ...)"',
-        fix=f"set max_model_len to {fits} or less{auto}, or use more GPUs / an fp8 KV cache",
+        fix=f"set max_model_len to {fits} or less{auto}, raise gpu_memory_utilization (beyond the recommended "
+        "band, with less headroom), or use more GPUs / an fp8 KV cache",
     )
 
 

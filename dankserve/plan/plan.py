@@ -150,8 +150,7 @@ def size_memory(
 ) -> Sizing:
     """Utilisation, KV dtype, TP and context length, with the fit checks (exit 4)."""
     warnings: list[str] = []
-    util = rules.gpu_memory_utilization(assigned, deployment.gpu_memory_utilization)
-    budget = int(util.value * rules.smallest_gpu(assigned).memory_total_bytes)
+    smallest = rules.smallest_gpu(assigned)
     low = min(tuple(g.compute_capability) for g in assigned)
     cc = (low[0], low[1])
     dtype = rules.kv_cache_dtype(deployment.kv_cache_dtype, cc, deployment.attention_backend, caps)
@@ -163,6 +162,13 @@ def size_memory(
         return model.kv_bytes_per_token(element_bytes, tp) if element_bytes is not None else None
 
     wanted = deployment.max_model_len if isinstance(deployment.max_model_len, int) else None
+    by_fit = deployment.gpu_memory_utilization is None and model.parameter_bytes is not None
+    if by_fit:  # TP by the band's top; then the lowest point of the band that holds it
+        row = rules.utilisation_row(smallest)
+        util = Decision(row.top, "")
+    else:
+        util = rules.gpu_memory_utilization(assigned, deployment.gpu_memory_utilization)
+    budget = int(util.value * smallest.memory_total_bytes)
     tp = rules.tensor_parallel_size(
         len(assigned),
         budget,
@@ -171,15 +177,22 @@ def size_memory(
         kv_one_sequence_at=_one_sequence(wanted, len(assigned), kv_per_token),
         cpu_offload_bytes_per_gpu=offload_per_gpu,
     )
+    if by_fit and model.parameter_bytes is not None:
+        util = _utilisation_by_fit(deployment, model, assigned, tp.value, offload_per_gpu, kv_per_token(tp.value))
+        budget = int(util.value * smallest.memory_total_bytes)
+        tp = Decision(tp.value, _refit_reason(tp, budget, model, offload_per_gpu, wanted, kv_per_token))
     checks.check_tensor_parallel(tp.value, len(assigned), model)
     chosen = gpu_choice.choose_gpus(host, assigned, tp.value)
     used = chosen.value
     checks.check_cores(host, tp.value)
     if len(used) < len(assigned):
         tp = Decision(tp.value, f"{tp.reason}; uses {chosen.reason}")
+        idle = [g.index for g in assigned if g not in used]
         warnings.append(
             f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp.value}): "
-            f"GPUs {', '.join(str(g.index) for g in used)}"
+            f"GPUs {', '.join(str(g.index) for g in used)}; GPU{'s' if len(idle) > 1 else ''} "
+            f"{', '.join(map(str, idle))} stay{'' if len(idle) > 1 else 's'} idle (narrow gpus to free "
+            "them for another deployment, or set tensor_parallel_size to use them)"
         )
     if model.missing:
         warnings.append(
@@ -211,6 +224,52 @@ def size_memory(
         if not ok:
             warnings.append(f"kv_cache_dtype {deployment.kv_cache_dtype} may fail here: {why}")
     return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings))
+
+
+def _utilisation_by_fit(
+    deployment: DeploymentSettings,
+    model: ModelFacts,
+    assigned: tuple[Gpu, ...],
+    tp: int,
+    offload_per_gpu: int,
+    per_token: float | None,
+) -> Decision[float]:
+    """The band's lowest point holding weights, reserve and one request of the wanted context."""
+    assert model.parameter_bytes is not None
+    base = rules.gpu_fit(tp, 0, model.parameter_bytes, 0, offload_per_gpu)
+    required = base.weights + base.reserve
+    what = f"weights {rules.gib(base.weights)} + reserve {rules.gib(base.reserve)}"
+    length: int | None = None
+    if isinstance(deployment.max_model_len, int):
+        length = deployment.max_model_len
+    elif deployment.max_model_len is None:
+        length = model.max_position_embeddings
+    desired = required
+    if length is not None and per_token is not None:
+        kv = int(length * per_token)
+        desired = required + kv
+        what += f" + KV for one {length:,}-token request {rules.gib(kv)}"
+        if isinstance(deployment.max_model_len, int):
+            required = desired
+    return rules.utilisation_by_fit(assigned, required, desired, what)
+
+
+def _refit_reason(
+    tp: Decision[int],
+    budget: int,
+    model: ModelFacts,
+    offload_per_gpu: int,
+    wanted: int | None,
+    kv_per_token: Callable[[int], float | None],
+) -> str:
+    """The TP reason with the fit at the chosen utilisation (it was chosen at the band's top)."""
+    if model.parameter_bytes is None or "set in config" in tp.reason or "no split" in tp.reason:
+        return tp.reason
+    per_token = kv_per_token(tp.value)
+    kv = int(wanted * per_token) if wanted is not None and per_token is not None else 0
+    fit = rules.gpu_fit(tp.value, budget, model.parameter_bytes, kv, offload_per_gpu)
+    head = tp.reason.split(":", 1)[0]
+    return f"{head}: {fit.describe()}"
 
 
 def _one_sequence(length: int | None, gpu_count: int, kv_per_token: Callable[[int], float | None]) -> dict[int, int]:
@@ -295,7 +354,7 @@ def offload_flags(
             )
         warnings.append(
             "cpu_offload keeps weights in CPU memory: every forward pass copies them over PCIe, "
-            "so latency rises a lot (seeds: a memory-saving measure, not a speed-up)"
+            "so latency rises a lot (a memory-saving measure, not a speed-up)"
         )
     return warnings
 
