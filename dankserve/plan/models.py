@@ -61,6 +61,8 @@ class ModelFacts:
     """False for attention that the per-token KV estimate does not describe (MLA, sliding-window,
     linear-attention hybrids): the KV-size checks are then skipped."""
     kv_layout_note: str | None = None
+    model_type: str | None = None
+    """config.json's model_type (qwen3, llama ...): picks the family's parsers."""
     source: str = "unknown"
     """Where the facts came from: the snapshot directory, 'declared in config', or both."""
 
@@ -124,6 +126,7 @@ def parse_config(model: str, config: Mapping[str, Any]) -> ModelFacts:
         dtype_bytes=DTYPE_BYTES.get(str(dtype)) if dtype else None,
         kv_layout_standard=layout_note is None,
         kv_layout_note=layout_note,
+        model_type=str(config["model_type"]) if isinstance(config.get("model_type"), str) else None,
     )
 
 
@@ -178,7 +181,7 @@ def merge_facts(found: ModelFacts | None, declared: ModelFacts | None, model: st
     overridden = {
         f.name: getattr(declared, f.name)
         for f in fields(ModelFacts)
-        if f.name not in {"model", "source", "kv_layout_standard", "kv_layout_note"}
+        if f.name not in {"model", "source", "kv_layout_standard", "kv_layout_note", "model_type"}
         and getattr(declared, f.name) is not None
         and getattr(declared, f.name) != getattr(found, f.name)
     }

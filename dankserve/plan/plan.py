@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, gpu_choice, rules
+from dankserve.plan import checks, extra_args, families, gpu_choice, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
@@ -54,6 +54,9 @@ class Sizing:
     compute_capability: tuple[int, int]
     context: Decision[str | None]
     warnings: tuple[str, ...]
+    kv_capacity: int | None = None
+    """Bytes for the KV cache on each GPU (estimated, or learned from a boot)."""
+    kv_bytes_per_token: float | None = None
 
 
 def plan_deployment(
@@ -68,6 +71,8 @@ def plan_deployment(
     catalogue: Catalogue | None = None,
 ) -> Plan:
     """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4)."""
+    absorbed = extra_args.absorb(deployment, name)
+    deployment = absorbed.deployment
     validate_values(deployment, caps, catalogue)
     assigned = checks.resolve_gpus(host, deployment.gpus, name)
     checks.check_has_gpus(assigned, name)
@@ -79,6 +84,7 @@ def plan_deployment(
     warnings += memory_flags(flags, deployment, sizing, caps, learned_kv_cache_memory_bytes)
     warnings += offload_flags(flags, deployment, host, sizing, caps)
     serving_flags(flags, deployment)
+    warnings += model_flags(flags, deployment, model, caps)
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
@@ -88,11 +94,13 @@ def plan_deployment(
     unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
     if unknown_extra:
         warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")
+    choices = _replace_from_extra(flags.choices, absorbed.replaced)
 
     argv: list[str] = [deployment.model]
-    for choice in flags.choices:
+    for choice in choices:
         argv.extend(choice.tokens())
     argv.extend(deployment.extra_args)  # verbatim, last
+    max_num_seqs = next((int(c.value) for c in choices if c.flag == "--max-num-seqs" and isinstance(c.value, str)), None)
     return Plan(
         deployment=name,
         image=deployment.image,
@@ -100,7 +108,7 @@ def plan_deployment(
         vllm_version=caps.version,
         argv=tuple(argv),
         env=rules.container_env(vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **deployment.env}),
-        flags=tuple(flags.choices),
+        flags=tuple(choices),
         warnings=tuple(warnings),
         gpu_indices=tuple(g.index for g in sizing.gpus),
         gpu_uuids=tuple(g.uuid for g in sizing.gpus),
@@ -111,7 +119,52 @@ def plan_deployment(
         gpu_memory_utilization=sizing.utilisation.value,
         max_model_len=sizing.context.value,
         kv_cache_dtype=sizing.kv_cache_dtype.value,
+        capacity=rules.capacity(
+            sizing.context.value,
+            model.max_position_embeddings,
+            sizing.kv_capacity,
+            sizing.kv_bytes_per_token,
+            max_num_seqs,
+        ),
+        host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value),
     )
+
+
+def _replace_from_extra(choices: list[FlagChoice], replaced: frozenset[str]) -> list[FlagChoice]:
+    """Planned flags that extra_args sets: setting-backed ones say so, the others give way to extra_args."""
+    from dankserve.plan.extra_args import SETTING_FLAGS
+
+    kept: list[FlagChoice] = []
+    for choice in choices:
+        if choice.flag not in replaced:
+            kept.append(choice)
+        elif choice.flag in SETTING_FLAGS:
+            kept.append(FlagChoice(choice.flag, choice.value, f"set in extra_args ({choice.flag}); {choice.reason}"))
+    return kept
+
+
+def host_ram_bytes(argv: Sequence[str], tensor_parallel_size: int) -> int:
+    """Host RAM the server pins besides its process: CPU KV offload (a total; `--swap-space` is per
+    GPU) and offloaded weights (`--cpu-offload-gb` is per GPU), read from the final argv."""
+    total = 0.0
+    for i, token in enumerate(argv[:-1]):
+        try:
+            value = float(argv[i + 1])
+        except ValueError:
+            continue
+        if token == "--kv-offloading-size":
+            total += value * GIB
+        elif token in ("--swap-space", "--cpu-offload-gb"):
+            total += value * GIB * tensor_parallel_size
+    return int(total)
+
+
+def model_flags(flags: _Flags, deployment: DeploymentSettings, model: ModelFacts, caps: VllmCapabilities) -> list[str]:
+    """The model family's reasoning and tool-call parsers (each switchable off)."""
+    proposed, warnings = families.family_flags(model, caps, deployment.reasoning_parser, deployment.tool_call_parser)
+    for f in proposed:
+        flags.add(f.flag, f.value, f.reason, f.cause)
+    return warnings
 
 
 def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[str, str]:
@@ -223,7 +276,7 @@ def size_memory(
         ok, why = rules.fp8_supported(cc, deployment.attention_backend)
         if not ok:
             warnings.append(f"kv_cache_dtype {deployment.kv_cache_dtype} may fail here: {why}")
-    return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings))
+    return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings), kv_capacity, per_token)
 
 
 def _utilisation_by_fit(

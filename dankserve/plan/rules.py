@@ -15,6 +15,7 @@ from typing import Generic, Literal, TypeVar
 from dankserve.host.model import Gpu, Host, Memory
 from dankserve.plan.catalogue import VllmCapabilities
 from dankserve.plan.models import ModelFacts
+from dankserve.plan.types import Capacity
 from dankserve.settings import CpuOffloadSettings, Profile, SpeculativeSettings
 
 T = TypeVar("T")
@@ -364,6 +365,32 @@ def max_model_len(
     if supports_auto:
         return Decision("auto", f"{why}: auto lets vLLM shrink it to what fits")
     return Decision(str(largest_context(kv_capacity, kv_bytes_per_token)), f"{why}: the largest length that fits")
+
+
+def capacity(
+    context: str | None,
+    native: int | None,
+    kv_capacity: int | None,
+    kv_bytes_per_token: float | None,
+    max_num_seqs: int | None,
+) -> Capacity:
+    """The context length and full-length concurrency the plan promises (vLLM's own arithmetic:
+    `auto` takes the longest context that fits; concurrency = KV tokens / context)."""
+    tokens = None
+    if kv_capacity is not None and kv_bytes_per_token:
+        tokens = max(0, int(kv_capacity // kv_bytes_per_token)) // 16 * 16
+    if context == "auto":
+        if tokens is None or native is None:
+            length, note = None, "auto: vLLM takes the longest that fits"
+        else:
+            length = min(native, tokens)
+            note = "the model's own" if length == native else f"auto: shrunk from the model's {native:,} to fit"
+    elif context is not None:
+        length, note = int(context), "set" if native is None or int(context) <= native else "beyond the model's own"
+    else:
+        length, note = native, "the model's own"
+    concurrency = tokens / length if tokens is not None and length else None
+    return Capacity(length, note, tokens, concurrency, max_num_seqs)
 
 
 # --------------------------------------------------------------------------- KV-cache dtype
