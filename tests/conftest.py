@@ -33,6 +33,9 @@ from tests.harness.podman_service import (
 )
 from tests.harness.registry import free_loopback_port, local_registry
 
+from dankserve.testing.hub import StandInHub
+from tests.harness.hub import hub_env, populate
+
 if TYPE_CHECKING:  # importing the runtime pulls in podman-py
     from dankserve.runtime.podman import PodmanRuntime
 
@@ -162,3 +165,23 @@ def make_spec(podman_env: PodmanEnv, deployment: str, vllm_image: str) -> Callab
         return WorkloadSpec(**fields)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
+    """A stand-in Hugging Face Hub on loopback with the tests' models (tests/harness/hub.py)."""
+    server = populate(StandInHub(tmp_path_factory.mktemp("stand-in-hub")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub_environment(hub: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """HF_ENDPOINT at the stand-in Hub; a fresh state dir and HF cache for this test."""
+    env = hub_env(hub, tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for key in ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return env

@@ -142,7 +142,9 @@ class StandInHub:
             with target.open("wb") as out:
                 out.write(header)
                 out.truncate(len(header) + data_size)
-            self._register(repo_id, filename, target, lfs=True)
+            # the data is zeros, so the header and size name the content (hashing a sparse 60 GB file would not do)
+            oid = hashlib.sha256(header + str(data_size).encode()).hexdigest()
+            self._register(repo_id, filename, target, lfs=True, digest=oid)
             weight_map.update(dict.fromkeys(group, filename))
             total += data_size
         if shards > 1:
@@ -153,15 +155,26 @@ class StandInHub:
         return repo
 
     def add_large_file(self, repo_id: str, path: str, size: int) -> HubFile:
-        """An LFS file of `size` bytes of a repeating pattern (for throughput measurements)."""
+        """An LFS file of `size` bytes of a repeating pattern (for throughput measurements); a
+        `.safetensors` one starts with a valid header of one U8 tensor filling the rest."""
         target = self._file_path(repo_id, path)
+        head = b""
+        if path.endswith(".safetensors"):
+            data_size = size
+            for _ in range(3):  # the header's length depends on the digits of the data size
+                head, _ = safetensors_bytes({"weight": ("U8", [data_size])})
+                data_size = size - len(head)
         block = hashlib.sha256(path.encode()).digest() * 32768  # 1 MiB
+        digest = hashlib.sha256(head)
         with target.open("wb") as out:
-            left = size
+            out.write(head)
+            left = size - len(head)
             while left > 0:
-                out.write(block[: min(left, len(block))])
-                left -= len(block)
-        return self._register(repo_id, path, target, lfs=True)
+                piece = block[: min(left, len(block))]
+                out.write(piece)
+                digest.update(piece)
+                left -= len(piece)
+        return self._register(repo_id, path, target, lfs=True, digest=digest.hexdigest())
 
     def _file_path(self, repo_id: str, path: str) -> Path:
         self.repos.setdefault(repo_id, HubRepo(repo_id, commit=_commit_of(repo_id)))
@@ -169,9 +182,10 @@ class StandInHub:
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
-    def _register(self, repo_id: str, path: str, data: Path, *, lfs: bool) -> HubFile:
+    def _register(self, repo_id: str, path: str, data: Path, *, lfs: bool, digest: str | None = None) -> HubFile:
         size = data.stat().st_size
-        digest = _sha256_file(data) if lfs else None
+        if lfs and digest is None:
+            digest = _sha256_file(data)
         git_oid = hashlib.sha1(f"{repo_id}/{path}/{size}/{digest}".encode()).hexdigest()
         hub_file = HubFile(path, data, size, git_oid, digest)
         self.repos[repo_id].files[path] = hub_file

@@ -18,8 +18,9 @@ H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
 
 
 @pytest.fixture(autouse=True)
-def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No config file unless a test names one, whatever this machine has in /etc."""
+def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_environment: dict[str, str]) -> None:
+    """No config file unless a test names one, whatever this machine has in /etc; the models come
+    from the stand-in Hub."""
     monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
         monkeypatch.delenv(name, raising=False)
@@ -40,32 +41,33 @@ def write_config(tmp_path: Path, text: str) -> str:
 
 
 def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    """`plan --json --hardware H --model M` exits 0 with exactly the documented keys."""
+    """`plan --json --hardware H --model M` exits 0 with a one-entry list of exactly the documented keys."""
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
     assert code == ExitCode.OK
-    data: dict[str, Any] = json.loads(out)
-    assert list(data) == ["deployment", "image", "argv", "env", "flags", "warnings"]
+    [data] = json.loads(out)
+    assert list(data) == ["deployment", "image", "argv", "env", "flags", "gpus", "capacity", "host_ram_bytes", "warnings"]
     assert data["deployment"] == "default"
     assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
     assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"
     assert all(isinstance(t, str) for t in data["argv"])
     assert all(list(f) == ["flag", "value", "reason"] for f in data["flags"])
     assert data["env"]["NO_COLOR"] == "1"
-    assert any("model facts unknown" in w for w in data["warnings"])  # no HF cache here
+    assert not any("model facts unknown" in w for w in data["warnings"])  # read from the (stand-in) Hub
+    assert data["capacity"]["context_tokens"] == 40960
 
 
 def test_hardware_from_the_environment(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """$DANKSERVE_HARDWARE names the recorded host when --hardware is absent."""
     monkeypatch.setenv("DANKSERVE_HARDWARE", H100)
     code, out, _ = run(["plan", "--json", "--model", "m/m"], capsys)
-    assert code == ExitCode.OK and json.loads(out)["argv"][0] == "m/m"
+    assert code == ExitCode.OK and json.loads(out)[0]["argv"][0] == "m/m"
 
 
 def test_vllm_version_option_changes_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     """--vllm-version 0.11.0 plans --swap-space instead of --kv-offloading-size."""
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "m/m", "--vllm-version", "0.11.0"], capsys)
     assert code == ExitCode.OK
-    assert "--swap-space" in json.loads(out)["argv"]
+    assert "--swap-space" in json.loads(out)[0]["argv"]
 
 
 def test_several_enabled_deployments_print_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,7 +88,7 @@ def test_example_config_plans_its_enabled_deployment(capsys: pytest.CaptureFixtu
     host = str(HOSTS / "plan-a100-80gb-x1-64gb.json")
     code, out, _ = run(["--config", str(EXAMPLE), "plan", "--json", "--hardware", host], capsys)
     assert code == ExitCode.OK
-    assert json.loads(out)["deployment"] == "qwen3-30b"
+    assert [p["deployment"] for p in json.loads(out)] == ["qwen3-30b"]
 
 
 def test_text_output_has_command_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
