@@ -65,10 +65,8 @@ def model_facts_for(settings: Settings, name: str, dep: DeploymentSettings) -> M
                 raise
         else:
             from_hub = facts_from_hub(dep.model, remote.config, remote.parameter_bytes, remote.commit)
-            if found is None:
-                found = from_hub
-            else:  # a partly downloaded snapshot: the Hub knows the size of all of it
-                found = replace(found, parameter_bytes=from_hub.parameter_bytes)
+            # a partly downloaded snapshot: the Hub knows the size of all of it
+            found = from_hub if found is None else replace(found, parameter_bytes=from_hub.parameter_bytes)
     declared = declared_facts(dep.model, dep.model_facts) if dep.model_facts is not None else None
     return merge_facts(found, declared, dep.model)
 

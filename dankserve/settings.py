@@ -427,7 +427,8 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         if required:
             raise ConfigError(
                 f"config file {path} does not exist",
-                fix=f"create it (`dankserve install` writes a commented example of every key) or point --config/{CONFIG_ENV} elsewhere",
+                fix="create it (`dankserve install` writes a commented example of every key) "
+                f"or point --config/{CONFIG_ENV} elsewhere",
             ) from None
         return {}
     except OSError as exc:
@@ -450,7 +451,10 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
     value = error.get("input")
     kind = error.get("type", "")
     if kind == "extra_forbidden":
-        return f"{path}: unknown key {key!r} (value {value!r}); see the keys allowed in the example `dankserve install` writes"
+        return (
+            f"{path}: unknown key {key!r} (value {value!r}); "
+            "see the keys allowed in the example `dankserve install` writes"
+        )
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"
 

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, WorkloadSpec, workload_name
+from dankserve.testing.hub import StandInHub
 from tests.harness.gpus import StandInGpus, stand_in_gpus
+from tests.harness.hub import hub_env, populate
 from tests.harness.podman_service import (
     SESSION_LABEL,
     PodmanEnv,
@@ -32,9 +34,6 @@ from tests.harness.podman_service import (
     remove_images_from,
 )
 from tests.harness.registry import free_loopback_port, local_registry
-
-from dankserve.testing.hub import StandInHub
-from tests.harness.hub import hub_env, populate
 
 if TYPE_CHECKING:  # importing the runtime pulls in podman-py
     from dankserve.runtime.podman import PodmanRuntime

@@ -5,12 +5,17 @@ complete files are found with `try_to_load_from_cache` and skipped; the free dis
 against what is left to fetch (exit 3 naming the shortfall); each missing file is fetched with
 `hf_hub_download`, which resumes a `.incomplete` blob with a Range request. Progress is read
 from the blobs being written, so it needs no hook into huggingface_hub. Finally `refs/REVISION`
-names the commit, as huggingface_hub and vLLM expect.
+names the commit, as huggingface_hub and vLLM expect, and a record of the pull under the state
+dir lets the daemon see a complete model without asking the Hub again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -150,6 +155,7 @@ def pull(
         thread.join()
     report()
     write_ref(folder, revision or "main", commit)
+    remember_pull(access, model, revision, commit, {f.path: f.size for f in plan.wanted})
     return PullResult(
         model=model,
         commit=commit,
@@ -160,6 +166,33 @@ def pull(
         seconds=clock() - started,
         snapshot=folder / "snapshots" / commit,
     )
+
+
+def pull_record(access: HubAccess, model: str, revision: str | None) -> Path:
+    key = hashlib.sha256(f"{access.endpoint}\n{model}\n{revision or 'main'}".encode()).hexdigest()[:32]
+    return access.facts_dir.parent / "pulls" / f"{key}.json"
+
+
+def complete_locally(access: HubAccess, model: str, revision: str | None) -> bool:
+    """Whether the files of the last complete pull are all still in the cache, at their sizes."""
+    try:
+        record = json.loads(pull_record(access, model, revision).read_text(encoding="utf-8"))
+        snapshot = access.cache_dir / ("models--" + model.replace("/", "--")) / "snapshots" / record["commit"]
+        return all((snapshot / path).stat().st_size == size for path, size in record["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def remember_pull(access: HubAccess, model: str, revision: str | None, commit: str, files: dict[str, int]) -> None:
+    path = pull_record(access, model, revision)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pull-")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump({"model": model, "revision": revision, "commit": commit, "files": files}, out)
+        os.replace(tmp, path)
+    except OSError:
+        return  # the next boot asks the Hub again
 
 
 def write_ref(folder: Path, revision: str, commit: str) -> None:

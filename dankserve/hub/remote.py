@@ -126,7 +126,8 @@ def offline_error(access: HubAccess, model: str, revision: str | None) -> HubUnr
     return HubUnreachable(
         f"HF_HUB_OFFLINE is set and {where} is neither in the HF cache ({access.cache_dir}) nor in "
         f"dankserve's model facts ({access.facts_dir})",
-        fix="unset HF_HUB_OFFLINE for one `dankserve plan` or `dankserve pull`, or declare the deployment's model_facts",
+        fix="unset HF_HUB_OFFLINE for one `dankserve plan` or `dankserve pull`, "
+        "or declare the deployment's model_facts",
     )
 
 

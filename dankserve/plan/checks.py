@@ -303,6 +303,6 @@ def check_host_ram(plans: Sequence[Plan], host: Host) -> None:
     raise InfeasiblePlan(
         f"CPU offload of the deployments needs {gib(total)} of host RAM ({parts}), more than the {gib(limit)} "
         f"this host can give ({gib(host.memory.total_bytes)} less a reserve for the system)",
-        fix="set kv_offload (GiB, or \"off\") in the deployments so they add up to at most "
+        fix='set kv_offload (GiB, or "off") in the deployments so they add up to at most '
         f"{int(limit / 2**30)} GiB, or reduce cpu_offload",
     )

@@ -59,7 +59,9 @@ def family_flags(
     flags: list[FamilyFlag] = []
     warnings: list[str] = []
     if reasoning is not None and reasoning != OFF:
-        flags.append(FamilyFlag("--reasoning-parser", reasoning, "set in config (reasoning_parser)", "reasoning_parser"))
+        flags.append(
+            FamilyFlag("--reasoning-parser", reasoning, "set in config (reasoning_parser)", "reasoning_parser")
+        )
     elif reasoning is None and family is not None and family.reasoning is not None:
         if caps.has("--reasoning-parser"):
             flags.append(
@@ -72,7 +74,9 @@ def family_flags(
                 )
             )
         else:
-            warnings.append(f"vLLM {caps.version} has no --reasoning-parser: {family.label}'s thinking stays in the text")
+            warnings.append(
+                f"vLLM {caps.version} has no --reasoning-parser: {family.label}'s thinking stays in the text"
+            )
     if tools is not None and tools != OFF:
         flags += _tool_flags(tools, "set in config (tool_call_parser)")
     elif tools is None and family is not None and family.tools is not None:

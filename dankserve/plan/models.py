@@ -226,7 +226,9 @@ def bytes_of_parameters(parameter_count: Mapping[str, int]) -> int | None:
 
 def facts_from_hub(model: str, config: Mapping[str, Any], parameter_bytes: int | None, commit: str) -> ModelFacts:
     """Facts from a Hub repo's config.json and its safetensors headers."""
-    return replace(parse_config(model, config), parameter_bytes=parameter_bytes, source=f"the Hub, commit {commit[:12]}")
+    return replace(
+        parse_config(model, config), parameter_bytes=parameter_bytes, source=f"the Hub, commit {commit[:12]}"
+    )
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,9 @@ def plan_deployment(
     for choice in choices:
         argv.extend(choice.tokens())
     argv.extend(deployment.extra_args)  # verbatim, last
-    max_num_seqs = next((int(c.value) for c in choices if c.flag == "--max-num-seqs" and isinstance(c.value, str)), None)
+    max_num_seqs = next(
+        (int(c.value) for c in choices if c.flag == "--max-num-seqs" and isinstance(c.value, str)), None
+    )
     return Plan(
         deployment=name,
         image=deployment.image,
@@ -231,22 +233,21 @@ def size_memory(
         cpu_offload_bytes_per_gpu=offload_per_gpu,
     )
     if by_fit and model.parameter_bytes is not None:
-        util = _utilisation_by_fit(deployment, model, assigned, tp.value, offload_per_gpu, kv_per_token(tp.value))
+        util = _utilisation_by_fit(
+            deployment, model, assigned, tp=tp.value, offload_per_gpu=offload_per_gpu, per_token=kv_per_token(tp.value)
+        )
         budget = int(util.value * smallest.memory_total_bytes)
-        tp = Decision(tp.value, _refit_reason(tp, budget, model, offload_per_gpu, wanted, kv_per_token))
+        reason = _refit_reason(
+            tp, budget, model, offload_per_gpu=offload_per_gpu, wanted=wanted, kv_per_token=kv_per_token
+        )
+        tp = Decision(tp.value, reason)
     checks.check_tensor_parallel(tp.value, len(assigned), model)
     chosen = gpu_choice.choose_gpus(host, assigned, tp.value)
     used = chosen.value
     checks.check_cores(host, tp.value)
     if len(used) < len(assigned):
         tp = Decision(tp.value, f"{tp.reason}; uses {chosen.reason}")
-        idle = [g.index for g in assigned if g not in used]
-        warnings.append(
-            f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp.value}): "
-            f"GPUs {', '.join(str(g.index) for g in used)}; GPU{'s' if len(idle) > 1 else ''} "
-            f"{', '.join(map(str, idle))} stay{'' if len(idle) > 1 else 's'} idle (narrow gpus to free "
-            "them for another deployment, or set tensor_parallel_size to use them)"
-        )
+        warnings.append(_idle_warning(assigned, used, tp.value))
     if model.missing:
         warnings.append(
             f"model facts unknown for {model.model} ({', '.join(model.missing)}): the checks needing them are "
@@ -279,10 +280,23 @@ def size_memory(
     return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings), kv_capacity, per_token)
 
 
+def _idle_warning(assigned: tuple[Gpu, ...], used: tuple[Gpu, ...], tp: int) -> str:
+    idle = [g.index for g in assigned if g not in used]
+    several = len(idle) > 1
+    return (
+        f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp}): "
+        f"GPUs {', '.join(str(g.index) for g in used)}; GPU{'s' if several else ''} "
+        f"{', '.join(map(str, idle))} stay{'' if several else 's'} idle (narrow gpus to free "
+        f"{'them' if several else 'it'} for another deployment, or set tensor_parallel_size to use "
+        f"{'them' if several else 'it'})"
+    )
+
+
 def _utilisation_by_fit(
     deployment: DeploymentSettings,
     model: ModelFacts,
     assigned: tuple[Gpu, ...],
+    *,
     tp: int,
     offload_per_gpu: int,
     per_token: float | None,
@@ -311,6 +325,7 @@ def _refit_reason(
     tp: Decision[int],
     budget: int,
     model: ModelFacts,
+    *,
     offload_per_gpu: int,
     wanted: int | None,
     kv_per_token: Callable[[int], float | None],

@@ -109,7 +109,7 @@ def preflight(daemon: Daemon) -> None:
     multi-host group that is not up yet is not an error here: its worker retries with backoff.
     """
     from dankserve.cluster.api import MemberUnreachable
-    from dankserve.plan.checks import check_gpu_sharing
+    from dankserve.plan.checks import check_gpu_sharing, check_host_ram
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
     plans = []
@@ -119,5 +119,6 @@ def preflight(daemon: Daemon) -> None:
         except MemberUnreachable:
             continue
     check_gpu_sharing(plans)
+    check_host_ram(plans, daemon.host)
     for _, dep in enabled:
         daemon.deps.runtime_for(dep).list_workloads()

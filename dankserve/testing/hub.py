@@ -279,7 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, *, head: bool) -> None:
         split = urlsplit(self.path)
         path = unquote(split.path)
-        self.hub.record(RecordedRequest(self.command, path, self.headers.get("Range"), self.headers.get("Authorization")))
+        self.hub.record(
+            RecordedRequest(self.command, path, self.headers.get("Range"), self.headers.get("Authorization"))
+        )
         query = parse_qs(split.query)
         if match := API_TREE.match(path):
             self._tree(match["repo"], match["rev"], match["path"] or "")

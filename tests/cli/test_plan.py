@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -45,7 +44,17 @@ def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
     assert code == ExitCode.OK
     [data] = json.loads(out)
-    assert list(data) == ["deployment", "image", "argv", "env", "flags", "gpus", "capacity", "host_ram_bytes", "warnings"]
+    assert list(data) == [
+        "deployment",
+        "image",
+        "argv",
+        "env",
+        "flags",
+        "gpus",
+        "capacity",
+        "host_ram_bytes",
+        "warnings",
+    ]
     assert data["deployment"] == "default"
     assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
     assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"

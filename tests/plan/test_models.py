@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dankserve.plan.models import (
     ModelFacts,
-    kv_element_bytes,
     bytes_of_parameters,
+    kv_element_bytes,
     merge_facts,
-    model_facts,
     parse_config,
     weights_bytes,
 )
-from dankserve.settings import ModelFacts as DeclaredModelFacts
 
 QWEN3_MOE_CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],

@@ -276,7 +276,17 @@ def test_plan_json_shape() -> None:
     """to_json has exactly the documented keys, argv as separate tokens and flag values as lists for lists."""
     plan = plan_example("llama-70b", "plan-h100-80gb-x4-2numa-128gb")
     data = plan.to_json()
-    assert list(data) == ["deployment", "image", "argv", "env", "flags", "gpus", "capacity", "host_ram_bytes", "warnings"]
+    assert list(data) == [
+        "deployment",
+        "image",
+        "argv",
+        "env",
+        "flags",
+        "gpus",
+        "capacity",
+        "host_ram_bytes",
+        "warnings",
+    ]
     assert data["argv"][-5:] == ["--numa-bind-nodes", "0", "0", "1", "1"]
     nodes = next(f for f in data["flags"] if f["flag"] == "--numa-bind-nodes")
     assert nodes["value"] == ["0", "0", "1", "1"]
