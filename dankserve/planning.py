@@ -85,7 +85,7 @@ def plan_one(
 ) -> Plan:
     """The plan of one deployment; remediations (max_model_len, utilisation) override the config."""
     from dankserve.plan.catalogue import capabilities, load_catalogue, version_from_image
-    from dankserve.plan.plan import plan_deployment
+    from dankserve.plan.plan import check_inputs, plan_deployment
 
     changes: dict[str, object] = {}
     if max_model_len is not None:
@@ -100,6 +100,8 @@ def plan_one(
     else:
         version = vllm_version or version_from_image(dep.image) or settings.vllm_version
     caps = capabilities(version, catalogue)
+    if group is None:  # the user's own mistakes first (exit 2), before the Hub is asked
+        check_inputs(name, dep, host, caps, catalogue)
     facts = model_facts_for(settings, name, dep)
     if group is not None:  # a multi-host deployment: every member's hardware (leader first)
         from dankserve.plan.cluster import plan_group

@@ -169,6 +169,16 @@ def model_flags(flags: _Flags, deployment: DeploymentSettings, model: ModelFacts
     return warnings
 
 
+def check_inputs(
+    name: str, deployment: DeploymentSettings, host: Host, caps: VllmCapabilities, catalogue: Catalogue | None
+) -> None:
+    """What plan_deployment checks of the user's values (exit 2), without model facts: run before
+    fetching them, so a typo is reported as such even where the Hub cannot be reached."""
+    deployment = extra_args.absorb(deployment, name).deployment
+    validate_values(deployment, caps, catalogue)
+    checks.resolve_gpus(host, deployment.gpus, name)
+
+
 def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[str, str]:
     """Settings that releases before the matching flag took from the environment."""
     backend = attention_backend(deployment)

@@ -69,7 +69,7 @@ def populate(hub: StandInHub, models: Mapping[str, tuple[dict[str, Any], int]] |
     """The tests' models on a stand-in Hub."""
     hub.add_model("Qwen/Qwen3-8B", QWEN3_8B_CONFIG, tensors_of(QWEN3_8B_PARAMETERS, 10), shards=5)
     hub.add_model("Qwen/Qwen3-30B-A3B", QWEN3_30B_CONFIG, tensors_of(QWEN3_30B_PARAMETERS, 16), shards=16)
-    for repo in ("o/a", "o/b", "o/c", "m/m"):
+    for repo in ("o/a", "o/b", "o/c", "m/m", "org/model-0", "org/model-1"):
         hub.add_model(repo, SMALL_CONFIG, tensors_of(SMALL_PARAMETERS, 2))
     hub.add_model("org/gated", SMALL_CONFIG, tensors_of(SMALL_PARAMETERS, 2), gated=True)
     hub.add_model("org/tagged", SMALL_CONFIG, tensors_of(SMALL_PARAMETERS, 2), revisions=("v1.0",))
