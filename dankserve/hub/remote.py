@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dankserve.errors import HubUnreachable, ModelAccessDenied, ModelNotFound
 from dankserve.hub.access import HubAccess
 from dankserve.plan.models import bytes_of_parameters
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
 
 FACTS_SCHEMA = 1
 
@@ -136,7 +139,6 @@ def fetch(access: HubAccess, model: str, revision: str | None) -> HubModel:
     if access.offline:
         raise offline_error(access, model, revision)
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import NotASafetensorsRepoError, SafetensorsParsingError
     from huggingface_hub.utils.tqdm import disable_progress_bars
 
     disable_progress_bars()
@@ -145,17 +147,51 @@ def fetch(access: HubAccess, model: str, revision: str | None) -> HubModel:
     with hub_errors(access, model, revision):
         info = api.model_info(model, revision=revision, token=token)
         commit = info.sha or (revision or "main")
-        with tempfile.TemporaryDirectory(prefix="dankserve-config-") as scratch:
-            # not into the HF cache: a snapshot holding only config.json would look like a cached model
+        names = {s.rfilename for s in info.siblings or ()}
+        # into a scratch cache, not the HF cache: a snapshot holding only config.json would look like a
+        # cached model (and huggingface_hub's get_safetensors_metadata would write to its default cache)
+        with tempfile.TemporaryDirectory(prefix="dankserve-facts-") as scratch:
             config = _load(api.hf_hub_download(model, "config.json", revision=commit, cache_dir=scratch))
-        try:
-            metadata = api.get_safetensors_metadata(model, revision=commit)
-            parameter_bytes = bytes_of_parameters({str(k): v for k, v in metadata.parameter_count.items()})
-        except (NotASafetensorsRepoError, SafetensorsParsingError):
-            parameter_bytes = None  # .bin or GGUF weights only: the size stays unknown, with a warning
+            if SINGLE in names:
+                shards = [SINGLE]
+            elif INDEX in names:
+                index = _load(api.hf_hub_download(model, INDEX, revision=commit, cache_dir=scratch))
+                weight_map = index.get("weight_map")
+                shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+            else:
+                shards = []  # .bin or GGUF weights only: the size stays unknown, with a warning
+        parameter_bytes = _parameter_bytes(api, model, commit, shards) if shards else None
     found = HubModel(model, revision, access.endpoint, commit, config, parameter_bytes)
     write_cached(access, found)
     return found
+
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+HEADER_READERS = 8
+
+
+def _parameter_bytes(api: HfApi, model: str, commit: str, shards: list[str]) -> int | None:
+    """Weight bytes from the shards' safetensors headers (each a Range request, read in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from huggingface_hub.errors import SafetensorsParsingError
+
+    def read(shard: str) -> dict[str, int]:
+        return {
+            str(k): v
+            for k, v in api.parse_safetensors_file_metadata(model, shard, revision=commit).parameter_count.items()
+        }
+
+    totals: dict[str, int] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=min(HEADER_READERS, len(shards))) as pool:
+            for counts in pool.map(read, shards):
+                for dtype, count in counts.items():
+                    totals[dtype] = totals.get(dtype, 0) + count
+    except SafetensorsParsingError:
+        return None
+    return bytes_of_parameters(totals)
 
 
 def _load(path: str) -> dict[str, Any]:

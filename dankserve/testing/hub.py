@@ -188,7 +188,13 @@ class StandInHub:
             digest = _sha256_file(data)
         git_oid = hashlib.sha1(f"{repo_id}/{path}/{size}/{digest}".encode()).hexdigest()
         hub_file = HubFile(path, data, size, git_oid, digest)
-        self.repos[repo_id].files[path] = hub_file
+        repo = self.repos[repo_id]
+        repo.files[path] = hub_file
+        # a new commit for new content (a client's cache keyed by commit must not serve old files)
+        content = "".join(f"{f.path}:{f.git_oid}\n" for f in sorted(repo.files.values(), key=lambda f: f.path))
+        old = repo.commit
+        repo.commit = hashlib.sha1(f"{repo_id}\n{content}".encode()).hexdigest()
+        repo.revisions = {name: repo.commit if commit == old else commit for name, commit in repo.revisions.items()}
         return hub_file
 
     # ------------------------------------------------------------------ server
