@@ -181,6 +181,6 @@ def hub_environment(hub: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyP
     env = hub_env(hub, tmp_path)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    for key in ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_TOKEN"):
+    for key in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN"):
         monkeypatch.delenv(key, raising=False)
     return env

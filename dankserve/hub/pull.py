@@ -2,9 +2,13 @@
 
 The repo's file list and sizes come from `model_info(files_metadata=True)` at one commit;
 complete files are found with `try_to_load_from_cache` and skipped; the free disk is checked
-against what is left to fetch (exit 3 naming the shortfall); each missing file is fetched with
-`hf_hub_download`, which resumes a `.incomplete` blob with a Range request. Progress is read
-from the blobs being written, so it needs no hook into huggingface_hub. Finally `refs/REVISION`
+against what is left to fetch (exit 3 naming the shortfall). Each missing file is resolved with
+`get_hf_file_metadata` (ETag, size, the CDN location) and fetched with huggingface_hub's
+`http_get` into `blobs/ETAG.incomplete`, from the size already there (a Range request): an
+interrupted pull resumes where it stopped. (`hf_hub_download` of huggingface_hub 2.x writes to a
+fresh temporary file each time, so it cannot resume across processes.) The blob then gets its
+name and the snapshot its relative symlink: the cache layout huggingface_hub and vLLM read.
+Progress is read from the blobs being written, so it needs no hook into huggingface_hub. Finally `refs/REVISION`
 names the commit, as huggingface_hub and vLLM expect, and a record of the pull under the state
 dir lets the daemon see a complete model without asking the Hub again.
 """
@@ -21,8 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from dankserve.errors import DiskSpaceShortfall
+from dankserve.errors import DiskSpaceShortfall, HubUnreachable
 from dankserve.hub.access import HubAccess
 from dankserve.hub.download import (
     DISK_MARGIN_BYTES,
@@ -121,7 +126,6 @@ def pull(
     clock: Callable[[], float] = time.monotonic,
 ) -> PullResult:
     """Download what is missing of a model; report progress every half second."""
-    from huggingface_hub import HfApi
     from huggingface_hub.utils.tqdm import disable_progress_bars
 
     disable_progress_bars()
@@ -144,11 +148,10 @@ def pull(
     thread = threading.Thread(target=reporter, name=f"pull-progress-{model}", daemon=True)
     report()
     thread.start()
-    api = HfApi(endpoint=access.endpoint, token=access.token)
     try:
         with hub_errors(access, model, revision):
             for f in plan.missing:
-                api.hf_hub_download(model, f.path, revision=commit, cache_dir=access.cache_dir)
+                fetch_file(access, model, commit, f.path, folder)
                 finished[0] += f.size
     finally:
         stop.set()
@@ -193,6 +196,41 @@ def remember_pull(access: HubAccess, model: str, revision: str | None, commit: s
         os.replace(tmp, path)
     except OSError:
         return  # the next boot asks the Hub again
+
+
+def fetch_file(access: HubAccess, model: str, commit: str, path: str, folder: Path) -> Path:
+    """One file into the cache layout, resuming its `.incomplete` blob; returns the snapshot path."""
+    from filelock import FileLock
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils._headers import build_hf_headers
+
+    url = hf_hub_url(model, path, revision=commit, endpoint=access.endpoint)
+    meta = get_hf_file_metadata(url, token=access.token)
+    etag = meta.etag or ""
+    if not etag or "/" in etag or etag.startswith("."):
+        raise HubUnreachable(
+            f"{access.endpoint} answered {path} of {model} without a usable ETag ({etag!r})",
+            fix="check that HF_ENDPOINT points at a Hugging Face Hub (or a mirror that keeps its headers)",
+        )
+    blobs = folder / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    blob = blobs / etag
+    pointer = folder / "snapshots" / commit / path
+    with FileLock(str(blobs / f"{etag}.lock")):  # another pull of the same blob waits, then finds it done
+        if not (blob.is_file() and (meta.size is None or blob.stat().st_size == meta.size)):
+            partial = blobs / f"{etag}.incomplete"
+            headers = build_hf_headers(token=access.token)
+            if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+                headers.pop("authorization", None)  # a CDN: the token stays with the Hub
+            with partial.open("ab") as out:
+                http_get(meta.location, out, resume_size=out.tell(), headers=headers, expected_size=meta.size)
+            os.replace(partial, blob)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    if pointer.is_symlink() or pointer.exists():
+        pointer.unlink()
+    pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+    return pointer
 
 
 def write_ref(folder: Path, revision: str, commit: str) -> None:

@@ -92,4 +92,5 @@ def hub_env(hub: StandInHub, root: Path) -> dict[str, str]:
         "DANKSERVE_STATE_DIR": str(root / "state"),
         "DANKSERVE_HF_CACHE_DIR": str(root / "hf"),
         "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HOME": str(root / "hf-home"),  # huggingface_hub's own files (token, locks) stay in the test's dir
     }
