@@ -172,3 +172,72 @@ def test_without_gpus_and_without_a_recorded_host_it_is_the_environment(
     monkeypatch.delenv("DANKSERVE_HARDWARE", raising=False)
     code, _, err = run(["plan", "--model", "m/m"], capsys)
     assert code == ExitCode.ENVIRONMENT and "error:" in err
+
+
+RTX4090 = str(HOSTS / "rtx4090x1-1numa.json")
+
+
+def test_uncached_model_is_planned_exactly_from_the_hub(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's first run: Qwen3-8B at 8192 on one 4090, not in any cache: facts from the Hub, the band's
+    0.75, its parsers, and the promise in the user's terms."""
+    config = write_config(tmp_path, '[deployments.chat]\nmodel = "Qwen/Qwen3-8B"\nmax_model_len = 8192\n')
+    code, out, _ = run(["plan", "--config", config, "--json", "--hardware", RTX4090], capsys)
+    assert code == ExitCode.OK
+    [data] = json.loads(out)
+    argv = data["argv"]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.75"
+    assert "--reasoning-parser" in argv
+    assert data["capacity"]["context_tokens"] == 8192 and data["capacity"]["concurrency"] >= 1
+    assert not any("model facts unknown" in w for w in data["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("model", "code", "says"),
+    [("org/gated", ExitCode.INVALID_INPUT, "gated"), ("org/absent", ExitCode.INVALID_INPUT, "no model 'org/absent'")],
+)
+def test_hub_refusals_exit_2_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], model: str, code: int, says: str
+) -> None:
+    """Gated and unknown models: exit 2 naming the model and the fix, no traceback."""
+    got, _, err = run(["plan", "--hardware", H100, "--model", model], capsys)
+    assert got == code and says in err and "fix:" in err and "Traceback" not in err
+
+
+def test_offline_and_uncached_exits_3(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_HUB_OFFLINE with the model nowhere on this host: exit 3 naming it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(["plan", "--hardware", H100, "--model", "o/a"], capsys)
+    assert code == ExitCode.ENVIRONMENT and "o/a" in err and "HF_HUB_OFFLINE" in err
+
+
+def test_infeasible_plan_still_prints_its_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json with a plan that cannot fit: the list still comes, the entry carries the error; exit 4."""
+    config = write_config(
+        tmp_path,
+        '[deployments.ok]\nmodel = "o/a"\ngpu_memory_utilization = 0.3\n'
+        '[deployments.big]\nmodel = "Qwen/Qwen3-8B"\nport = 8001\nmax_model_len = 40960\ngpu_memory_utilization = 0.3\n',
+    )
+    code, out, err = run(["--config", config, "plan", "--json", "--hardware", RTX4090], capsys)
+    assert code == ExitCode.INFEASIBLE
+    ok, big = json.loads(out)
+    assert ok["deployment"] == "ok" and "argv" in ok
+    assert big["deployment"] == "big" and big["error"]["exit_code"] == 4 and big["error"]["fix"]
+    assert "big" in err
+
+
+def test_named_plan_is_checked_against_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan a` sees that b shares its GPU beyond 0.95 (only `plan` without a name did before)."""
+    config = write_config(
+        tmp_path,
+        '[deployments.a]\nmodel = "o/a"\ngpu_memory_utilization = 0.6\n'
+        '[deployments.b]\nmodel = "o/b"\nport = 8001\ngpu_memory_utilization = 0.6\n',
+    )
+    code, _, err = run(["--config", config, "plan", "a", "--hardware", H100], capsys)
+    assert code == ExitCode.INFEASIBLE and "shared by a, b" in err
+
+
+def test_global_options_after_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dankserve plan --config F` works as `dankserve --config F plan` does."""
+    config = write_config(tmp_path, '[deployments.only]\nmodel = "o/a"\n')
+    code, out, _ = run(["plan", "--json", "--hardware", H100, "--config", config, "--debug"], capsys)
+    assert code == ExitCode.OK and [p["deployment"] for p in json.loads(out)] == ["only"]
