@@ -215,7 +215,8 @@ def test_infeasible_plan_still_prints_its_json(tmp_path: Path, capsys: pytest.Ca
     config = write_config(
         tmp_path,
         '[deployments.ok]\nmodel = "o/a"\ngpu_memory_utilization = 0.3\n'
-        '[deployments.big]\nmodel = "Qwen/Qwen3-8B"\nport = 8001\nmax_model_len = 40960\ngpu_memory_utilization = 0.3\n',
+        '[deployments.big]\nmodel = "Qwen/Qwen3-8B"\nport = 8001\nmax_model_len = 40960\n'
+        "gpu_memory_utilization = 0.3\n",
     )
     code, out, err = run(["--config", config, "plan", "--json", "--hardware", RTX4090], capsys)
     assert code == ExitCode.INFEASIBLE
