@@ -27,9 +27,11 @@ def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path |
         if model.startswith(CONTAINER_HF_CACHE + "/"):
             path = hf_cache_dir / model.removeprefix(CONTAINER_HF_CACHE + "/")
         return path if path.is_dir() else None
+    cache = hf_cache_dir / "hub"
+    if not (cache / ("models--" + model.replace("/", "--"))).is_dir():
+        return None  # not cached at all: spare the import of huggingface_hub (a tenth of a second)
     from huggingface_hub import try_to_load_from_cache
 
-    cache = hf_cache_dir / "hub"
     found = try_to_load_from_cache(model, "config.json", cache_dir=cache, revision=revision)
     if isinstance(found, str):
         return Path(found).parent

@@ -3,9 +3,9 @@
 The repo's file list and sizes come from `model_info(files_metadata=True)` at one commit;
 complete files are found with `try_to_load_from_cache` and skipped; the free disk is checked
 against what is left to fetch (exit 3 naming the shortfall). Each missing file is resolved with
-`get_hf_file_metadata` (ETag, size, the CDN location) and fetched with huggingface_hub's
-`http_get` into `blobs/ETAG.incomplete`, from the size already there (a Range request): an
-interrupted pull resumes where it stopped. (`hf_hub_download` of huggingface_hub 2.x writes to a
+`get_hf_file_metadata` (ETag, size, the CDN location) and fetched (`transfer.download`) into
+`blobs/ETAG.incomplete` from the size already there (a Range request): an interrupted pull
+resumes where it stopped. (`hf_hub_download` of huggingface_hub 2.x writes to a
 fresh temporary file each time, so it cannot resume across processes.) The blob then gets its
 name and the snapshot its relative symlink: the cache layout huggingface_hub and vLLM read.
 Progress is read from the blobs being written, so it needs no hook into huggingface_hub. Finally `refs/REVISION`
@@ -202,8 +202,9 @@ def fetch_file(access: HubAccess, model: str, commit: str, path: str, folder: Pa
     """One file into the cache layout, resuming its `.incomplete` blob; returns the snapshot path."""
     from filelock import FileLock
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.file_download import http_get
     from huggingface_hub.utils._headers import build_hf_headers
+
+    from dankserve.hub.transfer import download
 
     url = hf_hub_url(model, path, revision=commit, endpoint=access.endpoint)
     meta = get_hf_file_metadata(url, token=access.token)
@@ -224,7 +225,7 @@ def fetch_file(access: HubAccess, model: str, commit: str, path: str, folder: Pa
             if urlsplit(meta.location).netloc != urlsplit(url).netloc:
                 headers.pop("authorization", None)  # a CDN: the token stays with the Hub
             with partial.open("ab") as out:
-                http_get(meta.location, out, resume_size=out.tell(), headers=headers, expected_size=meta.size)
+                download(meta.location, out, headers=headers, expected_size=meta.size)
             os.replace(partial, blob)
     pointer.parent.mkdir(parents=True, exist_ok=True)
     if pointer.is_symlink() or pointer.exists():
