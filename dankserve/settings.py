@@ -204,7 +204,10 @@ class DeploymentSettings(_Strict):
         '(e.g. hermes for Qwen3), "off": none.',
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for vLLM.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments, verbatim, last.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra vLLM arguments, last; a flag the plan also sets replaces the planned one (checks use it).",
+    )
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
