@@ -12,6 +12,7 @@ with `-m reliability` (`make reliability`): every other run deselects it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +38,12 @@ from tests.harness.registry import free_loopback_port, local_registry
 
 if TYPE_CHECKING:  # importing the runtime pulls in podman-py
     from dankserve.runtime.podman import PodmanRuntime
+
+
+# No test may reach the real Hugging Face Hub: a closed loopback port unless a test points
+# HF_ENDPOINT at the stand-in Hub (the `hub` fixture). Set here so daemons the tests start inherit it.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

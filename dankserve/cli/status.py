@@ -84,7 +84,10 @@ def command(as_json: bool) -> ExitCode:
     click.echo(f"daemon: {'running (pid ' + str(daemon['pid']) + ')' if daemon['running'] else 'not running'}")
     for dep in doc["deployments"]:
         uptime = f", up {dep['uptime_seconds']:.0f}s" if dep.get("uptime_seconds") is not None else ""
-        click.echo(f"{dep['name']}: {dep['state']} ({dep['phase']}){uptime}  {dep['endpoint']}")
+        phase = dep["phase"]
+        if phase == "downloading" and dep.get("weights_percent") is not None:
+            phase = f"downloading {dep['weights_percent']}%"
+        click.echo(f"{dep['name']}: {dep['state']} ({phase}){uptime}  {dep['endpoint']}")
         click.echo(f"  model {dep['model']}  image {dep['image']}  vLLM {dep.get('vllm_version') or '?'}")
         learned = " (learned)" if dep.get("kv_cache_learned_used") else ""
         click.echo(
@@ -92,6 +95,14 @@ def command(as_json: bool) -> ExitCode:
             f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  "
             f"compile cache hit {dep.get('compile_cache_hit')}"
         )
+        if dep.get("context_tokens"):
+            holds = ""
+            if dep.get("kv_cache_tokens") and dep.get("concurrency"):
+                holds = (
+                    f"; the KV cache holds {dep['kv_cache_tokens']:,} tokens: {dep['concurrency']:.1f} "
+                    "requests of full length at once"
+                )
+            click.echo(f"  context {dep['context_tokens']:,} tokens{holds}")
         for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
             note = f"  {member['message']}" if member.get("message") else ""
             click.echo(f"  host {member['address']} ({member['role']}): {member['state']}{note}")

@@ -40,7 +40,7 @@ from dankserve.hub.download import (
     plan_pull,
     size_text,
 )
-from dankserve.hub.remote import hub_errors, offline_error
+from dankserve.hub.remote import HUB_TIMEOUT_SECONDS, hub_errors, offline_error
 
 ProgressCallback = Callable[[Progress], None]
 PROGRESS_INTERVAL_SECONDS = 0.5
@@ -92,7 +92,7 @@ def survey(access: HubAccess, model: str, revision: str | None) -> tuple[str, Pu
         raise offline_error(access, model, revision)
     api = HfApi(endpoint=access.endpoint, token=access.token)
     with hub_errors(access, model, revision):
-        info = api.model_info(model, revision=revision, files_metadata=True)
+        info = api.model_info(model, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_SECONDS)
     commit = info.sha or (revision or "main")
     listed = [RemoteFile(s.rfilename, s.size or 0) for s in info.siblings or ()]
     wanted = choose_files(listed)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from huggingface_hub import HfApi
 
 FACTS_SCHEMA = 1
+HUB_TIMEOUT_SECONDS = 10.0
+"""Per request: a Hub that does not answer is reported, never waited on for ever."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def fetch(access: HubAccess, model: str, revision: str | None) -> HubModel:
     token: str | bool | None = access.token
     api = HfApi(endpoint=access.endpoint, token=token)
     with hub_errors(access, model, revision):
-        info = api.model_info(model, revision=revision, token=token)
+        info = api.model_info(model, revision=revision, token=token, timeout=HUB_TIMEOUT_SECONDS)
         commit = info.sha or (revision or "main")
         names = {s.rfilename for s in info.siblings or ()}
         # into a scratch cache, not the HF cache: a snapshot holding only config.json would look like a

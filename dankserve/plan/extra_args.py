@@ -134,8 +134,3 @@ def absorb(deployment: DeploymentSettings, name: str) -> Absorbed:
             fix="correct the value in extra_args (it is checked like the setting of the same name)",
         ) from None
     return Absorbed(updated, frozenset(replaced))
-
-
-def option_names(args: Sequence[str]) -> set[str]:
-    """The option names in extra_args."""
-    return {CANONICAL.get(o.name, o.name) for o in split_options(args)[1]}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dankserve.host.model import Host
+from dankserve.hub.weights import WeightsFetcher
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
@@ -95,6 +96,7 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
         services=cluster.start_api,
         describe_hosts=cluster.hosts,
         follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
+        fetch_weights=WeightsFetcher(settings),
     )
     daemon = Daemon(settings, deps, config_path=config_path)
     preflight(daemon)
@@ -107,8 +109,11 @@ def preflight(daemon: Daemon) -> None:
     Every plan comes first: a configuration error (exit 2) is reported as such even when a
     runtime is unreachable too (exit 3), whatever the order of the deployments. A follower of a
     multi-host group that is not up yet is not an error here: its worker retries with backoff.
+    Neither is a Hub that does not answer for a model not yet cached (the network may come up
+    after the daemon): its worker downloads first, or plans again later.
     """
     from dankserve.cluster.api import MemberUnreachable
+    from dankserve.errors import HubUnreachable
     from dankserve.plan.checks import check_gpu_sharing, check_host_ram
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
@@ -116,7 +121,7 @@ def preflight(daemon: Daemon) -> None:
     for name, dep in enabled:
         try:
             plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
-        except MemberUnreachable:
+        except (MemberUnreachable, HubUnreachable):
             continue
     check_gpu_sharing(plans)
     check_host_ram(plans, daemon.host)

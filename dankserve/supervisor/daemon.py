@@ -24,10 +24,11 @@ import structlog
 
 from dankserve.bootlog import BootFacts, BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
-from dankserve.errors import DankserveError, EnvironmentUnusable, PodmanUnreachable
+from dankserve.errors import DankserveError, EnvironmentUnusable, HubUnreachable, PodmanUnreachable
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, wait_dead_processes_released
 from dankserve.host.model import Host
+from dankserve.hub.weights import wants_download
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import ExitEvent, Runtime, Workload
@@ -86,6 +87,8 @@ class DaemonDeps:
     follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[learning.GpuIdentity, int]]] | None = None
     """A group's followers' GPUs (identity, free bytes now) for boot learning; with strict=True a follower that
     does not answer raises, otherwise it is left out (so learned bytes are not reused)."""
+    fetch_weights: Callable[[str, DeploymentSettings, Callable[[int], None]], None] | None = None
+    """Downloads a deployment's weights before its boot, reporting percent done (None: vLLM fetches them)."""
 
 
 @dataclass
@@ -111,6 +114,9 @@ class DeploymentView:
     compile_seconds: float | None = None
     preemptions: int | None = None
     kv_cache_usage_perc: float | None = None
+    context_tokens: int | None = None
+    kv_cache_tokens: int | None = None
+    concurrency: float | None = None
     gpu_uuids: tuple[str, ...] = ()
     message: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -304,8 +310,8 @@ class DeploymentWorker:
             self._replan.clear()
             try:
                 outcome = self._cycle(overrides)
-            except PodmanUnreachable as exc:
-                # The runtime went away, not the deployment: no failure counted, never `failed`. Retry with
+            except (PodmanUnreachable, HubUnreachable) as exc:
+                # The runtime (or the Hub) went away, not the deployment: no failure counted, never `failed`. Retry with
                 # backoff; the next cycle adopts the container if it kept running, or replaces it.
                 if self._stop.is_set():
                     self.log.error("stop_incomplete", error=exc.message, container_id=self.view.container_id)
@@ -406,11 +412,20 @@ class DeploymentWorker:
             if claimed is not None:
                 claimed.release()
 
+    def _download_weights(self, dep: DeploymentSettings) -> None:
+        """The weights before the boot (the `downloading` phase), then the boot's clock starts: its
+        timeout never counts the download."""
+        fetch = self.daemon.deps.fetch_weights
+        if fetch is not None and wants_download(dep):
+            self._set(phase=Phase.DOWNLOADING, state="starting", message=None, weights_percent=0)
+            fetch(self.name, dep, lambda percent: self._set(weights_percent=percent))
+        self._boot_started = time.monotonic()  # the boot's clock starts after the download
+
     def _boot_or_adopt(self, overrides: BootOverrides, claimed: BootSlot | None) -> Outcome:
         daemon = self.daemon
         with self.lock:
             dep = self.dep
-        self._boot_started = time.monotonic()
+        self._download_weights(dep)
         self._set(phase=Phase.PULLING, state="starting", message=None)
         runtime = daemon.deps.runtime_for(dep)
         image_ref = (dep.executable or "") if dep.runtime == "process" else dep.image
@@ -666,6 +681,10 @@ class DeploymentWorker:
             self.view.compile_seconds = facts.compile_seconds
             self.view.preemptions = facts.preemptions
             self.view.kv_cache_usage_perc = getattr(facts, "kv_cache_usage_perc", None)
+            # what this boot's KV cache holds, in vLLM's own words (its log)
+            self.view.context_tokens = facts.max_model_len
+            self.view.kv_cache_tokens = facts.gpu_kv_cache_tokens
+            self.view.concurrency = facts.max_concurrency
             if facts.vllm_version:
                 self.view.vllm_version = facts.vllm_version
         if reported is not None:
@@ -1032,6 +1051,10 @@ class Daemon:
             "kv_cache_memory_bytes": view.kv_cache_memory_bytes,
             "kv_cache_learned_used": view.kv_cache_learned_used,
             "compile_cache_hit": view.compile_cache_hit,
+            "weights_percent": view.weights_percent,
+            "context_tokens": view.context_tokens,
+            "kv_cache_tokens": view.kv_cache_tokens,
+            "concurrency": view.concurrency,
             "gpus": gpus,
             "kv_cache_usage_perc": usage,
             "preemptions": preemptions,
