@@ -27,9 +27,12 @@ class Family:
 
 
 def family_of(model: ModelFacts) -> Family | None:
-    """The family of a model by its config's model_type and its id (None: not known to dankserve)."""
-    kind = (model.model_type or "").lower()
+    """The family of a model by its config's model_type and its id (None: not known to dankserve).
+
+    Without a config (facts declared by hand) the id alone decides: `Qwen/Qwen3-8B` is Qwen3.
+    """
     name = model.model.lower()
+    kind = (model.model_type or _type_from_id(name)).lower()
     if kind in ("qwen3", "qwen3_moe"):
         tools = "qwen3_coder" if "coder" in name else "hermes"
         reasoning = None if "instruct-2507" in name or "coder" in name else "qwen3"
@@ -41,6 +44,20 @@ def family_of(model: ModelFacts) -> Family | None:
     if kind == "llama" and any(v in name for v in ("llama-3.1", "llama-3.2", "llama-3.3")) and "instruct" in name:
         return Family("Llama 3.1+ Instruct", None, "llama3_json")
     return None
+
+
+def _type_from_id(name: str) -> str:
+    base = name.rsplit("/", 1)[-1]
+    for prefix, kind in (
+        ("qwen3-", "qwen3"),  # not Qwen3.5/3.6: their parsers are not known to dankserve
+        ("qwen2-", "qwen2"),
+        ("qwen2.5-", "qwen2"),
+        ("deepseek-r1", "deepseek_v3"),
+        ("llama-3.", "llama"),
+    ):
+        if base.startswith(prefix):
+            return kind
+    return ""
 
 
 @dataclass(frozen=True)

@@ -386,7 +386,8 @@ def capacity(
             length = min(native, tokens)
             note = "the model's own" if length == native else f"auto: shrunk from the model's {native:,} to fit"
     elif context is not None:
-        length, note = int(context), "set" if native is None or int(context) <= native else "beyond the model's own"
+        length = int(context)
+        note = "as configured" if native is None or length <= native else f"beyond the model's own {native:,}"
     else:
         length, note = native, "the model's own"
     concurrency = tokens / length if tokens is not None and length else None
