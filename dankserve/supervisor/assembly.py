@@ -6,15 +6,16 @@ runtime cannot be reached, so systemd's RestartPreventExitStatus stops a restart
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dankserve.host.model import Host
-from dankserve.hub.weights import WeightsFetcher
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher
 
 if TYPE_CHECKING:
     from dankserve.cluster.context import ClusterContext
@@ -37,9 +38,10 @@ class _Runtimes:
     def _single(self, dep: DeploymentSettings) -> Runtime:
         if dep.runtime == "process":
             if self._process is None:
+                from dankserve.host.gpu_memory import wait_gpu_memory_released
                 from dankserve.runtime.process import ProcessRuntime
 
-                self._process = ProcessRuntime(self._settings.state_dir / "processes")
+                self._process = ProcessRuntime(self._settings.state_dir / "processes", wait_gpu_memory_released)
             return self._process
         if self._podman is None:
             from dankserve.runtime.podman import PodmanRuntime
@@ -76,6 +78,24 @@ def make_planner(settings: Settings, cluster: ClusterContext | None = None) -> P
     return plan
 
 
+def weights_fetcher(settings: Settings) -> WeightsFetcher:
+    """The daemon's downloads (dankserve.hub.weights), their refusals as the machine's events:
+    a gated or unknown model fails the deployment; no network or a full disk is retried."""
+    from dankserve.errors import DankserveError, InvalidInput
+    from dankserve.hub.weights import WeightsFetcher as HubWeights
+
+    fetch = HubWeights(settings)
+
+    def fetch_weights(name: str, dep: DeploymentSettings, progress: Callable[[int], None]) -> m.WeightsFailed | None:
+        try:
+            fetch(name, dep, progress)
+        except DankserveError as exc:
+            return m.WeightsFailed(exc.render(), permanent=isinstance(exc, InvalidInput))
+        return None
+
+    return fetch_weights
+
+
 def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Path | None) -> Daemon:
     """A daemon ready to run, after checking that every enabled deployment can be planned."""
     from dankserve.host.probe import load_host
@@ -96,7 +116,7 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
         services=cluster.start_api,
         describe_hosts=cluster.hosts,
         follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
-        fetch_weights=WeightsFetcher(settings),
+        fetch_weights=weights_fetcher(settings),
     )
     daemon = Daemon(settings, deps, config_path=config_path)
     preflight(daemon)
@@ -112,8 +132,7 @@ def preflight(daemon: Daemon) -> None:
     Neither is a Hub that does not answer for a model not yet cached (the network may come up
     after the daemon): its worker downloads first, or plans again later.
     """
-    from dankserve.cluster.api import MemberUnreachable
-    from dankserve.errors import HubUnreachable
+    from dankserve.errors import HubUnreachable, MemberUnreachable
     from dankserve.plan.checks import check_gpu_sharing, check_host_ram
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]

@@ -33,6 +33,7 @@ class Phase(StrEnum):
 BOOTING_PHASES = frozenset(
     {
         Phase.PROBING,
+        Phase.DOWNLOADING,
         Phase.PLANNING,
         Phase.PULLING,
         Phase.STARTING,
