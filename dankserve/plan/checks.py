@@ -9,7 +9,7 @@ exceeds the GPUs, GPUs shared beyond 0.95, and flags the target vLLM release lac
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dankserve.errors import ConfigError, InfeasiblePlan, UnknownValueError
@@ -209,7 +209,8 @@ def check_max_model_len(
         f"beside the weights; vLLM would stop with \"To serve at least one request with the model's max seq len "
         f"({length}), ({need / 2**30:.2f} GiB KV cache is needed, which is larger than the available KV cache "
         f'memory ...)"',
-        fix=f"set max_model_len to {fits} or less{auto}, or use more GPUs / an fp8 KV cache",
+        fix=f"set max_model_len to {fits} or less{auto}, raise gpu_memory_utilization (beyond the recommended "
+        "band, with less headroom), or use more GPUs / an fp8 KV cache",
     )
 
 
@@ -264,11 +265,18 @@ class SwapMembership:
     pinned: bool = False
 
 
-def check_gpu_sharing(plans: Sequence[Plan], swap: Mapping[str, SwapMembership] | None = None) -> None:
+def check_gpu_sharing(
+    plans: Sequence[Plan],
+    swap: Mapping[str, SwapMembership] | None = None,
+    involving: Collection[str] | None = None,
+) -> None:
     """GPUs shared by deployments whose memory utilisations add up above 0.95: exit 4.
 
     Members of one swap group count as what is awake at once: its pinned members plus its
-    largest other member (the rest sleep, holding almost nothing)."""
+    largest other member (the rest sleep, holding almost nothing). With `involving`, only GPUs
+    that one of those deployments uses are checked (`plan NAME` checks NAME against the others,
+    not the others among themselves).
+    """
     swap = swap or {}
     users: dict[int, list[Plan]] = {}
     for plan in plans:
@@ -276,6 +284,8 @@ def check_gpu_sharing(plans: Sequence[Plan], swap: Mapping[str, SwapMembership] 
             users.setdefault(index, []).append(plan)
     for index, sharing in sorted(users.items()):
         if len(sharing) < 2:
+            continue
+        if involving is not None and not any(p.deployment in involving for p in sharing):
             continue
         awake = _awake_at_once(sharing, swap)
         total = sum(p.gpu_memory_utilization or 0.0 for p in awake)
@@ -310,3 +320,30 @@ def _awake_at_once(sharing: Sequence[Plan], swap: Mapping[str, SwapMembership]) 
 def swap_memberships(deployments: Iterable[tuple[str, DeploymentSettings]]) -> dict[str, SwapMembership]:
     """The swap group of each deployment that has one."""
     return {name: SwapMembership(dep.swap_group, dep.pinned) for name, dep in deployments if dep.swap_group is not None}
+
+
+HOST_RAM_RESERVE_FRACTION = 0.125
+HOST_RAM_RESERVE_MIN = 8 << 30
+
+
+def host_ram_limit(total_bytes: int) -> int:
+    """RAM the servers may pin for CPU offload: the total less a reserve for the OS, vLLM's own
+    processes and the page cache (max(8 GiB, 1/8)). The total, not the live available RAM: that
+    already lacks what running servers pinned, so a plan made beside them would refuse itself."""
+    return max(0, total_bytes - max(HOST_RAM_RESERVE_MIN, int(total_bytes * HOST_RAM_RESERVE_FRACTION)))
+
+
+def check_host_ram(plans: Sequence[Plan], host: Host) -> None:
+    """CPU KV offload and offloaded weights of every deployment together above the host's RAM: exit 4."""
+    users = [p for p in plans if p.host_ram_bytes > 0]
+    total = sum(p.host_ram_bytes for p in users)
+    limit = host_ram_limit(host.memory.total_bytes)
+    if total <= limit:
+        return
+    parts = " + ".join(f"{p.deployment} {gib(p.host_ram_bytes)}" for p in users)
+    raise InfeasiblePlan(
+        f"CPU offload of the deployments needs {gib(total)} of host RAM ({parts}), more than the {gib(limit)} "
+        f"this host can give ({gib(host.memory.total_bytes)} less a reserve for the system)",
+        fix='set kv_offload (GiB, or "off") in the deployments so they add up to at most '
+        f"{int(limit / 2**30)} GiB, or reduce cpu_offload",
+    )
