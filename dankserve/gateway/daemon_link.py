@@ -8,7 +8,7 @@ deployment that is booting or restarting gets ready on its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.supervisor.lifecycle import Phase
@@ -34,8 +34,7 @@ class DaemonSupervisor:
         if worker is None:
             why = "taken down (`dankserve up NAME` starts it)" if daemon.state.is_down(deployment) else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
-        with worker.lock:
-            phase, message = worker.view.phase, worker.view.message
+        phase, message = _phase_and_message(worker)
         if phase is Phase.READY:
             return Backend(Availability.READY, dep.host, dep.port, key)
         if phase in (Phase.FAILED, Phase.STOPPED):
@@ -65,3 +64,12 @@ class DaemonSupervisor:
             cached = (changed, key)
             self._keys[path] = cached
         return cached[1]
+
+
+def _phase_and_message(worker: Any) -> tuple[Phase, str | None]:
+    """The phase and message a deployment's worker publishes (its lifecycle machine's, or its view's)."""
+    machine = getattr(worker, "machine", None)
+    if machine is not None:
+        return machine.phase, machine.message
+    with worker.lock:
+        return worker.view.phase, worker.view.message
