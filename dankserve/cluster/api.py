@@ -33,7 +33,7 @@ import structlog
 from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, read_body
-from dankserve.errors import ConfigError
+from dankserve.errors import ConfigError, MemberUnreachable
 from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
 log = structlog.get_logger("dankserve.cluster")
@@ -41,10 +41,6 @@ log = structlog.get_logger("dankserve.cluster")
 MAX_BODY = 64 * 1024
 ENDPOINTS = {("GET", "/v1/status"), ("POST", "/v1/start-worker"), ("POST", "/v1/stop-worker")}
 DEFAULT_LIMITS = Limits(max_connections=64, header_timeout=5.0, body_timeout=10.0, max_body_bytes=MAX_BODY)
-
-
-class MemberUnreachable(Exception):
-    """A group member did not answer (or answered garbage): the group restarts with backoff."""
 
 
 def read_token(path: Path) -> str:

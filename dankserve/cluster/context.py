@@ -11,7 +11,6 @@ from dankserve.cluster.api import (
     ClusterClient,
     ClusterServer,
     GroupTls,
-    MemberUnreachable,
     limits_of,
     read_token,
     split_address,
@@ -21,7 +20,7 @@ from dankserve.cluster.follower import FollowerService
 from dankserve.cluster.group import GroupConfig, GroupRuntime
 from dankserve.cluster.per_host import follower_gpus
 from dankserve.cluster.ray_node import ray_executable
-from dankserve.errors import ConfigError, EnvironmentUnusable
+from dankserve.errors import ConfigError, EnvironmentUnusable, MemberUnreachable
 from dankserve.host.model import Host
 from dankserve.plan.cluster import LEADER, GroupMember
 from dankserve.planning import compile_cache_dir

@@ -1,6 +1,6 @@
 """The daemon's side of the gateway's Supervisor protocol: each deployment's phase and address.
 
-Reads only what the workers already publish (their phase under their lock) and the settings;
+Reads only what the workers already publish (their lifecycle machine's phase and message) and the settings;
 it decides nothing. `wake` has nothing to do until swap groups put deployments to sleep: a
 deployment that is booting or restarting gets ready on its own.
 """
@@ -8,7 +8,7 @@ deployment that is booting or restarting gets ready on its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.supervisor.lifecycle import Phase
@@ -30,11 +30,12 @@ class DaemonSupervisor:
         if dep is None or not dep.enabled:
             return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
         key = self._key(dep.api_key_file)
-        worker = daemon.workers.get(deployment)
+        worker = daemon.snapshot().get(deployment)
         if worker is None:
             why = "taken down (`dankserve up NAME` starts it)" if daemon.state.is_down(deployment) else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
-        phase, message = _phase_and_message(worker)
+        machine = worker.machine
+        phase, message = machine.phase, machine.message
         if phase is Phase.READY:
             return Backend(Availability.READY, dep.host, dep.port, key)
         if phase in (Phase.FAILED, Phase.STOPPED):
@@ -64,12 +65,3 @@ class DaemonSupervisor:
             cached = (changed, key)
             self._keys[path] = cached
         return cached[1]
-
-
-def _phase_and_message(worker: Any) -> tuple[Phase, str | None]:
-    """The phase and message a deployment's worker publishes (its lifecycle machine's, or its view's)."""
-    machine = getattr(worker, "machine", None)
-    if machine is not None:
-        return machine.phase, machine.message
-    with worker.lock:
-        return worker.view.phase, worker.view.message

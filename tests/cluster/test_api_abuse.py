@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from dankserve.aioserver import Limits
-from dankserve.cluster.api import MAX_BODY, ClusterClient, ClusterServer, MemberUnreachable
+from dankserve.cluster.api import MAX_BODY, ClusterClient, ClusterServer
+from dankserve.errors import MemberUnreachable
 from tests.harness.certs import HostCert, group_certs
 
 TOKEN = "s3cret-token-0123456789abcdef"
