@@ -23,6 +23,7 @@ SCRIPTS = [
     "supervisor_restart.py",
     "supervisor_footprint.py",
     "supervisor_status.py",
+    "gateway_stream.py",
 ]
 
 

@@ -128,8 +128,100 @@ class ClusterSettings(_Strict):
         description="ADDRESS:PORT the cluster API binds to; ADDRESS is also this host's Ray node address."
     )
     token_file: Path = Field(description="File holding the group's shared token (the same on every host).")
+    tls_ca_file: Path = Field(
+        description="The group's CA certificate (PEM): peers' certificates must be signed by it (docs/MULTI-HOST.md)."
+    )
+    tls_cert_file: Path = Field(
+        description="This host's certificate (PEM), signed by the group's CA, naming the listen address."
+    )
+    tls_key_file: Path = Field(description="This host's private key (PEM, mode 0600).")
+    max_connections: int = Field(
+        default=64, ge=1, le=4096, description="Open connections the cluster API accepts at once; more are closed."
+    )
+    header_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=300, description="A peer must finish the TLS handshake and headers within this."
+    )
+    body_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="A request body must arrive within this."
+    )
     ray_executable: str | None = Field(default=None, description="The `ray` CLI; unset: beside dankserve's Python.")
     ray_port: int = Field(default=6379, ge=1, le=65535, description="Port of the Ray head (GCS) on a leader.")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_an_address(cls, value: str) -> str:
+        return check_address(value, default_port=7390)  # the cluster API's port
+
+
+class GatewaySettings(_Strict):
+    """One OpenAI endpoint in front of every deployment, routed by the request's `model` (docs/GATEWAY.md)."""
+
+    listen: str = Field(
+        default="127.0.0.1:9000",
+        description="ADDRESS:PORT of the endpoint. Beyond loopback, api_key_file is required.",
+    )
+    api_key_file: Path | None = Field(
+        default=None, description="File holding the key clients send as `Authorization: Bearer KEY` (mode 0600)."
+    )
+    queue_size: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description="Requests that may wait per deployment while it boots or wakes; more get 503.",
+    )
+    queue_timeout_seconds: float = Field(
+        default=120.0, gt=0, le=MAX_SECONDS, description="A waiting request gets 503 after this long."
+    )
+    retry_after_seconds: int = Field(default=5, ge=1, le=3600, description="The Retry-After a 503 carries.")
+    max_request_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, le=1 << 31, description="Largest request body accepted (413 beyond)."
+    )
+    max_connections: int = Field(
+        default=512, ge=1, le=100_000, description="Open client connections at once; more are closed at once."
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=3600, description="A client must send a request's headers within this."
+    )
+    body_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="A request body must arrive within this."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_an_address(cls, value: str) -> str:
+        return check_address(value)
+
+    @model_validator(mode="after")
+    def _exposed_gateway_needs_a_key(self) -> GatewaySettings:
+        host, _ = split_listen(self.listen)
+        if not is_loopback(host) and self.api_key_file is None:
+            raise ValueError(
+                f"listen = {self.listen!r} is not a loopback address and no api_key_file is set: anyone who can "
+                "reach that address could use every deployment. Set api_key_file to a file (mode 0600) holding "
+                'the key, or listen on "127.0.0.1:PORT"'
+            )
+        return self
+
+
+def check_address(value: str, default_port: int = 0) -> str:
+    """The value, when it is ADDRESS:PORT (or ADDRESS with a default port); ValueError otherwise."""
+    host, port = split_listen(value, default_port)
+    if not host or not 1 <= port <= 65535:
+        raise ValueError(f"{value!r} is not ADDRESS:PORT")
+    return value
+
+
+def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
+    """'HOST:PORT' (or 'HOST', or '[v6]:PORT') as (host, port); a port that is not a number is -1."""
+    text = address.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else str(default_port)
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, str(default_port)
+    return host, int(port_text) if port_text.isdigit() else -1
 
 
 class DeploymentSettings(_Strict):
@@ -211,6 +303,14 @@ class DeploymentSettings(_Strict):
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The name clients send as `model` (--served-model-name); unset: `model`.",
+    )
+    aliases: list[str] = Field(
+        default_factory=list, description="More names the gateway routes to this deployment (rewritten to its name)."
+    )
 
     @field_validator("gpus")
     @classmethod
@@ -220,6 +320,13 @@ class DeploymentSettings(_Strict):
                 raise ValueError("gpus is empty: leave it out for all GPUs, or list indices/UUIDs")
             if len(set(map(str, value))) != len(value):
                 raise ValueError(f"gpus lists a GPU twice: {value}")
+        return value
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_are_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            check_address(address, default_port=7390)  # the cluster API's port
         return value
 
     @field_validator("max_model_len")
@@ -316,6 +423,9 @@ class Settings(BaseSettings):
     health_interval_seconds: float = Field(
         default=3.0, gt=0, le=MAX_SECONDS, description="Health probe period while ready."
     )
+    gateway: GatewaySettings | None = Field(
+        default=None, description="One OpenAI endpoint for every deployment, routed by model name."
+    )
     log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
     cluster: ClusterSettings | None = Field(default=None, description="Multi-host groups: this daemon's cluster API.")
     deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)
@@ -345,6 +455,31 @@ class Settings(BaseSettings):
                         "give each deployment its own port"
                     )
             seen[(dep.host, dep.port)] = name
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_names_are_unique(self) -> Settings:
+        if self.gateway is None:
+            return self
+        owner: dict[str, str] = {}
+        for name, dep in self.deployments.items():
+            names = [dep.served_model_name or dep.model, *dep.aliases]
+            for model in names:
+                if owner.get(model, name) != name:
+                    raise ValueError(
+                        f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
+                        "give each a distinct served_model_name or alias"
+                    )
+                owner[model] = name
+            if not is_loopback(dep.host):
+                raise ValueError(
+                    f"deployments.{name}.host = {dep.host!r}: behind the gateway every server listens on loopback "
+                    'only (clients reach it through [gateway] listen); set host = "127.0.0.1"'
+                )
+        _, gateway_port = split_listen(self.gateway.listen)
+        for name, dep in self.deployments.items():
+            if dep.port == gateway_port:
+                raise ValueError(f"deployments.{name}.port = {dep.port} is the gateway's port: give it another")
         return self
 
     @classmethod
@@ -404,21 +539,44 @@ def _check_config_file(path: Path) -> None:
 
 def check_secret_files(settings: Settings) -> None:
     """Refuse secret files that exist and are open to others; absent ones are reported when read."""
+    secrets: list[tuple[str, Path | None]] = []
     for name, dep in settings.deployments.items():
         for key in ("api_key_file", "hf_token_file", "cluster_token_file"):
-            path: Path | None = getattr(dep, key)
-            if path is None:
-                continue
-            try:
-                mode = path.stat().st_mode
-            except OSError:
-                continue
-            problem = secret_file_problem(mode)
-            if problem is not None:
-                raise ConfigError(
-                    f"deployments.{name}.{key} = {str(path)!r}: the file {problem}",
-                    fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
-                )
+            secrets.append((f"deployments.{name}.{key}", getattr(dep, key)))
+    if settings.gateway is not None:
+        secrets.append(("gateway.api_key_file", settings.gateway.api_key_file))
+    if settings.cluster is not None:
+        secrets += [
+            ("cluster.token_file", settings.cluster.token_file),
+            ("cluster.tls_key_file", settings.cluster.tls_key_file),
+        ]
+    for key, path in secrets:
+        if path is None:
+            continue
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        problem = secret_file_problem(mode)
+        if problem is not None:
+            raise ConfigError(
+                f"{key} = {str(path)!r}: the file {problem}",
+                fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
+            )
+
+
+def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
+    """A secret's text, stripped; unreadable, empty or shorter than min_length is a ConfigError (exit 2)."""
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{what} {path} cannot be read: {reason}", fix=fix) from None
+    if len(secret) < min_length:
+        raise ConfigError(
+            f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
+        )
+    return secret
 
 
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
@@ -457,6 +615,11 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
         return (
             f"{path}: unknown key {key!r} (value {value!r}); "
             "see the keys allowed in the example `dankserve install` writes"
+        )
+    if kind == "missing" and key.startswith("cluster.tls_"):
+        return (
+            f"{path}: {key} is required: the cluster API speaks TLS only (make the group's certificates "
+            "with scripts/cluster-certs.sh DIR ADDRESS..., docs/MULTI-HOST.md)"
         )
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"

@@ -456,6 +456,13 @@ def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
         flags.decision(
             "--speculative-config", rules.speculative_config(deployment.speculative, deployment.profile), "speculative"
         )
+    if deployment.served_model_name is not None:
+        flags.add(
+            "--served-model-name",
+            deployment.served_model_name,
+            "set in config: the name clients send as `model` (and the gateway lists)",
+            "served_model_name",
+        )
 
 
 def numa_flags(

@@ -113,7 +113,7 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
         runtime_for=runtimes,
         load_host=host_loader,
         hardware_file=hardware_file,
-        services=cluster.start_api,
+        services=lambda daemon: start_services(daemon, cluster),
         describe_hosts=cluster.hosts,
         follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
         fetch_weights=weights_fetcher(settings),
@@ -121,6 +121,28 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
     daemon = Daemon(settings, deps, config_path=config_path)
     preflight(daemon)
     return daemon
+
+
+def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None]:
+    """The cluster API (with [cluster]) and the gateway (with [gateway]); the function that stops them."""
+    close_cluster = cluster.start_api(daemon)
+    gateway_settings = daemon.settings.gateway
+    if gateway_settings is None:
+        return close_cluster
+    from dankserve.gateway.daemon_link import DaemonSupervisor
+    from dankserve.gateway.service import start_gateway
+
+    try:
+        gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, DaemonSupervisor(daemon))
+    except BaseException:
+        close_cluster()
+        raise
+
+    def close() -> None:
+        gateway.close()
+        close_cluster()
+
+    return close
 
 
 def preflight(daemon: Daemon) -> None:

@@ -636,6 +636,72 @@ def test_no_visible_gpu_fails_like_vllm_when_required(tmp_path: Path) -> None:
     assert "RuntimeError: Failed to infer device type" in result.stderr
 
 
+def sleep_server(serve: StartServer, tmp_path: Path, *args: str) -> Served:
+    env = base_env(tmp_path, VLLM_SERVER_DEV_MODE="1", FAKE_VLLM_SLEEP_SECONDS="0.05", FAKE_VLLM_WAKE_SECONDS="0.05")
+    served = serve(*args, env=env | {"FAKE_VLLM_RELOAD_SECONDS": "0.05"})
+    served.wait_ready()
+    return served
+
+
+def completion(served: Served) -> tuple[int, str]:
+    status, body = http(served.url("/v1/completions"), "POST", {"model": MODEL, "prompt": "x", "max_tokens": 3})
+    return status, json.loads(body)["choices"][0]["text"] if status == 200 else body.decode()
+
+
+def test_dev_routes_exist_only_in_dev_mode(serve: StartServer, tmp_path: Path) -> None:
+    """Without VLLM_SERVER_DEV_MODE=1 the sleep and RPC routes are 404, as in vLLM."""
+    served = serve("--enable-sleep-mode", env=base_env(tmp_path))
+    served.wait_ready()
+    for method, path in [
+        ("POST", "/sleep"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/collective_rpc"),
+    ]:
+        assert http(served.url(path), method)[0] == 404
+
+
+def test_sleep_needs_sleep_mode(serve: StartServer, tmp_path: Path) -> None:
+    """Dev mode without --enable-sleep-mode: /sleep is an error and the server stays awake."""
+    served = sleep_server(serve, tmp_path)
+    status, body = http(served.url("/sleep?level=1"), "POST")
+    assert status == 500 and b"--enable-sleep-mode" in body
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": False}
+
+
+def test_level_1_sleep_and_wake(serve: StartServer, tmp_path: Path) -> None:
+    """Level 1: asleep (completions refused), the memory freed and the timings logged; one wake serves again."""
+    served = sleep_server(serve, tmp_path, "--enable-sleep-mode")
+    assert http(served.url("/sleep?level=1"), "POST")[0] == 200
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": True}
+    assert completion(served)[0] == 503
+    out = served.wait_for("seconds to fall asleep.")
+    freed = re.search(r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still in use\.", out)
+    assert freed is not None and float(freed.group(1)) > 1 and float(freed.group(2)) < float(freed.group(1))
+    assert http(served.url("/wake_up"), "POST")[0] == 200
+    served.wait_for("seconds to wake up tags ['kv_cache', 'weights'].")
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": False}
+    assert completion(served) == (200, "The stand-in vLLM")
+
+
+def test_level_2_staged_wake_needs_reload_weights(serve: StartServer, tmp_path: Path) -> None:
+    """Level 2: waking the weights alone leaves garbage until reload_weights; then the KV cache; then it serves."""
+    served = sleep_server(serve, tmp_path, "--enable-sleep-mode")
+    assert http(served.url("/sleep?level=2"), "POST")[0] == 200
+    assert http(served.url("/wake_up?tags=weights"), "POST")[0] == 200
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": True}  # the KV cache still sleeps
+    assert http(served.url("/wake_up?tags=kv_cache"), "POST")[0] == 200
+    assert completion(served) == (200, "")  # weights allocated, never loaded
+    assert http(served.url("/sleep?level=2"), "POST")[0] == 200
+    assert http(served.url("/wake_up?tags=weights"), "POST")[0] == 200
+    status, body = http(served.url("/collective_rpc"), "POST", {"method": "reload_weights"})
+    assert status == 200 and json.loads(body) == {"results": [None]}
+    assert http(served.url("/wake_up?tags=kv_cache"), "POST")[0] == 200
+    assert http(served.url("/reset_prefix_cache"), "POST")[0] == 200
+    assert completion(served) == (200, "The stand-in vLLM")
+    assert http(served.url("/sleep?level=3"), "POST")[0] == 400
+
+
 def podman_usable() -> bool:
     return shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None and os.geteuid() == 0
 

@@ -168,6 +168,17 @@ def test_extra_args_come_last_verbatim() -> None:
     assert any("--no-such-flag" in w and "--enable-prefix-caching" not in w for w in plan.warnings)
 
 
+def test_served_model_name_is_passed_with_its_reason() -> None:
+    """served_model_name becomes --served-model-name (the name clients and the gateway use); unset: no flag."""
+    dep = DeploymentSettings(model="org/m", served_model_name="chat")
+    plan = plan_deployment("d", dep, host(), caps(), QWEN3_30B)
+    index = plan.argv.index("--served-model-name")
+    assert plan.argv[index + 1] == "chat"
+    assert (
+        "--served-model-name" not in plan_deployment("d", DeploymentSettings(model="m"), host(), caps(), QWEN3_30B).argv
+    )
+
+
 def test_cpu_offload_flags_and_latency_warning() -> None:
     """cpu_offload adds --cpu-offload-gb and --cpu-offload-params (a list) and warns about latency."""
     dep = DeploymentSettings(model="m", cpu_offload={"gib": 16, "params": ["experts", "lm_head"]})
