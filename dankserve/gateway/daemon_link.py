@@ -30,7 +30,7 @@ class DaemonSupervisor:
         if dep is None or not dep.enabled:
             return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
         key = self._key(dep.api_key_file)
-        worker = daemon.workers.get(deployment)
+        worker = daemon.snapshot().get(deployment)
         if worker is None:
             why = "taken down (`dankserve up NAME` starts it)" if daemon.state.is_down(deployment) else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)

@@ -34,6 +34,8 @@ log = structlog.get_logger("dankserve.swap")
 
 LOOK_SECONDS = 0.25
 """The coordinator looks around at least this often."""
+REFUSAL_SECONDS = 10.0
+"""How long a wake that cannot fit is refused at once (503) before it is tried again (pinned members may go)."""
 _HOLDING_STAGES = frozenset(
     {m.Stage.MEASURING, m.Stage.STARTING, m.Stage.BOOTING, m.Stage.ENDING, m.Stage.WAKING}
 )  # a boot past its GPU slot, or a wake: holds (or is about to hold) its GPU memory
@@ -63,7 +65,8 @@ class SwapGroups:
         self._last_used: dict[str, float] = {}
         self._in_flight: dict[str, int] = {}
         self._wanted: set[str] = set()
-        self._refused: dict[str, str] = {}
+        self._refused: dict[str, tuple[str, float]] = {}
+        """Wakes that cannot fit: the reason and when (a refusal holds for REFUSAL_SECONDS, then is looked at again)."""
         self._booted: set[str] = set()
         """Members whose first boot since the daemon started is over (ready, or failed)."""
         self._admitted: set[str] = set()
@@ -117,7 +120,11 @@ class SwapGroups:
     def refused(self, name: str) -> str | None:
         """Why the last wake of `name` cannot happen (the gateway answers 503 with it), or None."""
         with self._lock:
-            return self._refused.get(name)
+            found = self._refused.get(name)
+            if found is None or time.monotonic() - found[1] > REFUSAL_SECONDS:
+                self._refused.pop(name, None)
+                return None
+            return found[0]
 
     def record_plan(self, name: str, facts: PlanFacts) -> None:
         with self._lock:
@@ -249,7 +256,7 @@ class SwapGroups:
                     self._sleep_member(sleeper, f"make room for {name}")
             elif isinstance(decision, CannotFit):
                 self._wanted.discard(name)
-                self._refused[name] = decision.reason
+                self._refused[name] = (decision.reason, now)
                 log.error("swap_cannot_fit", deployment=name, reason=decision.reason)
 
     def _idle_sleep(self, group: str, now: float) -> None:
