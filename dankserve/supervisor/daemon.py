@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -33,12 +33,19 @@ from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import ExitEvent, Runtime, Workload
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, learning, policy
-from dankserve.supervisor.health import check_health, fetch_metrics, idle_seconds, metric_value
+from dankserve.supervisor.health import check_health, idle_seconds
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, advance_boot_phase, all_settled, status_line
+from dankserve.supervisor.liveness import LivenessSettings
+from dankserve.supervisor.liveness_probe import LivenessMonitor, served_model_name
+from dankserve.supervisor.observatory import Observatory, ServingTarget
 from dankserve.supervisor.policy import FailureCause, FailureContext, RestartSettings
 from dankserve.supervisor.records import StateBook, failure_json
+from dankserve.supervisor.telemetry import Telemetry, boot_kind
 from dankserve.supervisor.workload import workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
+
+if TYPE_CHECKING:
+    from dankserve.metrics import MetricsSnapshot
 
 log = structlog.get_logger("dankserve")
 
@@ -238,6 +245,8 @@ class DeploymentWorker:
         self._learned_used: int | None = None
         self._planned_utilization: float | None = None
         self._lines: queue.Queue[str | None] | None = None
+        self._adopted = False
+        daemon.telemetry.track(name)
 
     # -- control -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -345,6 +354,7 @@ class DeploymentWorker:
             now = time.time()
             failures.append(now)
             daemon.state.record_failure(self.name, cause.value, outcome.message, now)
+            daemon.telemetry.failed(self.name, cause.value)
             with self.lock:
                 self.view.last_failure = {"class": cause.value, "message": outcome.message, "at": now}
                 dep = self.dep
@@ -385,6 +395,7 @@ class DeploymentWorker:
             with self.lock:
                 self.view.restarts += 1
             daemon.state.record_restart(self.name)
+            daemon.telemetry.restarted(self.name, cause.value)
             self._set(phase=Phase.RESTARTING, state="restarting", ready_since=None)
             self.log.info("restart_scheduled", delay_seconds=round(restart.delay_seconds, 2), reason=restart.reason)
             self._wake.clear()
@@ -400,6 +411,7 @@ class DeploymentWorker:
         """One boot of the deployment and the time it serves, until it ends."""
         # A boot an earlier daemon left running may hold its GPUs' boot slot (claimed at start-up).
         claimed = self.daemon.take_claimed_slot(self.name)
+        self._adopted = False
         try:
             return self._boot_or_adopt(overrides, claimed)
         finally:
@@ -447,7 +459,7 @@ class DeploymentWorker:
         existing = runtime.find(self.name)
         if existing is not None and existing.running and existing.fingerprint == base_plan.fingerprint:
             self.log.info("adopting", container_id=existing.id)
-            self._learned_used = None
+            self._learned_used, self._adopted = None, True
             # An adopted boot keeps its GPUs' slot until ready: another boot there would upset its profiling.
             return self._follow(runtime, existing, base_plan, boot_key, None, None, claimed)
         if claimed is not None:
@@ -539,6 +551,7 @@ class DeploymentWorker:
         unhealthy = 0
         log_ended = False
         lost = RuntimeOutage()  # the runtime unreachable since ..., and when to look again
+        alive: LivenessMonitor | None = None  # beyond /health, once ready
 
         def feed(line: str) -> None:
             nonlocal fed
@@ -619,7 +632,14 @@ class DeploymentWorker:
                             slot.release()  # the next boot on these GPUs may profile now
                         self._became_ready(plan, boot_key, facts, baseline, learned_used)
                         next_health = now + settings.health_interval_seconds
+                        alive = self._liveness_monitor(plan, dep)
                 continue
+            hung = alive.step(now) if alive is not None else None
+            if hung is not None:
+                self.log.warning("engine_hung", evidence=hung)
+                runtime.stop(workload.id, settings.stop_timeout_seconds)
+                runtime.remove(workload.id)
+                return Outcome("ready_then_failed", FailureCause.ENGINE_HUNG, hung, facts)
             if now >= next_health:
                 next_health = now + settings.health_interval_seconds
                 result = check_health(dep.host, dep.port, timeout=min(2.0, settings.health_interval_seconds))
@@ -638,6 +658,21 @@ class DeploymentWorker:
                             facts.failure_message or f"health check failed ({result.status or result.error})",
                             facts,
                         )
+
+    def _liveness_monitor(self, plan: Plan, dep: DeploymentSettings) -> LivenessMonitor:
+        settings = self.daemon.settings
+        observatory = self.daemon.observatory
+        return LivenessMonitor(
+            name=self.name,
+            host=dep.host,
+            port=dep.port,
+            model=served_model_name(plan.argv, dep.model),
+            api_key_file=dep.api_key_file,
+            settings=LivenessSettings(settings.stall_seconds, settings.liveness_interval_seconds),
+            timeout=settings.liveness_timeout_seconds,
+            sample=lambda: observatory.sample(self.name),
+            telemetry=self.daemon.telemetry,
+        )
 
     def _ended(self, runtime: Runtime, workload: Workload, event: ExitEvent, facts: BootFacts, ready: bool) -> Outcome:
         """The workload exited (its exit event): classify why."""
@@ -701,6 +736,10 @@ class DeploymentWorker:
             compile_cache_hit=facts.compile_cache_hit,
         )
         state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
+        if not self._adopted:  # an adopted boot's start was not seen: no duration, no kind
+            kind = boot_kind(compile_cache_hit=facts.compile_cache_hit, learned_bytes_used=learned_used is not None)
+            self.daemon.telemetry.booted(self.name, kind, took, facts.compile_cache_hit)
+        self.daemon.observatory.poke()
         if learned_used is None and baseline:
             learned = learning.learn_from_boot(facts, baseline, time.time())
             if learned is not None and state.learned(self.name, boot_key) is None:
@@ -772,6 +811,24 @@ class Daemon:
         self._ready_sent = False
         self._lock = threading.Lock()
         self._claimed_slots: dict[str, BootSlot] = {}
+        self.telemetry = Telemetry()
+        self.observatory = Observatory(
+            targets=self._serving_targets,
+            read_gpus=lambda: read_gpu_memory([g.uuid for g in self.host.gpus], deps.hardware_file, self.host),
+            telemetry=self.telemetry,
+            interval=settings.serving_scrape_interval_seconds,
+            preemption_interval=settings.preemption_warning_interval_seconds,
+        )
+
+    def _serving_targets(self) -> list[ServingTarget]:
+        """The ready deployments, whose /metrics the observatory reads."""
+        targets = []
+        for name, worker in list(self.workers.items()):
+            with worker.lock:
+                ready, dep = worker.view.phase is Phase.READY, worker.dep
+            if ready:
+                targets.append(ServingTarget(name, dep.host, dep.port))
+        return targets
 
     # -- called by workers -------------------------------------------------------------------
     def phase_changed(self) -> None:
@@ -806,6 +863,7 @@ class Daemon:
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
         previous = self._install_signals()
         close_services: Callable[[], None] = lambda: None  # noqa: E731
+        close_metrics: Callable[[], None] = lambda: None  # noqa: E731
         try:
             try:
                 control.start()
@@ -814,6 +872,8 @@ class Daemon:
                     f"cannot listen on the control socket {control.path}: {exc.strerror or exc}",
                     fix="make the state dir writable (the state_dir setting or DANKSERVE_STATE_DIR names it)",
                 ) from None
+            self.observatory.start()
+            close_metrics = self._start_metrics()
             if self.deps.services is not None:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
@@ -828,12 +888,65 @@ class Daemon:
             self.notifier.stopping()
             self._stop_all()
             close_services()
+            close_metrics()
+            self.observatory.close()
             control.close()
             self.state.flush()
             held.release()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             log.info("daemon_stopped")
+
+    def _start_metrics(self) -> Callable[[], None]:
+        """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
+        from dankserve.metrics import MetricsServer
+        from dankserve.settings import is_loopback, parse_listen
+
+        if self.settings.metrics_listen is None:
+            return lambda: None
+        address, port = parse_listen(self.settings.metrics_listen)
+        server = MetricsServer(address, port, self.metrics_snapshot)
+        try:
+            server.start()
+        except OSError as exc:
+            raise EnvironmentUnusable(
+                f"cannot serve metrics on {self.settings.metrics_listen}: {exc.strerror or exc}",
+                fix="choose a free address and port in metrics_listen, or leave it unset for no metrics endpoint",
+            ) from None
+        if not is_loopback(address):
+            log.warning(
+                "metrics_exposed", listen=self.settings.metrics_listen, hint="anyone reaching it reads the metrics"
+            )
+        log.info("metrics_listening", listen=self.settings.metrics_listen)
+        return server.close
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What /metrics shows now: the same views, telemetry and readings status reads."""
+        from dankserve.metrics import DeploymentFacts, MetricsSnapshot
+
+        facts = []
+        for name in sorted(self.settings.deployments):
+            view = self._view(name, self.workers.get(name))
+            facts.append(
+                DeploymentFacts(
+                    name=name,
+                    state=view.state,
+                    phase=view.phase.value,
+                    model=view.model,
+                    image=view.image,
+                    vllm_version=view.vllm_version,
+                    kv_cache_memory_bytes=view.kv_cache_memory_bytes,
+                    kv_cache_learned_used=view.kv_cache_learned_used,
+                    ready_seconds=None if view.ready_since is None else max(0.0, time.time() - view.ready_since),
+                )
+            )
+        return MetricsSnapshot(
+            deployments=tuple(facts),
+            telemetry=self.telemetry.snapshot(),
+            serving=self.observatory.samples(),
+            scrape_ok=self.observatory.scrape_ok(),
+            gpus=self.observatory.gpus(),
+        )
 
     def _claim_running_boots(self, deployments: Mapping[str, DeploymentSettings]) -> None:
         """Before any worker starts: give each workload an earlier daemon left running its GPUs' boot slot.
@@ -990,17 +1103,11 @@ class Daemon:
         return {"daemon": {"running": True, "pid": os.getpid()}, "deployments": deployments}
 
     def _deployment_status(self, name: str, worker: DeploymentWorker | None) -> dict[str, Any]:
-        dep = self.settings.deployments[name]
         record = self.state.deployment(name)
-        if worker is None:
-            view = DeploymentView(name, dep.model, dep.image, f"http://{dep.host}:{dep.port}/v1")
-            view.state = "down" if self.state.is_down(name) else "stopped"
-        else:
-            with worker.lock:
-                view = replace(worker.view)
+        view = self._view(name, worker)
         gpus = []
         if view.gpu_uuids:
-            for reading in self.gpu_memory(view.gpu_uuids).values():
+            for reading in self.observatory.gpus(view.gpu_uuids).values():
                 gpus.append(
                     {
                         "index": reading.index,
@@ -1008,15 +1115,13 @@ class Daemon:
                         "memory_total_bytes": reading.total_bytes,
                     }
                 )
+        # vLLM's numbers as the observatory last read them (the same ones /metrics relays).
+        sample = self.observatory.sample(name) if view.phase is Phase.READY else None
         preemptions = view.preemptions
         usage = view.kv_cache_usage_perc
-        if view.phase is Phase.READY:
-            text = fetch_metrics(dep.host, dep.port, timeout=0.5)
-            if text is not None:
-                value = metric_value(text, "vllm:num_preemptions_total")
-                preemptions = int(value) if value is not None else preemptions
-                usage_value = metric_value(text, "vllm:kv_cache_usage_perc")
-                usage = usage_value if usage_value is not None else usage
+        if sample is not None:
+            preemptions = int(sample.preemptions_total) if sample.preemptions_total is not None else preemptions
+            usage = sample.kv_cache_usage_perc if sample.kv_cache_usage_perc is not None else usage
         return {
             "name": name,
             "state": view.state,
@@ -1036,8 +1141,20 @@ class Daemon:
             "kv_cache_usage_perc": usage,
             "preemptions": preemptions,
             "message": view.message,
+            "serving": None if sample is None else sample.as_json(),
+            **self.telemetry.of(name).status_json(),
             **self._hosts_status(name),
         }
+
+    def _view(self, name: str, worker: DeploymentWorker | None) -> DeploymentView:
+        """A copy of the deployment's view (a configured one without a worker: down or stopped)."""
+        if worker is None:
+            dep = self.settings.deployments[name]
+            view = DeploymentView(name, dep.model, dep.image, f"http://{dep.host}:{dep.port}/v1")
+            view.state = "down" if self.state.is_down(name) else "stopped"
+            return view
+        with worker.lock:
+            return replace(worker.view)
 
     def _hosts_status(self, name: str) -> dict[str, Any]:
         hosts = self.deps.describe_hosts(name) if self.deps.describe_hosts is not None else None

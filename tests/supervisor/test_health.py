@@ -13,7 +13,6 @@ from dankserve.supervisor.health import (
     check_health,
     fetch_metrics,
     idle_seconds,
-    metric_value,
     probe_host_for,
 )
 
@@ -67,13 +66,11 @@ def test_closed_port_has_no_status() -> None:
     assert result.error
 
 
-def test_metrics_are_read_and_summed(server: http.server.ThreadingHTTPServer) -> None:
-    """Prometheus values are read by metric name, ignoring labels."""
+def test_metrics_text_is_fetched(server: http.server.ThreadingHTTPServer) -> None:
+    """/metrics comes back as text (serving.parse_serving reads it)."""
     text = fetch_metrics("127.0.0.1", server.server_address[1])
     assert text is not None
-    assert metric_value(text, "vllm:num_preemptions_total") == 3.0
-    assert metric_value(text, "vllm:kv_cache_usage_perc") == 0.25
-    assert metric_value(text, "vllm:absent") is None
+    assert "vllm:num_preemptions_total" in text
 
 
 @pytest.mark.parametrize(("bind", "probe"), [("0.0.0.0", "127.0.0.1"), ("::", "::1"), ("127.0.0.2", "127.0.0.2")])
