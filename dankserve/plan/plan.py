@@ -79,6 +79,7 @@ def plan_deployment(
     warnings += memory_flags(flags, deployment, sizing, caps, learned_kv_cache_memory_bytes)
     warnings += offload_flags(flags, deployment, host, sizing, caps)
     serving_flags(flags, deployment)
+    access_log_flags(flags, caps)
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
@@ -318,6 +319,21 @@ def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
     if deployment.speculative is not None:
         flags.decision(
             "--speculative-config", rules.speculative_config(deployment.speculative, deployment.profile), "speculative"
+        )
+
+
+PROBED_ENDPOINTS = ("/health", "/metrics", "/ping")
+"""What dankserve itself asks the server all the time: kept out of its access log."""
+
+
+def access_log_flags(flags: _Flags, caps: VllmCapabilities) -> None:
+    """Keep dankserve's own probes out of the server's access log, where the release can."""
+    if caps.has("--disable-access-log-for-endpoints"):
+        flags.add(
+            "--disable-access-log-for-endpoints",
+            ",".join(PROBED_ENDPOINTS),
+            "dankserve polls /health and reads /metrics all the time: their lines would drown the requests",
+            "dankserve's probes",
         )
 
 

@@ -45,7 +45,7 @@ def plan_example(name: str, host_name: str, version: str = "0.33.0", learned: in
 
 # The seeds' example commands (Hybrid CPU GPU Processing; vLLM research findings), planned for
 # vLLM 0.33 on the hosts they describe. Differences from the seed text are vLLM 0.33's
-# spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md).
+# spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md), e.g. keeping dankserve's probes out of the access log.
 GOLDEN = [
     (
         # vllm serve Qwen/Qwen3-30B-A3B --gpu-memory-utilization 0.85 --swap-space 16
@@ -53,7 +53,8 @@ GOLDEN = [
         "qwen3-30b",
         "plan-a100-80gb-x1-64gb",
         "Qwen/Qwen3-30B-A3B --tensor-parallel-size 1 --gpu-memory-utilization 0.85 --kv-cache-dtype auto "
-        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 4096 --max-num-seqs 128",
+        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 4096 --max-num-seqs 128"
+        " --disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
     (
@@ -62,7 +63,8 @@ GOLDEN = [
         "qwen3-30b-fp8",
         "plan-h100-80gb-x1-64gb",
         "Qwen/Qwen3-30B-A3B-FP8 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 "
-        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 128",
+        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 128"
+        " --disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
     (
@@ -72,7 +74,7 @@ GOLDEN = [
         "plan-h100-80gb-x4-2numa-128gb",
         "meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 --gpu-memory-utilization 0.9 "
         "--max-model-len 8192 --kv-cache-dtype fp8 --kv-offloading-size 32 --kv-offloading-backend native "
-        "--max-num-batched-tokens 8192 --max-num-seqs 128 --numa-bind --numa-bind-nodes 0 0 1 1",
+        "--max-num-batched-tokens 8192 --max-num-seqs 128 --disable-access-log-for-endpoints /health,/metrics,/ping --numa-bind --numa-bind-nodes 0 0 1 1",
         {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
     ),
     (
@@ -83,7 +85,8 @@ GOLDEN = [
         "plan-h200-141gb-x1-256gb",
         "Qwen/Qwen3.6-35B-A3B --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 "
         "--kv-offloading-size 64 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 32 "
-        '--speculative-config {"method":"dflash","model":"z-lab/Qwen3.6-35B-A3B-DFlash","num_speculative_tokens":8}',
+        '--speculative-config {"method":"dflash","model":"z-lab/Qwen3.6-35B-A3B-DFlash","num_speculative_tokens":8}'
+        " --disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
 ]
