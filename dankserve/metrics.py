@@ -27,12 +27,15 @@ Exported (every deployment-level series carries `deployment`):
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -232,20 +235,47 @@ class SnapshotCollector(Collector):
         yield from families(self._snapshot())
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
 class MetricsServer:
-    """/metrics over HTTP on `address`:`port` (prometheus-client's server, in its own thread)."""
+    """/metrics over HTTP on `address`:`port`, in its own thread.
+
+    Always the classic text format (0.0.4): prometheus-client's OpenMetrics answer to a
+    Prometheus that asks for it escapes the colons of vLLM's names (`vllm:num_requests_waiting`
+    would arrive as `vllm_num_requests_waiting`), and vLLM's dashboards use the colon names.
+    """
 
     def __init__(self, address: str, port: int, snapshot: Callable[[], MetricsSnapshot]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot))
         self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
         self._address = address
         self._port = port
 
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO") not in ("/metrics", "/"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: dankserve serves /metrics\n"]
+        body = generate_latest(self.registry)
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))])
+        return [body]
+
     def start(self) -> None:
         """Listen; OSError when the address cannot be bound."""
-        self._server, self._thread = start_http_server(self._port, addr=self._address, registry=self.registry)
+        server_class = _ThreadingServer6 if ":" in self._address else _ThreadingServer
+        self._server = make_server(self._address, self._port, self._app, server_class, _QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
 
     @property
     def port(self) -> int:
