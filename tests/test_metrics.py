@@ -95,5 +95,11 @@ def test_server_answers_on_loopback() -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as response:
             body = response.read().decode()
         assert "dankserve_deployment_state" in body
+        # A Prometheus asking for OpenMetrics still gets vLLM's colon names, not escaped ones.
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert "vllm:num_requests_waiting{" in response.read().decode()
     finally:
         server.close()

@@ -45,7 +45,8 @@ def plan_example(name: str, host_name: str, version: str = "0.33.0", learned: in
 
 # The seeds' example commands (Hybrid CPU GPU Processing; vLLM research findings), planned for
 # vLLM 0.33 on the hosts they describe. Differences from the seed text are vLLM 0.33's
-# spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md), e.g. keeping dankserve's probes out of the access log.
+# spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md),
+# e.g. keeping dankserve's probes out of the access log.
 GOLDEN = [
     (
         # vllm serve Qwen/Qwen3-30B-A3B --gpu-memory-utilization 0.85 --swap-space 16
@@ -74,7 +75,8 @@ GOLDEN = [
         "plan-h100-80gb-x4-2numa-128gb",
         "meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 --gpu-memory-utilization 0.9 "
         "--max-model-len 8192 --kv-cache-dtype fp8 --kv-offloading-size 32 --kv-offloading-backend native "
-        "--max-num-batched-tokens 8192 --max-num-seqs 128 --disable-access-log-for-endpoints /health,/metrics,/ping --numa-bind --numa-bind-nodes 0 0 1 1",
+        "--max-num-batched-tokens 8192 --max-num-seqs 128 --disable-access-log-for-endpoints /health,/metrics,/ping "
+        "--numa-bind --numa-bind-nodes 0 0 1 1",
         {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
     ),
     (
