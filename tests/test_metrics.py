@@ -103,3 +103,9 @@ def test_server_answers_on_loopback() -> None:
             assert "vllm:num_requests_waiting{" in response.read().decode()
     finally:
         server.close()
+
+
+def test_exported_names_are_exactly_what_a_full_snapshot_shows() -> None:
+    """EXPORTED (which the dashboard test checks against) lists every own sample name, and no other."""
+    own = {name for name, _ in samples(exposition(snapshot())) if not name.startswith("vllm:")}
+    assert own == EXPORTED
