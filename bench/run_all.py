@@ -22,6 +22,7 @@ SCRIPTS = [
     "supervisor_restart.py",
     "supervisor_footprint.py",
     "supervisor_status.py",
+    "metrics_footprint.py",
 ]
 
 
