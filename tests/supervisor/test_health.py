@@ -1,19 +1,24 @@
 """Tests for dankserve.supervisor.health against a real local HTTP server."""
 
 import http.server
+import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
 from dankserve.supervisor.health import (
     HEALTH_RETRY_SECONDS,
     MAX_IDLE_SECONDS,
+    BackgroundProbe,
     check_health,
     fetch_metrics,
     idle_seconds,
     probe_host_for,
+    token_probe,
 )
 
 
@@ -95,3 +100,60 @@ def test_wildcard_binds_are_probed_on_loopback(bind: str, probe: str) -> None:
 def test_idle_seconds(state: tuple[bool, bool, float, float, float], expected: float) -> None:
     """The follow loop sleeps until its next probe or deadline, briefly once the log says the server is up."""
     assert idle_seconds(*state) == pytest.approx(expected)
+
+
+class _CompletionHandler(http.server.BaseHTTPRequestHandler):
+    mode = "ok"
+    seen: ClassVar[list[dict[str, object]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        _CompletionHandler.seen.append({"body": body, "auth": self.headers.get("authorization")})
+        if self.mode == "hang":
+            time.sleep(2)
+        payload = b'{"choices": [{"text": "x"}]}' if self.mode != "error" else b'{"error": "boom"}'
+        self.send_response(200 if self.mode != "error" else 500)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def completions() -> Iterator[http.server.ThreadingHTTPServer]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CompletionHandler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("ok", None), ("error", "HTTP 500"), ("hang", "no answer within 0.3 s")]
+)
+def test_token_probe_reports_what_went_wrong(
+    completions: http.server.ThreadingHTTPServer, mode: str, expected: str | None
+) -> None:
+    """A one-token completion that comes back is None; an error status or no answer in time is named."""
+    _CompletionHandler.mode = mode
+    _CompletionHandler.seen = []
+    error = token_probe("127.0.0.1", completions.server_address[1], "m", "key", timeout=0.3)
+    assert error == expected if expected is None else (error is not None and error.startswith(expected))
+    sent = _CompletionHandler.seen[0]
+    assert sent["auth"] == "Bearer key"
+    assert sent["body"] == {"model": "m", "prompt": "ping", "max_tokens": 1, "temperature": 0}
+
+
+def test_background_probe_runs_aside_and_reports() -> None:
+    """BackgroundProbe is not done while its probe runs, then holds the probe's error."""
+    release = threading.Event()
+    probe = BackgroundProbe(lambda: "failed" if release.wait(5) else None)
+    assert not probe.done
+    release.set()
+    deadline = time.monotonic() + 5
+    while not probe.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert probe.done and probe.error == "failed"

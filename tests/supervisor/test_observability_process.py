@@ -1,8 +1,9 @@
-"""Preemption warnings end to end: the stand-in (process runtime) preempts while serving; the daemon's log and
-`dankserve status` say so with the advice, at most once per interval."""
+"""Observability end to end with the stand-in as a process: preemption warnings in the log and in `dankserve
+status` (with the advice, at most once per interval), and a metrics address already in use."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -45,3 +46,16 @@ def test_rising_preemptions_are_warned_about_once_per_interval(tmp_path: Path) -
         assert done.returncode == 0, done.stderr
         assert "preemptions while serving" in done.stderr and "max_num_seqs" in done.stderr
         assert "serving: " in done.stdout and "KV cache 97% used" in done.stdout
+
+
+def test_metrics_address_in_use_stops_the_daemon_with_exit_3(tmp_path: Path) -> None:
+    """A metrics_listen port another process holds is an environment error naming the address and the fix."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        deployment = process_deployment(free_port())
+        with running_daemon(tmp_path, {"chat": deployment}, extra_globals={"metrics_listen": listen}) as daemon:
+            assert daemon.proc is not None
+            assert daemon.proc.wait(60) == 3
+            assert f"cannot serve metrics on {listen}" in daemon.log_tail()
