@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.errors import EnvironmentUnusable, InvalidInput
+from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
 from dankserve.runtime.base import (
+    CONTAINER_HF_HOME,
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ExitEvent,
@@ -34,7 +36,6 @@ from dankserve.runtime.base import (
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
-from dankserve.state import write_private_file
 
 GPU_RELEASE_TIMEOUT = 30.0
 
@@ -108,7 +109,7 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
     if spec.cache_dir is not None:
         env["VLLM_CACHE_ROOT"] = str(spec.cache_dir)
     for mount in spec.mounts:
-        if mount.target.endswith("/.cache/huggingface"):
+        if mount.target == CONTAINER_HF_HOME:
             env["HF_HOME"] = str(mount.source)
     for secret in spec.secrets:
         if secret.env_var == "HF_TOKEN_PATH":
@@ -128,9 +129,13 @@ class ProcessRuntime:
     """Runs vLLM servers as process groups, remembered under `directory`."""
 
     def __init__(self, directory: Path, gpu_release: Callable[[tuple[str, ...], float], None] | None = None) -> None:
+        """`gpu_release(uuids, timeout)` waits after a stop until the GPUs are free (the supervisor hands
+        in its NVML reading; None: no wait)."""
         self.directory = directory
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._gpu_release = gpu_release if gpu_release is not None else wait_gpu_memory_released
+        self._oom_kills_at_start: dict[int, int | None] = {}
+        self._killed_by_us: set[int] = set()
+        self._gpu_release = gpu_release if gpu_release is not None else lambda uuids, timeout: None
 
     # -- records -------------------------------------------------------------------------------
     def _record_path(self, deployment: str) -> Path:
@@ -160,13 +165,7 @@ class ProcessRuntime:
         child = self._children.get(record.pid)
         if child is not None and child.poll() is not None:
             return False
-        import psutil
-
-        try:
-            proc = psutil.Process(record.pid)
-            return abs(proc.create_time() - record.create_time) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return is_same_process(record.pid, record.create_time)
 
     def _workload(self, record: ProcessRecord) -> Workload:
         alive = self._alive(record)
@@ -219,37 +218,26 @@ class ProcessRuntime:
             )
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         existing = self.find(spec.deployment)
+        if existing is not None and existing.running:
+            # Replacing is the supervisor's decision (it stops and removes the old one first).
+            raise EnvironmentUnusable(
+                f"deployment {spec.deployment!r} already has a running server (pid {existing.pid})",
+                fix=f"stop it first (`dankserve down {spec.deployment}`)",
+            )
         if existing is not None:
-            self.stop(existing.id, 30)
-            self.remove(existing.id)
+            self.remove(existing.id)  # the record of a server that has exited
         argv = serve_command(spec.executable, with_bind_address(spec.argv, spec.bind_host, spec.port))
         env = process_env(spec, {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")})
         log_path = self._log_path(spec.deployment)
         if log_path.exists():
             log_path.replace(log_path.with_suffix(".log.1"))
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = spawn_detached(argv, log_path, env=env)
         except OSError as exc:
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: {exc.strerror}", fix="check the deployment's executable setting"
             ) from None
-        finally:
-            os.close(fd)
-        import psutil
-
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            create_time = time.time()
+        create_time = start_time_of(proc.pid)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -265,6 +253,7 @@ class ProcessRuntime:
             gpu_uuids=tuple(g.uuid for g in spec.gpus),
         )
         self._children[proc.pid] = proc
+        self._oom_kills_at_start[proc.pid] = oom_kills()
         write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
         return self._workload(record)
 
@@ -277,6 +266,7 @@ class ProcessRuntime:
         while time.monotonic() < deadline and self._alive(record):
             time.sleep(0.05)
         if self._alive(record):
+            self._killed_by_us.add(record.pid)
             self._signal_group(record, signal.SIGKILL)
             while self._alive(record):
                 time.sleep(0.05)
@@ -337,7 +327,16 @@ class ProcessRuntime:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = child.wait(timeout=1)
-        return ExitEvent(workload_id, record.deployment, code, oom_killed=code == -signal.SIGKILL)
+        return ExitEvent(workload_id, record.deployment, code, oom_killed=self._oom_killed(record.pid, code))
+
+    def _oom_killed(self, pid: int, code: int | None) -> bool:
+        """Killed by the kernel's OOM killer: a SIGKILL we did not send while the kernel counted an OOM kill.
+
+        Only the kernel's word counts (its oom_kill counter rose since the start); an unknown count is no."""
+        if code != -signal.SIGKILL or pid in self._killed_by_us:
+            return False
+        before, now = self._oom_kills_at_start.get(pid), oom_kills()
+        return before is not None and now is not None and now > before
 
     def find(self, deployment: str) -> Workload | None:
         record = self._read_record(deployment)
@@ -351,18 +350,16 @@ class ProcessRuntime:
         return None if record is None else self._workload(record)
 
 
-def wait_gpu_memory_released(uuids: tuple[str, ...], timeout: float) -> None:
-    """After a stop, wait until NVML lists no compute process on the GPUs (no-op without NVML)."""
-    from dankserve.host.gpu_memory import read_nvml
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        readings = read_nvml(uuids)
-        if readings is None:
-            return
-        if all(r.other_processes in (0, None) for r in readings.values()):
-            return
-        time.sleep(0.2)
+def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (None: unknown)."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def executable_digest(executable: str) -> str:

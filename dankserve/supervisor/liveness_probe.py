@@ -44,6 +44,7 @@ class LivenessMonitor:
         self,
         *,
         name: str,
+        workload_id: str | None,
         host: str,
         port: int,
         model: str,
@@ -52,12 +53,17 @@ class LivenessMonitor:
         timeout: float,
         sample: Callable[[], ServingSample | None],
         telemetry: Telemetry,
+        now: float,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        self.workload_id = workload_id
+        """The server watched (a new one gets a new monitor)."""
         self._name = name
+        self._wall = wall
         self._settings = settings
         self._sample = sample
         self._telemetry = telemetry
-        self._state = liveness.Liveness.ready_at(time.monotonic())
+        self._state = liveness.Liveness.ready_at(now)
         self._probe: BackgroundProbe | None = None
 
         def probe() -> str | None:
@@ -73,7 +79,7 @@ class LivenessMonitor:
             error = self._probe.error
             self._probe = None
             self._state, verdict = liveness.probed(self._state, error, now)
-            self._telemetry.probed(self._name, time.time(), error, self._state.probe_failures)
+            self._telemetry.probed(self._name, self._wall(), error, self._state.probe_failures)
             if error is not None:
                 log.warning("token_probe_failed", deployment=self._name, error=error, count=self._state.probe_failures)
             if verdict.action == "hung":

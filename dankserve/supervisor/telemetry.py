@@ -26,6 +26,17 @@ BOOT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 30
 
 FAILURE_CAUSES: tuple[str, ...] = tuple(c.value for c in FailureCause)
 
+OBSERVED_FIELDS: tuple[str, ...] = (
+    "boots_by_kind",
+    "restarts_by_cause",
+    "last_boot",
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "liveness",
+    "preemption_warning",
+)
+"""The keys `DeploymentTelemetry.status_json` adds to a status document, in order."""
+
 
 def boot_kind(
     *, compile_cache_hit: bool | None, learned_bytes_used: bool, launcher: bool = False, wake: bool = False
