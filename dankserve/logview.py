@@ -115,17 +115,39 @@ def daemon_file_line(line: str, source: str = "dankserve") -> TimedLine | None:
     return TimedLine(at, source, line[match.end() :].strip())
 
 
+_JOURNAL_OWN = frozenset(
+    {"MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "SYSLOG_PID", "SYSLOG_TIMESTAMP"}
+)
+_LEVELS = {
+    "0": "emerg",
+    "1": "alert",
+    "2": "critical",
+    "3": "error",
+    "4": "warning",
+    "5": "notice",
+    "6": "info",
+    "7": "debug",
+}
+
+
 def journal_entry(line: str, source: str = "dankserve") -> TimedLine | None:
-    """One `journalctl -o json` entry."""
+    """One `journalctl -o json` entry, rendered like a daemon log line: `[level] event key=value ...`
+    (the event's fields are the entry's own upper-case ones; journald's `_`-prefixed ones are left out)."""
     try:
         entry = json.loads(line)
         at = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6).astimezone()
-        message = entry.get("MESSAGE", "")
     except (ValueError, KeyError, TypeError):
         return None
+    message = entry.get("MESSAGE", "")
     if isinstance(message, list):  # journalctl gives non-UTF-8 messages as byte lists
         message = bytes(message).decode("utf-8", "replace")
-    return TimedLine(at, source, str(message))
+    level = _LEVELS.get(str(entry.get("PRIORITY", "6")), "info")
+    fields = " ".join(
+        f"{key.lower()}={value}"
+        for key, value in entry.items()
+        if not key.startswith("_") and key not in _JOURNAL_OWN and isinstance(value, str)
+    )
+    return TimedLine(at, source, f"[{level}] {message} {fields}".rstrip())
 
 
 def merged(groups: Iterable[Iterable[TimedLine]], since: datetime | None, last: int) -> list[TimedLine]:

@@ -74,9 +74,12 @@ def test_daemon_json_and_console_lines_are_read() -> None:
 
 
 def test_journal_entries_are_read() -> None:
-    """journalctl -o json entries give their realtime timestamp and message."""
-    entry = journal_entry('{"__REALTIME_TIMESTAMP": "1796130000000000", "MESSAGE": "ready deployment=chat"}')
-    assert entry is not None and entry.text == "ready deployment=chat"
+    """journalctl -o json entries give their realtime timestamp, level, event and own fields (not journald's)."""
+    entry = journal_entry(
+        '{"__REALTIME_TIMESTAMP": "1796130000000000", "MESSAGE": "ready", "PRIORITY": "4", "DEPLOYMENT": "chat",'
+        ' "SYSLOG_IDENTIFIER": "dankserve", "_PID": "1"}'
+    )
+    assert entry is not None and entry.text == "[warning] ready deployment=chat"
     assert entry.at.timestamp() == 1796130000
 
 

@@ -2,7 +2,8 @@
 together, in time order, a timestamp on every line.
 
 The daemon's lines: from journald where it runs (`journalctl -o json SYSLOG_IDENTIFIER=dankserve`,
-or `DEPLOYMENT=NAME` for one deployment), else from its log file in the state dir. The servers'
+or `DEPLOYMENT=NAME` for one deployment) and from its log file in the state dir (a daemon started
+in the background writes one). The servers'
 lines: from the runtime (Podman's k8s-file log of each container, or a process's log file),
 shown as the workload's name; their time comes from vLLM's own prefix (dankserve.logview).
 With -f new lines keep coming as they arrive, stamped when read.
@@ -57,9 +58,11 @@ def command(name: str | None, deployment_option: str | None, follow: bool, lines
     now = datetime.now().astimezone()
     start = parse_since(since, now) if since is not None else None
     journal = _journal_available()
-    daemon_lines = _journal_history(deployment, start, lines) if journal else _file_history(settings, deployment)
+    # A daemon under systemd logs to the journal; one started in the background (`dankserve up`
+    # without the unit) writes daemon.log in the state dir: both are read where they exist.
+    journal_lines = _journal_history(deployment, start, lines) if journal else []
     servers, followers = _server_history(settings, deployment, now, follow)
-    for line in merged([daemon_lines, *servers], start, lines):
+    for line in merged([journal_lines, _file_history(settings, deployment), *servers], start, lines):
         click.echo(line.render())
     if not follow:
         return ExitCode.OK

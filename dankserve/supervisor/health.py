@@ -78,7 +78,7 @@ def fetch_metrics(host: str, port: int, timeout: float = 2.0) -> str | None:
 
 def token_probe(host: str, port: int, model: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
     """A one-token completion: None when it came back, else what went wrong (the engine may hang
-    while /health says 200; only generating a token proves it works)."""
+    while /health says 200; only generating a token proves it works). A 4xx answer is no failure."""
     body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
     headers = {"content-type": "application/json"}
     if api_key:
@@ -89,8 +89,12 @@ def token_probe(host: str, port: int, model: str, api_key: str | None = None, ti
         conn.request("POST", "/v1/completions", body=body, headers=headers)
         response = conn.getresponse()
         payload = response.read()
-        if response.status != 200:
+        if response.status >= 500:
             return f"HTTP {response.status}: {payload[:200].decode('utf-8', 'replace')}"
+        if response.status != 200:
+            # The API answered without the engine (a pooling model has no completions API, a key the
+            # probe lacks): that proves nothing about the engine and is no failure; stalls still count.
+            return None
         choices = json.loads(payload).get("choices")
         return None if choices else "the completion has no choices"
     except TimeoutError:

@@ -19,11 +19,12 @@ log = structlog.get_logger("dankserve")
 
 
 def served_model_name(argv: tuple[str, ...], model: str) -> str:
-    """The name the server answers to: the first --served-model-name, else the model."""
-    if "--served-model-name" in argv:
-        index = argv.index("--served-model-name")
-        if index + 1 < len(argv):
+    """The name the server answers to: the first --served-model-name (either spelling), else the model."""
+    for index, arg in enumerate(argv):
+        if arg == "--served-model-name" and index + 1 < len(argv):
             return argv[index + 1]
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
     return model
 
 

@@ -3,11 +3,16 @@
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
+from dankserve.systemd.journal import JournalSender
 from tests.harness.daemon import free_port, process_deployment, running_daemon
+from tests.harness.journald import journald, read_journal
+
+__all__ = ["journald"]
 
 pytestmark = pytest.mark.slow
 
@@ -55,3 +60,38 @@ def test_unreadable_since_is_an_input_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "last tuesday-ish" in done.stderr and "2h ago" in done.stderr
+
+
+def test_logs_read_the_daemons_entries_from_journald(tmp_path: Path, journald: str) -> None:
+    """Where journald runs, the daemon's entries of one deployment come from the journal, each with its time."""
+    name = f"jt{uuid.uuid4().hex[:10]}"
+    sender = JournalSender(journald)
+    for event in ("phase", "ready"):
+        sender.send({"MESSAGE": event, "PRIORITY": "6", "SYSLOG_IDENTIFIER": "dankserve", "DEPLOYMENT": name})
+    sender.close()
+    read_journal(f"DEPLOYMENT={name}", expect=2)
+    config = tmp_path / "dankserve.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path}/state"\n[deployments.{name}]\nmodel = "m"\nruntime = "process"\n'
+        f'executable = "{sys.executable}"\n'
+    )
+    config.chmod(0o600)
+
+    def logs(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "dankserve", "--config", str(config), "logs", "--deployment", name, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    shown = logs("--since", "1h ago")
+    assert [line.split(": ", 1)[1] for line in shown] == [
+        f"[info] phase deployment={name}",
+        f"[info] ready deployment={name}",
+    ]
+    assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} dankserve: ", line) for line in shown)
+    assert logs("--since", "2999-01-01") == []

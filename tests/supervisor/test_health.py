@@ -111,8 +111,8 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
         _CompletionHandler.seen.append({"body": body, "auth": self.headers.get("authorization")})
         if self.mode == "hang":
             time.sleep(2)
-        payload = b'{"choices": [{"text": "x"}]}' if self.mode != "error" else b'{"error": "boom"}'
-        self.send_response(200 if self.mode != "error" else 500)
+        payload = b'{"choices": [{"text": "x"}]}' if self.mode in ("ok", "hang") else b'{"error": "boom"}'
+        self.send_response({"error": 500, "unsupported": 404}.get(self.mode, 200))
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
@@ -132,12 +132,14 @@ def completions() -> Iterator[http.server.ThreadingHTTPServer]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "expected"), [("ok", None), ("error", "HTTP 500"), ("hang", "no answer within 0.3 s")]
+    ("mode", "expected"),
+    [("ok", None), ("unsupported", None), ("error", "HTTP 500"), ("hang", "no answer within 0.3 s")],
 )
 def test_token_probe_reports_what_went_wrong(
     completions: http.server.ThreadingHTTPServer, mode: str, expected: str | None
 ) -> None:
-    """A one-token completion that comes back is None; an error status or no answer in time is named."""
+    """A completion that comes back, or a 4xx the API gives without the engine, is None; a 5xx or no answer in
+    time is named."""
     _CompletionHandler.mode = mode
     _CompletionHandler.seen = []
     error = token_probe("127.0.0.1", completions.server_address[1], "m", "key", timeout=0.3)

@@ -75,3 +75,12 @@ def test_zero_settings_turn_the_checks_off() -> None:
     state = Liveness.ready_at(0)
     assert observe(state, sample(1000, waiting=9, tokens=1), 1000, off)[1].action == "ok"
     assert observe(state, sample(5000), 5000, off)[1].action == "ok"
+
+
+def test_served_model_name_is_read_in_both_spellings() -> None:
+    """The probe asks for the name the server answers to: --served-model-name X or =X, else the model."""
+    from dankserve.supervisor.liveness_probe import served_model_name
+
+    assert served_model_name(("--served-model-name", "chat"), "org/m") == "chat"
+    assert served_model_name(("--served-model-name=chat",), "org/m") == "chat"
+    assert served_model_name(("--max-model-len", "8"), "org/m") == "org/m"
