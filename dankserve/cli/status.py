@@ -89,7 +89,13 @@ def command(as_json: bool) -> ExitCode:
     click.echo(f"daemon: {'running (pid ' + str(daemon['pid']) + ')' if daemon['running'] else 'not running'}")
     for dep in doc["deployments"]:
         uptime = f", up {dep['uptime_seconds']:.0f}s" if dep.get("uptime_seconds") is not None else ""
-        click.echo(f"{dep['name']}: {dep['state']} ({dep['phase']}){uptime}  {dep['endpoint']}")
+        percent = dep.get("weights_percent")
+        phase = (
+            f"{dep['phase']} {percent}%"
+            if percent is not None and dep["phase"] in ("downloading", "loading")
+            else dep["phase"]
+        )
+        click.echo(f"{dep['name']}: {dep['state']} ({phase}){uptime}  {dep['endpoint']}")
         click.echo(f"  model {dep['model']}  image {dep['image']}  vLLM {dep.get('vllm_version') or '?'}")
         learned = " (learned)" if dep.get("kv_cache_learned_used") else ""
         click.echo(

@@ -106,7 +106,8 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
     env.update(spec.env)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in spec.gpus)
-    if spec.cache_dir is not None:
+    if spec.cache_dir is not None and "VLLM_CACHE_ROOT" not in spec.env:
+        # The plan says where (planning.vllm_cache_root); a spec that does not: the dir itself.
         env["VLLM_CACHE_ROOT"] = str(spec.cache_dir)
     for mount in spec.mounts:
         if mount.target == CONTAINER_HF_HOME:

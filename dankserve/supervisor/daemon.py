@@ -219,6 +219,8 @@ class DeploymentWorker:
         self._alive: LivenessMonitor | None = None  # beyond /health, while ready
         self._last_cause: str | None = None  # the failure a RecordRestart that follows restarts after
         daemon.telemetry.track(name)
+        self._runtimes: dict[str, Runtime] = {}
+        """The runtime of each workload seen: a reload may change the deployment's runtime, never an old workload's."""
 
     def _config(self, dep: DeploymentSettings) -> m.MachineConfig:
         return machine_config(self.daemon.settings, dep, download_weights=self.daemon.deps.fetch_weights is not None)
@@ -338,12 +340,25 @@ class DeploymentWorker:
             with self._stepping:  # a downloader's progress callback may step from its own thread
                 before = self._machine
                 after, commands = m.step(before, pending.popleft(), self.clock.monotonic())
+                # Logs and records of the transition come first: once status shows the new state,
+                # its log line and its state-file record are there too.
+                instant = 0
+                while instant < len(commands) and isinstance(commands[instant], _INSTANT):
+                    instant += 1
+                answer = self._run_batch(commands[:instant])
                 self._publish(before, after)
-            for command in commands:
-                answer = self._execute(command)
-                if answer is not None:
-                    pending.append(answer)
-                    break  # the rest of the batch was for a world that this answer changed
+            if answer is None:
+                answer = self._run_batch(commands[instant:])
+            if answer is not None:
+                pending.append(answer)
+
+    def _run_batch(self, commands: Sequence[m.Command]) -> m.Event | None:
+        """Run commands in order until one answers; the rest of the batch was for a world that answer changed."""
+        for command in commands:
+            answer = self._execute(command)
+            if answer is not None:
+                return answer
+        return None
 
     def _publish(self, before: m.MachineState, after: m.MachineState) -> None:
         with self.lock:
@@ -382,15 +397,16 @@ class DeploymentWorker:
                 return self._plan_boot(dep, overrides, version, digest)
             case m.StopWorkload(workload_id=wid):
                 self._unfollow(wid)
-                daemon.deps.runtime_for(dep).stop(wid, settings.stop_timeout_seconds)
+                self._runtime_of(wid, dep).stop(wid, settings.stop_timeout_seconds)
             case m.RemoveWorkload(workload_id=wid, best_effort=best_effort):
                 self._unfollow(wid)
                 try:
-                    daemon.deps.runtime_for(dep).remove(wid)
+                    self._runtime_of(wid, dep).remove(wid)
                 except Exception as exc:
                     if not best_effort:
                         raise
                     self.log.warning("remove_failed", container_id=wid, error=str(exc))
+                self._runtimes.pop(wid, None)
             case m.AcquireGpus(uuids=uuids):
                 self._release()
                 slot = daemon.gpu_locks.acquire(uuids, self._stopping)
@@ -411,7 +427,7 @@ class DeploymentWorker:
             case m.FollowLogs(workload_id=wid, resume=resume):
                 self._follow(dep, wid, resume)
             case m.WaitExit(workload_id=wid, timeout=timeout):
-                ended = daemon.deps.runtime_for(dep).wait(wid, timeout=timeout)
+                ended = self._runtime_of(wid, dep).wait(wid, timeout=timeout)
                 return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
             case m.ProbeHealth(timeout=timeout):
                 if daemon.deps.health is not None:
@@ -480,6 +496,7 @@ class DeploymentWorker:
         found = runtime.find(self.name)
         existing = None
         if found is not None:
+            self._runtimes[found.id] = runtime
             existing = m.ExistingWorkload(found.id, found.running, found.fingerprint == plan.fingerprint)
         adoptable = getattr(runtime, "adoptable", None)
         return m.BootPlanned(
@@ -503,7 +520,9 @@ class DeploymentWorker:
         # Both are mounted into the container; a missing source would fail the start.
         compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
         daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        workload = daemon.deps.runtime_for(dep).start(workload_spec(plan, dep, daemon.settings, boot))
+        runtime = daemon.deps.runtime_for(dep)
+        workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
+        self._runtimes[workload.id] = runtime
         return m.WorkloadStarted(workload.id, boot)
 
     def _follow(self, dep: DeploymentSettings, workload_id: str, resume: bool) -> None:
@@ -512,7 +531,7 @@ class DeploymentWorker:
             self._fed = 0
         self._follower += 1
         self._following = workload_id
-        runtime = self.daemon.deps.runtime_for(dep)
+        runtime = self._runtime_of(workload_id, dep)
         watch = getattr(runtime, "watch_members", None)
         if callable(watch):  # a multi-host group reports a lost member as an event
             watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
@@ -524,6 +543,9 @@ class DeploymentWorker:
         if self._following == workload_id:
             self._follower += 1  # what the old follower still sends is dropped
             self._following = None
+
+    def _runtime_of(self, workload_id: str, dep: DeploymentSettings) -> Runtime:
+        return self._runtimes.get(workload_id) or self.daemon.deps.runtime_for(dep)
 
     def _release(self) -> None:
         if self._slot is not None:
@@ -555,6 +577,10 @@ class DeploymentWorker:
         readings = self.daemon.free_memory(uuids)
         free = [readings[u].free_bytes if u in readings else None for u in uuids]
         return (*free, *(free_bytes for _, free_bytes in self._follower_gpus(dep, strict=False)))
+
+
+_INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)
+"""Commands that never wait and never answer: run before the new state is published."""
 
 
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:

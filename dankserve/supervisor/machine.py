@@ -813,8 +813,11 @@ def _on_weights_ready(state: MachineState, event: WeightsReady, now: float) -> S
 
 
 def _on_weights_failed(state: MachineState, event: WeightsFailed, now: float) -> Step:
-    if event.permanent:
-        return _fail(state, event.message, FailureCause.MODEL_NOT_FOUND.value)
+    if event.permanent:  # no such model or revision, or gated without a token: a configuration error
+        cause = FailureCause.MODEL_NOT_FOUND
+        after, commands = _fail(state, event.message, cause.value)
+        after = replace(after, last_failure=LastFailure(cause.value, event.message, now))
+        return after, (RecordFailure(cause.value, event.message), *commands)
     return _retry_later(state, event.message, now)
 
 
@@ -1270,8 +1273,9 @@ def render_state_table() -> str:
                 allowed.append(f"`{kind.__name__}` → {targets}{extra}")
             elif rule.kind == "ignored":
                 ignored.append(f"`{kind.__name__}`")
+        phase = "the log's (starting … capturing)" if stage in (Stage.BOOTING, Stage.ENDING) else shown.phase.value
         lines.append(
-            f"| `{stage.value}` | {shown.status} / {shown.phase.value} | {'; '.join(allowed) or '-'} | "
+            f"| `{stage.value}` | {shown.status} / {phase} | {'; '.join(allowed) or '-'} | "
             f"{', '.join(ignored) or '-'} |"
         )
     lines += [

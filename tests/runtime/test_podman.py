@@ -788,7 +788,9 @@ def test_secrets_follow_the_file_and_go_with_the_container(
     key_file = tmp_path / "api_key"
     spec = make_spec(secrets=(SecretFile("api_key", key_file, "VLLM_API_KEY"),))
     key_file.write_text("first-key")
-    podman_runtime.start(spec)
+    first = podman_runtime.start(spec)
+    podman_runtime.stop(first.id, 5)  # replacing a workload is the supervisor's: stop and remove, then start
+    podman_runtime.remove(first.id)
     key_file.write_text("second-key")
     workload = podman_runtime.start(spec)
     assert container_sees(podman_env, workload.name, "cat /run/secrets/api_key") == "second-key"

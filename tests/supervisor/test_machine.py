@@ -194,8 +194,10 @@ def test_downloading_comes_first_when_dankserve_fetches_weights() -> None:
     assert state.weights_percent == 42 and state.phase is Phase.DOWNLOADING
     state, commands = m.step(state, m.WeightsReady(), 2.0)
     assert state.stage is m.Stage.PULLING and commands == (m.EnsureImage(),)
-    failed, _ = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("404", permanent=True), 3.0)
-    assert failed.stage is m.Stage.FAILED
+    failed, commands = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("404", permanent=True), 3.0)
+    assert failed.stage is m.Stage.FAILED and m.RecordFailure("model_not_found", "404") in commands
+    retry, _ = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("reset", permanent=False), 3.0)
+    assert retry.stage is m.Stage.RETRY_WAIT and retry.failures == ()
 
 
 def test_an_oom_again_after_the_relearn_is_a_configuration_error() -> None:
@@ -299,7 +301,36 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert all(isinstance(c, m.Command.__args__) for c in commands)
         if before.stage in m.TERMINAL:
             assert after == before and commands == ()
+        if before.stage is m.Stage.BOOTING and after.stage is m.Stage.READY:  # this boot's log and /health
+            assert before.boot is not None and before.boot.facts.ready
+            assert isinstance(event, m.HealthChecked) and event.status == 200
+        if isinstance(event, m.FreeMemoryRead) and None in event.free:  # unknown never passes the guard
+            assert all(c.overrides.kv_cache_memory_bytes is None for c in commands if isinstance(c, m.StartWorkload))
         self.state = after
+
+    @rule(data=st.data(), later=st.floats(0, 2))
+    def boot_goes_on(self, data: st.DataObject, later: float) -> None:
+        """The event a boot expects next in this stage (random walks alone rarely get far)."""
+        onward = {
+            m.Stage.DOWNLOADING: st.just(m.WeightsReady()),
+            m.Stage.PULLING: st.just(SAMPLES[m.ImageReady]),
+            m.Stage.PLANNING: st.sampled_from([SAMPLES[m.BootPlanned], m.BootPlanned(("GPU-0",), "k", None, None)]),
+            m.Stage.WAITING_GPUS: st.just(m.GpusAcquired()),
+            m.Stage.MEASURING: st.builds(m.FreeMemoryRead, st.tuples(st.none() | st.integers(0, 2**40))),
+            m.Stage.STARTING: st.just(SAMPLES[m.WorkloadStarted]),
+            m.Stage.BOOTING: st.sampled_from(
+                [
+                    m.BootLog(READY_FACTS, Phase.READY),
+                    m.HealthChecked(200),
+                    m.BootLog(BootFacts(failure=FailureClass.OOM_LOAD, failure_message="CUDA out of memory")),
+                ]
+            ),
+            m.Stage.READY: st.sampled_from([m.HealthChecked(503), m.Tick(), m.LogEnded()]),
+            m.Stage.ENDING: st.just(m.Exited(1)),
+            m.Stage.DECIDING: st.builds(m.GpuTenants, st.none() | st.booleans(), st.floats(0, 0.999)),
+        }.get(self.state.stage)
+        if onward is not None:
+            self.feed(data.draw(onward), later)
 
     @precondition(lambda self: self.state.stage in (m.Stage.BACKOFF, m.Stage.RETRY_WAIT))
     @rule()
