@@ -557,7 +557,7 @@ class DeploymentWorker:
         state.record_boot(self.name, command.facts, command.kv_bytes, command.learned_used)
         boot = self.machine.boot
         if boot is not None and not boot.adopted:  # an adopted boot's start was not seen: no duration, no kind
-            took = None if boot.ready_at is None else round(boot.ready_at - boot.started_at, 3)
+            took = round((boot.ready_at or self.clock.monotonic()) - boot.started_at, 3)  # recorded as it turns ready
             kind = boot_kind(compile_cache_hit=command.facts.compile_cache_hit, learned_bytes_used=command.learned_used)
             self.daemon.telemetry.booted(self.name, kind, took, command.facts.compile_cache_hit)
         self.daemon.observatory.poke()
