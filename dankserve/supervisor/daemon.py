@@ -27,7 +27,13 @@ import structlog
 
 from dankserve.bootlog import BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
-from dankserve.errors import ClusterUnreachable, DankserveError, EnvironmentUnusable, PodmanUnreachable
+from dankserve.errors import (
+    ClusterUnreachable,
+    DankserveError,
+    EnvironmentUnusable,
+    HubUnreachable,
+    PodmanUnreachable,
+)
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
@@ -370,7 +376,7 @@ class DeploymentWorker:
     def _execute(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
-        except (PodmanUnreachable, ClusterUnreachable) as exc:
+        except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
             return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
         except DankserveError as exc:
             return m.Refused(exc.render())
