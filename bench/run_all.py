@@ -24,6 +24,7 @@ SCRIPTS = [
     "supervisor_footprint.py",
     "supervisor_status.py",
     "gateway_stream.py",
+    "metrics_footprint.py",
 ]
 
 

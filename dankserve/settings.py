@@ -401,6 +401,15 @@ class DeploymentSettings(_Strict):
         return self
 
 
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT) as an address and a port; ValueError naming the problem."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f'{value!r} is not HOST:PORT (e.g. "127.0.0.1:9400" or "[::1]:9400")')
+    return host, int(port)
+
+
 DEFAULT_HF_CACHE_DIR = Path("/var/cache/dankserve/huggingface")
 
 
@@ -480,6 +489,39 @@ class Settings(BaseSettings):
     gateway: GatewaySettings | None = Field(
         default=None, description="One OpenAI endpoint for every deployment, routed by model name."
     )
+    metrics_listen: str | None = Field(
+        default=None,
+        description='Serve Prometheus metrics on HOST:PORT (e.g. "127.0.0.1:9400"); unset: no metrics endpoint. '
+        "Beyond loopback anyone who can reach it reads the deployments' names, models and load.",
+    )
+    serving_scrape_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="How often each ready server's /metrics and the GPUs' memory are read (in the background).",
+    )
+    stall_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="Requests pending but no token processed for this long: the engine hangs (0: no stall check).",
+    )
+    liveness_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="While idle, a one-token completion at most this often; two failures in a row: the engine "
+        "hangs (0: no token probe).",
+    )
+    liveness_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=MAX_SECONDS, description="How long a token probe may take before it counts as failed."
+    )
+    preemption_warning_interval_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Rising preemptions are warned about (log and status) at most this often per deployment.",
+    )
     log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
     cluster: ClusterSettings | None = Field(default=None, description="Multi-host groups: this daemon's cluster API.")
     deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)
@@ -488,6 +530,13 @@ class Settings(BaseSettings):
     @classmethod
     def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
         return reject_bool_for_non_bool(cls, value, info.field_name)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value)
+        return value
 
     @field_validator("deployments")
     @classmethod

@@ -1,5 +1,6 @@
 """Tests for dankserve.settings."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from dankserve.settings import (
     config_file_problem,
     is_loopback,
     load_settings,
+    parse_listen,
     secret_file_problem,
 )
 
@@ -240,3 +242,19 @@ def test_swap_group_members_load(tmp_path: Path) -> None:
     )
     settings = load_settings(write(tmp_path, text), environ={})
     assert settings.deployments["a"].pinned and settings.deployments["b"].idle_sleep_seconds == 300
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("127.0.0.1:9400", ("127.0.0.1", 9400)), ("[::1]:9400", ("::1", 9400))]
+)
+def test_metrics_listen_is_host_and_port(value: str, expected: tuple[str, int]) -> None:
+    """metrics_listen reads as an address and a port (IPv6 in brackets)."""
+    assert parse_listen(value) == expected
+
+
+@pytest.mark.parametrize("value", ["9400", "127.0.0.1:", "127.0.0.1:99999", ":9400", "host:port"])
+def test_malformed_metrics_listen_is_a_config_error(tmp_path: Path, value: str) -> None:
+    """A metrics_listen that is not HOST:PORT is refused at load, naming the value and an example."""
+    path = write(tmp_path, f'metrics_listen = "{value}"\n')
+    with pytest.raises(ConfigError, match=re.escape("127.0.0.1:9400")):
+        load_settings(path, environ={})

@@ -85,6 +85,7 @@ def plan_deployment(
     warnings += offload_flags(flags, deployment, host, sizing, caps)
     serving_flags(flags, deployment)
     warnings += model_flags(flags, deployment, model, caps)
+    access_log_flags(flags, caps)
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
@@ -491,6 +492,21 @@ def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
             deployment.served_model_name,
             "set in config: the name clients send as `model` (and the gateway lists)",
             "served_model_name",
+        )
+
+
+PROBED_ENDPOINTS = ("/health", "/metrics", "/ping")
+"""What dankserve itself asks the server all the time: kept out of its access log."""
+
+
+def access_log_flags(flags: _Flags, caps: VllmCapabilities) -> None:
+    """Keep dankserve's own probes out of the server's access log, where the release can."""
+    if caps.has("--disable-access-log-for-endpoints"):
+        flags.add(
+            "--disable-access-log-for-endpoints",
+            ",".join(PROBED_ENDPOINTS),
+            "dankserve polls /health and reads /metrics all the time: their lines would drown the requests",
+            "dankserve's probes",
         )
 
 

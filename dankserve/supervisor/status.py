@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
+from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
 
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
     from dankserve.settings import DeploymentSettings
@@ -44,6 +45,8 @@ STATUS_FIELDS = (
     "preemptions",
     "message",
     "hosts",
+    "serving",
+    *OBSERVED_FIELDS,
 )
 """The keys of every deployment's document, in order."""
 
@@ -83,8 +86,13 @@ def deployment_status(
     gpus: Sequence[Mapping[str, Any]] = (),
     metrics: Metrics | None = None,
     hosts: Sequence[Mapping[str, Any]] | None = None,
+    serving: Mapping[str, Any] | None = None,
+    observed: DeploymentTelemetry | None = None,
 ) -> dict[str, Any]:
-    """The status document of one deployment; `now` is the machine's clock (for the uptime)."""
+    """The status document of one deployment; `now` is the machine's clock (for the uptime).
+
+    `serving` is vLLM's load as last read from its /metrics, `observed` this daemon's counts since
+    it started (the numbers /metrics exports; none without a daemon)."""
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
     if machine is None:
@@ -138,6 +146,8 @@ def deployment_status(
         else (facts.preemptions if facts else None),
         "message": machine.message if machine is not None else None,
         "hosts": [dict(h) for h in hosts] if hosts is not None else configured_hosts(dep),
+        "serving": dict(serving) if serving is not None else None,
+        **(observed or DeploymentTelemetry()).status_json(),
         "swap": swap_json(dep, machine),
     }
 

@@ -520,6 +520,34 @@ def test_hang_never_listens_and_sigterm_interrupts(serve: StartServer, tmp_path:
     assert served.stderr.rstrip().endswith("KeyboardInterrupt: terminated")
 
 
+def test_engine_hang_keeps_health_200_while_completions_wait(serve: StartServer, tmp_path: Path) -> None:
+    """A hung engine keeps /health 200; a completion waits (counted in vllm:num_requests_waiting) until its client
+    gives up, then is aborted; the token counters stop."""
+    env = base_env(tmp_path, FAKE_VLLM_FAIL="engine_hung", FAKE_VLLM_FAIL_AFTER_SECONDS="0.2")
+    served = serve(env=env)
+    served.wait_ready()
+    time.sleep(0.5)
+    assert http(served.url("/health"))[0] == 200
+    request = urllib.request.Request(
+        served.url("/v1/completions"),
+        data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with pytest.raises((TimeoutError, urllib.error.URLError)):
+        urllib.request.urlopen(request, timeout=1.0)
+    metrics = http(served.url("/metrics"))[1].decode()
+    assert 'vllm:generation_tokens_total{engine="0",model_name="/models/tiny-llama"} 0.0' in metrics
+    deadline = time.monotonic() + WAIT_SECONDS
+    while "vllm:num_requests_waiting{" in metrics and not re.search(
+        r"^vllm:num_requests_waiting\{.*\} 0\.0$", metrics, re.M
+    ):
+        assert time.monotonic() < deadline, "the abandoned request was never aborted"
+        time.sleep(0.1)
+        metrics = http(served.url("/metrics"))[1].decode()
+    assert http(served.url("/health"))[0] == 200
+    assert served.stop() == 0
+
+
 def test_crash_after_seconds_exits_with_the_configured_code(serve: StartServer, tmp_path: Path) -> None:
     """FAKE_VLLM_CRASH_AFTER_SECONDS ends the process with FAKE_VLLM_CRASH_EXIT_CODE."""
     env = base_env(tmp_path, FAKE_VLLM_CRASH_AFTER_SECONDS="0.2", FAKE_VLLM_CRASH_EXIT_CODE="3")
@@ -592,6 +620,7 @@ def test_endpoints_api_key_and_stats(serve: StartServer, tmp_path: Path) -> None
         "vllm:kv_cache_usage_perc",
         "vllm:num_preemptions_total",
         "vllm:cache_config_info",
+        "vllm:time_to_first_token_seconds_count",
     ):
         assert re.search(rf"^{re.escape(name)}\{{.*\}} [\d.e+]+$", metrics, re.MULTILINE), name
     assert "sekret" not in served.stdout

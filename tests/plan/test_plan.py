@@ -46,7 +46,8 @@ def plan_example(name: str, host_name: str, version: str = "0.33.0", learned: in
 # The seeds' example commands (Hybrid CPU GPU Processing; vLLM research findings), planned for
 # vLLM 0.33 on the hosts they describe. Differences from the seed text are vLLM 0.33's
 # spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md),
-# among them the model family's parsers (Qwen3: qwen3 reasoning, hermes tools; Llama 3.1: llama3_json).
+# among them the model family's parsers (Qwen3: qwen3 reasoning, hermes tools; Llama 3.1: llama3_json)
+# and keeping dankserve's probes out of the access log.
 GOLDEN = [
     (
         # vllm serve Qwen/Qwen3-30B-A3B --gpu-memory-utilization 0.85 --swap-space 16
@@ -55,7 +56,8 @@ GOLDEN = [
         "plan-a100-80gb-x1-64gb",
         "Qwen/Qwen3-30B-A3B --tensor-parallel-size 1 --gpu-memory-utilization 0.85 --kv-cache-dtype auto "
         "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 4096 --max-num-seqs 128 "
-        "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes",
+        "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes "
+        "--disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
     (
@@ -65,7 +67,8 @@ GOLDEN = [
         "plan-h100-80gb-x1-64gb",
         "Qwen/Qwen3-30B-A3B-FP8 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 "
         "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 128 "
-        "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes",
+        "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes "
+        "--disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
     (
@@ -76,7 +79,7 @@ GOLDEN = [
         "meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 --gpu-memory-utilization 0.9 "
         "--max-model-len 8192 --kv-cache-dtype fp8 --kv-offloading-size 32 --kv-offloading-backend native "
         "--max-num-batched-tokens 8192 --max-num-seqs 128 --enable-auto-tool-choice --tool-call-parser llama3_json "
-        "--numa-bind --numa-bind-nodes 0 0 1 1",
+        "--disable-access-log-for-endpoints /health,/metrics,/ping --numa-bind --numa-bind-nodes 0 0 1 1",
         {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
     ),
     (
@@ -87,7 +90,8 @@ GOLDEN = [
         "plan-h200-141gb-x1-256gb",
         "Qwen/Qwen3.6-35B-A3B --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 "
         "--kv-offloading-size 64 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 32 "
-        '--speculative-config {"method":"dflash","model":"z-lab/Qwen3.6-35B-A3B-DFlash","num_speculative_tokens":8}',
+        '--speculative-config {"method":"dflash","model":"z-lab/Qwen3.6-35B-A3B-DFlash","num_speculative_tokens":8}'
+        " --disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
 ]

@@ -20,6 +20,7 @@ FAILURE_MODES: Final = (
     "no_kv_memory",
     "max_len_too_large",
     "engine_dead",
+    "engine_hung",
     "hang",
     "model_not_found",
     "model_gated",

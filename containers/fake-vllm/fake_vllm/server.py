@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import select
 import socket
 import threading
 import time
@@ -32,6 +33,10 @@ from .serve_config import ServeConfig
 
 GIB: Final = 1 << 30
 GUARDED_PREFIXES: Final = ("/v1", "/v2", "/inference", "/cohere")
+TTFT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+"""vllm/v1/metrics/loggers.py's buckets of vllm:time_to_first_token_seconds (the first of them)."""
+STAND_IN_TTFT_SECONDS: Final = 0.015
+HUNG_POLL_SECONDS: Final = 0.2
 FILLER_WORDS: Final = ("The", " stand-in", " vLLM", " answers", " with", " a", " fixed", " text", ".")
 
 
@@ -41,7 +46,10 @@ class EngineState:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
+    hung: bool = False
+    """The engine stopped making progress: /health still 200, completions never answer."""
     running: int = 0
+    waiting: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     preemptions_total: int = 0
@@ -56,6 +64,9 @@ class EngineState:
     sleep_level: int = 0
     weights_stale: bool = False
     """Woken from level 2 without reload_weights: the weights are garbage (completions decode to nothing)."""
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,8 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
             state.generation_tokens_total,
         )
         requests, aborted = state.requests_total, state.aborted_total
+        waiting = state.waiting
+        ttft_counts, ttft_sum, ttft_count = list(state.ttft_counts), state.ttft_sum, state.ttft_count
     info = {
         "block_size": "16",
         "cache_dtype": config.kv_cache_dtype,
@@ -118,7 +131,7 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
         f"vllm:num_requests_running{{{labels}}} {float(running)}",
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{labels}}} 0.0",
+        f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
@@ -135,6 +148,15 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
         "# TYPE vllm:request_success_total counter",
         f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(requests - aborted)}',
         f'vllm:request_success_total{{{labels},finished_reason="abort"}} {float(aborted)}',
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        *(
+            f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} {float(count)}'
+            for bound, count in zip(TTFT_BUCKETS, ttft_counts, strict=True)
+        ),
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {float(ttft_count)}',
+        f"vllm:time_to_first_token_seconds_count{{{labels}}} {float(ttft_count)}",
+        f"vllm:time_to_first_token_seconds_sum{{{labels}}} {ttft_sum}",
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f"vllm:cache_config_info{{{info_labels}}} 1.0",
@@ -416,6 +438,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             # Not vLLM's verified behaviour: a supervisor never sends a request to a sleeping server.
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, "The engine is sleeping.", "ServiceUnavailableError")
             return
+        if self._wait_while_hung():
+            return
         raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
         prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
@@ -427,6 +451,11 @@ class RequestHandler(BaseHTTPRequestHandler):
             state.interval_prompt_tokens += prompt_tokens
             state.interval_generation_tokens += max_tokens
             state.requests_total += 1
+            state.ttft_counts = [
+                c + (b >= STAND_IN_TTFT_SECONDS) for c, b in zip(state.ttft_counts, TTFT_BUCKETS, strict=True)
+            ]
+            state.ttft_sum += STAND_IN_TTFT_SECONDS
+            state.ttft_count += 1
         created = int(time.time())
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         usage = {
@@ -456,6 +485,27 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._stream(response, chat, text)
         else:
             self._json(200, response)
+
+    def _wait_while_hung(self) -> bool:
+        """A hung engine: the request waits (and counts as waiting) until its client gives up,
+        then is aborted, as vLLM aborts a request whose connection closed. True when it waited."""
+        state = self.server.state
+        with state.lock:
+            if not state.hung:
+                return False
+            state.waiting += 1
+        try:
+            while True:
+                readable, _, _ = select.select([self.connection], [], [], HUNG_POLL_SECONDS)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    break  # the client closed its end
+        except OSError:
+            pass
+        finally:
+            with state.lock:
+                state.waiting -= 1
+        self.close_connection = True
+        return True
 
     def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
         """Server-sent events: the text (in one event, or a token per event with
