@@ -21,8 +21,8 @@ Exported (every deployment-level series carries `deployment`):
 - vLLM's own families (`serving.RELAYED`, e.g. `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:num_preemptions_total`, `vllm:time_to_first_token_seconds`)
   relayed under their own names with a `deployment` label added.
-- Sleep state and swap timings (`dankserve_sleep_state`, `dankserve_swap_seconds`) join here
-  once swap groups exist: see `_sleep_and_swap`.
+- swap groups: `dankserve_sleep_state{swap_group}` (0 not asleep, 1 or 2 the level, 3 stopped to
+  sleep) and `dankserve_swap_seconds{direction}` (a histogram of sleep and wake times)
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ from dankserve.supervisor.lifecycle import Phase
 from dankserve.supervisor.serving import RELAYED, ServingSample, with_deployment
 from dankserve.supervisor.telemetry import DeploymentTelemetry
 
-STATES: tuple[str, ...] = ("stopped", "starting", "ready", "restarting", "failed", "down", "disabled")
+STATES: tuple[str, ...] = (
+    *("stopped", "starting", "ready", "restarting", "failed", "down", "disabled"),
+    *("falling_asleep", "asleep", "waking"),
+)
 PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 
 
@@ -62,6 +65,9 @@ class DeploymentFacts:
     kv_cache_memory_bytes: int | None = None
     kv_cache_learned_used: bool = False
     ready_seconds: float | None = None
+    swap_group: str | None = None
+    sleep_level: str | None = None
+    """Asleep at "1", "2" or "stop"; None when not asleep (swap groups)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
     out: list[Metric] = []
     out += _deployment_families(snapshot.deployments)
     out += _telemetry_families(snapshot.telemetry)
-    out += _sleep_and_swap()
+    out += _sleep_and_swap(snapshot.deployments, snapshot.telemetry)
     scrape = GaugeMetricFamily(
         "dankserve_serving_scrape_ok", "1 when the server's /metrics was read in the last round.", labels=["deployment"]
     )
@@ -180,12 +186,36 @@ def _le(bound: float) -> str:
     return f"{float(bound)}"
 
 
-def _sleep_and_swap() -> list[Metric]:
-    """Sleep state and swap timings per deployment: none yet. Swap groups (sleeping deployments
-    woken on demand) will report `dankserve_sleep_state{deployment}` (0 awake, 1 or 2 the sleep
-    level) and `dankserve_swap_seconds{deployment,direction}` (a histogram of sleep/wake times)
-    from here, read from the same Telemetry as the rest."""
-    return []
+SLEEP_STATES: Mapping[str, float] = {"1": 1.0, "2": 2.0, "stop": 3.0}
+"""`dankserve_sleep_state`: 0 awake (or not asleep), 1 or 2 the sleep level, 3 stopped to sleep."""
+
+
+def _sleep_and_swap(
+    deployments: Iterable[DeploymentFacts], telemetry: Mapping[str, DeploymentTelemetry]
+) -> list[Metric]:
+    """Swap group members: the sleep state, and a histogram of sleep and wake times."""
+    state = GaugeMetricFamily(
+        "dankserve_sleep_state",
+        "Swap group members: 0 not asleep, 1 or 2 asleep at that level, 3 stopped to sleep.",
+        labels=["deployment", "swap_group"],
+    )
+    seconds = HistogramMetricFamily(
+        "dankserve_swap_seconds",
+        "Swap group members: seconds a sleep or a wake took.",
+        labels=["deployment", "direction"],
+    )
+    for dep in deployments:
+        if dep.swap_group is None:
+            continue
+        state.add_metric([dep.name, dep.swap_group], SLEEP_STATES.get(dep.sleep_level or "", 0.0))
+        observed = telemetry.get(dep.name)
+        for direction, histogram in observed.swap_seconds.items() if observed is not None else ():
+            buckets = [
+                (_le(bound), float(count)) for bound, count in zip(histogram.buckets, histogram.counts, strict=True)
+            ]
+            buckets.append(("+Inf", float(histogram.count)))
+            seconds.add_metric([dep.name, direction], buckets, histogram.total)
+    return [state, seconds]
 
 
 def _gpu_families(gpus: Mapping[str, GpuMemory]) -> list[Metric]:
@@ -220,6 +250,10 @@ EXPORTED: frozenset[str] = frozenset(
         "dankserve_serving_scrape_ok",
         "dankserve_gpu_memory_used_bytes",
         "dankserve_gpu_memory_total_bytes",
+        "dankserve_sleep_state",
+        "dankserve_swap_seconds_bucket",
+        "dankserve_swap_seconds_sum",
+        "dankserve_swap_seconds_count",
     }
 )
 """The sample names of dankserve's own series (the relayed vLLM ones are `serving.RELAYED`)."""

@@ -23,9 +23,11 @@ def snapshot() -> MetricsSnapshot:
     telemetry.track("chat")
     telemetry.booted("chat", "cold", 42.0, compile_cache_hit=False)
     telemetry.restarted("chat", "engine_hung")
+    telemetry.swapped("nap", "sleep", 0.22)
     deployments = (
         DeploymentFacts("chat", "ready", "ready", "org/m", "img:1", "0.33.0", 1 << 30, True, 12.0),
         DeploymentFacts("code", "down", "stopped", "org/c", "img:1"),
+        DeploymentFacts("nap", "asleep", "asleep", "org/n", "img:1", swap_group="g", sleep_level="2"),
     )
     return MetricsSnapshot(
         deployments=deployments,
@@ -103,6 +105,15 @@ def test_server_answers_on_loopback() -> None:
             assert "vllm:num_requests_waiting{" in response.read().decode()
     finally:
         server.close()
+
+
+def test_swap_group_members_show_their_sleep_state_and_swap_times() -> None:
+    """A member asleep at level 2 reads 2; its sleep times are a histogram; others have no sleep series."""
+    got = samples(exposition(snapshot()))
+    assert got[("dankserve_sleep_state", (("deployment", "nap"), ("swap_group", "g")))] == 2.0
+    assert got[("dankserve_swap_seconds_sum", (("deployment", "nap"), ("direction", "sleep")))] == 0.22
+    assert got[("dankserve_swap_seconds_count", (("deployment", "nap"), ("direction", "wake")))] == 0.0
+    assert not any(name == "dankserve_sleep_state" and dict(labels)["deployment"] == "chat" for name, labels in got)
 
 
 def test_exported_names_are_exactly_what_a_full_snapshot_shows() -> None:

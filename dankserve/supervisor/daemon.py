@@ -376,6 +376,12 @@ class DeploymentWorker:
         return None
 
     def _publish(self, before: m.MachineState, after: m.MachineState) -> None:
+        done = after.swap  # a swap's timing is recorded before status shows its end
+        ended = (done.last_at, done.last_kind) != (before.swap.last_at, before.swap.last_kind)
+        if ended and done.last_kind is not None:
+            took = done.last_sleep_seconds if done.last_kind == "sleep" else done.last_wake_seconds
+            if took is not None:
+                self.daemon.telemetry.swapped(self.name, done.last_kind, took)
         with self.lock:
             self._machine = after
         if after.phase is not before.phase:
@@ -603,7 +609,11 @@ class DeploymentWorker:
         boot = self.machine.boot
         if boot is not None and not boot.adopted:  # an adopted boot's start was not seen: no duration, no kind
             took = round((boot.ready_at or self.clock.monotonic()) - boot.started_at, 3)  # recorded as it turns ready
-            kind = boot_kind(compile_cache_hit=command.facts.compile_cache_hit, learned_bytes_used=command.learned_used)
+            kind = boot_kind(
+                compile_cache_hit=command.facts.compile_cache_hit,
+                learned_bytes_used=command.learned_used,
+                wake=self.machine.swap.since is not None,  # a swap group member woken by booting
+            )
             self.daemon.telemetry.booted(self.name, kind, took, command.facts.compile_cache_hit)
         self.daemon.observatory.poke()
         if command.baseline and command.boot_key is not None:
@@ -821,6 +831,8 @@ class Daemon:
                     kv_cache_memory_bytes=doc["kv_cache_memory_bytes"],
                     kv_cache_learned_used=bool(doc["kv_cache_learned_used"]),
                     ready_seconds=None if ready is None else float(ready),
+                    swap_group=doc["swap"]["group"] if doc.get("swap") else None,
+                    sleep_level=doc["swap"]["level"] if doc.get("swap") else None,
                 )
             )
         return MetricsSnapshot(

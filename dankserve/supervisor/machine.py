@@ -244,6 +244,8 @@ class SwapTimes:
     last_level: SleepLevel | None = None
     last_at: float | None = None
     """When the last sleep or wake ended (monotonic)."""
+    last_kind: Literal["sleep", "wake"] | None = None
+    """Which of the two ended last."""
 
 
 @dataclass(frozen=True)
@@ -1371,8 +1373,18 @@ def _swap_done(swap: SwapTimes, kind: Literal["sleep", "wake"], now: float) -> S
     """The swap record once a sleep or a wake that began at `swap.since` ended at `now`."""
     seconds = round(now - swap.since, 3) if swap.since is not None else None
     if kind == "sleep":
-        return replace(swap, since=None, last_sleep_seconds=seconds, last_level=swap.level, last_at=now)
-    return replace(swap, since=None, wake_wanted=False, last_wake_seconds=seconds, last_level=swap.level, last_at=now)
+        return replace(
+            swap, since=None, last_sleep_seconds=seconds, last_level=swap.level, last_at=now, last_kind="sleep"
+        )
+    return replace(
+        swap,
+        since=None,
+        wake_wanted=False,
+        last_wake_seconds=seconds,
+        last_level=swap.level,
+        last_at=now,
+        last_kind="wake",
+    )
 
 
 def _woke_by_boot(state: MachineState, now: float) -> tuple[Command, ...]:

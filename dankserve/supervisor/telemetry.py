@@ -22,6 +22,9 @@ BOOT_KINDS: tuple[str, ...] = ("cold", "warm", "learned_bytes", "launcher", "wak
 `wake` (woken from sleep). The last two are reported once those ways of booting exist."""
 
 BOOT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
+SWAP_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+"""Histogram bounds for a swap group member's sleep and wake in seconds (0.2 s level 1 to a stop and boot)."""
+SWAP_DIRECTIONS: tuple[str, ...] = ("sleep", "wake")
 """Histogram bounds for boot durations in seconds (a stand-in boot to a 70B model's cold boot)."""
 
 FAILURE_CAUSES: tuple[str, ...] = tuple(c.value for c in FailureCause)
@@ -86,6 +89,12 @@ class DeploymentTelemetry:
     """The last preemption warning: {"at", "message", "new_preemptions"}."""
     liveness: dict[str, Any] | None = None
     """The last liveness check's outcome for status."""
+    swap_seconds: Mapping[str, Histogram] = field(
+        default_factory=lambda: MappingProxyType(
+            {direction: Histogram(SWAP_BUCKETS, (0,) * len(SWAP_BUCKETS)) for direction in SWAP_DIRECTIONS}
+        )
+    )
+    """Swap groups: how long each sleep and wake took."""
 
     def status_json(self) -> dict[str, Any]:
         """What `status --json` shows of these numbers."""
@@ -158,6 +167,15 @@ class Telemetry:
                 probes_ok=now.probes_ok + (error is None),
                 probes_failed=now.probes_failed + (error is not None),
                 liveness=liveness,
+            )
+
+    def swapped(self, name: str, direction: str, seconds: float) -> None:
+        """A swap group member fell asleep or woke (`direction` sleep or wake) in `seconds`."""
+        with self._lock:
+            now = self._by_name.get(name) or DeploymentTelemetry()
+            histogram = now.swap_seconds.get(direction) or Histogram(SWAP_BUCKETS, (0,) * len(SWAP_BUCKETS))
+            self._change(
+                name, swap_seconds=MappingProxyType({**now.swap_seconds, direction: histogram.observe(seconds)})
             )
 
     def preemption_warned(self, name: str, at: float, message: str, new_preemptions: int) -> None:

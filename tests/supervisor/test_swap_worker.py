@@ -64,6 +64,8 @@ def test_a_member_sleeps_at_level_1_and_wakes_with_its_timings(
     awake = wait_for(worker, ready)
     assert calls == [("sleep", "1"), ("wake", "1")]
     assert awake.swap.last_wake_seconds == 0.3 and awake.boots == 1
+    swaps = world.daemon.telemetry.of("chat").swap_seconds  # what /metrics shows
+    assert swaps["sleep"].total == 0.2 and swaps["wake"].total == 0.3 and swaps["wake"].count == 1
 
 
 def test_a_server_without_sleep_mode_is_stopped_and_booted_to_wake(
