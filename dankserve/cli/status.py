@@ -43,7 +43,11 @@ def offline_status(settings: Settings) -> dict[str, Any]:
                 "message": None,
             }
         )
-    return {"daemon": {"running": False, "pid": None}, "deployments": deployments}
+    return {
+        "daemon": {"running": False, "pid": None},
+        "deployments": deployments,
+        "warnings": list(store.load_warnings),
+    }
 
 
 def current_status(settings: Settings) -> dict[str, Any]:
@@ -76,7 +80,7 @@ def command(as_json: bool) -> ExitCode:
     """Show the daemon and each deployment's state, boots, learned KV cache and GPU memory."""
     settings = cli_context().load_settings()
     doc = current_status(settings)
-    doc["warnings"] = _warnings(doc)
+    doc["warnings"] = [*doc.get("warnings", []), *_warnings(doc)]
     if as_json:
         print_json(doc)
         return ExitCode.OK

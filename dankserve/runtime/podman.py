@@ -43,6 +43,7 @@ from dankserve.runtime.base import (
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, poll_briefly
+from dankserve.secret_files import read_secret
 
 if TYPE_CHECKING:
     from podman import PodmanClient
@@ -438,20 +439,6 @@ def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
     return lines()
 
 
-def read_secret(secret: SecretFile) -> bytes:
-    """A secret file's value without its trailing newline; a user error when absent or empty."""
-    try:
-        value = secret.source.read_bytes().rstrip(b"\r\n")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the {secret.name} file {secret.source}: {exc.strerror or exc}",
-            fix=f"create {secret.source} (mode 0600, readable by root) or correct the setting naming it",
-        ) from exc
-    if not value:
-        raise ConfigError(f"the {secret.name} file {secret.source} is empty", fix="write the secret into it")
-    return value
-
-
 class VersionCache:
     """vLLM version per image ID, kept in a small JSON file so each image is run at most once."""
 
@@ -749,7 +736,7 @@ class PodmanRuntime:
 
     def _replace_secrets(self, deployment: str, secrets: Sequence[SecretFile]) -> dict[str, str]:
         """Fresh Podman secrets from the files (so a changed file is picked up); name -> secret."""
-        values = {s.name: read_secret(s) for s in secrets}  # read all first: fail before touching Podman
+        values = {s.name: read_secret(s.source, s.name) for s in secrets}  # read all first: fail before touching Podman
         self._remove_secrets(deployment)
         ids = {}
         for name, value in values.items():

@@ -34,6 +34,7 @@ from dankserve.runtime.base import (
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
+from dankserve.secret_files import read_secret
 from dankserve.state import write_private_file
 
 GPU_RELEASE_TIMEOUT = 30.0
@@ -114,13 +115,7 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
         if secret.env_var == "HF_TOKEN_PATH":
             env["HF_TOKEN_PATH"] = str(secret.source)
         elif secret.env_var == "VLLM_API_KEY":
-            try:
-                env["VLLM_API_KEY"] = secret.source.read_text().strip()
-            except OSError as exc:
-                raise InvalidInput(
-                    f"cannot read the API key file {secret.source}: {exc.strerror}",
-                    fix="check api_key_file and its permissions",
-                ) from None
+            env["VLLM_API_KEY"] = read_secret(secret.source, secret.name).decode("utf-8", "replace")
     return env
 
 

@@ -24,7 +24,13 @@ import structlog
 
 from dankserve.bootlog import BootFacts, BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
-from dankserve.errors import DankserveError, EnvironmentUnusable, PodmanUnreachable
+from dankserve.errors import (
+    DaemonResourcesExhausted,
+    DankserveError,
+    EnvironmentUnusable,
+    PodmanUnreachable,
+    resources_exhausted,
+)
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, wait_dead_processes_released
 from dankserve.host.model import Host
@@ -303,10 +309,11 @@ class DeploymentWorker:
         while not self._stop.is_set():
             self._replan.clear()
             try:
-                outcome = self._cycle(overrides)
-            except PodmanUnreachable as exc:
-                # The runtime went away, not the deployment: no failure counted, never `failed`. Retry with
-                # backoff; the next cycle adopts the container if it kept running, or replaces it.
+                outcome = self._cycle_or_own_error(overrides)
+            except (PodmanUnreachable, DaemonResourcesExhausted) as exc:
+                # The runtime went away, or the daemon ran out of descriptors or memory: not the deployment's
+                # fault, no failure counted, never `failed`. Retry with backoff; the next cycle adopts the
+                # container if it kept running, or replaces it.
                 if self._stop.is_set():
                     self.log.error("stop_incomplete", error=exc.message, container_id=self.view.container_id)
                     break
@@ -395,6 +402,16 @@ class DeploymentWorker:
     def _fail(self, message: str, cause: str | None = None) -> None:
         self._set(phase=Phase.FAILED, state="failed", ready_since=None, message=message)
         self.log.error("deployment_failed", failure=cause, failure_message=message)
+
+    def _cycle_or_own_error(self, overrides: BootOverrides) -> Outcome:
+        """`_cycle`, with an error of the daemon's own (EMFILE, ENOMEM ...) raised as DaemonResourcesExhausted."""
+        try:
+            return self._cycle(overrides)
+        except Exception as exc:
+            own = resources_exhausted(exc)
+            if own is None:
+                raise
+            raise own from exc
 
     def _cycle(self, overrides: BootOverrides) -> Outcome:
         """One boot of the deployment and the time it serves, until it ends."""
@@ -625,6 +642,8 @@ class DeploymentWorker:
                 result = check_health(dep.host, dep.port, timeout=min(2.0, settings.health_interval_seconds))
                 if result.healthy:
                     unhealthy = 0
+                elif result.own_error:  # out of descriptors or memory here: says nothing about the server
+                    self.log.warning("health_probe_not_sent", error=result.error)
                 else:
                     unhealthy += 1
                     self.log.warning("health_failed", status=result.status, error=result.error, count=unhealthy)
@@ -683,6 +702,13 @@ class DeploymentWorker:
     ) -> None:
         state = self.daemon.state
         kv_bytes = learned_used if learned_used is not None else facts.kv_cache_memory_bytes
+        # Saved before `ready` is reported: whoever sees ready finds the boot (and what it taught) on disk.
+        state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
+        if learned_used is None and baseline:
+            learned = learning.learn_from_boot(facts, baseline, time.time())
+            if learned is not None and state.learned(self.name, boot_key) is None:
+                state.remember_learned(self.name, boot_key, learned)
+                self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
         self._set(
             phase=Phase.READY,
             state="ready",
@@ -700,12 +726,6 @@ class DeploymentWorker:
             learned_used=learned_used is not None,
             compile_cache_hit=facts.compile_cache_hit,
         )
-        state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
-        if learned_used is None and baseline:
-            learned = learning.learn_from_boot(facts, baseline, time.time())
-            if learned is not None and state.learned(self.name, boot_key) is None:
-                state.remember_learned(self.name, boot_key, learned)
-                self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
 
 
 def _phase_of(event: Any) -> Phase | None:
@@ -772,6 +792,8 @@ class Daemon:
         self._ready_sent = False
         self._lock = threading.Lock()
         self._claimed_slots: dict[str, BootSlot] = {}
+        self.reload_error: dict[str, Any] | None = None
+        """The last reload's refusal (the running config stayed), None once a reload succeeds."""
 
     # -- called by workers -------------------------------------------------------------------
     def phase_changed(self) -> None:
@@ -928,9 +950,12 @@ class Daemon:
 
         try:
             new = load_settings(self._config_path)
-        except DankserveError as exc:
-            log.error("reload_rejected", error=exc.render())
+        except Exception as exc:  # any failure keeps the running config and deployments
+            error = exc.render() if isinstance(exc, DankserveError) else f"internal error: {type(exc).__name__}: {exc}"
+            log.error("reload_rejected", error=error, keeping="the running configuration")
+            self.reload_error = {"error": error, "at": time.time()}
             return
+        self.reload_error = None
         old = self.settings
         self.settings = new
         for name, worker in list(self.workers.items()):
@@ -987,7 +1012,14 @@ class Daemon:
         for name in sorted(self.settings.deployments):
             worker = self.workers.get(name)
             deployments.append(self._deployment_status(name, worker))
-        return {"daemon": {"running": True, "pid": os.getpid()}, "deployments": deployments}
+        daemon: dict[str, Any] = {"running": True, "pid": os.getpid()}
+        warnings = []
+        if self.reload_error is not None:
+            daemon["reload_error"] = self.reload_error
+            warnings.append(
+                f"the last reload was refused, the running configuration stays: {self.reload_error['error']}"
+            )
+        return {"daemon": daemon, "deployments": deployments, "warnings": warnings}
 
     def _deployment_status(self, name: str, worker: DeploymentWorker | None) -> dict[str, Any]:
         dep = self.settings.deployments[name]

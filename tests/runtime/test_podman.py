@@ -58,7 +58,6 @@ from dankserve.runtime.podman import (
     pull_error,
     pull_progress,
     read_cdi_device_names,
-    read_secret,
     serve_entrypoint,
     split_lines,
     with_default_tag,
@@ -524,24 +523,6 @@ def api_error(status: int | None, cause: BaseException | None = None) -> BaseExc
 def test_is_transient(exc: BaseException, transient: bool) -> None:
     """Connection failures and 5xx are retried; 4xx, timeouts and bugs are not."""
     assert is_transient(exc) is transient
-
-
-@pytest.mark.parametrize(("content", "value"), [(b"tok\n", b"tok"), (b"tok\r\n\n", b"tok"), (b"a b \n", b"a b ")])
-def test_read_secret_strips_trailing_newlines(tmp_path: Path, content: bytes, value: bytes) -> None:
-    """A secret file's trailing newlines are not part of the secret."""
-    (tmp_path / "s").write_bytes(content)
-    assert read_secret(SecretFile("s", tmp_path / "s", "VLLM_API_KEY")) == value
-
-
-@pytest.mark.parametrize(("content", "message"), [(None, "cannot read"), (b"\n", "is empty")])
-def test_read_secret_errors_name_the_file(tmp_path: Path, content: bytes | None, message: str) -> None:
-    """A missing or empty secret file is an exit-2 error naming the secret and the file."""
-    if content is not None:
-        (tmp_path / "s").write_bytes(content)
-    with pytest.raises(ConfigError) as info:
-        read_secret(SecretFile("api_key", tmp_path / "s", "VLLM_API_KEY"))
-    assert message in info.value.message and str(tmp_path / "s") in info.value.message
-    assert "api_key" in info.value.message and info.value.exit_code == ExitCode.INVALID_INPUT
 
 
 def test_version_cache_persists(tmp_path: Path) -> None:
