@@ -27,12 +27,15 @@ def read_secret(path: Path, what: str) -> bytes:
             f"cannot read the {what} file {path}: {exc.strerror or exc}",
             fix=f"create {path} (mode 0600, readable by root) or correct the setting naming it",
         ) from None
-    with os.fdopen(fd, "rb") as handle:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(
                 f"the {what} file {path} is not a regular file", fix="write the secret into a regular file (mode 0600)"
             )
-        value = handle.read(MAX_SECRET_BYTES + 1)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            value = handle.read(MAX_SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(value) > MAX_SECRET_BYTES:
         raise ConfigError(
             f"the {what} file {path} is larger than {MAX_SECRET_BYTES} bytes", fix="name the file holding the secret"

@@ -425,7 +425,7 @@ def _read_config_text(path: Path) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
         return None
-    with os.fdopen(fd, "rb") as handle:
+    try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(
@@ -437,7 +437,10 @@ def _read_config_text(path: Path) -> str | None:
                 f"config file {path} is {info.st_size} bytes, more than the {MAX_CONFIG_BYTES} a config may hold",
                 fix="point --config or DANKSERVE_CONFIG at the right file (a real config is a few KiB)",
             )
-        data = handle.read(MAX_CONFIG_BYTES + 1)
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:  # it grew while we looked
         raise ConfigError(
             f"config file {path} holds more than the {MAX_CONFIG_BYTES} bytes a config may hold",
@@ -493,7 +496,9 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
     kind = error.get("type", "")
     if kind == "extra_forbidden":
         return f"{path}: unknown key {key!r} (value {value!r}); see config/dankserve.toml for the keys allowed"
-    shown = "" if isinstance(value, dict) else f" = {value!r}"
+    # extra_args and env may hold a secret (which is why they were refused): never echo them.
+    hidden = isinstance(value, dict) or (error["loc"] and error["loc"][-1] in ("extra_args", "env"))
+    shown = "" if hidden else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import tempfile
 import time
@@ -78,6 +79,8 @@ def _check_shape(value: Any, depth: int = 0) -> None:
         raise StateCorrupt(f"nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
         raise StateCorrupt(f"holds an integer of {len(str(abs(value)))} digits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise StateCorrupt(f"holds the number {value}")
     if isinstance(value, dict):
         for item in value.values():
             _check_shape(item, depth + 1)

@@ -38,3 +38,9 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "s")
     with pytest.raises(ConfigError, match="not a regular file"):
         read_secret(tmp_path / "s", "api_key")
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    """A directory named as a secret file is refused as not a regular file."""
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_secret(tmp_path, "api_key")
