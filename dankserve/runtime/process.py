@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -78,6 +79,18 @@ class ProcessRecord:
             started_at=float(data["started_at"]),
             gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", [])),
         )
+
+
+START_GATE = (
+    "/bin/sh",
+    "-c",
+    'read -r go || exit 125; [ "$go" = go ] || exit 125; exec "$@" </dev/null',
+    "dankserve-start-gate",
+)
+"""Runs the server only once the daemon has written its record ("go" on the gate pipe, the
+gate's stdin). A daemon killed before that closes the pipe: the gate exits instead of starting
+a server no record names, which nothing would ever stop. `exec` keeps the pid and its start
+time, the record's identity of the server."""
 
 
 def serve_command(executable: str, argv: tuple[str, ...]) -> list[str]:
@@ -222,11 +235,16 @@ class ProcessRuntime:
         log_path = self._log_path(spec.deployment)
         if log_path.exists():
             log_path.replace(log_path.with_suffix(".log.1"))
+        if shutil.which(argv[0], path=env.get("PATH")) is None:  # the gate would only exit 127
+            raise EnvironmentUnusable(
+                f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
+            )
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        gate_read, gate_write = os.pipe()
         try:
             proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
+                [*START_GATE, *argv],
+                stdin=gate_read,
                 stdout=fd,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -234,11 +252,13 @@ class ProcessRuntime:
                 close_fds=True,
             )
         except OSError as exc:
+            os.close(gate_write)
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: {exc.strerror}", fix="check the deployment's executable setting"
             ) from None
         finally:
             os.close(fd)
+            os.close(gate_read)
         import psutil
 
         try:
@@ -260,7 +280,11 @@ class ProcessRuntime:
             gpu_uuids=tuple(g.uuid for g in spec.gpus),
         )
         self._children[proc.pid] = proc
-        write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
+        try:
+            write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
+            os.write(gate_write, b"go\n")  # recorded: the server may start (and outlive us)
+        finally:
+            os.close(gate_write)
         return self._workload(record)
 
     def stop(self, workload_id: str, timeout: float) -> None:

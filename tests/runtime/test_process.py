@@ -1,7 +1,9 @@
 """Tests for dankserve.runtime.process with real child processes."""
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -183,3 +185,52 @@ def test_reused_pid_is_not_mistaken_for_the_server(tmp_path: Path, fake_vllm: st
     found = runtime.find("chat")
     assert found is not None and not found.running
     runtime.remove(found.id)
+
+
+KILLED_BEFORE_RECORD = textwrap.dedent(
+    """\
+    import os, signal, sys
+    from pathlib import Path
+    import dankserve.runtime.process as process
+    from dankserve.runtime.base import GpuRef, WorkloadSpec
+
+    def die(*args, **kwargs):  # the daemon is killed with -9 after the start, before the record is written
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    process.write_private_file = die
+    tmp = Path(sys.argv[1])
+    spec = WorkloadSpec(deployment="chat", image="", argv=("org/model",), env={{"MARK": sys.argv[2]}}, port=18000,
+                        gpus=(GpuRef(0, "GPU-a"),), executable=sys.argv[3])
+    process.ProcessRuntime(tmp / "processes", gpu_release=lambda uuids, timeout: None).start(spec)
+    """
+)
+
+
+def test_a_daemon_killed_before_the_record_is_written_leaves_no_server(tmp_path: Path, fake_vllm: str) -> None:
+    """A daemon killed with -9 between starting a server and recording it leaves no server behind."""
+    mark = f"dankserve-gate-{os.getpid()}-{time.monotonic_ns()}"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_RECORD.format(), str(tmp_path), mark, fake_vllm],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _with_mark(mark):
+        time.sleep(0.05)
+    survivors = _with_mark(mark)
+    for proc in survivors:
+        with contextlib.suppress(psutil.Error):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not survivors, f"a server no record names outlived its daemon: {survivors}"
+    assert "argv" not in (tmp_path / "processes" / "chat.log").read_text()  # the server never ran
+
+
+def _with_mark(mark: str) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+    return out
