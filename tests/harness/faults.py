@@ -289,13 +289,35 @@ def run_root(*argv: str) -> None:
     subprocess.run(list(argv), check=True, capture_output=True, text=True)
 
 
+MOUNT_BUSY = 32
+"""mount(8)'s exit status for EBUSY: a bind mount cannot become read-only while a file is open for
+writing through it (the kernel counts writers per mount), e.g. the daemon's state save in flight."""
+REMOUNT_PATIENCE_SECONDS = 10.0
+
+
+def remount_bind(path: Path, read_only: bool, patience: float = REMOUNT_PATIENCE_SECONDS) -> int:
+    """Remount the bind mount at `path` ro or rw, retrying while a writer holds it busy; the retries needed."""
+    argv = ["mount", "-o", f"remount,{'ro' if read_only else 'rw'},bind", str(path)]
+    deadline = time.monotonic() + patience
+    retries = 0
+    while True:
+        done = subprocess.run(argv, check=False, capture_output=True, text=True)
+        if done.returncode == 0:
+            return retries
+        if done.returncode != MOUNT_BUSY or time.monotonic() > deadline:
+            raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+        retries += 1
+        time.sleep(0.02)  # a state save (write, fsync, rename) takes milliseconds
+
+
 @contextlib.contextmanager
 def bind_mount(path: Path) -> Iterator[Callable[[bool], None]]:
-    """`path` bind-mounted onto itself; yields set_read_only(bool) (remount ro/rw); unmounted after."""
+    """`path` bind-mounted onto itself; yields set_read_only(bool) (remount ro/rw, waiting out a write in
+    flight); unmounted after."""
     run_root("mount", "--bind", str(path), str(path))
 
     def set_read_only(read_only: bool) -> None:
-        run_root("mount", "-o", f"remount,{'ro' if read_only else 'rw'},bind", str(path))
+        remount_bind(path, read_only)
 
     try:
         yield set_read_only
