@@ -39,6 +39,9 @@ FULL_CYCLES = {
     "state_file_damage": 3,
     "policy_faults": 3,
     "config_examples": 400,
+    "bad_reload": 3,
+    "daemon_emfile": 5,
+    "state_newer": 4,
 }
 QUICK_CYCLES = {
     "container_kill": 12,
@@ -49,6 +52,9 @@ QUICK_CYCLES = {
     "state_file_damage": 1,
     "policy_faults": 1,
     "config_examples": 60,
+    "bad_reload": 1,
+    "daemon_emfile": 1,
+    "state_newer": 2,
 }
 
 
