@@ -67,6 +67,10 @@ class WorkloadSpec:
     port: int
     bind_host: str = "127.0.0.1"
     container_port: int = 8000
+    host_network: bool = False
+    """Share the host's network and bind `bind_host:port` directly, publishing nothing (the supervisor
+    decides it for loopback binds: a published port leaves the container's bridge address reachable
+    by any neighbour that routes the Podman subnet through this host)."""
     pull: PullPolicy = "missing"
     gpus: tuple[GpuRef, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -183,3 +187,13 @@ class Runtime(Protocol):
     def inspect(self, workload_id: str) -> Workload | None:
         """The workload now, or None when it no longer exists."""
         ...
+
+
+def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
+    """The argv with --host/--port set to the deployment's address unless the plan set them."""
+    out = list(argv)
+    if "--host" not in out:
+        out += ["--host", host]
+    if "--port" not in out:
+        out += ["--port", str(port)]
+    return tuple(out)

@@ -40,6 +40,7 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
     WorkloadState,
+    with_bind_address,
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, poll_briefly
@@ -193,14 +194,17 @@ def container_create_kwargs(
     kwargs: dict[str, Any] = {
         "name": workload_name(spec.deployment),
         "entrypoint": serve_entrypoint(spec.secrets),
-        "command": list(spec.argv),
+        "command": list(with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else spec.argv),
         "environment": env,
         "labels": labels,
-        "ports": {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)},
         "mounts": mounts,
         "devices": list(gpu.devices),
         "secrets": secrets,
     }
+    if spec.host_network:
+        kwargs["network_mode"] = "host"
+    else:
+        kwargs["ports"] = {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)}
     if spec.shm_size is None:
         kwargs["ipc_mode"] = "host"
     else:

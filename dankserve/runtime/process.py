@@ -32,6 +32,7 @@ from dankserve.runtime.base import (
     PullProgress,
     Workload,
     WorkloadSpec,
+    with_bind_address,
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
@@ -101,16 +102,6 @@ def serve_command(executable: str, argv: tuple[str, ...]) -> list[str]:
     if Path(parts[0]).name.startswith("python"):
         return [*parts, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
     return [*parts, "serve", *argv]
-
-
-def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
-    """The argv with --host/--port set to the deployment's address unless the plan set them."""
-    out = list(argv)
-    if "--host" not in out:
-        out += ["--host", host]
-    if "--port" not in out:
-        out += ["--port", str(port)]
-    return tuple(out)
 
 
 def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:

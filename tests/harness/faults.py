@@ -295,6 +295,25 @@ def run_root(*argv: str) -> None:
     subprocess.run(list(argv), check=True, capture_output=True, text=True)
 
 
+@contextlib.contextmanager
+def descriptors_exhausted(pid: int) -> Iterator[None]:
+    """Process `pid` cannot open another file descriptor (EMFILE) for the duration; its limit restored after.
+
+    The soft RLIMIT_NOFILE bounds descriptor numbers, and a new one takes the lowest free number: the
+    limit set to that number leaves the open ones working and every new one failing."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    soft, hard = proc.rlimit(psutil.RLIMIT_NOFILE)
+    open_fds = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    lowest_free = next(n for n in range(len(open_fds) + 1) if n not in open_fds)
+    proc.rlimit(psutil.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        yield
+    finally:
+        proc.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
+
+
 MOUNT_BUSY = 32
 """mount(8)'s exit status for EBUSY: a bind mount cannot become read-only while a file is open for
 writing through it (the kernel counts writers per mount), e.g. the daemon's state save in flight."""

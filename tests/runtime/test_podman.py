@@ -259,6 +259,11 @@ NO_GPU = GpuPassthrough("none", ())
             },
         ),
         (spec_for(shm_size="16g", bind_host="0.0.0.0", container_port=8001), False, {"shm_size": "16g"}),
+        (
+            spec_for(argv=("org/model",), host_network=True),
+            False,
+            {"network_mode": "host", "command": ["org/model", "--host", "127.0.0.1", "--port", "9000"]},
+        ),
         (spec_for(), True, {"log_config": {"Type": "journald"}}),
         (spec_for(numa_bind=True), False, {"cap_add": ["SYS_NICE"]}),
         (spec_for(privileged=True), False, {"cap_add": ["SYS_ADMIN"], "apparmor_profile": "unconfined"}),
@@ -309,6 +314,8 @@ def test_container_create_kwargs(spec: WorkloadSpec, journald: bool, expected: d
         (spec_for(), {"shm_size", "cap_add", "apparmor_profile", "privileged", "log_config"}),
         (spec_for(shm_size="1g"), {"ipc_mode"}),
         (spec_for(numa_bind=True), {"apparmor_profile", "privileged"}),
+        (spec_for(host_network=True), {"ports"}),
+        (spec_for(), {"network_mode"}),
     ],
 )
 def test_container_create_kwargs_leaves_out(spec: WorkloadSpec, absent: set[str]) -> None:

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from dankserve.errors import InvalidInput
-from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec
-from dankserve.runtime.process import ProcessRuntime, serve_command, with_bind_address
+from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec, with_bind_address
+from dankserve.runtime.process import ProcessRuntime, serve_command
 
 SERVER = textwrap.dedent(
     """\

@@ -22,6 +22,7 @@ import pytest
 
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
+from tests.harness.faults import descriptors_exhausted
 
 pytestmark = pytest.mark.slow
 
@@ -81,16 +82,11 @@ def test_the_daemon_out_of_descriptors_keeps_a_healthy_server(tmp_path: Path) ->
         daemon.wait_for("chat", ready)
         pid = server_pid(daemon)
         assert daemon.proc is not None
-        proc = psutil.Process(daemon.proc.pid)
-        soft, hard = proc.rlimit(psutil.RLIMIT_NOFILE)
-        proc.rlimit(psutil.RLIMIT_NOFILE, (proc.num_fds(), hard))  # no descriptor left for a new socket
-        try:
+        with descriptors_exhausted(daemon.proc.pid):  # no descriptor left for a new socket
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not events_named(daemon, "health_probe_not_sent"):
                 time.sleep(0.1)
             time.sleep(2.0)  # several more probes that cannot be sent
-        finally:
-            proc.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
         assert events_named(daemon, "health_probe_not_sent"), daemon.log_tail()
         chat = daemon.wait_for("chat", ready)
         assert chat["boots"] == 1 and chat["restarts"] == 0 and chat["last_failure"] is None
