@@ -325,7 +325,8 @@ class DeploymentWorker:
                     ready_since=None,
                     message=f"{exc.message}; retrying in {delay:.1f} s",
                 )
-                self.log.warning("runtime_unreachable", error=exc.message, retry_in_seconds=round(delay, 2))
+                event = "runtime_unreachable" if isinstance(exc, PodmanUnreachable) else "daemon_resources_exhausted"
+                self.log.warning(event, error=exc.message, retry_in_seconds=round(delay, 2))
                 self._wake.clear()
                 self._wake.wait(delay)
                 continue

@@ -140,3 +140,32 @@ def test_a_state_file_built_to_crash_the_reader_is_damage(tmp_path: Path, text: 
     with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
         daemon.wait_for("chat", ready)
         assert list((tmp_path / "state").glob("state.json.corrupt-*"))
+
+
+def test_a_restart_without_descriptors_is_retried_not_counted(tmp_path: Path) -> None:
+    """A restart that fails for want of the daemon's own descriptors is retried like an outage: no failure
+    counted for it, so the deployment never reaches `failed` through it and serves once descriptors are back."""
+    deployments = {"chat": process_deployment(free_port())}
+    with running_daemon(tmp_path, deployments, extra_globals={"max_failures_in_window": 2}) as daemon:
+        daemon.wait_for("chat", ready)
+        assert daemon.proc is not None
+        with descriptors_exhausted(daemon.proc.pid):
+            os.killpg(server_pid(daemon), signal.SIGKILL)  # a real failure, then restarts that cannot start
+            time.sleep(5.0)  # the death noticed, restarts tried (backoff from 0.2 s)
+        chat = daemon.wait_for("chat", lambda d: ready(d) and d["boots"] >= 2, timeout=60)
+        assert chat["restarts"] == 1, chat  # the kill; the starts without descriptors count nothing
+        assert events_named(daemon, "daemon_resources_exhausted"), daemon.log_tail()
+        assert not events_named(daemon, "deployment_failed")
+
+
+def test_the_boot_is_on_disk_when_ready_is_reported(tmp_path: Path) -> None:
+    """The first status that says ready finds that boot (and its learned KV bytes) saved in state.json."""
+    with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
+        while True:
+            status = daemon.deployment("chat")
+            if status is not None and status["state"] == "ready":
+                break
+            assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log_tail()
+        saved = json.loads((daemon.state_dir / "state.json").read_text())["deployments"]["chat"]
+        assert saved["last_boot"] is not None and saved["last_boot"]["ready"] is True
+        assert saved["learned_kv"], "the learned KV bytes were not saved before ready"
