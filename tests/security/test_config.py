@@ -1,6 +1,8 @@
 """Security: the CLI refuses unsafe configurations with exit 2 and a message naming the problem,
-the value and the fix (never a traceback): a server exposed beyond loopback without an API key,
-a config file others can change, a secret file others can read."""
+the value and the fix (never a traceback): a server exposed beyond loopback without an API key
+(or with an empty one), a config file others can change, a secret file others can read, a flag
+dankserve owns in extra_args, a secret in env, a model that would become a flag, pydantic-settings'
+own `_options`, a nesting bomb, a FIFO as the config."""
 
 from __future__ import annotations
 
