@@ -363,7 +363,7 @@ def step_down_up(out: Path | None) -> None:
     down_at = time.monotonic()
     used_after_down = gpu_used_bytes()
     wait_gpu_idle()
-    after = {"reply": reply, "gpu_used_bytes": used_after_down, "gpu_used_bytes_idle": gpu_used_bytes()}
+    after: dict[str, Any] = {"reply": reply, "gpu_used_bytes": used_after_down, "gpu_used_bytes_idle": gpu_used_bytes()}
     after["seconds_until_idle"] = round(time.monotonic() - down_at, 2)
     record("after_down", after, out)
     daemon_boot("down_up", lambda: control({"command": "up", "deployment": "tiny"}), out)

@@ -190,10 +190,15 @@ class Runtime(Protocol):
 
 
 def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
-    """The argv with --host/--port set to the deployment's address unless the plan set them."""
-    out = list(argv)
-    if "--host" not in out:
-        out += ["--host", host]
-    if "--port" not in out:
-        out += ["--port", str(port)]
-    return tuple(out)
+    """The argv with --host/--port set to the deployment's address, replacing any other value: the
+    address is the one `status` reports and the key protects (settings refuse them in extra_args)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--host", "--port"):
+            skip = True
+        elif not arg.startswith(("--host=", "--port=")):
+            out.append(arg)
+    return (*out, "--host", host, "--port", str(port))

@@ -633,9 +633,9 @@ class DeploymentWorker:
                     next_health = now + 1.0
                     if check_health(dep.host, dep.port, timeout=1.0).healthy:
                         ready = True
-                        if slot is not None:
-                            slot.release()  # the next boot on these GPUs may profile now
                         self._became_ready(plan, boot_key, facts, baseline, learned_used)
+                        if slot is not None:
+                            slot.release()  # ready and saved: the next boot on these GPUs may profile now
                         next_health = now + settings.health_interval_seconds
                 continue
             if now >= next_health:

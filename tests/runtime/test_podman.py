@@ -705,6 +705,20 @@ def test_port_is_published_on_loopback_only(
     podman_runtime.remove(workload.id)
 
 
+def test_host_network_binds_loopback_and_publishes_nothing(
+    podman_runtime: PodmanRuntime, podman_env: PodmanEnv, make_spec: SpecFactory
+) -> None:
+    """With host_network the server shares the host's network, binds 127.0.0.1:port itself, publishes nothing."""
+    spec = dataclasses.replace(make_spec(), host_network=True)
+    workload = podman_runtime.start(spec)
+    assert wait_for_http(f"http://127.0.0.1:{spec.port}/health") == 200
+    inspected = inspect_json(podman_env, workload.name)
+    assert inspected["HostConfig"]["NetworkMode"] == "host"
+    assert not inspected["HostConfig"].get("PortBindings")
+    assert not any(n.get("IPAddress") for n in (inspected["NetworkSettings"].get("Networks") or {}).values())
+    podman_runtime.remove(workload.id)
+
+
 def test_name_labels_ipc_and_capabilities(
     podman_runtime: PodmanRuntime, podman_env: PodmanEnv, make_spec: SpecFactory, deployment: str
 ) -> None:

@@ -108,10 +108,11 @@ def test_serve_command_for_vllm_script_and_python() -> None:
         serve_command("", ("m",))
 
 
-def test_bind_address_added_unless_planned() -> None:
-    """--host/--port come from the deployment unless the plan already set them."""
+def test_bind_address_is_the_deployments() -> None:
+    """--host/--port are the deployment's, replacing any other value in the argv."""
     assert with_bind_address(("m",), "127.0.0.1", 8001) == ("m", "--host", "127.0.0.1", "--port", "8001")
-    assert with_bind_address(("m", "--port", "9"), "h", 1) == ("m", "--port", "9", "--host", "h")
+    assert with_bind_address(("m", "--port", "9", "--x"), "h", 1) == ("m", "--x", "--host", "h", "--port", "1")
+    assert with_bind_address(("m", "--host=0.0.0.0"), "h", 1) == ("m", "--host", "h", "--port", "1")
 
 
 def test_started_process_gets_gpus_caches_and_key_but_not_in_argv(tmp_path: Path, fake_vllm: str) -> None:
