@@ -14,6 +14,14 @@ ldconfig
 for n in iptables ip6tables iptables-save iptables-restore ip6tables-save ip6tables-restore; do
   ln -sf xtables-legacy-multi $P/usr/sbin/$n
 done
+# conmon runs `podman container cleanup` with the default PATH when a container dies: the CNI
+# plugins it calls must find iptables there, or the dead container's port forward stays and the
+# replacement's published port answers nothing (seen on the H200, 2026-12-01). So put iptables
+# where a real install has it, unless the machine has its own.
+for n in iptables ip6tables iptables-save iptables-restore ip6tables-save ip6tables-restore xtables-legacy-multi; do
+  [ -e /usr/sbin/$n ] || ln -s $P/usr/sbin/$n /usr/sbin/$n
+done
+[ -e /usr/lib/x86_64-linux-gnu/xtables ] || ln -s $P/usr/lib/x86_64-linux-gnu/xtables /usr/lib/x86_64-linux-gnu/xtables
 mkdir -p /etc/containers /etc/cdi /var/lib/containers /run/containers
 cp -n $P/etc/containers/policy.json $P/etc/containers/registries.conf /etc/containers/ 2>/dev/null || true
 # runc refuses Podman's default rlimits here (EPERM): nofile at most the host's 20000, nproc at most

@@ -33,7 +33,7 @@ collect() {
 }
 
 watch_proof() {
-  local until=$(( $(date +%s) + ${SECONDS_LEFT:-480} ))
+  local until=${DEADLINE:-$(( $(date +%s) + ${SECONDS_LEFT:-480} ))}
   while [ "$(date +%s)" -lt "$until" ]; do
     if ! pgrep -f "proof.py" >/dev/null; then echo "proof finished"; break; fi
     sleep 5
