@@ -300,17 +300,29 @@ def descriptors_exhausted(pid: int) -> Iterator[None]:
     """Process `pid` cannot open another file descriptor (EMFILE) for the duration; its limit restored after.
 
     The soft RLIMIT_NOFILE bounds descriptor numbers, and a new one takes the lowest free number: the
-    limit set to that number leaves the open ones working and every new one failing."""
+    limit set to that number (again every 10 ms, as descriptors close) leaves the open ones working and
+    every new one failing."""
     import psutil
 
     proc = psutil.Process(pid)
     soft, hard = proc.rlimit(psutil.RLIMIT_NOFILE)
-    open_fds = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
-    lowest_free = next(n for n in range(len(open_fds) + 1) if n not in open_fds)
-    proc.rlimit(psutil.RLIMIT_NOFILE, (lowest_free, hard))
+    done = threading.Event()
+
+    def starve() -> None:  # again and again: a descriptor it closes must not become a free one
+        while not done.is_set():
+            with contextlib.suppress(OSError, psutil.Error):
+                open_fds = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+                lowest_free = next(n for n in range(len(open_fds) + 1) if n not in open_fds)
+                proc.rlimit(psutil.RLIMIT_NOFILE, (lowest_free, hard))
+            done.wait(0.01)
+
+    starver = threading.Thread(target=starve, daemon=True)
+    starver.start()
     try:
         yield
     finally:
+        done.set()
+        starver.join()
         proc.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
 
 

