@@ -703,21 +703,14 @@ class DeploymentWorker:
     ) -> None:
         state = self.daemon.state
         kv_bytes = learned_used if learned_used is not None else facts.kv_cache_memory_bytes
-        # Saved before `ready` is reported: whoever sees ready finds the boot (and what it taught) on disk.
+        # Saved and logged before `ready` is visible: whoever sees ready finds the boot (and what it taught)
+        # on disk and the `ready` event in the log.
         state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
         if learned_used is None and baseline:
             learned = learning.learn_from_boot(facts, baseline, time.time())
             if learned is not None and state.learned(self.name, boot_key) is None:
                 state.remember_learned(self.name, boot_key, learned)
                 self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
-        self._set(
-            phase=Phase.READY,
-            state="ready",
-            ready_since=time.time(),
-            kv_cache_memory_bytes=kv_bytes,
-            compile_cache_hit=facts.compile_cache_hit,
-            compile_seconds=facts.compile_seconds,
-        )
         took = None if self._boot_started is None else round(time.monotonic() - self._boot_started, 3)
         self.log.info(
             "ready",
@@ -726,6 +719,14 @@ class DeploymentWorker:
             kv_cache_memory_bytes=kv_bytes,
             learned_used=learned_used is not None,
             compile_cache_hit=facts.compile_cache_hit,
+        )
+        self._set(
+            phase=Phase.READY,
+            state="ready",
+            ready_since=time.time(),
+            kv_cache_memory_bytes=kv_bytes,
+            compile_cache_hit=facts.compile_cache_hit,
+            compile_seconds=facts.compile_seconds,
         )
 
 
