@@ -1,6 +1,6 @@
 """Podman runtime overhead: dankserve's create+start and pull against the podman CLI, same run.
 
-1. create+start: `PodmanRuntime.start(spec)` (look up and replace, secrets sweep, create, start,
+1. create+start: `PodmanRuntime.start(spec)` (look up, secrets sweep, create, start,
    inspect) against `podman run -d` with the same options (name, labels, port on 127.0.0.1,
    ipc=host, env, entrypoint, compile-cache mount). Target: ratio <= 1.3.
 2. pull: `PodmanRuntime.ensure_image(ref, "always")` against `podman pull ref`, from a local

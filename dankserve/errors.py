@@ -15,7 +15,11 @@ user what to do, and the exit code the CLI ends with::
     │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
     │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
     │   ├── MissingTool                 a system program dankserve needs is absent
-    │   └── DaemonResourcesExhausted    the daemon itself is out of file descriptors or memory
+    │   ├── DaemonResourcesExhausted    the daemon itself is out of file descriptors or memory
+    │   └── ClusterUnreachable          a multi-host group cannot be reached or formed (retried like
+    │       │                           a Podman outage: never counted as a failure of the deployment)
+    │       ├── MemberUnreachable       a group member did not answer (or answered garbage)
+    │       └── GroupNotFormed          Ray did not show every member in time
     └── InfeasiblePlan                  exit 4: cannot run on this host as configured
 
 Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debug``.
@@ -97,6 +101,18 @@ class InfeasiblePlan(DankserveError):
     """The deployment cannot run on this host as configured (exit 4)."""
 
     exit_code = ExitCode.INFEASIBLE
+
+
+class ClusterUnreachable(EnvironmentUnusable):
+    """A multi-host group could not be reached or formed; the daemon retries it with backoff."""
+
+
+class MemberUnreachable(ClusterUnreachable):
+    """A group member did not answer (or answered garbage)."""
+
+
+class GroupNotFormed(ClusterUnreachable):
+    """Ray did not show every member of a group in time."""
 
 
 class DaemonResourcesExhausted(EnvironmentUnusable):

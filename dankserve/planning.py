@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dankserve.runtime.base import CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -16,8 +18,7 @@ if TYPE_CHECKING:
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
-CONTAINER_VLLM_CACHE_ROOT = "/root/.cache/vllm"
-CONTAINER_HF_HOME = "/root/.cache/huggingface"
+__all__ = ["CONTAINER_HF_HOME", "CONTAINER_VLLM_CACHE_ROOT", "compile_cache_dir", "plan_one", "vllm_cache_root"]
 
 
 def compile_cache_dir(settings: Settings, deployment: str) -> Path:

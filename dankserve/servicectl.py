@@ -17,6 +17,7 @@ from typing import Any
 
 from dankserve import control
 from dankserve.errors import EnvironmentUnusable
+from dankserve.processes import spawn_detached
 from dankserve.supervisor import instance
 
 UNIT_NAME = "dankserve.service"
@@ -86,21 +87,7 @@ def daemon_pid(state_dir: Path) -> int | None:
 def spawn_daemon(argv: list[str], state_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start `dankserve run` detached from this terminal; its output goes to daemon.log."""
     instance.ensure_private_dir(state_dir)
-    log_path = state_dir / DAEMON_LOG
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=fd,
-            stderr=fd,
-            start_new_session=True,
-            env=env,
-            close_fds=True,
-        )
-    finally:
-        os.close(fd)
-    return proc
+    return spawn_detached(argv, state_dir / DAEMON_LOG, env=env, append=True)
 
 
 def run_argv(config: Path | None, extra: list[str] | None = None) -> list[str]:

@@ -37,22 +37,6 @@ SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
 
 
-def write_private_file(path: Path, text: str) -> None:
-    """Replace `path` atomically (temp file, rename) with `text`, readable by its owner only (0600).
-
-    For the runtimes' small records (process records, the image-version cache); the state file
-    itself goes through `StateStore.save`, which also fsyncs."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:  # mkstemp: mode 0600
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 class StateCorrupt(ValueError):
     """The state file's text is not a state of this schema (the reason is the message)."""
 

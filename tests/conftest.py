@@ -139,7 +139,6 @@ def podman_runtime(podman_env: PodmanEnv, gpus: StandInGpus, tmp_path: Path) -> 
         cache_dir=tmp_path / "cache",
         dev_root=gpus.dev_dir,
         journal_socket=tmp_path / "no-journal.socket",
-        replace_stop_timeout=5,
     )
     yield runtime
     runtime.close()

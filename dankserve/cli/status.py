@@ -14,35 +14,14 @@ from dankserve.settings import Settings
 
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config and the state store while no daemon runs."""
-    from dankserve.supervisor.records import StateBook, failure_json
+    from dankserve.supervisor.records import StateBook
+    from dankserve.supervisor.status import deployment_status
 
     store = StateBook(settings.state_dir, persist=False)
-    deployments: list[dict[str, Any]] = []
-    for name in sorted(settings.deployments):
-        dep = settings.deployments[name]
-        record = store.deployment(name)
-        deployments.append(
-            {
-                "name": name,
-                "state": "down" if store.is_down(name) else ("disabled" if not dep.enabled else "stopped"),
-                "phase": "stopped",
-                "endpoint": f"http://{dep.host}:{dep.port}/v1",
-                "model": dep.model,
-                "image": dep.image,
-                "vllm_version": None,
-                "uptime_seconds": None,
-                "boots": record.boots,
-                "restarts": record.restarts,
-                "last_failure": failure_json(record.last_failure),
-                "kv_cache_memory_bytes": store.any_learned_bytes(name),
-                "kv_cache_learned_used": False,
-                "compile_cache_hit": record.last_boot.compile_cache_hit if record.last_boot else None,
-                "gpus": [],
-                "kv_cache_usage_perc": None,
-                "preemptions": None,
-                "message": None,
-            }
-        )
+    deployments = [
+        deployment_status(name, dep, store.deployment(name), None, down=store.is_down(name))
+        for name, dep in sorted(settings.deployments.items())
+    ]
     return {
         "daemon": {"running": False, "pid": None},
         "deployments": deployments,
@@ -88,7 +67,13 @@ def command(as_json: bool) -> ExitCode:
     click.echo(f"daemon: {'running (pid ' + str(daemon['pid']) + ')' if daemon['running'] else 'not running'}")
     for dep in doc["deployments"]:
         uptime = f", up {dep['uptime_seconds']:.0f}s" if dep.get("uptime_seconds") is not None else ""
-        click.echo(f"{dep['name']}: {dep['state']} ({dep['phase']}){uptime}  {dep['endpoint']}")
+        percent = dep.get("weights_percent")
+        phase = (
+            f"{dep['phase']} {percent}%"
+            if percent is not None and dep["phase"] in ("downloading", "loading")
+            else dep["phase"]
+        )
+        click.echo(f"{dep['name']}: {dep['state']} ({phase}){uptime}  {dep['endpoint']}")
         click.echo(f"  model {dep['model']}  image {dep['image']}  vLLM {dep.get('vllm_version') or '?'}")
         learned = " (learned)" if dep.get("kv_cache_learned_used") else ""
         click.echo(

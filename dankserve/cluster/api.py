@@ -20,16 +20,12 @@ from typing import Any, Protocol
 
 import structlog
 
-from dankserve.errors import ConfigError
+from dankserve.errors import ConfigError, MemberUnreachable
 
 log = structlog.get_logger("dankserve.cluster")
 
 MAX_BODY = 64 * 1024
 ENDPOINTS = {("GET", "/v1/status"), ("POST", "/v1/start-worker"), ("POST", "/v1/stop-worker")}
-
-
-class MemberUnreachable(Exception):
-    """A group member did not answer (or answered garbage): the group restarts with backoff."""
 
 
 def read_token(path: Path) -> str:

@@ -7,12 +7,12 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dankserve.cluster.api import ClusterClient, ClusterServer, MemberUnreachable, read_token, split_address
+from dankserve.cluster.api import ClusterClient, ClusterServer, read_token, split_address
 from dankserve.cluster.follower import FollowerService
 from dankserve.cluster.group import GroupConfig, GroupRuntime
 from dankserve.cluster.per_host import follower_gpus
 from dankserve.cluster.ray_node import ray_executable
-from dankserve.errors import ConfigError
+from dankserve.errors import ConfigError, MemberUnreachable
 from dankserve.host.model import Host
 from dankserve.plan.cluster import LEADER, GroupMember
 from dankserve.planning import compile_cache_dir

@@ -7,6 +7,7 @@ rebuilds its group from scratch), so a follower never serves two groups of one d
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ class FollowerService:
         self._cache_root = cache_root
         self._nodes: dict[str, RayNode] = {}
         self._heads: dict[str, str] = {}
+        self._lock = threading.Lock()
+        """Start and stop requests arrive on concurrent API threads (a leader retrying after a timeout):
+        one at a time, so a worker is never started twice and one of them left behind."""
 
     def _node(self, deployment: str) -> RayNode:
         return self._nodes.setdefault(deployment, RayNode(self.directory, f"worker-{deployment}"))
@@ -82,8 +86,9 @@ class FollowerService:
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
             env = node_env(str(root))
         log.info("ray_worker_start", deployment=deployment, head=head, num_gpus=gpus, env=env)
-        pid = node.start(argv, env)
-        self._heads[deployment] = head
+        with self._lock:
+            pid = node.start(argv, env)
+            self._heads[deployment] = head
         return {"ok": True, "pid": pid}
 
     def stop_worker(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -91,8 +96,9 @@ class FollowerService:
         if not isinstance(deployment, str) or not _NAME.match(deployment):
             return {"ok": False, "error": f"bad deployment name {deployment!r}"}
         log.info("ray_worker_stop", deployment=deployment)
-        self._node(deployment).stop()
-        self._heads.pop(deployment, None)
+        with self._lock:
+            self._node(deployment).stop()
+            self._heads.pop(deployment, None)
         return {"ok": True}
 
     def remove_stale(self) -> None:

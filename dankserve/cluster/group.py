@@ -3,10 +3,11 @@
 start: tear down anything left (workers first, then the head), start the Ray head, ask every
 follower to start its worker, wait until Ray reports every node and GPU, then start vLLM with
 RAY_ADDRESS. While it runs, a monitor polls each follower; a member lost (its worker gone, or no
-answer three times, about 6 s) stops vLLM, so the daemon sees the engine end and restarts the
-whole group with its usual backoff and failure policy. stop: vLLM, then the workers, then the
-head. A group left by an earlier daemon is never adopted (its monitor is gone): find() hides the
-fingerprint, so the daemon replaces it, and never two groups run.
+answer twice, about 4 s) is reported to the supervisor (`watch_members`: the worker feeds its
+machine a `MemberLost` with the reason, which reaches `last_failure`), and the supervisor stops
+and restarts the whole group with its usual backoff and failure policy. stop: vLLM, then the
+workers, then the head. A group left by an earlier daemon is never adopted (its monitor is gone):
+`adoptable()` says so, the supervisor replaces it, and never two groups run.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 
 import structlog
 
-from dankserve.cluster.api import ClusterClient, MemberUnreachable, split_address
+from dankserve.cluster.api import ClusterClient, split_address
 from dankserve.cluster.per_host import NON_CARRY_OVER_FILE, node_env, non_carry_over
 from dankserve.cluster.ray_node import RayNode, head_command, ray_temp_dir, wait_for_cluster
+from dankserve.errors import GroupNotFormed, MemberUnreachable
 from dankserve.runtime.base import (
-    LABEL_FINGERPRINT,
     ExitEvent,
     ImageInfo,
     PullPolicy,
@@ -39,10 +40,6 @@ log = structlog.get_logger("dankserve.cluster")
 POLL_SECONDS = 2.0
 MISSES_BEFORE_LOST = 2
 CLUSTER_WAIT_SECONDS = 90.0
-
-
-class GroupNotFormed(Exception):
-    """Ray did not show every member in time."""
 
 
 @dataclass
@@ -85,6 +82,7 @@ class GroupRuntime:
             MemberView(c.address, "follower") for c in config.followers
         ]
         self.lost: str | None = None
+        self._on_lost: Callable[[str], None] | None = None
 
     # -- group lifecycle ----------------------------------------------------------------------------
     @property
@@ -128,13 +126,18 @@ class GroupRuntime:
         argv = head_command(cfg.ray, cfg.node_ip, cfg.ray_port, gpus_per_host, ray_temp_dir(cfg.state_dir))
         head.start(argv, env)
         self._set_member(0, "starting")
-        for i, client in enumerate(cfg.followers, start=1):
-            client.start_worker({"deployment": deployment, "head": self.head_address, "num_gpus": gpus_per_host})
-            self._set_member(i, "starting")
         nodes = 1 + len(cfg.followers)
-        ok, seen = wait_for_cluster(cfg.ray, self.head_address, nodes, nodes * gpus_per_host, CLUSTER_WAIT_SECONDS)
-        if not ok:
-            raise GroupNotFormed(f"Ray did not report {nodes} nodes with {nodes * gpus_per_host} GPUs: {seen}")
+        try:
+            for i, client in enumerate(cfg.followers, start=1):
+                client.start_worker({"deployment": deployment, "head": self.head_address, "num_gpus": gpus_per_host})
+                self._set_member(i, "starting")
+            ok, seen = wait_for_cluster(cfg.ray, self.head_address, nodes, nodes * gpus_per_host, CLUSTER_WAIT_SECONDS)
+            if not ok:
+                raise GroupNotFormed(f"Ray did not report {nodes} nodes with {nodes * gpus_per_host} GPUs: {seen}")
+        except BaseException:
+            # Half a group serves nobody: leave none behind (a worker left would join the next head).
+            self.teardown(deployment)
+            raise
         log.info("group_formed", deployment=deployment, ray=seen)
         for i in range(nodes):
             self._set_member(i, "joined")
@@ -193,8 +196,11 @@ class GroupRuntime:
             if reason is not None and not stop.is_set():
                 self.lost = reason
                 log.error("group_member_lost", deployment=deployment, reason=reason)
-                # Ending vLLM ends the boot or serve loop: the daemon restarts the whole group.
-                self.inner.stop(workload_id, 10.0)
+                listener = self._on_lost
+                if listener is not None:
+                    listener(reason)  # the supervisor decides: it stops and restarts the whole group
+                else:  # nobody listens: ending vLLM ends the boot or serve loop all the same
+                    self.inner.stop(workload_id, 10.0)
                 return
 
     # -- the Runtime interface ------------------------------------------------------------------------
@@ -235,12 +241,16 @@ class GroupRuntime:
 
     def find(self, deployment: str) -> Workload | None:
         self.deployment = deployment
-        found = self.inner.find(deployment)
-        if found is None or self._monitor is not None:
-            return found
-        # Left by an earlier daemon: its group is not watched, so never adopt it.
-        labels = {k: v for k, v in found.labels.items() if k != LABEL_FINGERPRINT}
-        return replace(found, labels=labels)
+        return self.inner.find(deployment)
+
+    def adoptable(self) -> bool:
+        """Whether a running workload may be adopted: only while this runtime watches its group (a group
+        left by an earlier daemon has no monitor, so the supervisor replaces it)."""
+        return self._monitor is not None
+
+    def watch_members(self, on_lost: Callable[[str], None]) -> None:
+        """Report a lost member to `on_lost(reason)` instead of stopping vLLM here."""
+        self._on_lost = on_lost
 
     def list_workloads(self) -> list[Workload]:
         return self.inner.list_workloads()

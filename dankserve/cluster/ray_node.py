@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 import structlog
 
+from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
+
 log = structlog.get_logger("dankserve.cluster")
 
 DEFAULT_RAY_PORT = 6379
@@ -111,11 +113,7 @@ class RayNode:
             return False
         if self._child is not None and self._child.pid == record.pid and self._child.poll() is not None:
             return False
-        try:
-            proc = psutil.Process(record.pid)
-            return abs(proc.create_time() - record.create_time) < 1 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return is_same_process(record.pid, record.create_time, tolerance=1.0)
 
     def pid(self) -> int | None:
         record = self._record()
@@ -125,20 +123,10 @@ class RayNode:
         """Start the node (stopping one left from before); its pid."""
         self.stop()
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self.log_path.open("ab") as out:
-            child = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, **(env or {})},
-            )
+        child = spawn_detached(argv, self.log_path, env={**os.environ, **(env or {})}, append=True)
         self._child = child
-        create_time = psutil.Process(child.pid).create_time()
-        tmp = self._record_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": child.pid, "create_time": create_time, "argv": argv}))
-        tmp.replace(self._record_path)
+        create_time = start_time_of(child.pid)
+        write_private_file(self._record_path, json.dumps({"pid": child.pid, "create_time": create_time, "argv": argv}))
         log.info("ray_node_started", node=self.name, pid=child.pid, argv=" ".join(argv))
         return child.pid
 

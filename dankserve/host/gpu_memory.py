@@ -124,3 +124,17 @@ def wait_dead_processes_released(uuids: Sequence[str], timeout: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
+
+
+def wait_gpu_memory_released(uuids: tuple[str, ...], timeout: float) -> None:
+    """After a stop, wait until NVML lists no compute process on the GPUs (no-op without NVML)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readings = read_nvml(uuids)
+        if readings is None:
+            return
+        if all(r.other_processes in (0, None) for r in readings.values()):
+            return
+        time.sleep(0.2)

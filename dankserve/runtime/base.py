@@ -20,6 +20,14 @@ LABEL_FINGERPRINT = "io.dankserve.fingerprint"
 LABEL_BOOT = "io.dankserve.boot"
 
 
+# Where things live inside a container workload: defined once here, read by the planner (the plan's
+# VLLM_CACHE_ROOT), the supervisor (the HF-cache mount) and the runtimes (mounts, a process's env).
+CONTAINER_VLLM_CACHE_ROOT = "/root/.cache/vllm"
+"""The compile cache (VLLM_CACHE_ROOT) in a container; a process uses the host directory itself."""
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+"""The Hugging Face cache in a container (a Mount with this target); a process gets HF_HOME = its source."""
+
+
 def workload_name(deployment: str) -> str:
     """The container (or process) name of a deployment."""
     return f"dankserve-{deployment}"
@@ -157,7 +165,8 @@ class Runtime(Protocol):
         ...
 
     def start(self, spec: WorkloadSpec) -> Workload:
-        """Create and start the workload; at most one per deployment (an existing one is replaced)."""
+        """Create and start the workload; at most one per deployment: while one exists, starting is refused
+        (replacing it is the supervisor's decision: it stops and removes the old one first)."""
         ...
 
     def stop(self, workload_id: str, timeout: float) -> None:

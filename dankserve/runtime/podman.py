@@ -29,6 +29,8 @@ from dankserve.errors import (
     PodmanUnreachable,
 )
 from dankserve.runtime.base import (
+    CONTAINER_HF_HOME,
+    CONTAINER_VLLM_CACHE_ROOT,
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ExitEvent,
@@ -56,9 +58,8 @@ T = TypeVar("T")
 CDI_KIND_NVIDIA_GPU = "nvidia.com/gpu"
 DEFAULT_CDI_DIRS: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
-HF_CACHE_TARGET = "/root/.cache/huggingface"
+HF_CACHE_TARGET = CONTAINER_HF_HOME
 """Where the HF cache is mounted (the supervisor passes it as a `Mount`)."""
-DEFAULT_VLLM_CACHE_ROOT = "/root/.cache/vllm"
 SECRETS_DIR = "/run/secrets"
 LABEL_VLLM_VERSION = "io.dankserve.vllm-version"
 """Image label naming the vLLM version the image holds; without it the image is run with --version."""
@@ -181,7 +182,7 @@ def container_create_kwargs(
         {"type": "bind", "source": str(m.source), "target": m.target, "read_only": m.read_only} for m in spec.mounts
     ]
     if spec.cache_dir is not None:
-        target = env.setdefault("VLLM_CACHE_ROOT", DEFAULT_VLLM_CACHE_ROOT)
+        target = env.setdefault("VLLM_CACHE_ROOT", CONTAINER_VLLM_CACHE_ROOT)
         mounts.append({"type": "bind", "source": str(spec.cache_dir), "target": target, "read_only": False})
     secrets = []
     for s in spec.secrets:
@@ -465,7 +466,7 @@ class VersionCache:
         self._versions[image_id] = version
         if self._path is None:
             return
-        from dankserve.state import write_private_file
+        from dankserve.processes import write_private_file
 
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -498,7 +499,6 @@ class PodmanRuntime:
         journal_socket: Path = JOURNAL_SOCKET,
         request_timeout: float = 60.0,
         attempts: int = 3,
-        replace_stop_timeout: float = 30.0,
         version_timeout: float = 120.0,
     ) -> None:
         from podman import PodmanClient
@@ -509,7 +509,6 @@ class PodmanRuntime:
         self._journal_socket = journal_socket
         self._request_timeout = request_timeout
         self._attempts = attempts
-        self._replace_stop_timeout = replace_stop_timeout
         self._version_timeout = version_timeout
         self._versions = VersionCache(cache_dir / "vllm-versions.json" if cache_dir is not None else None)
         try:
@@ -691,7 +690,7 @@ class PodmanRuntime:
     # -- workloads ---------------------------------------------------------------------------
 
     def start(self, spec: WorkloadSpec) -> Workload:
-        """Create and start the deployment's container, replacing one that exists."""
+        """Create and start the deployment's container; one that exists is refused (the supervisor replaces)."""
         name = workload_name(spec.deployment)
         existing = self._container_attrs(name)
         if existing is not None:
@@ -701,9 +700,11 @@ class PodmanRuntime:
                     f"a container named {name} exists that dankserve does not manage",
                     fix=f"rename or remove it (`podman rm -f {name}`), or rename the deployment",
                 )
-            log.info("workload_replace", deployment=spec.deployment, old=existing["Id"][:12])
-            self.stop(existing["Id"], self._replace_stop_timeout)
-            self._remove_container(existing["Id"])
+            # Replacing is the supervisor's decision (it stops and removes the old one first).
+            raise PodmanRequestFailed(
+                f"container {name} ({existing['Id'][:12]}) already exists",
+                fix=f"stop the deployment first (`dankserve down {spec.deployment}`) or `podman rm -f {name}`",
+            )
         if spec.cache_dir is not None:
             spec.cache_dir.mkdir(parents=True, exist_ok=True)
         for mount in spec.mounts:

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.errors import EnvironmentUnusable, InvalidInput
+from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
 from dankserve.runtime.base import (
+    CONTAINER_HF_HOME,
     LABEL_DEPLOYMENT,
     LABEL_MANAGED,
     ExitEvent,
@@ -37,7 +39,6 @@ from dankserve.runtime.base import (
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
 from dankserve.secret_files import read_secret
-from dankserve.state import write_private_file
 
 GPU_RELEASE_TIMEOUT = 30.0
 
@@ -110,10 +111,11 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
     env.update(spec.env)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in spec.gpus)
-    if spec.cache_dir is not None:
+    if spec.cache_dir is not None and "VLLM_CACHE_ROOT" not in spec.env:
+        # The plan says where (planning.vllm_cache_root); a spec that does not: the dir itself.
         env["VLLM_CACHE_ROOT"] = str(spec.cache_dir)
     for mount in spec.mounts:
-        if mount.target.endswith("/.cache/huggingface"):
+        if mount.target == CONTAINER_HF_HOME:
             env["HF_HOME"] = str(mount.source)
     for secret in spec.secrets:
         if secret.env_var == "HF_TOKEN_PATH":
@@ -127,9 +129,13 @@ class ProcessRuntime:
     """Runs vLLM servers as process groups, remembered under `directory`."""
 
     def __init__(self, directory: Path, gpu_release: Callable[[tuple[str, ...], float], None] | None = None) -> None:
+        """`gpu_release(uuids, timeout)` waits after a stop until the GPUs are free (the supervisor hands
+        in its NVML reading; None: no wait)."""
         self.directory = directory
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._gpu_release = gpu_release if gpu_release is not None else wait_gpu_memory_released
+        self._oom_kills_at_start: dict[int, int | None] = {}
+        self._killed_by_us: set[int] = set()
+        self._gpu_release = gpu_release if gpu_release is not None else lambda uuids, timeout: None
 
     # -- records -------------------------------------------------------------------------------
     def _record_path(self, deployment: str) -> Path:
@@ -159,13 +165,7 @@ class ProcessRuntime:
         child = self._children.get(record.pid)
         if child is not None and child.poll() is not None:
             return False
-        import psutil
-
-        try:
-            proc = psutil.Process(record.pid)
-            return abs(proc.create_time() - record.create_time) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return is_same_process(record.pid, record.create_time)
 
     def _workload(self, record: ProcessRecord) -> Workload:
         alive = self._alive(record)
@@ -218,9 +218,14 @@ class ProcessRuntime:
             )
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         existing = self.find(spec.deployment)
+        if existing is not None and existing.running:
+            # Replacing is the supervisor's decision (it stops and removes the old one first).
+            raise EnvironmentUnusable(
+                f"deployment {spec.deployment!r} already has a running server (pid {existing.pid})",
+                fix=f"stop it first (`dankserve down {spec.deployment}`)",
+            )
         if existing is not None:
-            self.stop(existing.id, 30)
-            self.remove(existing.id)
+            self.remove(existing.id)  # the record of a server that has exited
         argv = serve_command(spec.executable, with_bind_address(spec.argv, spec.bind_host, spec.port))
         env = process_env(spec, {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")})
         log_path = self._log_path(spec.deployment)
@@ -230,32 +235,17 @@ class ProcessRuntime:
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
             )
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         gate_read, gate_write = os.pipe()
         try:
-            proc = subprocess.Popen(
-                [*START_GATE, *argv],
-                stdin=gate_read,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
+            proc = spawn_detached([*START_GATE, *argv], log_path, env=env, stdin=gate_read)
         except OSError as exc:
             os.close(gate_write)
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: {exc.strerror}", fix="check the deployment's executable setting"
             ) from None
         finally:
-            os.close(fd)
             os.close(gate_read)
-        import psutil
-
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            create_time = time.time()
+        create_time = start_time_of(proc.pid)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -271,6 +261,7 @@ class ProcessRuntime:
             gpu_uuids=tuple(g.uuid for g in spec.gpus),
         )
         self._children[proc.pid] = proc
+        self._oom_kills_at_start[proc.pid] = oom_kills()
         try:
             write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
             os.write(gate_write, b"go\n")  # recorded: the server may start (and outlive us)
@@ -287,6 +278,7 @@ class ProcessRuntime:
         while time.monotonic() < deadline and self._alive(record):
             time.sleep(0.05)
         if self._alive(record):
+            self._killed_by_us.add(record.pid)
             self._signal_group(record, signal.SIGKILL)
             while self._alive(record):
                 time.sleep(0.05)
@@ -347,7 +339,16 @@ class ProcessRuntime:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = child.wait(timeout=1)
-        return ExitEvent(workload_id, record.deployment, code, oom_killed=code == -signal.SIGKILL)
+        return ExitEvent(workload_id, record.deployment, code, oom_killed=self._oom_killed(record.pid, code))
+
+    def _oom_killed(self, pid: int, code: int | None) -> bool:
+        """Killed by the kernel's OOM killer: a SIGKILL we did not send while the kernel counted an OOM kill.
+
+        Only the kernel's word counts (its oom_kill counter rose since the start); an unknown count is no."""
+        if code != -signal.SIGKILL or pid in self._killed_by_us:
+            return False
+        before, now = self._oom_kills_at_start.get(pid), oom_kills()
+        return before is not None and now is not None and now > before
 
     def find(self, deployment: str) -> Workload | None:
         record = self._read_record(deployment)
@@ -361,18 +362,16 @@ class ProcessRuntime:
         return None if record is None else self._workload(record)
 
 
-def wait_gpu_memory_released(uuids: tuple[str, ...], timeout: float) -> None:
-    """After a stop, wait until NVML lists no compute process on the GPUs (no-op without NVML)."""
-    from dankserve.host.gpu_memory import read_nvml
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        readings = read_nvml(uuids)
-        if readings is None:
-            return
-        if all(r.other_processes in (0, None) for r in readings.values()):
-            return
-        time.sleep(0.2)
+def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (None: unknown)."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def executable_digest(executable: str) -> str:

@@ -36,9 +36,10 @@ class _Runtimes:
     def _single(self, dep: DeploymentSettings) -> Runtime:
         if dep.runtime == "process":
             if self._process is None:
+                from dankserve.host.gpu_memory import wait_gpu_memory_released
                 from dankserve.runtime.process import ProcessRuntime
 
-                self._process = ProcessRuntime(self._settings.state_dir / "processes")
+                self._process = ProcessRuntime(self._settings.state_dir / "processes", wait_gpu_memory_released)
             return self._process
         if self._podman is None:
             from dankserve.runtime.podman import PodmanRuntime
@@ -108,7 +109,7 @@ def preflight(daemon: Daemon) -> None:
     runtime is unreachable too (exit 3), whatever the order of the deployments. A follower of a
     multi-host group that is not up yet is not an error here: its worker retries with backoff.
     """
-    from dankserve.cluster.api import MemberUnreachable
+    from dankserve.errors import MemberUnreachable
     from dankserve.plan.checks import check_gpu_sharing
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]

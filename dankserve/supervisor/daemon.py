@@ -1,19 +1,22 @@
-"""The daemon: one worker thread per deployment, driven by pure decisions, talking to the world
-through the runtime, the state store, NVML readings, sd_notify and the control socket.
+"""The daemon: one worker thread per deployment, each a small interpreter over the pure lifecycle
+machine (`supervisor.machine`), talking to the world through the runtime, the state store, NVML
+readings, sd_notify and the control socket.
 
-Each worker loops: plan -> pull -> adopt or start -> follow the boot log -> ready -> watch
-health and exit events -> on failure ask the policy what to do -> back off -> again. The main
-thread handles signals (SIGTERM/SIGINT stop, SIGHUP reload), systemd notifications and the
-control socket.
+A worker feeds events into `machine.step` and runs the commands it returns: planning, pulling,
+starting and stopping workloads, following their logs, probing /health, recording boots and
+failures. Every decision (adopt or replace, reuse learned bytes, ready or not, restart or give
+up) is the machine's. The main thread handles signals (SIGTERM/SIGINT stop, SIGHUP reload),
+systemd notifications and the control socket.
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
+import random
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,69 +25,54 @@ from typing import Any
 
 import structlog
 
-from dankserve.bootlog import BootFacts, BootLogReader, PhaseChanged
+from dankserve.bootlog import BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import (
-    DaemonResourcesExhausted,
+    ClusterUnreachable,
     DankserveError,
     EnvironmentUnusable,
     PodmanUnreachable,
     resources_exhausted,
 )
 from dankserve.exitcodes import ExitCode
-from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, wait_dead_processes_released
+from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
-from dankserve.runtime.base import ExitEvent, Runtime, Workload
+from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, learning, policy
-from dankserve.supervisor.health import check_health, fetch_metrics, idle_seconds, metric_value
-from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, advance_boot_phase, all_settled, status_line
-from dankserve.supervisor.policy import FailureCause, FailureContext, RestartSettings
-from dankserve.supervisor.records import StateBook, failure_json
+from dankserve.supervisor import instance, learning
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.clock import Clock, SystemClock
+from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
+from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, all_settled, status_line
+from dankserve.supervisor.machine import BootOverrides
+from dankserve.supervisor.policy import FailureCause, RestartSettings
+from dankserve.supervisor.ports import port_holder
+from dankserve.supervisor.records import StateBook
+from dankserve.supervisor.status import Metrics, deployment_status
 from dankserve.supervisor.workload import workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 log = structlog.get_logger("dankserve")
 
-Planner = Callable[[str, DeploymentSettings, Host, "BootOverrides", str | None], Plan]
+Planner = Callable[[str, DeploymentSettings, Host, BootOverrides, str | None], Plan]
 RuntimeFactory = Callable[[DeploymentSettings], Runtime]
 HostLoader = Callable[[], Host]
+WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], "m.WeightsFailed | None"]
+"""fetch(name, dep, progress) -> None when the weights are in place, or WeightsFailed (permanent or not)."""
 
-
-@dataclass(frozen=True)
-class BootOverrides:
-    """What the supervisor changes in a deployment's plan for the next boot."""
-
-    kv_cache_memory_bytes: int | None = None
-    """A learned value to pass as --kv-cache-memory-bytes (None: let vLLM profile)."""
-    max_model_len: int | str | None = None
-    """A remediation of a max-length error (vLLM's estimate, or 'auto')."""
-    gpu_memory_utilization: float | None = None
-    """A remediation of a no-KV-memory error (the top of the table band)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one boot-and-serve cycle ended."""
-
-    kind: str
-    """'stopped' (asked to), 'replan' (config changed), or 'failure'."""
-    failure: FailureCause | None = None
-    message: str | None = None
-    facts: BootFacts | None = None
+__all__ = ["BootOverrides", "Daemon", "DaemonDeps", "DeploymentWorker", "Planner"]
 
 
 @dataclass(frozen=True)
 class DaemonDeps:
-    """The edges the daemon uses; tests swap none of them for fakes except the clock-free parts."""
+    """The edges the daemon uses; in-process tests hand in a fake runtime and a fake clock."""
 
     planner: Planner
     runtime_for: RuntimeFactory
     load_host: HostLoader
     hardware_file: Path | None = None
-    sleep: Callable[[float], None] = time.sleep
     services: Callable[[Daemon], Callable[[], None]] | None = None
     """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
     describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None
@@ -92,34 +80,15 @@ class DaemonDeps:
     follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[learning.GpuIdentity, int]]] | None = None
     """A group's followers' GPUs (identity, free bytes now) for boot learning; with strict=True a follower that
     does not answer raises, otherwise it is left out (so learned bytes are not reused)."""
-
-
-@dataclass
-class DeploymentView:
-    """What `dankserve status` shows of one deployment (mutable, guarded by the worker's lock)."""
-
-    name: str
-    model: str
-    image: str
-    endpoint: str
-    state: str = "stopped"
-    phase: Phase = Phase.STOPPED
-    weights_percent: int | None = None
-    vllm_version: str | None = None
-    container_id: str | None = None
-    ready_since: float | None = None
-    boots: int = 0
-    restarts: int = 0
-    last_failure: dict[str, Any] | None = None
-    kv_cache_memory_bytes: int | None = None
-    kv_cache_learned_used: bool = False
-    compile_cache_hit: bool | None = None
-    compile_seconds: float | None = None
-    preemptions: int | None = None
-    kv_cache_usage_perc: float | None = None
-    gpu_uuids: tuple[str, ...] = ()
-    message: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    clock: Clock = field(default_factory=SystemClock)
+    fetch_weights: WeightsFetcher | None = None
+    """Downloads a deployment's weights before its boot, reporting percent done (None: vLLM fetches them)."""
+    check_port: Callable[[str, int], str | None] = port_holder
+    """Who listens on (host, port) already, or None when it is free."""
+    health: Callable[[str, int, float], m.HealthChecked] | None = None
+    """/health of (host, port, timeout); None: the real HTTP probe."""
+    draw: Callable[[], float] = random.random
+    """The uniform draw in [0, 1) behind the restart jitter."""
 
 
 class GpuBootLocks:
@@ -170,14 +139,28 @@ class BootSlot:
                 lock.release()
 
 
-class LogPump:
-    """Follows a workload's log in a thread: lines into `lines`, then None when the stream ends
-    (the workload exited, or the runtime went away: the caller asks the runtime which)."""
+@dataclass(frozen=True)
+class _Line:
+    """A log line (None: the stream ended) of the follower numbered `follower`."""
 
-    def __init__(self, runtime: Runtime, workload_id: str, name: str, logger: Any, skip: int = 0) -> None:
-        self.lines: queue.Queue[str | None] = queue.Queue()
+    follower: int
+    text: str | None
+
+
+Inbox = queue.Queue["m.Event | _Line"]
+
+
+class LogPump:
+    """Follows a workload's log in a thread into the worker's inbox, then None when the stream ends
+    (the workload exited, or the runtime went away: the machine asks the runtime which)."""
+
+    def __init__(
+        self, runtime: Runtime, workload_id: str, inbox: Inbox, *, number: int, name: str, logger: Any, skip: int = 0
+    ) -> None:
         self._runtime = runtime
         self._workload_id = workload_id
+        self._inbox = inbox
+        self._number = number
         self._skip = skip
         self._log = logger
         threading.Thread(target=self._pump, name=f"logs-{name}", daemon=True).start()
@@ -188,85 +171,73 @@ class LogPump:
             for line in self._runtime.logs(self._workload_id, follow=True):
                 seen += 1
                 if seen > self._skip:  # a stream opened again replays the log from its start
-                    self.lines.put(line)
+                    self._inbox.put(_Line(self._number, line))
         except Exception as exc:
             self._log.warning("log_stream_error", error=str(exc))
         finally:
-            self.lines.put(None)
+            self._inbox.put(_Line(self._number, None))
 
 
-@dataclass
-class RuntimeOutage:
-    """While the runtime is unreachable: since when, and when to ask it again (backing off)."""
-
-    since: float | None = None
-    attempts: int = 0
-    next_try: float = 0.0
-
-    @property
-    def active(self) -> bool:
-        return self.since is not None
-
-    def due(self, now: float) -> bool:
-        return now >= self.next_try
-
-    def failed(self, now: float, restart: RestartSettings) -> None:
-        if self.since is None:
-            self.since = now
-        self.attempts += 1
-        self.next_try = now + policy.outage_retry_delay(self.attempts, restart)
-
-    def clear(self) -> None:
-        self.since, self.attempts, self.next_try = None, 0, 0.0
-
-    def seconds(self, now: float) -> float | None:
-        return None if self.since is None else round(now - self.since, 1)
+def machine_config(settings: Settings, dep: DeploymentSettings, *, download_weights: bool = False) -> m.MachineConfig:
+    """The machine's view of the settings of one deployment."""
+    return m.MachineConfig(
+        restart=RestartSettings.from_settings(settings),
+        boot_timeout_seconds=settings.boot_timeout_seconds,
+        health_interval_seconds=settings.health_interval_seconds,
+        gpu_memory_settle_seconds=settings.gpu_memory_settle_seconds,
+        max_model_len_setting=dep.max_model_len,
+        gpu_memory_utilization_setting=dep.gpu_memory_utilization,
+        download_weights=download_weights,
+    )
 
 
 class DeploymentWorker:
-    """Keeps one deployment serving, in its own thread."""
+    """Keeps one deployment serving, in its own thread: an interpreter of the lifecycle machine."""
 
     def __init__(self, name: str, dep: DeploymentSettings, daemon: Daemon) -> None:
         self.name = name
         self.dep = dep
         self.daemon = daemon
         self.lock = threading.Lock()
-        self.view = DeploymentView(
-            name=name, model=dep.model, image=dep.image, endpoint=f"http://{dep.host}:{dep.port}/v1"
+        self.clock = daemon.deps.clock
+        remembered = daemon.state.deployment(name)
+        remediated = frozenset(FailureCause(c) for c in remembered.remediated if c in FailureCause._value2member_map_)
+        self._machine = m.initial_state(
+            self._config(dep), overrides=BootOverrides.from_remediation(remembered.overrides), remediated=remediated
         )
-        self._stop = threading.Event()
-        self._replan = threading.Event()
-        self._wake = threading.Event()
+        self._inbox: Inbox = queue.Queue()
+        self._stepping = threading.Lock()
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"deployment-{name}", daemon=True)
         self.log = log.bind(deployment=name)
-        self._boot_started: float | None = None
-        self._boot_key: str | None = None
-        self._learned_used: int | None = None
-        self._planned_utilization: float | None = None
-        self._lines: queue.Queue[str | None] | None = None
+        self._slot: BootSlot | None = None
+        self._reader = BootLogReader()
+        self._fed = 0  # lines of the current workload's log read so far (a resumed stream skips them)
+        self._follower = 0  # the current log follower's number: lines of older ones are dropped
+        self._following: str | None = None
+        self._runtimes: dict[str, Runtime] = {}
+        """The runtime of each workload seen: a reload may change the deployment's runtime, never an old workload's."""
 
-    # -- control -----------------------------------------------------------------------------
+    def _config(self, dep: DeploymentSettings) -> m.MachineConfig:
+        return machine_config(self.daemon.settings, dep, download_weights=self.daemon.deps.fetch_weights is not None)
+
+    # -- control (any thread) ------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
     def request_stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._nudge()
+        self._stopping.set()
+        self._inbox.put(m.StopRequested())
 
     def request_replan(self, dep: DeploymentSettings) -> None:
-        """Apply a changed configuration: the next cycle boots with it."""
+        """Apply a changed configuration: the next boot uses it."""
         with self.lock:
             self.dep = dep
-        self._replan.set()
-        self._wake.set()
-        self._nudge()
+        self._inbox.put(m.Reconfigured(self._config(dep)))
 
-    def _nudge(self) -> None:
-        """Wake the follow loop, which sleeps on its line queue until it has something to do."""
-        lines = self._lines
-        if lines is not None:
-            lines.put("")
+    def feed(self, event: m.Event) -> None:
+        """Hand the worker an event from outside (a liveness probe, a group monitor, a downloader)."""
+        self._inbox.put(event)
 
     def join(self, timeout: float) -> bool:
         self._thread.join(timeout)
@@ -277,478 +248,302 @@ class DeploymentWorker:
         return self._thread.is_alive()
 
     @property
-    def phase(self) -> Phase:
+    def machine(self) -> m.MachineState:
         with self.lock:
-            return self.view.phase
+            return self._machine
+
+    @property
+    def phase(self) -> Phase:
+        return self.machine.phase
 
     def booting_for(self) -> float | None:
         """Seconds the current boot has run, or None when not booting."""
-        with self.lock:
-            if self.view.phase in BOOTING_PHASES and self._boot_started is not None:
-                return time.monotonic() - self._boot_started
+        state = self.machine
+        if state.phase in BOOTING_PHASES and state.boot is not None:
+            return self.clock.monotonic() - state.boot.started_at
         return None
 
-    def _set(self, **changes: Any) -> None:
+    # -- the interpreter ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._feed(m.Begin())
+        while self.machine.stage not in m.TERMINAL:
+            state = self.machine
+            timeout = None if state.wake_at is None else max(0.0, state.wake_at - self.clock.monotonic())
+            item = self.clock.wait(self._inbox, timeout)
+            if item is None:
+                self._feed(m.Tick())
+            elif isinstance(item, _Line):
+                self._on_line(item)
+            else:
+                self._feed(item)
+        self._release()
+
+    def _on_line(self, item: _Line) -> None:
+        if item.follower != self._follower:
+            return  # a follower of an earlier workload, or of a stream opened again
+        if item.text is None:
+            self._feed(m.LogEnded())
+            return
+        self._fed += 1
+        before = self._reader.facts
+        phases = [Phase(e.phase.value) for e in self._reader.feed(item.text) if isinstance(e, PhaseChanged)]
+        facts = self._reader.facts
+        for phase in phases:
+            self._feed(m.BootLog(facts, phase))
+        if not phases and facts != before:  # a fact without a phase change (the version, a failure ...)
+            self._feed(m.BootLog(facts))
+
+    def _feed(self, event: m.Event) -> None:
+        """Step the machine with `event`, run its commands; a command's answer is stepped next."""
+        pending: deque[m.Event] = deque([event])
+        while pending:
+            with self._stepping:  # a downloader's progress callback may step from its own thread
+                before = self._machine
+                after, commands = m.step(before, pending.popleft(), self.clock.monotonic())
+                # Logs and records of the transition come first: once status shows the new state,
+                # its log line and its state-file record are there too.
+                instant = 0
+                while instant < len(commands) and isinstance(commands[instant], _INSTANT):
+                    instant += 1
+                answer = self._run_batch(commands[:instant])
+                self._publish(before, after)
+            if answer is None:
+                answer = self._run_batch(commands[instant:])
+            if answer is not None:
+                pending.append(answer)
+
+    def _run_batch(self, commands: Sequence[m.Command]) -> m.Event | None:
+        """Run commands in order until one answers; the rest of the batch was for a world that answer changed."""
+        for command in commands:
+            answer = self._execute(command)
+            if answer is not None:
+                return answer
+        return None
+
+    def _publish(self, before: m.MachineState, after: m.MachineState) -> None:
         with self.lock:
-            for key, value in changes.items():
-                setattr(self.view, key, value)
-            phase = self.view.phase
-        if "phase" in changes:
-            self.log.info("phase", phase=phase.value)
+            self._machine = after
+        if after.phase is not before.phase:
+            self.log.info("phase", phase=after.phase.value)
             self.daemon.phase_changed()
 
-    # -- the loop ----------------------------------------------------------------------------
-    def _run(self) -> None:  # noqa: PLR0915  (one loop, read top to bottom, is clearer than pieces)
-        daemon = self.daemon
-        remembered = daemon.state.deployment(self.name)
-        overrides = _overrides_from(remembered.overrides)
-        remediated = frozenset(FailureCause(c) for c in remembered.remediated if c in FailureCause._value2member_map_)
-        failures: list[float] = []
-        relearned = False
-        outages = 0
-        while not self._stop.is_set():
-            self._replan.clear()
-            try:
-                outcome = self._cycle_or_own_error(overrides)
-            except (PodmanUnreachable, DaemonResourcesExhausted) as exc:
-                # The runtime went away, or the daemon ran out of descriptors or memory: not the deployment's
-                # fault, no failure counted, never `failed`. Retry with backoff; the next cycle adopts the
-                # container if it kept running, or replaces it.
-                if self._stop.is_set():
-                    self.log.error("stop_incomplete", error=exc.message, container_id=self.view.container_id)
-                    break
-                outages += 1
-                delay = policy.outage_retry_delay(outages, RestartSettings.from_settings(daemon.settings))
-                self._set(
-                    phase=Phase.RESTARTING,
-                    state="restarting",
-                    ready_since=None,
-                    message=f"{exc.message}; retrying in {delay:.1f} s",
-                )
-                event = "runtime_unreachable" if isinstance(exc, PodmanUnreachable) else "daemon_resources_exhausted"
-                self.log.warning(event, error=exc.message, retry_in_seconds=round(delay, 2))
-                self._wake.clear()
-                self._wake.wait(delay)
-                continue
-            except DankserveError as exc:
-                # Planning or the runtime refused the configuration: restarting cannot help.
-                self._fail(exc.render())
-                return
-            except Exception as exc:  # an unexpected runtime error: retry with backoff, never die
-                self.log.exception("cycle_error")
-                outcome = Outcome("failure", FailureCause.CRASH, f"{type(exc).__name__}: {exc}")
-            outages = 0
-            if outcome.kind == "stopped" or self._stop.is_set():
-                self._set(phase=Phase.STOPPED, state="stopped", ready_since=None)
-                return
-            if outcome.kind == "replan":
-                overrides, remediated, relearned = BootOverrides(), frozenset(), False
-                failures.clear()
-                daemon.state.set_remediation(self.name, {}, ())
-                continue
-            if outcome.kind == "ready_then_failed":
-                relearned = False
-            assert outcome.failure is not None
-            cause = outcome.failure
-            now = time.time()
-            failures.append(now)
-            daemon.state.record_failure(self.name, cause.value, outcome.message, now)
-            with self.lock:
-                self.view.last_failure = {"class": cause.value, "message": outcome.message, "at": now}
-                dep = self.dep
-            facts = outcome.facts
-            context = FailureContext(
-                message=outcome.message,
-                max_model_len_setting=dep.max_model_len,
-                estimated_max_model_len=facts.estimated_max_model_len if facts else None,
-                gpu_memory_utilization_setting=dep.gpu_memory_utilization,
-                gpu_memory_utilization_planned=self._planned_utilization,
-                utilization_band_top=daemon.utilization_band_top(self.name),
-                remediated=remediated,
-                learned_kv_in_use=self._learned_used is not None,
-                relearned=relearned,
-                other_gpu_processes=daemon.other_gpu_processes(self.view.gpu_uuids),
-            )
-            decision = policy.decide(cause, context)
-            self.log.warning("boot_failed", failure=cause.value, action=decision.action.value, decision=decision.reason)
-            if decision.outcome == "config_error":
-                self._fail(decision.reason, cause.value)
-                return
-            if decision.overrides:
-                overrides = replace(overrides, **_override_fields(decision.overrides))
-                if decision.remediation is not None:
-                    remediated = remediated | {decision.remediation}
-                daemon.state.set_remediation(
-                    self.name, dict(decision.overrides), tuple(sorted(c.value for c in remediated))
-                )
-            if decision.drop_learned_kv and self._boot_key is not None:
-                daemon.state.forget_learned(self.name, self._boot_key)
-                relearned = True
-            restart = policy.next_restart(
-                failures, now, RestartSettings.from_settings(daemon.settings), immediate=not decision.backoff
-            )
-            if restart.kind == "failed":
-                self._fail(restart.reason, cause.value)
-                return
-            with self.lock:
-                self.view.restarts += 1
-            daemon.state.record_restart(self.name)
-            self._set(phase=Phase.RESTARTING, state="restarting", ready_since=None)
-            self.log.info("restart_scheduled", delay_seconds=round(restart.delay_seconds, 2), reason=restart.reason)
-            self._wake.clear()
-            self._wake.wait(restart.delay_seconds)
-        if self._stop.is_set():
-            self._set(phase=Phase.STOPPED, state="stopped", ready_since=None)
-
-    def _fail(self, message: str, cause: str | None = None) -> None:
-        self._set(phase=Phase.FAILED, state="failed", ready_since=None, message=message)
-        self.log.error("deployment_failed", failure=cause, failure_message=message)
-
-    def _cycle_or_own_error(self, overrides: BootOverrides) -> Outcome:
-        """`_cycle`, with an error of the daemon's own (EMFILE, ENOMEM ...) raised as DaemonResourcesExhausted."""
+    def _execute(self, command: m.Command) -> m.Event | None:
         try:
-            return self._cycle(overrides)
+            return self._run_command(command)
+        except (PodmanUnreachable, ClusterUnreachable) as exc:
+            return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
         except Exception as exc:
             own = resources_exhausted(exc)
-            if own is None:
-                raise
-            raise own from exc
+            if own is not None:  # the daemon's own EMFILE/ENOMEM: never the deployment's fault, retried like an outage
+                self.log.warning("daemon_resources_exhausted", error=own.message)
+                return m.RuntimeUnreachable(own.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
+            if isinstance(exc, DankserveError):
+                return m.Refused(exc.render())
+            self.log.exception("cycle_error")  # a bug or an error of no known kind: the policy restarts with backoff
+            return m.Crashed(f"{type(exc).__name__}: {exc}")
 
-    def _cycle(self, overrides: BootOverrides) -> Outcome:
-        """One boot of the deployment and the time it serves, until it ends."""
-        # A boot an earlier daemon left running may hold its GPUs' boot slot (claimed at start-up).
-        claimed = self.daemon.take_claimed_slot(self.name)
-        try:
-            return self._boot_or_adopt(overrides, claimed)
-        finally:
-            if claimed is not None:
-                claimed.release()
-
-    def _boot_or_adopt(self, overrides: BootOverrides, claimed: BootSlot | None) -> Outcome:
+    def _run_command(self, command: m.Command) -> m.Event | None:
         daemon = self.daemon
+        settings = daemon.settings
         with self.lock:
             dep = self.dep
-        self._boot_started = time.monotonic()
-        self._set(phase=Phase.PULLING, state="starting", message=None)
+        match command:
+            case m.Note(event=event, level=level, fields=fields):
+                getattr(self.log, level)(event, **dict(fields))
+            case m.EnsureWeights():
+                return self._fetch_weights(dep)
+            case m.EnsureImage():
+                runtime = daemon.deps.runtime_for(dep)
+                image_ref = (dep.executable or "") if dep.runtime == "process" else dep.image
+                image = runtime.ensure_image(image_ref, dep.pull, lambda p: self.log.info("pull", status=p.status))
+                return m.ImageReady(image.vllm_version or None, image.digest or None)
+            case m.PlanBoot(overrides=overrides, vllm_version=version, digest=digest):
+                return self._plan_boot(dep, overrides, version, digest)
+            case m.StopWorkload(workload_id=wid):
+                self._unfollow(wid)
+                self._runtime_of(wid, dep).stop(wid, settings.stop_timeout_seconds)
+            case m.RemoveWorkload(workload_id=wid, best_effort=best_effort):
+                self._unfollow(wid)
+                try:
+                    self._runtime_of(wid, dep).remove(wid)
+                except Exception as exc:
+                    if not best_effort:
+                        raise
+                    self.log.warning("remove_failed", container_id=wid, error=str(exc))
+                self._runtimes.pop(wid, None)
+            case m.AcquireGpus(uuids=uuids):
+                self._release()
+                slot = daemon.gpu_locks.acquire(uuids, self._stopping)
+                if slot is None:
+                    return m.StopRequested()
+                self._slot = slot
+                return m.GpusAcquired()
+            case m.ReleaseGpus():
+                self._release()
+            case m.ReadFreeMemory(uuids=uuids, settle_first=settle_first):
+                if settle_first:
+                    # A server that just died may still hold GPU memory for a moment: the baseline
+                    # (and the learned-bytes guard) must not read that as another tenant's memory.
+                    wait_dead_processes_released(uuids, timeout=15)
+                return m.FreeMemoryRead(self._free_now(uuids, dep))
+            case m.StartWorkload(overrides=overrides, vllm_version=version):
+                return self._start(dep, overrides, version)
+            case m.FollowLogs(workload_id=wid, resume=resume):
+                self._follow(dep, wid, resume)
+            case m.WaitExit(workload_id=wid, timeout=timeout):
+                ended = self._runtime_of(wid, dep).wait(wid, timeout=timeout)
+                return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
+            case m.ProbeHealth(timeout=timeout):
+                if daemon.deps.health is not None:
+                    return daemon.deps.health(dep.host, dep.port, timeout)
+                result = check_health(dep.host, dep.port, timeout=timeout)
+                if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
+                    self.log.warning("health_probe_not_sent", error=result.error)
+                    return None
+                return m.HealthChecked(result.status, result.error)
+            case m.CountGpuTenants(uuids=uuids):
+                return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
+            case _:
+                self._record(command)
+        return None
+
+    def _record(self, command: m.Command) -> None:
+        """The commands that only write the state file."""
+        daemon = self.daemon
+        match command:
+            case m.RecordFailure(cause=cause, message=message):
+                daemon.state.record_failure(self.name, cause, message, self.clock.time())
+            case m.RecordRestart():
+                daemon.state.record_restart(self.name)
+            case m.RecordBoot():
+                self._record_boot(command)
+            case m.ForgetLearned(boot_key=key):
+                daemon.state.forget_learned(self.name, key)
+            case m.SetRemediation(overrides=values, remediated=causes):
+                daemon.state.set_remediation(self.name, dict(values), causes)
+
+    # -- commands with more to them ----------------------------------------------------------------
+    def _fetch_weights(self, dep: DeploymentSettings) -> m.WeightsReady | m.WeightsFailed:
+        fetch = self.daemon.deps.fetch_weights
+        if fetch is not None:
+            # Progress is stepped at once (it only updates the percentage); the answer ends the command.
+            failed = fetch(self.name, dep, lambda percent: self._feed(m.WeightsProgress(percent)))
+            if failed is not None:
+                return failed
+        return m.WeightsReady()
+
+    def _plan_boot(
+        self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None, digest: str | None
+    ) -> m.Event:
+        daemon = self.daemon
         runtime = daemon.deps.runtime_for(dep)
-        image_ref = (dep.executable or "") if dep.runtime == "process" else dep.image
-        image = runtime.ensure_image(image_ref, dep.pull, lambda p: self.log.info("pull", status=p.status))
-        self._set(phase=Phase.PLANNING)
         host = daemon.host
-        version = image.vllm_version
-
-        def planned(kv_bytes: int | None) -> Plan:
-            return daemon.deps.planner(
-                self.name, dep, host, replace(overrides, kv_cache_memory_bytes=kv_bytes), version
-            )
-
-        base_plan = planned(None)
-        for warning in base_plan.warnings:
+        plan = daemon.deps.planner(self.name, dep, host, replace(overrides, kv_cache_memory_bytes=None), version)
+        for warning in plan.warnings:
             self.log.warning("plan_warning", warning=warning)
-        uuids = base_plan.gpu_uuids
+        uuids = plan.gpu_uuids
         boot_key = learning.boot_fingerprint(
-            vllm=image.digest or image.vllm_version or base_plan.vllm_version,
+            vllm=digest or version or plan.vllm_version,
             model=dep.model,
             revision=dep.revision,
             gpus=[
                 *(learning.GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
                 *(identity for identity, _ in self._follower_gpus(dep, strict=True)),
             ],
-            flags=learning.MemoryFlags.from_argv(base_plan.argv),
+            flags=learning.MemoryFlags.from_argv(plan.argv),
         )
-        self._boot_key = boot_key
-        self._planned_utilization = _flag_float(base_plan.argv, "--gpu-memory-utilization")
-        with self.lock:
-            self.view.vllm_version = image.vllm_version or base_plan.vllm_version
-            self.view.gpu_uuids = uuids
-
-        existing = runtime.find(self.name)
-        if existing is not None and existing.running and existing.fingerprint == base_plan.fingerprint:
-            self.log.info("adopting", container_id=existing.id)
-            self._learned_used = None
-            # An adopted boot keeps its GPUs' slot until ready: another boot there would upset its profiling.
-            return self._follow(runtime, existing, base_plan, boot_key, None, None, claimed)
+        # A boot an earlier daemon left running holds its GPUs' slot (claimed at start-up) until ready.
+        claimed = daemon.take_claimed_slot(self.name)
         if claimed is not None:
-            claimed.release()
-        if existing is not None:
-            self.log.info("replacing", container_id=existing.id, running=existing.running)
-            runtime.stop(existing.id, daemon.settings.stop_timeout_seconds)
-            runtime.remove(existing.id)
+            self._release()
+            self._slot = claimed
+        found = runtime.find(self.name)
+        existing = None
+        if found is not None:
+            self._runtimes[found.id] = runtime
+            existing = m.ExistingWorkload(found.id, found.running, found.fingerprint == plan.fingerprint)
+        adoptable = getattr(runtime, "adoptable", None)
+        return m.BootPlanned(
+            uuids=uuids,
+            boot_key=boot_key,
+            learned=daemon.state.learned(self.name, boot_key),
+            vllm_version=version or plan.vllm_version,
+            planned_utilization=_flag_float(plan.argv, "--gpu-memory-utilization"),
+            band_top=daemon.utilization_band_top(uuids),
+            existing=existing,
+            adoptable=adoptable() if callable(adoptable) else True,
+        )
 
-        slot = daemon.gpu_locks.acquire(uuids, self._stop)
-        if slot is None:
-            return Outcome("stopped")
-        try:
-            # A server that just died may still hold GPU memory for a moment: the baseline
-            # (and the learned-bytes guard) must not read that as another tenant's memory.
-            learned = daemon.state.learned(self.name, boot_key)
-            settled = self._kv_decision(learned, uuids, dep)
-            if settled is None:
-                return Outcome("stopped")
-            baseline, decision = settled
-            self._learned_used = decision.use_bytes
-            self.log.info("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason)
-            plan = planned(decision.use_bytes) if decision.use_bytes is not None else base_plan
-            boot = daemon.state.next_boot(self.name)
-            # Both are mounted into the container; a missing source would fail the start.
-            compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
-            daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._set(phase=Phase.STARTING, boots=boot, kv_cache_learned_used=decision.use_bytes is not None)
-            workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
-            self.log.info("started", container_id=workload.id, boot=boot)
-            return self._follow(runtime, workload, plan, boot_key, baseline, decision.use_bytes, slot)
-        finally:
-            slot.release()
+    def _start(self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None) -> m.Event:
+        daemon = self.daemon
+        holder = daemon.deps.check_port(dep.host, dep.port)
+        if holder is not None:
+            return m.PortBusy(dep.port, holder)
+        plan = daemon.deps.planner(self.name, dep, daemon.host, overrides, version)
+        boot = daemon.state.next_boot(self.name)
+        # Both are mounted into the container; a missing source would fail the start.
+        compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
+        daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        runtime = daemon.deps.runtime_for(dep)
+        workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
+        self._runtimes[workload.id] = runtime
+        return m.WorkloadStarted(workload.id, boot)
+
+    def _follow(self, dep: DeploymentSettings, workload_id: str, resume: bool) -> None:
+        if not resume:
+            self._reader = BootLogReader()
+            self._fed = 0
+        self._follower += 1
+        self._following = workload_id
+        runtime = self._runtime_of(workload_id, dep)
+        watch = getattr(runtime, "watch_members", None)
+        if callable(watch):  # a multi-host group reports a lost member as an event
+            watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
+        LogPump(
+            runtime, workload_id, self._inbox, number=self._follower, name=self.name, logger=self.log, skip=self._fed
+        )
+
+    def _unfollow(self, workload_id: str) -> None:
+        if self._following == workload_id:
+            self._follower += 1  # what the old follower still sends is dropped
+            self._following = None
+
+    def _runtime_of(self, workload_id: str, dep: DeploymentSettings) -> Runtime:
+        return self._runtimes.get(workload_id) or self.daemon.deps.runtime_for(dep)
+
+    def _release(self) -> None:
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
+
+    def _record_boot(self, command: m.RecordBoot) -> None:
+        state = self.daemon.state
+        state.record_boot(self.name, command.facts, command.kv_bytes, command.learned_used)
+        if command.baseline and command.boot_key is not None:
+            learned = learning.learn_from_boot(command.facts, command.baseline, self.clock.time())
+            if learned is not None and state.learned(self.name, command.boot_key) is None:
+                state.remember_learned(self.name, command.boot_key, learned)
+                self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
 
     def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[learning.GpuIdentity, int]]:
         """A group's followers' GPUs (none for a single host)."""
         found = self.daemon.deps.follower_gpus
         return found(self.name, dep, strict) if found is not None and dep.hosts else ()
 
-    def _free_now(self, uuids: tuple[str, ...], dep: DeploymentSettings) -> list[int]:
-        """Free bytes per GPU in learning order: this host's assigned GPUs, then every follower's."""
-        free = _free_in_order(self.daemon.gpu_memory(uuids), uuids)
-        return free + [free_bytes for _, free_bytes in self._follower_gpus(dep, strict=False)]
-
-    def _kv_decision(
-        self, learned: learning.LearnedKv | None, uuids: tuple[str, ...], dep: DeploymentSettings
-    ) -> tuple[list[int], learning.KvDecision] | None:
-        """The free-memory baseline now and whether to reuse the learned KV bytes (None: stopped)."""
-        wait_dead_processes_released(uuids, timeout=15)
-        baseline = self._free_now(uuids, dep)
-        decision = learning.decide_kv_reuse(learned, baseline)
-        # Measured on an H200: after kill -9 the driver frees the dead server's memory a few
-        # seconds later. Give free memory time to come back before falling back to profiling.
-        settle_until = time.monotonic() + self.daemon.settings.gpu_memory_settle_seconds
-        while decision.use_bytes is None and learned is not None and time.monotonic() < settle_until:
-            if self._stop.wait(0.5):
-                return None
-            baseline = self._free_now(uuids, dep)
-            decision = learning.decide_kv_reuse(learned, baseline)
-        return baseline, decision
-
-    def _follow(  # noqa: PLR0915, PLR0917  (the boot-and-serve loop)
-        self,
-        runtime: Runtime,
-        workload: Workload,
-        plan: Plan,
-        boot_key: str,
-        baseline: Sequence[int] | None,
-        learned_used: int | None,
-        slot: BootSlot | None,
-    ) -> Outcome:
-        """Watch the workload boot and serve, until it ends or we are told to stop.
-
-        The log stream ending means the workload exited only when the runtime says so: while
-        the runtime (Podman) is unreachable the server is still probed over HTTP, and once the
-        runtime answers again the log is followed on from where it broke off.
-        """
-        settings = self.daemon.settings
-        with self.lock:
-            dep = self.dep
-            self.view.container_id = workload.id
-        pump = LogPump(runtime, workload.id, self.name, self.log)
-        self._lines = pump.lines  # stop/replan requests wake the loop through it
-        reader = BootLogReader()
-        fed = 0  # log lines read so far: a new stream after an outage skips them
-        deadline = time.monotonic() + settings.boot_timeout_seconds
-        ready = False
-        next_health = 0.0
-        unhealthy = 0
-        log_ended = False
-        lost = RuntimeOutage()  # the runtime unreachable since ..., and when to look again
-
-        def feed(line: str) -> None:
-            nonlocal fed
-            fed += 1
-            for event in reader.feed(line):
-                self._on_boot_event(event, reader.facts)
-
-        while True:
-            if self._stop.is_set() or self._replan.is_set():
-                runtime.stop(workload.id, settings.stop_timeout_seconds)
-                runtime.remove(workload.id)
-                return Outcome("stopped" if self._stop.is_set() else "replan")
-            idle = idle_seconds(ready, reader.facts.ready, next_health, deadline, time.monotonic())
-            try:
-                line = pump.lines.get(timeout=idle)
-            except queue.Empty:
-                line = ""
-            if line is None:
-                log_ended = True
-            elif line:
-                feed(line)
-                while True:  # drain what is queued without sleeping
-                    try:
-                        more = pump.lines.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        log_ended = True
-                        break
-                    feed(more)
-            facts = reader.facts
-            now = time.monotonic()
-            if log_ended and lost.due(now):
-                # The stream ended: the workload exited, or the runtime went away (or both).
-                try:
-                    event = runtime.wait(workload.id, timeout=1 if lost.active else 10)
-                except PodmanUnreachable as exc:
-                    if not lost.active:
-                        self.log.warning("runtime_unreachable", error=exc.message, container_id=workload.id)
-                        with self.lock:
-                            self.view.message = f"Podman unreachable since {time.strftime('%H:%M:%S')}: {exc.message}"
-                    lost.failed(now, RestartSettings.from_settings(settings))
-                else:
-                    if event is not None:
-                        return self._ended(runtime, workload, event, facts, ready)
-                    if lost.active:
-                        self.log.info("runtime_reconnected", container_id=workload.id, after_seconds=lost.seconds(now))
-                        with self.lock:
-                            self.view.message = None
-                    lost.clear()
-                    log_ended = False
-                    pump = LogPump(runtime, workload.id, self.name, self.log, skip=fed)
-                    self._lines = pump.lines
-            if facts.failure is not None and facts.failure != "engine_dead" and not ready:
-                # vLLM exits after these; give it a moment, then make sure.
-                ended = runtime.wait(workload.id, timeout=10)
-                if ended is None:
-                    runtime.stop(workload.id, settings.stop_timeout_seconds)
-                runtime.remove(workload.id)
-                return Outcome("failure", FailureCause.from_log(facts.failure), facts.failure_message, facts)
-            if not ready:
-                if now > deadline:
-                    self.log.warning("boot_timeout", seconds=settings.boot_timeout_seconds)
-                    runtime.stop(workload.id, settings.stop_timeout_seconds)
-                    runtime.remove(workload.id)
-                    return Outcome(
-                        "failure",
-                        FailureCause.BOOT_TIMEOUT,
-                        f"not ready within {settings.boot_timeout_seconds:.0f}s",
-                        facts,
-                    )
-                # Poll fast once vLLM says the server is up; slowly otherwise (the port is closed).
-                if facts.ready or now >= next_health:
-                    next_health = now + 1.0
-                    if check_health(dep.host, dep.port, timeout=1.0).healthy:
-                        ready = True
-                        self._became_ready(plan, boot_key, facts, baseline, learned_used)
-                        if slot is not None:
-                            slot.release()  # ready and saved: the next boot on these GPUs may profile now
-                        next_health = now + settings.health_interval_seconds
-                continue
-            if now >= next_health:
-                next_health = now + settings.health_interval_seconds
-                result = check_health(dep.host, dep.port, timeout=min(2.0, settings.health_interval_seconds))
-                if result.healthy:
-                    unhealthy = 0
-                elif result.own_error:  # out of descriptors or memory here: says nothing about the server
-                    self.log.warning("health_probe_not_sent", error=result.error)
-                else:
-                    unhealthy += 1
-                    self.log.warning("health_failed", status=result.status, error=result.error, count=unhealthy)
-                    # 503 is vLLM's own "engine dead"; no answer twice in a row counts the same.
-                    if result.status == 503 or unhealthy >= 2:
-                        runtime.stop(workload.id, settings.stop_timeout_seconds)
-                        runtime.remove(workload.id)
-                        return Outcome(
-                            "ready_then_failed",
-                            FailureCause.ENGINE_DEAD,
-                            facts.failure_message or f"health check failed ({result.status or result.error})",
-                            facts,
-                        )
-
-    def _ended(self, runtime: Runtime, workload: Workload, event: ExitEvent, facts: BootFacts, ready: bool) -> Outcome:
-        """The workload exited (its exit event): classify why."""
-        code = event.exit_code
-        with contextlib.suppress(Exception):
-            runtime.remove(workload.id)
-        if facts.failure is not None:
-            cause = FailureCause.from_log(facts.failure)
-        elif ready:
-            cause = FailureCause.ENGINE_DEAD
-        elif code == 2:
-            cause = FailureCause.BAD_ARGUMENT
-        else:
-            cause = FailureCause.CRASH
-        message = facts.failure_message or f"vLLM exited with code {code}"
-        if event.oom_killed:
-            message += " (killed by the kernel's OOM killer: host RAM)"
-        return Outcome("ready_then_failed" if ready else "failure", cause, message, facts)
-
-    def _on_boot_event(self, event: Any, facts: BootFacts) -> None:
-        reported = _phase_of(event)
-        with self.lock:
-            current = self.view.phase
-            self.view.weights_percent = getattr(facts, "weights_percent", None)
-            self.view.compile_cache_hit = facts.compile_cache_hit
-            self.view.compile_seconds = facts.compile_seconds
-            self.view.preemptions = facts.preemptions
-            self.view.kv_cache_usage_perc = getattr(facts, "kv_cache_usage_perc", None)
-            if facts.vllm_version:
-                self.view.vllm_version = facts.vllm_version
-        if reported is not None:
-            new = advance_boot_phase(current, reported)
-            if new is not current and new is not Phase.READY:
-                self._set(phase=new)
-
-    def _became_ready(
-        self,
-        plan: Plan,
-        boot_key: str,
-        facts: BootFacts,
-        baseline: Sequence[int] | None,
-        learned_used: int | None,
-    ) -> None:
-        state = self.daemon.state
-        kv_bytes = learned_used if learned_used is not None else facts.kv_cache_memory_bytes
-        # Saved and logged before `ready` is visible: whoever sees ready finds the boot (and what it taught)
-        # on disk and the `ready` event in the log.
-        state.record_boot(self.name, facts, kv_bytes, learned_used is not None)
-        if learned_used is None and baseline:
-            learned = learning.learn_from_boot(facts, baseline, time.time())
-            if learned is not None and state.learned(self.name, boot_key) is None:
-                state.remember_learned(self.name, boot_key, learned)
-                self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
-        took = None if self._boot_started is None else round(time.monotonic() - self._boot_started, 3)
-        self.log.info(
-            "ready",
-            endpoint=self.view.endpoint,
-            boot_seconds=took,
-            kv_cache_memory_bytes=kv_bytes,
-            learned_used=learned_used is not None,
-            compile_cache_hit=facts.compile_cache_hit,
-        )
-        self._set(
-            phase=Phase.READY,
-            state="ready",
-            ready_since=time.time(),
-            kv_cache_memory_bytes=kv_bytes,
-            compile_cache_hit=facts.compile_cache_hit,
-            compile_seconds=facts.compile_seconds,
-        )
+    def _free_now(self, uuids: tuple[str, ...], dep: DeploymentSettings) -> tuple[int | None, ...]:
+        """Free bytes per GPU in learning order (this host's, then every follower's); None where unknown."""
+        readings = self.daemon.free_memory(uuids)
+        free = [readings[u].free_bytes if u in readings else None for u in uuids]
+        return (*free, *(free_bytes for _, free_bytes in self._follower_gpus(dep, strict=False)))
 
 
-def _phase_of(event: Any) -> Phase | None:
-    """The lifecycle phase a boot-log event reports, if any."""
-    if isinstance(event, PhaseChanged):
-        return Phase(event.phase.value)
-    return None
+_INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)
+"""Commands that never wait and never answer: run before the new state is published."""
 
 
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:
     by_uuid = {g.uuid: g for g in host.gpus}
     return [by_uuid[u] for u in uuids if u in by_uuid]
-
-
-def _free_in_order(readings: Mapping[str, GpuMemory], uuids: tuple[str, ...]) -> list[int]:
-    """Free bytes per assigned GPU in assignment order (unknown counts as none free)."""
-    out = []
-    for uuid in uuids:
-        reading = readings.get(uuid)
-        out.append(reading.free_bytes if reading is not None and reading.free_bytes is not None else 0)
-    return out
 
 
 def _flag_float(argv: tuple[str, ...], flag: str) -> float | None:
@@ -762,20 +557,6 @@ def _flag_float(argv: tuple[str, ...], flag: str) -> float | None:
     return None
 
 
-def _overrides_from(values: Mapping[str, int | float | str]) -> BootOverrides:
-    return BootOverrides(**_override_fields(values))
-
-
-def _override_fields(values: Mapping[str, int | float | str]) -> dict[str, Any]:
-    """The BootOverrides fields a policy remediation changes (unknown keys ignored)."""
-    out: dict[str, Any] = {}
-    if "max_model_len" in values:
-        out["max_model_len"] = values["max_model_len"]
-    if "gpu_memory_utilization" in values:
-        out["gpu_memory_utilization"] = float(values["gpu_memory_utilization"])
-    return out
-
-
 class Daemon:
     """Supervises every enabled deployment until told to stop."""
 
@@ -787,12 +568,15 @@ class Daemon:
         self.notifier = SystemdNotifier.from_environ()
         self.gpu_locks = GpuBootLocks()
         self.workers: dict[str, DeploymentWorker] = {}
+        """Changed only under `_lock` (control thread, main thread); readers take `snapshot()`."""
+        self._retiring: list[DeploymentWorker] = []
+        """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
         self.host: Host = deps.load_host()
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._ready_sent = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
         self.reload_error: dict[str, Any] | None = None
         """The last reload's refusal (the running config stayed), None once a reload succeeds."""
@@ -809,18 +593,31 @@ class Daemon:
     def gpu_memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
         return read_gpu_memory(uuids, self.deps.hardware_file, self.host)
 
-    def utilization_band_top(self, name: str) -> float | None:
-        """The top of the utilisation table band of the deployment's smallest GPU."""
+    def free_memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
+        """Free memory for boot learning: the recorded host file when one drives this run, else NVML.
+
+        Never the start-up snapshot: a GPU NVML cannot read now is left out (unknown), and an
+        unknown reading never passes the learned-bytes guard."""
+        if self.deps.hardware_file is not None:
+            return self.gpu_memory(uuids)
+        return read_nvml(uuids) or {}
+
+    def utilization_band_top(self, uuids: tuple[str, ...]) -> float | None:
+        """The top of the utilisation table band of the smallest of these GPUs."""
         from dankserve.plan.rules import smallest_gpu, utilisation_row
 
-        worker = self.workers.get(name)
-        uuids = worker.view.gpu_uuids if worker else ()
         gpus = [g for g in self.host.gpus if g.uuid in uuids]
         return utilisation_row(smallest_gpu(gpus)).top if gpus else None
 
-    def other_gpu_processes(self, uuids: tuple[str, ...]) -> bool:
-        """NVML lists compute processes on these GPUs (ours are stopped when this is asked)."""
-        readings = self.gpu_memory(uuids)
+    def other_gpu_processes(self, uuids: tuple[str, ...]) -> bool | None:
+        """NVML lists compute processes on these GPUs (ours are stopped when this is asked); None: unknown.
+
+        A recorded host file (stand-in GPUs) lists no processes: none."""
+        if self.deps.hardware_file is not None:
+            return False
+        readings = read_nvml(uuids)
+        if readings is None or any(r.other_processes is None for r in readings.values()):
+            return None
         return any((r.other_processes or 0) > 0 for r in readings.values())
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -844,7 +641,7 @@ class Daemon:
             self._claim_running_boots(starting)
             for name, dep in starting.items():
                 self._start_worker(name, dep)
-            if not self.workers:
+            if not self.snapshot():
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
             return ExitCode.OK
@@ -871,7 +668,7 @@ class Daemon:
                 existing = self.deps.runtime_for(dep).find(name)
                 if existing is None or not existing.running:
                     continue
-                overrides = _overrides_from(self.state.deployment(name).overrides)
+                overrides = BootOverrides.from_remediation(self.state.deployment(name).overrides)
                 uuids = self.deps.planner(name, dep, self.host, overrides, None).gpu_uuids
             except Exception as exc:
                 log.warning("claim_skipped", deployment=name, error=str(exc))
@@ -903,9 +700,15 @@ class Daemon:
             previous[sig] = signal.signal(sig, handler)
         return previous
 
+    def snapshot(self) -> dict[str, DeploymentWorker]:
+        """The workers now (a copy: the control thread may add or remove some meanwhile)."""
+        with self._lock:
+            return dict(self.workers)
+
     def _start_worker(self, name: str, dep: DeploymentSettings) -> None:
         worker = DeploymentWorker(name, dep, self)
-        self.workers[name] = worker
+        with self._lock:
+            self.workers[name] = worker
         worker.start()
 
     def _main_loop(self) -> None:
@@ -915,13 +718,17 @@ class Daemon:
         next_extend = 0.0
         last_status = ""
         while not self._stop.is_set():
-            self._changed.wait(0.25)
+            wait = 0.25 if watchdog is None else max(0.0, min(0.25, next_watchdog - time.monotonic()))
+            self._changed.wait(wait)
             self._changed.clear()
             if self._reload.is_set():
                 self._reload.clear()
                 self._apply_reload()
-            phases = {name: w.phase for name, w in self.workers.items()}
-            percents = {name: w.view.weights_percent for name, w in self.workers.items()}
+            with self._lock:
+                self._retiring = [w for w in self._retiring if w.alive]
+            workers = self.snapshot()
+            phases = {name: w.phase for name, w in workers.items()}
+            percents = {name: w.machine.weights_percent for name, w in workers.items()}
             text = status_line(phases, percents).text
             if text != last_status:
                 notify.status(text)
@@ -936,15 +743,17 @@ class Daemon:
                 notify.extend_timeout(int(60 * 1e6))
                 next_extend = now + 20
             if watchdog is not None and now >= next_watchdog:
-                if all(w.alive or w.phase in (Phase.FAILED, Phase.STOPPED) for w in self.workers.values()):
+                if all(w.alive or w.phase in (Phase.FAILED, Phase.STOPPED) for w in workers.values()):
                     notify.watchdog()
                 next_watchdog = now + watchdog / 2
 
     def _stop_all(self) -> None:
-        for worker in self.workers.values():
+        with self._lock:
+            workers = [*self.workers.values(), *self._retiring]
+        for worker in workers:
             worker.request_stop()
         deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
-        for worker in self.workers.values():
+        for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
 
     def _apply_reload(self) -> None:
@@ -960,21 +769,24 @@ class Daemon:
         self.reload_error = None
         old = self.settings
         self.settings = new
-        for name, worker in list(self.workers.items()):
+        for name, worker in self.snapshot().items():
             dep = new.deployments.get(name)
             if dep is None or not dep.enabled:
+                # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
                 log.info("reload_stop", deployment=name)
                 worker.request_stop()
-                worker.join(new.stop_timeout_seconds + 15)
-                del self.workers[name]
+                with self._lock:
+                    self.workers.pop(name, None)
+                    self._retiring.append(worker)
             elif dep != old.deployments.get(name):
                 log.info("reload_replan", deployment=name)
                 if worker.alive:
                     worker.request_replan(dep)
                 else:
                     self._start_worker(name, dep)
+        running = self.snapshot()
         for name, dep in new.deployments.items():
-            if name not in self.workers and dep.enabled and not self.state.is_down(name):
+            if name not in running and dep.enabled and not self.state.is_down(name):
                 log.info("reload_start", deployment=name)
                 self._start_worker(name, dep)
 
@@ -991,19 +803,20 @@ class Daemon:
             if not isinstance(name, str) or name not in self.settings.deployments:
                 known = ", ".join(sorted(self.settings.deployments)) or "none"
                 return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
-            with self._lock:
-                if command == "down":
+            if command == "down":
+                with self._lock:
                     self.state.set_down(name, True)
                     worker = self.workers.pop(name, None)
-                    if worker is not None:
-                        worker.request_stop()
-                        worker.join(self.settings.stop_timeout_seconds + 15)
-                    return {"ok": True}
+                if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
+                    worker.request_stop()
+                    worker.join(self.settings.stop_timeout_seconds + 15)
+                return {"ok": True}
+            with self._lock:
                 self.state.set_down(name, False)
                 existing = self.workers.get(name)
                 if existing is None or not existing.alive:
                     self._start_worker(name, self.settings.deployments[name])
-                return {"ok": True}
+            return {"ok": True}
         return {"ok": False, "error": f"unknown command {command!r}"}
 
     def status(self) -> dict[str, Any]:
@@ -1011,8 +824,9 @@ class Daemon:
         import os
 
         deployments = []
+        workers = self.snapshot()
         for name in sorted(self.settings.deployments):
-            worker = self.workers.get(name)
+            worker = workers.get(name)
             deployments.append(self._deployment_status(name, worker))
         daemon: dict[str, Any] = {"running": True, "pid": os.getpid()}
         warnings = []
@@ -1026,15 +840,10 @@ class Daemon:
     def _deployment_status(self, name: str, worker: DeploymentWorker | None) -> dict[str, Any]:
         dep = self.settings.deployments[name]
         record = self.state.deployment(name)
-        if worker is None:
-            view = DeploymentView(name, dep.model, dep.image, f"http://{dep.host}:{dep.port}/v1")
-            view.state = "down" if self.state.is_down(name) else "stopped"
-        else:
-            with worker.lock:
-                view = replace(worker.view)
+        machine = worker.machine if worker is not None else None
         gpus = []
-        if view.gpu_uuids:
-            for reading in self.gpu_memory(view.gpu_uuids).values():
+        if machine is not None and machine.gpu_uuids:
+            for reading in self.gpu_memory(machine.gpu_uuids).values():
                 gpus.append(
                     {
                         "index": reading.index,
@@ -1042,37 +851,26 @@ class Daemon:
                         "memory_total_bytes": reading.total_bytes,
                     }
                 )
-        preemptions = view.preemptions
-        usage = view.kv_cache_usage_perc
-        if view.phase is Phase.READY:
+        metrics = None
+        if machine is not None and machine.phase is Phase.READY:
             text = fetch_metrics(dep.host, dep.port, timeout=0.5)
             if text is not None:
-                value = metric_value(text, "vllm:num_preemptions_total")
-                preemptions = int(value) if value is not None else preemptions
-                usage_value = metric_value(text, "vllm:kv_cache_usage_perc")
-                usage = usage_value if usage_value is not None else usage
-        return {
-            "name": name,
-            "state": view.state,
-            "phase": view.phase.value,
-            "endpoint": view.endpoint,
-            "model": view.model,
-            "image": view.image,
-            "vllm_version": view.vllm_version,
-            "uptime_seconds": None if view.ready_since is None else round(time.time() - view.ready_since, 1),
-            "boots": max(view.boots, record.boots),
-            "restarts": max(view.restarts, record.restarts),
-            "last_failure": view.last_failure or failure_json(record.last_failure),
-            "kv_cache_memory_bytes": view.kv_cache_memory_bytes,
-            "kv_cache_learned_used": view.kv_cache_learned_used,
-            "compile_cache_hit": view.compile_cache_hit,
-            "gpus": gpus,
-            "kv_cache_usage_perc": usage,
-            "preemptions": preemptions,
-            "message": view.message,
-            **self._hosts_status(name),
-        }
+                preemptions = metric_value(text, "vllm:num_preemptions_total")
+                metrics = Metrics(
+                    int(preemptions) if preemptions is not None else None,
+                    metric_value(text, "vllm:kv_cache_usage_perc"),
+                )
+        return deployment_status(
+            name,
+            dep,
+            record,
+            machine,
+            down=self.state.is_down(name),
+            now=self.deps.clock.monotonic(),
+            gpus=gpus,
+            metrics=metrics,
+            hosts=self._hosts_status(name),
+        )
 
-    def _hosts_status(self, name: str) -> dict[str, Any]:
-        hosts = self.deps.describe_hosts(name) if self.deps.describe_hosts is not None else None
-        return {} if hosts is None else {"hosts": hosts}
+    def _hosts_status(self, name: str) -> list[dict[str, Any]] | None:
+        return self.deps.describe_hosts(name) if self.deps.describe_hosts is not None else None

@@ -16,6 +16,7 @@ class Phase(StrEnum):
     """Where a deployment is in its life."""
 
     PROBING = "probing"
+    DOWNLOADING = "downloading"
     PLANNING = "planning"
     PULLING = "pulling"
     STARTING = "starting"
@@ -32,6 +33,7 @@ class Phase(StrEnum):
 BOOTING_PHASES = frozenset(
     {
         Phase.PROBING,
+        Phase.DOWNLOADING,
         Phase.PLANNING,
         Phase.PULLING,
         Phase.STARTING,
@@ -75,6 +77,6 @@ def status_line(phases: Mapping[str, Phase], weights_percent: Mapping[str, int |
     for name in sorted(phases):
         phase = phases[name]
         pct = weights_percent.get(name)
-        suffix = f" {pct}%" if phase is Phase.LOADING and pct is not None else ""
+        suffix = f" {pct}%" if phase in (Phase.LOADING, Phase.DOWNLOADING) and pct is not None else ""
         parts.append(f"{name}: {phase.value}{suffix}")
     return StatusLine(", ".join(parts))

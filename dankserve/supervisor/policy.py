@@ -104,7 +104,8 @@ FAILURE_POLICY: tuple[PolicyRule, ...] = (
         PolicyAction.RELEARN,
         "If other processes hold GPU memory (NVML): wait and retry with backoff. Else drop the learned KV "
         "bytes and profile again at once.",
-        "Learned bytes already dropped (or none used): restart with backoff.",
+        "Out of memory again after the learned bytes were dropped, with no other process on the GPU: "
+        "configuration error (the weights do not fit as configured). No learned bytes used: restart with backoff.",
     ),
     PolicyRule(
         FailureCause.ENGINE_DEAD,
@@ -249,6 +250,11 @@ def decide(cause: FailureCause, context: FailureContext) -> PolicyDecision:
                 False,
                 f"out of GPU memory with learned KV bytes: dropped them, profiling again{said}",
                 drop_learned_kv=True,
+            )
+        if context.relearned:
+            return config_error(
+                f"out of GPU memory again after profiling afresh, with no other process on the GPU: the model does "
+                f"not fit as configured{said}; lower max_model_len or gpu_memory_utilization, or use more GPUs"
             )
         return backoff(f"out of GPU memory{said}")
 

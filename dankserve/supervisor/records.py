@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -23,13 +22,6 @@ from dankserve.state import BootSummary, DeploymentState, FailureRecord, State, 
 from dankserve.supervisor.learning import LearnedKv
 
 log = structlog.get_logger("dankserve")
-
-
-def failure_json(record: FailureRecord | None) -> dict[str, Any] | None:
-    """A last-failure record as status shows it."""
-    if record is None:
-        return None
-    return {"class": record.cause, "message": record.message, "at": record.at}
 
 
 class StateBook:
@@ -94,11 +86,6 @@ class StateBook:
 
     def is_down(self, name: str) -> bool:
         return self.deployment(name).down
-
-    def any_learned_bytes(self, name: str) -> int | None:
-        """The most recently learned KV bytes of a deployment, for status without a daemon."""
-        entries = sorted(self.deployment(name).learned_kv.values(), key=lambda e: e.learned_at)
-        return entries[-1].kv_cache_memory_bytes if entries else None
 
     # -- writes --------------------------------------------------------------------------------
     def next_boot(self, name: str) -> int:

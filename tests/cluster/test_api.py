@@ -14,12 +14,11 @@ import pytest
 from dankserve.cluster.api import (
     ClusterClient,
     ClusterServer,
-    MemberUnreachable,
     read_token,
     split_address,
     token_matches,
 )
-from dankserve.errors import ConfigError
+from dankserve.errors import ConfigError, MemberUnreachable
 
 TOKEN = "s3cret-token-0123456789abcdef"
 

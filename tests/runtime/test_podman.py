@@ -790,7 +790,9 @@ def test_secrets_follow_the_file_and_go_with_the_container(
     key_file = tmp_path / "api_key"
     spec = make_spec(secrets=(SecretFile("api_key", key_file, "VLLM_API_KEY"),))
     key_file.write_text("first-key")
-    podman_runtime.start(spec)
+    first = podman_runtime.start(spec)
+    podman_runtime.stop(first.id, 5)  # replacing a workload is the supervisor's: stop and remove, then start
+    podman_runtime.remove(first.id)
     key_file.write_text("second-key")
     workload = podman_runtime.start(spec)
     assert container_sees(podman_env, workload.name, "cat /run/secrets/api_key") == "second-key"
@@ -803,15 +805,19 @@ def test_secrets_follow_the_file_and_go_with_the_container(
     assert not [n for n in names if n.startswith(workload_name(deployment) + ".")]
 
 
-def test_start_replaces_the_deployments_container(
+def test_one_container_per_deployment_and_replacing_is_the_supervisors(
     podman_runtime: PodmanRuntime, podman_env: PodmanEnv, make_spec: SpecFactory, deployment: str
 ) -> None:
-    """Starting a deployment again replaces its container: one container per deployment, the new fingerprint."""
+    """Starting while the deployment's container exists is refused; stopped and removed, the new one starts."""
     assert podman_runtime.find(deployment) is None
     first = podman_runtime.start(make_spec())
     found = podman_runtime.find(deployment)
     assert found is not None and found.id == first.id and found.fingerprint == "fp-1"
     spec = make_spec()
+    with pytest.raises(PodmanRequestFailed, match="already exists"):
+        podman_runtime.start(spec)
+    podman_runtime.stop(first.id, 5)
+    podman_runtime.remove(first.id)
     second = podman_runtime.start(dataclasses.replace(spec, labels={**spec.labels, LABEL_FINGERPRINT: "fp-2"}))
     assert podman_runtime.inspect(first.id) is None
     names = podman_env.podman("ps", "-a", "--filter", f"label={LABEL_DEPLOYMENT}={deployment}", "--format", "{{.ID}}")

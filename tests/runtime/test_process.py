@@ -14,7 +14,7 @@ import pytest
 
 from dankserve.errors import InvalidInput
 from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec, with_bind_address
-from dankserve.runtime.process import ProcessRuntime, serve_command
+from dankserve.runtime.process import ProcessRuntime, oom_kills, serve_command
 
 SERVER = textwrap.dedent(
     """\
@@ -235,3 +235,25 @@ def _with_mark(mark: str) -> list[psutil.Process]:
             if proc.environ().get("MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
                 out.append(proc)
     return out
+
+
+def test_a_sigkill_is_an_oom_kill_only_when_the_kernel_counted_one(tmp_path: Path, fake_vllm: str) -> None:
+    """SIGKILL from anyone but the kernel's OOM killer (whose counter did not rise) is no OOM kill."""
+    runtime = _runtime(tmp_path)
+    workload = runtime.start(_spec(tmp_path, fake_vllm))
+    assert workload.pid is not None
+    os.killpg(workload.pid, signal.SIGKILL)
+    event = runtime.wait(workload.id, timeout=10)
+    assert event is not None and event.exit_code == -signal.SIGKILL
+    assert event.oom_killed is False
+    runtime.remove(workload.id)
+
+
+def test_the_oom_kill_counter_is_read_from_vmstat(tmp_path: Path) -> None:
+    """oom_kills reads the kernel's counter; an unreadable or absent one is unknown (None)."""
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("pgfault 10\noom_kill 3\n")
+    assert oom_kills(vmstat) == 3
+    vmstat.write_text("pgfault 10\n")
+    assert oom_kills(vmstat) is None
+    assert oom_kills(tmp_path / "absent") is None

@@ -274,3 +274,50 @@ def test_an_adopted_boot_keeps_its_gpu_until_ready(tmp_path: Path) -> None:
         ready_at = next(e["timestamp"] for e in events_named(daemon, "ready") if e["deployment"] == booting)
         other_started = next(e["timestamp"] for e in events_named(daemon, "started") if e["deployment"] == other)
         assert ready_at <= other_started
+
+
+HEALTHY_SERVER = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_a_server_left_on_the_port_is_named_and_never_taken_for_the_new_boot(tmp_path: Path) -> None:
+    """Another process answering /health on the deployment's port: the boot waits, naming it, and is not ready;
+    once it is gone the deployment boots and serves (no failure counted)."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    squatter = subprocess.Popen([sys.executable, "-c", HEALTHY_SERVER, str(port)])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _listening(port):
+            time.sleep(0.05)
+        with running_daemon(tmp_path, {"chat": process_deployment(port)}) as daemon:
+            waiting = daemon.wait_for(
+                "chat", lambda d: f"port {port} is in use by pid {squatter.pid}" in (d["message"] or "")
+            )
+            assert waiting["state"] == "restarting"
+            time.sleep(1.0)
+            assert daemon.deployment("chat")["state"] != "ready"  # type: ignore[index]
+            assert events_named(daemon, "started") == []
+            squatter.terminate()
+            squatter.wait(10)
+            status = daemon.wait_for("chat", ready)
+            assert status["restarts"] == 0 and status["last_failure"] is None
+    finally:
+        squatter.kill()
+        squatter.wait(10)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

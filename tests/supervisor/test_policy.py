@@ -149,9 +149,21 @@ DECISIONS: list[tuple[str, FailureCause, FailureContext, dict[str, object]]] = [
         {"outcome": "restart", "backoff": True, "drop_learned_kv": False},
     ),
     (
-        "oom: already relearned -> backoff",
+        "oom: again after the relearn, no other process -> config error (the weights do not fit)",
         FailureCause.OOM_LOAD,
         FailureContext(learned_kv_in_use=True, relearned=True),
+        {"outcome": "config_error"},
+    ),
+    (
+        "oom: again after the relearn while others hold the GPU -> wait with backoff",
+        FailureCause.OOM_LOAD,
+        FailureContext(learned_kv_in_use=True, relearned=True, other_gpu_processes=True),
+        {"outcome": "restart", "backoff": True, "drop_learned_kv": False},
+    ),
+    (
+        "oom: no learned bytes, no relearn -> backoff",
+        FailureCause.OOM_LOAD,
+        FailureContext(),
         {"outcome": "restart", "backoff": True, "drop_learned_kv": False},
     ),
     (

@@ -1,0 +1,83 @@
+"""Processes dankserve starts and finds again: one detached spawn, one identity check, private records.
+
+The vLLM process runtime, the background daemon (`servicectl`) and Ray nodes all start a child in
+its own session with its output in a 0600 log file, and remember it by pid *and* start time: a
+pid alone may have been reused by an unrelated process after a reboot or a long time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+START_TIME_TOLERANCE_SECONDS = 0.5
+"""psutil's create_time is rounded differently on different reads; a reused pid starts far later."""
+
+
+def spawn_detached(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    append: bool = False,
+    stdin: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session (no terminal; its own process group), stdout and stderr to
+    `log_path` (0600; appended to, or truncated), stdin from /dev/null (or the descriptor `stdin`,
+    e.g. a start gate's pipe). OSError when it cannot run."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(log_path, flags, 0o600)
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=None if env is None else dict(env),
+            close_fds=True,
+        )
+    finally:
+        os.close(fd)
+
+
+def start_time_of(pid: int) -> float:
+    """When the process started (Unix time); now when it is already gone."""
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return time.time()
+
+
+def is_same_process(pid: int, start_time: float, tolerance: float = START_TIME_TOLERANCE_SECONDS) -> bool:
+    """The process `pid` that started at `start_time` still runs (not a zombie, not a reused pid)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - start_time) < tolerance and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Replace `path` atomically (temp file, rename) with `text`, readable by its owner only (0600).
+
+    For small records (process records, Ray node records, the image-version cache); the state file
+    itself goes through `StateStore.save`, which also fsyncs."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:  # mkstemp: mode 0600
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

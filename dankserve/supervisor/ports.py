@@ -1,0 +1,35 @@
+"""Whether a deployment's port is already taken before its boot starts, and by whom."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+from dankserve.supervisor.health import probe_host_for
+
+
+def port_holder(host: str, port: int, timeout: float = 0.5) -> str | None:
+    """Who listens on `port` where the server will bind `host` ("pid 123 (python3)"), or None when free.
+
+    A connection that is accepted means another server answers there: a new boot would fail to
+    bind, or (worse) its /health would be answered by the other one.
+    """
+    try:
+        with socket.create_connection((probe_host_for(host), port), timeout=timeout):
+            pass
+    except OSError:
+        return None
+    return _listener(port) or "another process (not visible from here)"
+
+
+def _listener(port: int) -> str | None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(conn.pid)
+                    return f"pid {conn.pid} ({proc.name()}: {' '.join(proc.cmdline())[:120]})"
+                return f"pid {conn.pid}"
+    return None

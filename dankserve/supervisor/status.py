@@ -1,0 +1,133 @@
+"""One deployment's `dankserve status` document, built from its records. Pure.
+
+The daemon builds it from the machine's state and the state file's record; `dankserve status`
+without a daemon builds it from the record alone (`machine=None`). Both print the same fields
+with the same meanings: `state` is the machine's (`starting`, `ready`, `restarting`, `failed`,
+`stopped`) while it runs, else `down` (taken down with `dankserve down`), `disabled` (not
+enabled in the config) or `stopped`; values of the last boot come from this daemon's machine
+once it knows them, else from the state file's last boot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dankserve.state import DeploymentState, FailureRecord
+from dankserve.supervisor.machine import MachineState, Stage
+
+if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
+    from dankserve.settings import DeploymentSettings
+
+STATUS_FIELDS = (
+    "name",
+    "state",
+    "phase",
+    "endpoint",
+    "model",
+    "image",
+    "vllm_version",
+    "uptime_seconds",
+    "boots",
+    "restarts",
+    "last_failure",
+    "kv_cache_memory_bytes",
+    "kv_cache_learned_used",
+    "compile_cache_hit",
+    "weights_percent",
+    "gpus",
+    "kv_cache_usage_perc",
+    "preemptions",
+    "message",
+    "hosts",
+)
+"""The keys of every deployment's document, in order."""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What the server's /metrics said (None: not asked or not answered)."""
+
+    preemptions: int | None = None
+    kv_cache_usage_perc: float | None = None
+
+
+def failure_json(record: FailureRecord | None) -> dict[str, Any] | None:
+    """A last-failure record as status shows it."""
+    if record is None:
+        return None
+    return {"class": record.cause, "message": record.message, "at": record.at}
+
+
+def configured_hosts(dep: DeploymentSettings) -> list[dict[str, Any]]:
+    """A group's hosts as the config names them, before the daemon has looked at them (none: one host)."""
+    if not dep.hosts:
+        return []
+    return [{"address": "this host", "role": "leader", "state": "unknown", "message": None}] + [
+        {"address": address, "role": "follower", "state": "unknown", "message": None} for address in dep.hosts
+    ]
+
+
+def deployment_status(
+    name: str,
+    dep: DeploymentSettings,
+    record: DeploymentState,
+    machine: MachineState | None,
+    *,
+    down: bool,
+    now: float = 0.0,
+    gpus: Sequence[Mapping[str, Any]] = (),
+    metrics: Metrics | None = None,
+    hosts: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The status document of one deployment; `now` is the machine's clock (for the uptime)."""
+    last = record.last_boot
+    learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
+    if machine is None:
+        state = "down" if down else ("disabled" if not dep.enabled else "stopped")
+        phase = "stopped"
+    else:
+        state, phase = machine.status, machine.phase.value
+    booted = machine is not None and machine.kv_cache_memory_bytes is not None
+    facts = machine.facts if machine is not None else None
+    ready_at = machine.boot.ready_at if machine is not None and machine.boot is not None else None
+    uptime = round(now - ready_at, 1) if machine is not None and machine.stage is Stage.READY and ready_at else None
+    kv_bytes = (
+        machine.kv_cache_memory_bytes
+        if booted and machine is not None
+        else (last.kv_cache_memory_bytes if last and last.kv_cache_memory_bytes else None)
+        or (learned[-1].kv_cache_memory_bytes if learned else None)
+    )
+    metrics = metrics or Metrics()
+    return {
+        "name": name,
+        "state": state,
+        "phase": phase,
+        "endpoint": f"http://{dep.host}:{dep.port}/v1",
+        "model": dep.model,
+        "image": dep.image,
+        "vllm_version": (machine.vllm_version if machine is not None else None)
+        or (last.vllm_version if last else None),
+        "uptime_seconds": uptime,
+        "boots": max(machine.boots if machine else 0, record.boots),
+        "restarts": max(machine.restarts if machine else 0, record.restarts),
+        "last_failure": failure_json(record.last_failure),
+        "kv_cache_memory_bytes": kv_bytes,
+        "kv_cache_learned_used": machine.kv_cache_learned_used
+        if machine is not None
+        else bool(last and last.kv_cache_learned_used),
+        "compile_cache_hit": machine.compile_cache_hit
+        if machine is not None and machine.compile_cache_hit is not None
+        else (last.compile_cache_hit if last else None),
+        "weights_percent": machine.weights_percent if machine is not None else None,
+        "gpus": [dict(g) for g in gpus],
+        "kv_cache_usage_perc": metrics.kv_cache_usage_perc
+        if metrics.kv_cache_usage_perc is not None
+        else (facts.kv_cache_usage_perc if facts else None),
+        "preemptions": metrics.preemptions
+        if metrics.preemptions is not None
+        else (facts.preemptions if facts else None),
+        "message": machine.message if machine is not None else None,
+        "hosts": [dict(h) for h in hosts] if hosts is not None else configured_hosts(dep),
+    }

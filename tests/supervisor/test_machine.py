@@ -1,0 +1,365 @@
+"""Tests for dankserve.supervisor.machine: the transition table, exhaustively and by hypothesis."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dankserve.bootlog.facts import BootFacts, FailureClass
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.learning import LearnedKv
+from dankserve.supervisor.lifecycle import Phase
+from dankserve.supervisor.policy import FailureCause, RestartSettings
+
+RESTART = RestartSettings(
+    initial_seconds=1, max_seconds=30, multiplier=2, jitter_seconds=1, window_seconds=300, max_failures_in_window=3
+)
+CONFIG = m.MachineConfig(RESTART, boot_timeout_seconds=60, health_interval_seconds=5, gpu_memory_settle_seconds=10)
+LEARNED = LearnedKv(10 * 2**30, (80 * 2**30,), 0.0)
+READY_FACTS = BootFacts(ready=True, kv_cache_memory_bytes=5 * 2**30, kv_cache_memory_bytes_source="suggested")
+
+SAMPLES: dict[type[Any], Any] = {
+    m.Begin: m.Begin(),
+    m.StopRequested: m.StopRequested(),
+    m.Reconfigured: m.Reconfigured(CONFIG),
+    m.Tick: m.Tick(),
+    m.WeightsProgress: m.WeightsProgress(40),
+    m.WeightsReady: m.WeightsReady(),
+    m.WeightsFailed: m.WeightsFailed("connection reset", permanent=False),
+    m.ImageReady: m.ImageReady("0.8.5", "sha256:x"),
+    m.BootPlanned: m.BootPlanned(("GPU-0",), "kv1-x", LEARNED, "0.8.5"),
+    m.GpusAcquired: m.GpusAcquired(),
+    m.FreeMemoryRead: m.FreeMemoryRead((80 * 2**30,)),
+    m.PortBusy: m.PortBusy(8000, "pid 7 (python3)"),
+    m.WorkloadStarted: m.WorkloadStarted("w2", 3),
+    m.BootLog: m.BootLog(READY_FACTS, Phase.READY),
+    m.LogEnded: m.LogEnded(),
+    m.Exited: m.Exited(1),
+    m.StillRunning: m.StillRunning(),
+    m.HealthChecked: m.HealthChecked(200),
+    m.LivenessFailed: m.LivenessFailed(FailureCause.ENGINE_DEAD, "no token in 30 s"),
+    m.MemberLost: m.MemberLost("10.0.0.2 did not answer 2 times"),
+    m.GpuTenants: m.GpuTenants(False, 0.5),
+    m.RuntimeUnreachable: m.RuntimeUnreachable("connection refused", "12:00:00"),
+    m.Refused: m.Refused("bad config"),
+    m.Crashed: m.Crashed("KeyError: 'x'"),
+}
+
+
+def in_stage(stage: m.Stage) -> m.MachineState:
+    """A plausible machine in `stage` (a running workload where one runs, a failure where one is pending)."""
+    boot = m.Boot(started_at=0.0, uuids=("GPU-0",), boot_key="kv1-x", learned=LEARNED, deadline=100.0)
+    if stage in m.RUNNING:
+        boot = replace(boot, workload_id="w1")
+    pending = (
+        m.Failure(FailureCause.CRASH, "exit 1", None, False) if stage in (m.Stage.ENDING, m.Stage.DECIDING) else None
+    )
+    return m.MachineState(CONFIG, stage=stage, boot=boot if stage is not m.Stage.IDLE else None, pending=pending)
+
+
+def with_boot(state: m.MachineState, **changes: Any) -> m.MachineState:
+    """`state` with its boot's fields changed."""
+    assert state.boot is not None
+    return replace(state, boot=replace(state.boot, **changes))
+
+
+def test_every_event_has_a_sample_and_every_pair_a_rule() -> None:
+    """The table covers every stage x event type, and the tests have an event of every type."""
+    assert set(SAMPLES) == set(m.EVENT_TYPES)
+    assert len(m.TRANSITIONS) == len(m.Stage) * len(m.EVENT_TYPES)
+
+
+@pytest.mark.parametrize("stage", list(m.Stage), ids=lambda s: s.value)
+@pytest.mark.parametrize("kind", m.EVENT_TYPES, ids=lambda k: k.__name__)
+def test_each_pair_is_allowed_refused_or_ignored_as_the_table_says(stage: m.Stage, kind: type[Any]) -> None:
+    """Allowed events lead only to a declared stage; refused ones leave the state and warn; ignored ones do nothing."""
+    state = in_stage(stage)
+    rule_ = m.TRANSITIONS[stage, kind]
+    after, commands = m.step(state, SAMPLES[kind], 10.0)
+    if rule_.kind == "ignored":
+        assert after == state and commands == ()
+    elif rule_.kind == "refused":
+        assert after == state
+        assert commands == (m.note("event_refused", "warning", stage=stage.value, received=kind.__name__),)
+    else:
+        assert after.stage in rule_.to, f"{stage} --{kind.__name__}--> {after.stage}, declared {rule_.to}"
+        after.phase, after.status  # noqa: B018  (derivable in every state)
+
+
+def test_terminal_states_ignore_everything() -> None:
+    """A failed or stopped machine drops every event: only `up` or a config change starts a new worker."""
+    for stage in m.TERMINAL:
+        for kind in m.EVENT_TYPES:
+            assert m.TRANSITIONS[stage, kind].kind == "ignored"
+
+
+def test_status_and_phase_derive_from_the_stage() -> None:
+    """status' `state` and `phase` are functions of the machine's state, never set beside it."""
+    assert in_stage(m.Stage.READY).status == "ready"
+    assert in_stage(m.Stage.BACKOFF).phase is Phase.RESTARTING
+    assert in_stage(m.Stage.DOWNLOADING).phase is Phase.DOWNLOADING
+    booting = in_stage(m.Stage.BOOTING)
+    assert booting.status == "starting"
+    assert with_boot(booting, phase=Phase.COMPILING).phase is Phase.COMPILING
+
+
+def test_unknown_free_memory_never_passes_the_learned_bytes_guard() -> None:
+    """A GPU whose free memory could not be read makes the boot profile, and nothing is learned from it."""
+    state = with_boot(in_stage(m.Stage.MEASURING), settle_until=0.0)
+    after, commands = m.step(state, m.FreeMemoryRead((None,)), 10.0)
+    assert after.stage is m.Stage.STARTING
+    start = commands[-1]
+    assert isinstance(start, m.StartWorkload) and start.overrides.kv_cache_memory_bytes is None
+    assert after.boot is not None and after.boot.baseline is None
+    assert "unknown" in dict(commands[0].fields)["reason"]  # type: ignore[union-attr]
+
+
+def test_learned_bytes_are_reused_when_memory_is_back() -> None:
+    """With the recorded free memory available again, the learned bytes are passed to the boot."""
+    after, commands = m.step(in_stage(m.Stage.MEASURING), m.FreeMemoryRead((80 * 2**30,)), 10.0)
+    start = commands[-1]
+    assert isinstance(start, m.StartWorkload) and start.overrides.kv_cache_memory_bytes == LEARNED.kv_cache_memory_bytes
+    assert after.kv_cache_learned_used
+
+
+def test_short_memory_is_read_again_until_the_settle_time() -> None:
+    """Less free memory than learned: read again every half second until gpu_memory_settle_seconds pass."""
+    state = with_boot(in_stage(m.Stage.MEASURING), settle_until=20.0)
+    after, commands = m.step(state, m.FreeMemoryRead((1,)), 10.0)
+    assert after.stage is m.Stage.MEASURING and commands == () and after.wake_at == 10.5
+    after, commands = m.step(after, m.Tick(), 10.5)
+    assert commands == (m.ReadFreeMemory(("GPU-0",), settle_first=False),)
+    after, commands = m.step(after, m.FreeMemoryRead((1,)), 21.0)
+    assert after.stage is m.Stage.STARTING
+
+
+def test_ready_needs_this_boots_log_line_as_well_as_health() -> None:
+    """/health answering 200 before this boot's log said the server is up is another server's answer."""
+    booting = in_stage(m.Stage.BOOTING)
+    after, _ = m.step(booting, m.HealthChecked(200), 1.0)
+    assert after.stage is m.Stage.BOOTING
+    after, commands = m.step(booting, m.BootLog(READY_FACTS, Phase.READY), 1.0)
+    assert commands[-1] == m.ProbeHealth(1.0)
+    after, commands = m.step(after, m.HealthChecked(200), 1.1)
+    assert after.stage is m.Stage.READY and after.status == "ready"
+    assert any(isinstance(c, m.RecordBoot) for c in commands)
+
+
+def test_a_port_held_by_another_process_is_waited_for_without_counting_a_failure() -> None:
+    """PortBusy names the holder in the message and retries later; no failure, no restart is counted."""
+    after, commands = m.step(in_stage(m.Stage.STARTING), m.PortBusy(8000, "pid 7 (python3)"), 1.0)
+    assert after.stage is m.Stage.RETRY_WAIT and after.failures == () and after.restarts == 0
+    assert after.message is not None and "port 8000 is in use by pid 7 (python3)" in after.message
+    assert m.ReleaseGpus() in commands
+
+
+def test_a_runtime_outage_while_serving_keeps_serving() -> None:
+    """While ready, an unreachable runtime is noted and asked again later; the deployment stays ready."""
+    ready = with_boot(in_stage(m.Stage.READY), log_ended=True)
+    after, _ = m.step(ready, m.RuntimeUnreachable("refused", "12:00:00"), 5.0)
+    assert after.stage is m.Stage.READY and after.message == "Podman unreachable since 12:00:00: refused"
+    after, commands = m.step(after, m.StillRunning(), 7.0)
+    assert after.message is None and commands[-1] == m.FollowLogs("w1", resume=True)
+
+
+def test_a_liveness_failure_is_a_failure_with_its_cause() -> None:
+    """LivenessFailed (issue 17's probe) stops the workload and asks the policy with the probe's cause."""
+    after, commands = m.step(in_stage(m.Stage.READY), m.LivenessFailed(FailureCause.ENGINE_DEAD, "hung"), 5.0)
+    assert after.stage is m.Stage.DECIDING and after.pending is not None and after.pending.served
+    assert commands[:2] == (m.StopWorkload("w1"), m.RemoveWorkload("w1"))
+    after, commands = m.step(after, m.GpuTenants(False, 0.0), 6.0)
+    assert after.stage is m.Stage.BACKOFF and m.RecordFailure("engine_dead", "hung") in commands
+
+
+def test_a_lost_group_member_reaches_the_last_failure() -> None:
+    """MemberLost names the member in the failure the policy and `status` see."""
+    after, _ = m.step(in_stage(m.Stage.READY), m.MemberLost("10.0.0.2 is gone"), 5.0)
+    after, commands = m.step(after, m.GpuTenants(False), 6.0)
+    record = next(c for c in commands if isinstance(c, m.RecordFailure))
+    assert "10.0.0.2 is gone" in (record.message or "")
+
+
+def test_downloading_comes_first_when_dankserve_fetches_weights() -> None:
+    """With download_weights the boot starts in `downloading`, shows the percentage, then pulls the image."""
+    state = m.initial_state(replace(CONFIG, download_weights=True))
+    state, commands = m.step(state, m.Begin(), 0.0)
+    assert state.stage is m.Stage.DOWNLOADING and commands == (m.EnsureWeights(),)
+    state, _ = m.step(state, m.WeightsProgress(42), 1.0)
+    assert state.weights_percent == 42 and state.phase is Phase.DOWNLOADING
+    state, commands = m.step(state, m.WeightsReady(), 2.0)
+    assert state.stage is m.Stage.PULLING and commands == (m.EnsureImage(),)
+    failed, commands = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("404", permanent=True), 3.0)
+    assert failed.stage is m.Stage.FAILED and m.RecordFailure("model_not_found", "404") in commands
+    retry, _ = m.step(replace(state, stage=m.Stage.DOWNLOADING), m.WeightsFailed("reset", permanent=False), 3.0)
+    assert retry.stage is m.Stage.RETRY_WAIT and retry.failures == ()
+
+
+def test_an_oom_again_after_the_relearn_is_a_configuration_error() -> None:
+    """OOM with learned bytes drops them; the next OOM with no other process is a configuration error."""
+    state = replace(in_stage(m.Stage.DECIDING), pending=m.Failure(FailureCause.OOM_LOAD, "oom", None, False))
+    state = with_boot(state, learned_used=LEARNED.kv_cache_memory_bytes)
+    after, commands = m.step(state, m.GpuTenants(False), 1.0)
+    assert after.stage is m.Stage.BACKOFF and m.ForgetLearned("kv1-x") in commands and after.relearned
+    again = replace(after, stage=m.Stage.DECIDING, pending=m.Failure(FailureCause.OOM_LOAD, "oom", None, False))
+    final, _ = m.step(again, m.GpuTenants(False), 2.0)
+    assert final.stage is m.Stage.FAILED
+    waiting, _ = m.step(again, m.GpuTenants(None), 2.0)
+    assert waiting.stage is m.Stage.BACKOFF, "unknown GPU tenants wait; they never count as none"
+
+
+def test_a_log_failure_waits_for_the_exit_then_decides() -> None:
+    """A failure line while booting: wait for the exit, remove, then ask the policy (bad_argument: failed)."""
+    facts = BootFacts(failure=FailureClass.BAD_ARGUMENT, failure_message="unrecognized arguments: --x")
+    after, commands = m.step(in_stage(m.Stage.BOOTING), m.BootLog(facts), 1.0)
+    assert after.stage is m.Stage.ENDING and commands[-1] == m.WaitExit("w1", m.EXIT_WAIT_SECONDS)
+    after, commands = m.step(after, m.StillRunning(), 11.0)
+    assert commands[:2] == (m.StopWorkload("w1"), m.RemoveWorkload("w1"))
+    after, _ = m.step(after, m.GpuTenants(False), 12.0)
+    assert after.stage is m.Stage.FAILED and after.message is not None and "bad_argument" in after.message
+
+
+def test_the_architecture_doc_shows_the_current_state_table() -> None:
+    """docs/ARCHITECTURE.md's state table is the one rendered from TRANSITIONS (`python -m ... --write`)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md").read_text()
+    assert m.render_state_table() in doc, (
+        "regenerate: python -m dankserve.supervisor.machine --write docs/ARCHITECTURE.md"
+    )
+
+
+# --- hypothesis: any sequence of events keeps the machine within its table ------------------------------
+
+FACTS = st.builds(
+    BootFacts,
+    ready=st.booleans(),
+    failure=st.none() | st.sampled_from(list(FailureClass)),
+    kv_cache_memory_bytes=st.none() | st.integers(1, 2**40),
+    kv_cache_memory_bytes_source=st.sampled_from([None, "suggested", "given"]),
+    estimated_max_model_len=st.none() | st.integers(1, 10**6),
+)
+EVENTS = st.one_of(
+    st.just(m.StopRequested()),
+    st.just(m.Reconfigured(CONFIG)),
+    st.just(m.Tick()),
+    st.builds(m.WeightsProgress, st.integers(-5, 105)),
+    st.just(m.WeightsReady()),
+    st.builds(m.WeightsFailed, st.text(max_size=5), st.booleans()),
+    st.builds(m.ImageReady, st.none() | st.just("0.8.5"), st.none() | st.just("sha256:x")),
+    st.builds(
+        m.BootPlanned,
+        st.just(("GPU-0",)),
+        st.just("kv1-x"),
+        st.none() | st.just(LEARNED),
+        st.just("0.8.5"),
+        st.none() | st.floats(0.1, 0.99),
+        st.none() | st.floats(0.1, 0.99),
+        st.none() | st.builds(m.ExistingWorkload, st.just("old"), st.booleans(), st.booleans()),
+        st.booleans(),
+    ),
+    st.just(m.GpusAcquired()),
+    st.builds(m.FreeMemoryRead, st.tuples(st.none() | st.integers(0, 2**40))),
+    st.builds(m.PortBusy, st.just(8000), st.just("pid 1")),
+    st.builds(m.WorkloadStarted, st.just("w9"), st.integers(1, 100)),
+    st.builds(m.BootLog, FACTS, st.none() | st.sampled_from(list(Phase))),
+    st.just(m.LogEnded()),
+    st.builds(m.Exited, st.none() | st.integers(-9, 255), st.booleans()),
+    st.just(m.StillRunning()),
+    st.builds(m.HealthChecked, st.sampled_from([None, 200, 503, 500])),
+    st.builds(m.LivenessFailed, st.sampled_from(list(FailureCause)), st.just("hung")),
+    st.builds(m.MemberLost, st.just("gone")),
+    st.builds(m.GpuTenants, st.none() | st.booleans(), st.floats(0, 0.999)),
+    st.builds(m.RuntimeUnreachable, st.just("refused"), st.just("12:00:00")),
+    st.builds(m.Refused, st.just("bad")),
+    st.builds(m.Crashed, st.just("bug")),
+)
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    """Random events at random times: every step stays within the table and keeps the invariants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state, _ = m.step(m.initial_state(CONFIG), m.Begin(), 0.0)
+        self.now = 0.0
+
+    @rule(event=EVENTS, later=st.floats(0, 120))
+    def feed(self, event: Any, later: float) -> None:
+        self.now += later
+        before = self.state
+        rule_ = m.TRANSITIONS[before.stage, type(event)]
+        after, commands = m.step(before, event, self.now)
+        if rule_.kind == "allowed":
+            assert after.stage in rule_.to
+        else:
+            assert after == before
+        assert after.restarts >= before.restarts
+        assert all(isinstance(c, m.Command.__args__) for c in commands)
+        if before.stage in m.TERMINAL:
+            assert after == before and commands == ()
+        if before.stage is m.Stage.BOOTING and after.stage is m.Stage.READY:  # this boot's log and /health
+            assert before.boot is not None and before.boot.facts.ready
+            assert isinstance(event, m.HealthChecked) and event.status == 200
+        if isinstance(event, m.FreeMemoryRead) and None in event.free:  # unknown never passes the guard
+            assert all(c.overrides.kv_cache_memory_bytes is None for c in commands if isinstance(c, m.StartWorkload))
+        self.state = after
+
+    @rule(data=st.data(), later=st.floats(0, 2))
+    def boot_goes_on(self, data: st.DataObject, later: float) -> None:
+        """The event a boot expects next in this stage (random walks alone rarely get far)."""
+        onward = {
+            m.Stage.DOWNLOADING: st.just(m.WeightsReady()),
+            m.Stage.PULLING: st.just(SAMPLES[m.ImageReady]),
+            m.Stage.PLANNING: st.sampled_from([SAMPLES[m.BootPlanned], m.BootPlanned(("GPU-0",), "k", None, None)]),
+            m.Stage.WAITING_GPUS: st.just(m.GpusAcquired()),
+            m.Stage.MEASURING: st.builds(m.FreeMemoryRead, st.tuples(st.none() | st.integers(0, 2**40))),
+            m.Stage.STARTING: st.just(SAMPLES[m.WorkloadStarted]),
+            m.Stage.BOOTING: st.sampled_from(
+                [
+                    m.BootLog(READY_FACTS, Phase.READY),
+                    m.HealthChecked(200),
+                    m.BootLog(BootFacts(failure=FailureClass.OOM_LOAD, failure_message="CUDA out of memory")),
+                ]
+            ),
+            m.Stage.READY: st.sampled_from([m.HealthChecked(503), m.Tick(), m.LogEnded()]),
+            m.Stage.ENDING: st.just(m.Exited(1)),
+            m.Stage.DECIDING: st.builds(m.GpuTenants, st.none() | st.booleans(), st.floats(0, 0.999)),
+        }.get(self.state.stage)
+        if onward is not None:
+            self.feed(data.draw(onward), later)
+
+    @precondition(lambda self: self.state.stage in (m.Stage.BACKOFF, m.Stage.RETRY_WAIT))
+    @rule()
+    def time_passes(self) -> None:
+        assert self.state.wake_at is not None
+        self.now = max(self.now, self.state.wake_at)
+        self.state, commands = m.step(self.state, m.Tick(), self.now)
+        assert self.state.stage in (m.Stage.DOWNLOADING, m.Stage.PULLING) and commands
+
+    @invariant()
+    def running_stages_know_their_workload(self) -> None:
+        if self.state.stage in m.RUNNING:
+            assert self.state.workload_id is not None
+
+    @invariant()
+    def waiting_stages_have_a_wake_time(self) -> None:
+        if self.state.stage in (m.Stage.BACKOFF, m.Stage.RETRY_WAIT, m.Stage.BOOTING, m.Stage.READY):
+            assert self.state.wake_at is not None
+
+    @invariant()
+    def a_pending_failure_only_while_ending_or_deciding(self) -> None:
+        if self.state.pending is not None:
+            assert self.state.stage in (m.Stage.ENDING, m.Stage.DECIDING)
+
+    @invariant()
+    def status_is_derivable(self) -> None:
+        assert self.state.status in ("starting", "ready", "restarting", "failed", "stopped")
+        assert isinstance(self.state.phase, Phase)
+
+
+TestLifecycleMachine = LifecycleMachine.TestCase
+TestLifecycleMachine.settings = hsettings(max_examples=300, stateful_step_count=40, deadline=None)
