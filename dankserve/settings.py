@@ -185,9 +185,30 @@ class DeploymentSettings(_Strict):
         default=False,
         description="Opt-in: run the container privileged (SYS_ADMIN, apparmor=unconfined). Warned about.",
     )
-    model_facts: ModelFacts | None = Field(default=None, description="Declared model facts when not in the HF cache.")
+    model_facts: ModelFacts | None = Field(
+        default=None,
+        description="Declared model facts: they override what the HF cache or the Hub says; with them "
+        "declared and the model not cached, the Hub is not asked.",
+    )
+    download: bool | None = Field(
+        default=None,
+        description="Download the weights into hf_cache_dir before the first boot (the `downloading` phase); "
+        "unset: yes for a Hub model id (ORG/NAME) without model_facts.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description='vLLM --reasoning-parser; unset: the model family\'s own (e.g. qwen3), "off": none.',
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="vLLM --tool-call-parser (with --enable-auto-tool-choice); unset: the model family's own "
+        '(e.g. hermes for Qwen3), "off": none.',
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for vLLM.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments, verbatim, last.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra vLLM arguments, last; a flag the plan also sets replaces the planned one (checks use it).",
+    )
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
@@ -243,6 +264,23 @@ class DeploymentSettings(_Strict):
         return self
 
 
+DEFAULT_HF_CACHE_DIR = Path("/var/cache/dankserve/huggingface")
+
+
+def default_hf_cache_dir(environ: Mapping[str, str]) -> Path:
+    """hf_cache_dir when the config leaves it out: huggingface_hub's own HF_HOME / HF_HUB_CACHE.
+
+    The container mounts this directory at /root/.cache/huggingface and vLLM reads hub/ below it,
+    so an HF_HUB_CACHE is taken only when it is such a hub/ directory.
+    """
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"])
+    hub_cache = environ.get("HF_HUB_CACHE")
+    if hub_cache and Path(hub_cache).name == "hub":
+        return Path(hub_cache).parent
+    return DEFAULT_HF_CACHE_DIR
+
+
 def is_loopback(host: str) -> bool:
     """Whether the address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
@@ -268,8 +306,10 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default=Path("/var/lib/dankserve"), description="Learned boot facts, pid, control socket.")
     cache_dir: Path = Field(default=Path("/var/cache/dankserve"), description="Per-deployment torch.compile caches.")
     hf_cache_dir: Path = Field(
-        default=Path("/var/cache/dankserve/huggingface"),
-        description="Hugging Face cache, mounted at /root/.cache/huggingface.",
+        default_factory=lambda: default_hf_cache_dir(os.environ),
+        description="Hugging Face cache (HF_HOME layout: models under hub/), mounted at /root/.cache/huggingface; "
+        "unset: $HF_HOME, else the parent of $HF_HUB_CACHE when that ends in /hub, else "
+        "/var/cache/dankserve/huggingface.",
     )
     vllm_version: str | None = Field(default=None, description="vLLM version when the image cannot tell.")
     restart_backoff_initial_seconds: float = Field(
@@ -474,7 +514,8 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         if required:
             raise ConfigError(
                 f"config file {path} does not exist",
-                fix=f"create it (see config/dankserve.toml for every key) or point --config/{CONFIG_ENV} elsewhere",
+                fix="create it (`dankserve install` writes a commented example of every key) "
+                f"or point --config/{CONFIG_ENV} elsewhere",
             )
         return {}
     try:
@@ -495,7 +536,10 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
     value = error.get("input")
     kind = error.get("type", "")
     if kind == "extra_forbidden":
-        return f"{path}: unknown key {key!r} (value {value!r}); see config/dankserve.toml for the keys allowed"
+        return (
+            f"{path}: unknown key {key!r} (value {value!r}); "
+            "see the keys allowed in the example `dankserve install` writes"
+        )
     # extra_args and env may hold a secret (which is why they were refused): never echo them.
     hidden = isinstance(value, dict) or (error["loc"] and error["loc"][-1] in ("extra_args", "env"))
     shown = "" if hidden else f" = {value!r}"
@@ -528,7 +572,7 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
         lines = [_describe_error(path, err) for err in exc.errors()]
         raise ConfigError(
             "invalid configuration:\n  " + "\n  ".join(lines),
-            fix="correct the values named above (config/dankserve.toml documents every key)",
+            fix="correct the values named above (the example config `dankserve install` writes documents every key)",
         ) from None
     check_secret_files(settings)
     return settings

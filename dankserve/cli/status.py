@@ -81,6 +81,14 @@ def command(as_json: bool) -> ExitCode:
             f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  "
             f"compile cache hit {dep.get('compile_cache_hit')}"
         )
+        if dep.get("context_tokens"):
+            holds = ""
+            if dep.get("kv_cache_tokens") and dep.get("concurrency"):
+                holds = (
+                    f"; the KV cache holds {dep['kv_cache_tokens']:,} tokens: {dep['concurrency']:.1f} "
+                    "requests of full length at once"
+                )
+            click.echo(f"  context {dep['context_tokens']:,} tokens{holds}")
         for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
             note = f"  {member['message']}" if member.get("message") else ""
             click.echo(f"  host {member['address']} ({member['role']}): {member['state']}{note}")

@@ -40,7 +40,8 @@ class ClusterContext:
         if cluster is None:
             raise ConfigError(
                 f"a deployment names hosts {dep.hosts} but this daemon has no [cluster] section",
-                fix='add [cluster] with listen = "THIS-HOST-ADDRESS:7390" and token_file (docs/MULTI-HOST.md)',
+                fix='add [cluster] with listen = "THIS-HOST-ADDRESS:7390" and token_file '
+                "(the same token file on every host of the group)",
             )
         token_file = dep.cluster_token_file or cluster.token_file
         return split_address(cluster.listen, API_PORT)[0], read_token(token_file)

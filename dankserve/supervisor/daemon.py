@@ -31,6 +31,7 @@ from dankserve.errors import (
     ClusterUnreachable,
     DankserveError,
     EnvironmentUnusable,
+    HubUnreachable,
     PodmanUnreachable,
     resources_exhausted,
 )
@@ -330,7 +331,7 @@ class DeploymentWorker:
     def _execute(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
-        except (PodmanUnreachable, ClusterUnreachable) as exc:
+        except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
             return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
         except Exception as exc:
             own = resources_exhausted(exc)

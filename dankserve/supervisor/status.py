@@ -36,6 +36,9 @@ STATUS_FIELDS = (
     "kv_cache_learned_used",
     "compile_cache_hit",
     "weights_percent",
+    "context_tokens",
+    "kv_cache_tokens",
+    "concurrency",
     "gpus",
     "kv_cache_usage_perc",
     "preemptions",
@@ -121,6 +124,11 @@ def deployment_status(
         if machine is not None and machine.compile_cache_hit is not None
         else (last.compile_cache_hit if last else None),
         "weights_percent": machine.weights_percent if machine is not None else None,
+        # what this boot's KV cache holds, in vLLM's own words (its log): the context each request
+        # may use, the tokens in all, and how many requests of full length fit at once
+        "context_tokens": facts.max_model_len if facts else None,
+        "kv_cache_tokens": facts.gpu_kv_cache_tokens if facts else None,
+        "concurrency": facts.max_concurrency if facts else None,
         "gpus": [dict(g) for g in gpus],
         "kv_cache_usage_perc": metrics.kv_cache_usage_perc
         if metrics.kv_cache_usage_perc is not None
