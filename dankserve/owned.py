@@ -24,19 +24,17 @@ OWNED_FLAGS: Mapping[str, str] = {
     "--port": "port",
     "--uds": "host and port",
     "--model": "model",
-    "--revision": "revision",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
     "--pipeline-parallel-size": "hosts (a multi-host group)",
     "-pp": "hosts (a multi-host group)",
     "--distributed-executor-backend": "hosts (a multi-host group)",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
     "--kv-cache-memory-bytes": "gpu_memory_utilization (dankserve learns the KV bytes from the first boot)",
     "--download-dir": "hf_cache_dir",
     "--numa-bind": "numa_bind",
     "--numa-bind-nodes": "numa_bind",
 }
-"""Flags dankserve sets from a config key (the value), which extra_args must not override."""
+"""Flags dankserve sets from a config key (the value), which extra_args must not override. (Tuning
+flags that have a setting, such as `-tp` or `--gpu-memory-utilization`, are taken into that setting
+by the planner instead: plan/extra_args.py.)"""
 
 SECRET_ENV: Mapping[str, str] = {
     "VLLM_API_KEY": "api_key_file",
