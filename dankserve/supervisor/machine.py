@@ -1016,7 +1016,9 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         )
         learn_baseline = boot.baseline if boot.learned_used is None else None
         return after, (
-            ReleaseGpus(),
+            # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this
+            # boot is ready and on disk (all three run before status shows ready).
+            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
             note(
                 "ready",
                 boot_seconds=round(now - boot.started_at, 3),
@@ -1024,7 +1026,7 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
                 learned_used=boot.learned_used is not None,
                 compile_cache_hit=facts.compile_cache_hit,
             ),
-            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
+            ReleaseGpus(),
         )
     if event.status == 200:
         return replace(state, boot=replace(boot, unhealthy=0)), ()
