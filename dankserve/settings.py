@@ -645,12 +645,13 @@ def check_secret_files(settings: Settings) -> None:
 
 
 def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
-    """A secret's text, stripped; unreadable, empty or shorter than min_length is a ConfigError (exit 2)."""
+    """A secret's text (secret_files.read_secret: a regular, non-empty file), UTF-8 and at least min_length long."""
+    from dankserve.secret_files import read_secret
+
     try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{what} {path} cannot be read: {reason}", fix=fix) from None
+        secret = read_secret(path, what).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the {what} file {path} is not UTF-8 text", fix=fix) from None
     if len(secret) < min_length:
         raise ConfigError(
             f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
