@@ -42,9 +42,11 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
     WorkloadState,
+    with_bind_address,
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, poll_briefly
+from dankserve.secret_files import read_secret
 
 if TYPE_CHECKING:
     from podman import PodmanClient
@@ -193,14 +195,17 @@ def container_create_kwargs(
     kwargs: dict[str, Any] = {
         "name": workload_name(spec.deployment),
         "entrypoint": serve_entrypoint(spec.secrets),
-        "command": list(spec.argv),
+        "command": list(with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else spec.argv),
         "environment": env,
         "labels": labels,
-        "ports": {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)},
         "mounts": mounts,
         "devices": list(gpu.devices),
         "secrets": secrets,
     }
+    if spec.host_network:
+        kwargs["network_mode"] = "host"
+    else:
+        kwargs["ports"] = {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)}
     if spec.shm_size is None:
         kwargs["ipc_mode"] = "host"
     else:
@@ -437,20 +442,6 @@ def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
                 watch.close()
 
     return lines()
-
-
-def read_secret(secret: SecretFile) -> bytes:
-    """A secret file's value without its trailing newline; a user error when absent or empty."""
-    try:
-        value = secret.source.read_bytes().rstrip(b"\r\n")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the {secret.name} file {secret.source}: {exc.strerror or exc}",
-            fix=f"create {secret.source} (mode 0600, readable by root) or correct the setting naming it",
-        ) from exc
-    if not value:
-        raise ConfigError(f"the {secret.name} file {secret.source} is empty", fix="write the secret into it")
-    return value
 
 
 class VersionCache:
@@ -756,7 +747,7 @@ class PodmanRuntime:
 
     def _replace_secrets(self, deployment: str, secrets: Sequence[SecretFile]) -> dict[str, str]:
         """Fresh Podman secrets from the files (so a changed file is picked up); name -> secret."""
-        values = {s.name: read_secret(s) for s in secrets}  # read all first: fail before touching Podman
+        values = {s.name: read_secret(s.source, s.name) for s in secrets}  # read all first: fail before touching Podman
         self._remove_secrets(deployment)
         ids = {}
         for name, value in values.items():

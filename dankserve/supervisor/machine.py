@@ -41,6 +41,15 @@ FREE_MEMORY_RETRY_SECONDS = 0.5
 """How often free GPU memory is read again while waiting for a dead server's memory to come back."""
 EXIT_WAIT_SECONDS = 10.0
 """How long to wait for a workload to exit after its log ended or named a failure."""
+UNANSWERED_HEALTH_SECONDS = 30.0
+"""This boot's log said the server is up, but /health has not answered for this long: say so (once).
+Seen on a real host: a dead container's port forward left in front of its replacement's."""
+UNANSWERED_HEALTH_MESSAGE = (
+    "the server's log says it is up, but /health on its port has not answered for {seconds:.0f} s: "
+    "something between dankserve and the server drops the connection (a stale port forward of an earlier "
+    "container: check `iptables -t nat -S CNI-HOSTPORT-DNAT` and that iptables is on the default PATH, "
+    "`dankserve doctor`; or a firewall); waiting until the boot timeout"
+)
 
 
 # --- states -----------------------------------------------------------------------------------------
@@ -204,6 +213,9 @@ class Boot:
     facts: BootFacts = field(default_factory=BootFacts)
     phase: Phase = Phase.STARTING
     ready_at: float | None = None
+    up_logged_at: float | None = None
+    """When this boot's log first said the server is up (the startup line)."""
+    unanswered_warned: bool = False
 
 
 @dataclass(frozen=True)
@@ -1081,6 +1093,9 @@ def _on_boot_log(state: MachineState, event: BootLog, now: float) -> Step:
             *commands,
             WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS),
         )
+    if state.stage is Stage.BOOTING and facts.ready and boot.up_logged_at is None:
+        boot = replace(boot, up_logged_at=now)
+        state = replace(state, boot=boot)
     if state.stage is Stage.BOOTING and facts.ready and now >= boot.next_health:
         # This boot's own log says the server is up: ask /health now.
         boot = replace(boot, next_health=now + HEALTH_RETRY_SECONDS)
@@ -1154,6 +1169,7 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
             state,
             stage=Stage.READY,
             boot=boot,
+            message=None if boot.unanswered_warned else state.message,
             kv_cache_memory_bytes=kv_bytes,
             compile_cache_hit=facts.compile_cache_hit,
             compile_seconds=facts.compile_seconds,
@@ -1163,7 +1179,9 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         if state.swap.since is not None:
             after = replace(after, swap=_swap_done(state.swap, "wake", now))
         return after, (
-            ReleaseGpus(),
+            # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this
+            # boot is ready and on disk (all three run before status shows ready).
+            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
             note(
                 "ready",
                 boot_seconds=round(now - boot.started_at, 3),
@@ -1171,8 +1189,8 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
                 learned_used=boot.learned_used is not None,
                 compile_cache_hit=facts.compile_cache_hit,
             ),
-            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
             *_woke_by_boot(state, now),
+            ReleaseGpus(),
         )
     if event.status == 200:
         return replace(state, boot=replace(boot, unhealthy=0)), ()
@@ -1326,6 +1344,19 @@ def _watch(state: MachineState, now: float) -> Step:
             return after, (warn, *commands)
         wake = min(boot.deadline, now + MAX_IDLE_SECONDS)
         if boot.facts.ready:
+            if (
+                not boot.unanswered_warned
+                and boot.up_logged_at is not None
+                and now - boot.up_logged_at >= UNANSWERED_HEALTH_SECONDS
+            ):
+                message = UNANSWERED_HEALTH_MESSAGE.format(seconds=now - boot.up_logged_at)
+                warn = note("health_unanswered", "warning", seconds=round(now - boot.up_logged_at, 1))
+                state = replace(state, boot=replace(boot, unanswered_warned=True), message=message)
+                boot = state.boot or boot
+                if now < boot.next_health:
+                    return replace(state, wake_at=min(wake, boot.next_health)), (warn,)
+                boot = replace(boot, next_health=now + HEALTH_RETRY_SECONDS)
+                return replace(state, boot=boot, wake_at=now + HEALTH_RETRY_SECONDS), (warn, ProbeHealth(1.0))
             if now >= boot.next_health:
                 boot = replace(boot, next_health=now + HEALTH_RETRY_SECONDS)
                 return replace(state, boot=boot, wake_at=now + HEALTH_RETRY_SECONDS), (ProbeHealth(1.0),)

@@ -40,8 +40,11 @@ _HOLDING_STAGES = frozenset(
     {m.Stage.MEASURING, m.Stage.STARTING, m.Stage.BOOTING, m.Stage.ENDING, m.Stage.WAKING}
 )  # a boot past its GPU slot, or a wake: holds (or is about to hold) its GPU memory
 _FIRST_TURN_OVER = frozenset(
-    {m.Stage.READY, m.Stage.DECIDING, m.Stage.BACKOFF, m.Stage.RETRY_WAIT, m.Stage.FAILED, m.Stage.STOPPED}
-)  # ready, or its first boot failed: the next member's first boot may begin
+    {
+        *(m.Stage.READY, m.Stage.FALLING_ASLEEP, m.Stage.ASLEEP, m.Stage.WAKING),
+        *(m.Stage.DECIDING, m.Stage.BACKOFF, m.Stage.RETRY_WAIT, m.Stage.FAILED, m.Stage.STOPPED),
+    }
+)  # ready (perhaps put to sleep already, to make room), or its first boot failed: the next first boot may begin
 _NOT_YET = frozenset({m.Stage.IDLE, m.Stage.DOWNLOADING, m.Stage.PULLING, m.Stage.PLANNING, m.Stage.WAITING_GPUS})
 
 

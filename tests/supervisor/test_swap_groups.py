@@ -130,3 +130,12 @@ def test_first_boots_come_one_at_a_time_and_the_groups_first_member_last() -> No
     assert groups.admit_boot("b", ("GPU-0",), cancelled)
     assert groups._boot_waits_for("c", "g") is not None, "b's first boot is under way"
     assert groups._boot_waits_for("a", "g") is not None, "the group's first boots last"
+
+
+def test_a_member_put_to_sleep_before_it_was_seen_ready_has_had_its_first_boot() -> None:
+    """Another's boot may put a member to sleep right after its ready: asleep counts as booted once."""
+    groups, _ = world({"a": (m.Stage.WAITING_GPUS, 0.9, {}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    groups._booted.clear()
+    assert groups._boot_waits_for("a", "g") is not None
+    groups._look()
+    assert groups._boot_waits_for("a", "g") is None
