@@ -474,9 +474,21 @@ BASE_ENV = {
 }
 
 
+def outside_cache_root(vllm_cache_root: str) -> dict[str, str]:
+    """Caches vLLM's boot fills that are not under VLLM_CACHE_ROOT by default, put there so a new container
+    keeps them: Triton's kernels and autotuning results (TRITON_CACHE_DIR, default ~/.triton; vLLM's
+    env_override turns on Triton's autotune cache, written there) and FlashInfer's JIT workspace
+    (FLASHINFER_WORKSPACE_BASE, default ~: ~/.cache/flashinfer). Lost with each container, they are the
+    likely cause of the slow first warm restart (FACTS.md; unverified on the GPU)."""
+    return {
+        "TRITON_CACHE_DIR": f"{vllm_cache_root}/triton",
+        "FLASHINFER_WORKSPACE_BASE": f"{vllm_cache_root}/flashinfer",
+    }
+
+
 def container_env(vllm_cache_root: str, numa_bind: bool, extra: Mapping[str, str]) -> dict[str, str]:
     """vLLM's environment: a kept compile cache, NVML's GPU order, parseable logs, then the config's env."""
-    env = {"VLLM_CACHE_ROOT": vllm_cache_root, **BASE_ENV}
+    env = {"VLLM_CACHE_ROOT": vllm_cache_root, **outside_cache_root(vllm_cache_root), **BASE_ENV}
     if numa_bind:
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # vLLM's NUMA binding needs spawned workers
     env.update(extra)

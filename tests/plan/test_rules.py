@@ -272,10 +272,13 @@ def test_numa_binding(
 
 
 def test_container_env() -> None:
-    """The env carries the cache root, PCI order, no colour, no logo; NUMA adds spawn; the config's env wins."""
+    """The env carries the cache root (Triton's and FlashInfer's caches under it), PCI order, no colour, no logo;
+    NUMA adds spawn; the config's env wins."""
     env = rules.container_env("/root/.cache/vllm", True, {"NO_COLOR": "0", "HF_HUB_OFFLINE": "1"})
     assert env == {
         "VLLM_CACHE_ROOT": "/root/.cache/vllm",
+        "TRITON_CACHE_DIR": "/root/.cache/vllm/triton",
+        "FLASHINFER_WORKSPACE_BASE": "/root/.cache/vllm/flashinfer",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "NO_COLOR": "0",
         "VLLM_DISABLE_LOG_LOGO": "1",
