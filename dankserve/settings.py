@@ -188,6 +188,12 @@ class DeploymentSettings(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for vLLM.")
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments, verbatim, last.")
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
+    launcher: bool = Field(
+        default=False,
+        description="Run vLLM under dankserve's launcher, which imports vLLM once and forks a server per boot: "
+        "restarts, down/up and reloads that keep the image, GPUs, mounts and ports skip the container start "
+        "and vLLM's import (docs/launcher.md).",
+    )
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
 

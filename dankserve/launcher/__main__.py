@@ -12,7 +12,7 @@ if not __package__:
     __package__ = os.path.basename(_here)
     __import__(__package__)
 
-from .service import main  # noqa: E402
+from .service import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

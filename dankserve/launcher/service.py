@@ -125,12 +125,8 @@ def run_entry(entry: Callable[[], Any], argv: Sequence[str], env: Mapping[str, s
 # --- the zygote -----------------------------------------------------------------------------------
 
 
-def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int) -> NoReturn:
-    """Import vLLM, report, then fork servers on request until the launcher goes away."""
-    die_with_parent()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the launcher, which stops us
-    out = os.fdopen(answers, "w", buffering=1)
+def zygote_import(entry: str, preload: Sequence[str]) -> tuple[Callable[[], Any] | None, dict[str, Any]]:
+    """Import vLLM (nothing here touches CUDA); the CLI's entry point (None: failed) and the report."""
     started = time.monotonic()
     function: Callable[[], Any] | None = None
     error = None
@@ -152,6 +148,16 @@ def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int)
         "threads": thread_names(),
         "cuda_initialized": cuda,
     }
+    return function, report
+
+
+def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int) -> NoReturn:
+    """Import vLLM, report, then fork servers on request until the launcher goes away."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the launcher, which stops us
+    out = os.fdopen(answers, "w", buffering=1)
+    function, report = zygote_import(entry, preload)
     out.write(json.dumps(report) + "\n")
     reader = os.fdopen(requests, "r")
     children: dict[int, int] = {}
@@ -159,36 +165,42 @@ def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int)
         ready, _, _ = select.select([reader], [], [], 0.1)
         if ready:
             line = reader.readline()
-            if not line:
+            if not line:  # the launcher is gone or stopping: so are its servers
                 for pid in children:
                     with contextlib.suppress(OSError):
                         os.killpg(pid, signal.SIGKILL)
                 os._exit(0)
             request = json.loads(line)
-            if function is None:
-                continue
-            pid = os.fork()
-            if pid == 0:
-                os.setpgid(0, 0)
-                die_with_parent()
-                reader.close()
-                out.close()
-                run_entry(function, request["argv"], request["env"])
-            with contextlib.suppress(OSError):
-                os.setpgid(pid, pid)
-            children[pid] = int(request["server_id"])
-            out.write(json.dumps({"type": "forked", "server_id": children[pid], "pid": pid}) + "\n")
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            server_id = children.pop(pid, None)
-            if server_id is not None:
-                code = os.waitstatus_to_exitcode(status)
-                out.write(json.dumps({"type": "exited", "server_id": server_id, "exit_code": code}) + "\n")
+            if function is not None:
+                pid = os.fork()
+                if pid == 0:
+                    os.setpgid(0, 0)
+                    die_with_parent()
+                    reader.close()
+                    out.close()
+                    run_entry(function, request["argv"], request["env"])
+                with contextlib.suppress(OSError):
+                    os.setpgid(pid, pid)
+                children[pid] = int(request["server_id"])
+                out.write(json.dumps({"type": "forked", "server_id": children[pid], "pid": pid}) + "\n")
+        for server_id, code in reap(children):
+            out.write(json.dumps({"type": "exited", "server_id": server_id, "exit_code": code}) + "\n")
+
+
+def reap(children: dict[int, int]) -> list[tuple[int, int]]:
+    """Servers of `children` (pid -> server id) that have exited: (server id, exit code), removed from it."""
+    out = []
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        server_id = children.pop(pid, None)
+        if server_id is not None:
+            out.append((server_id, os.waitstatus_to_exitcode(status)))
+    return out
 
 
 # --- the launcher ---------------------------------------------------------------------------------
@@ -399,7 +411,9 @@ class Launcher:
             time.time(),
             oom_before,
         )
-        log(protocol.started_line(server_id, pid, self.server.mode, decision.reason).removeprefix(protocol.PREFIX + " "))
+        log(
+            protocol.started_line(server_id, pid, self.server.mode, decision.reason).removeprefix(protocol.PREFIX + " ")
+        )
         return {"ok": True, "server": self.server.to_json()}
 
     def spawn_plain(self, argv: Sequence[str], env: Mapping[str, str]) -> int:

@@ -204,7 +204,9 @@ def container_create_kwargs(
         {"type": "bind", "source": str(m.source), "target": m.target, "read_only": m.read_only} for m in spec.mounts
     ]
     if spec.cache_dir is not None:
-        mounts.append({"type": "bind", "source": str(spec.cache_dir), "target": env["VLLM_CACHE_ROOT"], "read_only": False})
+        mounts.append(
+            {"type": "bind", "source": str(spec.cache_dir), "target": env["VLLM_CACHE_ROOT"], "read_only": False}
+        )
     secrets = []
     for s in spec.secrets:
         if not _FILE_NAME.fullmatch(s.name):

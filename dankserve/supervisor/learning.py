@@ -270,7 +270,7 @@ def kv_shrink_warning(learned: LearnedKv | None, tokens_now: int | None) -> str 
     return (
         f"the KV cache holds {tokens_now:,} tokens with the learned size, {lost:.1f} % fewer than the "
         f"{learned.kv_cache_tokens:,} of the profiled boot (vLLM 0.27-0.33's suggested size double-counts "
-        f"CUDA-graph memory, vllm issue 57936); fix: add \"--kv-cache-memory-bytes\", \"{wanted}\" to the "
+        f'CUDA-graph memory, vllm issue 57936); fix: add "--kv-cache-memory-bytes", "{wanted}" to the '
         "deployment's extra_args (the size that holds the profiled boot's tokens), or use a vLLM release "
         "without that bug"
     )
