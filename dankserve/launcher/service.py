@@ -56,7 +56,11 @@ def die_with_parent() -> None:
 
 
 def thread_names() -> list[str]:
-    """Every thread of this process (OS threads, not only Python's), the main thread first."""
+    """Every thread of this process (OS threads, not only Python's), the main thread first: Python's name where
+    Python started it, else the kernel's (`comm`), with the thread id."""
+    import threading  # only to name threads; the launcher itself starts none
+
+    python_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     pid = os.getpid()
     out: list[tuple[int, str]] = []
     try:
@@ -65,10 +69,10 @@ def thread_names() -> list[str]:
         return ["main"]
     for tid in tids:
         try:
-            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            name = python_names.get(tid) or Path(f"/proc/self/task/{tid}/comm").read_text().strip()
         except OSError:
             continue
-        out.append((0 if tid == pid else 1, f"{name}" if tid == pid else f"{name}[{tid}]"))
+        out.append((0, name) if tid == pid else (1, f"{name}[{tid}]"))
     return [name for _, name in sorted(out, key=lambda item: item[0])] or ["main"]
 
 
