@@ -49,8 +49,9 @@ def decode(line: bytes) -> dict[str, Any]:
     return value
 
 
-def started_line(server_id: int, pid: int, mode: str, reason: str) -> str:
-    return f"{PREFIX} server {server_id} started: pid {pid}, {mode} boot ({reason})"
+def started_line(server_id: int, mode: str, reason: str) -> str:
+    """Written before the server exists, so that none of its lines can come first."""
+    return f"{PREFIX} server {server_id} started: {mode} boot ({reason})"
 
 
 def exited_line(server_id: int, exit_code: int | None, oom_killed: bool) -> str:

@@ -49,10 +49,13 @@ def log(message: str) -> None:
     print(f"{protocol.PREFIX} {message}", flush=True)
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent dies (a server never outlives its launcher)."""
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (a server never outlives its launcher); `parent` is the pid
+    before the fork: one that died before the signal was set leaves us reparented, so we go at once."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def thread_names() -> list[str]:
@@ -155,9 +158,9 @@ def zygote_import(entry: str, preload: Sequence[str]) -> tuple[Callable[[], Any]
     return function, report
 
 
-def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int) -> NoReturn:
+def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int, launcher: int) -> NoReturn:
     """Import vLLM, report, then fork servers on request until the launcher goes away."""
-    die_with_parent()
+    die_with_parent(launcher)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the launcher, which stops us
     out = os.fdopen(answers, "w", buffering=1)
@@ -176,10 +179,11 @@ def zygote_main(entry: str, preload: Sequence[str], requests: int, answers: int)
                 os._exit(0)
             request = json.loads(line)
             if function is not None:
+                zygote = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     os.setpgid(0, 0)
-                    die_with_parent()
+                    die_with_parent(zygote)
                     reader.close()
                     out.close()
                     run_entry(function, request["argv"], request["env"])
@@ -268,12 +272,13 @@ class Launcher:
         requests_r, requests_w = os.pipe()
         answers_r, answers_w = os.pipe()
         self.import_env = dict(os.environ)
+        launcher = os.getpid()
         pid = os.fork()
         if pid == 0:
             os.close(requests_w)
             os.close(answers_r)
             try:
-                zygote_main(self.entry, self.preload, requests_r, answers_w)
+                zygote_main(self.entry, self.preload, requests_r, answers_w, launcher)
             finally:
                 os._exit(1)
         os.close(requests_r)
@@ -397,38 +402,32 @@ class Launcher:
             decision = plain_anyway
         env = forking.server_env(env, decision)
         oom_before = oom_kills()
-        if decision.fork and self.zygote_in is not None:
-            log(f"server {server_id} starting (fork)")
+        fork = decision.fork and self.zygote_in is not None
+        mode = "fork" if fork else "plain"
+        print(protocol.started_line(server_id, mode, decision.reason), flush=True)
+        if fork:
             self.zygote_in.write(json.dumps({"server_id": server_id, "argv": argv, "env": env}) + "\n")
             forked = self.read_zygote(wait_for="forked")
             if forked is None:
+                print(protocol.exited_line(server_id, None, oom_killed=False), flush=True)
                 return {"ok": False, "error": "the pre-imported vLLM process did not fork a server"}
             pid = int(forked["pid"])
         else:
             pid = self.spawn_plain(argv, env)
-        self.server = Server(
-            server_id,
-            pid,
-            "fork" if decision.fork else "plain",
-            decision.reason,
-            request.get("fingerprint"),
-            time.time(),
-            oom_before,
-        )
-        log(
-            protocol.started_line(server_id, pid, self.server.mode, decision.reason).removeprefix(protocol.PREFIX + " ")
-        )
+        self.server = Server(server_id, pid, mode, decision.reason, request.get("fingerprint"), time.time(), oom_before)
+        log(f"server {server_id} is pid {pid}")
         return {"ok": True, "server": self.server.to_json()}
 
     def spawn_plain(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
         """A plain boot: a fresh interpreter runs vLLM's CLI (what `vllm serve` does, spawn and all)."""
         module, _, name = self.entry.partition(":")
         code = f"import sys; sys.argv = sys.argv[1:]; from {module} import {name or 'main'} as m; sys.exit(m())"
+        launcher = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
                 os.setpgid(0, 0)
-                die_with_parent()
+                die_with_parent(launcher)
                 os.execve(sys.executable, [sys.executable, "-c", code, "vllm", "serve", *argv], dict(env))
             finally:
                 os._exit(127)

@@ -18,11 +18,11 @@ def test_a_servers_lines_are_those_between_its_markers() -> None:
     """Lines of earlier servers and of the launcher itself are skipped; the stream ends at the exit marker."""
     log = [
         "dankserve-launcher: listening on launcher.sock (pid 1)",
-        protocol.started_line(1, 10, "fork", "forked"),
+        protocol.started_line(1, "fork", "forked"),
         "first server",
         protocol.exited_line(1, -9, oom_killed=False),
         "dankserve-launcher: server 2 starting (fork)",
-        protocol.started_line(2, 11, "plain", "--numa-bind"),
+        protocol.started_line(2, "plain", "--numa-bind"),
         "INFO second server",
         "dankserve-launcher: vLLM imported in 1.0 s; threads: python3",
         "ready",
