@@ -21,7 +21,9 @@ A server is {`id`, `pid`, `mode`: fork | plain, `mode_reason`, `fingerprint`, `e
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -34,6 +36,24 @@ MAX_MESSAGE_BYTES = 1 << 20
 PREFIX = "dankserve-launcher:"
 _STARTED = re.compile(r"^dankserve-launcher: server (\d+) started\b")
 _EXITED = re.compile(r"^dankserve-launcher: server (\d+) exited\b")
+
+
+SUN_PATH_MAX = 107
+"""Linux's limit on a Unix socket's path (108 bytes with the terminating NUL)."""
+
+
+@contextlib.contextmanager
+def socket_address(path: str) -> Iterator[str]:
+    """An address for the socket at `path` that fits a Unix socket's 107 bytes: the path itself, or (a deep
+    state or test directory) the same file reached through an open descriptor of its directory."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        yield path
+        return
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+    finally:
+        os.close(directory)
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -570,7 +570,8 @@ class Launcher:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
-            listener.bind(str(path))
+            with protocol.socket_address(str(path)) as address:
+                listener.bind(address)
         finally:
             os.umask(old)
         listener.listen(16)

@@ -73,7 +73,8 @@ class LauncherClient:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                 conn.settimeout(timeout)
-                conn.connect(str(self.path))
+                with protocol.socket_address(str(self.path)) as address:
+                    conn.connect(address)
                 conn.sendall(protocol.encode(message))
                 data = b""
                 while not data.endswith(b"\n"):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from dankserve.launcher import protocol
@@ -37,3 +40,20 @@ def test_a_servers_lines_are_those_between_its_markers() -> None:
 def test_the_exit_marker_says_an_oom_kill() -> None:
     """An OOM-killed server's marker names the OOM killer, not a bare signal."""
     assert "OOM killer" in protocol.exited_line(4, -9, oom_killed=True)
+
+
+def test_a_socket_path_longer_than_a_unix_address_is_reached_through_its_directory(tmp_path: Path) -> None:
+    """A path over 107 bytes binds and connects through /proc/self/fd; a short one is used as it is."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / protocol.SOCKET_NAME)
+    with protocol.socket_address(path) as address:
+        assert address.startswith("/proc/self/fd/")
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(address)
+            listener.listen(1)
+            with protocol.socket_address(path) as again, socket.socket(socket.AF_UNIX) as client:
+                client.connect(again)
+    assert Path(path).exists()
+    with protocol.socket_address("/run/x.sock") as short:
+        assert short == "/run/x.sock"
