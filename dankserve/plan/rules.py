@@ -495,6 +495,24 @@ def container_env(vllm_cache_root: str, numa_bind: bool, extra: Mapping[str, str
     return env
 
 
+def env_warnings(env: Mapping[str, str]) -> list[str]:
+    """vLLM's own startup plan (VLLM_ENABLE_STARTUP_PLAN, 0.26+) beside dankserve's boot learning.
+
+    dankserve's learned bytes win: vLLM applies its plan only when no --kv-cache-memory-bytes is given
+    (vllm/v1/worker/startup_plan.py, maybe_apply_startup_plan). So the plan would act only on the boots
+    dankserve lets vLLM profile, and turn them into boots that do not profile: dankserve would learn a
+    plan's value (keyed without --gpu-memory-utilization; double-counted CUDA-graph memory in 0.27-0.33,
+    vllm issue 57936) instead of a measurement."""
+    if env.get("VLLM_ENABLE_STARTUP_PLAN", "0").strip() not in ("", "0"):
+        return [
+            "VLLM_ENABLE_STARTUP_PLAN is set: dankserve learns the KV size itself and passes it as "
+            "--kv-cache-memory-bytes, which vLLM's plan never overrides; on the boots dankserve lets vLLM profile, "
+            "vLLM's plan would be applied instead of a measurement (its key ignores --gpu-memory-utilization). "
+            "Remove it from the deployment's env (docs/boot-learning.md)"
+        ]
+    return []
+
+
 RECOMMENDED_PHYSICAL_CORES = 8
 
 

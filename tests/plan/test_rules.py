@@ -301,3 +301,11 @@ def test_host_warnings() -> None:
 def test_number_formatting(value: float, text: str) -> None:
     """Numbers are spelt as vLLM takes them: integers bare, others with up to two decimals."""
     assert rules.number(value) == text
+
+
+def test_vllms_own_startup_plan_is_warned_about() -> None:
+    """VLLM_ENABLE_STARTUP_PLAN=1 in a deployment's env gets a warning naming the fix; unset or 0 does not."""
+    (warning,) = rules.env_warnings({"VLLM_ENABLE_STARTUP_PLAN": "1"})
+    assert "Remove it from the deployment's env" in warning
+    assert rules.env_warnings({"VLLM_ENABLE_STARTUP_PLAN": "0"}) == []
+    assert rules.env_warnings({}) == []
