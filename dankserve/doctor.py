@@ -6,6 +6,7 @@ Pure verdict functions over readings; the readers are thin edges at the bottom.
 from __future__ import annotations
 
 import glob
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,6 +15,11 @@ from typing import Literal
 
 Verdict = Literal["ok", "warn", "fail"]
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+# NVIDIA driver versions as nvidia-ctk writes them into a spec (libcuda.so.570.86.15, driver dirs).
+_DRIVER_VERSION = re.compile(r"(?<!\d)(\d{3}\.\d{2,3}(?:\.\d{1,3})?)(?!\d)")
+# conmon runs `podman container cleanup` when a container dies with only this PATH: the CNI plugins
+# it calls need iptables there, or the dead container's port forward stays behind.
+DEFAULT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,11 @@ class Check:
 
 
 def cdi_verdict(spec_texts: dict[str, str], driver_version: str | None) -> Check:
-    """A CDI spec must list nvidia.com/gpu devices, made for the installed driver."""
+    """A CDI spec must list nvidia.com/gpu devices, made for the installed driver.
+
+    A spec that names driver versions (nvidia-ctk's do: libcuda.so.VERSION) must name the installed
+    one; a spec that names none (it mounts the driver's directory as a whole) fits any driver.
+    """
     specs = {path: text for path, text in spec_texts.items() if "nvidia.com/gpu" in text or "kind: nvidia.com" in text}
     fix = (
         "install the NVIDIA Container Toolkit (it provides nvidia-ctk), then "
@@ -35,10 +45,34 @@ def cdi_verdict(spec_texts: dict[str, str], driver_version: str | None) -> Check
     )
     if not specs:
         return Check("cdi", "warn", "no CDI spec lists nvidia.com/gpu: device nodes will be passed instead", fix)
-    if driver_version and not any(driver_version in text for text in specs.values()):
+    named = {version for text in specs.values() for version in _DRIVER_VERSION.findall(text)}
+    if driver_version and named and driver_version not in named:
         paths = ", ".join(sorted(specs))
-        return Check("cdi", "fail", f"CDI spec {paths} was made for another driver than {driver_version}", fix)
-    return Check("cdi", "ok", f"CDI spec {', '.join(sorted(specs))}")
+        made_for = ", ".join(sorted(named))
+        return Check(
+            "cdi", "fail", f"CDI spec {paths} was made for driver {made_for}, not the installed {driver_version}", fix
+        )
+    note = "" if named else " (names no driver version: it fits any driver)"
+    return Check("cdi", "ok", f"CDI spec {', '.join(sorted(specs))}{note}")
+
+
+def cni_iptables_verdict(network_backend: str | None, iptables: str | None) -> Check | None:
+    """Podman's CNI backend needs iptables on the default PATH (None: not CNI, nothing to check).
+
+    Seen on a real host: with iptables only on the service's own PATH, a killed container's port
+    forward was never removed, so its replacement answered nothing on the published port.
+    """
+    if network_backend != "cni":
+        return None
+    if iptables is not None:
+        return Check("podman network", "ok", f"CNI, iptables at {iptables}")
+    return Check(
+        "podman network",
+        "fail",
+        f"Podman uses CNI but iptables is not on the default PATH ({DEFAULT_PATH}): a dead container's "
+        "port forward would stay behind and its replacement's published port would answer nothing",
+        "install iptables (Debian/Ubuntu: `apt-get install iptables`) so that /usr/sbin/iptables exists",
+    )
 
 
 def disk_verdict(path: Path, free_bytes: int | None, needed_bytes: int | None) -> Check:

@@ -1,7 +1,10 @@
 """The proof on real vLLM: dankserve's warm restarts against a cold boot and the manual best.
 
 Runs on the GPU machine with real vLLM (bench/real_vllm/install-on-gpu.sh) and dankserve's
-dependencies on PYTHONPATH, in steps that can be split over calls (state lives in WORK):
+dependencies on PYTHONPATH, in steps that can be split over calls (state lives in WORK).
+PROOF_RUNTIME=process (default) runs `vllm serve` as a process; PROOF_RUNTIME=podman runs the
+image PROOF_IMAGE (bench/real_vllm/build_image.sh) through the Podman API socket with the GPU
+passed by CDI, and the manual boots with `podman run` of the same image and flags.
 
   dankserve_cold  the daemon (process runtime), fresh caches: first boot, KV bytes learned
   warm_kill       the vLLM process group killed with -9: restart with cache + learned bytes
@@ -33,7 +36,20 @@ from pathlib import Path
 from typing import Any
 
 WORK = Path(os.environ.get("PROOF_WORK", "/tmp/proof"))
-MODEL = os.environ.get("PROOF_MODEL", "/tmp/tinyllama")
+RUNTIME = os.environ.get("PROOF_RUNTIME", "process")
+IMAGE = os.environ.get("PROOF_IMAGE", "localhost/vllm-openai:v0.26.0")
+# With Podman the model lives in the HF cache dir (mounted at /root/.cache/huggingface).
+MODEL = os.environ.get("PROOF_MODEL", "/tmp/tinyllama" if RUNTIME == "process" else str(WORK / "hf" / "tinyllama"))
+CONTAINER = "dankserve-tiny"
+KINDS = {
+    "dankserve_cold": "cold",
+    "warm_kill": "warm-kill",
+    "down_up": "warm-down-up",
+    "manual_cold": "manual-cold",
+    "manual_best": "manual-best",
+}
+# The device machine's rule: NVLink multicast stays off in every program started there.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # A dry run on a machine without a GPU: the stand-in as the `vllm` executable.
 EXECUTABLE = os.environ.get("PROOF_VLLM_EXECUTABLE", sys.executable)
 PORT = 8000
@@ -41,6 +57,14 @@ STARTUP_LINE = "Application startup complete."
 
 
 def config_text(python: str) -> str:
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
+    env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    if RUNTIME == "podman":
+        lines = [f'model = "/root/.cache/huggingface/{Path(MODEL).name}"', f'image = "{IMAGE}"', 'pull = "never"']
+        lines.append('runtime = "podman"')
+    else:
+        lines = [f'model = "{MODEL}"', 'runtime = "process"', f'executable = "{python}"']
+    where = "\n".join(lines)
     return f"""
 state_dir = "{WORK}/state"
 cache_dir = "{WORK}/cache"
@@ -52,15 +76,13 @@ health_interval_seconds = 1
 log_format = "json"
 
 [deployments.tiny]
-model = "{MODEL}"
-runtime = "process"
-executable = "{python}"
+{where}
 port = {PORT}
 attention_backend = "TRITON_ATTN"
 max_model_len = 4096
 kv_cache_dtype = "auto"
 kv_offload = "off"
-env = {{ VLLM_USE_FLASHINFER_SAMPLER = "0", HF_HUB_OFFLINE = "1" }}
+env = {{ {env_text} }}
 """
 
 
@@ -70,13 +92,42 @@ def results() -> dict[str, Any]:
     return loaded
 
 
-def record(key: str, value: Any, out: Path | None) -> None:
+def record(key: str, value: Any, out: Path | None, seconds: float | None = None) -> None:
     data = results()
     data.setdefault(key, []).append(value)  # steps may repeat: keep every run
     (WORK / "results.json").write_text(json.dumps(data, indent=2))
+    if seconds is not None:
+        # One object per boot (docs/hardware/*/results.json): kind, runtime, seconds, details.
+        boots_path = WORK / "boots.json"
+        boots = json.loads(boots_path.read_text()) if boots_path.exists() else []
+        boots.append({"kind": KINDS.get(key, key), "runtime": RUNTIME, "seconds": seconds, **value})
+        boots_path.write_text(json.dumps(boots, indent=2))
+        if out is not None:
+            shutil.copy(boots_path, out / "boots.json")
     if out is not None:
         shutil.copy(WORK / "results.json", out / "results.json")
     print(f"== {key}: {json.dumps(value)}", flush=True)
+
+
+def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def completion(port: int = PORT) -> dict[str, Any]:
+    """A real completion through the published port: the model's id and the tokens it returned."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", "/v1/models")
+        model = json.loads(conn.getresponse().read())["data"][0]["id"]
+        body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        reply = json.loads(conn.getresponse().read())
+        tokens = reply["usage"]["completion_tokens"]
+        return {"model": model, "completion_tokens": tokens, "text": reply["choices"][0]["text"]}
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError) as exc:
+        return {"error": repr(exc)}
+    finally:
+        conn.close()
 
 
 def healthy(port: int = PORT) -> bool:
@@ -222,6 +273,9 @@ def wait_gpu_idle(timeout: float = 60) -> None:
 
 
 def server_log() -> Path:
+    if RUNTIME == "podman":
+        path = podman("inspect", "--format", "{{.HostConfig.LogConfig.Path}}", CONTAINER).stdout.strip()
+        return Path(path) if path else WORK / "missing.log"
     return WORK / "state" / "processes" / "tiny.log"
 
 
@@ -229,8 +283,8 @@ def daemon_boot(label: str, action: Any, out: Path | None, notify: Notify | None
     """Run `action`, then wait for the daemon's next ready boot; record its timings."""
     before = {e.get("timestamp") for e in daemon_events() if e.get("event") == "ready"}
     boots_before = (deployment_status() or {}).get("boots", 0)
-    log = server_log()
     watch: LineWatch | None = None
+    acted_at = time.time()
     action()
     # the new server's log replaces the old one once started
     deadline = time.monotonic() + 120
@@ -239,6 +293,7 @@ def daemon_boot(label: str, action: Any, out: Path | None, notify: Notify | None
         if status.get("boots", 0) > boots_before:
             break
         time.sleep(0.05)
+    log = server_log()
     watch = LineWatch(log, [STARTUP_LINE])
     status = wait_status(lambda d: d["state"] == "ready" and d["boots"] > boots_before, 900)
     time.sleep(0.5)
@@ -247,7 +302,9 @@ def daemon_boot(label: str, action: Any, out: Path | None, notify: Notify | None
     started = [e for e in daemon_events() if e.get("event") == "started"][-1]
     ready_at = iso_to_epoch(ready["timestamp"])
     line_at = watch.seen.get(STARTUP_LINE)
+    started_at = iso_to_epoch(started["timestamp"])
     result = {
+        "action_to_started_seconds": round(started_at - acted_at, 3),
         "daemon_boot_seconds": ready["boot_seconds"],
         "server_start_to_ready_seconds": round(ready_at - iso_to_epoch(started["timestamp"]), 2),
         "ready_after_startup_line_ms": None if line_at is None else round((ready_at - line_at) * 1000, 1),
@@ -255,6 +312,7 @@ def daemon_boot(label: str, action: Any, out: Path | None, notify: Notify | None
         "kv_cache_memory_bytes": status["kv_cache_memory_bytes"],
         "compile_cache_hit": status["compile_cache_hit"],
         "boots": status["boots"],
+        "completion": completion(),
     }
     if notify is not None and line_at is not None:
         ready_notify = notify.first("READY=1")
@@ -263,7 +321,7 @@ def daemon_boot(label: str, action: Any, out: Path | None, notify: Notify | None
         )
     if out is not None:
         shutil.copy(log, out / f"boot-{label}.log")
-    record(label, result, out)
+    record(label, result, out, seconds=result["server_start_to_ready_seconds"])
 
 
 def step_dankserve_cold(out: Path | None) -> None:
@@ -275,6 +333,9 @@ def step_dankserve_cold(out: Path | None) -> None:
         (out / "plan.json").write_text(plan.stdout + plan.stderr)
     if plan.returncode != 0:
         raise SystemExit(f"plan failed: {plan.stderr}")
+    if out is not None:
+        doctor = dankserve("doctor")
+        (out / "doctor.txt").write_text(doctor.stdout + doctor.stderr + f"\nexit {doctor.returncode}\n")
     notify = Notify(WORK / "notify.sock")
     env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "dankserve", "--config", str(WORK / "dankserve.toml"), "run"]
@@ -290,44 +351,87 @@ def step_dankserve_cold(out: Path | None) -> None:
 
 
 def step_warm_kill(out: Path | None) -> None:
+    if RUNTIME == "podman":
+        daemon_boot("warm_kill", lambda: podman("kill", CONTAINER), out)
+        return
     pid = json.loads((WORK / "state" / "processes" / "tiny.json").read_text())["pid"]
     daemon_boot("warm_kill", lambda: os.killpg(pid, signal.SIGKILL), out)
 
 
 def step_down_up(out: Path | None) -> None:
     reply = control({"command": "down", "deployment": "tiny"})
+    down_at = time.monotonic()
     used_after_down = gpu_used_bytes()
-    record("after_down", {"reply": reply, "gpu_used_bytes": used_after_down}, out)
+    wait_gpu_idle()
+    after: dict[str, Any] = {"reply": reply, "gpu_used_bytes": used_after_down, "gpu_used_bytes_idle": gpu_used_bytes()}
+    after["seconds_until_idle"] = round(time.monotonic() - down_at, 2)
+    record("after_down", after, out)
     daemon_boot("down_up", lambda: control({"command": "up", "deployment": "tiny"}), out)
+
+
+def manual_argv(
+    plan: dict[str, Any], cache_root: Path, extra: list[str], name: str
+) -> tuple[list[str], dict[str, str]]:
+    """The hand-typed command of a manual boot: `vllm serve`, or `podman run` of the same image and flags."""
+    env = {**plan["env"], "VLLM_CACHE_ROOT": str(cache_root)}
+    if RUNTIME == "podman":
+        env["VLLM_CACHE_ROOT"] = "/root/.cache/vllm"
+        argv = ["podman", "run", "-d", "--name", name, "--ipc=host", "-p", f"127.0.0.1:{PORT}:{PORT}"]
+        argv += [f"--device=nvidia.com/gpu={uuid}" for uuid in plan.get("gpu_uuids") or ["0"]]
+        argv += ["-v", f"{WORK / 'hf'}:/root/.cache/huggingface", "-v", f"{cache_root}:/root/.cache/vllm"]
+        for key, value in {**env, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"}.items():
+            argv += ["-e", f"{key}={value}"]
+        return [*argv, IMAGE, *plan["argv"], *extra], dict(os.environ)
+    env = {**os.environ, **env}
+    if sys.executable == EXECUTABLE:
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *plan["argv"], *extra], env
+    return [EXECUTABLE, "serve", *plan["argv"], *extra], env
 
 
 def manual_boot(label: str, cache_root: Path, extra: list[str], out: Path | None) -> None:
     plan = json.loads((WORK / "plan.json").read_text())
-    env = {**os.environ, **plan["env"], "VLLM_CACHE_ROOT": str(cache_root)}
+    plan = plan[0] if isinstance(plan, list) else plan
+    cache_root.mkdir(parents=True, exist_ok=True)
+    name = f"manual-{label}"
     log_path = WORK / f"manual-{label}.log"
-    if sys.executable == EXECUTABLE:
-        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *plan["argv"], *extra]
-    else:
-        argv = [EXECUTABLE, "serve", *plan["argv"], *extra]
+    argv, env = manual_argv(plan, cache_root, extra, name)
+    if RUNTIME == "podman":
+        podman("rm", "-f", name)
     with log_path.open("wb") as log:
         start = time.time()
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    if RUNTIME == "podman":
+        proc.wait(120)
+        found = podman("inspect", "--format", "{{.HostConfig.LogConfig.Path}}", name).stdout.strip()
+        log_path = Path(found) if found else log_path
     watch = LineWatch(log_path, [STARTUP_LINE])
     while not healthy():
-        if proc.poll() is not None:
-            raise SystemExit(f"{label}: vLLM exited {proc.returncode}; see {log_path}")
+        if RUNTIME == "process":
+            exited = proc.poll() is not None
+        else:
+            exited = podman("inspect", "--format", "{{.State.Running}}", name).stdout.strip() != "true"
+        if exited:
+            if out is not None and log_path.exists():
+                shutil.copy(log_path, out / f"boot-{label}-failed.log")
+            raise SystemExit(f"{label}: vLLM exited; see {log_path}")
         time.sleep(0.05)
     took = time.time() - start
     watch.stop()
-    os.killpg(proc.pid, signal.SIGINT)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(60)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    wait_gpu_idle()
+    done = completion()
     if out is not None:
         shutil.copy(log_path, out / f"boot-{label}.log")
-    record(label, {"start_to_health_seconds": round(took, 2), "argv": argv[argv.index("serve") + 1 :]}, out)
+    if RUNTIME == "podman":
+        podman("rm", "-f", "-t", "30", name, timeout=90)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    wait_gpu_idle()
+    serve_at = argv.index(IMAGE) + 1 if RUNTIME == "podman" else argv.index("serve") + 1
+    result = {"start_to_health_seconds": round(took, 2), "argv": argv[serve_at:], "completion": done}
+    record(label, result, out, seconds=round(took, 2))
 
 
 def step_manual_best(out: Path | None) -> None:
@@ -335,8 +439,10 @@ def step_manual_best(out: Path | None) -> None:
         control({"command": "down", "deployment": "tiny"})
         subprocess.run(["pkill", "-TERM", "-f", "dankserve --config"], check=False)
         time.sleep(3)
+    if RUNTIME == "podman":
+        podman("rm", "-f", CONTAINER)
     wait_gpu_idle()
-    learned = results()["dankserve_cold"][0]["kv_cache_memory_bytes"]
+    learned = results()["dankserve_cold"][-1]["kv_cache_memory_bytes"]
     manual_boot(
         "manual_best", WORK / "cache" / "deployments" / "tiny" / "vllm", ["--kv-cache-memory-bytes", str(learned)], out
     )

@@ -49,6 +49,11 @@ def command(as_json: bool) -> ExitCode:
             runtime = PodmanRuntime(settings.podman_url, cache_dir=settings.state_dir)
             runtime.list_workloads()
             checks.append(doctor.Check("podman", "ok", f"reachable at {settings.podman_url}"))
+            if local:
+                iptables = shutil.which("iptables", path=doctor.DEFAULT_PATH)
+                network = doctor.cni_iptables_verdict(runtime.network_backend(), iptables)
+                if network is not None:
+                    checks.append(network)
             for name, dep in sorted(podman_deployments.items()):
                 present = runtime.image_present(dep.image)
                 verdict: doctor.Verdict = "ok" if present else ("fail" if dep.pull == "never" else "warn")

@@ -568,6 +568,12 @@ class PodmanRuntime:
         if not self._call("reach the API", self._client.ping):
             raise PodmanUnreachable(f"{url} answers, but not as the Podman API", fix=PODMAN_SOCKET_FIX)
 
+    def network_backend(self) -> str | None:
+        """The service's network backend (`cni` or `netavark`), None when it does not say."""
+        info = self._call("read its info", self._client.info)
+        backend = (info.get("host") or {}).get("networkBackend") if isinstance(info, dict) else None
+        return str(backend) if backend else None
+
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()  # type: ignore[no-untyped-call]

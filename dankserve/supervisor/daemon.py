@@ -305,12 +305,25 @@ class DeploymentWorker:
             with self._stepping:  # a downloader's progress callback may step from its own thread
                 before = self._machine
                 after, commands = m.step(before, pending.popleft(), self.clock.monotonic())
+                # Logs and records of the transition come first: once status shows the new state,
+                # its log line and its state-file record are there too.
+                instant = 0
+                while instant < len(commands) and isinstance(commands[instant], _INSTANT):
+                    instant += 1
+                answer = self._run_batch(commands[:instant])
                 self._publish(before, after)
-            for command in commands:
-                answer = self._execute(command)
-                if answer is not None:
-                    pending.append(answer)
-                    break  # the rest of the batch was for a world that this answer changed
+            if answer is None:
+                answer = self._run_batch(commands[instant:])
+            if answer is not None:
+                pending.append(answer)
+
+    def _run_batch(self, commands: Sequence[m.Command]) -> m.Event | None:
+        """Run commands in order until one answers; the rest of the batch was for a world that answer changed."""
+        for command in commands:
+            answer = self._execute(command)
+            if answer is not None:
+                return answer
+        return None
 
     def _publish(self, before: m.MachineState, after: m.MachineState) -> None:
         with self.lock:
@@ -560,6 +573,10 @@ class DeploymentWorker:
         readings = self.daemon.free_memory(uuids)
         free = [readings[u].free_bytes if u in readings else None for u in uuids]
         return (*free, *(free_bytes for _, free_bytes in self._follower_gpus(dep, strict=False)))
+
+
+_INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)
+"""Commands that never wait and never answer: run before the new state is published."""
 
 
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:

@@ -29,3 +29,29 @@ def test_real_boots_give_their_facts(log: str, kv_bytes: int, kv_gib: float | No
     assert facts.compile_cache_hit is hit
     assert facts.gpu_kv_cache_tokens == tokens
     assert facts.compile_seconds is not None and facts.model_load_seconds is not None
+
+
+PODMAN = Path(__file__).parent / "fixtures" / "real-0.26-podman"
+
+
+@pytest.mark.parametrize(
+    ("log", "kv_gib", "hit", "tokens"),
+    [
+        ("dankserve_cold.log", 123.1, False, 4033760),
+        ("manual_cold.log", 123.1, False, 4033760),
+        ("warm_kill.log", None, True, 4022368),
+        ("down_up.log", None, True, 4022368),
+        ("manual_best.log", None, True, 4022368),
+    ],
+)
+def test_real_container_boots_read_from_their_k8s_file(log: str, kv_gib: float | None, hit: bool, tokens: int) -> None:
+    """Real vLLM 0.26.0 in a Podman container on the H200: its k8s-file log, as the daemon reads it, gives the facts."""
+    from dankserve.runtime.logfile import k8s_file_lines
+
+    facts = read_boot_facts(list(k8s_file_lines((PODMAN / log).read_bytes().splitlines())))
+    assert facts.vllm_version == "0.26.0"
+    assert facts.ready is True and facts.failure is None
+    assert facts.kv_cache_memory_bytes == 131805144576
+    assert facts.kv_cache_gib == kv_gib
+    assert facts.compile_cache_hit is hit
+    assert facts.gpu_kv_cache_tokens == tokens

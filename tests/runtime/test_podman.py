@@ -998,3 +998,10 @@ def test_harness_leaves_host_config_alone(podman_env: PodmanEnv) -> None:
     info = json.loads(podman_env.podman("info", "--format", "json").stdout)
     assert info["store"]["graphRoot"] != "/var/lib/containers/storage"
     assert info["host"]["ociRuntime"]["name"] == "runc"
+
+
+def test_network_backend_is_read_from_the_service(podman_env: PodmanEnv, podman_runtime: PodmanRuntime) -> None:
+    """The service names its network backend, as `podman info` does (the doctor's CNI check reads it)."""
+    expected = podman_env.podman("info", "--format", "{{.Host.NetworkBackend}}").stdout.strip()
+    assert podman_runtime.network_backend() == expected
+    assert expected in {"cni", "netavark"}

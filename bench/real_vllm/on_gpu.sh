@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The issue-13 run on the GPU test machine, in back-to-back device calls (the machine is wiped
+# 30 s after a call; a call carries at most 64 MiB), from the repo root, as root:
+#
+#   on_gpu.sh podman   (carry .pod .dev)  Podman 4.3.1 + CDI spec (install-podman.sh), dankserve's
+#                      own dependencies from .dev/whl, the Podman API service on
+#                      /run/podman/podman.sock, and the base image import started in the background
+#   on_gpu.sh vllm1    (carry .vl1)       vLLM 0.26.0, first half (install-on-gpu.sh 1)
+#   on_gpu.sh vllm2 STEPS  (carry .vl2)   second half + the random-weight model, the image layer
+#                      (build_image.sh vllm), then proof.py STEPS with PROOF_RUNTIME=podman in the
+#                      background; watches it until SECONDS_LEFT and leaves partial results in $OUT
+#   on_gpu.sh watch    follows the proof started earlier (a later call), same outputs
+#
+# Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
+# files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+ENVFILE=/tmp/gpu-env.sh
+WORK=/tmp/proof
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" "$WORK"
+
+collect() {
+  local dir=/tmp/collect
+  rm -rf $dir && mkdir -p $dir
+  cp "$WORK"/boots.json "$WORK"/results.json "$OUT"/ 2>/dev/null
+  cp "$WORK"/*.log "$WORK"/plan.json "$WORK"/dankserve.toml /tmp/*.log $dir/ 2>/dev/null
+  cp /tmp/out-extra/* $dir/ 2>/dev/null
+  for f in "$WORK"/state/*.json; do [ -f "$f" ] && cp "$f" $dir/state-$(basename "$f"); done
+  podman ps -a --format '{{.Names}} {{.Status}}' > $dir/podman-ps.txt 2>&1
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv > $dir/nvidia-smi.txt 2>&1
+  tar -C $dir -czf "$OUT/bundle.tar.gz" . 2>/dev/null
+}
+
+watch_proof() {
+  local until=${DEADLINE:-$(( $(date +%s) + ${SECONDS_LEFT:-480} ))}
+  while [ "$(date +%s)" -lt "$until" ]; do
+    if ! pgrep -f "proof.py" >/dev/null; then echo "proof finished"; break; fi
+    sleep 5
+    tail -c 400 /tmp/proof-run.log > "$OUT/progress.txt" 2>/dev/null
+  done
+  tail -n 40 /tmp/proof-run.log
+  collect
+}
+
+case "${1:-}" in
+podman)
+  t0=$(date +%s)
+  eval "$(bash "$here/install-podman.sh")"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
+  cat > $ENVFILE <<ENV
+export PATH=$PATH XTABLES_LIBDIR=$XTABLES_LIBDIR
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:/tmp/dsite:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PROOF_RUNTIME=podman PROOF_WORK=$WORK
+ENV
+  . $ENVFILE
+  mkdir -p /run/podman
+  setsid podman system service --time=0 unix:///run/podman/podman.sock > /tmp/podman-service.log 2>&1 < /dev/null &
+  setsid bash "$here/build_image.sh" base > /tmp/base-image.log 2>&1 < /dev/null &
+  podman version 2>&1 | head -3
+  nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
+  cat /etc/cdi/nvidia.yaml | head -12
+  echo "podman step took $(( $(date +%s) - t0 )) s"
+  ;;
+vllm1)
+  . $ENVFILE
+  t0=$(date +%s)
+  bash "$here/install-on-gpu.sh" 1
+  echo "vllm1 took $(( $(date +%s) - t0 )) s; base import: $(cat /tmp/base-image.log)"
+  ;;
+vllm2)
+  . $ENVFILE
+  t0=$(date +%s)
+  bash "$here/install-on-gpu.sh" 2 | tail -2
+  mkdir -p "$WORK/hf" && rm -rf "$WORK/hf/tinyllama" && mv /tmp/tinyllama "$WORK/hf/tinyllama"
+  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
+  while pgrep -f "build_image.sh base" >/dev/null; do sleep 2; done
+  cat /tmp/base-image.log
+  bash "$here/build_image.sh" vllm || { collect; exit 1; }
+  podman images
+  setsid python3 "$here/proof.py" "${2:-dankserve_cold}" > /tmp/proof-run.log 2>&1 < /dev/null &
+  watch_proof
+  ;;
+watch)
+  . $ENVFILE
+  if [ -n "${2:-}" ] && ! pgrep -f proof.py >/dev/null; then
+    setsid python3 "$here/proof.py" "$2" >> /tmp/proof-run.log 2>&1 < /dev/null &
+  fi
+  watch_proof
+  ;;
+sh)
+  . $ENVFILE
+  shift; eval "$*"
+  ;;
+*) echo "usage: on_gpu.sh podman|vllm1|vllm2 STEPS|watch [STEPS]|sh CMD" >&2; exit 2 ;;
+esac
