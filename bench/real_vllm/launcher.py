@@ -13,7 +13,12 @@ Steps (comma-separated, or `all` in this order; state lives in PROOF_WORK):
   launcher-config-change a reload changing max_num_seqs: the launcher stays, a new server (it profiles)
   fork-repeat            --forks more kills in a row: every forked boot must be ready (fork safety)
   greedy                 the same greedy completions from a launcher boot and from a plain `vllm serve`
-  manual-best            by hand: `vllm serve` with the compile cache and the learned bytes (the baseline)
+  manual-best            stops the daemon, then by hand: `vllm serve` with the compile cache and the learned
+                         bytes (the baseline)
+  stop                   SIGTERM to the daemon: nothing may be left running
+
+A dry run without a GPU: PROOF_VLLM_EXECUTABLE=containers/fake-vllm/vllm.py, FAKE_VLLM_TIME_SCALE=0.05,
+the stand-in's launcher env (docs/stand-in-vllm.md) exported, LAUNCHER_RESULTS=/tmp/x.json.
 
 Every boot becomes one row of docs/hardware/h200x1-launcher/results.json (and OUT/results.json):
 {"kind", "runtime", "seconds" (the event to /health 200 and ready), "mode" (fork | plain), ...}.
@@ -24,6 +29,7 @@ launcher-config-change <= 0.5x; `summary` prints the ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -41,9 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.real_vllm import proof
 from dankserve.runtime.launcher_client import LauncherClient
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "hardware" / "h200x1-launcher" / "results.json"
+RESULTS = Path(
+    os.environ.get("LAUNCHER_RESULTS")  # a dry run elsewhere
+    or Path(__file__).resolve().parents[2] / "docs" / "hardware" / "h200x1-launcher" / "results.json"
+)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
-RUNTIME = "process"
+RUNTIME = proof.RUNTIME
+"""process (default) or podman: PROOF_RUNTIME, as for proof.py (PROOF_IMAGE names the vLLM image)."""
 
 
 def config_text(max_num_seqs: int | None = None) -> str:
@@ -89,6 +99,7 @@ def timed_boot(kind: str, action: Any) -> None:
             "import_seconds": info.import_seconds,
             "import_threads": list(info.import_threads),
             "kv_cache_learned_used": status["kv_cache_learned_used"],
+            "kv_cache_memory_bytes": status["kv_cache_memory_bytes"],
             "compile_cache_hit": status["compile_cache_hit"],
             "message": status.get("message"),
         }
@@ -106,7 +117,8 @@ def step_cold(args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def start() -> None:
-        subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        daemon = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        (proof.WORK / "launcher-daemon.pid").write_text(str(daemon.pid))
         deadline = time.monotonic() + 60
         while proof.deployment_status() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -165,6 +177,9 @@ def completions(port: int = proof.PORT) -> list[str]:
 
 
 def step_greedy(args: argparse.Namespace) -> None:
+    if RUNTIME != "process":
+        add_row({"kind": "greedy", "seconds": None, "skipped": "the comparison runs with the process runtime"})
+        return
     forked = completions()
     plan = proof.dankserve("plan", "tiny", "--json")
     (proof.WORK / "plan.json").write_text(plan.stdout)
@@ -172,8 +187,13 @@ def step_greedy(args: argparse.Namespace) -> None:
     server = launcher().status().server
     assert server is None or server.exited
     # A plain boot of the same plan, by hand, beside the idle launcher (it holds no GPU memory).
+    argv = json.loads(plan.stdout)["argv"]
+    if sys.executable == proof.EXECUTABLE:
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
+    else:
+        command = [proof.EXECUTABLE, "serve", *argv]
     plain_proc = subprocess.Popen(
-        [proof.EXECUTABLE, "-m", "vllm.entrypoints.cli.main", "serve", *json.loads(plan.stdout)["argv"]],
+        command,
         env={**os.environ, **json.loads(plan.stdout)["env"]},
         stdout=(proof.WORK / "greedy-plain.log").open("wb"),
         stderr=subprocess.STDOUT,
@@ -186,7 +206,8 @@ def step_greedy(args: argparse.Namespace) -> None:
             time.sleep(0.2)
         plain = completions()
     finally:
-        os.killpg(plain_proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(plain_proc.pid, signal.SIGINT)
         plain_proc.wait(60)
     proof.wait_gpu_idle()
     proof.control({"command": "up", "deployment": "tiny"})
@@ -194,9 +215,28 @@ def step_greedy(args: argparse.Namespace) -> None:
     add_row({"kind": "greedy", "seconds": None, "same_tokens": forked == plain, "forked": forked, "plain": plain})
 
 
+def step_stop(args: argparse.Namespace) -> None:
+    """SIGTERM to the daemon started by `cold`: servers and launcher go (nothing may be left running)."""
+    pid_file = proof.WORK / "launcher-daemon.pid"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while proof.deployment_status() is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        pid_file.unlink()
+    proof.wait_gpu_idle()
+
+
 def step_manual_best(args: argparse.Namespace) -> None:
+    step_stop(args)
+    cold = [r for r in rows() if r["kind"] == "cold" and r.get("runtime") == RUNTIME]
+    learned = cold[-1]["kv_cache_memory_bytes"]
+    cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
     for _ in range(args.repeat):
-        proof.step_manual_best(None)
+        if RUNTIME == "podman":
+            proof.podman("rm", "-f", proof.CONTAINER)
+        proof.manual_boot("manual_best", cache, ["--kv-cache-memory-bytes", str(learned)], None)
         best = proof.results()["manual_best"][-1]
         add_row({"kind": "manual-best", "seconds": best["start_to_health_seconds"]})
 
@@ -223,6 +263,7 @@ STEPS = {
     "fork-repeat": step_fork_repeat,
     "greedy": step_greedy,
     "manual-best": step_manual_best,
+    "stop": step_stop,
     "summary": step_summary,
 }
 
