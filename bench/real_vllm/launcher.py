@@ -219,11 +219,18 @@ def step_stop(args: argparse.Namespace) -> None:
     """SIGTERM to the daemon started by `cold`: servers and launcher go (nothing may be left running)."""
     pid_file = proof.WORK / "launcher-daemon.pid"
     if pid_file.exists():
+        pid = int(pid_file.read_text())
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 120
-        while proof.deployment_status() is not None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.2)
         pid_file.unlink()
     proof.wait_gpu_idle()
 
