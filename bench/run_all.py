@@ -15,6 +15,7 @@ HERE = Path(__file__).parent
 SCRIPTS = [
     "probe_timing.py",
     "plan_timing.py",
+    "hub_pull.py",
     "bootlog_throughput.py",
     "fake_vllm_image.py",
     "podman_start.py",
@@ -22,6 +23,8 @@ SCRIPTS = [
     "supervisor_restart.py",
     "supervisor_footprint.py",
     "supervisor_status.py",
+    "gateway_stream.py",
+    "metrics_footprint.py",
 ]
 
 

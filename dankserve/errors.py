@@ -7,7 +7,9 @@ user what to do, and the exit code the CLI ends with::
     ├── InvalidInput                    exit 2
     │   ├── ConfigError                 the TOML file, DANKSERVE_* env or a setting's value
     │   ├── HardwareFileError           a recorded-host file (--hardware) that cannot be read
-    │   └── UnknownValueError           a value outside a known set (e.g. --kv-cache-dtype q8_0)
+    │   ├── UnknownValueError           a value outside a known set (e.g. --kv-cache-dtype q8_0)
+    │   ├── ModelNotFound               the Hub has no such model or revision (or hides a private one)
+    │   └── ModelAccessDenied           a gated or private model and no token that may read it
     ├── EnvironmentUnusable             exit 3
     │   ├── NvmlUnavailable             no NVIDIA driver / NVML library, or no GPU
     │   ├── PodmanUnreachable           the Podman REST API does not answer
@@ -15,6 +17,8 @@ user what to do, and the exit code the CLI ends with::
     │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
     │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
     │   ├── MissingTool                 a system program dankserve needs is absent
+    │   ├── HubUnreachable              the Hub does not answer (or offline mode) and nothing is cached
+    │   ├── DiskSpaceShortfall          too little free disk for a model's weights
     │   └── ClusterUnreachable          a multi-host group cannot be reached or formed (retried like
     │       │                           a Podman outage: never counted as a failure of the deployment)
     │       ├── MemberUnreachable       a group member did not answer (or answered garbage)
@@ -92,6 +96,22 @@ class GpuPassthroughUnavailable(EnvironmentUnusable):
 
 class MissingTool(EnvironmentUnusable):
     """A system program that dankserve needs is not installed."""
+
+
+class ModelNotFound(InvalidInput):
+    """The Hub knows no such model repo or revision (private repos look the same without a token)."""
+
+
+class ModelAccessDenied(InvalidInput):
+    """A gated or private model, and no token (hf_token_file) that may read it."""
+
+
+class HubUnreachable(EnvironmentUnusable):
+    """The Hugging Face Hub cannot be reached (or offline mode is on) and the model is not cached."""
+
+
+class DiskSpaceShortfall(EnvironmentUnusable):
+    """The file system of the HF cache has less free space than the download needs."""
 
 
 class InfeasiblePlan(DankserveError):

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from dankserve.host.model import Host
     from dankserve.plan.cluster import GroupMember
+    from dankserve.plan.models import ModelFacts
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
@@ -33,6 +34,44 @@ def vllm_cache_root(settings: Settings, deployment: str, dep: DeploymentSettings
     return CONTAINER_VLLM_CACHE_ROOT
 
 
+def wants_hub(dep: DeploymentSettings) -> bool:
+    """Whether dankserve asks the Hub about this model: a Hub id, and no facts declared by hand."""
+    from dankserve.hub.access import is_hub_id
+
+    return is_hub_id(dep.model) and dep.model_facts is None
+
+
+def model_facts_for(settings: Settings, name: str, dep: DeploymentSettings) -> ModelFacts:
+    """The model's facts: the HF cache, else the Hub (kept under the state dir), with `model_facts` on top.
+
+    An uncached Hub model that the Hub refuses (gated, unknown, no network) stops the plan
+    (exit 2/3) unless model_facts are declared: then the Hub is not asked.
+    """
+    from dataclasses import replace
+
+    from dankserve.errors import DankserveError
+    from dankserve.hub.access import hub_access
+    from dankserve.hub.cache import read_model_files
+    from dankserve.hub.remote import cached_or_fetch
+    from dankserve.plan.models import declared_facts, facts_from_files, facts_from_hub, merge_facts
+
+    files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
+    found = facts_from_files(dep.model, files) if files is not None else None
+    if wants_hub(dep) and (found is None or found.parameter_bytes is None):
+        access = hub_access(settings.hf_cache_dir, settings.state_dir, name, dep.hf_token_file)
+        try:
+            remote = cached_or_fetch(access, dep.model, dep.revision)
+        except DankserveError:
+            if found is None:
+                raise
+        else:
+            from_hub = facts_from_hub(dep.model, remote.config, remote.parameter_bytes, remote.commit)
+            # a partly downloaded snapshot: the Hub knows the size of all of it
+            found = from_hub if found is None else replace(found, parameter_bytes=from_hub.parameter_bytes)
+    declared = declared_facts(dep.model, dep.model_facts) if dep.model_facts is not None else None
+    return merge_facts(found, declared, dep.model)
+
+
 def plan_one(
     settings: Settings,
     name: str,
@@ -47,8 +86,7 @@ def plan_one(
 ) -> Plan:
     """The plan of one deployment; remediations (max_model_len, utilisation) override the config."""
     from dankserve.plan.catalogue import capabilities, load_catalogue, version_from_image
-    from dankserve.plan.models import model_facts, read_model_files
-    from dankserve.plan.plan import plan_deployment
+    from dankserve.plan.plan import check_inputs, plan_deployment
 
     changes: dict[str, object] = {}
     if max_model_len is not None:
@@ -63,8 +101,9 @@ def plan_one(
     else:
         version = vllm_version or version_from_image(dep.image) or settings.vllm_version
     caps = capabilities(version, catalogue)
-    files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
-    facts = model_facts(dep.model, dep.model_facts, files)
+    if group is None:  # the user's own mistakes first (exit 2), before the Hub is asked
+        check_inputs(name, dep, host, caps, catalogue)
+    facts = model_facts_for(settings, name, dep)
     if group is not None:  # a multi-host deployment: every member's hardware (leader first)
         from dankserve.plan.cluster import plan_group
 

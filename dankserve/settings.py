@@ -128,8 +128,100 @@ class ClusterSettings(_Strict):
         description="ADDRESS:PORT the cluster API binds to; ADDRESS is also this host's Ray node address."
     )
     token_file: Path = Field(description="File holding the group's shared token (the same on every host).")
+    tls_ca_file: Path = Field(
+        description="The group's CA certificate (PEM): peers' certificates must be signed by it (docs/MULTI-HOST.md)."
+    )
+    tls_cert_file: Path = Field(
+        description="This host's certificate (PEM), signed by the group's CA, naming the listen address."
+    )
+    tls_key_file: Path = Field(description="This host's private key (PEM, mode 0600).")
+    max_connections: int = Field(
+        default=64, ge=1, le=4096, description="Open connections the cluster API accepts at once; more are closed."
+    )
+    header_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=300, description="A peer must finish the TLS handshake and headers within this."
+    )
+    body_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="A request body must arrive within this."
+    )
     ray_executable: str | None = Field(default=None, description="The `ray` CLI; unset: beside dankserve's Python.")
     ray_port: int = Field(default=6379, ge=1, le=65535, description="Port of the Ray head (GCS) on a leader.")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_an_address(cls, value: str) -> str:
+        return check_address(value, default_port=7390)  # the cluster API's port
+
+
+class GatewaySettings(_Strict):
+    """One OpenAI endpoint in front of every deployment, routed by the request's `model` (docs/GATEWAY.md)."""
+
+    listen: str = Field(
+        default="127.0.0.1:9000",
+        description="ADDRESS:PORT of the endpoint. Beyond loopback, api_key_file is required.",
+    )
+    api_key_file: Path | None = Field(
+        default=None, description="File holding the key clients send as `Authorization: Bearer KEY` (mode 0600)."
+    )
+    queue_size: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description="Requests that may wait per deployment while it boots or wakes; more get 503.",
+    )
+    queue_timeout_seconds: float = Field(
+        default=120.0, gt=0, le=MAX_SECONDS, description="A waiting request gets 503 after this long."
+    )
+    retry_after_seconds: int = Field(default=5, ge=1, le=3600, description="The Retry-After a 503 carries.")
+    max_request_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, le=1 << 31, description="Largest request body accepted (413 beyond)."
+    )
+    max_connections: int = Field(
+        default=512, ge=1, le=100_000, description="Open client connections at once; more are closed at once."
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=3600, description="A client must send a request's headers within this."
+    )
+    body_timeout_seconds: float = Field(
+        default=60.0, gt=0, le=3600, description="A request body must arrive within this."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_an_address(cls, value: str) -> str:
+        return check_address(value)
+
+    @model_validator(mode="after")
+    def _exposed_gateway_needs_a_key(self) -> GatewaySettings:
+        host, _ = split_listen(self.listen)
+        if not is_loopback(host) and self.api_key_file is None:
+            raise ValueError(
+                f"listen = {self.listen!r} is not a loopback address and no api_key_file is set: anyone who can "
+                "reach that address could use every deployment. Set api_key_file to a file (mode 0600) holding "
+                'the key, or listen on "127.0.0.1:PORT"'
+            )
+        return self
+
+
+def check_address(value: str, default_port: int = 0) -> str:
+    """The value, when it is ADDRESS:PORT (or ADDRESS with a default port); ValueError otherwise."""
+    host, port = split_listen(value, default_port)
+    if not host or not 1 <= port <= 65535:
+        raise ValueError(f"{value!r} is not ADDRESS:PORT")
+    return value
+
+
+def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
+    """'HOST:PORT' (or 'HOST', or '[v6]:PORT') as (host, port); a port that is not a number is -1."""
+    text = address.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else str(default_port)
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, str(default_port)
+    return host, int(port_text) if port_text.isdigit() else -1
 
 
 class DeploymentSettings(_Strict):
@@ -184,9 +276,30 @@ class DeploymentSettings(_Strict):
         default=False,
         description="Opt-in: run the container privileged (SYS_ADMIN, apparmor=unconfined). Warned about.",
     )
-    model_facts: ModelFacts | None = Field(default=None, description="Declared model facts when not in the HF cache.")
+    model_facts: ModelFacts | None = Field(
+        default=None,
+        description="Declared model facts: they override what the HF cache or the Hub says; with them "
+        "declared and the model not cached, the Hub is not asked.",
+    )
+    download: bool | None = Field(
+        default=None,
+        description="Download the weights into hf_cache_dir before the first boot (the `downloading` phase); "
+        "unset: yes for a Hub model id (ORG/NAME) without model_facts.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description='vLLM --reasoning-parser; unset: the model family\'s own (e.g. qwen3), "off": none.',
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="vLLM --tool-call-parser (with --enable-auto-tool-choice); unset: the model family's own "
+        '(e.g. hermes for Qwen3), "off": none.',
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for vLLM.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments, verbatim, last.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Extra vLLM arguments, last; a flag the plan also sets replaces the planned one (checks use it).",
+    )
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
     launcher: bool = Field(
         default=False,
@@ -196,6 +309,14 @@ class DeploymentSettings(_Strict):
     )
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The name clients send as `model` (--served-model-name); unset: `model`.",
+    )
+    aliases: list[str] = Field(
+        default_factory=list, description="More names the gateway routes to this deployment (rewritten to its name)."
+    )
 
     @field_validator("gpus")
     @classmethod
@@ -205,6 +326,13 @@ class DeploymentSettings(_Strict):
                 raise ValueError("gpus is empty: leave it out for all GPUs, or list indices/UUIDs")
             if len(set(map(str, value))) != len(value):
                 raise ValueError(f"gpus lists a GPU twice: {value}")
+        return value
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts_are_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            check_address(address, default_port=7390)  # the cluster API's port
         return value
 
     @field_validator("max_model_len")
@@ -223,6 +351,32 @@ class DeploymentSettings(_Strict):
                 'the key, or bind to host = "127.0.0.1" and put a proxy with authentication in front'
             )
         return self
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (or [IPv6]:PORT) as an address and a port; ValueError naming the problem."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f'{value!r} is not HOST:PORT (e.g. "127.0.0.1:9400" or "[::1]:9400")')
+    return host, int(port)
+
+
+DEFAULT_HF_CACHE_DIR = Path("/var/cache/dankserve/huggingface")
+
+
+def default_hf_cache_dir(environ: Mapping[str, str]) -> Path:
+    """hf_cache_dir when the config leaves it out: huggingface_hub's own HF_HOME / HF_HUB_CACHE.
+
+    The container mounts this directory at /root/.cache/huggingface and vLLM reads hub/ below it,
+    so an HF_HUB_CACHE is taken only when it is such a hub/ directory.
+    """
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"])
+    hub_cache = environ.get("HF_HUB_CACHE")
+    if hub_cache and Path(hub_cache).name == "hub":
+        return Path(hub_cache).parent
+    return DEFAULT_HF_CACHE_DIR
 
 
 def is_loopback(host: str) -> bool:
@@ -250,8 +404,10 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default=Path("/var/lib/dankserve"), description="Learned boot facts, pid, control socket.")
     cache_dir: Path = Field(default=Path("/var/cache/dankserve"), description="Per-deployment torch.compile caches.")
     hf_cache_dir: Path = Field(
-        default=Path("/var/cache/dankserve/huggingface"),
-        description="Hugging Face cache, mounted at /root/.cache/huggingface.",
+        default_factory=lambda: default_hf_cache_dir(os.environ),
+        description="Hugging Face cache (HF_HOME layout: models under hub/), mounted at /root/.cache/huggingface; "
+        "unset: $HF_HOME, else the parent of $HF_HUB_CACHE when that ends in /hub, else "
+        "/var/cache/dankserve/huggingface.",
     )
     vllm_version: str | None = Field(default=None, description="vLLM version when the image cannot tell.")
     restart_backoff_initial_seconds: float = Field(
@@ -282,6 +438,42 @@ class Settings(BaseSettings):
     health_interval_seconds: float = Field(
         default=3.0, gt=0, le=MAX_SECONDS, description="Health probe period while ready."
     )
+    gateway: GatewaySettings | None = Field(
+        default=None, description="One OpenAI endpoint for every deployment, routed by model name."
+    )
+    metrics_listen: str | None = Field(
+        default=None,
+        description='Serve Prometheus metrics on HOST:PORT (e.g. "127.0.0.1:9400"); unset: no metrics endpoint. '
+        "Beyond loopback anyone who can reach it reads the deployments' names, models and load.",
+    )
+    serving_scrape_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="How often each ready server's /metrics and the GPUs' memory are read (in the background).",
+    )
+    stall_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="Requests pending but no token processed for this long: the engine hangs (0: no stall check).",
+    )
+    liveness_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=MAX_SECONDS,
+        description="While idle, a one-token completion at most this often; two failures in a row: the engine "
+        "hangs (0: no token probe).",
+    )
+    liveness_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=MAX_SECONDS, description="How long a token probe may take before it counts as failed."
+    )
+    preemption_warning_interval_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=MAX_SECONDS,
+        description="Rising preemptions are warned about (log and status) at most this often per deployment.",
+    )
     log_format: Literal["auto", "console", "json", "journald"] = Field(default="auto", description="Daemon log output.")
     cluster: ClusterSettings | None = Field(default=None, description="Multi-host groups: this daemon's cluster API.")
     deployments: dict[str, DeploymentSettings] = Field(default_factory=dict)
@@ -290,6 +482,13 @@ class Settings(BaseSettings):
     @classmethod
     def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
         return reject_bool_for_non_bool(cls, value, info.field_name)
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value)
+        return value
 
     @field_validator("deployments")
     @classmethod
@@ -311,6 +510,31 @@ class Settings(BaseSettings):
                         "give each deployment its own port"
                     )
             seen[(dep.host, dep.port)] = name
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_names_are_unique(self) -> Settings:
+        if self.gateway is None:
+            return self
+        owner: dict[str, str] = {}
+        for name, dep in self.deployments.items():
+            names = [dep.served_model_name or dep.model, *dep.aliases]
+            for model in names:
+                if owner.get(model, name) != name:
+                    raise ValueError(
+                        f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
+                        "give each a distinct served_model_name or alias"
+                    )
+                owner[model] = name
+            if not is_loopback(dep.host):
+                raise ValueError(
+                    f"deployments.{name}.host = {dep.host!r}: behind the gateway every server listens on loopback "
+                    'only (clients reach it through [gateway] listen); set host = "127.0.0.1"'
+                )
+        _, gateway_port = split_listen(self.gateway.listen)
+        for name, dep in self.deployments.items():
+            if dep.port == gateway_port:
+                raise ValueError(f"deployments.{name}.port = {dep.port} is the gateway's port: give it another")
         return self
 
     @classmethod
@@ -370,21 +594,44 @@ def _check_config_file(path: Path) -> None:
 
 def check_secret_files(settings: Settings) -> None:
     """Refuse secret files that exist and are open to others; absent ones are reported when read."""
+    secrets: list[tuple[str, Path | None]] = []
     for name, dep in settings.deployments.items():
         for key in ("api_key_file", "hf_token_file", "cluster_token_file"):
-            path: Path | None = getattr(dep, key)
-            if path is None:
-                continue
-            try:
-                mode = path.stat().st_mode
-            except OSError:
-                continue
-            problem = secret_file_problem(mode)
-            if problem is not None:
-                raise ConfigError(
-                    f"deployments.{name}.{key} = {str(path)!r}: the file {problem}",
-                    fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
-                )
+            secrets.append((f"deployments.{name}.{key}", getattr(dep, key)))
+    if settings.gateway is not None:
+        secrets.append(("gateway.api_key_file", settings.gateway.api_key_file))
+    if settings.cluster is not None:
+        secrets += [
+            ("cluster.token_file", settings.cluster.token_file),
+            ("cluster.tls_key_file", settings.cluster.tls_key_file),
+        ]
+    for key, path in secrets:
+        if path is None:
+            continue
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        problem = secret_file_problem(mode)
+        if problem is not None:
+            raise ConfigError(
+                f"{key} = {str(path)!r}: the file {problem}",
+                fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
+            )
+
+
+def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
+    """A secret's text, stripped; unreadable, empty or shorter than min_length is a ConfigError (exit 2)."""
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{what} {path} cannot be read: {reason}", fix=fix) from None
+    if len(secret) < min_length:
+        raise ConfigError(
+            f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
+        )
+    return secret
 
 
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
@@ -396,7 +643,8 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         if required:
             raise ConfigError(
                 f"config file {path} does not exist",
-                fix=f"create it (see config/dankserve.toml for every key) or point --config/{CONFIG_ENV} elsewhere",
+                fix="create it (`dankserve install` writes a commented example of every key) "
+                f"or point --config/{CONFIG_ENV} elsewhere",
             ) from None
         return {}
     except OSError as exc:
@@ -419,7 +667,15 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
     value = error.get("input")
     kind = error.get("type", "")
     if kind == "extra_forbidden":
-        return f"{path}: unknown key {key!r} (value {value!r}); see config/dankserve.toml for the keys allowed"
+        return (
+            f"{path}: unknown key {key!r} (value {value!r}); "
+            "see the keys allowed in the example `dankserve install` writes"
+        )
+    if kind == "missing" and key.startswith("cluster.tls_"):
+        return (
+            f"{path}: {key} is required: the cluster API speaks TLS only (make the group's certificates "
+            "with scripts/cluster-certs.sh DIR ADDRESS..., docs/MULTI-HOST.md)"
+        )
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"
 
@@ -434,7 +690,7 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
         lines = [_describe_error(path, err) for err in exc.errors()]
         raise ConfigError(
             "invalid configuration:\n  " + "\n  ".join(lines),
-            fix="correct the values named above (config/dankserve.toml documents every key)",
+            fix="correct the values named above (the example config `dankserve install` writes documents every key)",
         ) from None
     check_secret_files(settings)
     return settings

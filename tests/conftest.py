@@ -12,6 +12,7 @@ with `-m reliability` (`make reliability`): every other run deselects it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, WorkloadSpec, workload_name
+from dankserve.testing.hub import StandInHub
 from tests.harness.gpus import StandInGpus, stand_in_gpus
+from tests.harness.hub import hub_env, populate
 from tests.harness.podman_service import (
     SESSION_LABEL,
     PodmanEnv,
@@ -35,6 +38,12 @@ from tests.harness.registry import free_loopback_port, local_registry
 
 if TYPE_CHECKING:  # importing the runtime pulls in podman-py
     from dankserve.runtime.podman import PodmanRuntime
+
+
+# No test may reach the real Hugging Face Hub: a closed loopback port unless a test points
+# HF_ENDPOINT at the stand-in Hub (the `hub` fixture). Set here so daemons the tests start inherit it.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -161,3 +170,23 @@ def make_spec(podman_env: PodmanEnv, deployment: str, vllm_image: str) -> Callab
         return WorkloadSpec(**fields)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
+    """A stand-in Hugging Face Hub on loopback with the tests' models (tests/harness/hub.py)."""
+    server = populate(StandInHub(tmp_path_factory.mktemp("stand-in-hub")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub_environment(hub: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """HF_ENDPOINT at the stand-in Hub; a fresh state dir and HF cache for this test."""
+    env = hub_env(hub, tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for key in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return env

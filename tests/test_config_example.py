@@ -11,6 +11,7 @@ from dankserve.settings import (
     ClusterSettings,
     CpuOffloadSettings,
     DeploymentSettings,
+    GatewaySettings,
     ModelFacts,
     Settings,
     SpeculativeSettings,
@@ -37,6 +38,7 @@ def test_example_shows_every_key() -> None:
         ("cpu_offload", CpuOffloadSettings),
         ("model_facts", ModelFacts),
         ("cluster", ClusterSettings),
+        ("gateway", GatewaySettings),
     ]
     missing = []
     for section, model in sections:

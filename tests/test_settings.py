@@ -1,5 +1,6 @@
 """Tests for dankserve.settings."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from dankserve.settings import (
     config_file_problem,
     is_loopback,
     load_settings,
+    parse_listen,
     secret_file_problem,
 )
 
@@ -210,4 +212,20 @@ def test_deployment_names_are_plain_ascii(tmp_path: Path, name: str) -> None:
     """A deployment name outside ASCII letters, digits, '-' and '_' is refused (it names a container)."""
     path = write(tmp_path, f'[deployments."{name}"]\nmodel = "m"\n')
     with pytest.raises(ConfigError, match="may hold only"):
+        load_settings(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("127.0.0.1:9400", ("127.0.0.1", 9400)), ("[::1]:9400", ("::1", 9400))]
+)
+def test_metrics_listen_is_host_and_port(value: str, expected: tuple[str, int]) -> None:
+    """metrics_listen reads as an address and a port (IPv6 in brackets)."""
+    assert parse_listen(value) == expected
+
+
+@pytest.mark.parametrize("value", ["9400", "127.0.0.1:", "127.0.0.1:99999", ":9400", "host:port"])
+def test_malformed_metrics_listen_is_a_config_error(tmp_path: Path, value: str) -> None:
+    """A metrics_listen that is not HOST:PORT is refused at load, naming the value and an example."""
+    path = write(tmp_path, f'metrics_listen = "{value}"\n')
+    with pytest.raises(ConfigError, match=re.escape("127.0.0.1:9400")):
         load_settings(path, environ={})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -22,6 +23,7 @@ from dankserve.exitcodes import ExitCode
 COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("probe", "Probe GPUs, CPUs, memory and NUMA; print or save the host description."),
     "plan": ("plan", "Compute the vLLM command line for a deployment, with a reason per flag."),
+    "pull": ("pull", "Download a model's weights into the HF cache, with progress (resumable)."),
     "run": ("run", "Run the supervisor daemon in the foreground (systemd's ExecStart)."),
     "up": ("up", "Start the service (or one deployment) and follow it until ready."),
     "down": ("down", "Stop the service (or one deployment) gracefully."),
@@ -45,13 +47,52 @@ class LazyGroup(click.Group):
             return None
         module = importlib.import_module(f"dankserve.cli.{entry[0]}")
         command: click.Command = module.command
-        return command
+        return with_global_options(command)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def _set_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        current = ctx.find_object(CliContext) or CliContext(config=None, debug=False)
+        ctx.obj = replace(current, config=value)
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        current = ctx.find_object(CliContext) or CliContext(config=None, debug=False)
+        ctx.obj = replace(current, debug=True)
+
+
+def with_global_options(command: click.Command) -> click.Command:
+    """Accept `--config` and `--debug` after the command name too (`dankserve plan --config F`),
+    as podman and kubectl accept their global options anywhere."""
+    if any(p.name == "global_config" for p in command.params):
+        return command
+    command.params.append(
+        click.Option(
+            ["--config", "global_config"],
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            expose_value=False,
+            callback=_set_config,
+            help="Config file (also accepted before the command).",
+        )
+    )
+    command.params.append(
+        click.Option(
+            ["--debug", "global_debug"],
+            is_flag=True,
+            expose_value=False,
+            callback=_set_debug,
+            help="Print tracebacks of internal errors.",
+        )
+    )
+    return command
 
 
 def _module_exists(module: str) -> bool:

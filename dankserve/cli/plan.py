@@ -1,8 +1,10 @@
 """`dankserve plan [DEPLOYMENT] [--model M] [--json] [--hardware FILE] [--vllm-version V]`.
 
 Prints the `vllm serve` command line of each deployment with a reason for every flag. Without a
-config file, `--model` plans a default deployment; without DEPLOYMENT, every configured
-deployment is planned (then `--json` prints a list). Nothing is started.
+config file, `--model` plans a default deployment; without DEPLOYMENT, every enabled deployment
+is planned. GPU sharing and host RAM are checked against every enabled deployment, also when
+one is named. `--json` always prints a list; a plan that fails still prints its entry, with
+`error` (message, fix, exit code), and the command exits with that code. Nothing is started.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.errors import ConfigError
+from dankserve.errors import ConfigError, DankserveError
 from dankserve.exitcodes import ExitCode
 
 if TYPE_CHECKING:
@@ -40,21 +42,32 @@ def command(
     deployment: str | None, model: str | None, as_json: bool, hardware: Path | None, vllm_version: str | None
 ) -> ExitCode:
     """Compute the vLLM command line for a deployment, with a reason per flag."""
-    from dankserve.settings import load_settings
-
-    settings = load_settings(cli_context().config)
+    settings = cli_context().load_settings()
     selected = select_deployments(settings, deployment, model)
     from dankserve.host.probe import load_host
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
-    plans = plan_all(settings, selected, host, vllm_version)
-    if as_json:
-        from dankserve.cli.render import print_json
+    if not as_json:
+        print_plans(plan_all(settings, selected, host, vllm_version))
+        return ExitCode.OK
+    from dankserve.cli.render import print_json
 
-        print_json(plans[0].to_json() if len(plans) == 1 else [p.to_json() for p in plans])
-    else:
-        print_plans(plans)
-    return ExitCode.OK
+    failed: dict[str, DankserveError] = {}
+    try:
+        plans = plan_all(settings, selected, host, vllm_version, failed=failed)
+    except DankserveError as exc:  # a check across deployments (GPU sharing, host RAM): every entry carries it
+        plans, failed = [], {name: exc for name, _ in selected}
+    by_name = {p.deployment: p.to_json() for p in plans}
+    entries = [by_name[n] if n in by_name else {"deployment": n, "error": error_json(failed[n])} for n, _ in selected]
+    print_json(entries)
+    for name, error in failed.items():
+        click.echo(f"error: {name}: {error.render()}", err=True)
+    return max((e.exit_code for e in failed.values()), default=ExitCode.OK)
+
+
+def error_json(exc: DankserveError) -> dict[str, object]:
+    """An error as `plan --json` prints it."""
+    return {"message": exc.message, "fix": exc.fix, "exit_code": int(exc.exit_code)}
 
 
 def select_deployments(settings: Settings, name: str | None, model: str | None) -> list[tuple[str, DeploymentSettings]]:
@@ -81,7 +94,7 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
         raise ConfigError(
             what,
             fix="name one (dankserve plan NAME), pass --model ORG/NAME, "
-            "or add an enabled [deployments.NAME] table (see config/dankserve.toml)",
+            "or add an enabled [deployments.NAME] table (`dankserve install` writes an example)",
         )
     return enabled
 
@@ -91,21 +104,44 @@ def plan_all(
     selected: Sequence[tuple[str, DeploymentSettings]],
     host: Host,
     vllm_version: str | None,
+    *,
+    failed: dict[str, DankserveError] | None = None,
 ) -> list[Plan]:
-    """Plan each selected deployment, then check the GPUs the enabled ones share."""
-    from dankserve.plan.checks import check_gpu_sharing
+    """Plan each selected deployment, then check GPU sharing and host RAM against every enabled one.
+
+    With `failed`, a deployment whose plan fails is recorded there (for --json) instead of raising.
+    """
+    from dankserve.plan.checks import check_gpu_sharing, check_host_ram
     from dankserve.planning import plan_one
 
     plans: list[Plan] = []
     enabled: list[Plan] = []
     for name, dep in selected:
-        plan = plan_one(settings, name, dep, host, vllm_version=vllm_version)
+        try:
+            plan = plan_one(settings, name, dep, host, vllm_version=vllm_version)
+        except DankserveError as exc:
+            if failed is None:
+                raise
+            failed[name] = exc
+            continue
         if not dep.enabled:
             plan = _with_warning(plan, "disabled in config (enabled = false): the daemon does not run it")
         else:
             enabled.append(plan)
         plans.append(plan)
-    check_gpu_sharing(enabled)
+    chosen = {name for name, _ in selected}
+    others: list[Plan] = []
+    for name, dep in settings.deployments.items():
+        if name in chosen or not dep.enabled:
+            continue
+        try:  # only to check the named deployments against it
+            others.append(plan_one(settings, name, dep, host, vllm_version=vllm_version))
+        except DankserveError as exc:
+            plans = [_with_warning(p, f"not checked against deployment {name!r}: {exc.message}") for p in plans]
+    together = [*enabled, *others]
+    check_gpu_sharing(together, involving=chosen)
+    if any(p.deployment in chosen for p in together):
+        check_host_ram(together, host)
     return plans
 
 
@@ -140,5 +176,7 @@ def print_plans(plans: Sequence[Plan]) -> None:
         console.print(table)
         gpus = ", ".join(str(i) for i in plan.gpu_indices)
         console.print(f"GPUs: {gpus}   fingerprint: {plan.fingerprint[:16]}", highlight=False)
+        if plan.capacity is not None:
+            console.print(f"promises: {plan.capacity.describe()}", highlight=False, markup=False)
         for warning in plan.warnings:
             console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)

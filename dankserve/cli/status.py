@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import click
@@ -36,17 +37,42 @@ def current_status(settings: Settings) -> dict[str, Any]:
     return offline_status(settings)
 
 
-def _warnings(doc: dict[str, Any]) -> list[str]:
+def _warnings(doc: dict[str, Any], now: float, recent_seconds: float) -> list[str]:
     out = []
     for dep in doc["deployments"]:
-        if dep.get("preemptions"):
-            out.append(
-                f"{dep['name']}: {dep['preemptions']} preemptions: the KV cache is too small for the load "
-                "(lower max_num_seqs, shorten max_model_len, or give it more GPU memory)"
-            )
+        warning = dep.get("preemption_warning")
+        if warning and now - float(warning["at"]) <= recent_seconds:
+            at = time.strftime("%H:%M:%S", time.localtime(float(warning["at"])))
+            out.append(f"{dep['name']}: {warning['message']} (at {at})")
         if dep["state"] == "failed" and dep.get("message"):
             out.append(f"{dep['name']}: failed: {dep['message']}")
     return out
+
+
+def _observed(dep: dict[str, Any]) -> list[str]:
+    """The lines of what the daemon counted and read (the numbers /metrics shows)."""
+    lines = []
+    last = dep.get("last_boot")
+    if last:
+        took = f" in {last['seconds']:.1f}s" if last.get("seconds") is not None else ""
+        kinds = ", ".join(f"{k} {v}" for k, v in (dep.get("boots_by_kind") or {}).items())
+        lines.append(f"last boot {last['kind']}{took}  (since the daemon started: {kinds})")
+    causes = dep.get("restarts_by_cause") or {}
+    if causes:
+        lines.append("restarts by cause: " + ", ".join(f"{k} {v}" for k, v in causes.items()))
+    serving = dep.get("serving")
+    if serving:
+        usage = serving.get("kv_cache_usage_perc")
+        shown = "?" if usage is None else f"{usage * 100:.0f}%"
+        lines.append(
+            f"serving: {serving.get('requests_running')} running, {serving.get('requests_waiting')} waiting, "
+            f"KV cache {shown} used, {serving.get('preemptions')} preemptions, "
+            f"{serving.get('generation_tokens')} tokens generated"
+        )
+    liveness = dep.get("liveness")
+    if liveness and not liveness.get("last_probe_ok"):
+        lines.append(f"token probe failed ({liveness.get('last_probe_error')})")
+    return lines
 
 
 @click.command("status")
@@ -55,7 +81,7 @@ def command(as_json: bool) -> ExitCode:
     """Show the daemon and each deployment's state, boots, learned KV cache and GPU memory."""
     settings = cli_context().load_settings()
     doc = current_status(settings)
-    doc["warnings"] = _warnings(doc)
+    doc["warnings"] = _warnings(doc, time.time(), settings.preemption_warning_interval_seconds)
     if as_json:
         print_json(doc)
         return ExitCode.OK
@@ -77,6 +103,16 @@ def command(as_json: bool) -> ExitCode:
             f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  "
             f"compile cache hit {dep.get('compile_cache_hit')}"
         )
+        for line in _observed(dep):
+            click.echo(f"  {line}")
+        if dep.get("context_tokens"):
+            holds = ""
+            if dep.get("kv_cache_tokens") and dep.get("concurrency"):
+                holds = (
+                    f"; the KV cache holds {dep['kv_cache_tokens']:,} tokens: {dep['concurrency']:.1f} "
+                    "requests of full length at once"
+                )
+            click.echo(f"  context {dep['context_tokens']:,} tokens{holds}")
         for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
             note = f"  {member['message']}" if member.get("message") else ""
             click.echo(f"  host {member['address']} ({member['role']}): {member['state']}{note}")

@@ -46,8 +46,8 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         path, _ = resolve_config_path(ctx.config)
         raise InvalidInput(
             f"no deployments are configured in {path}{'' if path.exists() else ' (the file does not exist)'}",
-            fix=f"copy config/dankserve.toml to {path} (chmod 600), keep or edit its [deployments.NAME] tables; "
-            "`dankserve install` does this and installs the systemd unit",
+            fix=f"run `dankserve install` (it writes a commented example to {path} and installs the systemd unit), "
+            "then keep or edit its [deployments.NAME] tables",
         )
     state_dir = settings.state_dir
     if deployment is not None:

@@ -1,60 +1,61 @@
-"""The small HTTP API between dankserve daemons of a group (stdlib only).
+"""The small HTTPS API between dankserve daemons of a group (aiohttp, mutual TLS).
 
 Endpoints (JSON): ``GET /v1/status`` (hardware, free GPU memory, Ray worker), ``POST /v1/start-worker``,
-``POST /v1/stop-worker``. Every request carries ``Authorization: Bearer TOKEN``; the token is
-read from a file and compared in constant time before anything else happens, so a follower
-never acts (nor reads a body) without it. The server binds only the address the config names.
+``POST /v1/stop-worker``.
+
+Who may talk: both ends present a certificate signed by the group's CA (``tls_ca_file``), so a
+peer without one never gets past the TLS handshake, and the client checks that the follower's
+certificate names the address it dialled. Every request also carries ``Authorization: Bearer
+TOKEN``, compared in constant time before anything else happens, so a follower never acts (nor
+reads a body) without it.
+
+What a peer can take (dankserve/aioserver.py): at most ``max_connections`` open connections
+(more are closed at once), ``header_timeout_seconds`` from accept to the end of the headers
+(the TLS handshake included), ``body_timeout_seconds`` for a body of at most MAX_BODY bytes,
+whatever the form of its length (a bad Content-Length is a 400 from the parser; chunked bodies
+are counted as they arrive); one request per connection. The server binds only the address the
+config names.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import http.client
 import json
-import threading
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
+import aiohttp
 import structlog
+from aiohttp import web
 
+from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, read_body
 from dankserve.errors import ConfigError, MemberUnreachable
+from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
 log = structlog.get_logger("dankserve.cluster")
 
 MAX_BODY = 64 * 1024
 ENDPOINTS = {("GET", "/v1/status"), ("POST", "/v1/start-worker"), ("POST", "/v1/stop-worker")}
+DEFAULT_LIMITS = Limits(max_connections=64, header_timeout=5.0, body_timeout=10.0, max_body_bytes=MAX_BODY)
 
 
 def read_token(path: Path) -> str:
     """The shared token of a group; a missing, unreadable or short token is a config error (exit 2)."""
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"cluster token file {path} cannot be read: {exc.strerror}",
-            fix="create it with the same random token on every host (e.g. `openssl rand -hex 32 > FILE`), mode 0600",
-        ) from None
-    if len(token) < 16:
-        raise ConfigError(
-            f"cluster token in {path} is {len(token)} characters long: at least 16 are needed",
-            fix="write a long random token (e.g. `openssl rand -hex 32`) to the same file on every host",
-        )
-    return token
+    return read_secret_file(
+        path,
+        "cluster token",
+        fix="write a long random token (e.g. `openssl rand -hex 32 > FILE`) to the same file on every host, mode 0600",
+        min_length=16,
+    )
 
 
 def split_address(address: str, default_port: int) -> tuple[str, int]:
     """'HOST:PORT' (or 'HOST', or '[v6]:PORT') as (host, port)."""
-    text = address.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default_port
-    if text.count(":") == 1:
-        host, port = text.split(":")
-        return host, int(port)
-    return text, default_port
+    return split_listen(address, default_port)
 
 
 def token_matches(header: str | None, token: str) -> bool:
@@ -62,6 +63,50 @@ def token_matches(header: str | None, token: str) -> bool:
     if header is None or not header.startswith("Bearer "):
         return False
     return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
+
+
+@dataclass(frozen=True)
+class GroupTls:
+    """This host's TLS contexts: the server's (peers must show a CA-signed certificate) and the client's."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+
+def load_tls(ca_file: Path, cert_file: Path, key_file: Path) -> GroupTls:
+    """Both contexts from the group's CA and this host's pair; a file that cannot be used is exit 2."""
+    fix = "create them with scripts/cluster-certs.sh DIR ADDRESS... (docs/MULTI-HOST.md, TLS between hosts)"
+    contexts = []
+    for purpose in (ssl.Purpose.CLIENT_AUTH, ssl.Purpose.SERVER_AUTH):
+        try:
+            context = ssl.create_default_context(purpose, cafile=str(ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cluster.tls_ca_file = {str(ca_file)!r} cannot be used: {exc}", fix=fix) from None
+        try:
+            context.load_cert_chain(str(cert_file), str(key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cluster.tls_cert_file = {str(cert_file)!r} with tls_key_file = {str(key_file)!r} cannot be used: "
+                f"{exc}",
+                fix=fix,
+            ) from None
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        contexts.append(context)
+    return GroupTls(server=contexts[0], client=contexts[1])
+
+
+def tls_of(cluster: ClusterSettings) -> GroupTls:
+    return load_tls(cluster.tls_ca_file, cluster.tls_cert_file, cluster.tls_key_file)
+
+
+def limits_of(cluster: ClusterSettings) -> Limits:
+    return Limits(
+        max_connections=cluster.max_connections,
+        header_timeout=cluster.header_timeout_seconds,
+        body_timeout=cluster.body_timeout_seconds,
+        max_body_bytes=MAX_BODY,
+    )
 
 
 class ClusterHandler(Protocol):
@@ -74,130 +119,128 @@ class ClusterHandler(Protocol):
     def stop_worker(self, request: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
-class _RequestHandler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # requests are logged by the handler that acts on them
-
-    def _reply(self, code: int, body: Mapping[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _dispatch(self, method: str) -> None:
-        if not token_matches(self.headers.get("Authorization"), self.server.token):
-            log.warning("cluster_request_refused", peer=self.client_address[0], path=self.path)
-            self.close_connection = True
-            self._reply(401, {"ok": False, "error": "missing or wrong cluster token"})
-            return
-        if (method, self.path) not in ENDPOINTS:
-            self._reply(404, {"ok": False, "error": f"no endpoint {method} {self.path}"})
-            return
-        request: Any = {}
-        if method == "POST":
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self._reply(413, {"ok": False, "error": "request too large"})
-                return
-            try:
-                request = json.loads(self.rfile.read(length) or b"{}")
-            except json.JSONDecodeError:
-                request = None
-            if not isinstance(request, dict):
-                self._reply(400, {"ok": False, "error": "the body must be a JSON object"})
-                return
-        handler = self.server.handler
-        try:
-            if self.path == "/v1/status":
-                result = handler.status()
-            elif self.path == "/v1/start-worker":
-                result = handler.start_worker(request)
-            else:
-                result = handler.stop_worker(request)
-        except Exception as exc:
-            log.exception("cluster_request_failed", path=self.path)
-            self._reply(500, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-            return
-        self._reply(200 if result.get("ok", True) else 400, result)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
+def _reply(status: int, body: Mapping[str, Any]) -> web.Response:
+    response = web.json_response(body, status=status)
+    response.force_close()
+    return response
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], token: str, handler: ClusterHandler) -> None:
+class _Api:
+    def __init__(self, token: str, handler: ClusterHandler, limits: Limits) -> None:
         self.token = token
         self.handler = handler
-        super().__init__(address, _RequestHandler)
+        self.limits = limits
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        return app
+
+    async def dispatch(self, request: web.Request) -> web.Response:
+        if not token_matches(request.headers.get("Authorization"), self.token):
+            log.warning("cluster_request_refused", peer=request.remote, path=request.path)
+            return _reply(401, {"ok": False, "error": "missing or wrong cluster token"})
+        if (request.method, request.path) not in ENDPOINTS:
+            return _reply(404, {"ok": False, "error": f"no endpoint {request.method} {request.path}"})
+        body: Any = {}
+        if request.method == "POST":
+            try:
+                raw = await read_body(request, self.limits)
+            except BodyTooLarge:
+                return _reply(413, {"ok": False, "error": f"request larger than {self.limits.max_body_bytes} bytes"})
+            except TimeoutError:
+                return _reply(408, {"ok": False, "error": "the request body did not arrive in time"})
+            try:
+                body = json.loads(raw or b"{}")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                body = None
+            if not isinstance(body, dict):
+                return _reply(400, {"ok": False, "error": "the body must be a JSON object"})
+        try:
+            # The handler starts processes and reads NVML: off the event loop.
+            result = await asyncio.get_running_loop().run_in_executor(None, self._call, request.path, body)
+        except Exception as exc:
+            log.exception("cluster_request_failed", path=request.path)
+            return _reply(500, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return _reply(200 if result.get("ok", True) else 400, result)
+
+    def _call(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if path == "/v1/status":
+            return self.handler.status()
+        if path == "/v1/start-worker":
+            return self.handler.start_worker(body)
+        return self.handler.stop_worker(body)
 
 
 class ClusterServer:
-    """The API server of one daemon, in a background thread."""
+    """The API server of one daemon, in a background thread with its own event loop."""
 
-    def __init__(self, address: tuple[str, int], token: str, handler: ClusterHandler) -> None:
-        self._server = _Server(address, token, handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="cluster-api", daemon=True
-        )
+    def __init__(
+        self,
+        address: tuple[str, int],
+        token: str,
+        handler: ClusterHandler,
+        tls: ssl.SSLContext,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self._server = GuardedServer(_Api(token, handler, limits).app(), address, limits, name="cluster_api", tls=tls)
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
+        return self._server.address
+
+    @property
+    def guarded(self) -> GuardedServer:
+        return self._server
 
     def start(self) -> None:
-        self._thread.start()
-        log.info("cluster_api_listening", address=f"{self.address[0]}:{self.address[1]}")
+        self._server.start()
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
 @dataclass(frozen=True)
 class ClusterClient:
-    """Talks to one follower's API."""
+    """Talks to one follower's API (blocking: called from the daemon's worker threads)."""
 
     address: str
     token: str
+    tls: ssl.SSLContext
     timeout: float = 3.0
     default_port: int = 7390
 
     def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        host, port = split_address(self.address, self.default_port)
-        conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
         try:
-            conn.request(method, path, body=json.dumps(body or {}) if method == "POST" else None, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise MemberUnreachable(f"{self.address}: {exc}") from None
-        finally:
-            conn.close()
-        if response.status == 401:
+            status, data = asyncio.run(self._request(method, path, body))
+        except (OSError, aiohttp.ClientError, TimeoutError, ssl.SSLError) as exc:
+            raise MemberUnreachable(f"{self.address}: {exc or type(exc).__name__}") from None
+        if status == 401:
             raise ConfigError(
                 f"group member {self.address} refused this daemon's cluster token",
                 fix="put the same token file content on every host of the group (cluster_token_file)",
             )
         try:
             reply = json.loads(data)
-        except json.JSONDecodeError:
-            raise MemberUnreachable(f"{self.address}: answered HTTP {response.status} without JSON") from None
-        if not isinstance(reply, dict) or response.status != 200:
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise MemberUnreachable(f"{self.address}: answered HTTP {status} without JSON") from None
+        if not isinstance(reply, dict) or status != 200:
             error = reply.get("error") if isinstance(reply, dict) else reply
-            raise MemberUnreachable(f"{self.address}: HTTP {response.status}: {error}")
+            raise MemberUnreachable(f"{self.address}: HTTP {status}: {error}")
         return reply
+
+    async def _request(self, method: str, path: str, body: Mapping[str, Any] | None) -> tuple[int, bytes]:
+        host, port = split_address(self.address, self.default_port)
+        netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        data = json.dumps(body or {}).encode() if method == "POST" else None
+        connector = aiohttp.TCPConnector(ssl=self.tls, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with (
+            aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+            session.request(method, f"https://{netloc}{path}", data=data, headers=headers) as response,
+        ):
+            return response.status, await response.content.read(MAX_BODY * 16)
 
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/v1/status")

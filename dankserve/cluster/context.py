@@ -7,12 +7,20 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dankserve.cluster.api import ClusterClient, ClusterServer, read_token, split_address
+from dankserve.cluster.api import (
+    ClusterClient,
+    ClusterServer,
+    GroupTls,
+    limits_of,
+    read_token,
+    split_address,
+    tls_of,
+)
 from dankserve.cluster.follower import FollowerService
 from dankserve.cluster.group import GroupConfig, GroupRuntime
 from dankserve.cluster.per_host import follower_gpus
 from dankserve.cluster.ray_node import ray_executable
-from dankserve.errors import ConfigError, MemberUnreachable
+from dankserve.errors import ConfigError, EnvironmentUnusable, MemberUnreachable
 from dankserve.host.model import Host
 from dankserve.plan.cluster import LEADER, GroupMember
 from dankserve.planning import compile_cache_dir
@@ -33,6 +41,15 @@ class ClusterContext:
         self.settings = settings
         self._groups: dict[str, GroupRuntime] = {}
         self._by_name: dict[str, GroupRuntime] = {}
+        self._tls: GroupTls | None = None
+
+    def tls(self) -> GroupTls:
+        """This host's TLS contexts, loaded once (a ConfigError when [cluster] names unusable files)."""
+        cluster = self.settings.cluster
+        assert cluster is not None
+        if self._tls is None:
+            self._tls = tls_of(cluster)
+        return self._tls
 
     # -- leader ---------------------------------------------------------------------------------
     def _require_cluster(self, dep: DeploymentSettings) -> tuple[str, str]:
@@ -40,14 +57,16 @@ class ClusterContext:
         if cluster is None:
             raise ConfigError(
                 f"a deployment names hosts {dep.hosts} but this daemon has no [cluster] section",
-                fix='add [cluster] with listen = "THIS-HOST-ADDRESS:7390" and token_file (docs/MULTI-HOST.md)',
+                fix='add [cluster] with listen = "THIS-HOST-ADDRESS:7390" and token_file '
+                "(the same token file on every host of the group)",
             )
         token_file = dep.cluster_token_file or cluster.token_file
         return split_address(cluster.listen, API_PORT)[0], read_token(token_file)
 
     def clients(self, dep: DeploymentSettings) -> tuple[ClusterClient, ...]:
         _, token = self._require_cluster(dep)
-        return tuple(ClusterClient(address, token, timeout=2.0, default_port=API_PORT) for address in dep.hosts)
+        tls = self.tls().client
+        return tuple(ClusterClient(address, token, tls, timeout=2.0, default_port=API_PORT) for address in dep.hosts)
 
     def members(self, dep: DeploymentSettings, host: Host) -> list[GroupMember]:
         """This host and every follower's hardware (MemberUnreachable when one does not answer)."""
@@ -118,7 +137,16 @@ class ClusterContext:
             cache_root=lambda deployment: compile_cache_dir(settings, deployment),
         )
         service.remove_stale()
-        server = ClusterServer(split_address(cluster.listen, API_PORT), read_token(cluster.token_file), service)
+        address = split_address(cluster.listen, API_PORT)
+        try:
+            server = ClusterServer(
+                address, read_token(cluster.token_file), service, self.tls().server, limits_of(cluster)
+            )
+        except OSError as exc:
+            raise EnvironmentUnusable(
+                f"the cluster API cannot listen on {cluster.listen}: {exc.strerror or exc}",
+                fix="set [cluster] listen to an address of this host that is free",
+            ) from None
         server.start()
 
         def close() -> None:

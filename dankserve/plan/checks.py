@@ -9,7 +9,7 @@ exceeds the GPUs, GPUs shared beyond 0.95, and flags the target vLLM release lac
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from dankserve.errors import ConfigError, InfeasiblePlan, UnknownValueError
 from dankserve.host.model import Gpu, Host
@@ -207,7 +207,8 @@ def check_max_model_len(
         f"beside the weights; vLLM would stop with \"To serve at least one request with the model's max seq len "
         f"({length}), ({need / 2**30:.2f} GiB KV cache is needed, which is larger than the available KV cache "
         f'memory ...)"',
-        fix=f"set max_model_len to {fits} or less{auto}, or use more GPUs / an fp8 KV cache",
+        fix=f"set max_model_len to {fits} or less{auto}, raise gpu_memory_utilization (beyond the recommended "
+        "band, with less headroom), or use more GPUs / an fp8 KV cache",
     )
 
 
@@ -254,14 +255,20 @@ def _releases_with(flag: str, catalogue: Catalogue | None) -> str:
     return f" (added in {first})"
 
 
-def check_gpu_sharing(plans: Sequence[Plan]) -> None:
-    """GPUs shared by deployments whose memory utilisations add up above 0.95: exit 4."""
+def check_gpu_sharing(plans: Sequence[Plan], involving: Collection[str] | None = None) -> None:
+    """GPUs shared by deployments whose memory utilisations add up above 0.95: exit 4.
+
+    With `involving`, only GPUs that one of those deployments uses are checked (`plan NAME`
+    checks NAME against the others, not the others among themselves).
+    """
     users: dict[int, list[Plan]] = {}
     for plan in plans:
         for index in plan.gpu_indices:
             users.setdefault(index, []).append(plan)
     for index, sharing in sorted(users.items()):
         if len(sharing) < 2:
+            continue
+        if involving is not None and not any(p.deployment in involving for p in sharing):
             continue
         total = sum(p.gpu_memory_utilization or 0.0 for p in sharing)
         if total > MAX_SHARED_UTILISATION + 1e-9:
@@ -272,3 +279,30 @@ def check_gpu_sharing(plans: Sequence[Plan]) -> None:
                 fix="set gpu_memory_utilization in each of these deployments so they sum to 0.95 or less, "
                 "or give them different GPUs (gpus)",
             )
+
+
+HOST_RAM_RESERVE_FRACTION = 0.125
+HOST_RAM_RESERVE_MIN = 8 << 30
+
+
+def host_ram_limit(total_bytes: int) -> int:
+    """RAM the servers may pin for CPU offload: the total less a reserve for the OS, vLLM's own
+    processes and the page cache (max(8 GiB, 1/8)). The total, not the live available RAM: that
+    already lacks what running servers pinned, so a plan made beside them would refuse itself."""
+    return max(0, total_bytes - max(HOST_RAM_RESERVE_MIN, int(total_bytes * HOST_RAM_RESERVE_FRACTION)))
+
+
+def check_host_ram(plans: Sequence[Plan], host: Host) -> None:
+    """CPU KV offload and offloaded weights of every deployment together above the host's RAM: exit 4."""
+    users = [p for p in plans if p.host_ram_bytes > 0]
+    total = sum(p.host_ram_bytes for p in users)
+    limit = host_ram_limit(host.memory.total_bytes)
+    if total <= limit:
+        return
+    parts = " + ".join(f"{p.deployment} {gib(p.host_ram_bytes)}" for p in users)
+    raise InfeasiblePlan(
+        f"CPU offload of the deployments needs {gib(total)} of host RAM ({parts}), more than the {gib(limit)} "
+        f"this host can give ({gib(host.memory.total_bytes)} less a reserve for the system)",
+        fix='set kv_offload (GiB, or "off") in the deployments so they add up to at most '
+        f"{int(limit / 2**30)} GiB, or reduce cpu_offload",
+    )

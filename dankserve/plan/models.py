@@ -6,12 +6,12 @@ They come from the Hugging Face cache layout under `hf_cache_dir`
 sizes), and fill their gaps from the deployment's declared `model_facts`. A fact found in
 neither stays None: the checks that need it are skipped with a warning, never guessed.
 
-`read_model_files` is the only function here that touches files; everything else is pure.
+Everything here is pure: `dankserve.hub.cache` reads the files, `dankserve.hub.remote` asks
+the Hub.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -61,6 +61,8 @@ class ModelFacts:
     """False for attention that the per-token KV estimate does not describe (MLA, sliding-window,
     linear-attention hybrids): the KV-size checks are then skipped."""
     kv_layout_note: str | None = None
+    model_type: str | None = None
+    """config.json's model_type (qwen3, llama ...): picks the family's parsers."""
     source: str = "unknown"
     """Where the facts came from: the snapshot directory, 'declared in config', or both."""
 
@@ -124,6 +126,7 @@ def parse_config(model: str, config: Mapping[str, Any]) -> ModelFacts:
         dtype_bytes=DTYPE_BYTES.get(str(dtype)) if dtype else None,
         kv_layout_standard=layout_note is None,
         kv_layout_note=layout_note,
+        model_type=str(config["model_type"]) if isinstance(config.get("model_type"), str) else None,
     )
 
 
@@ -167,7 +170,7 @@ def declared_facts(model: str, declared: DeclaredModelFacts) -> ModelFacts:
 
 
 def merge_facts(found: ModelFacts | None, declared: ModelFacts | None, model: str) -> ModelFacts:
-    """The HF cache's facts, with the gaps filled from the declared ones."""
+    """The found facts (HF cache or Hub) with the declared ones on top: `model_facts` overrides."""
     if found is None and declared is None:
         return ModelFacts(model=model)
     if found is None:
@@ -175,15 +178,57 @@ def merge_facts(found: ModelFacts | None, declared: ModelFacts | None, model: st
         return declared
     if declared is None:
         return found
-    filled = {
+    overridden = {
         f.name: getattr(declared, f.name)
         for f in fields(ModelFacts)
-        if f.name not in {"model", "source", "kv_layout_standard", "kv_layout_note"}
-        and getattr(found, f.name) is None
+        if f.name not in {"model", "source", "kv_layout_standard", "kv_layout_note", "model_type"}
         and getattr(declared, f.name) is not None
+        and getattr(declared, f.name) != getattr(found, f.name)
     }
-    source = f"{found.source}, gaps filled from config" if filled else found.source
-    return replace(found, **filled, source=source)
+    source = f"{found.source}, {', '.join(sorted(overridden))} from model_facts" if overridden else found.source
+    return replace(found, **overridden, source=source)
+
+
+# safetensors dtype names -> bytes per parameter (the header's `dtype`)
+SAFETENSORS_DTYPE_BYTES: Mapping[str, float] = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F4": 0.5,
+    "F6_E2M3": 0.75,
+    "F6_E3M2": 0.75,
+}
+
+
+def bytes_of_parameters(parameter_count: Mapping[str, int]) -> int | None:
+    """Weight bytes from safetensors' parameter count per dtype (None when a dtype is unknown)."""
+    total = 0.0
+    for dtype, count in parameter_count.items():
+        size = SAFETENSORS_DTYPE_BYTES.get(dtype.upper())
+        if size is None:
+            return None
+        total += size * count
+    return int(total) if total > 0 else None
+
+
+def facts_from_hub(model: str, config: Mapping[str, Any], parameter_bytes: int | None, commit: str) -> ModelFacts:
+    """Facts from a Hub repo's config.json and its safetensors headers."""
+    return replace(
+        parse_config(model, config), parameter_bytes=parameter_bytes, source=f"the Hub, commit {commit[:12]}"
+    )
 
 
 @dataclass(frozen=True)
@@ -194,50 +239,6 @@ class ModelFiles:
     config: Mapping[str, Any]
     index: Mapping[str, Any] | None
     safetensors_sizes: tuple[int, ...]
-
-
-def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path | None:
-    """Where a model's files live in an HF cache, or None when it is not cached.
-
-    `model` is ORG/NAME, or a path: one under the container's HF cache mount maps into
-    `hf_cache_dir`; another absolute path is used as it is.
-    """
-    if model.startswith("/"):
-        path = Path(model)
-        if model.startswith(CONTAINER_HF_CACHE + "/"):
-            path = hf_cache_dir / model.removeprefix(CONTAINER_HF_CACHE + "/")
-        return path if path.is_dir() else None
-    repo = hf_cache_dir / "hub" / ("models--" + model.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    wanted = revision or "main"
-    if (snapshots / wanted).is_dir():  # a commit hash
-        return snapshots / wanted
-    ref = repo / "refs" / wanted
-    if ref.is_file():
-        commit = ref.read_text(encoding="utf-8").strip()
-        return snapshots / commit if (snapshots / commit).is_dir() else None
-    cached = [p for p in snapshots.iterdir() if p.is_dir()]
-    return cached[0] if revision is None and len(cached) == 1 else None
-
-
-def read_model_files(hf_cache_dir: Path, model: str, revision: str | None) -> ModelFiles | None:
-    """The edge: a cached snapshot's config, weight index and safetensors sizes (None if not cached)."""
-    snapshot = snapshot_dir(hf_cache_dir, model, revision)
-    if snapshot is None:
-        return None
-    try:
-        config = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    index_path = snapshot / "model.safetensors.index.json"
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else None
-    except (OSError, ValueError):
-        index = None
-    sizes = tuple(p.stat().st_size for p in sorted(snapshot.glob("*.safetensors")) if p.exists())
-    return ModelFiles(snapshot, config if isinstance(config, dict) else {}, index, sizes)
 
 
 def facts_from_files(model: str, files: ModelFiles) -> ModelFacts:

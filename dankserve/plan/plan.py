@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, gpu_choice, rules
+from dankserve.plan import checks, extra_args, families, gpu_choice, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
@@ -54,6 +54,9 @@ class Sizing:
     compute_capability: tuple[int, int]
     context: Decision[str | None]
     warnings: tuple[str, ...]
+    kv_capacity: int | None = None
+    """Bytes for the KV cache on each GPU (estimated, or learned from a boot)."""
+    kv_bytes_per_token: float | None = None
 
 
 def plan_deployment(
@@ -68,6 +71,8 @@ def plan_deployment(
     catalogue: Catalogue | None = None,
 ) -> Plan:
     """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4)."""
+    absorbed = extra_args.absorb(deployment, name)
+    deployment = absorbed.deployment
     validate_values(deployment, caps, catalogue)
     assigned = checks.resolve_gpus(host, deployment.gpus, name)
     checks.check_has_gpus(assigned, name)
@@ -79,6 +84,8 @@ def plan_deployment(
     warnings += memory_flags(flags, deployment, sizing, caps, learned_kv_cache_memory_bytes)
     warnings += offload_flags(flags, deployment, host, sizing, caps)
     serving_flags(flags, deployment)
+    warnings += model_flags(flags, deployment, model, caps)
+    access_log_flags(flags, caps)
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
@@ -88,11 +95,15 @@ def plan_deployment(
     unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
     if unknown_extra:
         warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")
+    choices = _replace_from_extra(flags.choices, absorbed.replaced)
 
     argv: list[str] = [deployment.model]
-    for choice in flags.choices:
+    for choice in choices:
         argv.extend(choice.tokens())
     argv.extend(deployment.extra_args)  # verbatim, last
+    max_num_seqs = next(
+        (int(c.value) for c in choices if c.flag == "--max-num-seqs" and isinstance(c.value, str)), None
+    )
     return Plan(
         deployment=name,
         image=deployment.image,
@@ -100,7 +111,7 @@ def plan_deployment(
         vllm_version=caps.version,
         argv=tuple(argv),
         env=rules.container_env(vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **deployment.env}),
-        flags=tuple(flags.choices),
+        flags=tuple(choices),
         warnings=tuple(warnings),
         gpu_indices=tuple(g.index for g in sizing.gpus),
         gpu_uuids=tuple(g.uuid for g in sizing.gpus),
@@ -111,7 +122,62 @@ def plan_deployment(
         gpu_memory_utilization=sizing.utilisation.value,
         max_model_len=sizing.context.value,
         kv_cache_dtype=sizing.kv_cache_dtype.value,
+        capacity=rules.capacity(
+            sizing.context.value,
+            model.max_position_embeddings,
+            sizing.kv_capacity,
+            sizing.kv_bytes_per_token,
+            max_num_seqs,
+        ),
+        host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value),
     )
+
+
+def _replace_from_extra(choices: list[FlagChoice], replaced: frozenset[str]) -> list[FlagChoice]:
+    """Planned flags that extra_args sets: setting-backed ones say so, the others give way to extra_args."""
+    from dankserve.plan.extra_args import SETTING_FLAGS
+
+    kept: list[FlagChoice] = []
+    for choice in choices:
+        if choice.flag not in replaced:
+            kept.append(choice)
+        elif choice.flag in SETTING_FLAGS:
+            kept.append(FlagChoice(choice.flag, choice.value, f"set in extra_args ({choice.flag}); {choice.reason}"))
+    return kept
+
+
+def host_ram_bytes(argv: Sequence[str], tensor_parallel_size: int) -> int:
+    """Host RAM the server pins besides its process: CPU KV offload (a total; `--swap-space` is per
+    GPU) and offloaded weights (`--cpu-offload-gb` is per GPU), read from the final argv."""
+    total = 0.0
+    for i, token in enumerate(argv[:-1]):
+        try:
+            value = float(argv[i + 1])
+        except ValueError:
+            continue
+        if token == "--kv-offloading-size":
+            total += value * GIB
+        elif token in ("--swap-space", "--cpu-offload-gb"):
+            total += value * GIB * tensor_parallel_size
+    return int(total)
+
+
+def model_flags(flags: _Flags, deployment: DeploymentSettings, model: ModelFacts, caps: VllmCapabilities) -> list[str]:
+    """The model family's reasoning and tool-call parsers (each switchable off)."""
+    proposed, warnings = families.family_flags(model, caps, deployment.reasoning_parser, deployment.tool_call_parser)
+    for f in proposed:
+        flags.add(f.flag, f.value, f.reason, f.cause)
+    return warnings
+
+
+def check_inputs(
+    name: str, deployment: DeploymentSettings, host: Host, caps: VllmCapabilities, catalogue: Catalogue | None
+) -> None:
+    """What plan_deployment checks of the user's values (exit 2), without model facts: run before
+    fetching them, so a typo is reported as such even where the Hub cannot be reached."""
+    deployment = extra_args.absorb(deployment, name).deployment
+    validate_values(deployment, caps, catalogue)
+    checks.resolve_gpus(host, deployment.gpus, name)
 
 
 def legacy_env(deployment: DeploymentSettings, caps: VllmCapabilities) -> dict[str, str]:
@@ -150,8 +216,7 @@ def size_memory(
 ) -> Sizing:
     """Utilisation, KV dtype, TP and context length, with the fit checks (exit 4)."""
     warnings: list[str] = []
-    util = rules.gpu_memory_utilization(assigned, deployment.gpu_memory_utilization)
-    budget = int(util.value * rules.smallest_gpu(assigned).memory_total_bytes)
+    smallest = rules.smallest_gpu(assigned)
     low = min(tuple(g.compute_capability) for g in assigned)
     cc = (low[0], low[1])
     dtype = rules.kv_cache_dtype(deployment.kv_cache_dtype, cc, deployment.attention_backend, caps)
@@ -163,6 +228,13 @@ def size_memory(
         return model.kv_bytes_per_token(element_bytes, tp) if element_bytes is not None else None
 
     wanted = deployment.max_model_len if isinstance(deployment.max_model_len, int) else None
+    by_fit = deployment.gpu_memory_utilization is None and model.parameter_bytes is not None
+    if by_fit:  # TP by the band's top; then the lowest point of the band that holds it
+        row = rules.utilisation_row(smallest)
+        util = Decision(row.top, "")
+    else:
+        util = rules.gpu_memory_utilization(assigned, deployment.gpu_memory_utilization)
+    budget = int(util.value * smallest.memory_total_bytes)
     tp = rules.tensor_parallel_size(
         len(assigned),
         budget,
@@ -171,16 +243,22 @@ def size_memory(
         kv_one_sequence_at=_one_sequence(wanted, len(assigned), kv_per_token),
         cpu_offload_bytes_per_gpu=offload_per_gpu,
     )
+    if by_fit and model.parameter_bytes is not None:
+        util = _utilisation_by_fit(
+            deployment, model, assigned, tp=tp.value, offload_per_gpu=offload_per_gpu, per_token=kv_per_token(tp.value)
+        )
+        budget = int(util.value * smallest.memory_total_bytes)
+        reason = _refit_reason(
+            tp, budget, model, offload_per_gpu=offload_per_gpu, wanted=wanted, kv_per_token=kv_per_token
+        )
+        tp = Decision(tp.value, reason)
     checks.check_tensor_parallel(tp.value, len(assigned), model)
     chosen = gpu_choice.choose_gpus(host, assigned, tp.value)
     used = chosen.value
     checks.check_cores(host, tp.value)
     if len(used) < len(assigned):
         tp = Decision(tp.value, f"{tp.reason}; uses {chosen.reason}")
-        warnings.append(
-            f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp.value}): "
-            f"GPUs {', '.join(str(g.index) for g in used)}"
-        )
+        warnings.append(_idle_warning(assigned, used, tp.value))
     if model.missing:
         warnings.append(
             f"model facts unknown for {model.model} ({', '.join(model.missing)}): the checks needing them are "
@@ -210,7 +288,67 @@ def size_memory(
         ok, why = rules.fp8_supported(cc, deployment.attention_backend)
         if not ok:
             warnings.append(f"kv_cache_dtype {deployment.kv_cache_dtype} may fail here: {why}")
-    return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings))
+    return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings), kv_capacity, per_token)
+
+
+def _idle_warning(assigned: tuple[Gpu, ...], used: tuple[Gpu, ...], tp: int) -> str:
+    idle = [g.index for g in assigned if g not in used]
+    several = len(idle) > 1
+    return (
+        f"uses {len(used)} of the {len(assigned)} assigned GPUs (tensor parallel size {tp}): "
+        f"GPUs {', '.join(str(g.index) for g in used)}; GPU{'s' if several else ''} "
+        f"{', '.join(map(str, idle))} stay{'' if several else 's'} idle (narrow gpus to free "
+        f"{'them' if several else 'it'} for another deployment, or set tensor_parallel_size to use "
+        f"{'them' if several else 'it'})"
+    )
+
+
+def _utilisation_by_fit(
+    deployment: DeploymentSettings,
+    model: ModelFacts,
+    assigned: tuple[Gpu, ...],
+    *,
+    tp: int,
+    offload_per_gpu: int,
+    per_token: float | None,
+) -> Decision[float]:
+    """The band's lowest point holding weights, reserve and one request of the wanted context."""
+    assert model.parameter_bytes is not None
+    base = rules.gpu_fit(tp, 0, model.parameter_bytes, 0, offload_per_gpu)
+    required = base.weights + base.reserve
+    what = f"weights {rules.gib(base.weights)} + reserve {rules.gib(base.reserve)}"
+    length: int | None = None
+    if isinstance(deployment.max_model_len, int):
+        length = deployment.max_model_len
+    elif deployment.max_model_len is None:
+        length = model.max_position_embeddings
+    desired = required
+    if length is not None and per_token is not None:
+        kv = int(length * per_token)
+        desired = required + kv
+        what += f" + KV for one {length:,}-token request {rules.gib(kv)}"
+        if isinstance(deployment.max_model_len, int):
+            required = desired
+    return rules.utilisation_by_fit(assigned, required, desired, what)
+
+
+def _refit_reason(
+    tp: Decision[int],
+    budget: int,
+    model: ModelFacts,
+    *,
+    offload_per_gpu: int,
+    wanted: int | None,
+    kv_per_token: Callable[[int], float | None],
+) -> str:
+    """The TP reason with the fit at the chosen utilisation (it was chosen at the band's top)."""
+    if model.parameter_bytes is None or "set in config" in tp.reason or "no split" in tp.reason:
+        return tp.reason
+    per_token = kv_per_token(tp.value)
+    kv = int(wanted * per_token) if wanted is not None and per_token is not None else 0
+    fit = rules.gpu_fit(tp.value, budget, model.parameter_bytes, kv, offload_per_gpu)
+    head = tp.reason.split(":", 1)[0]
+    return f"{head}: {fit.describe()}"
 
 
 def _one_sequence(length: int | None, gpu_count: int, kv_per_token: Callable[[int], float | None]) -> dict[int, int]:
@@ -295,7 +433,7 @@ def offload_flags(
             )
         warnings.append(
             "cpu_offload keeps weights in CPU memory: every forward pass copies them over PCIe, "
-            "so latency rises a lot (seeds: a memory-saving measure, not a speed-up)"
+            "so latency rises a lot (a memory-saving measure, not a speed-up)"
         )
     return warnings
 
@@ -318,6 +456,28 @@ def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
     if deployment.speculative is not None:
         flags.decision(
             "--speculative-config", rules.speculative_config(deployment.speculative, deployment.profile), "speculative"
+        )
+    if deployment.served_model_name is not None:
+        flags.add(
+            "--served-model-name",
+            deployment.served_model_name,
+            "set in config: the name clients send as `model` (and the gateway lists)",
+            "served_model_name",
+        )
+
+
+PROBED_ENDPOINTS = ("/health", "/metrics", "/ping")
+"""What dankserve itself asks the server all the time: kept out of its access log."""
+
+
+def access_log_flags(flags: _Flags, caps: VllmCapabilities) -> None:
+    """Keep dankserve's own probes out of the server's access log, where the release can."""
+    if caps.has("--disable-access-log-for-endpoints"):
+        flags.add(
+            "--disable-access-log-for-endpoints",
+            ",".join(PROBED_ENDPOINTS),
+            "dankserve polls /health and reads /metrics all the time: their lines would drown the requests",
+            "dankserve's probes",
         )
 
 

@@ -15,6 +15,7 @@ from typing import Generic, Literal, TypeVar
 from dankserve.host.model import Gpu, Host, Memory
 from dankserve.plan.catalogue import VllmCapabilities
 from dankserve.plan.models import ModelFacts
+from dankserve.plan.types import Capacity
 from dankserve.settings import CpuOffloadSettings, Profile, SpeculativeSettings
 
 T = TypeVar("T")
@@ -59,14 +60,15 @@ class UtilisationRow:
     """The band's upper end: where a no-KV-memory remediation raises an unset utilisation."""
 
 
-# Seed table (Hybrid CPU GPU Processing, "GPU Memory Utilization"). Each band's lower end:
-# the fraction caps everything vLLM allocates on the GPU, so the lower end leaves the most
-# headroom for CUDA-graph and activation estimates that run over and for other GPU users.
-UTIL_24GB = UtilisationRow("24 GB class (RTX 3090/4090) or smaller", "0.7-0.8", 0.70, 0.80)
-UTIL_40GB = UtilisationRow("40 GB class (A100 40 GB; 48 GB cards too)", "0.8-0.9", 0.80, 0.90)
-UTIL_80GB_A100 = UtilisationRow("80 GB class, before Hopper (A100 80 GB)", "0.85-0.95", 0.85, 0.95)
-UTIL_80GB_H100 = UtilisationRow("80 GB class, Hopper or newer (H100)", "0.9-0.95", 0.90, 0.95)
-UTIL_ABOVE_80GB = UtilisationRow("above 80 GB (H200 141 GB, B200)", "0.9-0.95 (the H100 row)", 0.90, 0.95)
+# Recommended bands (the project's seed notes, "GPU Memory Utilization"). The fraction caps
+# everything vLLM allocates on the GPU; the planner takes the lowest point of the band that
+# holds the weights, the runtime reserve and one request's KV cache, leaving the most headroom
+# for CUDA-graph and activation estimates that run over and for other GPU users.
+UTIL_24GB = UtilisationRow("24 GB cards (RTX 3090/4090) and smaller", "0.70-0.80", 0.70, 0.80)
+UTIL_40GB = UtilisationRow("40-48 GB cards (A100 40 GB, L40S, RTX 6000)", "0.80-0.90", 0.80, 0.90)
+UTIL_80GB_A100 = UtilisationRow("80 GB cards before Hopper (A100 80 GB)", "0.85-0.95", 0.85, 0.95)
+UTIL_80GB_H100 = UtilisationRow("80 GB Hopper cards (H100)", "0.90-0.95", 0.90, 0.95)
+UTIL_ABOVE_80GB = UtilisationRow("cards above 80 GB (H200 141 GB, B200)", "0.90-0.95", 0.90, 0.95)
 
 CLASS_40GB_MIN_GIB = 32
 CLASS_80GB_MIN_GIB = 60
@@ -74,7 +76,7 @@ CLASS_ABOVE_80GB_MIN_GIB = 100
 
 
 def utilisation_row(gpu: Gpu) -> UtilisationRow:
-    """The seed-table row of a GPU: by nominal size class; at 80 GB, by architecture."""
+    """The recommended band of a GPU: by nominal size class; at 80 GB, by architecture."""
     size_gib = gpu.memory_total_bytes / GIB
     if size_gib < CLASS_40GB_MIN_GIB:
         return UTIL_24GB
@@ -91,17 +93,45 @@ def smallest_gpu(gpus: Sequence[Gpu]) -> Gpu:
 
 
 def gpu_memory_utilization(gpus: Sequence[Gpu], configured: float | None) -> Decision[float]:
-    """`--gpu-memory-utilization`: the config's value, else the seed table by the smallest GPU."""
+    """`--gpu-memory-utilization` before any fit is known: the config's value, else the band's lowest point."""
     if configured is not None:
         return Decision(configured, "set in config (gpu_memory_utilization)")
     gpu = smallest_gpu(gpus)
     row = utilisation_row(gpu)
     return Decision(
         row.value,
-        f"seed table: {row.label} -> {row.band}, lower end (smallest assigned GPU: {gpu.name}, "
-        f"{gib(gpu.memory_total_bytes)}); it caps all of vLLM's memory per GPU (weights, activations, "
-        "CUDA graphs, KV cache), the rest stays free",
+        f"recommended for {row.label}: {row.band}; the lowest point, as the model's size is unknown "
+        f"(smallest assigned GPU: {gpu.name}, {gib(gpu.memory_total_bytes)}); it caps all of vLLM's memory per GPU",
     )
+
+
+def _round_up(fraction: float) -> float:
+    return math.ceil(fraction * 100 - 1e-9) / 100
+
+
+def utilisation_by_fit(gpus: Sequence[Gpu], required: int, desired: int, desired_what: str) -> Decision[float]:
+    """The lowest point of the recommended band that holds `desired` bytes per GPU (weights, reserve
+    and one request's KV cache at the wanted context), else the band's top.
+
+    `required` is what must fit at all (weights, reserve, and the KV of a configured context);
+    when even the top does not hold it the top is returned and the fit checks refuse with the numbers.
+    """
+    gpu = smallest_gpu(gpus)
+    row = utilisation_row(gpu)
+    memory = gpu.memory_total_bytes
+    band = f"recommended for {row.label}: {row.band}"
+    holds = f"{desired_what} ({gib(desired)} of the {gib(memory)} GPU)"
+    if desired <= row.value * memory:
+        return Decision(row.value, f"{band}; its lowest point already holds {holds}, the rest stays free")
+    if desired <= row.top * memory:
+        value = min(row.top, _round_up(desired / memory))
+        return Decision(value, f"{band}; {value:.2f}, the lowest point that holds {holds}")
+    if required <= row.top * memory:
+        return Decision(
+            row.top,
+            f"{band}; its top, since no point of the band holds {holds}: the context shrinks to what fits",
+        )
+    return Decision(row.top, f"{band}; its top, and even that does not hold the weights (see the error)")
 
 
 # --------------------------------------------------------------------------- CPU KV offload (swap)
@@ -142,8 +172,8 @@ def kv_offload_gib(memory: Memory, configured: float | Literal["auto", "off"]) -
         return Decision(float(configured), "set in config (kv_offload)")
     row = swap_row(memory.total_bytes)
     if row is None:
-        return Decision(None, f"host RAM {gib(memory.total_bytes)} is below the seed table's first row (32 GB)")
-    reason = f"seed table: {row.ram_gib} GB RAM -> {row.band} GB, lower end {row.value_gib} GiB"
+        return Decision(None, f"host RAM {gib(memory.total_bytes)}: below 32 GB no CPU KV offload is recommended")
+    reason = f"recommended for {row.ram_gib} GB of RAM: {row.band} GiB; the lowest, {row.value_gib} GiB"
     available = memory.available_bytes
     if available is None:
         return Decision(float(row.value_gib), reason + " (available RAM unknown, not capped)")
@@ -337,6 +367,33 @@ def max_model_len(
     return Decision(str(largest_context(kv_capacity, kv_bytes_per_token)), f"{why}: the largest length that fits")
 
 
+def capacity(
+    context: str | None,
+    native: int | None,
+    kv_capacity: int | None,
+    kv_bytes_per_token: float | None,
+    max_num_seqs: int | None,
+) -> Capacity:
+    """The context length and full-length concurrency the plan promises (vLLM's own arithmetic:
+    `auto` takes the longest context that fits; concurrency = KV tokens / context)."""
+    tokens = None
+    if kv_capacity is not None and kv_bytes_per_token:
+        tokens = max(0, int(kv_capacity // kv_bytes_per_token)) // 16 * 16
+    if context == "auto":
+        if tokens is None or native is None:
+            length, note = None, "auto: vLLM takes the longest that fits"
+        else:
+            length = min(native, tokens)
+            note = "the model's own" if length == native else f"auto: shrunk from the model's {native:,} to fit"
+    elif context is not None:
+        length = int(context)
+        note = "as configured" if native is None or length <= native else f"beyond the model's own {native:,}"
+    else:
+        length, note = native, "the model's own"
+    concurrency = tokens / length if tokens is not None and length else None
+    return Capacity(length, note, tokens, concurrency, max_num_seqs)
+
+
 # --------------------------------------------------------------------------- KV-cache dtype
 
 
@@ -398,8 +455,8 @@ def max_num_batched_tokens(profile: Profile, configured: int | None) -> Decision
         return Decision(configured, "set in config (max_num_batched_tokens)")
     value = BATCHED_TOKENS[profile]
     if profile == "throughput":
-        return Decision(value, "throughput profile: the seeds' 8192 (larger prefill chunks, more throughput)")
-    return Decision(value, "latency profile: the seeds' 4096 (smaller prefill chunks keep decode steps short)")
+        return Decision(value, "throughput profile: 8192 (larger prefill chunks, more throughput)")
+    return Decision(value, "latency profile: 4096 (smaller prefill chunks keep decode steps short)")
 
 
 def max_num_seqs(profile: Profile, speculative: bool, configured: int | None) -> Decision[int]:
@@ -407,10 +464,10 @@ def max_num_seqs(profile: Profile, speculative: bool, configured: int | None) ->
     if configured is not None:
         return Decision(configured, "set in config (max_num_seqs)")
     if speculative:
-        return Decision(SEQS_FEW, "speculative decoding pays off at modest concurrency: the seeds' DFlash example's 32")
+        return Decision(SEQS_FEW, "speculative decoding pays off at modest concurrency: 32 (as in the DFlash example)")
     if profile == "latency":
-        return Decision(SEQS_FEW, "latency profile: fewer concurrent sequences keep each one fast (seeds: 32)")
-    return Decision(SEQS_THROUGHPUT, "throughput profile: the seeds' single-GPU example's 128")
+        return Decision(SEQS_FEW, "latency profile: 32, fewer concurrent sequences keep each one fast")
+    return Decision(SEQS_THROUGHPUT, "throughput profile: 128 concurrent sequences (a single-GPU serving default)")
 
 
 def speculative_config(spec: SpeculativeSettings, profile: Profile) -> Decision[str]:
@@ -422,9 +479,9 @@ def speculative_config(spec: SpeculativeSettings, profile: Profile) -> Decision[
     if spec.tokens is not None:
         why = "tokens set in config"
     elif profile == "throughput":
-        why = "8 tokens per step for concurrent serving (DFlash model card, in the seeds)"
+        why = "8 tokens per step for concurrent serving (the DFlash model card)"
     else:
-        why = "16 tokens per step for a single user (DFlash model card, in the seeds)"
+        why = "16 tokens per step for a single user (the DFlash model card)"
     return Decision(json.dumps(payload, sort_keys=True, separators=(",", ":")), f"{spec.method}: {why}")
 
 
@@ -522,7 +579,7 @@ def host_warnings(host: Host, gpus: Sequence[Gpu]) -> tuple[str, ...]:
     cores = host.cpu.physical_cores
     if cores < RECOMMENDED_PHYSICAL_CORES:
         warnings.append(
-            f"{cores} physical CPU cores: the seeds recommend {RECOMMENDED_PHYSICAL_CORES}+ "
+            f"{cores} physical CPU cores: {RECOMMENDED_PHYSICAL_CORES}+ are recommended "
             "(API server, engine core and one worker per GPU each want a core)"
         )
     mig = [g for g in gpus if g.mig_mode]

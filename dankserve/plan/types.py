@@ -29,6 +29,43 @@ class FlagChoice:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """What the plan promises in the user's terms: context length and concurrent full-length requests."""
+
+    context_tokens: int | None
+    """The context length each request may use (vLLM's, after an `auto` shrink), None when unknown."""
+    context_note: str
+    kv_cache_tokens: int | None
+    """Tokens the KV cache holds on each GPU (all requests together), None when unknown."""
+    concurrency: float | None
+    """Full-length requests the KV cache holds at once (vLLM's "maximum concurrency"), None when unknown."""
+    max_num_seqs: int | None
+
+    def describe(self) -> str:
+        """'context 8,192 tokens; the KV cache holds 36,864 tokens: 4.5 requests of full length at once'."""
+        if self.context_tokens is None:
+            return f"context: the model's own length ({self.context_note})"
+        text = f"context {self.context_tokens:,} tokens ({self.context_note})"
+        if self.kv_cache_tokens is not None and self.concurrency is not None:
+            text += (
+                f"; the KV cache holds about {self.kv_cache_tokens:,} tokens: {self.concurrency:.1f} requests of "
+                "full length at once"
+            )
+            if self.max_num_seqs is not None and self.concurrency < self.max_num_seqs:
+                text += f" (up to {self.max_num_seqs} shorter ones, --max-num-seqs)"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "context_tokens": self.context_tokens,
+            "context_note": self.context_note,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "concurrency": None if self.concurrency is None else round(self.concurrency, 2),
+            "max_num_seqs": self.max_num_seqs,
+        }
+
+
+@dataclass(frozen=True)
 class Plan:
     """How to run one deployment: everything the runtime needs, nothing it must work out."""
 
@@ -56,6 +93,9 @@ class Plan:
     """The planned `--max-model-len` value (None: the model's own length)."""
     kv_cache_dtype: str | None = None
     """The planned `--kv-cache-dtype`."""
+    capacity: Capacity | None = None
+    host_ram_bytes: int = 0
+    """Host RAM the server takes beyond its own process: CPU KV offload and offloaded weights."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""
@@ -65,5 +105,8 @@ class Plan:
             "argv": list(self.argv),
             "env": dict(self.env),
             "flags": [f.to_json() for f in self.flags],
+            "gpus": list(self.gpu_indices),
+            "capacity": self.capacity.to_json() if self.capacity is not None else None,
+            "host_ram_bytes": self.host_ram_bytes,
             "warnings": list(self.warnings),
         }

@@ -6,6 +6,7 @@ runtime cannot be reached, so systemd's RestartPreventExitStatus stops a restart
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +14,8 @@ from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher
 
 if TYPE_CHECKING:
     from dankserve.cluster.context import ClusterContext
@@ -76,6 +78,24 @@ def make_planner(settings: Settings, cluster: ClusterContext | None = None) -> P
     return plan
 
 
+def weights_fetcher(settings: Settings) -> WeightsFetcher:
+    """The daemon's downloads (dankserve.hub.weights), their refusals as the machine's events:
+    a gated or unknown model fails the deployment; no network or a full disk is retried."""
+    from dankserve.errors import DankserveError, InvalidInput
+    from dankserve.hub.weights import WeightsFetcher as HubWeights
+
+    fetch = HubWeights(settings)
+
+    def fetch_weights(name: str, dep: DeploymentSettings, progress: Callable[[int], None]) -> m.WeightsFailed | None:
+        try:
+            fetch(name, dep, progress)
+        except DankserveError as exc:
+            return m.WeightsFailed(exc.render(), permanent=isinstance(exc, InvalidInput))
+        return None
+
+    return fetch_weights
+
+
 def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Path | None) -> Daemon:
     """A daemon ready to run, after checking that every enabled deployment can be planned."""
     from dankserve.host.probe import load_host
@@ -93,13 +113,36 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
         runtime_for=runtimes,
         load_host=host_loader,
         hardware_file=hardware_file,
-        services=cluster.start_api,
+        services=lambda daemon: start_services(daemon, cluster),
         describe_hosts=cluster.hosts,
         follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
+        fetch_weights=weights_fetcher(settings),
     )
     daemon = Daemon(settings, deps, config_path=config_path)
     preflight(daemon)
     return daemon
+
+
+def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None]:
+    """The cluster API (with [cluster]) and the gateway (with [gateway]); the function that stops them."""
+    close_cluster = cluster.start_api(daemon)
+    gateway_settings = daemon.settings.gateway
+    if gateway_settings is None:
+        return close_cluster
+    from dankserve.gateway.daemon_link import DaemonSupervisor
+    from dankserve.gateway.service import start_gateway
+
+    try:
+        gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, DaemonSupervisor(daemon))
+    except BaseException:
+        close_cluster()
+        raise
+
+    def close() -> None:
+        gateway.close()
+        close_cluster()
+
+    return close
 
 
 def preflight(daemon: Daemon) -> None:
@@ -108,17 +151,20 @@ def preflight(daemon: Daemon) -> None:
     Every plan comes first: a configuration error (exit 2) is reported as such even when a
     runtime is unreachable too (exit 3), whatever the order of the deployments. A follower of a
     multi-host group that is not up yet is not an error here: its worker retries with backoff.
+    Neither is a Hub that does not answer for a model not yet cached (the network may come up
+    after the daemon): its worker downloads first, or plans again later.
     """
-    from dankserve.errors import MemberUnreachable
-    from dankserve.plan.checks import check_gpu_sharing
+    from dankserve.errors import HubUnreachable, MemberUnreachable
+    from dankserve.plan.checks import check_gpu_sharing, check_host_ram
 
     enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
     plans = []
     for name, dep in enabled:
         try:
             plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
-        except MemberUnreachable:
+        except (MemberUnreachable, HubUnreachable):
             continue
     check_gpu_sharing(plans)
+    check_host_ram(plans, daemon.host)
     for _, dep in enabled:
         daemon.deps.runtime_for(dep).list_workloads()

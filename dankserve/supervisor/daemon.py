@@ -21,13 +21,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from dankserve.bootlog import BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
-from dankserve.errors import ClusterUnreachable, DankserveError, EnvironmentUnusable, PodmanUnreachable
+from dankserve.errors import (
+    ClusterUnreachable,
+    DankserveError,
+    EnvironmentUnusable,
+    HubUnreachable,
+    PodmanUnreachable,
+)
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
@@ -38,15 +44,22 @@ from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, launching, learning
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
-from dankserve.supervisor.health import check_health, fetch_metrics, metric_value
+from dankserve.supervisor.health import check_health
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, all_settled, status_line
+from dankserve.supervisor.liveness import LivenessSettings
+from dankserve.supervisor.liveness_probe import LivenessMonitor, served_model_name
 from dankserve.supervisor.machine import BootOverrides
+from dankserve.supervisor.observatory import Observatory, ServingTarget
 from dankserve.supervisor.policy import FailureCause, RestartSettings
 from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.status import Metrics, deployment_status
+from dankserve.supervisor.telemetry import Telemetry, boot_kind
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
+
+if TYPE_CHECKING:
+    from dankserve.metrics import MetricsSnapshot
 
 log = structlog.get_logger("dankserve")
 
@@ -219,6 +232,9 @@ class DeploymentWorker:
         self._fed = 0  # lines of the current workload's log read so far (a resumed stream skips them)
         self._follower = 0  # the current log follower's number: lines of older ones are dropped
         self._following: str | None = None
+        self._alive: LivenessMonitor | None = None  # beyond /health, while ready
+        self._last_cause: str | None = None  # the failure a RecordRestart that follows restarts after
+        daemon.telemetry.track(name)
         self._runtimes: dict[str, Runtime] = {}
         """The runtime of each workload seen: a reload may change the deployment's runtime, never an old workload's."""
 
@@ -281,7 +297,43 @@ class DeploymentWorker:
                 self._on_line(item)
             else:
                 self._feed(item)
+            self._watch_liveness()
         self._release()
+
+    def _watch_liveness(self) -> None:
+        """While ready: the liveness checks beyond /health; a hung engine is fed as LivenessFailed."""
+        state = self.machine
+        if state.stage is not m.Stage.READY or state.boot is None:
+            self._alive = None
+            return
+        now = self.clock.monotonic()
+        if self._alive is None or self._alive.workload_id != state.boot.workload_id:
+            self._alive = self._liveness_monitor(state.boot.workload_id, now)
+        evidence = self._alive.step(now)
+        if evidence is not None:
+            self._alive = None
+            self.log.warning("engine_hung", evidence=evidence)
+            self._feed(m.LivenessFailed(FailureCause.ENGINE_HUNG, evidence))
+
+    def _liveness_monitor(self, workload_id: str | None, now: float) -> LivenessMonitor:
+        daemon = self.daemon
+        settings = daemon.settings
+        with self.lock:
+            dep = self.dep
+        return LivenessMonitor(
+            name=self.name,
+            workload_id=workload_id,
+            host=dep.host,
+            port=dep.port,
+            model=served_model_name(tuple(dep.extra_args), dep.model),  # the planner never renames it
+            api_key_file=dep.api_key_file,
+            settings=LivenessSettings(settings.stall_seconds, settings.liveness_interval_seconds),
+            timeout=settings.liveness_timeout_seconds,
+            sample=lambda: daemon.observatory.sample(self.name),
+            telemetry=daemon.telemetry,
+            now=now,
+            wall=self.clock.time,
+        )
 
     def _on_line(self, item: _Line) -> None:
         if item.follower != self._follower:
@@ -335,7 +387,7 @@ class DeploymentWorker:
     def _execute(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
-        except (PodmanUnreachable, ClusterUnreachable) as exc:
+        except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
             return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
         except DankserveError as exc:
             return m.Refused(exc.render())
@@ -424,8 +476,11 @@ class DeploymentWorker:
         match command:
             case m.RecordFailure(cause=cause, message=message):
                 daemon.state.record_failure(self.name, cause, message, self.clock.time())
+                daemon.telemetry.failed(self.name, cause)
+                self._last_cause = cause
             case m.RecordRestart():
                 daemon.state.record_restart(self.name)
+                daemon.telemetry.restarted(self.name, self._last_cause or FailureCause.OTHER.value)
             case m.RecordBoot():
                 self._record_boot(command)
             case m.ForgetLearned(boot_key=key):
@@ -557,6 +612,12 @@ class DeploymentWorker:
     def _record_boot(self, command: m.RecordBoot) -> None:
         state = self.daemon.state
         state.record_boot(self.name, command.facts, command.kv_bytes, command.learned_used)
+        boot = self.machine.boot
+        if boot is not None and not boot.adopted:  # an adopted boot's start was not seen: no duration, no kind
+            took = round((boot.ready_at or self.clock.monotonic()) - boot.started_at, 3)  # recorded as it turns ready
+            kind = boot_kind(compile_cache_hit=command.facts.compile_cache_hit, learned_bytes_used=command.learned_used)
+            self.daemon.telemetry.booted(self.name, kind, took, command.facts.compile_cache_hit)
+        self.daemon.observatory.poke()
         if command.baseline and command.boot_key is not None:
             learned = learning.learn_from_boot(command.facts, command.baseline, self.clock.time())
             if learned is not None and state.learned(self.name, command.boot_key) is None:
@@ -616,6 +677,24 @@ class Daemon:
         self._ready_sent = False
         self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
+        self.telemetry = Telemetry()
+        self.observatory = Observatory(
+            targets=self._serving_targets,
+            read_gpus=lambda: read_gpu_memory([g.uuid for g in self.host.gpus], deps.hardware_file, self.host),
+            telemetry=self.telemetry,
+            interval=settings.serving_scrape_interval_seconds,
+            preemption_interval=settings.preemption_warning_interval_seconds,
+        )
+
+    def _serving_targets(self) -> list[ServingTarget]:
+        """The ready deployments, whose /metrics the observatory reads."""
+        targets = []
+        for name, worker in self.snapshot().items():
+            if worker.machine.stage is m.Stage.READY:
+                with worker.lock:
+                    dep = worker.dep
+                targets.append(ServingTarget(name, dep.host, dep.port))
+        return targets
 
     # -- called by workers -------------------------------------------------------------------
     def phase_changed(self) -> None:
@@ -663,6 +742,7 @@ class Daemon:
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
         previous = self._install_signals()
         close_services: Callable[[], None] = lambda: None  # noqa: E731
+        close_metrics: Callable[[], None] = lambda: None  # noqa: E731
         try:
             try:
                 control.start()
@@ -671,6 +751,8 @@ class Daemon:
                     f"cannot listen on the control socket {control.path}: {exc.strerror or exc}",
                     fix="make the state dir writable (the state_dir setting or DANKSERVE_STATE_DIR names it)",
                 ) from None
+            self.observatory.start()
+            close_metrics = self._start_metrics()
             if self.deps.services is not None:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
@@ -685,12 +767,67 @@ class Daemon:
             self.notifier.stopping()
             self._stop_all()
             close_services()
+            close_metrics()
+            self.observatory.close()
             control.close()
             self.state.flush()
             held.release()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             log.info("daemon_stopped")
+
+    def _start_metrics(self) -> Callable[[], None]:
+        """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
+        from dankserve.metrics import MetricsServer
+        from dankserve.settings import is_loopback, parse_listen
+
+        if self.settings.metrics_listen is None:
+            return lambda: None
+        address, port = parse_listen(self.settings.metrics_listen)
+        server = MetricsServer(address, port, self.metrics_snapshot)
+        try:
+            server.start()
+        except OSError as exc:
+            raise EnvironmentUnusable(
+                f"cannot serve metrics on {self.settings.metrics_listen}: {exc.strerror or exc}",
+                fix="choose a free address and port in metrics_listen, or leave it unset for no metrics endpoint",
+            ) from None
+        if not is_loopback(address):
+            log.warning(
+                "metrics_exposed", listen=self.settings.metrics_listen, hint="anyone reaching it reads the metrics"
+            )
+        log.info("metrics_listening", listen=self.settings.metrics_listen)
+        return server.close
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What /metrics shows now: the same documents, telemetry and readings status reads."""
+        from dankserve.metrics import DeploymentFacts, MetricsSnapshot
+
+        facts = []
+        workers = self.snapshot()
+        for name in sorted(self.settings.deployments):
+            doc = self._deployment_status(name, workers.get(name), with_hosts=False)
+            ready = doc["uptime_seconds"]
+            facts.append(
+                DeploymentFacts(
+                    name=doc["name"],
+                    state=doc["state"],
+                    phase=doc["phase"],
+                    model=doc["model"],
+                    image=doc["image"],
+                    vllm_version=doc["vllm_version"],
+                    kv_cache_memory_bytes=doc["kv_cache_memory_bytes"],
+                    kv_cache_learned_used=bool(doc["kv_cache_learned_used"]),
+                    ready_seconds=None if ready is None else float(ready),
+                )
+            )
+        return MetricsSnapshot(
+            deployments=tuple(facts),
+            telemetry=self.telemetry.snapshot(),
+            serving=self.observatory.samples(),
+            scrape_ok=self.observatory.scrape_ok(),
+            gpus=self.observatory.gpus(),
+        )
 
     def _claim_running_boots(self, deployments: Mapping[str, DeploymentSettings]) -> None:
         """Before any worker starts: give each workload an earlier daemon left running its GPUs' boot slot.
@@ -879,13 +1016,15 @@ class Daemon:
             deployments.append(self._deployment_status(name, worker))
         return {"daemon": {"running": True, "pid": os.getpid()}, "deployments": deployments}
 
-    def _deployment_status(self, name: str, worker: DeploymentWorker | None) -> dict[str, Any]:
+    def _deployment_status(
+        self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True
+    ) -> dict[str, Any]:
         dep = self.settings.deployments[name]
         record = self.state.deployment(name)
         machine = worker.machine if worker is not None else None
         gpus = []
         if machine is not None and machine.gpu_uuids:
-            for reading in self.gpu_memory(machine.gpu_uuids).values():
+            for reading in self.observatory.gpus(machine.gpu_uuids).values():
                 gpus.append(
                     {
                         "index": reading.index,
@@ -893,15 +1032,12 @@ class Daemon:
                         "memory_total_bytes": reading.total_bytes,
                     }
                 )
+        # vLLM's numbers as the observatory last read them (the same ones /metrics relays).
+        sample = self.observatory.sample(name) if machine is not None and machine.phase is Phase.READY else None
         metrics = None
-        if machine is not None and machine.phase is Phase.READY:
-            text = fetch_metrics(dep.host, dep.port, timeout=0.5)
-            if text is not None:
-                preemptions = metric_value(text, "vllm:num_preemptions_total")
-                metrics = Metrics(
-                    int(preemptions) if preemptions is not None else None,
-                    metric_value(text, "vllm:kv_cache_usage_perc"),
-                )
+        if sample is not None:
+            preemptions = sample.preemptions_total
+            metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
         return deployment_status(
             name,
             dep,
@@ -911,7 +1047,9 @@ class Daemon:
             now=self.deps.clock.monotonic(),
             gpus=gpus,
             metrics=metrics,
-            hosts=self._hosts_status(name),
+            hosts=self._hosts_status(name) if with_hosts else None,
+            serving=None if sample is None else sample.as_json(),
+            observed=self.telemetry.of(name),
         )
 
     def _hosts_status(self, name: str) -> list[dict[str, Any]] | None:

@@ -1,8 +1,13 @@
-"""The readiness and liveness probe: vLLM's /health endpoint over loopback HTTP."""
+"""The readiness and liveness probes over loopback HTTP: vLLM's /health, its /metrics, and a
+one-token completion."""
 
 from __future__ import annotations
 
 import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -71,18 +76,57 @@ def fetch_metrics(host: str, port: int, timeout: float = 2.0) -> str | None:
         conn.close()
 
 
-def metric_value(text: str, name: str) -> float | None:
-    """The sum over label sets of a Prometheus metric in exposition text (None when absent)."""
-    total: float | None = None
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        metric = head.split("{", 1)[0]
-        if metric != name:
-            continue
-        try:
-            total = (total or 0.0) + float(value)
-        except ValueError:
-            continue
-    return total
+def token_probe(host: str, port: int, model: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
+    """A one-token completion: None when it came back, else what went wrong (the engine may hang
+    while /health says 200; only generating a token proves it works). A 4xx answer is no failure."""
+    body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
+    started = time.monotonic()
+    try:
+        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+        if response.status >= 500:
+            return f"HTTP {response.status}: {payload[:200].decode('utf-8', 'replace')}"
+        if response.status != 200:
+            # The API answered without the engine (a pooling model has no completions API, a key the
+            # probe lacks): that proves nothing about the engine and is no failure; stalls still count.
+            return None
+        choices = json.loads(payload).get("choices")
+        return None if choices else "the completion has no choices"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc} after {time.monotonic() - started:.1f} s"
+    finally:
+        conn.close()
+
+
+class BackgroundProbe:
+    """One token probe in its own thread, so a hung engine never blocks the caller's loop."""
+
+    def __init__(self, probe: Callable[[], str | None]) -> None:
+        self._done = threading.Event()
+        self._error: str | None = None
+
+        def run() -> None:
+            try:
+                self._error = probe()
+            except Exception as exc:  # a bug in the probe is a failed probe, never a dead worker
+                self._error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="token-probe", daemon=True).start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def error(self) -> str | None:
+        """The probe's failure (None: it succeeded); read once `done`."""
+        return self._error

@@ -40,6 +40,8 @@ class FailureCause(StrEnum):
     """The workload exited and its log names no failure."""
     BOOT_TIMEOUT = "boot_timeout"
     """No readiness within `boot_timeout_seconds`."""
+    ENGINE_HUNG = "engine_hung"
+    """Ready, /health 200, but no tokens: requests stalled, or the token probe failed twice."""
 
     @classmethod
     def from_log(cls, failure: FailureClass | None) -> FailureCause:
@@ -111,6 +113,14 @@ FAILURE_POLICY: tuple[PolicyRule, ...] = (
         FailureCause.ENGINE_DEAD,
         PolicyAction.RESTART_WITH_BACKOFF,
         "Restart with backoff: the engine died (at start without a known cause, or while serving).",
+        "-",
+    ),
+    PolicyRule(
+        FailureCause.ENGINE_HUNG,
+        PolicyAction.RESTART_WITH_BACKOFF,
+        "Stop the hung server and restart with backoff: /health said 200, but requests waited with no token "
+        "for `stall_seconds`, or a one-token probe (every `liveness_interval_seconds` while idle) failed twice. "
+        "The evidence is the failure's message.",
         "-",
     ),
     PolicyRule(
@@ -393,7 +403,8 @@ def render_policy_markdown() -> str:
         "     Regenerate: python -m dankserve.supervisor.policy --write docs/failure-policy.md -->",
         "",
         "What the supervisor does when a deployment's boot fails or its server dies. The cause comes from",
-        "the boot log (`dankserve inspect-log` shows it) or from the supervisor itself (`crash`, `boot_timeout`).",
+        "the boot log (`dankserve inspect-log` shows it) or from the supervisor itself (`crash`, `boot_timeout`,",
+        "`engine_hung`).",
         "",
         "| cause | action | what dankserve does | otherwise |",
         "|---|---|---|---|",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
+from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
 
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
     from dankserve.settings import DeploymentSettings
@@ -36,11 +37,16 @@ STATUS_FIELDS = (
     "kv_cache_learned_used",
     "compile_cache_hit",
     "weights_percent",
+    "context_tokens",
+    "kv_cache_tokens",
+    "concurrency",
     "gpus",
     "kv_cache_usage_perc",
     "preemptions",
     "message",
     "hosts",
+    "serving",
+    *OBSERVED_FIELDS,
 )
 """The keys of every deployment's document, in order."""
 
@@ -80,8 +86,13 @@ def deployment_status(
     gpus: Sequence[Mapping[str, Any]] = (),
     metrics: Metrics | None = None,
     hosts: Sequence[Mapping[str, Any]] | None = None,
+    serving: Mapping[str, Any] | None = None,
+    observed: DeploymentTelemetry | None = None,
 ) -> dict[str, Any]:
-    """The status document of one deployment; `now` is the machine's clock (for the uptime)."""
+    """The status document of one deployment; `now` is the machine's clock (for the uptime).
+
+    `serving` is vLLM's load as last read from its /metrics, `observed` this daemon's counts since
+    it started (the numbers /metrics exports; none without a daemon)."""
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
     if machine is None:
@@ -121,6 +132,11 @@ def deployment_status(
         if machine is not None and machine.compile_cache_hit is not None
         else (last.compile_cache_hit if last else None),
         "weights_percent": machine.weights_percent if machine is not None else None,
+        # what this boot's KV cache holds, in vLLM's own words (its log): the context each request
+        # may use, the tokens in all, and how many requests of full length fit at once
+        "context_tokens": facts.max_model_len if facts else None,
+        "kv_cache_tokens": facts.gpu_kv_cache_tokens if facts else None,
+        "concurrency": facts.max_concurrency if facts else None,
         "gpus": [dict(g) for g in gpus],
         "kv_cache_usage_perc": metrics.kv_cache_usage_perc
         if metrics.kv_cache_usage_perc is not None
@@ -130,4 +146,6 @@ def deployment_status(
         else (facts.preemptions if facts else None),
         "message": machine.message if machine is not None else None,
         "hosts": [dict(h) for h in hosts] if hosts is not None else configured_hosts(dep),
+        "serving": dict(serving) if serving is not None else None,
+        **(observed or DeploymentTelemetry()).status_json(),
     }

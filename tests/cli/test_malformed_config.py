@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
+from dankserve.testing.hub import StandInHub
 from tests.harness.broken_config import BrokenConfig, Config, base_configs, broken_configs, render
 
 HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x2-vm-real.json"
@@ -36,8 +37,10 @@ def root() -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
-def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No /etc config, no DANKSERVE_* from outside; `run` leaves the process's logging alone."""
+def _quiet(monkeypatch: pytest.MonkeyPatch, hub: StandInHub) -> None:
+    """No /etc config, no DANKSERVE_* from outside; `run` leaves the process's logging alone; the
+    models (org/model-N) come from the stand-in Hub."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", Path("/nonexistent/dankserve.toml"))
     for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
         monkeypatch.delenv(name, raising=False)

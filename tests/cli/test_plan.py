@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,8 +17,9 @@ H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
 
 
 @pytest.fixture(autouse=True)
-def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No config file unless a test names one, whatever this machine has in /etc."""
+def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_environment: dict[str, str]) -> None:
+    """No config file unless a test names one, whatever this machine has in /etc; the models come
+    from the stand-in Hub."""
     monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
         monkeypatch.delenv(name, raising=False)
@@ -40,32 +40,43 @@ def write_config(tmp_path: Path, text: str) -> str:
 
 
 def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    """`plan --json --hardware H --model M` exits 0 with exactly the documented keys."""
+    """`plan --json --hardware H --model M` exits 0 with a one-entry list of exactly the documented keys."""
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
     assert code == ExitCode.OK
-    data: dict[str, Any] = json.loads(out)
-    assert list(data) == ["deployment", "image", "argv", "env", "flags", "warnings"]
+    [data] = json.loads(out)
+    assert list(data) == [
+        "deployment",
+        "image",
+        "argv",
+        "env",
+        "flags",
+        "gpus",
+        "capacity",
+        "host_ram_bytes",
+        "warnings",
+    ]
     assert data["deployment"] == "default"
     assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
     assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"
     assert all(isinstance(t, str) for t in data["argv"])
     assert all(list(f) == ["flag", "value", "reason"] for f in data["flags"])
     assert data["env"]["NO_COLOR"] == "1"
-    assert any("model facts unknown" in w for w in data["warnings"])  # no HF cache here
+    assert not any("model facts unknown" in w for w in data["warnings"])  # read from the (stand-in) Hub
+    assert data["capacity"]["context_tokens"] == 40960
 
 
 def test_hardware_from_the_environment(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """$DANKSERVE_HARDWARE names the recorded host when --hardware is absent."""
     monkeypatch.setenv("DANKSERVE_HARDWARE", H100)
     code, out, _ = run(["plan", "--json", "--model", "m/m"], capsys)
-    assert code == ExitCode.OK and json.loads(out)["argv"][0] == "m/m"
+    assert code == ExitCode.OK and json.loads(out)[0]["argv"][0] == "m/m"
 
 
 def test_vllm_version_option_changes_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     """--vllm-version 0.11.0 plans --swap-space instead of --kv-offloading-size."""
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "m/m", "--vllm-version", "0.11.0"], capsys)
     assert code == ExitCode.OK
-    assert "--swap-space" in json.loads(out)["argv"]
+    assert "--swap-space" in json.loads(out)[0]["argv"]
 
 
 def test_several_enabled_deployments_print_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,7 +97,7 @@ def test_example_config_plans_its_enabled_deployment(capsys: pytest.CaptureFixtu
     host = str(HOSTS / "plan-a100-80gb-x1-64gb.json")
     code, out, _ = run(["--config", str(EXAMPLE), "plan", "--json", "--hardware", host], capsys)
     assert code == ExitCode.OK
-    assert json.loads(out)["deployment"] == "qwen3-30b"
+    assert [p["deployment"] for p in json.loads(out)] == ["qwen3-30b"]
 
 
 def test_text_output_has_command_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,3 +172,73 @@ def test_without_gpus_and_without_a_recorded_host_it_is_the_environment(
     monkeypatch.delenv("DANKSERVE_HARDWARE", raising=False)
     code, _, err = run(["plan", "--model", "m/m"], capsys)
     assert code == ExitCode.ENVIRONMENT and "error:" in err
+
+
+RTX4090 = str(HOSTS / "rtx4090x1-1numa.json")
+
+
+def test_uncached_model_is_planned_exactly_from_the_hub(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's first run: Qwen3-8B at 8192 on one 4090, not in any cache: facts from the Hub, the band's
+    0.75, its parsers, and the promise in the user's terms."""
+    config = write_config(tmp_path, '[deployments.chat]\nmodel = "Qwen/Qwen3-8B"\nmax_model_len = 8192\n')
+    code, out, _ = run(["plan", "--config", config, "--json", "--hardware", RTX4090], capsys)
+    assert code == ExitCode.OK
+    [data] = json.loads(out)
+    argv = data["argv"]
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.75"
+    assert "--reasoning-parser" in argv
+    assert data["capacity"]["context_tokens"] == 8192 and data["capacity"]["concurrency"] >= 1
+    assert not any("model facts unknown" in w for w in data["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("model", "code", "says"),
+    [("org/gated", ExitCode.INVALID_INPUT, "gated"), ("org/absent", ExitCode.INVALID_INPUT, "no model 'org/absent'")],
+)
+def test_hub_refusals_exit_2_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], model: str, code: int, says: str
+) -> None:
+    """Gated and unknown models: exit 2 naming the model and the fix, no traceback."""
+    got, _, err = run(["plan", "--hardware", H100, "--model", model], capsys)
+    assert got == code and says in err and "fix:" in err and "Traceback" not in err
+
+
+def test_offline_and_uncached_exits_3(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_HUB_OFFLINE with the model nowhere on this host: exit 3 naming it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(["plan", "--hardware", H100, "--model", "o/a"], capsys)
+    assert code == ExitCode.ENVIRONMENT and "o/a" in err and "HF_HUB_OFFLINE" in err
+
+
+def test_infeasible_plan_still_prints_its_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json with a plan that cannot fit: the list still comes, the entry carries the error; exit 4."""
+    config = write_config(
+        tmp_path,
+        '[deployments.ok]\nmodel = "o/a"\ngpu_memory_utilization = 0.3\n'
+        '[deployments.big]\nmodel = "Qwen/Qwen3-8B"\nport = 8001\nmax_model_len = 40960\n'
+        "gpu_memory_utilization = 0.3\n",
+    )
+    code, out, err = run(["--config", config, "plan", "--json", "--hardware", RTX4090], capsys)
+    assert code == ExitCode.INFEASIBLE
+    ok, big = json.loads(out)
+    assert ok["deployment"] == "ok" and "argv" in ok
+    assert big["deployment"] == "big" and big["error"]["exit_code"] == 4 and big["error"]["fix"]
+    assert "big" in err
+
+
+def test_named_plan_is_checked_against_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan a` sees that b shares its GPU beyond 0.95 (only `plan` without a name did before)."""
+    config = write_config(
+        tmp_path,
+        '[deployments.a]\nmodel = "o/a"\ngpu_memory_utilization = 0.6\n'
+        '[deployments.b]\nmodel = "o/b"\nport = 8001\ngpu_memory_utilization = 0.6\n',
+    )
+    code, _, err = run(["--config", config, "plan", "a", "--hardware", H100], capsys)
+    assert code == ExitCode.INFEASIBLE and "shared by a, b" in err
+
+
+def test_global_options_after_the_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dankserve plan --config F` works as `dankserve --config F plan` does."""
+    config = write_config(tmp_path, '[deployments.only]\nmodel = "o/a"\n')
+    code, out, _ = run(["plan", "--json", "--hardware", H100, "--config", config, "--debug"], capsys)
+    assert code == ExitCode.OK and [p["deployment"] for p in json.loads(out)] == ["only"]

@@ -19,6 +19,7 @@ from dankserve.cluster.api import (
     token_matches,
 )
 from dankserve.errors import ConfigError, MemberUnreachable
+from tests.harness.certs import HostCert, group_certs
 
 TOKEN = "s3cret-token-0123456789abcdef"
 
@@ -44,13 +45,23 @@ class Recorder:
         return {"ok": True}
 
 
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> HostCert:
+    """The group's CA and one certificate for 127.0.0.1 (both ends of every test connection)."""
+    return group_certs(tmp_path_factory.mktemp("certs"), ["127.0.0.1"])["127.0.0.1"]
+
+
 @pytest.fixture
-def served() -> Iterator[tuple[ClusterServer, Recorder]]:
+def served(certs: HostCert) -> Iterator[tuple[ClusterServer, Recorder]]:
     handler = Recorder()
-    server = ClusterServer(("127.0.0.1", 0), TOKEN, handler)
+    server = ClusterServer(("127.0.0.1", 0), TOKEN, handler, certs.tls().server)
     server.start()
     yield server, handler
     server.close()
+
+
+def client(server: ClusterServer, certs: HostCert, token: str = TOKEN, **kwargs: Any) -> ClusterClient:
+    return ClusterClient(address(server), token, certs.tls().client, **kwargs)
 
 
 def address(server: ClusterServer) -> str:
@@ -58,21 +69,29 @@ def address(server: ClusterServer) -> str:
     return f"{host}:{port}"
 
 
-def raw(server: ClusterServer, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> int:
-    conn = http.client.HTTPConnection(*server.address, timeout=3)
+def raw(
+    server: ClusterServer,
+    certs: HostCert,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    *,
+    body: bytes | None = None,
+) -> int:
+    conn = http.client.HTTPSConnection(*server.address, timeout=3, context=certs.tls().client)
     conn.request(method, path, body=body, headers=headers)
     status = conn.getresponse().status
     conn.close()
     return status
 
 
-def test_client_calls_every_endpoint(served: tuple[ClusterServer, Recorder]) -> None:
+def test_client_calls_every_endpoint(served: tuple[ClusterServer, Recorder], certs: HostCert) -> None:
     """With the right token, status, start-worker and stop-worker reach the handler with their bodies."""
     server, handler = served
-    client = ClusterClient(address(server), TOKEN)
-    assert client.status() == {"ok": True, "worker": None}
-    assert client.start_worker({"deployment": "big", "head": "10.0.0.1:6379"})["started"] is True
-    client.stop_worker({"deployment": "big"})
+    member = client(server, certs)
+    assert member.status() == {"ok": True, "worker": None}
+    assert member.start_worker({"deployment": "big", "head": "10.0.0.1:6379"})["started"] is True
+    member.stop_worker({"deployment": "big"})
     assert handler.calls == [
         ("status", {}),
         ("start", {"deployment": "big", "head": "10.0.0.1:6379"}),
@@ -94,45 +113,45 @@ def test_client_calls_every_endpoint(served: tuple[ClusterServer, Recorder]) -> 
     ("method", "path"), [("GET", "/v1/status"), ("POST", "/v1/start-worker"), ("POST", "/v1/stop-worker")]
 )
 def test_no_valid_token_no_action(
-    served: tuple[ClusterServer, Recorder], headers: dict[str, str], method: str, path: str
+    served: tuple[ClusterServer, Recorder], certs: HostCert, headers: dict[str, str], method: str, path: str
 ) -> None:
     """Without the exact token every endpoint answers 401 and the handler is never called."""
     server, handler = served
     body = json.dumps({"deployment": "big"}).encode() if method == "POST" else None
-    assert raw(server, method, path, headers, body) == 401
+    assert raw(server, certs, method, path, headers, body=body) == 401
     assert handler.calls == []
 
 
-def test_wrong_token_is_a_config_error(served: tuple[ClusterServer, Recorder]) -> None:
+def test_wrong_token_is_a_config_error(served: tuple[ClusterServer, Recorder], certs: HostCert) -> None:
     """A client with another token gets a ConfigError (exit 2) naming the member and the fix."""
     server, _ = served
     with pytest.raises(ConfigError, match="refused this daemon's cluster token"):
-        ClusterClient(address(server), "another-token-0123456789").status()
+        client(server, certs, "another-token-0123456789").status()
 
 
-def test_unknown_path_and_bad_body(served: tuple[ClusterServer, Recorder]) -> None:
+def test_unknown_path_and_bad_body(served: tuple[ClusterServer, Recorder], certs: HostCert) -> None:
     """An unknown endpoint is 404 and a non-object body 400, both without calling the handler."""
     server, handler = served
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert raw(server, "GET", "/v1/secrets", auth) == 404
-    assert raw(server, "POST", "/v1/start-worker", {**auth, "Content-Length": "2"}, b"[]") == 400
+    assert raw(server, certs, "GET", "/v1/secrets", auth) == 404
+    assert raw(server, certs, "POST", "/v1/start-worker", {**auth, "Content-Length": "2"}, body=b"[]") == 400
     assert handler.calls == []
 
 
-def test_handler_error_is_reported(served: tuple[ClusterServer, Recorder]) -> None:
+def test_handler_error_is_reported(served: tuple[ClusterServer, Recorder], certs: HostCert) -> None:
     """A handler that raises answers 500 and the client reports the member's error text."""
     server, _ = served
     with pytest.raises(MemberUnreachable, match="exploded"):
-        ClusterClient(address(server), TOKEN).stop_worker({"deployment": "boom"})
+        client(server, certs).stop_worker({"deployment": "boom"})
 
 
-def test_unreachable_member() -> None:
+def test_unreachable_member(certs: HostCert) -> None:
     """A closed port is MemberUnreachable (retried by the group), not a user error."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(MemberUnreachable):
-        ClusterClient(f"127.0.0.1:{port}", TOKEN, timeout=1).status()
+        ClusterClient(f"127.0.0.1:{port}", TOKEN, certs.tls().client, timeout=1).status()
 
 
 def test_server_binds_only_the_named_address(served: tuple[ClusterServer, Recorder]) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from dankserve.cluster.ray_node import ray_executable, ray_temp_dir
 from tests.harness import netns
+from tests.harness.certs import HostCert, group_certs
 from tests.harness.daemon import (
     Notifications,
     RunningDaemon,
@@ -70,7 +71,9 @@ def _spawn(daemon: NsDaemon) -> NsDaemon:
     return daemon
 
 
-def make_daemon(root: Path, ns: netns.NsHost, deployments: dict[str, Any], token: Path) -> NsDaemon:
+def make_daemon(
+    root: Path, ns: netns.NsHost, deployments: dict[str, Any], token: Path, certs: dict[str, HostCert]
+) -> NsDaemon:
     root.mkdir(parents=True, exist_ok=True)
     globals_ = {
         "state_dir": str(root / "state"),
@@ -82,7 +85,12 @@ def make_daemon(root: Path, ns: netns.NsHost, deployments: dict[str, Any], token
         "health_interval_seconds": 1.0,
         "stop_timeout_seconds": 10.0,
         "max_failures_in_window": 10,
-        "cluster": {"listen": f"{ns.address}:{API_PORT}", "token_file": str(token), "ray_port": RAY_PORT},
+        "cluster": {
+            "listen": f"{ns.address}:{API_PORT}",
+            "token_file": str(token),
+            "ray_port": RAY_PORT,
+            **certs[ns.address].settings(),
+        },
     }
     config = write_config(root / "dankserve.toml", globals_, deployments)
     notifications = Notifications(root / "notify.sock")
@@ -117,13 +125,14 @@ def group(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Group]:
         token.write_text(TOKEN)
         token.chmod(0o600)
         leader_ns, *follower_ns = lab.hosts
-        followers = [make_daemon(tmp_path / f"host{i + 1}", ns, {}, token) for i, ns in enumerate(follower_ns)]
+        certs = group_certs(tmp_path / "certs", [ns.address for ns in lab.hosts])
+        followers = [make_daemon(tmp_path / f"host{i + 1}", ns, {}, token, certs) for i, ns in enumerate(follower_ns)]
         dep = process_deployment(
             free_port(),
             hosts=[f"{ns.address}:{API_PORT}" for ns in follower_ns],
             env={"FAKE_VLLM_TIME_SCALE": "0.02", "FAKE_VLLM_PG_WAIT_SECONDS": "20"},
         )
-        leader = make_daemon(tmp_path / "host0", leader_ns, {"big": dep}, token)
+        leader = make_daemon(tmp_path / "host0", leader_ns, {"big": dep}, token, certs)
         daemons = [*followers, leader]
         for daemon in followers:
             _spawn(daemon)

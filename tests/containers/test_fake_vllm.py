@@ -520,6 +520,34 @@ def test_hang_never_listens_and_sigterm_interrupts(serve: StartServer, tmp_path:
     assert served.stderr.rstrip().endswith("KeyboardInterrupt: terminated")
 
 
+def test_engine_hang_keeps_health_200_while_completions_wait(serve: StartServer, tmp_path: Path) -> None:
+    """A hung engine keeps /health 200; a completion waits (counted in vllm:num_requests_waiting) until its client
+    gives up, then is aborted; the token counters stop."""
+    env = base_env(tmp_path, FAKE_VLLM_FAIL="engine_hung", FAKE_VLLM_FAIL_AFTER_SECONDS="0.2")
+    served = serve(env=env)
+    served.wait_ready()
+    time.sleep(0.5)
+    assert http(served.url("/health"))[0] == 200
+    request = urllib.request.Request(
+        served.url("/v1/completions"),
+        data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with pytest.raises((TimeoutError, urllib.error.URLError)):
+        urllib.request.urlopen(request, timeout=1.0)
+    metrics = http(served.url("/metrics"))[1].decode()
+    assert 'vllm:generation_tokens_total{engine="0",model_name="/models/tiny-llama"} 0.0' in metrics
+    deadline = time.monotonic() + WAIT_SECONDS
+    while "vllm:num_requests_waiting{" in metrics and not re.search(
+        r"^vllm:num_requests_waiting\{.*\} 0\.0$", metrics, re.M
+    ):
+        assert time.monotonic() < deadline, "the abandoned request was never aborted"
+        time.sleep(0.1)
+        metrics = http(served.url("/metrics"))[1].decode()
+    assert http(served.url("/health"))[0] == 200
+    assert served.stop() == 0
+
+
 def test_crash_after_seconds_exits_with_the_configured_code(serve: StartServer, tmp_path: Path) -> None:
     """FAKE_VLLM_CRASH_AFTER_SECONDS ends the process with FAKE_VLLM_CRASH_EXIT_CODE."""
     env = base_env(tmp_path, FAKE_VLLM_CRASH_AFTER_SECONDS="0.2", FAKE_VLLM_CRASH_EXIT_CODE="3")
@@ -592,6 +620,7 @@ def test_endpoints_api_key_and_stats(serve: StartServer, tmp_path: Path) -> None
         "vllm:kv_cache_usage_perc",
         "vllm:num_preemptions_total",
         "vllm:cache_config_info",
+        "vllm:time_to_first_token_seconds_count",
     ):
         assert re.search(rf"^{re.escape(name)}\{{.*\}} [\d.e+]+$", metrics, re.MULTILINE), name
     assert "sekret" not in served.stdout
@@ -634,6 +663,72 @@ def test_no_visible_gpu_fails_like_vllm_when_required(tmp_path: Path) -> None:
     result = run_to_exit(["serve", MODEL, "--port", str(free_port())], base_env(tmp_path, FAKE_VLLM_REQUIRE_GPU="1"))
     assert result.returncode == 1
     assert "RuntimeError: Failed to infer device type" in result.stderr
+
+
+def sleep_server(serve: StartServer, tmp_path: Path, *args: str) -> Served:
+    env = base_env(tmp_path, VLLM_SERVER_DEV_MODE="1", FAKE_VLLM_SLEEP_SECONDS="0.05", FAKE_VLLM_WAKE_SECONDS="0.05")
+    served = serve(*args, env=env | {"FAKE_VLLM_RELOAD_SECONDS": "0.05"})
+    served.wait_ready()
+    return served
+
+
+def completion(served: Served) -> tuple[int, str]:
+    status, body = http(served.url("/v1/completions"), "POST", {"model": MODEL, "prompt": "x", "max_tokens": 3})
+    return status, json.loads(body)["choices"][0]["text"] if status == 200 else body.decode()
+
+
+def test_dev_routes_exist_only_in_dev_mode(serve: StartServer, tmp_path: Path) -> None:
+    """Without VLLM_SERVER_DEV_MODE=1 the sleep and RPC routes are 404, as in vLLM."""
+    served = serve("--enable-sleep-mode", env=base_env(tmp_path))
+    served.wait_ready()
+    for method, path in [
+        ("POST", "/sleep"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/collective_rpc"),
+    ]:
+        assert http(served.url(path), method)[0] == 404
+
+
+def test_sleep_needs_sleep_mode(serve: StartServer, tmp_path: Path) -> None:
+    """Dev mode without --enable-sleep-mode: /sleep is an error and the server stays awake."""
+    served = sleep_server(serve, tmp_path)
+    status, body = http(served.url("/sleep?level=1"), "POST")
+    assert status == 500 and b"--enable-sleep-mode" in body
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": False}
+
+
+def test_level_1_sleep_and_wake(serve: StartServer, tmp_path: Path) -> None:
+    """Level 1: asleep (completions refused), the memory freed and the timings logged; one wake serves again."""
+    served = sleep_server(serve, tmp_path, "--enable-sleep-mode")
+    assert http(served.url("/sleep?level=1"), "POST")[0] == 200
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": True}
+    assert completion(served)[0] == 503
+    out = served.wait_for("seconds to fall asleep.")
+    freed = re.search(r"Sleep mode freed ([\d.]+) GiB memory, ([\d.]+) GiB memory is still in use\.", out)
+    assert freed is not None and float(freed.group(1)) > 1 and float(freed.group(2)) < float(freed.group(1))
+    assert http(served.url("/wake_up"), "POST")[0] == 200
+    served.wait_for("seconds to wake up tags ['kv_cache', 'weights'].")
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": False}
+    assert completion(served) == (200, "The stand-in vLLM")
+
+
+def test_level_2_staged_wake_needs_reload_weights(serve: StartServer, tmp_path: Path) -> None:
+    """Level 2: waking the weights alone leaves garbage until reload_weights; then the KV cache; then it serves."""
+    served = sleep_server(serve, tmp_path, "--enable-sleep-mode")
+    assert http(served.url("/sleep?level=2"), "POST")[0] == 200
+    assert http(served.url("/wake_up?tags=weights"), "POST")[0] == 200
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": True}  # the KV cache still sleeps
+    assert http(served.url("/wake_up?tags=kv_cache"), "POST")[0] == 200
+    assert completion(served) == (200, "")  # weights allocated, never loaded
+    assert http(served.url("/sleep?level=2"), "POST")[0] == 200
+    assert http(served.url("/wake_up?tags=weights"), "POST")[0] == 200
+    status, body = http(served.url("/collective_rpc"), "POST", {"method": "reload_weights"})
+    assert status == 200 and json.loads(body) == {"results": [None]}
+    assert http(served.url("/wake_up?tags=kv_cache"), "POST")[0] == 200
+    assert http(served.url("/reset_prefix_cache"), "POST")[0] == 200
+    assert completion(served) == (200, "The stand-in vLLM")
+    assert http(served.url("/sleep?level=3"), "POST")[0] == 400
 
 
 def podman_usable() -> bool:

@@ -47,7 +47,9 @@ def plan_example(name: str, host_name: str, version: str = "0.33.0", learned: in
 
 # The seeds' example commands (Hybrid CPU GPU Processing; vLLM research findings), planned for
 # vLLM 0.33 on the hosts they describe. Differences from the seed text are vLLM 0.33's
-# spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md).
+# spelling (--kv-offloading-size for --swap-space) and what the rules add (reasons in docs/planner.md),
+# among them the model family's parsers (Qwen3: qwen3 reasoning, hermes tools; Llama 3.1: llama3_json)
+# and keeping dankserve's probes out of the access log.
 GOLDEN = [
     (
         # vllm serve Qwen/Qwen3-30B-A3B --gpu-memory-utilization 0.85 --swap-space 16
@@ -55,7 +57,9 @@ GOLDEN = [
         "qwen3-30b",
         "plan-a100-80gb-x1-64gb",
         "Qwen/Qwen3-30B-A3B --tensor-parallel-size 1 --gpu-memory-utilization 0.85 --kv-cache-dtype auto "
-        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 4096 --max-num-seqs 128",
+        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 4096 --max-num-seqs 128 "
+        "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes "
+        "--disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
     (
@@ -64,7 +68,9 @@ GOLDEN = [
         "qwen3-30b-fp8",
         "plan-h100-80gb-x1-64gb",
         "Qwen/Qwen3-30B-A3B-FP8 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 "
-        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 128",
+        "--kv-offloading-size 16 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 128 "
+        "--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes "
+        "--disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
     (
@@ -74,7 +80,8 @@ GOLDEN = [
         "plan-h100-80gb-x4-2numa-128gb",
         "meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 4 --gpu-memory-utilization 0.9 "
         "--max-model-len 8192 --kv-cache-dtype fp8 --kv-offloading-size 32 --kv-offloading-backend native "
-        "--max-num-batched-tokens 8192 --max-num-seqs 128 --numa-bind --numa-bind-nodes 0 0 1 1",
+        "--max-num-batched-tokens 8192 --max-num-seqs 128 --enable-auto-tool-choice --tool-call-parser llama3_json "
+        "--disable-access-log-for-endpoints /health,/metrics,/ping --numa-bind --numa-bind-nodes 0 0 1 1",
         {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
     ),
     (
@@ -85,7 +92,8 @@ GOLDEN = [
         "plan-h200-141gb-x1-256gb",
         "Qwen/Qwen3.6-35B-A3B --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 "
         "--kv-offloading-size 64 --kv-offloading-backend native --max-num-batched-tokens 8192 --max-num-seqs 32 "
-        '--speculative-config {"method":"dflash","model":"z-lab/Qwen3.6-35B-A3B-DFlash","num_speculative_tokens":8}',
+        '--speculative-config {"method":"dflash","model":"z-lab/Qwen3.6-35B-A3B-DFlash","num_speculative_tokens":8}'
+        " --disable-access-log-for-endpoints /health,/metrics,/ping",
         {},
     ),
 ]
@@ -164,6 +172,17 @@ def test_extra_args_come_last_verbatim() -> None:
     plan = plan_deployment("d", dep, host(), caps(), QWEN3_30B)
     assert list(plan.argv[-3:]) == ["--enable-prefix-caching", "--no-such-flag", "x"]
     assert any("--no-such-flag" in w and "--enable-prefix-caching" not in w for w in plan.warnings)
+
+
+def test_served_model_name_is_passed_with_its_reason() -> None:
+    """served_model_name becomes --served-model-name (the name clients and the gateway use); unset: no flag."""
+    dep = DeploymentSettings(model="org/m", served_model_name="chat")
+    plan = plan_deployment("d", dep, host(), caps(), QWEN3_30B)
+    index = plan.argv.index("--served-model-name")
+    assert plan.argv[index + 1] == "chat"
+    assert (
+        "--served-model-name" not in plan_deployment("d", DeploymentSettings(model="m"), host(), caps(), QWEN3_30B).argv
+    )
 
 
 def test_cpu_offload_flags_and_latency_warning() -> None:
@@ -278,7 +297,17 @@ def test_plan_json_shape() -> None:
     """to_json has exactly the documented keys, argv as separate tokens and flag values as lists for lists."""
     plan = plan_example("llama-70b", "plan-h100-80gb-x4-2numa-128gb")
     data = plan.to_json()
-    assert list(data) == ["deployment", "image", "argv", "env", "flags", "warnings"]
+    assert list(data) == [
+        "deployment",
+        "image",
+        "argv",
+        "env",
+        "flags",
+        "gpus",
+        "capacity",
+        "host_ram_bytes",
+        "warnings",
+    ]
     assert data["argv"][-5:] == ["--numa-bind-nodes", "0", "0", "1", "1"]
     nodes = next(f for f in data["flags"] if f["flag"] == "--numa-bind-nodes")
     assert nodes["value"] == ["0", "0", "1", "1"]

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -1005,3 +1006,46 @@ def test_network_backend_is_read_from_the_service(podman_env: PodmanEnv, podman_
     expected = podman_env.podman("info", "--format", "{{.Host.NetworkBackend}}").stdout.strip()
     assert podman_runtime.network_backend() == expected
     assert expected in {"cni", "netavark"}
+
+
+def _call(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_stand_in_sleep_mode_in_a_container(podman_runtime: PodmanRuntime, make_spec: SpecFactory) -> None:
+    """The stand-in image with --enable-sleep-mode and dev mode: level-1 sleep and wake, the level-2 staged
+    wake with reload_weights, and completions after each, through the published port."""
+    spec = make_spec(
+        argv=("test/model", "--port", "8000", "--enable-sleep-mode"),
+        env={"FAKE_VLLM_BOOT_SECONDS": "0", "VLLM_SERVER_DEV_MODE": "1"},
+    )
+    workload = podman_runtime.start(spec)
+    base = f"http://127.0.0.1:{spec.port}"
+    wait_for_http(base + "/health")
+    completion = {"model": "test/model", "prompt": "x", "max_tokens": 3}
+
+    def text() -> str:
+        status, body = _call("POST", base + "/v1/completions", completion)
+        assert status == 200, body
+        return str(json.loads(body)["choices"][0]["text"])
+
+    assert _call("POST", base + "/sleep?level=1")[0] == 200
+    assert json.loads(_call("GET", base + "/is_sleeping")[1]) == {"is_sleeping": True}
+    assert _call("POST", base + "/v1/completions", completion)[0] == 503
+    assert _call("POST", base + "/wake_up")[0] == 200
+    assert text() == "The stand-in vLLM"
+    assert _call("POST", base + "/sleep?level=2")[0] == 200
+    assert _call("POST", base + "/wake_up?tags=weights")[0] == 200
+    assert _call("POST", base + "/collective_rpc", {"method": "reload_weights"})[0] == 200
+    assert _call("POST", base + "/wake_up?tags=kv_cache")[0] == 200
+    assert _call("POST", base + "/reset_prefix_cache")[0] == 200
+    assert text() == "The stand-in vLLM"
+    logs = "\n".join(podman_runtime.logs(workload.id, follow=False))
+    assert "Sleep mode freed" in logs and "seconds to fall asleep." in logs and "seconds to wake up tags" in logs
+    podman_runtime.remove(workload.id)

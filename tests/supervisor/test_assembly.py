@@ -13,7 +13,9 @@ from dankserve.supervisor.assembly import build_daemon
 HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x2-vm-real.json"
 
 
-def test_a_configuration_error_wins_over_an_unreachable_runtime(tmp_path: Path) -> None:
+def test_a_configuration_error_wins_over_an_unreachable_runtime(
+    tmp_path: Path, hub_environment: dict[str, str]
+) -> None:
     """A deployment that cannot be planned is reported (exit 2) even when an earlier one's Podman is unreachable."""
     config = tmp_path / "dankserve.toml"
     config.write_text(

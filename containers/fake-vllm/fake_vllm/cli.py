@@ -16,7 +16,7 @@ from .boot_plan import STAND_IN_PREFIX, BootInputs, CacheStatus, build_boot_plan
 from .catalogue import CatalogueError, build_parser, load_catalogue, non_default_args, prepare_argv
 from .knobs import DEFAULT_COLD_BOOT_SECONDS, REAL_COLD_BOOT_SECONDS, KnobError, Knobs, parse_knobs
 from .logfmt import use_colour
-from .memory import MemoryInputs, plan_memory
+from .memory import MemoryInputs, asleep_used, plan_memory, sleep_freed
 from .output import Output
 from .runner import Runner, ServeContext, install_signal_handlers
 from .serve_config import ServeConfig, serve_config_from
@@ -199,6 +199,13 @@ def serve(
         max_model_len=memory.max_model_len,
         num_gpu_blocks=max(0, memory.limiting_rank.available_kv) // (16 * memory.kv_bytes_per_token_rank),
         started=int(time.time()),
+        token_seconds=knobs.token_seconds,
+        dev_mode=_truthy_int(env.get("VLLM_SERVER_DEV_MODE")),
+        sleep_seconds=knobs.sleep_seconds,
+        wake_seconds=knobs.wake_seconds,
+        reload_seconds=knobs.reload_seconds,
+        sleep_freed_bytes=sleep_freed(memory),
+        asleep_used_bytes=asleep_used(memory),
     )
     state = EngineState()
     server = FakeVllmHTTPServer((host, config.port), facts, state, output)

@@ -20,6 +20,7 @@ FAILURE_MODES: Final = (
     "no_kv_memory",
     "max_len_too_large",
     "engine_dead",
+    "engine_hung",
     "hang",
     "model_not_found",
     "model_gated",
@@ -56,6 +57,14 @@ class Knobs:
     dev_dir: str
     trace_file: str | None = None
     """FAKE_VLLM_TRACE_FILE: append `monotonic wall stream line` for every record written (benchmarks)."""
+    token_seconds: float = 0.0
+    """FAKE_VLLM_TOKEN_SECONDS: stream one token per event this far apart (0: the whole text in one event)."""
+    sleep_seconds: float = 0.22
+    """FAKE_VLLM_SLEEP_SECONDS: how long /sleep takes (measured: 0.22 s at level 1 on the H200, FACTS.md)."""
+    wake_seconds: float = 0.2
+    """FAKE_VLLM_WAKE_SECONDS: how long /wake_up takes (measured: 0.19-0.21 s)."""
+    reload_seconds: float = 0.5
+    """FAKE_VLLM_RELOAD_SECONDS: collective_rpc reload_weights after a level-2 sleep (staged wake: 0.74 s in all)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -121,4 +130,8 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         preemptions_per_interval=_integer(env, "FAKE_VLLM_PREEMPTIONS_PER_INTERVAL", 0),
         dev_dir=env.get("FAKE_VLLM_DEV_DIR", "").strip() or "/dev",
         trace_file=env.get("FAKE_VLLM_TRACE_FILE", "").strip() or None,
+        token_seconds=_number(env, "FAKE_VLLM_TOKEN_SECONDS", 0.0) or 0.0,
+        sleep_seconds=_number(env, "FAKE_VLLM_SLEEP_SECONDS", 0.22) or 0.0,
+        wake_seconds=_number(env, "FAKE_VLLM_WAKE_SECONDS", 0.2) or 0.0,
+        reload_seconds=_number(env, "FAKE_VLLM_RELOAD_SECONDS", 0.5) or 0.0,
     )

@@ -218,3 +218,16 @@ def plan_memory(inputs: MemoryInputs) -> MemoryPlan:
         max_concurrency=concurrency,
         outcome=outcome,
     )
+
+
+def sleep_freed(plan: MemoryPlan) -> int:
+    """GPU memory a sleep frees on rank 0 (either level): the weights (copied to CPU RAM at level 1,
+    dropped at level 2) and the KV cache."""
+    rank = plan.ranks[0]
+    return rank.weights + max(0, rank.available_kv)
+
+
+def asleep_used(plan: MemoryPlan) -> int:
+    """GPU memory rank 0 still uses asleep: what was in use before vLLM, its non-torch memory, CUDA graphs."""
+    rank = plan.ranks[0]
+    return (rank.total - rank.init_free) + rank.non_torch + rank.cudagraph_actual

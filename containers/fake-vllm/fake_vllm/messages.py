@@ -265,5 +265,15 @@ ROUTES: Final = (
     ("/metrics", "GET"),
 )
 
+# Sleep mode (vllm/v1/executor/abstract.py, vllm/v1/worker/gpu_worker.py). The format strings
+# are vLLM's; the line numbers are not read from the 0.33 wheel (no reader keys on them).
+FELL_ASLEEP: Final = _m("engine", "INFO", "abstract.py", 262, "It took %.6f seconds to fall asleep.")
+WOKE_UP: Final = _m("engine", "INFO", "abstract.py", 279, "It took %.6f seconds to wake up tags %s.")
+SLEEP_FREED: Final = _m(
+    "worker", "INFO", "gpu_worker.py", 160, "Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use."
+)
+ALREADY_SLEEPING: Final = _m("engine", "WARNING", "abstract.py", 256, "Executor is already sleeping.")
+NOT_SLEEPING: Final = _m("engine", "WARNING", "abstract.py", 268, "Executor is not sleeping.")
+
 ENGINE_DEAD_MESSAGE: Final = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 ENGINE_DEAD_CLIENT_MESSAGE: Final = "The server had an error while processing your request."

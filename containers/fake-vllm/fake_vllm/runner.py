@@ -137,6 +137,8 @@ class Runner:
             self._start(self._stats_loop, "stats")
             if knobs.fail == "engine_dead":
                 self._start(self._engine_death, "engine-death")
+            if knobs.fail == "engine_hung":
+                self._start(self._engine_hang, "engine-hang")
             while not self._stop.wait(0.25):
                 pass
         except Interrupted:
@@ -190,6 +192,15 @@ class Runner:
             return
         self._stop.set()
 
+    def _engine_hang(self) -> None:
+        """The engine stops making progress without dying: nothing is logged, /health stays 200,
+        the token counters stop and new requests wait for ever (vllm issue 49237)."""
+        context = self.context
+        if self._stop.wait(context.knobs.fail_after_seconds):
+            return
+        with context.state.lock:
+            context.state.hung = True
+
     def _stats_interval(self) -> float:
         configured = self.context.knobs.stats_interval_seconds
         if configured is not None and configured > 0:
@@ -210,6 +221,8 @@ class Runner:
             with state.lock:
                 if state.dead:
                     return
+                if state.hung:  # a hung engine's stats logger is silent too
+                    continue
                 if simulated:
                     state.interval_prompt_tokens += int(SIMULATED_PROMPT_TOKENS_PER_SECOND * elapsed)
                     state.interval_generation_tokens += int(SIMULATED_GENERATION_TOKENS_PER_SECOND * elapsed)

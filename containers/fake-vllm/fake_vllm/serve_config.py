@@ -39,6 +39,7 @@ class ServeConfig:
     disable_access_log: bool
     access_log_excluded_paths: tuple[str, ...]
     hf_token: str | None
+    enable_sleep_mode: bool = False
 
     @property
     def served_model_name(self) -> str:
@@ -104,4 +105,5 @@ def serve_config_from(namespace: argparse.Namespace, env_api_key: str | None) ->
         disable_access_log=bool(_get(namespace, "disable_uvicorn_access_log", False)),
         access_log_excluded_paths=tuple(path.strip() for path in excluded.split(",") if path.strip()),
         hf_token=_optional_str(namespace, "hf_token"),
+        enable_sleep_mode=bool(_get(namespace, "enable_sleep_mode", False)),
     )

@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import select
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,12 +25,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
 from . import VLLM_VERSION
+from . import messages as msg
 from .logfmt import access_message
 from .messages import ENGINE_DEAD_CLIENT_MESSAGE
 from .output import Output
 from .serve_config import ServeConfig
 
+GIB: Final = 1 << 30
 GUARDED_PREFIXES: Final = ("/v1", "/v2", "/inference", "/cohere")
+TTFT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+"""vllm/v1/metrics/loggers.py's buckets of vllm:time_to_first_token_seconds (the first of them)."""
+STAND_IN_TTFT_SECONDS: Final = 0.015
+HUNG_POLL_SECONDS: Final = 0.2
 FILLER_WORDS: Final = ("The", " stand-in", " vLLM", " answers", " with", " a", " fixed", " text", ".")
 
 
@@ -38,15 +46,27 @@ class EngineState:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
+    hung: bool = False
+    """The engine stopped making progress: /health still 200, completions never answer."""
     running: int = 0
+    waiting: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     preemptions_total: int = 0
     requests_total: int = 0
+    aborted_total: int = 0
     interval_prompt_tokens: int = 0
     interval_generation_tokens: int = 0
     interval_preemptions: int = 0
     kv_usage: float = 0.0  # fraction, 1.0 = full
+    sleeping_tags: set[str] = field(default_factory=set)
+    """Memory pools asleep ('weights', 'kv_cache'); empty when awake."""
+    sleep_level: int = 0
+    weights_stale: bool = False
+    """Woken from level 2 without reload_weights: the weights are garbage (completions decode to nothing)."""
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,17 @@ class ServerFacts:
     max_model_len: int
     num_gpu_blocks: int
     started: int
+    token_seconds: float = 0.0
+    """Delay between streamed tokens; 0 streams the whole text in one event."""
+    dev_mode: bool = False
+    """VLLM_SERVER_DEV_MODE=1: the dev-mode routes exist (/sleep, /wake_up, /is_sleeping, ...)."""
+    sleep_seconds: float = 0.22
+    wake_seconds: float = 0.2
+    reload_seconds: float = 0.5
+    sleep_freed_bytes: int = 0
+    """GPU memory (rank 0) a sleep frees, at either level."""
+    asleep_used_bytes: int = 0
+    """GPU memory (rank 0) still in use while asleep (CUDA context, graphs, NCCL)."""
 
 
 def _approximate_tokens(text: str) -> int:
@@ -78,7 +109,9 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
             state.prompt_tokens_total,
             state.generation_tokens_total,
         )
-        requests = state.requests_total
+        requests, aborted = state.requests_total, state.aborted_total
+        waiting = state.waiting
+        ttft_counts, ttft_sum, ttft_count = list(state.ttft_counts), state.ttft_sum, state.ttft_count
     info = {
         "block_size": "16",
         "cache_dtype": config.kv_cache_dtype,
@@ -98,7 +131,7 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
         f"vllm:num_requests_running{{{labels}}} {float(running)}",
         "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
         "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{labels}}} 0.0",
+        f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
         "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
         "# TYPE vllm:kv_cache_usage_perc gauge",
         f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
@@ -113,7 +146,17 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
         f"vllm:generation_tokens_total{{{labels}}} {float(generation)}",
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
-        f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(requests)}',
+        f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(requests - aborted)}',
+        f'vllm:request_success_total{{{labels},finished_reason="abort"}} {float(aborted)}',
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        *(
+            f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} {float(count)}'
+            for bound, count in zip(TTFT_BUCKETS, ttft_counts, strict=True)
+        ),
+        f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}} {float(ttft_count)}',
+        f"vllm:time_to_first_token_seconds_count{{{labels}}} {float(ttft_count)}",
+        f"vllm:time_to_first_token_seconds_sum{{{labels}}} {ttft_sum}",
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f"vllm:cache_config_info{{{info_labels}}} 1.0",
@@ -126,6 +169,7 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 2048  # uvicorn's default backlog (socketserver's 5 drops connections under load)
 
     def __init__(self, address: tuple[str, int], facts: ServerFacts, state: EngineState, output: Output) -> None:
         if ":" in address[0]:
@@ -148,6 +192,7 @@ class RequestHandler(BaseHTTPRequestHandler):
     server: FakeVllmHTTPServer
     server_version = "uvicorn"
     sys_version = ""
+    disable_nagle_algorithm = True  # asyncio (uvicorn) sets TCP_NODELAY on every connection
 
     def log_message(self, format: str, *args: object) -> None:
         """Access lines are uvicorn's, written after each response (see _access_log)."""
@@ -216,6 +261,16 @@ class RequestHandler(BaseHTTPRequestHandler):
             ("POST", "/v1/completions"): lambda: self._generate(chat=False),
             ("POST", "/v1/chat/completions"): lambda: self._generate(chat=True),
         }
+        if self.server.facts.dev_mode:
+            routes.update(
+                {
+                    ("POST", "/sleep"): self._sleep,
+                    ("POST", "/wake_up"): self._wake_up,
+                    ("GET", "/is_sleeping"): self._is_sleeping,
+                    ("POST", "/collective_rpc"): self._collective_rpc,
+                    ("POST", "/reset_prefix_cache"): lambda: self._send(200, b""),
+                }
+            )
         handler = routes.get((method, path))
         if handler is not None:
             handler()
@@ -266,6 +321,92 @@ class RequestHandler(BaseHTTPRequestHandler):
         ]
         self._json(200, {"object": "list", "data": data})
 
+    def _query(self) -> dict[str, list[str]]:
+        return urllib.parse.parse_qs(self.path.partition("?")[2])
+
+    def _sleep_mode_off(self) -> bool:
+        if self.server.facts.config.enable_sleep_mode:
+            return False
+        self._error(
+            HTTPStatus.INTERNAL_SERVER_ERROR,
+            "Sleep mode is not enabled: start the server with --enable-sleep-mode.",
+            "InternalServerError",
+        )
+        return True
+
+    def _sleep(self) -> None:
+        """POST /sleep?level=1|2: level 1 offloads the weights to CPU RAM, level 2 drops them; both free the KV."""
+        if self._sleep_mode_off():
+            return
+        raw = (self._query().get("level") or ["1"])[0]
+        if raw not in ("1", "2"):
+            self._error(HTTPStatus.BAD_REQUEST, f"level must be 1 or 2, not {raw!r}", "BadRequestError", "level")
+            return
+        facts, state, output = self.server.facts, self.server.state, self.server.output
+        with state.lock:
+            already = bool(state.sleeping_tags)
+        if already:
+            output.log(msg.ALREADY_SLEEPING)
+            self._send(200, b"")
+            return
+        started = time.monotonic()
+        time.sleep(facts.sleep_seconds)
+        level = int(raw)
+        with state.lock:
+            state.sleeping_tags = {"weights", "kv_cache"}
+            state.sleep_level = level
+            state.weights_stale = False
+        output.log(msg.SLEEP_FREED, (facts.sleep_freed_bytes / GIB, facts.asleep_used_bytes / GIB))
+        output.log(msg.FELL_ASLEEP, (time.monotonic() - started,))
+        self._send(200, b"")
+
+    def _wake_up(self) -> None:
+        """POST /wake_up[?tags=weights|kv_cache ...]: reallocate those pools (all without tags)."""
+        if self._sleep_mode_off():
+            return
+        tags = self._query().get("tags") or []
+        facts, state, output = self.server.facts, self.server.state, self.server.output
+        with state.lock:
+            sleeping = set(state.sleeping_tags)
+        if not sleeping:
+            output.log(msg.NOT_SLEEPING)
+            self._send(200, b"")
+            return
+        unknown = [tag for tag in tags if tag not in sleeping]
+        if unknown:
+            self._send(200, b"")  # vLLM warns ("Tag %s is not in sleeping tags") and does nothing
+            return
+        started = time.monotonic()
+        time.sleep(facts.wake_seconds)
+        waking = set(tags) or sleeping
+        with state.lock:
+            if "weights" in waking and state.sleep_level == 2:
+                state.weights_stale = True  # allocated, not loaded: reload_weights fills them
+            state.sleeping_tags -= waking
+            if not state.sleeping_tags:
+                state.sleep_level = 0
+        output.log(msg.WOKE_UP, (time.monotonic() - started, sorted(waking)))
+        self._send(200, b"")
+
+    def _is_sleeping(self) -> None:
+        with self.server.state.lock:
+            asleep = bool(self.server.state.sleeping_tags)
+        self._json(200, {"is_sleeping": asleep})
+
+    def _collective_rpc(self) -> None:
+        """POST /collective_rpc {"method": ...}: the stand-in knows reload_weights (after a level-2 sleep)."""
+        request = self._read_json()
+        if request is None:
+            return
+        method = request.get("method")
+        if method != "reload_weights":
+            self._error(HTTPStatus.BAD_REQUEST, f"the stand-in has no worker method {method!r}", "BadRequestError")
+            return
+        time.sleep(self.server.facts.reload_seconds)
+        with self.server.state.lock:
+            self.server.state.weights_stale = False
+        self._json(200, {"results": [None] * self.server.facts.config.tensor_parallel_size})
+
     def _read_json(self) -> dict[str, object] | None:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
@@ -291,17 +432,30 @@ class RequestHandler(BaseHTTPRequestHandler):
         if self._dead():
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")
             return
+        with state.lock:
+            asleep, stale = bool(state.sleeping_tags), state.weights_stale
+        if asleep:
+            # Not vLLM's verified behaviour: a supervisor never sends a request to a sleeping server.
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, "The engine is sleeping.", "ServiceUnavailableError")
+            return
+        if self._wait_while_hung():
+            return
         raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
         prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
         prompt_tokens = _approximate_tokens(prompt_text)
-        text = completion_text(max_tokens)
+        text = "" if stale else completion_text(max_tokens)
         with state.lock:
             state.prompt_tokens_total += prompt_tokens
             state.generation_tokens_total += max_tokens
             state.interval_prompt_tokens += prompt_tokens
             state.interval_generation_tokens += max_tokens
             state.requests_total += 1
+            state.ttft_counts = [
+                c + (b >= STAND_IN_TTFT_SECONDS) for c, b in zip(state.ttft_counts, TTFT_BUCKETS, strict=True)
+            ]
+            state.ttft_sum += STAND_IN_TTFT_SECONDS
+            state.ttft_count += 1
         created = int(time.time())
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         usage = {
@@ -332,25 +486,90 @@ class RequestHandler(BaseHTTPRequestHandler):
         else:
             self._json(200, response)
 
+    def _wait_while_hung(self) -> bool:
+        """A hung engine: the request waits (and counts as waiting) until its client gives up,
+        then is aborted, as vLLM aborts a request whose connection closed. True when it waited."""
+        state = self.server.state
+        with state.lock:
+            if not state.hung:
+                return False
+            state.waiting += 1
+        try:
+            while True:
+                readable, _, _ = select.select([self.connection], [], [], HUNG_POLL_SECONDS)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    break  # the client closed its end
+        except OSError:
+            pass
+        finally:
+            with state.lock:
+                state.waiting -= 1
+        self.close_connection = True
+        return True
+
     def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
-        """Server-sent events: the text in one chunk, a finishing chunk, then [DONE]."""
+        """Server-sent events: the text (in one event, or a token per event with
+        FAKE_VLLM_TOKEN_SECONDS), a finishing event, then [DONE]. A client that goes away
+        aborts the request, as vLLM does (counted as finished_reason="abort"). Chunked and kept
+        alive as uvicorn sends a streaming response (HTTP/1.0 clients: until the connection closes)."""
+        chunked = self.request_version == "HTTP/1.1"
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("connection", "close")
+        if chunked:
+            self.send_header("transfer-encoding", "chunked")
+        else:
+            self.send_header("connection", "close")
+            self.close_connection = True
         self.end_headers()
-        self.close_connection = True
-        chunk_object = "chat.completion.chunk" if chat else "text_completion"
-        choices: list[dict[str, object]] = [
-            {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
-            if chat
-            else {"index": 0, "text": text, "finish_reason": None},
-            {"index": 0, "delta": {"content": ""}, "finish_reason": "length"}
-            if chat
-            else {"index": 0, "text": "", "finish_reason": "length"},
-        ]
-        for choice in choices:
-            chunk = {key: value for key, value in response.items() if key != "usage"}
-            chunk.update(object=chunk_object, choices=[choice])
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
+
+        def send(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+
+        delay = self.server.facts.token_seconds
+        pieces = _tokens(text) if delay > 0 else [text]
+        events = [_chunk(response, chat, piece, None) for piece in pieces]
+        events.append(_chunk(response, chat, "", "length"))
+        state = self.server.state
+        with state.lock:
+            state.running += 1
+        try:
+            for index, event in enumerate(events):
+                if index and delay > 0:
+                    time.sleep(delay)
+                send(b"data: " + json.dumps(event).encode() + b"\n\n")
+            send(b"data: [DONE]\n\n")
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            with state.lock:
+                state.aborted_total += 1
+            self._access_log(200)
+            return
+        finally:
+            with state.lock:
+                state.running -= 1
         self._access_log(200)
+
+
+def _tokens(text: str) -> list[str]:
+    """The filler text as the words it was made of (each one token)."""
+    words: list[str] = []
+    for index, char in enumerate(text):
+        if index == 0 or (char in {" ", "."} and words):
+            words.append(char)
+        else:
+            words[-1] += char
+    return words or [""]
+
+
+def _chunk(response: dict[str, object], chat: bool, piece: str, finish: str | None) -> dict[str, object]:
+    choice: dict[str, object]
+    if chat:
+        delta: dict[str, object] = {"content": piece} if finish else {"role": "assistant", "content": piece}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": piece, "finish_reason": finish}
+    chunk = {key: value for key, value in response.items() if key != "usage"}
+    chunk.update(object="chat.completion.chunk" if chat else "text_completion", choices=[choice])
+    return chunk

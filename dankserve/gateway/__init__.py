@@ -1,0 +1,1 @@
+"""One OpenAI-compatible endpoint in front of every deployment (docs/GATEWAY.md)."""

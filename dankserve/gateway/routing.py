@@ -1,0 +1,129 @@
+"""Which deployment answers a request, and the gateway's answers in OpenAI's shape (pure).
+
+A deployment answers to its served name (``served_model_name``, else ``model``) and to each
+of its ``aliases``; a request naming an alias is passed on with the served name, since vLLM
+checks the `model` field against the names it serves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dankserve.settings import DeploymentSettings
+
+ROUTED_BY_MODEL = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/score",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/rerank",
+        "/score",
+        "/pooling",
+        "/classify",
+        "/tokenize",
+        "/detokenize",
+    }
+)
+"""POST routes of vLLM's OpenAI server whose JSON body names the model."""
+
+DEV_ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache"})
+"""vLLM's dev-mode routes: they change the server's state and are never passed on."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a model name leads: the deployment and the name its server knows the model by."""
+
+    deployment: str
+    served_name: str
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One row of /v1/models."""
+
+    id: str
+    deployment: str
+    served_name: str
+
+
+def served_name(dep: DeploymentSettings) -> str:
+    return dep.served_model_name or dep.model
+
+
+def model_entries(deployments: Mapping[str, DeploymentSettings]) -> list[ModelEntry]:
+    """Every name an enabled deployment answers to, served name first, in config order."""
+    entries: list[ModelEntry] = []
+    for name, dep in deployments.items():
+        if not dep.enabled:
+            continue
+        served = served_name(dep)
+        for model in dict.fromkeys([served, *dep.aliases]):
+            entries.append(ModelEntry(model, name, served))
+    return entries
+
+
+def route_table(deployments: Mapping[str, DeploymentSettings]) -> dict[str, Route]:
+    """Model name to route (names are unique across deployments: the settings refuse clashes)."""
+    return {e.id: Route(e.deployment, e.served_name) for e in model_entries(deployments)}
+
+
+def models_document(entries: list[ModelEntry], created: int) -> dict[str, Any]:
+    """The /v1/models answer (OpenAI's list of model objects)."""
+    return {
+        "object": "list",
+        "data": [
+            {"id": e.id, "object": "model", "created": created, "owned_by": "dankserve", "root": e.served_name}
+            for e in entries
+        ],
+    }
+
+
+def error_document(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape (as vLLM writes it)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A request body read for routing: the route and the bytes to pass on."""
+
+    route: Route
+    body: bytes
+
+
+class RoutingError(Exception):
+    """The request cannot be routed; carries the HTTP status and OpenAI error document."""
+
+    def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.document = error_document(status, message, kind, param)
+
+
+def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
+    """Find the deployment a JSON body's `model` names; rewrite an alias to the served name."""
+    try:
+        document = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RoutingError(400, f"the request body is not JSON: {exc}", "BadRequestError") from None
+    if not isinstance(document, dict):
+        raise RoutingError(400, "the request body must be a JSON object", "BadRequestError")
+    model = document.get("model")
+    if not isinstance(model, str) or not model:
+        raise RoutingError(400, "the request names no `model`; GET /v1/models lists them", "BadRequestError", "model")
+    route = table.get(model)
+    if route is None:
+        raise RoutingError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    if model == route.served_name:
+        return Routed(route, body)
+    document["model"] = route.served_name
+    return Routed(route, json.dumps(document).encode())

@@ -1,0 +1,157 @@
+"""Log lines with a time each, for `dankserve logs`: parse --since, read the time of a daemon
+line (journald entry, JSON or console line) or of a server line, merge them in time order. Pure.
+
+A server's own output carries vLLM's time prefix (`INFO 12-01 13:03:06 [file.py:N] ...`, no
+year); lines without one (uvicorn's, tracebacks, progress bars) take the time of the line
+before them (the first ones that of the line after).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from dankserve.errors import InvalidInput
+
+_UNITS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "seconds": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "minutes": 60,
+    "h": 3600,
+    "hour": 3600,
+    "hours": 3600,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+}
+_RELATIVE = re.compile(r"^-?\s*(\d+(?:\.\d+)?)\s*([a-z]+)(?:\s+ago)?$")
+_VLLM_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
+_CONSOLE_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+@dataclass(frozen=True)
+class TimedLine:
+    at: datetime
+    """Aware (local time zone when the source had none)."""
+    source: str
+    text: str
+
+    def render(self) -> str:
+        # A progress bar redraws itself with carriage returns: show what a terminal would, its last state.
+        text = next((part for part in reversed(self.text.split("\r")) if part.strip()), "")
+        return f"{self.at.astimezone().strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} {self.source}: {text}"
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """--since as journalctl reads it: a date/time (local unless it names a zone), `today`,
+    `yesterday`, `now`, or a span back from now (`10m`, `-2h`, `1 day ago`)."""
+    value = text.strip().lower()
+    if value == "now":
+        return now
+    if value in ("today", "yesterday"):
+        midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return midnight - timedelta(days=1) if value == "yesterday" else midnight
+    match = _RELATIVE.match(value)
+    if match and match.group(2) in _UNITS:
+        return now - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(
+            f"--since {text!r} is not a time",
+            fix='give a date and time ("2026-12-01 13:00", ISO 8601), today, yesterday, or a span ("10m", "2h ago")',
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.astimezone()
+
+
+def vllm_time(line: str, now: datetime) -> datetime | None:
+    """The time of vLLM's log prefix (this year, or last year for a date after now)."""
+    match = _VLLM_TIME.search(line)
+    if match is None:
+        return None
+    month, day, hour, minute, second = (int(g) for g in match.groups())
+    try:
+        at = now.replace(month=month, day=day, hour=hour, minute=minute, second=second, microsecond=0)
+    except ValueError:
+        return None
+    return at.replace(year=at.year - 1) if at > now + timedelta(days=1) else at
+
+
+def server_lines(source: str, lines: Sequence[str], now: datetime) -> list[TimedLine]:
+    """A server's lines, each with the time of its own prefix or of its neighbour."""
+    times = [vllm_time(line, now) for line in lines]
+    known = next((t for t in times if t is not None), now)
+    out = []
+    for line, at in zip(lines, times, strict=True):
+        known = at or known
+        out.append(TimedLine(known, source, line))
+    return out
+
+
+def daemon_file_line(line: str, source: str = "dankserve") -> TimedLine | None:
+    """A line of the daemon's own log file (JSON or console), None when it has no time."""
+    if line.startswith("{"):
+        try:
+            entry = json.loads(line)
+            at = datetime.fromisoformat(str(entry.pop("timestamp")).replace("Z", "+00:00"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        event = entry.pop("event", "")
+        level = entry.pop("level", "info")
+        rest = " ".join(f"{key}={value}" for key, value in entry.items())
+        return TimedLine(at, source, f"[{level}] {event} {rest}".rstrip())
+    match = _CONSOLE_TIME.match(line)
+    if match is None:
+        return None
+    at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S").astimezone()
+    return TimedLine(at, source, line[match.end() :].strip())
+
+
+_JOURNAL_OWN = frozenset(
+    {"MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "SYSLOG_PID", "SYSLOG_TIMESTAMP"}
+)
+_LEVELS = {
+    "0": "emerg",
+    "1": "alert",
+    "2": "critical",
+    "3": "error",
+    "4": "warning",
+    "5": "notice",
+    "6": "info",
+    "7": "debug",
+}
+
+
+def journal_entry(line: str, source: str = "dankserve") -> TimedLine | None:
+    """One `journalctl -o json` entry, rendered like a daemon log line: `[level] event key=value ...`
+    (the event's fields are the entry's own upper-case ones; journald's `_`-prefixed ones are left out)."""
+    try:
+        entry = json.loads(line)
+        at = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6).astimezone()
+    except (ValueError, KeyError, TypeError):
+        return None
+    message = entry.get("MESSAGE", "")
+    if isinstance(message, list):  # journalctl gives non-UTF-8 messages as byte lists
+        message = bytes(message).decode("utf-8", "replace")
+    level = _LEVELS.get(str(entry.get("PRIORITY", "6")), "info")
+    fields = " ".join(
+        f"{key.lower()}={value}"
+        for key, value in entry.items()
+        if not key.startswith("_") and key not in _JOURNAL_OWN and isinstance(value, str)
+    )
+    return TimedLine(at, source, f"[{level}] {message} {fields}".rstrip())
+
+
+def merged(groups: Iterable[Iterable[TimedLine]], since: datetime | None, last: int) -> list[TimedLine]:
+    """Every group's lines at or after `since`, in time order (stable), the last `last` of them."""
+    lines = [line for group in groups for line in group if since is None or line.at >= since]
+    lines.sort(key=lambda line: line.at)
+    return lines[-last:] if last > 0 else []

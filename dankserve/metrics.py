@@ -1,0 +1,292 @@
+"""The daemon's /metrics: the supervisor's numbers in the Prometheus text format (prometheus-client).
+
+`families(snapshot)` turns one `MetricsSnapshot` (what the daemon knows at that moment, read
+from the same Telemetry and Observatory caches `dankserve status` reads) into metric families;
+it does no I/O, so a scrape costs only the formatting. `MetricsServer` serves them on
+`metrics_listen` (off when unset).
+
+Exported (every deployment-level series carries `deployment`):
+
+- `dankserve_deployment_state{state}`, `dankserve_deployment_phase{phase}`: 1 for the current one,
+  0 for the others; `dankserve_deployment_info{model,image,vllm_version}` 1;
+  `dankserve_deployment_ready_seconds` (time since ready, absent when not ready)
+- `dankserve_boots_total{kind}`, `dankserve_boot_duration_seconds{kind}` (histogram), kinds
+  cold / warm / learned_bytes / launcher / wake
+- `dankserve_restarts_total{cause}`, `dankserve_failures_total{cause}` (the failure policy's causes)
+- `dankserve_kv_cache_memory_bytes`, `dankserve_kv_cache_learned_used` (0/1)
+- `dankserve_compile_cache_hits_total`, `dankserve_compile_cache_misses_total`
+- `dankserve_liveness_probes_total{result}`, `dankserve_preemption_warnings_total`
+- `dankserve_serving_scrape_ok` (0/1: the server's /metrics was read in the last round)
+- `dankserve_gpu_memory_used_bytes{gpu,uuid}`, `dankserve_gpu_memory_total_bytes{gpu,uuid}`
+- vLLM's own families (`serving.RELAYED`, e.g. `vllm:num_requests_waiting`,
+  `vllm:kv_cache_usage_perc`, `vllm:num_preemptions_total`, `vllm:time_to_first_token_seconds`)
+  relayed under their own names with a `deployment` label added.
+- Sleep state and swap timings (`dankserve_sleep_state`, `dankserve_swap_seconds`) join here
+  once swap groups exist: see `_sleep_and_swap`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from dankserve.host.gpu_memory import GpuMemory
+from dankserve.supervisor.lifecycle import Phase
+from dankserve.supervisor.serving import RELAYED, ServingSample, with_deployment
+from dankserve.supervisor.telemetry import DeploymentTelemetry
+
+STATES: tuple[str, ...] = ("stopped", "starting", "ready", "restarting", "failed", "down", "disabled")
+PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
+
+
+@dataclass(frozen=True)
+class DeploymentFacts:
+    """A deployment's current state as the daemon holds it."""
+
+    name: str
+    state: str
+    phase: str
+    model: str
+    image: str
+    vllm_version: str | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_learned_used: bool = False
+    ready_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    deployments: tuple[DeploymentFacts, ...]
+    telemetry: Mapping[str, DeploymentTelemetry] = field(default_factory=dict)
+    serving: Mapping[str, ServingSample] = field(default_factory=dict)
+    scrape_ok: Mapping[str, bool] = field(default_factory=dict)
+    gpus: Mapping[str, GpuMemory] = field(default_factory=dict)
+
+
+def families(snapshot: MetricsSnapshot) -> list[Metric]:
+    """Every metric family of one snapshot."""
+    out: list[Metric] = []
+    out += _deployment_families(snapshot.deployments)
+    out += _telemetry_families(snapshot.telemetry)
+    out += _sleep_and_swap()
+    scrape = GaugeMetricFamily(
+        "dankserve_serving_scrape_ok", "1 when the server's /metrics was read in the last round.", labels=["deployment"]
+    )
+    for name, ok in sorted(snapshot.scrape_ok.items()):
+        scrape.add_metric([name], 1.0 if ok else 0.0)
+    out.append(scrape)
+    out += _gpu_families(snapshot.gpus)
+    out += with_deployment((name, sample.families) for name, sample in sorted(snapshot.serving.items()))
+    return out
+
+
+def _deployment_families(deployments: Iterable[DeploymentFacts]) -> list[Metric]:
+    labels = ["deployment"]
+    state = GaugeMetricFamily(
+        "dankserve_deployment_state", "1 for the deployment's current state.", labels=[*labels, "state"]
+    )
+    phase = GaugeMetricFamily(
+        "dankserve_deployment_phase", "1 for the deployment's current phase.", labels=[*labels, "phase"]
+    )
+    info = GaugeMetricFamily(
+        "dankserve_deployment_info",
+        "The deployment's model, image and vLLM release.",
+        labels=[*labels, "model", "image", "vllm_version"],
+    )
+    ready = GaugeMetricFamily(
+        "dankserve_deployment_ready_seconds", "Seconds since the deployment became ready.", labels=labels
+    )
+    kv = GaugeMetricFamily(
+        "dankserve_kv_cache_memory_bytes",
+        "KV-cache bytes of the running boot (learned or as vLLM sized it).",
+        labels=labels,
+    )
+    learned = GaugeMetricFamily(
+        "dankserve_kv_cache_learned_used", "1 when the running boot reused the learned KV-cache size.", labels=labels
+    )
+    for dep in deployments:
+        for value in STATES:
+            state.add_metric([dep.name, value], 1.0 if dep.state == value else 0.0)
+        for value in PHASES:
+            phase.add_metric([dep.name, value], 1.0 if dep.phase == value else 0.0)
+        info.add_metric([dep.name, dep.model, dep.image, dep.vllm_version or ""], 1.0)
+        if dep.ready_seconds is not None:
+            ready.add_metric([dep.name], dep.ready_seconds)
+        if dep.kv_cache_memory_bytes is not None:
+            kv.add_metric([dep.name], float(dep.kv_cache_memory_bytes))
+        learned.add_metric([dep.name], 1.0 if dep.kv_cache_learned_used else 0.0)
+    return [state, phase, info, ready, kv, learned]
+
+
+def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Metric]:
+    boots = CounterMetricFamily(
+        "dankserve_boots_total", "Boots that reached ready, by kind.", labels=["deployment", "kind"]
+    )
+    durations = HistogramMetricFamily(
+        "dankserve_boot_duration_seconds",
+        "Seconds from start to ready, by kind of boot.",
+        labels=["deployment", "kind"],
+    )
+    restarts = CounterMetricFamily(
+        "dankserve_restarts_total", "Restarts, by the failure that caused them.", labels=["deployment", "cause"]
+    )
+    failures = CounterMetricFamily(
+        "dankserve_failures_total", "Failures (boot or serving), by cause.", labels=["deployment", "cause"]
+    )
+    hits = CounterMetricFamily(
+        "dankserve_compile_cache_hits_total", "Boots with a torch.compile cache hit.", labels=["deployment"]
+    )
+    misses = CounterMetricFamily(
+        "dankserve_compile_cache_misses_total", "Boots that compiled afresh.", labels=["deployment"]
+    )
+    probes = CounterMetricFamily(
+        "dankserve_liveness_probes_total", "One-token liveness probes, by result.", labels=["deployment", "result"]
+    )
+    preemption_warnings = CounterMetricFamily(
+        "dankserve_preemption_warnings_total", "Warnings about rising preemptions.", labels=["deployment"]
+    )
+    for name, t in sorted(telemetry.items()):
+        for kind, count in t.boots.items():
+            boots.add_metric([name, kind], float(count))
+        for kind, histogram in t.boot_seconds.items():
+            buckets = [
+                (_le(bound), float(count)) for bound, count in zip(histogram.buckets, histogram.counts, strict=True)
+            ]
+            buckets.append(("+Inf", float(histogram.count)))
+            durations.add_metric([name, kind], buckets, histogram.total)
+        for cause, count in t.restarts.items():
+            restarts.add_metric([name, cause], float(count))
+        for cause, count in t.failures.items():
+            failures.add_metric([name, cause], float(count))
+        hits.add_metric([name], float(t.compile_cache_hits))
+        misses.add_metric([name], float(t.compile_cache_misses))
+        probes.add_metric([name, "ok"], float(t.probes_ok))
+        probes.add_metric([name, "failed"], float(t.probes_failed))
+        preemption_warnings.add_metric([name], float(t.preemption_warnings))
+    return [boots, durations, restarts, failures, hits, misses, probes, preemption_warnings]
+
+
+def _le(bound: float) -> str:
+    return f"{float(bound)}"
+
+
+def _sleep_and_swap() -> list[Metric]:
+    """Sleep state and swap timings per deployment: none yet. Swap groups (sleeping deployments
+    woken on demand) will report `dankserve_sleep_state{deployment}` (0 awake, 1 or 2 the sleep
+    level) and `dankserve_swap_seconds{deployment,direction}` (a histogram of sleep/wake times)
+    from here, read from the same Telemetry as the rest."""
+    return []
+
+
+def _gpu_families(gpus: Mapping[str, GpuMemory]) -> list[Metric]:
+    used = GaugeMetricFamily("dankserve_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=["gpu", "uuid"])
+    total = GaugeMetricFamily("dankserve_gpu_memory_total_bytes", "GPU memory in all (NVML).", labels=["gpu", "uuid"])
+    for reading in sorted(gpus.values(), key=lambda r: r.index):
+        labels = [str(reading.index), reading.uuid]
+        total.add_metric(labels, float(reading.total_bytes))
+        if reading.used_bytes is not None:
+            used.add_metric(labels, float(reading.used_bytes))
+    return [used, total]
+
+
+EXPORTED: frozenset[str] = frozenset(
+    {
+        "dankserve_deployment_state",
+        "dankserve_deployment_phase",
+        "dankserve_deployment_info",
+        "dankserve_deployment_ready_seconds",
+        "dankserve_kv_cache_memory_bytes",
+        "dankserve_kv_cache_learned_used",
+        "dankserve_boots_total",
+        "dankserve_boot_duration_seconds_bucket",
+        "dankserve_boot_duration_seconds_sum",
+        "dankserve_boot_duration_seconds_count",
+        "dankserve_restarts_total",
+        "dankserve_failures_total",
+        "dankserve_compile_cache_hits_total",
+        "dankserve_compile_cache_misses_total",
+        "dankserve_liveness_probes_total",
+        "dankserve_preemption_warnings_total",
+        "dankserve_serving_scrape_ok",
+        "dankserve_gpu_memory_used_bytes",
+        "dankserve_gpu_memory_total_bytes",
+    }
+)
+"""The sample names of dankserve's own series (the relayed vLLM ones are `serving.RELAYED`)."""
+
+
+class SnapshotCollector(Collector):
+    """A prometheus-client collector that asks for a fresh snapshot on every scrape."""
+
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self._snapshot())
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class MetricsServer:
+    """/metrics over HTTP on `address`:`port`, in its own thread.
+
+    Always the classic text format (0.0.4): prometheus-client's OpenMetrics answer to a
+    Prometheus that asks for it escapes the colons of vLLM's names (`vllm:num_requests_waiting`
+    would arrive as `vllm_num_requests_waiting`), and vLLM's dashboards use the colon names.
+    """
+
+    def __init__(self, address: str, port: int, snapshot: Callable[[], MetricsSnapshot]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(snapshot))
+        self._server: WSGIServer | None = None
+        self._address = address
+        self._port = port
+
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO") not in ("/metrics", "/"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: dankserve serves /metrics\n"]
+        body = generate_latest(self.registry)
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def start(self) -> None:
+        """Listen; OSError when the address cannot be bound."""
+        server_class = _ThreadingServer6 if ":" in self._address else _ThreadingServer
+        self._server = make_server(self._address, self._port, self._app, server_class, _QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+__all__ = ["EXPORTED", "PHASES", "RELAYED", "STATES", "MetricsServer", "MetricsSnapshot", "families"]

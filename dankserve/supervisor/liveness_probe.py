@@ -1,0 +1,91 @@
+"""The shell around the pure liveness checks: feeds them the observatory's latest serving sample
+and the clock, runs the token probes they ask for (in the background, so a hung engine never
+blocks the worker), records the outcome in Telemetry, and hands back the evidence of a hang."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from dankserve.supervisor import liveness
+from dankserve.supervisor.health import BackgroundProbe, token_probe
+from dankserve.supervisor.serving import ServingSample
+from dankserve.supervisor.telemetry import Telemetry
+
+log = structlog.get_logger("dankserve")
+
+
+def served_model_name(argv: tuple[str, ...], model: str) -> str:
+    """The name the server answers to: the first --served-model-name (either spelling), else the model."""
+    for index, arg in enumerate(argv):
+        if arg == "--served-model-name" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+    return model
+
+
+def read_api_key(path: Path | None) -> str | None:
+    """The server's API key for the probe (None: no key, or the file cannot be read now)."""
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class LivenessMonitor:
+    """Watches one ready server; `step()` returns the evidence once it counts as hung."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        workload_id: str | None,
+        host: str,
+        port: int,
+        model: str,
+        api_key_file: Path | None,
+        settings: liveness.LivenessSettings,
+        timeout: float,
+        sample: Callable[[], ServingSample | None],
+        telemetry: Telemetry,
+        now: float,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.workload_id = workload_id
+        """The server watched (a new one gets a new monitor)."""
+        self._name = name
+        self._wall = wall
+        self._settings = settings
+        self._sample = sample
+        self._telemetry = telemetry
+        self._state = liveness.Liveness.ready_at(now)
+        self._probe: BackgroundProbe | None = None
+
+        def probe() -> str | None:
+            return token_probe(host, port, model, read_api_key(api_key_file), timeout)
+
+        self._run_probe = probe
+
+    def step(self, now: float) -> str | None:
+        """One look: None while alive, else why the engine counts as hung."""
+        if self._probe is not None:
+            if not self._probe.done:
+                return None
+            error = self._probe.error
+            self._probe = None
+            self._state, verdict = liveness.probed(self._state, error, now)
+            self._telemetry.probed(self._name, self._wall(), error, self._state.probe_failures)
+            if error is not None:
+                log.warning("token_probe_failed", deployment=self._name, error=error, count=self._state.probe_failures)
+            if verdict.action == "hung":
+                return verdict.evidence
+        self._state, verdict = liveness.observe(self._state, self._sample(), now, self._settings)
+        if verdict.action == "probe":
+            self._probe = BackgroundProbe(self._run_probe)
+        return verdict.evidence if verdict.action == "hung" else None

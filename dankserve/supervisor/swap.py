@@ -1,0 +1,204 @@
+"""Swap groups' decisions (issue 16), pure: which members sleep so another can wake, which have
+been idle too long, and how deep a member sleeps.
+
+Deployments of one swap group share GPUs with utilisations that sum above the 0.95 budget; at
+any time the awake ones fit. Nothing here talks to vLLM or reads a clock: the supervisor hands
+in each member's state, last use and in-flight requests, and carries out the answer (sleep via
+vLLM's `/sleep?level=N`, wake via `/wake_up`, or stop and boot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+GPU_BUDGET = 0.95
+"""The most of each GPU the members awake on it may hold together (as for deployments sharing a GPU)."""
+
+
+class MemberState(StrEnum):
+    AWAKE = "awake"
+    """Ready, holding its GPU memory."""
+    WAKING = "waking"
+    """Being woken (or booting): counts as holding its GPU memory."""
+    SLEEPING = "sleeping"
+    """Being put to sleep: still holds its GPU memory until asleep."""
+    ASLEEP = "asleep"
+    """Weights in CPU RAM (level 1) or dropped (level 2), KV cache freed: holds (almost) no GPU memory."""
+    STOPPED = "stopped"
+    """Not running (down, failed, or stopped instead of sleeping)."""
+
+
+HOLDING = frozenset({MemberState.AWAKE, MemberState.WAKING, MemberState.SLEEPING})
+
+
+@dataclass(frozen=True)
+class Member:
+    """One deployment of a swap group, as the supervisor sees it now."""
+
+    name: str
+    gpus: frozenset[str]
+    """UUIDs of the GPUs it runs on."""
+    utilization: float
+    """Its gpu_memory_utilization: the fraction of each of its GPUs it holds while awake."""
+    state: MemberState
+    last_used: float
+    """When its last request ended or began (monotonic seconds); its boot for one never used."""
+    in_flight: int = 0
+    """Requests it is answering now: a member with any is never put to sleep (they would fail)."""
+    pinned: bool = False
+    """Never put to sleep to make room for another (idle sleep neither)."""
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Put these to sleep (least recently used first), then wake the member."""
+
+    sleep: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Room will come when busy members finish (or sleeping ones are asleep): ask again then."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class CannotFit:
+    """No choice of sleepers makes room: pinned members (or the member's own size) stand in the way."""
+
+    reason: str
+
+
+def _load(members: Sequence[Member], gpu: str, excluding: frozenset[str]) -> float:
+    return sum(m.utilization for m in members if gpu in m.gpus and m.state in HOLDING and m.name not in excluding)
+
+
+def _overfull(members: Sequence[Member], target: Member, sleepers: frozenset[str]) -> list[str]:
+    """The target's GPUs that would exceed the budget with it awake and `sleepers` asleep."""
+    out = []
+    for gpu in sorted(target.gpus):
+        load = _load(members, gpu, sleepers | {target.name}) + target.utilization
+        if load > GPU_BUDGET + 1e-9:
+            out.append(gpu)
+    return out
+
+
+def _greedy(members: Sequence[Member], target: Member, candidates: Sequence[Member]) -> list[str] | None:
+    """Candidates (in order) to free until the target fits, skipping those on no over-full GPU; None if never."""
+    chosen: list[str] = []
+    for member in candidates:
+        full = _overfull(members, target, frozenset(chosen))
+        if not full:
+            return chosen
+        if member.gpus & set(full):
+            chosen.append(member.name)
+    return None if _overfull(members, target, frozenset(chosen)) else chosen
+
+
+def make_room(members: Sequence[Member], waking: str) -> Swap | Wait | CannotFit:
+    """What must sleep so that `waking` fits on its GPUs beside the members that stay awake.
+
+    Sleepers are awake members sharing an over-full GPU with it, never pinned ones, least
+    recently used first. When only members busy with requests (or still waking, or already
+    falling asleep) could make room, the answer is to wait; when not even they could (pinned
+    members, or its own size), it cannot fit. A member already awake or waking needs no room.
+    """
+    target = next(m for m in members if m.name == waking)
+    if target.state in (MemberState.AWAKE, MemberState.WAKING):
+        return Swap(())
+    if target.utilization > GPU_BUDGET + 1e-9:
+        return CannotFit(f"{waking} alone uses {target.utilization:g} of its GPUs, more than {GPU_BUDGET}")
+    sharing = sorted(
+        (m for m in members if m.name != waking and m.state in HOLDING and m.gpus & target.gpus and not m.pinned),
+        key=lambda m: (m.last_used, m.name),
+    )
+    idle = [m for m in sharing if m.state is MemberState.AWAKE and m.in_flight == 0]
+    now = _greedy(members, target, idle)
+    if now is not None:
+        return Swap(tuple(now))
+    later = _greedy(members, target, sharing)
+    if later is not None:
+        waiting = [name for name in later if name not in {m.name for m in idle}]
+        return Wait(f"{waking} waits for {', '.join(waiting)} (busy with requests, waking, or falling asleep)")
+    full = _overfull(members, target, frozenset(m.name for m in sharing))
+    pinned = sorted(m.name for m in members if m.pinned and m.state in HOLDING and m.gpus & set(full))
+    return CannotFit(
+        f"{waking} ({target.utilization:g}) does not fit on {', '.join(full)} beside "
+        + (f"pinned {', '.join(pinned)}" if pinned else "the members that stay awake")
+    )
+
+
+def idle_sleepers(members: Sequence[Member], idle_seconds: Mapping[str, float | None], now: float) -> list[str]:
+    """Awake members without requests for at least their idle_sleep_seconds (None: never), oldest first."""
+    due = [
+        m
+        for m in members
+        if m.state is MemberState.AWAKE
+        and not m.pinned
+        and m.in_flight == 0
+        and (limit := idle_seconds.get(m.name)) is not None
+        and now - m.last_used >= limit
+    ]
+    return [m.name for m in sorted(due, key=lambda m: (m.last_used, m.name))]
+
+
+class SleepLevel(StrEnum):
+    LEVEL_1 = "1"
+    """Weights copied to pinned CPU RAM, KV cache dropped: the fastest wake."""
+    LEVEL_2 = "2"
+    """Weights and KV cache dropped: the wake reloads the weights (staged wake, reload_weights)."""
+    STOP = "stop"
+    """No sleep mode: stop the server and boot it again (learned KV bytes and compile cache keep it fast)."""
+
+
+@dataclass(frozen=True)
+class LevelChoice:
+    level: SleepLevel
+    reason: str
+
+
+def sleep_level(
+    weights_bytes: int,
+    available_ram_bytes: int,
+    *,
+    sleep_mode: bool,
+    level_2: bool,
+    reserve_bytes: int = 4 << 30,
+) -> LevelChoice:
+    """Level 1 when the host's available RAM holds the weights (beside a reserve for everything
+    else), else level 2 where the release has it, else stop and boot.
+
+    sleep_mode: the vLLM release has `--enable-sleep-mode` (the catalogue) and the server answers
+    `/is_sleeping` (a 404 there means it was started without it); level_2: the release wakes from
+    level 2 (reload of the weights).
+    """
+    gib = 1 << 30
+    if not sleep_mode:
+        return LevelChoice(SleepLevel.STOP, "the server has no sleep mode: stop it and boot again when needed")
+    room = available_ram_bytes - reserve_bytes
+    if weights_bytes <= room:
+        return LevelChoice(
+            SleepLevel.LEVEL_1,
+            f"{weights_bytes / gib:.1f} GiB of weights fit in {room / gib:.1f} GiB of available RAM "
+            f"(after a {reserve_bytes / gib:.0f} GiB reserve)",
+        )
+    if level_2:
+        return LevelChoice(
+            SleepLevel.LEVEL_2,
+            f"{weights_bytes / gib:.1f} GiB of weights exceed the {max(room, 0) / gib:.1f} GiB of RAM available "
+            "for them: they are dropped and reloaded on wake",
+        )
+    return LevelChoice(
+        SleepLevel.STOP,
+        f"the weights do not fit in RAM ({weights_bytes / gib:.1f} GiB > {max(room, 0) / gib:.1f} GiB) and this "
+        "release has no level 2: stop and boot",
+    )
+
+
+def sleeps_after_first_boot(name: str, boot_order: Sequence[str]) -> bool:
+    """At start-up members boot one at a time on their shared GPUs; each but the first is put to
+    sleep once ready, so the next one finds its memory free."""
+    return bool(boot_order) and name != boot_order[0]

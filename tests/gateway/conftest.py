@@ -1,0 +1,139 @@
+"""Real stand-in vLLM servers (processes) and a gateway in front of them, for the gateway tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dankserve.aioserver import GuardedServer
+from dankserve.gateway.backends import Availability, Backend
+from dankserve.gateway.service import start_gateway
+from dankserve.settings import DeploymentSettings, GatewaySettings
+from tests.harness.daemon import STAND_IN, free_port
+
+
+@dataclass
+class StandIn:
+    """One stand-in vLLM server process on loopback."""
+
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def start_stand_in(served: str, *args: str, token_seconds: float = 0.0, env: dict[str, str] | None = None) -> StandIn:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(STAND_IN),
+            "serve",
+            "test/tiny",
+            "--port",
+            str(port),
+            "--served-model-name",
+            served,
+            *args,
+        ],
+        env={
+            **os.environ,
+            "FAKE_VLLM_TIME_SCALE": "0.01",
+            "FAKE_VLLM_TOKEN_SECONDS": str(token_seconds),
+            **(env or {}),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return StandIn(port, proc)
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the stand-in did not become healthy")
+
+
+@pytest.fixture
+def stand_ins() -> Iterator[Callable[..., StandIn]]:
+    """Start stand-in servers; all are stopped after the test."""
+    started: list[StandIn] = []
+
+    def start(served: str, *args: str, **kwargs: Any) -> StandIn:
+        server = start_stand_in(served, *args, **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.proc.terminate()
+    for server in started:
+        try:
+            server.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+
+
+@dataclass
+class TableSupervisor:
+    """The supervisor seam: availability set by the test, wakes recorded."""
+
+    backends: dict[str, Backend] = field(default_factory=dict)
+    wakes: list[str] = field(default_factory=list)
+    touches: list[str] = field(default_factory=list)
+
+    def backend(self, deployment: str) -> Backend:
+        return self.backends.get(deployment, Backend(Availability.OFF, "", 0, message="unknown"))
+
+    def wake(self, deployment: str) -> None:
+        self.wakes.append(deployment)
+
+    def touched(self, deployment: str) -> None:
+        self.touches.append(deployment)
+
+    def set(self, deployment: str, availability: Availability, port: int = 0, api_key: str | None = None) -> None:
+        self.backends[deployment] = Backend(availability, "127.0.0.1", port, api_key, message=availability.value)
+
+
+@dataclass
+class RunningGateway:
+    server: GuardedServer
+    supervisor: TableSupervisor
+    deployments: dict[str, DeploymentSettings]
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.address
+        return f"http://{host}:{port}"
+
+
+@pytest.fixture
+def gateway_for(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
+    """A gateway over the given deployments (name -> settings dict), with a TableSupervisor."""
+    servers: list[GuardedServer] = []
+
+    def make(deployments: dict[str, dict[str, Any]], **settings: Any) -> RunningGateway:
+        deps = {name: DeploymentSettings(**values) for name, values in deployments.items()}
+        supervisor = TableSupervisor()
+        gateway_settings = GatewaySettings(listen=f"127.0.0.1:{free_port()}", **settings)
+        server = start_gateway(gateway_settings, lambda: deps, supervisor)
+        servers.append(server)
+        return RunningGateway(server, supervisor, deps)
+
+    yield make
+    for server in servers:
+        server.close()

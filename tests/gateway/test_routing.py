@@ -1,0 +1,86 @@
+"""Tests for dankserve.gateway.routing: names to deployments, alias rewriting, error shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dankserve.gateway.routing import (
+    ModelEntry,
+    Route,
+    RoutingError,
+    model_entries,
+    models_document,
+    route_body,
+    route_table,
+)
+from dankserve.settings import DeploymentSettings
+
+DEPLOYMENTS = {
+    "chat": DeploymentSettings(model="org/chat-8b", served_model_name="chat", aliases=["gpt-4o", "chat"]),
+    "embed": DeploymentSettings(model="org/embed"),
+    "old": DeploymentSettings(model="org/old", enabled=False, aliases=["legacy"]),
+}
+
+
+def test_entries_are_served_name_then_aliases_once_each_enabled_only() -> None:
+    """A served name listed again as an alias appears once; a disabled deployment not at all."""
+    assert model_entries(DEPLOYMENTS) == [
+        ModelEntry("chat", "chat", "chat"),
+        ModelEntry("gpt-4o", "chat", "chat"),
+        ModelEntry("org/embed", "embed", "org/embed"),
+    ]
+
+
+def test_models_document_is_openai_list() -> None:
+    """/v1/models' document: object list, each a model object rooted at the served name."""
+    document = models_document(model_entries(DEPLOYMENTS), created=123)
+    assert document["object"] == "list"
+    assert document["data"][1] == {
+        "id": "gpt-4o",
+        "object": "model",
+        "created": 123,
+        "owned_by": "dankserve",
+        "root": "chat",
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "route", "sent_model"),
+    [
+        ("chat", Route("chat", "chat"), "chat"),
+        ("gpt-4o", Route("chat", "chat"), "chat"),
+        ("org/embed", Route("embed", "org/embed"), "org/embed"),
+    ],
+)
+def test_route_body(model: str, route: Route, sent_model: str) -> None:
+    """The route of each name; the body passed on names the served model."""
+    body = json.dumps({"model": model, "messages": [], "stream": True}).encode()
+    routed = route_body(body, route_table(DEPLOYMENTS))
+    assert routed.route == route
+    assert json.loads(routed.body) == {"model": sent_model, "messages": [], "stream": True}
+    if model == sent_model:
+        assert routed.body is body  # passed on untouched
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "text"),
+    [
+        (b'{"model": "legacy"}', 404, "The model `legacy` does not exist."),
+        (b'{"model": "nope"}', 404, "The model `nope` does not exist."),
+        (b"{}", 400, "names no `model`"),
+        (b'{"model": 3}', 400, "names no `model`"),
+        (b"[1]", 400, "must be a JSON object"),
+        (b"\xff", 400, "not JSON"),
+        (b"", 400, "not JSON"),
+    ],
+)
+def test_routing_errors(body: bytes, status: int, text: str) -> None:
+    """Unroutable bodies: the status and OpenAI's error document."""
+    with pytest.raises(RoutingError) as caught:
+        route_body(body, route_table(DEPLOYMENTS))
+    assert caught.value.status == status
+    error = caught.value.document["error"]
+    assert text in error["message"]
+    assert error["code"] == status
