@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dankserve.errors import resources_exhausted
+
 SOCKET_NAME = "control.sock"
 MAX_MESSAGE = 1 << 20
 
@@ -70,8 +72,12 @@ class ControlServer:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return
+            except OSError as exc:
+                if resources_exhausted(exc) is None:
+                    return  # closed
+                # Out of descriptors for now (a peer holding many open): keep serving once they are back.
+                self._closed.wait(0.1)
+                continue
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:

@@ -17,6 +17,7 @@ user what to do, and the exit code the CLI ends with::
     │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
     │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
     │   ├── MissingTool                 a system program dankserve needs is absent
+    │   ├── DaemonResourcesExhausted    the daemon itself is out of file descriptors or memory
     │   ├── HubUnreachable              the Hub does not answer (or offline mode) and nothing is cached
     │   ├── DiskSpaceShortfall          too little free disk for a model's weights
     │   └── ClusterUnreachable          a multi-host group cannot be reached or formed (retried like
@@ -29,6 +30,8 @@ Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debu
 """
 
 from __future__ import annotations
+
+import errno
 
 from dankserve.exitcodes import ExitCode
 
@@ -130,3 +133,29 @@ class MemberUnreachable(ClusterUnreachable):
 
 class GroupNotFormed(ClusterUnreachable):
     """Ray did not show every member of a group in time."""
+
+
+class DaemonResourcesExhausted(EnvironmentUnusable):
+    """The daemon itself ran out of file descriptors or memory (EMFILE, ENFILE, ENOMEM, ENOBUFS).
+
+    Never a deployment's fault: the supervisor retries like a Podman outage, counting no failure."""
+
+
+OWN_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+def resources_exhausted(exc: BaseException) -> DaemonResourcesExhausted | None:
+    """The exhaustion behind `exc` (itself, or an error it was raised from), or None when it is another error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DaemonResourcesExhausted):
+            return current
+        if isinstance(current, MemoryError) or (isinstance(current, OSError) and current.errno in OWN_RESOURCE_ERRNOS):
+            return DaemonResourcesExhausted(
+                f"the daemon itself is out of resources ({type(current).__name__}: {current}); retrying",
+                fix="raise LimitNOFILE in the unit or free memory; the deployments are not at fault",
+            )
+        current = current.__cause__ or current.__context__
+    return None

@@ -20,16 +20,22 @@ START_TIME_TOLERANCE_SECONDS = 0.5
 
 
 def spawn_detached(
-    argv: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None, append: bool = False
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    append: bool = False,
+    stdin: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `argv` in a new session (no terminal; its own process group), stdout and stderr to
-    `log_path` (0600; appended to, or truncated), stdin from /dev/null. OSError when it cannot run."""
+    `log_path` (0600; appended to, or truncated), stdin from /dev/null (or the descriptor `stdin`,
+    e.g. a start gate's pipe). OSError when it cannot run."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     fd = os.open(log_path, flags, 0o600)
     try:
         return subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=fd,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
+from dankserve.owned import env_problems, extra_args_problems
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
 DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
@@ -335,6 +336,29 @@ class DeploymentSettings(_Strict):
             check_address(address, default_port=7390)  # the cluster API's port
         return value
 
+    @field_validator("model", "revision")
+    @classmethod
+    def _not_a_flag(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("-"):
+            raise ValueError(f"{value!r} starts with '-': vLLM would read it as a flag; name the model or revision")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, value: list[str]) -> list[str]:
+        problems = extra_args_problems(value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_owned_env(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = env_problems(value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
     @field_validator("max_model_len")
     @classmethod
     def _max_model_len_positive(cls, value: int | str | None) -> int | str | None:
@@ -618,15 +642,22 @@ def check_secret_files(settings: Settings) -> None:
                 f"{key} = {str(path)!r}: the file {problem}",
                 fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
             )
+        if stat.S_ISREG(mode) and _holds_no_secret(path):
+            raise ConfigError(
+                f"{key} = {str(path)!r}: the file is empty or holds only whitespace, "
+                "and an empty key is no key (the server would run without one)",
+                fix=f"write the secret into {path}",
+            )
 
 
 def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
-    """A secret's text, stripped; unreadable, empty or shorter than min_length is a ConfigError (exit 2)."""
+    """A secret's text (secret_files.read_secret: a regular, non-empty file), UTF-8 and at least min_length long."""
+    from dankserve.secret_files import read_secret
+
     try:
-        secret = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{what} {path} cannot be read: {reason}", fix=fix) from None
+        secret = read_secret(path, what).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the {what} file {path} is not UTF-8 text", fix=fix) from None
     if len(secret) < min_length:
         raise ConfigError(
             f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
@@ -634,19 +665,58 @@ def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) ->
     return secret
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+"""The largest config file read: a real one is a few KiB; a bigger one is a mistake or an attack
+that would cost seconds and hundreds of MB to parse."""
+
+
+def _read_config_text(path: Path) -> str | None:
+    """The file's text, or None when it does not exist; only a regular file of a sane size is read.
+
+    Opened without blocking and checked before reading: a FIFO or a device would hang the reader
+    (and, on reload, the daemon's main loop)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(
+                f"config file {path} is not a regular file (a FIFO, device, socket or directory)",
+                fix="point --config or DANKSERVE_CONFIG at a regular TOML file",
+            )
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"config file {path} is {info.st_size} bytes, more than the {MAX_CONFIG_BYTES} a config may hold",
+                fix="point --config or DANKSERVE_CONFIG at the right file (a real config is a few KiB)",
+            )
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:  # it grew while we looked
+        raise ConfigError(
+            f"config file {path} holds more than the {MAX_CONFIG_BYTES} bytes a config may hold",
+            fix="point --config or DANKSERVE_CONFIG at the right file (a real config is a few KiB)",
+        )
+    return data.decode("utf-8")
+
+
+def _holds_no_secret(path: Path) -> bool:
+    """Whether a readable secret file holds only whitespace (one this user cannot read is checked when used)."""
+    try:
+        with path.open("rb") as handle:
+            return not handle.read(MAX_CONFIG_BYTES).strip()
+    except OSError:
+        return False
+
+
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
     """The TOML file's tables, or {} when an unnamed default file is absent."""
     _check_config_file(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(
-                f"config file {path} does not exist",
-                fix="create it (`dankserve install` writes a commented example of every key) "
-                f"or point --config/{CONFIG_ENV} elsewhere",
-            ) from None
-        return {}
+        text = _read_config_text(path)
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}", fix="check its permissions") from None
     except UnicodeDecodeError as exc:
@@ -654,11 +724,24 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
             f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r})",
             fix="save it as UTF-8 (TOML files are UTF-8)",
         ) from None
+    if text is None:
+        if required:
+            raise ConfigError(
+                f"config file {path} does not exist",
+                fix="create it (`dankserve install` writes a commented example of every key) "
+                f"or point --config/{CONFIG_ENV} elsewhere",
+            )
+        return {}
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(
             f"config file {path} is not valid TOML: {exc}", fix="correct the syntax at that line"
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            f"config file {path} nests arrays or tables too deeply to read",
+            fix="flatten the nesting (no dankserve key nests more than a few levels)",
         ) from None
 
 
@@ -676,7 +759,9 @@ def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
             f"{path}: {key} is required: the cluster API speaks TLS only (make the group's certificates "
             "with scripts/cluster-certs.sh DIR ADDRESS..., docs/MULTI-HOST.md)"
         )
-    shown = "" if isinstance(value, dict) else f" = {value!r}"
+    # extra_args and env may hold a secret (which is why they were refused): never echo them.
+    hidden = isinstance(value, dict) or (error["loc"] and error["loc"][-1] in ("extra_args", "env"))
+    shown = "" if hidden else f" = {value!r}"
     return f"{path}: {key}{shown}: {error['msg']}"
 
 
@@ -684,8 +769,24 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
     """Read and validate the settings; every problem becomes a ConfigError (exit 2)."""
     path, required = resolve_config_path(config, environ)
     data = read_config_file(path, required=required)
+    private = sorted(key for key in data if key.startswith("_"))
+    if private:
+        # pydantic-settings reads `_name` arguments as its own options (`_env_prefix` would switch
+        # off the DANKSERVE_* overrides): no dankserve key begins with '_'.
+        raise ConfigError(
+            "invalid configuration:\n  "
+            + "\n  ".join(
+                f"{path}: unknown key {key!r}; see config/dankserve.toml for the keys allowed" for key in private
+            ),
+            fix="remove the keys named above (no dankserve key begins with '_')",
+        )
     try:
         settings = Settings(**data)
+    except RecursionError:
+        raise ConfigError(
+            f"invalid configuration: {path} nests values too deeply to check",
+            fix="flatten the nesting (no dankserve key nests more than a few levels)",
+        ) from None
     except ValidationError as exc:
         lines = [_describe_error(path, err) for err in exc.errors()]
         raise ConfigError(

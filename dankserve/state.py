@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import tempfile
 import time
@@ -38,6 +39,38 @@ STATE_FILE = "state.json"
 
 class StateCorrupt(ValueError):
     """The state file's text is not a state of this schema (the reason is the message)."""
+
+
+class StateFromNewerRelease(ValueError):
+    """The state file was written by a newer dankserve (a schema this one does not know).
+
+    Never moved aside: it is the newer release's, and holds its `down` flags and learned sizes."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"written by a newer dankserve (schema_version {version}; this one reads {SCHEMA_VERSION})")
+        self.version = version
+
+
+MAX_DEPTH = 16
+"""The deepest nesting a state file of this schema has (a few levels); deeper is damage."""
+MAX_INT = 2**63
+"""Every count, byte size and time in the state fits in 64 bits; a larger number is damage."""
+
+
+def _check_shape(value: Any, depth: int = 0) -> None:
+    """StateCorrupt when the parsed JSON nests deeper or holds larger integers than a state can."""
+    if depth > MAX_DEPTH:
+        raise StateCorrupt(f"nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+        raise StateCorrupt(f"holds an integer of {len(str(abs(value)))} digits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise StateCorrupt(f"holds the number {value}")
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_shape(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_shape(item, depth + 1)
 
 
 @dataclass(frozen=True)
@@ -161,25 +194,31 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             overrides=dict(_optional(data, "overrides", dict) or {}),
             remediated=tuple(str(cause) for cause in _optional(data, "remediated", list) or ()),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
 
 
 def state_from_json(text: str) -> State:
-    """Parse a state file; StateCorrupt names what is wrong (empty, truncated, future schema ...)."""
+    """Parse a state file; StateCorrupt names what is wrong (empty, truncated, nested too deep ...),
+    StateFromNewerRelease says a newer dankserve wrote it."""
     if not text.strip():
         raise StateCorrupt("the file is empty")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise StateCorrupt(f"not JSON (truncated?): {exc}") from None
+    except RecursionError:
+        raise StateCorrupt("nested too deeply to read") from None
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit for conversions
+        raise StateCorrupt(f"not a state: {exc}") from None
     if not isinstance(data, dict):
         raise StateCorrupt("not a JSON object")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        if isinstance(version, int) and version > SCHEMA_VERSION:
-            raise StateCorrupt(f"schema_version {version} is newer than this dankserve's {SCHEMA_VERSION}")
+        if isinstance(version, int) and not isinstance(version, bool) and SCHEMA_VERSION < version < MAX_INT:
+            raise StateFromNewerRelease(version)
         raise StateCorrupt(f"schema_version {version!r} is not {SCHEMA_VERSION}")
+    _check_shape(data)
     deployments = data.get("deployments") or {}
     images = data.get("image_versions") or {}
     if not isinstance(deployments, dict) or not isinstance(images, dict):
@@ -236,6 +275,8 @@ class LoadResult:
 
     state: State
     warnings: tuple[str, ...] = ()
+    newer: StateFromNewerRelease | None = None
+    """Set when a newer dankserve wrote the file (left untouched; the state is then empty)."""
 
 
 def _utc_stamp(now: float) -> str:
@@ -250,21 +291,31 @@ class StateStore:
         self.path = state_dir / STATE_FILE
         self._clock = clock
 
-    def load(self) -> LoadResult:
-        """Read the state; a missing file is an empty state, an unusable one is moved aside."""
-        self._remove_stale_temp_files()
+    def load(self, *, repair: bool = True) -> LoadResult:
+        """Read the state; a missing file is an empty state, an unusable one is moved aside (with
+        `repair`; a reader that only looks, like `status`, changes nothing). A file a newer
+        dankserve wrote is never moved: `newer` says so and the caller decides."""
+        if repair:
+            self._remove_stale_temp_files()
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return LoadResult(State())
         except (OSError, UnicodeDecodeError) as exc:
             if isinstance(exc, UnicodeDecodeError):
-                return self._move_aside(f"not UTF-8 text: {exc}")
+                return self._unusable(f"not UTF-8 text: {exc}", repair)
             return LoadResult(State(), (f"state file {self.path} cannot be read ({exc}); starting without it",))
         try:
             return LoadResult(state_from_json(text))
+        except StateFromNewerRelease as exc:
+            return LoadResult(State(), (f"state file {self.path} was {exc}: left untouched",), newer=exc)
         except StateCorrupt as exc:
-            return self._move_aside(str(exc))
+            return self._unusable(str(exc), repair)
+
+    def _unusable(self, reason: str, repair: bool) -> LoadResult:
+        if repair:
+            return self._move_aside(reason)
+        return LoadResult(State(), (f"state file {self.path} is unusable ({reason}); the daemon moves it aside",))
 
     def save(self, state: State) -> tuple[str, ...]:
         """Write the state atomically; warnings (empty when saved). A failed write changes no file."""

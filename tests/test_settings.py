@@ -1,5 +1,6 @@
 """Tests for dankserve.settings."""
 
+import os
 import re
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 
 from dankserve.errors import ConfigError
 from dankserve.settings import (
+    MAX_CONFIG_BYTES,
     DeploymentSettings,
     config_file_problem,
     is_loopback,
@@ -228,4 +230,112 @@ def test_malformed_metrics_listen_is_a_config_error(tmp_path: Path, value: str) 
     """A metrics_listen that is not HOST:PORT is refused at load, naming the value and an example."""
     path = write(tmp_path, f'metrics_listen = "{value}"\n')
     with pytest.raises(ConfigError, match=re.escape("127.0.0.1:9400")):
+        load_settings(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('extra_args = ["--host", "0.0.0.0"]', "--host, which dankserve sets itself: set host instead"),
+        ('extra_args = ["--host=0.0.0.0"]', "set host instead"),
+        ('extra_args = ["--port", "9"]', "set port instead"),
+        ('extra_args = ["--hos", "0.0.0.0"]', "set host instead"),
+        ('extra_args = ["-pp", "2"]', "set hosts (a multi-host group) instead"),
+        ('extra_args = ["--download_dir", "/tmp"]', "set hf_cache_dir instead"),
+        ('extra_args = ["--kv-cache-memory-bytes", "1"]', "--kv-cache-memory-bytes"),
+        ('extra_args = ["--api-key", "sk-1"]', "set api_key_file instead"),
+        ('extra_args = ["--api-key=sk-1"]', "a secret on the command line"),
+        ('extra_args = ["--hf-token", "hf_x"]', "set hf_token_file instead"),
+        ('env = { VLLM_API_KEY = "sk-1" }', "set api_key_file instead"),
+        ('env = { HF_TOKEN = "hf_x" }', "set hf_token_file instead"),
+        ('env = { CUDA_VISIBLE_DEVICES = "3" }', "dankserve assigns the GPUs"),
+        ('env = { VLLM_CACHE_ROOT = "/tmp/c" }', "compile cache"),
+        ('env = { LD_PRELOAD = "/tmp/x.so" }', "loads code into the server"),
+        ('env = { PATH = "/tmp" }', "PATH"),
+        ('revision = "--trust-remote-code"', "starts with '-'"),
+    ],
+)
+def test_what_dankserve_owns_is_refused_with_the_key_to_use(tmp_path: Path, line: str, expected: str) -> None:
+    """Owned flags, secrets and contract-breaking variables in extra_args/env are refused, naming the key to
+    use, without echoing the secret."""
+    path = write(tmp_path, f'[deployments.chat]\nmodel = "m"\n{line}\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert expected in info.value.message and "deployments.chat" in info.value.message
+    assert "sk-1" not in info.value.message and "hf_x" not in info.value.message  # never echo a secret
+
+
+def test_a_model_that_starts_with_a_dash_is_refused(tmp_path: Path) -> None:
+    """A model id starting with '-' would become a vLLM flag: refused."""
+    path = write(tmp_path, '[deployments.chat]\nmodel = "--help"\n')
+    with pytest.raises(ConfigError, match="starts with '-'"):
+        load_settings(path, environ={})
+
+
+def test_ordinary_extra_args_and_env_pass(tmp_path: Path) -> None:
+    """Flags and variables dankserve does not own pass through."""
+    path = write(
+        tmp_path,
+        '[deployments.chat]\nmodel = "m"\nextra_args = ["--enable-prefix-caching", "--swap-space", "16", "-O3"]\n'
+        'env = { VLLM_LOGGING_LEVEL = "DEBUG" }\n',
+    )
+    dep = load_settings(path, environ={}).deployments["chat"]
+    assert dep.extra_args[0] == "--enable-prefix-caching" and dep.env == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+
+
+@pytest.mark.parametrize("content", ["", "   \n", "\t\n\n"])
+def test_a_blank_api_key_file_is_no_key(tmp_path: Path, content: str) -> None:
+    """An empty or whitespace-only api_key_file is refused like a missing key (it would serve unauthenticated)."""
+    key = tmp_path / "api.key"
+    key.write_text(content)
+    key.chmod(0o600)
+    path = write(tmp_path, f'[deployments.chat]\nmodel = "m"\nhost = "0.0.0.0"\napi_key_file = "{key}"\n')
+    with pytest.raises(ConfigError, match="empty or holds only whitespace"):
+        load_settings(path, environ={})
+
+
+@pytest.mark.parametrize("key", ["_env_prefix", "_case_sensitive", "_env_nested_delimiter", "_cli_parse_args"])
+def test_keys_beginning_with_underscore_are_unknown(tmp_path: Path, key: str) -> None:
+    """pydantic-settings' own `_options` are unknown keys in the file (they would switch off DANKSERVE_*)."""
+    path = write(tmp_path, f'{key} = "X_"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert f"unknown key {key!r}" in info.value.message
+
+
+def test_underscore_keys_do_not_switch_off_env_overrides(tmp_path: Path) -> None:
+    """A `_env_prefix` in the file is refused rather than silently ignoring DANKSERVE_* variables."""
+    path = write(tmp_path, '_env_prefix = "NOPE_"\npodman_url = "unix:///file.sock"\n')
+    with pytest.raises(ConfigError):
+        load_settings(path, environ={"DANKSERVE_PODMAN_URL": "unix:///env.sock"})
+
+
+def test_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO as the config file is refused without blocking (it used to hang `plan` forever)."""
+    path = tmp_path / "dankserve.toml"
+    os.mkfifo(path, 0o600)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(path, environ={})
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    """A directory named as the config file is refused, naming it."""
+    path = tmp_path / "conf.d"
+    path.mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(path, environ={})
+
+
+def test_a_huge_config_is_refused_before_parsing(tmp_path: Path) -> None:
+    """A config beyond the size limit is refused with its size, before it is parsed."""
+    path = write(tmp_path, "# " + "x" * (MAX_CONFIG_BYTES + 10) + "\n")
+    with pytest.raises(ConfigError, match=f"more than the {MAX_CONFIG_BYTES}"):
+        load_settings(path, environ={})
+
+
+@pytest.mark.parametrize("bomb", ["x = " + "[" * 5000 + "]" * 5000, "x = " + "{a = " * 5000 + "1" + "}" * 5000])
+def test_a_nesting_bomb_is_a_config_error(tmp_path: Path, bomb: str) -> None:
+    """Deeply nested arrays or inline tables are a config error (exit 2), not an internal error."""
+    path = write(tmp_path, bomb + "\n")
+    with pytest.raises(ConfigError, match="nest"):
         load_settings(path, environ={})

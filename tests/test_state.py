@@ -99,10 +99,14 @@ BAD_FILES = [
     ("empty", ""),
     ("truncated", state_to_json(populated())[:57]),
     ("not an object", "[1, 2]"),
-    ("future schema", json.dumps({"schema_version": SCHEMA_VERSION + 1, "deployments": {}})),
     ("no schema", json.dumps({"deployments": {}})),
     ("wrong types", json.dumps({"schema_version": 1, "deployments": {"chat": {"boots": "three"}}})),
     ("bad learned entry", json.dumps({"schema_version": 1, "deployments": {"chat": {"learned_kv": {"f": {}}}}})),
+    ("nested deeply", '{"schema_version": 1, "deployments": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+    ("nested too deep to be a state", '{"schema_version": 1, "x": ' + "[" * 40 + "]" * 40 + "}"),
+    ("5,000-digit integer", '{"schema_version": 1, "deployments": {"chat": {"boots": ' + "9" * 5000 + "}}}"),
+    ("100-digit integer", '{"schema_version": 1, "deployments": {"chat": {"boots": ' + "9" * 100 + "}}}"),
+    ("huge float", '{"schema_version": 1, "deployments": {"chat": {"last_failure": {"cause": "c", "at": 1e999}}}}'),
     ("binary", "\udcff"),
 ]
 
@@ -119,6 +123,27 @@ def test_unusable_file_moved_aside(tmp_path: Path, _name: str, text: str) -> Non
     assert aside.read_bytes() == text.encode("utf-8", errors="surrogateescape")
     assert not store.path.exists()
     assert store.save(State()) == ()  # and the daemon carries on
+
+
+def test_a_looking_load_moves_nothing(tmp_path: Path) -> None:
+    """A load without repair (status without a daemon) leaves a damaged file where it is and says so."""
+    store = StateStore(tmp_path)
+    store.path.write_text("{")
+    result = store.load(repair=False)
+    assert result.state == State() and "the daemon moves it aside" in result.warnings[0]
+    assert store.path.read_text() == "{"
+
+
+@pytest.mark.parametrize("repair", [True, False])
+def test_a_newer_schema_is_left_untouched(tmp_path: Path, repair: bool) -> None:
+    """A state file a newer dankserve wrote is never moved aside: the load says who wrote it."""
+    text = json.dumps({"schema_version": SCHEMA_VERSION + 1, "deployments": {"chat": {"down": True}}})
+    store = StateStore(tmp_path)
+    store.path.write_text(text)
+    result = store.load(repair=repair)
+    assert result.newer is not None and result.newer.version == SCHEMA_VERSION + 1
+    assert "written by a newer dankserve" in result.warnings[0]
+    assert store.path.read_text() == text and not list(tmp_path.glob("state.json.corrupt-*"))
 
 
 def test_second_corrupt_file_same_second(tmp_path: Path) -> None:

@@ -23,7 +23,11 @@ def offline_status(settings: Settings) -> dict[str, Any]:
         deployment_status(name, dep, store.deployment(name), None, down=store.is_down(name))
         for name, dep in sorted(settings.deployments.items())
     ]
-    return {"daemon": {"running": False, "pid": None}, "deployments": deployments}
+    return {
+        "daemon": {"running": False, "pid": None},
+        "deployments": deployments,
+        "warnings": list(store.load_warnings),
+    }
 
 
 def current_status(settings: Settings) -> dict[str, Any]:
@@ -81,7 +85,10 @@ def command(as_json: bool) -> ExitCode:
     """Show the daemon and each deployment's state, boots, learned KV cache and GPU memory."""
     settings = cli_context().load_settings()
     doc = current_status(settings)
-    doc["warnings"] = _warnings(doc, time.time(), settings.preemption_warning_interval_seconds)
+    doc["warnings"] = [
+        *doc.get("warnings", []),
+        *_warnings(doc, time.time(), settings.preemption_warning_interval_seconds),
+    ]
     if as_json:
         print_json(doc)
         return ExitCode.OK

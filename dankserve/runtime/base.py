@@ -84,6 +84,10 @@ class WorkloadSpec:
     port: int
     bind_host: str = "127.0.0.1"
     container_port: int = 8000
+    host_network: bool = False
+    """Share the host's network and bind `bind_host:port` directly, publishing nothing (the supervisor
+    decides it for loopback binds: a published port leaves the container's bridge address reachable
+    by any neighbour that routes the Podman subnet through this host)."""
     pull: PullPolicy = "missing"
     gpus: tuple[GpuRef, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -131,7 +135,7 @@ def container_fingerprint(spec: WorkloadSpec) -> str:
         ",".join(f"{g.index}:{g.uuid}" for g in spec.gpus),
         ",".join(f"{m.source}:{m.target}:{m.read_only}" for m in spec.mounts),
         ",".join(f"{s.name}:{s.source}:{s.env_var}" for s in spec.secrets),
-        f"{spec.bind_host}:{spec.port}:{spec.container_port}",
+        f"{spec.bind_host}:{spec.port}:{spec.container_port}:{spec.host_network}",
         f"{spec.shm_size}:{spec.numa_bind}:{spec.privileged}",
         str(spec.cache_dir or ""),
         str(spec.launcher.source if spec.launcher else ""),
@@ -239,3 +243,18 @@ class Runtime(Protocol):
     def inspect(self, workload_id: str) -> Workload | None:
         """The workload now, or None when it no longer exists."""
         ...
+
+
+def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
+    """The argv with --host/--port set to the deployment's address, replacing any other value: the
+    address is the one `status` reports and the key protects (settings refuse them in extra_args)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--host", "--port"):
+            skip = True
+        elif not arg.startswith(("--host=", "--port=")):
+            out.append(arg)
+    return (*out, "--host", host, "--port", str(port))

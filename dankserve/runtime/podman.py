@@ -48,9 +48,11 @@ from dankserve.runtime.base import (
     WorkloadSpec,
     WorkloadState,
     container_fingerprint,
+    with_bind_address,
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, poll_briefly
+from dankserve.secret_files import read_secret
 
 if TYPE_CHECKING:
     from podman import PodmanClient
@@ -189,7 +191,12 @@ def launch_request(spec: WorkloadSpec) -> LaunchRequest:
     """What the container's launcher needs for a server of `spec`: value secrets are read from their files
     by the launcher itself, as the `sh -c` wrapper does for a plain container."""
     files = {s.env_var: f"{SECRETS_DIR}/{s.name}" for s in spec.secrets if not secret_is_path(s)}
-    return LaunchRequest(tuple(spec.argv), container_env(spec), files)
+    return LaunchRequest(server_argv(spec), container_env(spec), files)
+
+
+def server_argv(spec: WorkloadSpec) -> tuple[str, ...]:
+    """The argv after `vllm serve`: on the host's network the server binds the deployment's address itself."""
+    return with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else tuple(spec.argv)
 
 
 def container_create_kwargs(
@@ -213,7 +220,7 @@ def container_create_kwargs(
             raise ValueError(f"secret name {s.name!r} is not a plain file name")
         secrets.append({"source": secret_ids[s.name], "target": s.name})
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.deployment}
-    entrypoint, command = serve_entrypoint(spec.secrets), list(spec.argv)
+    entrypoint, command = serve_entrypoint(spec.secrets), list(server_argv(spec))
     if spec.launcher is not None:
         # The image's own Python runs the launcher (stdlib only), mounted read-only; servers come from its socket.
         entrypoint = ["python3", f"{CONTAINER_LAUNCHER_DIR}/__main__.py", "--run-dir", CONTAINER_LAUNCHER_RUN]
@@ -232,11 +239,14 @@ def container_create_kwargs(
         "command": command,
         "environment": env,
         "labels": labels,
-        "ports": {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)},
         "mounts": mounts,
         "devices": list(gpu.devices),
         "secrets": secrets,
     }
+    if spec.host_network:
+        kwargs["network_mode"] = "host"
+    else:
+        kwargs["ports"] = {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)}
     if spec.shm_size is None:
         kwargs["ipc_mode"] = "host"
     else:
@@ -473,20 +483,6 @@ def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
                 watch.close()
 
     return lines()
-
-
-def read_secret(secret: SecretFile) -> bytes:
-    """A secret file's value without its trailing newline; a user error when absent or empty."""
-    try:
-        value = secret.source.read_bytes().rstrip(b"\r\n")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the {secret.name} file {secret.source}: {exc.strerror or exc}",
-            fix=f"create {secret.source} (mode 0600, readable by root) or correct the setting naming it",
-        ) from exc
-    if not value:
-        raise ConfigError(f"the {secret.name} file {secret.source} is empty", fix="write the secret into it")
-    return value
 
 
 class VersionCache:
@@ -796,7 +792,7 @@ class PodmanRuntime:
 
     def _replace_secrets(self, deployment: str, secrets: Sequence[SecretFile]) -> dict[str, str]:
         """Fresh Podman secrets from the files (so a changed file is picked up); name -> secret."""
-        values = {s.name: read_secret(s) for s in secrets}  # read all first: fail before touching Podman
+        values = {s.name: read_secret(s.source, s.name) for s in secrets}  # read all first: fail before touching Podman
         self._remove_secrets(deployment)
         ids = {}
         for name, value in values.items():

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -37,9 +38,11 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
     container_fingerprint,
+    with_bind_address,
     workload_name,
 )
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
+from dankserve.secret_files import read_secret
 
 GPU_RELEASE_TIMEOUT = 30.0
 
@@ -84,6 +87,18 @@ class ProcessRecord:
         )
 
 
+START_GATE = (
+    "/bin/sh",
+    "-c",
+    'read -r go || exit 125; [ "$go" = go ] || exit 125; exec "$@" </dev/null',
+    "dankserve-start-gate",
+)
+"""Runs the server only once the daemon has written its record ("go" on the gate pipe, the
+gate's stdin). A daemon killed before that closes the pipe: the gate exits instead of starting
+a server no record names, which nothing would ever stop. `exec` keeps the pid and its start
+time, the record's identity of the server."""
+
+
 def serve_command(executable: str, argv: tuple[str, ...]) -> list[str]:
     """The command line for `vllm serve ARGV` from a `vllm` executable or a Python with vLLM."""
     parts = shlex.split(executable)
@@ -122,16 +137,6 @@ def launcher_command(executable: str, spec: WorkloadSpec) -> list[str]:
     return [python_of(executable), str(spec.launcher.source / "__main__.py"), "--run-dir", str(spec.launcher.run_dir)]
 
 
-def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
-    """The argv with --host/--port set to the deployment's address unless the plan set them."""
-    out = list(argv)
-    if "--host" not in out:
-        out += ["--host", host]
-    if "--port" not in out:
-        out += ["--port", str(port)]
-    return tuple(out)
-
-
 def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
     """The server's environment: ours, the plan's, the GPUs, the caches and the secrets' files."""
     env = dict(base)
@@ -148,13 +153,7 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
         if secret.env_var == "HF_TOKEN_PATH":
             env["HF_TOKEN_PATH"] = str(secret.source)
         elif secret.env_var == "VLLM_API_KEY":
-            try:
-                env["VLLM_API_KEY"] = secret.source.read_text().strip()
-            except OSError as exc:
-                raise InvalidInput(
-                    f"cannot read the API key file {secret.source}: {exc.strerror}",
-                    fix="check api_key_file and its permissions",
-                ) from None
+            env["VLLM_API_KEY"] = read_secret(secret.source, secret.name).decode("utf-8", "replace")
     return env
 
 
@@ -274,12 +273,20 @@ class ProcessRuntime:
         log_path = self._log_path(spec.deployment)
         if log_path.exists():
             log_path.replace(log_path.with_suffix(".log.1"))
+        if shutil.which(argv[0], path=env.get("PATH")) is None:  # the gate would only exit 127
+            raise EnvironmentUnusable(
+                f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
+            )
+        gate_read, gate_write = os.pipe()
         try:
-            proc = spawn_detached(argv, log_path, env=env)
+            proc = spawn_detached([*START_GATE, *argv], log_path, env=env, stdin=gate_read)
         except OSError as exc:
+            os.close(gate_write)
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: {exc.strerror}", fix="check the deployment's executable setting"
             ) from None
+        finally:
+            os.close(gate_read)
         create_time = start_time_of(proc.pid)
         labels = {
             LABEL_MANAGED: "true",
@@ -298,7 +305,11 @@ class ProcessRuntime:
         )
         self._children[proc.pid] = proc
         self._oom_kills_at_start[proc.pid] = oom_kills()
-        write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
+        try:
+            write_private_file(self._record_path(spec.deployment), json.dumps(record.to_json()))
+            os.write(gate_write, b"go\n")  # recorded: the server may start (and outlive us)
+        finally:
+            os.close(gate_write)
         return self._workload(record)
 
     def stop(self, workload_id: str, timeout: float) -> None:

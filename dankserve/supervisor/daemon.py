@@ -33,6 +33,7 @@ from dankserve.errors import (
     EnvironmentUnusable,
     HubUnreachable,
     PodmanUnreachable,
+    resources_exhausted,
 )
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
@@ -389,10 +390,14 @@ class DeploymentWorker:
             return self._run_command(command)
         except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
             return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
-        except DankserveError as exc:
-            return m.Refused(exc.render())
-        except Exception as exc:  # a bug or an error of no known kind: the policy restarts with backoff
-            self.log.exception("cycle_error")
+        except Exception as exc:
+            own = resources_exhausted(exc)
+            if own is not None:  # the daemon's own EMFILE/ENOMEM: never the deployment's fault, retried like an outage
+                self.log.warning("daemon_resources_exhausted", error=own.message)
+                return m.RuntimeUnreachable(own.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
+            if isinstance(exc, DankserveError):
+                return m.Refused(exc.render())
+            self.log.exception("cycle_error")  # a bug or an error of no known kind: the policy restarts with backoff
             return m.Crashed(f"{type(exc).__name__}: {exc}")
 
     def _run_command(self, command: m.Command) -> m.Event | None:
@@ -452,6 +457,9 @@ class DeploymentWorker:
                 if daemon.deps.health is not None:
                     return daemon.deps.health(dep.host, dep.port, timeout)
                 result = check_health(dep.host, dep.port, timeout=timeout)
+                if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
+                    self.log.warning("health_probe_not_sent", error=result.error)
+                    return None
                 return m.HealthChecked(result.status, result.error)
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
@@ -677,6 +685,8 @@ class Daemon:
         self._ready_sent = False
         self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
+        self.reload_error: dict[str, Any] | None = None
+        """The last reload's refusal (the running config stayed), None once a reload succeeds."""
         self.telemetry = Telemetry()
         self.observatory = Observatory(
             targets=self._serving_targets,
@@ -950,9 +960,12 @@ class Daemon:
 
         try:
             new = load_settings(self._config_path)
-        except DankserveError as exc:
-            log.error("reload_rejected", error=exc.render())
+        except Exception as exc:  # any failure keeps the running config and deployments
+            error = exc.render() if isinstance(exc, DankserveError) else f"internal error: {type(exc).__name__}: {exc}"
+            log.error("reload_rejected", error=error, keeping="the running configuration")
+            self.reload_error = {"error": error, "at": time.time()}
             return
+        self.reload_error = None
         old = self.settings
         self.settings = new
         for name, worker in self.snapshot().items():
@@ -1014,7 +1027,14 @@ class Daemon:
         for name in sorted(self.settings.deployments):
             worker = workers.get(name)
             deployments.append(self._deployment_status(name, worker))
-        return {"daemon": {"running": True, "pid": os.getpid()}, "deployments": deployments}
+        daemon: dict[str, Any] = {"running": True, "pid": os.getpid()}
+        warnings = []
+        if self.reload_error is not None:
+            daemon["reload_error"] = self.reload_error
+            warnings.append(
+                f"the last reload was refused, the running configuration stays: {self.reload_error['error']}"
+            )
+        return {"daemon": daemon, "deployments": deployments, "warnings": warnings}
 
     def _deployment_status(
         self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True

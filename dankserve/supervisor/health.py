@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dankserve.errors import resources_exhausted
+
 
 @dataclass(frozen=True)
 class HealthResult:
@@ -17,6 +19,8 @@ class HealthResult:
 
     status: int | None
     error: str | None = None
+    own_error: bool = False
+    """The probe could not be sent for want of the daemon's own resources (EMFILE, ENOMEM): no verdict."""
 
     @property
     def healthy(self) -> bool:
@@ -56,8 +60,8 @@ def check_health(host: str, port: int, timeout: float = 2.0, path: str = "/healt
         response = conn.getresponse()
         response.read()
         return HealthResult(response.status)
-    except (OSError, http.client.HTTPException) as exc:
-        return HealthResult(None, f"{type(exc).__name__}: {exc}")
+    except (OSError, http.client.HTTPException, MemoryError) as exc:
+        return HealthResult(None, f"{type(exc).__name__}: {exc}", own_error=resources_exhausted(exc) is not None)
     finally:
         conn.close()
 

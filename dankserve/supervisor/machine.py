@@ -49,6 +49,15 @@ FREE_MEMORY_RETRY_SECONDS = 0.5
 """How often free GPU memory is read again while waiting for a dead server's memory to come back."""
 EXIT_WAIT_SECONDS = 10.0
 """How long to wait for a workload to exit after its log ended or named a failure."""
+UNANSWERED_HEALTH_SECONDS = 30.0
+"""This boot's log said the server is up, but /health has not answered for this long: say so (once).
+Seen on a real host: a dead container's port forward left in front of its replacement's."""
+UNANSWERED_HEALTH_MESSAGE = (
+    "the server's log says it is up, but /health on its port has not answered for {seconds:.0f} s: "
+    "something between dankserve and the server drops the connection (a stale port forward of an earlier "
+    "container: check `iptables -t nat -S CNI-HOSTPORT-DNAT` and that iptables is on the default PATH, "
+    "`dankserve doctor`; or a firewall); waiting until the boot timeout"
+)
 
 
 # --- states -----------------------------------------------------------------------------------------
@@ -197,6 +206,9 @@ class Boot:
     facts: BootFacts = field(default_factory=BootFacts)
     phase: Phase = Phase.STARTING
     ready_at: float | None = None
+    up_logged_at: float | None = None
+    """When this boot's log first said the server is up (the startup line)."""
+    unanswered_warned: bool = False
     # launcher
     launcher_id: str | None = None
     """A running launcher (kept from an earlier boot) that starts this boot's server."""
@@ -1029,6 +1041,9 @@ def _on_boot_log(state: MachineState, event: BootLog, now: float) -> Step:
             *commands,
             WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS, server=boot.server),
         )
+    if state.stage is Stage.BOOTING and facts.ready and boot.up_logged_at is None:
+        boot = replace(boot, up_logged_at=now)
+        state = replace(state, boot=boot)
     if state.stage is Stage.BOOTING and facts.ready and now >= boot.next_health:
         # This boot's own log says the server is up: ask /health now.
         boot = replace(boot, next_health=now + HEALTH_RETRY_SECONDS)
@@ -1099,9 +1114,9 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         shrunk = learning.kv_shrink_warning(boot.learned, facts.gpu_kv_cache_tokens) if boot.learned_used else None
         after = replace(
             state,
-            message=shrunk,
             stage=Stage.READY,
             boot=boot,
+            message=shrunk or (None if boot.unanswered_warned else state.message),
             kv_cache_memory_bytes=kv_bytes,
             compile_cache_hit=facts.compile_cache_hit,
             compile_seconds=facts.compile_seconds,
@@ -1111,7 +1126,9 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         warned = () if shrunk is None else (note("kv_cache_smaller_than_profiled", "warning", message=shrunk),)
         return after, (
             *warned,
-            ReleaseGpus(),
+            # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this
+            # boot is ready and on disk (all three run before status shows ready).
+            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
             note(
                 "ready",
                 boot_seconds=round(now - boot.started_at, 3),
@@ -1119,7 +1136,7 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
                 learned_used=boot.learned_used is not None,
                 compile_cache_hit=facts.compile_cache_hit,
             ),
-            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
+            ReleaseGpus(),
         )
     if event.status == 200:
         return replace(state, boot=replace(boot, unhealthy=0)), ()
@@ -1285,6 +1302,19 @@ def _watch(state: MachineState, now: float) -> Step:
             return after, (warn, *commands)
         wake = min(boot.deadline, now + MAX_IDLE_SECONDS)
         if boot.facts.ready:
+            if (
+                not boot.unanswered_warned
+                and boot.up_logged_at is not None
+                and now - boot.up_logged_at >= UNANSWERED_HEALTH_SECONDS
+            ):
+                message = UNANSWERED_HEALTH_MESSAGE.format(seconds=now - boot.up_logged_at)
+                warn = note("health_unanswered", "warning", seconds=round(now - boot.up_logged_at, 1))
+                state = replace(state, boot=replace(boot, unanswered_warned=True), message=message)
+                boot = state.boot or boot
+                if now < boot.next_health:
+                    return replace(state, wake_at=min(wake, boot.next_health)), (warn,)
+                boot = replace(boot, next_health=now + HEALTH_RETRY_SECONDS)
+                return replace(state, boot=boot, wake_at=now + HEALTH_RETRY_SECONDS), (warn, ProbeHealth(1.0))
             if now >= boot.next_health:
                 boot = replace(boot, next_health=now + HEALTH_RETRY_SECONDS)
                 return replace(state, boot=boot, wake_at=now + HEALTH_RETRY_SECONDS), (ProbeHealth(1.0),)

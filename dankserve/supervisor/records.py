@@ -17,6 +17,7 @@ from pathlib import Path
 import structlog
 
 from dankserve.bootlog import BootFacts
+from dankserve.errors import EnvironmentUnusable
 from dankserve.state import BootSummary, DeploymentState, FailureRecord, State, StateStore
 from dankserve.supervisor.learning import LearnedKv
 
@@ -24,14 +25,25 @@ log = structlog.get_logger("dankserve")
 
 
 class StateBook:
-    """Thread-safe, write-through access to the persisted state."""
+    """Thread-safe, write-through access to the persisted state.
+
+    With `persist` (the daemon, `up`, `down`) a damaged file is moved aside and one a newer
+    dankserve wrote is refused (EnvironmentUnusable, exit 3); without it (`status`) nothing on
+    disk changes and `load_warnings` says what was found."""
 
     def __init__(self, state_dir: Path, *, persist: bool = True) -> None:
         self._store = StateStore(state_dir)
         self._lock = threading.Lock()
         self._persist = persist
         self._warned: set[str] = set()
-        loaded = self._store.load()
+        loaded = self._store.load(repair=persist)
+        if loaded.newer is not None and persist:
+            # Writing would destroy the newer release's state (its down flags, learned sizes).
+            raise EnvironmentUnusable(
+                f"state file {self._store.path} was {loaded.newer}",
+                fix=f"run the newer dankserve, or move {self._store.path} aside to start afresh "
+                "(learned KV sizes are learned again, `down` flags are lost)",
+            )
         for warning in loaded.warnings:
             log.warning("state_warning", warning=warning)
         self._state: State = loaded.state

@@ -16,7 +16,7 @@ from dankserve.runtime.base import (
     SecretFile,
     WorkloadSpec,
 )
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import DeploymentSettings, Settings, is_loopback
 
 
 def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot: int) -> WorkloadSpec:
@@ -34,6 +34,8 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         env=dict(plan.env),
         port=dep.port,
         bind_host=dep.host,
+        # Loopback stays loopback: no published port, so no routable bridge address (docs/OPERATIONS.md).
+        host_network=is_loopback(dep.host),
         pull=dep.pull,
         gpus=tuple(GpuRef(i, u) for i, u in zip(plan.gpu_indices, plan.gpu_uuids, strict=True)),
         # The compile cache is mounted by the runtime from `cache_dir` (at VLLM_CACHE_ROOT).

@@ -63,3 +63,9 @@ def test_installed_unit_exposure_is_at_most_4_5(tmp_path: Path) -> None:
 def test_executable_is_found() -> None:
     """The dankserve script of the running venv is found."""
     assert Path(dankserve_executable()).name == "dankserve"
+
+
+def test_the_unit_raises_the_descriptor_limit() -> None:
+    """The unit gives the daemon room for many descriptors (a peer holding connections must not cause EMFILE)."""
+    match = re.search(r"^LimitNOFILE=(\d+)$", UNIT_TEMPLATE.read_text(), re.MULTILINE)
+    assert match and int(match.group(1)) >= 65536

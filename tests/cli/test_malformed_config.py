@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
 from dankserve.testing.hub import StandInHub
-from tests.harness.broken_config import BrokenConfig, Config, base_configs, broken_configs, render
+from tests.harness.broken_config import HOSTILE, BrokenConfig, Config, base_configs, broken_configs, render, set_field
 
 HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x2-vm-real.json"
 
@@ -92,3 +92,18 @@ def test_malformed_configs_exit_2_with_a_message(
 ) -> None:
     """Every broken configuration makes `plan` and `run` exit 2 with `error: ...`, never a traceback."""
     check_example(data.draw(broken_configs(safe_globals(root))), root, capsys)
+
+
+HOSTILE_VALUES = [(scope, key, raw) for scope, key, values in HOSTILE for raw in values]
+
+
+@pytest.mark.parametrize(
+    ("scope", "key", "raw"), HOSTILE_VALUES, ids=[f"{s}.{k}={r[:30]}" for s, k, r in HOSTILE_VALUES]
+)
+def test_every_hostile_value_exits_2(
+    root: Path, capsys: pytest.CaptureFixture[str], scope: str, key: str, raw: str
+) -> None:
+    """Each flag or variable dankserve owns, secret in the open, '-' model, `_option` and nesting bomb: exit 2."""
+    base = Config(safe_globals(root), {"chat": {"model": "org/m", "port": 8000, "gpus": [0]}})
+    example = BrokenConfig("hostile", f"{scope}.{key}", render(set_field(base, scope, key, raw)).encode())
+    check_example(example, root, capsys)

@@ -181,7 +181,7 @@ def test_read_token(tmp_path: Path) -> None:
     good = tmp_path / "token"
     good.write_text(TOKEN + "\n")
     assert read_token(good) == TOKEN
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match="cannot read"):
         read_token(tmp_path / "absent")
     short = tmp_path / "short"
     short.write_text("abc")

@@ -3,7 +3,9 @@
 A valid base (one or two deployments, one GPU each, distinct ports; `base_configs`) gets one or
 two mutations, each of which alone makes the file unusable: broken TOML syntax, a value of the
 wrong type, an unknown key, a number out of its range, two deployments on one port, a bad
-deployment name, a missing required key, an empty value, a value vLLM does not know. The
+deployment name, a missing required key, an empty value, a value vLLM does not know, or a hostile
+value (a flag or variable dankserve owns, a secret in extra_args or env, a model starting with '-',
+a pydantic-settings `_option`, a nesting bomb). The
 examples are rendered as TOML text (bytes: some are not UTF-8) with the category and a short
 description, so a failing example says what it broke.
 """
@@ -318,8 +320,31 @@ def broken_syntax(draw: st.DrawFn, text: str) -> tuple[bytes, str]:
     return ("\n".join(lines) + "\n").encode(), f"line {at + 1}: {bad}"
 
 
+def _hostile_table() -> list[tuple[str, str, list[str]]]:
+    """What a careless admin or an attacker writes: flags dankserve owns, secrets in the open, variables
+    that break its contract, a model that would become a flag, pydantic-settings' own options."""
+    from dankserve.owned import CONTRACT_ENV, OWNED_FLAGS, SECRET_ENV, SECRET_FLAGS
+
+    flags = [*OWNED_FLAGS, *SECRET_FLAGS]
+    variables = [*SECRET_ENV, *CONTRACT_ENV]
+    return [
+        ("deployment", "extra_args", [f'["{flag}", "1"]' for flag in flags] + [f'["{flag}=1"]' for flag in flags]),
+        ("deployment", "env", [f'{{ {name} = "x" }}' for name in variables]),
+        ("deployment", "model", ['"--help"', '"-x"', '"--trust-remote-code"']),
+        ("deployment", "revision", ['"--help"', '"-main"']),
+        ("global", "_env_prefix", ['"NOPE_"']),
+        ("global", "_case_sensitive", ["true"]),
+        ("global", "_cli_parse_args", ["true"]),
+        ("global", "x", ["[" * 3000 + "]" * 3000, "{ a = " * 3000 + "1" + " }" * 3000]),
+    ]
+
+
+HOSTILE = _hostile_table()
+
+
 CATEGORIES = [
     "syntax",
+    "hostile",
     "wrong type",
     "unknown key",
     "out of range",
@@ -349,6 +374,7 @@ def broken_configs(draw: st.DrawFn, safe_globals: Table) -> BrokenConfig:
         "missing key": missing_required(config),
         "empty or duplicate": from_table(config, EMPTY_OR_DUPLICATE),
         "unknown value": from_table(config, UNKNOWN_VALUES),
+        "hostile": from_table(config, HOSTILE),
     }[category]
     mutated, detail = draw(mutate)
     return BrokenConfig(category, detail, render(mutated).encode())

@@ -39,6 +39,9 @@ FULL_CYCLES = {
     "state_file_damage": 3,
     "policy_faults": 3,
     "config_examples": 400,
+    "bad_reload": 3,
+    "daemon_emfile": 5,
+    "state_newer": 4,
 }
 QUICK_CYCLES = {
     "container_kill": 12,
@@ -49,6 +52,9 @@ QUICK_CYCLES = {
     "state_file_damage": 1,
     "policy_faults": 1,
     "config_examples": 60,
+    "bad_reload": 1,
+    "daemon_emfile": 1,
+    "state_newer": 2,
 }
 
 
@@ -290,12 +296,65 @@ def run_root(*argv: str) -> None:
 
 
 @contextlib.contextmanager
+def descriptors_exhausted(pid: int) -> Iterator[None]:
+    """Process `pid` cannot open another file descriptor (EMFILE) for the duration; its limit restored after.
+
+    The soft RLIMIT_NOFILE bounds descriptor numbers, and a new one takes the lowest free number: the
+    limit set to that number (again every 10 ms, as descriptors close) leaves the open ones working and
+    every new one failing."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    soft, hard = proc.rlimit(psutil.RLIMIT_NOFILE)
+    done = threading.Event()
+
+    def starve() -> None:  # again and again: a descriptor it closes must not become a free one
+        while not done.is_set():
+            with contextlib.suppress(OSError, psutil.Error):
+                open_fds = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+                lowest_free = next(n for n in range(len(open_fds) + 1) if n not in open_fds)
+                proc.rlimit(psutil.RLIMIT_NOFILE, (lowest_free, hard))
+            done.wait(0.01)
+
+    starver = threading.Thread(target=starve, daemon=True)
+    starver.start()
+    try:
+        yield
+    finally:
+        done.set()
+        starver.join()
+        proc.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
+
+
+MOUNT_BUSY = 32
+"""mount(8)'s exit status for EBUSY: a bind mount cannot become read-only while a file is open for
+writing through it (the kernel counts writers per mount), e.g. the daemon's state save in flight."""
+REMOUNT_PATIENCE_SECONDS = 10.0
+
+
+def remount_bind(path: Path, read_only: bool, patience: float = REMOUNT_PATIENCE_SECONDS) -> int:
+    """Remount the bind mount at `path` ro or rw, retrying while a writer holds it busy; the retries needed."""
+    argv = ["mount", "-o", f"remount,{'ro' if read_only else 'rw'},bind", str(path)]
+    deadline = time.monotonic() + patience
+    retries = 0
+    while True:
+        done = subprocess.run(argv, check=False, capture_output=True, text=True)
+        if done.returncode == 0:
+            return retries
+        if done.returncode != MOUNT_BUSY or time.monotonic() > deadline:
+            raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+        retries += 1
+        time.sleep(0.02)  # a state save (write, fsync, rename) takes milliseconds
+
+
+@contextlib.contextmanager
 def bind_mount(path: Path) -> Iterator[Callable[[bool], None]]:
-    """`path` bind-mounted onto itself; yields set_read_only(bool) (remount ro/rw); unmounted after."""
+    """`path` bind-mounted onto itself; yields set_read_only(bool) (remount ro/rw, waiting out a write in
+    flight); unmounted after."""
     run_root("mount", "--bind", str(path), str(path))
 
     def set_read_only(read_only: bool) -> None:
-        run_root("mount", "-o", f"remount,{'ro' if read_only else 'rw'},bind", str(path))
+        remount_bind(path, read_only)
 
     try:
         yield set_read_only

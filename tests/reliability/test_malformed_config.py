@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 IN_PROCESS = FaultTally(
     "09-malformed-config",
     "a generated broken configuration (hypothesis: broken TOML, wrong types, unknown keys, out-of-range "
-    "numbers, duplicate ports, bad names, missing keys, empty values, values vLLM does not know), given to "
+    "numbers, duplicate ports, bad names, missing keys, empty values, values vLLM does not know, hostile "
+    "values: owned flags, secrets in extra_args/env, '-' models, `_options`, nesting bombs), given to "
     "`dankserve plan` and `dankserve run` in process",
     "exit 2 with `error: <message>` and its fix, no traceback (counted per command run)",
     reproduce("tests/reliability/test_malformed_config.py::test_many_malformed_configs_exit_2"),

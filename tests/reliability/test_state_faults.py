@@ -149,8 +149,11 @@ def _valid_state(name: str) -> str:
 DAMAGE: dict[str, Callable[[str, random.Random], bytes]] = {
     "corrupt (random bytes)": lambda name, rng: bytes(rng.randrange(256) for _ in range(300)),
     "truncated": lambda name, rng: _valid_state(name).encode()[: rng.randrange(1, len(_valid_state(name)) - 1)],
-    "future schema": lambda name, rng: json.dumps(
-        {"schema_version": SCHEMA_VERSION + rng.randrange(1, 9), "deployments": {name: {"boots": 1}}}
+    "deeply nested": lambda name, rng: (
+        f'{{"schema_version": {SCHEMA_VERSION}, "deployments": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    ).encode(),
+    "5,000-digit integer": lambda name, rng: (
+        f'{{"schema_version": {SCHEMA_VERSION}, "deployments": {{"{name}": {{"boots": {"9" * 5000}}}}}}}'
     ).encode(),
     "empty": lambda name, rng: b"",
     "wrong types": lambda name, rng: json.dumps(
@@ -168,14 +171,15 @@ def test_damaged_state_files_are_moved_aside_and_the_daemon_serves(
     podman_globals: dict[str, Any],
     deployments: list[str],
 ) -> None:
-    """A corrupt, truncated, future-schema, empty or mistyped state file (written while the daemon was down, killed
-    with -9 or stopped) is moved aside with a warning; the daemon starts, serves and writes a fresh state file."""
+    """A corrupt, truncated, deeply nested, huge-integer, empty or mistyped state file (written while the daemon
+    was down, killed with -9 or stopped) is moved aside with a warning; the daemon starts, serves and writes a
+    fresh state file."""
     name = deployments[0]
     rng = random.Random(7)
     record = FaultTally(
         "06-state-file-damage",
         "state.json damaged while the daemon is down (killed with -9 or stopped): corrupt, truncated, "
-        "future schema, empty, wrong types",
+        "deeply nested, a 5,000-digit integer, empty, wrong types",
         "the next daemon warns (`state_warning`), keeps the damaged file as state.json.corrupt-<time>, adopts or "
         "starts the container, becomes ready and writes a state file that parses",
         reproduce(

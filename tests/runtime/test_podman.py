@@ -59,7 +59,6 @@ from dankserve.runtime.podman import (
     pull_error,
     pull_progress,
     read_cdi_device_names,
-    read_secret,
     serve_entrypoint,
     split_lines,
     with_default_tag,
@@ -261,6 +260,11 @@ NO_GPU = GpuPassthrough("none", ())
             },
         ),
         (spec_for(shm_size="16g", bind_host="0.0.0.0", container_port=8001), False, {"shm_size": "16g"}),
+        (
+            spec_for(argv=("org/model",), host_network=True),
+            False,
+            {"network_mode": "host", "command": ["org/model", "--host", "127.0.0.1", "--port", "9000"]},
+        ),
         (spec_for(), True, {"log_config": {"Type": "journald"}}),
         (spec_for(numa_bind=True), False, {"cap_add": ["SYS_NICE"]}),
         (spec_for(privileged=True), False, {"cap_add": ["SYS_ADMIN"], "apparmor_profile": "unconfined"}),
@@ -311,6 +315,8 @@ def test_container_create_kwargs(spec: WorkloadSpec, journald: bool, expected: d
         (spec_for(), {"shm_size", "cap_add", "apparmor_profile", "privileged", "log_config"}),
         (spec_for(shm_size="1g"), {"ipc_mode"}),
         (spec_for(numa_bind=True), {"apparmor_profile", "privileged"}),
+        (spec_for(host_network=True), {"ports"}),
+        (spec_for(), {"network_mode"}),
     ],
 )
 def test_container_create_kwargs_leaves_out(spec: WorkloadSpec, absent: set[str]) -> None:
@@ -527,24 +533,6 @@ def test_is_transient(exc: BaseException, transient: bool) -> None:
     assert is_transient(exc) is transient
 
 
-@pytest.mark.parametrize(("content", "value"), [(b"tok\n", b"tok"), (b"tok\r\n\n", b"tok"), (b"a b \n", b"a b ")])
-def test_read_secret_strips_trailing_newlines(tmp_path: Path, content: bytes, value: bytes) -> None:
-    """A secret file's trailing newlines are not part of the secret."""
-    (tmp_path / "s").write_bytes(content)
-    assert read_secret(SecretFile("s", tmp_path / "s", "VLLM_API_KEY")) == value
-
-
-@pytest.mark.parametrize(("content", "message"), [(None, "cannot read"), (b"\n", "is empty")])
-def test_read_secret_errors_name_the_file(tmp_path: Path, content: bytes | None, message: str) -> None:
-    """A missing or empty secret file is an exit-2 error naming the secret and the file."""
-    if content is not None:
-        (tmp_path / "s").write_bytes(content)
-    with pytest.raises(ConfigError) as info:
-        read_secret(SecretFile("api_key", tmp_path / "s", "VLLM_API_KEY"))
-    assert message in info.value.message and str(tmp_path / "s") in info.value.message
-    assert "api_key" in info.value.message and info.value.exit_code == ExitCode.INVALID_INPUT
-
-
 def test_version_cache_persists(tmp_path: Path) -> None:
     """A version put in the cache is found by a later cache on the same file."""
     VersionCache(tmp_path / "c" / "v.json").put("sha256:1", "0.33.0")
@@ -715,6 +703,20 @@ def test_port_is_published_on_loopback_only(
     assert wait_for_http(f"http://127.0.0.1:{spec.port}/health") == 200
     bindings = inspect_json(podman_env, workload.name)["HostConfig"]["PortBindings"]["8000/tcp"]
     assert bindings == [{"HostIp": "127.0.0.1", "HostPort": str(spec.port)}]
+    podman_runtime.remove(workload.id)
+
+
+def test_host_network_binds_loopback_and_publishes_nothing(
+    podman_runtime: PodmanRuntime, podman_env: PodmanEnv, make_spec: SpecFactory
+) -> None:
+    """With host_network the server shares the host's network, binds 127.0.0.1:port itself, publishes nothing."""
+    spec = dataclasses.replace(make_spec(), host_network=True)
+    workload = podman_runtime.start(spec)
+    assert wait_for_http(f"http://127.0.0.1:{spec.port}/health") == 200
+    inspected = inspect_json(podman_env, workload.name)
+    assert inspected["HostConfig"]["NetworkMode"] == "host"
+    assert not inspected["HostConfig"].get("PortBindings")
+    assert not any(n.get("IPAddress") for n in (inspected["NetworkSettings"].get("Networks") or {}).values())
     podman_runtime.remove(workload.id)
 
 

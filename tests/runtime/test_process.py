@@ -1,7 +1,9 @@
 """Tests for dankserve.runtime.process with real child processes."""
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -11,8 +13,8 @@ import psutil
 import pytest
 
 from dankserve.errors import InvalidInput
-from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec
-from dankserve.runtime.process import ProcessRuntime, oom_kills, serve_command, with_bind_address
+from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec, with_bind_address
+from dankserve.runtime.process import ProcessRuntime, oom_kills, serve_command
 
 SERVER = textwrap.dedent(
     """\
@@ -106,10 +108,11 @@ def test_serve_command_for_vllm_script_and_python() -> None:
         serve_command("", ("m",))
 
 
-def test_bind_address_added_unless_planned() -> None:
-    """--host/--port come from the deployment unless the plan already set them."""
+def test_bind_address_is_the_deployments() -> None:
+    """--host/--port are the deployment's, replacing any other value in the argv."""
     assert with_bind_address(("m",), "127.0.0.1", 8001) == ("m", "--host", "127.0.0.1", "--port", "8001")
-    assert with_bind_address(("m", "--port", "9"), "h", 1) == ("m", "--port", "9", "--host", "h")
+    assert with_bind_address(("m", "--port", "9", "--x"), "h", 1) == ("m", "--x", "--host", "h", "--port", "1")
+    assert with_bind_address(("m", "--host=0.0.0.0"), "h", 1) == ("m", "--host", "h", "--port", "1")
 
 
 def test_started_process_gets_gpus_caches_and_key_but_not_in_argv(tmp_path: Path, fake_vllm: str) -> None:
@@ -183,6 +186,55 @@ def test_reused_pid_is_not_mistaken_for_the_server(tmp_path: Path, fake_vllm: st
     found = runtime.find("chat")
     assert found is not None and not found.running
     runtime.remove(found.id)
+
+
+KILLED_BEFORE_RECORD = textwrap.dedent(
+    """\
+    import os, signal, sys
+    from pathlib import Path
+    import dankserve.runtime.process as process
+    from dankserve.runtime.base import GpuRef, WorkloadSpec
+
+    def die(*args, **kwargs):  # the daemon is killed with -9 after the start, before the record is written
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    process.write_private_file = die
+    tmp = Path(sys.argv[1])
+    spec = WorkloadSpec(deployment="chat", image="", argv=("org/model",), env={{"MARK": sys.argv[2]}}, port=18000,
+                        gpus=(GpuRef(0, "GPU-a"),), executable=sys.argv[3])
+    process.ProcessRuntime(tmp / "processes", gpu_release=lambda uuids, timeout: None).start(spec)
+    """
+)
+
+
+def test_a_daemon_killed_before_the_record_is_written_leaves_no_server(tmp_path: Path, fake_vllm: str) -> None:
+    """A daemon killed with -9 between starting a server and recording it leaves no server behind."""
+    mark = f"dankserve-gate-{os.getpid()}-{time.monotonic_ns()}"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_RECORD.format(), str(tmp_path), mark, fake_vllm],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _with_mark(mark):
+        time.sleep(0.05)
+    survivors = _with_mark(mark)
+    for proc in survivors:
+        with contextlib.suppress(psutil.Error):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not survivors, f"a server no record names outlived its daemon: {survivors}"
+    assert "argv" not in (tmp_path / "processes" / "chat.log").read_text()  # the server never ran
+
+
+def _with_mark(mark: str) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc)
+    return out
 
 
 def test_a_sigkill_is_an_oom_kill_only_when_the_kernel_counted_one(tmp_path: Path, fake_vllm: str) -> None:

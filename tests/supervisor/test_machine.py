@@ -152,6 +152,21 @@ def test_ready_needs_this_boots_log_line_as_well_as_health() -> None:
     assert any(isinstance(c, m.RecordBoot) for c in commands)
 
 
+def test_a_server_up_in_its_log_but_unanswered_on_its_port_is_said_once_then_cleared() -> None:
+    """Startup line seen, /health silent for 30 s (a stale port forward on the H200): one warning and a message,
+    still booting; the message goes once /health answers."""
+    after, _ = m.step(in_stage(m.Stage.BOOTING), m.BootLog(READY_FACTS, Phase.READY), 1.0)
+    after, _ = m.step(after, m.HealthChecked(None, "connection refused"), 1.1)
+    after, commands = m.step(after, m.Tick(), 1.0 + m.UNANSWERED_HEALTH_SECONDS)
+    warnings = [c for c in commands if isinstance(c, m.Note) and c.event == "health_unanswered"]
+    assert len(warnings) == 1 and after.stage is m.Stage.BOOTING
+    assert after.message is not None and "/health on its port has not answered" in after.message
+    after, commands = m.step(after, m.Tick(), 2.0 + m.UNANSWERED_HEALTH_SECONDS)
+    assert not [c for c in commands if isinstance(c, m.Note) and c.event == "health_unanswered"]
+    after, _ = m.step(after, m.HealthChecked(200), 3.0 + m.UNANSWERED_HEALTH_SECONDS)
+    assert after.stage is m.Stage.READY and after.message is None
+
+
 def test_a_port_held_by_another_process_is_waited_for_without_counting_a_failure() -> None:
     """PortBusy names the holder in the message and retries later; no failure, no restart is counted."""
     after, commands = m.step(in_stage(m.Stage.STARTING), m.PortBusy(8000, "pid 7 (python3)"), 1.0)

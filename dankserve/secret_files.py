@@ -1,0 +1,49 @@
+"""Reading a secret from its file (an API key, the Hugging Face token, a cluster token).
+
+One reader for every secret so that all refuse alike: a file that is missing, not a regular
+file, or holds nothing but whitespace is a ConfigError (exit 2). An empty key is no key: a
+server given one would run unauthenticated (vLLM treats an empty `VLLM_API_KEY` as unset)
+while the configuration claims it is protected.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from dankserve.errors import ConfigError
+
+MAX_SECRET_BYTES = 64 * 1024
+"""A secret is a line; a bigger file is the wrong file."""
+
+
+def read_secret(path: Path, what: str) -> bytes:
+    """The secret in `path` without surrounding whitespace; `what` names it in errors (e.g. `api_key`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the {what} file {path}: {exc.strerror or exc}",
+            fix=f"create {path} (mode 0600, readable by root) or correct the setting naming it",
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(
+                f"the {what} file {path} is not a regular file", fix="write the secret into a regular file (mode 0600)"
+            )
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            value = handle.read(MAX_SECRET_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(value) > MAX_SECRET_BYTES:
+        raise ConfigError(
+            f"the {what} file {path} is larger than {MAX_SECRET_BYTES} bytes", fix="name the file holding the secret"
+        )
+    value = value.strip()
+    if not value:
+        raise ConfigError(
+            f"the {what} file {path} is empty or holds only whitespace: an empty key is no key",
+            fix=f"write the secret into {path}",
+        )
+    return value

@@ -1,0 +1,46 @@
+"""Secret files: one reader for every secret; an empty or whitespace-only key is no key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dankserve.errors import ConfigError
+from dankserve.exitcodes import ExitCode
+from dankserve.secret_files import read_secret
+
+
+@pytest.mark.parametrize(("content", "value"), [(b"tok\n", b"tok"), (b"tok\r\n\n", b"tok"), (b" a b \n", b"a b")])
+def test_surrounding_whitespace_is_not_part_of_the_secret(tmp_path: Path, content: bytes, value: bytes) -> None:
+    """A secret file's surrounding whitespace and newlines are not part of the secret."""
+    (tmp_path / "s").write_bytes(content)
+    assert read_secret(tmp_path / "s", "api_key") == value
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read"), (b"\n", "is empty"), (b"", "is empty"), (b"   \t \n", "only whitespace")],
+)
+def test_missing_empty_or_blank_secret_is_refused(tmp_path: Path, content: bytes | None, message: str) -> None:
+    """A missing, empty or whitespace-only secret file is an exit-2 error naming the secret and the file."""
+    if content is not None:
+        (tmp_path / "s").write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        read_secret(tmp_path / "s", "api_key")
+    assert message in info.value.message and str(tmp_path / "s") in info.value.message
+    assert "api_key" in info.value.message and info.value.exit_code == ExitCode.INVALID_INPUT
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO named as a secret file is refused at once (reading it would block forever)."""
+    os.mkfifo(tmp_path / "s")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_secret(tmp_path / "s", "api_key")
+
+
+def test_a_directory_is_refused(tmp_path: Path) -> None:
+    """A directory named as a secret file is refused as not a regular file."""
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_secret(tmp_path, "api_key")
