@@ -421,7 +421,10 @@ class Launcher:
     def spawn_plain(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
         """A plain boot: a fresh interpreter runs vLLM's CLI (what `vllm serve` does, spawn and all)."""
         module, _, name = self.entry.partition(":")
-        code = f"import sys; sys.argv = sys.argv[1:]; from {module} import {name or 'main'} as m; sys.exit(m())"
+        code = (
+            f"import sys; sys.argv = sys.argv[1:]; sys.path[:0] = {extra_paths()!r}; "
+            f"from {module} import {name or 'main'} as m; sys.exit(m())"
+        )
         launcher = os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -620,6 +623,7 @@ def main(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(list(argv))
     preload = tuple(args.preload) if args.preload is not None else _preload_from_env()
+    sys.path[:0] = extra_paths()
     run_dir = Path(args.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -627,6 +631,12 @@ def main(argv: Sequence[str]) -> int:
         print(f"{protocol.PREFIX} cannot use {run_dir}: {exc.strerror}", file=sys.stderr, flush=True)
         return 2
     return Launcher(run_dir, args.entry, preload).serve()
+
+
+def extra_paths() -> list[str]:
+    """DANKSERVE_LAUNCHER_PATH: directories to import vLLM's CLI from, before the interpreter's own (a stand-in
+    outside site-packages; PYTHONPATH itself is refused in a deployment's env)."""
+    return [p for p in os.environ.get("DANKSERVE_LAUNCHER_PATH", "").split(os.pathsep) if p]
 
 
 def _preload_from_env() -> tuple[str, ...]:

@@ -270,9 +270,10 @@ def kv_shrink_warning(learned: LearnedKv | None, tokens_now: int | None) -> str 
     return (
         f"the KV cache holds {tokens_now:,} tokens with the learned size, {lost:.1f} % fewer than the "
         f"{learned.kv_cache_tokens:,} of the profiled boot (vLLM 0.27-0.33's suggested size double-counts "
-        f'CUDA-graph memory, vllm issue 57936); fix: add "--kv-cache-memory-bytes", "{wanted}" to the '
-        "deployment's extra_args (the size that holds the profiled boot's tokens), or use a vLLM release "
-        "without that bug"
+        f"CUDA-graph memory, vllm issue 57936): the profiled boot's tokens need {wanted} bytes, "
+        f"{wanted - learned.kv_cache_memory_bytes} more; fix: use a vLLM release without that bug (0.26 is not "
+        "affected), or raise gpu_memory_utilization by that much of a GPU's memory (a changed utilisation "
+        "learns again)"
     )
 
 

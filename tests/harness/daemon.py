@@ -85,8 +85,8 @@ LAUNCHER_ENV = {
 
 
 def launcher_deployment(port: int, **extra: Any) -> dict[str, Any]:
-    """A deployment running the stand-in under the launcher, as a process (the stand-in's package on PYTHONPATH)."""
-    env = {**LAUNCHER_ENV, "PYTHONPATH": str(STAND_IN.parent), **extra.pop("env", {})}
+    """A deployment running the stand-in under the launcher, as a process (its package on the launcher's path)."""
+    env = {**LAUNCHER_ENV, "DANKSERVE_LAUNCHER_PATH": str(STAND_IN.parent), **extra.pop("env", {})}
     return process_deployment(port, launcher=True, env=env, **extra)
 
 

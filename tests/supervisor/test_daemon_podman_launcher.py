@@ -50,7 +50,7 @@ def launcher_deployment(podman_env: PodmanEnv, vllm_image: str, deployment: str)
         "port": free_port(),
         "gpus": [0],
         "launcher": True,
-        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", "PYTHONPATH": STAND_IN_LIB, **LAUNCHER_ENV},
+        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", "DANKSERVE_LAUNCHER_PATH": STAND_IN_LIB, **LAUNCHER_ENV},
         "model_facts": MODEL_FACTS,
     }
 

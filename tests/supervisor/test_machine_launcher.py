@@ -144,7 +144,7 @@ def test_a_learned_boot_with_a_smaller_kv_cache_is_said_in_status_and_log() -> N
     learned = replace(LEARNED, kv_cache_tokens=1_000_000)
     after, commands = ready_with(learned, 980_000)
     assert after.stage is m.Stage.READY
-    assert after.message is not None and "extra_args" in after.message
+    assert after.message is not None and "gpu_memory_utilization" in after.message
     assert any(isinstance(c, m.Note) and c.event == "kv_cache_smaller_than_profiled" for c in commands)
     after, commands = ready_with(learned, 995_000)
     assert after.message is None
