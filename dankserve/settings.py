@@ -302,6 +302,12 @@ class DeploymentSettings(_Strict):
         description="Extra vLLM arguments, last; a flag the plan also sets replaces the planned one (checks use it).",
     )
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
+    launcher: bool = Field(
+        default=False,
+        description="Run vLLM under dankserve's launcher, which imports vLLM once and forks a server per boot: "
+        "restarts, down/up and reloads that keep the image, GPUs, mounts and ports skip the container start "
+        "and vLLM's import (docs/launcher.md).",
+    )
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
     served_model_name: str | None = Field(

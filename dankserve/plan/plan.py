@@ -93,7 +93,7 @@ def plan_deployment(
     swap_env, swap_warnings = sleep_mode_flags(flags, deployment, caps)
     warnings += swap_warnings
     checks.check_flags_supported(flags.causes, caps, catalogue)
-    warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus)]
+    warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus), *rules.env_warnings(deployment.env)]
     unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
     if unknown_extra:
         warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")

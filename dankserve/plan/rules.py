@@ -531,13 +531,43 @@ BASE_ENV = {
 }
 
 
+def outside_cache_root(vllm_cache_root: str) -> dict[str, str]:
+    """Caches vLLM's boot fills that are not under VLLM_CACHE_ROOT by default, put there so a new container
+    keeps them: Triton's kernels and autotuning results (TRITON_CACHE_DIR, default ~/.triton; vLLM's
+    env_override turns on Triton's autotune cache, written there) and FlashInfer's JIT workspace
+    (FLASHINFER_WORKSPACE_BASE, default ~: ~/.cache/flashinfer). Lost with each container, they are the
+    likely cause of the slow first warm restart (FACTS.md; unverified on the GPU)."""
+    return {
+        "TRITON_CACHE_DIR": f"{vllm_cache_root}/triton",
+        "FLASHINFER_WORKSPACE_BASE": f"{vllm_cache_root}/flashinfer",
+    }
+
+
 def container_env(vllm_cache_root: str, numa_bind: bool, extra: Mapping[str, str]) -> dict[str, str]:
     """vLLM's environment: a kept compile cache, NVML's GPU order, parseable logs, then the config's env."""
-    env = {"VLLM_CACHE_ROOT": vllm_cache_root, **BASE_ENV}
+    env = {"VLLM_CACHE_ROOT": vllm_cache_root, **outside_cache_root(vllm_cache_root), **BASE_ENV}
     if numa_bind:
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # vLLM's NUMA binding needs spawned workers
     env.update(extra)
     return env
+
+
+def env_warnings(env: Mapping[str, str]) -> list[str]:
+    """vLLM's own startup plan (VLLM_ENABLE_STARTUP_PLAN, 0.26+) beside dankserve's boot learning.
+
+    dankserve's learned bytes win: vLLM applies its plan only when no --kv-cache-memory-bytes is given
+    (vllm/v1/worker/startup_plan.py, maybe_apply_startup_plan). So the plan would act only on the boots
+    dankserve lets vLLM profile, and turn them into boots that do not profile: dankserve would learn a
+    plan's value (keyed without --gpu-memory-utilization; double-counted CUDA-graph memory in 0.27-0.33,
+    vllm issue 57936) instead of a measurement."""
+    if env.get("VLLM_ENABLE_STARTUP_PLAN", "0").strip() not in ("", "0"):
+        return [
+            "VLLM_ENABLE_STARTUP_PLAN is set: dankserve learns the KV size itself and passes it as "
+            "--kv-cache-memory-bytes, which vLLM's plan never overrides; on the boots dankserve lets vLLM profile, "
+            "vLLM's plan would be applied instead of a measurement (its key ignores --gpu-memory-utilization). "
+            "Remove it from the deployment's env (docs/boot-learning.md)"
+        ]
+    return []
 
 
 RECOMMENDED_PHYSICAL_CORES = 8

@@ -6,6 +6,7 @@ Nothing above this module touches Podman or processes directly. A runtime execut
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,10 @@ LABEL_MANAGED = "io.dankserve.managed"
 LABEL_DEPLOYMENT = "io.dankserve.deployment"
 LABEL_FINGERPRINT = "io.dankserve.fingerprint"
 LABEL_BOOT = "io.dankserve.boot"
+LABEL_LAUNCHER = "io.dankserve.launcher"
+"""Set on a launcher workload (issue 15): its servers are started through its socket."""
+LABEL_CONTAINER_FINGERPRINT = "io.dankserve.container-fingerprint"
+"""A launcher's container-level settings (image, GPUs, mounts, ports ...): a boot with others replaces it."""
 
 
 # Where things live inside a container workload: defined once here, read by the planner (the plan's
@@ -26,6 +31,10 @@ CONTAINER_VLLM_CACHE_ROOT = "/root/.cache/vllm"
 """The compile cache (VLLM_CACHE_ROOT) in a container; a process uses the host directory itself."""
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 """The Hugging Face cache in a container (a Mount with this target); a process gets HF_HOME = its source."""
+CONTAINER_LAUNCHER_DIR = "/opt/dankserve/launcher"
+"""Where the launcher package is mounted (read-only) in a container."""
+CONTAINER_LAUNCHER_RUN = "/run/dankserve-launcher"
+"""Where the launcher's run directory (its socket) is mounted in a container."""
 
 
 def workload_name(deployment: str) -> str:
@@ -94,6 +103,44 @@ class WorkloadSpec:
     """Process runtime: the `vllm` executable or a Python with vLLM."""
     cache_dir: Path | None = None
     """Host directory of this deployment's torch.compile cache (VLLM_CACHE_ROOT)."""
+    launcher: LauncherSpec | None = None
+    """Run the pre-imported vLLM launcher instead of `vllm serve`; servers are then asked of it."""
+
+
+@dataclass(frozen=True)
+class LauncherSpec:
+    """The launcher package on the host and its per-deployment run directory (its control socket)."""
+
+    source: Path
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What a launcher needs to start a server: the argv after `vllm serve`, the env, and variables whose
+    values it reads from files just before the start (secrets stay out of the request)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    env_files: Mapping[str, str] = field(default_factory=dict)
+
+
+def container_fingerprint(spec: WorkloadSpec) -> str:
+    """What a launcher workload is made of, beyond the server it runs: image (or executable), GPUs,
+    mounts, ports, IPC, capabilities, secrets, the caches' location. Two specs with the same value can
+    share a launcher; anything else in a spec (argv, env) reaches the launcher's next server."""
+    parts = [
+        spec.image,
+        spec.executable or "",
+        ",".join(f"{g.index}:{g.uuid}" for g in spec.gpus),
+        ",".join(f"{m.source}:{m.target}:{m.read_only}" for m in spec.mounts),
+        ",".join(f"{s.name}:{s.source}:{s.env_var}" for s in spec.secrets),
+        f"{spec.bind_host}:{spec.port}:{spec.container_port}:{spec.host_network}",
+        f"{spec.shm_size}:{spec.numa_bind}:{spec.privileged}",
+        str(spec.cache_dir or ""),
+        str(spec.launcher.source if spec.launcher else ""),
+    ]
+    return "sha256:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

@@ -30,18 +30,24 @@ from dankserve.errors import (
 )
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
+    CONTAINER_LAUNCHER_DIR,
+    CONTAINER_LAUNCHER_RUN,
     CONTAINER_VLLM_CACHE_ROOT,
+    LABEL_CONTAINER_FINGERPRINT,
     LABEL_DEPLOYMENT,
+    LABEL_LAUNCHER,
     LABEL_MANAGED,
     ExitEvent,
     GpuRef,
     ImageInfo,
+    LaunchRequest,
     PullPolicy,
     PullProgress,
     SecretFile,
     Workload,
     WorkloadSpec,
     WorkloadState,
+    container_fingerprint,
     with_bind_address,
     workload_name,
 )
@@ -170,6 +176,29 @@ def serve_entrypoint(secrets: Sequence[SecretFile]) -> list[str]:
     return ["sh", "-c", "; ".join(parts), "sh"]
 
 
+def container_env(spec: WorkloadSpec) -> dict[str, str]:
+    """The container's environment: the plan's, the compile cache's location, secrets given as paths."""
+    env = dict(spec.env)
+    if spec.cache_dir is not None:
+        env.setdefault("VLLM_CACHE_ROOT", CONTAINER_VLLM_CACHE_ROOT)
+    for s in spec.secrets:
+        if secret_is_path(s):
+            env[s.env_var] = f"{SECRETS_DIR}/{s.name}"
+    return env
+
+
+def launch_request(spec: WorkloadSpec) -> LaunchRequest:
+    """What the container's launcher needs for a server of `spec`: value secrets are read from their files
+    by the launcher itself, as the `sh -c` wrapper does for a plain container."""
+    files = {s.env_var: f"{SECRETS_DIR}/{s.name}" for s in spec.secrets if not secret_is_path(s)}
+    return LaunchRequest(server_argv(spec), container_env(spec), files)
+
+
+def server_argv(spec: WorkloadSpec) -> tuple[str, ...]:
+    """The argv after `vllm serve`: on the host's network the server binds the deployment's address itself."""
+    return with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else tuple(spec.argv)
+
+
 def container_create_kwargs(
     spec: WorkloadSpec, *, gpu: GpuPassthrough, journald: bool, secret_ids: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -177,25 +206,37 @@ def container_create_kwargs(
 
     `secret_ids` maps each SecretFile name to the Podman secret created for it.
     """
-    env = dict(spec.env)
+    env = container_env(spec)
     mounts: list[dict[str, Any]] = [
         {"type": "bind", "source": str(m.source), "target": m.target, "read_only": m.read_only} for m in spec.mounts
     ]
     if spec.cache_dir is not None:
-        target = env.setdefault("VLLM_CACHE_ROOT", CONTAINER_VLLM_CACHE_ROOT)
-        mounts.append({"type": "bind", "source": str(spec.cache_dir), "target": target, "read_only": False})
+        mounts.append(
+            {"type": "bind", "source": str(spec.cache_dir), "target": env["VLLM_CACHE_ROOT"], "read_only": False}
+        )
     secrets = []
     for s in spec.secrets:
         if not _FILE_NAME.fullmatch(s.name):
             raise ValueError(f"secret name {s.name!r} is not a plain file name")
         secrets.append({"source": secret_ids[s.name], "target": s.name})
-        if secret_is_path(s):
-            env[s.env_var] = f"{SECRETS_DIR}/{s.name}"
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.deployment}
+    entrypoint, command = serve_entrypoint(spec.secrets), list(server_argv(spec))
+    if spec.launcher is not None:
+        # The image's own Python runs the launcher (stdlib only), mounted read-only; servers come from its socket.
+        entrypoint = ["python3", f"{CONTAINER_LAUNCHER_DIR}/__main__.py", "--run-dir", CONTAINER_LAUNCHER_RUN]
+        command = []
+        mounts.append(
+            {"type": "bind", "source": str(spec.launcher.source), "target": CONTAINER_LAUNCHER_DIR, "read_only": True}
+        )
+        mounts.append(
+            {"type": "bind", "source": str(spec.launcher.run_dir), "target": CONTAINER_LAUNCHER_RUN, "read_only": False}
+        )
+        labels[LABEL_LAUNCHER] = "true"
+        labels[LABEL_CONTAINER_FINGERPRINT] = container_fingerprint(spec)
     kwargs: dict[str, Any] = {
         "name": workload_name(spec.deployment),
-        "entrypoint": serve_entrypoint(spec.secrets),
-        "command": list(with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else spec.argv),
+        "entrypoint": entrypoint,
+        "command": command,
         "environment": env,
         "labels": labels,
         "mounts": mounts,
@@ -688,6 +729,10 @@ class PodmanRuntime:
         return version
 
     # -- workloads ---------------------------------------------------------------------------
+
+    def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
+        """What this runtime's launcher needs to start a server of `spec` (issue 15)."""
+        return launch_request(spec)
 
     def start(self, spec: WorkloadSpec) -> Workload:
         """Create and start the deployment's container; one that exists is refused (the supervisor replaces)."""

@@ -26,14 +26,18 @@ from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
+    LABEL_CONTAINER_FINGERPRINT,
     LABEL_DEPLOYMENT,
+    LABEL_LAUNCHER,
     LABEL_MANAGED,
     ExitEvent,
     ImageInfo,
+    LaunchRequest,
     PullPolicy,
     PullProgress,
     Workload,
     WorkloadSpec,
+    container_fingerprint,
     with_bind_address,
     workload_name,
 )
@@ -103,6 +107,34 @@ def serve_command(executable: str, argv: tuple[str, ...]) -> list[str]:
     if Path(parts[0]).name.startswith("python"):
         return [*parts, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
     return [*parts, "serve", *argv]
+
+
+def python_of(executable: str) -> str:
+    """The Python that runs vLLM for `executable`: itself when it is a Python, else the `vllm` script's
+    interpreter (its `#!` line), else `python3`."""
+    parts = shlex.split(executable)
+    if not parts:
+        raise InvalidInput("the process runtime needs `executable`", fix='set executable = "/path/to/venv/bin/vllm"')
+    if Path(parts[0]).name.startswith("python"):
+        return parts[0]
+    try:
+        with open(parts[0], "rb") as script:
+            first = script.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return "python3"
+    if first.startswith("#!"):
+        words = first[2:].split()
+        if words and Path(words[0]).name == "env" and len(words) > 1:
+            return words[1]
+        if words:
+            return words[0]
+    return "python3"
+
+
+def launcher_command(executable: str, spec: WorkloadSpec) -> list[str]:
+    """The launcher run by vLLM's own Python (issue 15) instead of `vllm serve`."""
+    assert spec.launcher is not None
+    return [python_of(executable), str(spec.launcher.source / "__main__.py"), "--run-dir", str(spec.launcher.run_dir)]
 
 
 def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
@@ -210,6 +242,11 @@ class ProcessRuntime:
         text = done.stdout.strip().splitlines()
         return text[-1].strip() if done.returncode == 0 and text else None
 
+    def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
+        """What this runtime's launcher needs to start a server of `spec` (issue 15)."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")}
+        return LaunchRequest(with_bind_address(spec.argv, spec.bind_host, spec.port), process_env(spec, base))
+
     def start(self, spec: WorkloadSpec) -> Workload:
         if not spec.executable:
             raise InvalidInput(
@@ -228,6 +265,11 @@ class ProcessRuntime:
             self.remove(existing.id)  # the record of a server that has exited
         argv = serve_command(spec.executable, with_bind_address(spec.argv, spec.bind_host, spec.port))
         env = process_env(spec, {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")})
+        extra_labels: dict[str, str] = {}
+        if spec.launcher is not None:
+            argv = launcher_command(spec.executable, spec)
+            spec.launcher.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            extra_labels = {LABEL_LAUNCHER: "true", LABEL_CONTAINER_FINGERPRINT: container_fingerprint(spec)}
         log_path = self._log_path(spec.deployment)
         if log_path.exists():
             log_path.replace(log_path.with_suffix(".log.1"))
@@ -250,6 +292,7 @@ class ProcessRuntime:
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
             **{str(k): str(v) for k, v in spec.labels.items()},
+            **extra_labels,
         }
         record = ProcessRecord(
             deployment=spec.deployment,

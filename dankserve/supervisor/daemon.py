@@ -43,7 +43,7 @@ from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, learning, sleep_mode
+from dankserve.supervisor import instance, launching, learning, sleep_mode
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.health import check_health
@@ -58,7 +58,7 @@ from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.status import Metrics, deployment_status
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
-from dankserve.supervisor.workload import workload_spec
+from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 if TYPE_CHECKING:
@@ -172,9 +172,19 @@ class LogPump:
     (the workload exited, or the runtime went away: the machine asks the runtime which)."""
 
     def __init__(
-        self, runtime: Runtime, workload_id: str, inbox: Inbox, *, number: int, name: str, logger: Any, skip: int = 0
+        self,
+        runtime: Runtime,
+        workload_id: str,
+        inbox: Inbox,
+        *,
+        number: int,
+        name: str,
+        logger: Any,
+        skip: int = 0,
+        server: int | None = None,
     ) -> None:
         self._runtime = runtime
+        self._server = server
         self._workload_id = workload_id
         self._inbox = inbox
         self._number = number
@@ -185,7 +195,7 @@ class LogPump:
     def _pump(self) -> None:
         seen = 0
         try:
-            for line in self._runtime.logs(self._workload_id, follow=True):
+            for line in launching.server_log(self._runtime.logs(self._workload_id, follow=True), self._server):
                 seen += 1
                 if seen > self._skip:  # a stream opened again replays the log from its start
                     self._inbox.put(_Line(self._number, line))
@@ -245,9 +255,10 @@ class DeploymentWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def request_stop(self) -> None:
+    def request_stop(self, *, keep_launcher: bool = False) -> None:
+        """Stop; `keep_launcher` (`dankserve down`): a launcher stays for the next `up`, only its server stops."""
         self._stopping.set()
-        self._inbox.put(m.StopRequested())
+        self._inbox.put(m.StopRequested(keep_launcher=keep_launcher))
 
     def request_replan(self, dep: DeploymentSettings) -> None:
         """Apply a changed configuration: the next boot uses it."""
@@ -434,14 +445,7 @@ class DeploymentWorker:
                     self.log.warning("remove_failed", container_id=wid, error=str(exc))
                 self._runtimes.pop(wid, None)
             case m.AcquireGpus(uuids=uuids):
-                self._release()
-                if not daemon.swap_groups.admit_boot(self.name, uuids, self._stopping):
-                    return m.StopRequested()
-                slot = daemon.gpu_locks.acquire(uuids, self._stopping)
-                if slot is None:
-                    return m.StopRequested()
-                self._slot = slot
-                return m.GpusAcquired()
+                return self._acquire_gpus(uuids)
             case m.ReleaseGpus():
                 self._release()
             case m.ReadFreeMemory(uuids=uuids, settle_first=settle_first):
@@ -450,10 +454,12 @@ class DeploymentWorker:
                     # (and the learned-bytes guard) must not read that as another tenant's memory.
                     wait_dead_processes_released(uuids, timeout=15)
                 return m.FreeMemoryRead(self._free_now(uuids, dep))
-            case m.StartWorkload(overrides=overrides, vllm_version=version):
-                return self._start(dep, overrides, version)
-            case m.FollowLogs(workload_id=wid, resume=resume):
-                self._follow(dep, wid, resume)
+            case m.StartWorkload(overrides=overrides, vllm_version=version, launcher_id=launcher_id):
+                return self._start(dep, overrides, version, launcher_id)
+            case m.StopServer() | m.WaitExit(server=int()):
+                return self._launcher_command(command, dep)
+            case m.FollowLogs(workload_id=wid, resume=resume, server=server):
+                self._follow(dep, wid, resume, server)
             case m.WaitExit(workload_id=wid, timeout=timeout):
                 ended = self._runtime_of(wid, dep).wait(wid, timeout=timeout)
                 return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
@@ -472,6 +478,28 @@ class DeploymentWorker:
             case _:
                 self._record(command)
         return None
+
+    def _acquire_gpus(self, uuids: tuple[str, ...]) -> m.Event:
+        """The GPUs' boot slot, once a swap group member's boot has room (StopRequested when stopped meanwhile)."""
+        self._release()
+        if not self.daemon.swap_groups.admit_boot(self.name, uuids, self._stopping):
+            return m.StopRequested()
+        slot = self.daemon.gpu_locks.acquire(uuids, self._stopping)
+        if slot is None:
+            return m.StopRequested()
+        self._slot = slot
+        return m.GpusAcquired()
+
+    def _launcher_command(self, command: m.StopServer | m.WaitExit, dep: DeploymentSettings) -> m.Event | None:
+        """The commands about a launcher's server (issue 15)."""
+        settings = self.daemon.settings
+        run_dir = launcher_run_dir(settings, self.name)
+        if isinstance(command, m.StopServer):
+            self._unfollow(command.workload_id)
+            launching.stop_server(run_dir, settings.stop_timeout_seconds)
+            return None
+        wid = command.workload_id
+        return launching.wait_server(self._runtime_of(wid, dep), wid, run_dir, command.timeout)
 
     def _record(self, command: m.Command) -> None:
         """The commands that only write the state file."""
@@ -557,6 +585,10 @@ class DeploymentWorker:
         if found is not None:
             self._runtimes[found.id] = runtime
             existing = m.ExistingWorkload(found.id, found.running, found.fingerprint == plan.fingerprint)
+            if launching.is_launcher(found) and found.running:
+                spec = workload_spec(plan, dep, daemon.settings, 0) if dep.launcher else None
+                run_dir = launcher_run_dir(daemon.settings, self.name)
+                existing = launching.found_launcher(found, run_dir, spec, plan.fingerprint)
         adoptable = getattr(runtime, "adoptable", None)
         return m.BootPlanned(
             uuids=uuids,
@@ -570,9 +602,12 @@ class DeploymentWorker:
             adoptable=(adoptable() if callable(adoptable) else True) and dep.swap_group is None,
         )
 
-    def _start(self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None) -> m.Event:
+    def _start(
+        self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None, launcher_id: str | None = None
+    ) -> m.Event:
         daemon = self.daemon
-        holder = daemon.deps.check_port(dep.host, dep.port)
+        # A kept launcher's container publishes the port itself: the check is for a new workload.
+        holder = daemon.deps.check_port(dep.host, dep.port) if launcher_id is None else None
         if holder is not None:
             return m.PortBusy(dep.port, holder)
         plan = daemon.deps.planner(self.name, dep, daemon.host, overrides, version)
@@ -580,12 +615,25 @@ class DeploymentWorker:
         # Both are mounted into the container; a missing source would fail the start.
         compile_cache_dir(daemon.settings, self.name).mkdir(parents=True, exist_ok=True, mode=0o700)
         daemon.settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        spec = workload_spec(plan, dep, daemon.settings, boot)
+        if launcher_id is not None:
+            runtime = self._runtime_of(launcher_id, dep)
+            timeout = self._machine.config.boot_timeout_seconds
+            run_dir = launcher_run_dir(daemon.settings, self.name)
+            return launching.start_server(runtime, launcher_id, run_dir, spec, boot, timeout=timeout, new=False)
         runtime = daemon.deps.runtime_for(dep)
-        workload = runtime.start(workload_spec(plan, dep, daemon.settings, boot))
+        if spec.launcher is not None:
+            spec.launcher.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        workload = runtime.start(spec)
         self._runtimes[workload.id] = runtime
+        if spec.launcher is not None:
+            timeout = self._machine.config.boot_timeout_seconds
+            return launching.start_server(
+                runtime, workload.id, spec.launcher.run_dir, spec, boot, timeout=timeout, new=True
+            )
         return m.WorkloadStarted(workload.id, boot)
 
-    def _follow(self, dep: DeploymentSettings, workload_id: str, resume: bool) -> None:
+    def _follow(self, dep: DeploymentSettings, workload_id: str, resume: bool, server: int | None = None) -> None:
         if not resume:
             self._reader = BootLogReader()
             self._fed = 0
@@ -596,7 +644,14 @@ class DeploymentWorker:
         if callable(watch):  # a multi-host group reports a lost member as an event
             watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
         LogPump(
-            runtime, workload_id, self._inbox, number=self._follower, name=self.name, logger=self.log, skip=self._fed
+            runtime,
+            workload_id,
+            self._inbox,
+            number=self._follower,
+            name=self.name,
+            logger=self.log,
+            skip=self._fed,
+            server=server,
         )
 
     def _unfollow(self, workload_id: str) -> None:
@@ -953,6 +1008,22 @@ class Daemon:
         deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
         for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
+        self._remove_idle_launchers({w.name for w in workers})
+
+    def _remove_idle_launchers(self, supervised: set[str]) -> None:
+        """SIGTERM leaves nothing running: launchers `down` kept for deployments without a worker go too."""
+        for name, dep in self.settings.deployments.items():
+            if name in supervised or not dep.launcher:
+                continue
+            try:
+                runtime = self.deps.runtime_for(dep)
+                found = runtime.find(name)
+                if found is not None and launching.is_launcher(found):
+                    runtime.stop(found.id, self.settings.stop_timeout_seconds)
+                    runtime.remove(found.id)
+                    log.info("launcher_removed", deployment=name, container_id=found.id)
+            except Exception as exc:
+                log.warning("launcher_remove_failed", deployment=name, error=str(exc))
 
     def _apply_reload(self) -> None:
         from dankserve.settings import load_settings
@@ -1008,7 +1079,7 @@ class Daemon:
                     self.state.set_down(name, True)
                     worker = self.workers.pop(name, None)
                 if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
-                    worker.request_stop()
+                    worker.request_stop(keep_launcher=True)
                     worker.join(self.settings.stop_timeout_seconds + 15)
                 return {"ok": True}
             with self._lock:

@@ -161,6 +161,8 @@ class LearnedKv:
     learned_at: float
     """Unix time."""
     vllm_version: str | None = None
+    kv_cache_tokens: int | None = None
+    """The profiled boot's `GPU KV cache size: N tokens` (None: not read, or learned before it was kept)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +170,7 @@ class LearnedKv:
             "baseline_free_bytes": list(self.baseline_free_bytes),
             "learned_at": self.learned_at,
             "vllm_version": self.vllm_version,
+            "kv_cache_tokens": self.kv_cache_tokens,
         }
 
     @classmethod
@@ -180,7 +183,14 @@ class LearnedKv:
         if not all(isinstance(value, int) and value >= 0 for value in baseline):
             raise ValueError(f"baseline_free_bytes must be non-negative integers: {baseline!r}")
         version = data.get("vllm_version")
-        return cls(kv, tuple(baseline), float(data["learned_at"]), None if version is None else str(version))
+        tokens = data.get("kv_cache_tokens")
+        return cls(
+            kv,
+            tuple(baseline),
+            float(data["learned_at"]),
+            None if version is None else str(version),
+            tokens if isinstance(tokens, int) and tokens > 0 else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -237,7 +247,34 @@ def learn_from_boot(facts: BootFacts, baseline_free_bytes: Sequence[int], now: f
         return None
     if facts.kv_cache_memory_bytes is None or facts.kv_cache_memory_bytes <= 0 or not baseline_free_bytes:
         return None
-    return LearnedKv(facts.kv_cache_memory_bytes, tuple(baseline_free_bytes), now, facts.vllm_version)
+    return LearnedKv(
+        facts.kv_cache_memory_bytes, tuple(baseline_free_bytes), now, facts.vllm_version, facts.gpu_kv_cache_tokens
+    )
+
+
+KV_SHRINK_TOLERANCE_PERCENT = 1
+"""A learned boot may hold this much less KV cache (tokens) than the profiled boot before it is reported."""
+
+
+def kv_shrink_warning(learned: LearnedKv | None, tokens_now: int | None) -> str | None:
+    """A message when a boot with learned bytes got a KV cache more than 1 % smaller (tokens) than the
+    profiled boot it learned from (vLLM 0.27-0.33's suggested size double-counts CUDA-graph memory,
+    vllm issue 57936), with the fix; None when it did not, or when either count is unknown."""
+    if learned is None or learned.kv_cache_tokens is None or tokens_now is None:
+        return None
+    if tokens_now * 100 >= learned.kv_cache_tokens * (100 - KV_SHRINK_TOLERANCE_PERCENT):
+        return None
+    lost = 100 * (learned.kv_cache_tokens - tokens_now) / learned.kv_cache_tokens
+    # KV bytes are proportional to tokens for one model and dtype: the size that holds the profiled count.
+    wanted = -(-learned.kv_cache_memory_bytes * learned.kv_cache_tokens // tokens_now)
+    return (
+        f"the KV cache holds {tokens_now:,} tokens with the learned size, {lost:.1f} % fewer than the "
+        f"{learned.kv_cache_tokens:,} of the profiled boot (vLLM 0.27-0.33's suggested size double-counts "
+        f"CUDA-graph memory, vllm issue 57936): the profiled boot's tokens need {wanted} bytes, "
+        f"{wanted - learned.kv_cache_memory_bytes} more; fix: use a vLLM release without that bug (0.26 is not "
+        "affected), or raise gpu_memory_utilization by that much of a GPU's memory (a changed utilisation "
+        "learns again)"
+    )
 
 
 def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> LearnedKv | None:

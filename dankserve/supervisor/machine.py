@@ -18,6 +18,14 @@ How producers outside this module feed events: a weights download (issue 14) ans
 `EnsureWeights` with `WeightsProgress(percent)` events and then `WeightsReady` (or
 `WeightsFailed`); a liveness probe (issue 17) feeds `LivenessFailed(cause, message)` while the
 server is ready; a multi-host group feeds `MemberLost(reason)` when a member is gone.
+
+The launcher (issue 15; grouped under "launcher" below): a deployment with `launcher = true` runs
+a launcher workload (a container or process that pre-imports vLLM) whose servers come and go. A
+boot then carries the launcher's server number (`Boot.server`); its failures, `down` and reloads
+stop only that server (`StopServer`), and the next boot asks the same launcher for a new one
+(`StartWorkload.launcher_id`) when planning found it running with this boot's container-level
+settings (`ExistingWorkload.launcher`). A launcher that does not answer (`LauncherLost`) is
+replaced; a changed image, GPU set, mounts or ports replace it; SIGTERM removes it.
 """
 
 from __future__ import annotations
@@ -216,6 +224,11 @@ class Boot:
     up_logged_at: float | None = None
     """When this boot's log first said the server is up (the startup line)."""
     unanswered_warned: bool = False
+    # launcher
+    launcher_id: str | None = None
+    """A running launcher (kept from an earlier boot) that starts this boot's server."""
+    server: int | None = None
+    """This boot's server number in its launcher (None: the workload is the server itself)."""
 
 
 @dataclass(frozen=True)
@@ -341,6 +354,9 @@ class Begin:
 class StopRequested:
     """`dankserve down`, SIGTERM, or the deployment removed from the configuration."""
 
+    keep_launcher: bool = False
+    """`dankserve down`: stop the server but keep its launcher for the next `up` (SIGTERM: remove it)."""
+
 
 @dataclass(frozen=True)
 class Reconfigured:
@@ -388,7 +404,20 @@ class ExistingWorkload:
     id: str
     running: bool
     same_plan: bool
-    """Its plan fingerprint is this boot's (so it may be adopted)."""
+    """Its plan fingerprint is this boot's (so it may be adopted); a launcher's: its server's."""
+    launcher: LauncherFound | None = None
+    """The workload is a launcher: what it runs, and whether this boot may use it."""
+
+
+@dataclass(frozen=True)
+class LauncherFound:
+    """A launcher workload found while planning."""
+
+    reusable: bool
+    """It answers, and its container-level settings (image, GPUs, mounts, ports ...) are this boot's."""
+    server: int | None = None
+    """Its latest server's number."""
+    server_running: bool = False
 
 
 @dataclass(frozen=True)
@@ -430,6 +459,8 @@ class PortBusy:
 class WorkloadStarted:
     workload_id: str
     boot: int
+    server: int | None = None
+    """The launcher's server number (None: the workload is the server)."""
 
 
 @dataclass(frozen=True)
@@ -452,6 +483,8 @@ class Exited:
     exit_code: int | None
     oom_killed: bool = False
     """The kernel's OOM killer ended it (the runtime knows so; never guessed from a signal)."""
+    launcher_gone: bool = False
+    """A launcher boot: the launcher itself (its container or process) ended, not only its server."""
 
 
 @dataclass(frozen=True)
@@ -500,6 +533,13 @@ class RuntimeUnreachable:
 @dataclass(frozen=True)
 class Refused:
     """Planning or the runtime refused the configuration (a user error): restarting cannot help."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class LauncherLost:
+    """The launcher to reuse did not answer a start (it died, or its socket is gone): replace it."""
 
     message: str
 
@@ -588,6 +628,7 @@ Event = (
     | RuntimeUnreachable
     | Refused
     | Crashed
+    | LauncherLost
     | SleepRequested
     | FellAsleep
     | SleepUnsupported
@@ -659,6 +700,17 @@ class StartWorkload:
 
     overrides: BootOverrides
     vllm_version: str | None
+    launcher_id: str | None = None
+    """Ask this running launcher for the server instead of starting a workload (answered by
+    WorkloadStarted, LauncherLost or PortBusy)."""
+
+
+@dataclass(frozen=True)
+class StopServer:
+    """Stop the launcher's server `server` (SIGTERM, then SIGKILL), keeping the launcher."""
+
+    workload_id: str
+    server: int
 
 
 @dataclass(frozen=True)
@@ -667,6 +719,8 @@ class FollowLogs:
 
     workload_id: str
     resume: bool = False
+    server: int | None = None
+    """A launcher's server: only its lines, ending where it exited."""
 
 
 @dataclass(frozen=True)
@@ -675,6 +729,8 @@ class WaitExit:
 
     workload_id: str
     timeout: float
+    server: int | None = None
+    """A launcher's server: wait for that server, not the launcher."""
 
 
 @dataclass(frozen=True)
@@ -761,6 +817,7 @@ Command = (
     | ReleaseGpus
     | ReadFreeMemory
     | StartWorkload
+    | StopServer
     | FollowLogs
     | WaitExit
     | ProbeHealth
@@ -837,6 +894,8 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.MEASURING, Tick] = _allowed(Stage.MEASURING, note="reads free memory again when due")
     t[Stage.STARTING, WorkloadStarted] = _allowed(Stage.BOOTING)
     t[Stage.STARTING, PortBusy] = _allowed(Stage.RETRY_WAIT)
+    # launcher
+    t[Stage.STARTING, LauncherLost] = _allowed(Stage.STARTING, note="replaces the launcher")
     for stage in (Stage.BOOTING, Stage.READY):
         t[stage, BootLog] = _allowed(stage, Stage.ENDING)
         t[stage, LogEnded] = _allowed(stage)
@@ -910,14 +969,30 @@ def _begin_boot(state: MachineState, now: float) -> Step:
     return replace(base, stage=Stage.PULLING), (EnsureImage(),)
 
 
-def _teardown(state: MachineState) -> tuple[Command, ...]:
-    """Stop and remove the running workload (if any) and give the GPUs back."""
+def _teardown(state: MachineState, *, keep_launcher: bool = True) -> tuple[Command, ...]:
+    """Stop and remove the running workload (if any) and give the GPUs back.
+
+    A launcher's server is stopped and its launcher kept for the next boot (unless `keep_launcher`
+    is False: SIGTERM, or the deployment removed)."""
     wid = state.workload_id
     out: list[Command] = []
     if wid is not None and (state.stage in RUNNING or state.stage in SLEEP_STAGES):
-        out += [StopWorkload(wid), RemoveWorkload(wid)]
+        server = state.boot.server if state.boot is not None else None
+        if server is not None and keep_launcher:
+            out.append(StopServer(wid, server))
+        else:
+            out += [StopWorkload(wid), RemoveWorkload(wid)]
     out.append(ReleaseGpus())
     return tuple(out)
+
+
+def _exited_teardown(state: MachineState, launcher_gone: bool) -> tuple[Command, ...]:
+    """After the server exited: remove its workload, unless it was a launcher's server and the launcher lives."""
+    boot = state.boot
+    wid = state.workload_id or ""
+    if boot is not None and boot.server is not None and not launcher_gone:
+        return ()
+    return (RemoveWorkload(wid, best_effort=True),)
 
 
 def _on_begin(state: MachineState, event: Begin, now: float) -> Step:
@@ -925,7 +1000,7 @@ def _on_begin(state: MachineState, event: Begin, now: float) -> Step:
 
 
 def _on_stop(state: MachineState, event: StopRequested, now: float) -> Step:
-    commands = _teardown(state)
+    commands = _teardown(state, keep_launcher=event.keep_launcher)
     return replace(state, stage=Stage.STOPPED, boot=None, pending=None, wake_at=None, message=None), commands
 
 
@@ -994,7 +1069,9 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
     )
     state = replace(state, gpu_uuids=event.uuids, vllm_version=event.vllm_version or state.vllm_version)
     existing = event.existing
-    if existing is not None and existing.running and existing.same_plan and event.adoptable:
+    launcher = existing.launcher if existing is not None else None
+    server_runs = launcher is None or (launcher.server_running and launcher.server is not None)
+    if existing is not None and existing.running and existing.same_plan and event.adoptable and server_runs:
         # An adopted boot keeps its GPUs' slot (claimed at start-up) until ready.
         boot = replace(
             boot,
@@ -1002,11 +1079,21 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
             adopted=True,
             deadline=now + state.config.boot_timeout_seconds,
             phase=Phase.STARTING,
+            server=launcher.server if launcher is not None else None,
         )
         adopted = replace(state, stage=Stage.BOOTING, boot=boot, wake_at=now + MAX_IDLE_SECONDS)
-        return adopted, (note("adopting", container_id=existing.id), FollowLogs(existing.id))
+        return adopted, (
+            note("adopting", container_id=existing.id, server=boot.server),
+            FollowLogs(existing.id, server=boot.server),
+        )
     commands: list[Command] = [ReleaseGpus()]
-    if existing is not None:
+    if existing is not None and existing.running and launcher is not None and launcher.reusable:
+        # launcher: the same container-level settings: keep it, stop its old server, ask it for a new one.
+        boot = replace(boot, launcher_id=existing.id)
+        commands.append(note("reusing_launcher", container_id=existing.id, server_running=launcher.server_running))
+        if launcher.server_running and launcher.server is not None:
+            commands.append(StopServer(existing.id, launcher.server))
+    elif existing is not None:
         commands += [
             note("replacing", container_id=existing.id, running=existing.running),
             StopWorkload(existing.id),
@@ -1048,7 +1135,7 @@ def _on_free_memory(state: MachineState, event: FreeMemoryRead, now: float) -> S
     )
     return after, (
         note("kv_cache_decision", use_bytes=decision.use_bytes, reason=decision.reason),
-        StartWorkload(overrides, state.vllm_version),
+        StartWorkload(overrides, state.vllm_version, launcher_id=boot.launcher_id),
     )
 
 
@@ -1062,9 +1149,13 @@ def _on_workload_started(state: MachineState, event: WorkloadStarted, now: float
         workload_id=event.workload_id,
         deadline=now + state.config.boot_timeout_seconds,
         phase=Phase.STARTING,
+        server=event.server,
     )
     after = replace(state, stage=Stage.BOOTING, boot=boot, boots=event.boot, wake_at=now + MAX_IDLE_SECONDS)
-    return after, (note("started", container_id=event.workload_id, boot=event.boot), FollowLogs(event.workload_id))
+    return after, (
+        note("started", container_id=event.workload_id, boot=event.boot, server=event.server),
+        FollowLogs(event.workload_id, server=event.server),
+    )
 
 
 def _on_boot_log(state: MachineState, event: BootLog, now: float) -> Step:
@@ -1091,7 +1182,7 @@ def _on_boot_log(state: MachineState, event: BootLog, now: float) -> Step:
         pending = Failure(FailureCause.from_log(facts.failure), facts.failure_message, facts, served=False)
         return replace(state, stage=Stage.ENDING, pending=pending, wake_at=None), (
             *commands,
-            WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS),
+            WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS, server=boot.server),
         )
     if state.stage is Stage.BOOTING and facts.ready and boot.up_logged_at is None:
         boot = replace(boot, up_logged_at=now)
@@ -1117,9 +1208,8 @@ def _on_exited(state: MachineState, event: Exited, now: float) -> Step:
     boot = state.boot
     if boot is None:
         return state, ()
-    wid = boot.workload_id or ""
     if state.stage is Stage.ENDING and state.pending is not None:
-        return _decide_after(state, state.pending, (RemoveWorkload(wid, best_effort=True),))
+        return _decide_after(state, state.pending, _exited_teardown(state, event.launcher_gone))
     served = state.stage is Stage.READY or state.stage in SLEEP_STAGES
     facts = boot.facts
     if facts.failure is not None:
@@ -1133,7 +1223,7 @@ def _on_exited(state: MachineState, event: Exited, now: float) -> Step:
     message = facts.failure_message or f"vLLM exited with code {event.exit_code}"
     if event.oom_killed:
         message += " (killed by the kernel's OOM killer: host RAM)"
-    return _decide_after(state, Failure(cause, message, facts, served), (RemoveWorkload(wid, best_effort=True),))
+    return _decide_after(state, Failure(cause, message, facts, served), _exited_teardown(state, event.launcher_gone))
 
 
 def _on_still_running(state: MachineState, event: StillRunning, now: float) -> Step:
@@ -1142,14 +1232,14 @@ def _on_still_running(state: MachineState, event: StillRunning, now: float) -> S
         return state, ()
     wid = boot.workload_id or ""
     if state.stage is Stage.ENDING and state.pending is not None:
-        return _decide_after(state, state.pending, (StopWorkload(wid), RemoveWorkload(wid)))
+        return _decide_after(state, state.pending, _teardown(state))
     commands: list[Command] = []
     message = state.message
     if boot.outage is not None:
         commands.append(note("runtime_reconnected", container_id=wid, after_seconds=round(now - boot.outage.since, 1)))
         message = None
     boot = replace(boot, outage=None, log_ended=False)
-    return replace(state, boot=boot, message=message), (*commands, FollowLogs(wid, resume=True))
+    return replace(state, boot=boot, message=message), (*commands, FollowLogs(wid, resume=True, server=boot.server))
 
 
 def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
@@ -1165,11 +1255,13 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         facts = boot.facts
         kv_bytes = boot.learned_used if boot.learned_used is not None else facts.kv_cache_memory_bytes
         boot = replace(boot, ready_at=now, next_health=now + config.health_interval_seconds, phase=Phase.READY)
+        # A learned boot whose KV cache is smaller than the profiled one's (vllm issue 57936) is said.
+        shrunk = learning.kv_shrink_warning(boot.learned, facts.gpu_kv_cache_tokens) if boot.learned_used else None
         after = replace(
             state,
             stage=Stage.READY,
             boot=boot,
-            message=None if boot.unanswered_warned else state.message,
+            message=shrunk or (None if boot.unanswered_warned else state.message),
             kv_cache_memory_bytes=kv_bytes,
             compile_cache_hit=facts.compile_cache_hit,
             compile_seconds=facts.compile_seconds,
@@ -1178,7 +1270,9 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         learn_baseline = boot.baseline if boot.learned_used is None else None
         if state.swap.since is not None:
             after = replace(after, swap=_swap_done(state.swap, "wake", now))
+        warned = () if shrunk is None else (note("kv_cache_smaller_than_profiled", "warning", message=shrunk),)
         return after, (
+            *warned,
             # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this
             # boot is ready and on disk (all three run before status shows ready).
             RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
@@ -1315,6 +1409,18 @@ def _on_refused(state: MachineState, event: Refused, now: float) -> Step:
     return after, (ReleaseGpus(), *commands)
 
 
+def _on_launcher_lost(state: MachineState, event: LauncherLost, now: float) -> Step:
+    """launcher: the one planning kept did not answer: remove it and start a new workload instead."""
+    boot = state.boot or Boot(started_at=now)
+    lost = boot.launcher_id
+    boot = replace(boot, launcher_id=None)
+    overrides = replace(state.overrides, kv_cache_memory_bytes=boot.learned_used)
+    commands: list[Command] = [note("launcher_lost", "warning", container_id=lost, error=event.message)]
+    if lost is not None:
+        commands += [StopWorkload(lost), RemoveWorkload(lost, best_effort=True)]
+    return replace(state, boot=boot), (*commands, StartWorkload(overrides, state.vllm_version))
+
+
 def _on_crashed(state: MachineState, event: Crashed, now: float) -> Step:
     facts = state.facts
     return _decide_after(state, Failure(FailureCause.CRASH, event.message, facts, state.stage is Stage.READY), ())
@@ -1333,7 +1439,7 @@ def _watch(state: MachineState, now: float) -> Step:
     if boot.log_ended and (boot.outage is None or now >= boot.outage.next_try):
         # The stream ended: the workload exited, or the runtime went away (or both).
         timeout = 1.0 if boot.outage is not None else EXIT_WAIT_SECONDS
-        return replace(state, wake_at=now + MAX_IDLE_SECONDS), (WaitExit(wid, timeout),)
+        return replace(state, wake_at=now + MAX_IDLE_SECONDS), (WaitExit(wid, timeout, server=boot.server),)
     if state.stage is Stage.BOOTING:
         if now >= boot.deadline:
             message = f"not ready within {config.boot_timeout_seconds:.0f}s"
@@ -1510,6 +1616,7 @@ _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     RuntimeUnreachable: _on_unreachable,
     Refused: _on_refused,
     Crashed: _on_crashed,
+    LauncherLost: _on_launcher_lost,
     SleepRequested: _on_sleep_requested,
     FellAsleep: _on_fell_asleep,
     SleepUnsupported: _on_sleep_unsupported,

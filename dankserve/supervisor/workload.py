@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import dankserve.launcher
 from dankserve.plan.types import Plan
 from dankserve.planning import CONTAINER_HF_HOME, compile_cache_dir
-from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, GpuRef, Mount, SecretFile, WorkloadSpec
+from dankserve.runtime.base import (
+    LABEL_BOOT,
+    LABEL_FINGERPRINT,
+    GpuRef,
+    LauncherSpec,
+    Mount,
+    SecretFile,
+    WorkloadSpec,
+)
 from dankserve.settings import DeploymentSettings, Settings, is_loopback
 
 
@@ -36,4 +47,14 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         privileged=dep.privileged,
         executable=dep.executable,
         cache_dir=cache,
+        launcher=LauncherSpec(LAUNCHER_SOURCE, launcher_run_dir(settings, plan.deployment)) if dep.launcher else None,
     )
+
+
+LAUNCHER_SOURCE = Path(dankserve.launcher.__file__).resolve().parent
+"""The launcher package (standard library only) as installed with dankserve: mounted into containers."""
+
+
+def launcher_run_dir(settings: Settings, deployment: str) -> Path:
+    """The launcher's run directory (its control socket) for `deployment`, under the state dir."""
+    return settings.state_dir / "launchers" / deployment

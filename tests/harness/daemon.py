@@ -29,6 +29,7 @@ __all__ = [
     "Notifications",
     "RunningDaemon",
     "free_port",
+    "launcher_deployment",
     "process_deployment",
     "running_daemon",
     "write_config",
@@ -74,6 +75,19 @@ def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
         "model_facts": MODEL_FACTS,
         **extra,
     }
+
+
+LAUNCHER_ENV = {
+    # The stand-in's CLI stands for vLLM's (`vllm.entrypoints.cli.main:main`, the launcher's default).
+    "DANKSERVE_LAUNCHER_ENTRY": "fake_vllm.cli:main",
+    "DANKSERVE_LAUNCHER_PRELOAD": "fake_vllm.cli",
+}
+
+
+def launcher_deployment(port: int, **extra: Any) -> dict[str, Any]:
+    """A deployment running the stand-in under the launcher, as a process (its package on the launcher's path)."""
+    env = {**LAUNCHER_ENV, "DANKSERVE_LAUNCHER_PATH": str(STAND_IN.parent), **extra.pop("env", {})}
+    return process_deployment(port, launcher=True, env=env, **extra)
 
 
 def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from tests.plan.builders import GIB, LLAMA_70B, QWEN3_30B, caps, gpu, host, reco
 EXAMPLE = Path(__file__).resolve().parent.parent.parent / "config" / "dankserve.toml"
 BASE_ENV = {
     "VLLM_CACHE_ROOT": "/root/.cache/vllm",
+    "TRITON_CACHE_DIR": "/root/.cache/vllm/triton",
+    "FLASHINFER_WORKSPACE_BASE": "/root/.cache/vllm/flashinfer",
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     "NO_COLOR": "1",
     "VLLM_DISABLE_LOG_LOGO": "1",

@@ -272,10 +272,13 @@ def test_numa_binding(
 
 
 def test_container_env() -> None:
-    """The env carries the cache root, PCI order, no colour, no logo; NUMA adds spawn; the config's env wins."""
+    """The env carries the cache root (Triton's and FlashInfer's caches under it), PCI order, no colour, no logo;
+    NUMA adds spawn; the config's env wins."""
     env = rules.container_env("/root/.cache/vllm", True, {"NO_COLOR": "0", "HF_HUB_OFFLINE": "1"})
     assert env == {
         "VLLM_CACHE_ROOT": "/root/.cache/vllm",
+        "TRITON_CACHE_DIR": "/root/.cache/vllm/triton",
+        "FLASHINFER_WORKSPACE_BASE": "/root/.cache/vllm/flashinfer",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "NO_COLOR": "0",
         "VLLM_DISABLE_LOG_LOGO": "1",
@@ -298,3 +301,11 @@ def test_host_warnings() -> None:
 def test_number_formatting(value: float, text: str) -> None:
     """Numbers are spelt as vLLM takes them: integers bare, others with up to two decimals."""
     assert rules.number(value) == text
+
+
+def test_vllms_own_startup_plan_is_warned_about() -> None:
+    """VLLM_ENABLE_STARTUP_PLAN=1 in a deployment's env gets a warning naming the fix; unset or 0 does not."""
+    (warning,) = rules.env_warnings({"VLLM_ENABLE_STARTUP_PLAN": "1"})
+    assert "Remove it from the deployment's env" in warning
+    assert rules.env_warnings({"VLLM_ENABLE_STARTUP_PLAN": "0"}) == []
+    assert rules.env_warnings({}) == []

@@ -15,6 +15,7 @@ from dankserve.supervisor.learning import (
     boot_fingerprint,
     decide_kv_reuse,
     keep_first,
+    kv_shrink_warning,
     learn_from_boot,
 )
 
@@ -122,7 +123,7 @@ def facts(name: str) -> BootFacts:
 def test_learn_from_profiled_ready_boot() -> None:
     """A profiled boot that became ready teaches its suggested bytes and the baseline."""
     learned = learn_from_boot(facts("v033_cold.log"), [139 * GIB], 1_764_000_000.0)
-    assert learned == LearnedKv(132530194268, (139 * GIB,), 1_764_000_000.0, "0.33.0")
+    assert learned == LearnedKv(132530194268, (139 * GIB,), 1_764_000_000.0, "0.33.0", kv_cache_tokens=3986816)
 
 
 @pytest.mark.parametrize(
@@ -154,3 +155,22 @@ def test_learned_json_round_trip() -> None:
         LearnedKv.from_json({**LEARNED.to_json(), "kv_cache_memory_bytes": -1})
     with pytest.raises(ValueError):
         LearnedKv.from_json({**LEARNED.to_json(), "baseline_free_bytes": ["x"]})
+
+
+def test_a_kv_cache_more_than_one_percent_smaller_is_reported_with_the_size_that_fixes_it() -> None:
+    """kv_shrink_warning names the token counts and the bytes that would hold the profiled count."""
+    learned = LearnedKv(1000, (1,), 0.0, "0.33.0", kv_cache_tokens=1000)
+    message = kv_shrink_warning(learned, 900)
+    assert message is not None and "900 tokens" in message and "need 1112 bytes" in message
+    assert kv_shrink_warning(learned, 991) is None
+    assert kv_shrink_warning(replace(learned, kv_cache_tokens=None), 10) is None
+    assert kv_shrink_warning(learned, None) is None
+
+
+def test_learned_tokens_survive_the_state_file() -> None:
+    """The profiled boot's token count is written and read back; an old entry without it reads as None."""
+    learned = LearnedKv(1000, (1,), 0.0, "0.26.0", kv_cache_tokens=4125376)
+    assert LearnedKv.from_json(learned.to_json()) == learned
+    old = learned.to_json()
+    del old["kv_cache_tokens"]
+    assert LearnedKv.from_json(old).kv_cache_tokens is None

@@ -49,6 +49,7 @@ SAMPLES: dict[type[Any], Any] = {
     m.RuntimeUnreachable: m.RuntimeUnreachable("connection refused", "12:00:00"),
     m.Refused: m.Refused("bad config"),
     m.Crashed: m.Crashed("KeyError: 'x'"),
+    m.LauncherLost: m.LauncherLost("connection refused"),
     # swap groups
     m.SleepRequested: m.SleepRequested("1", "make room for b"),
     m.FellAsleep: m.FellAsleep(0.22),

@@ -1,0 +1,294 @@
+"""Issue 15's figures on real vLLM: launcher restarts against the manual best, on the GPU machine.
+
+Prepared without a GPU; run it on the H200 (bench/real_vllm/install-on-gpu.sh first, dankserve's
+dependencies on PYTHONPATH, the 1.1B test model from make_tiny_llama.py):
+
+    PROOF_WORK=/tmp/launcher OUT=$OUT python bench/real_vllm/launcher.py all [--repeat 3] [--forks 10]
+
+Steps (comma-separated, or `all` in this order; state lives in PROOF_WORK):
+
+  cold                   the daemon with `launcher = true`, fresh caches: first boot, KV bytes learned
+  launcher-kill          the launcher's server killed with -9: the same launcher forks the next one
+  launcher-down-up       `down` then `up`: the launcher stays, a new server
+  launcher-config-change a reload changing max_num_seqs: the launcher stays, a new server (it profiles)
+  fork-repeat            --forks more kills in a row: every forked boot must be ready (fork safety)
+  greedy                 the same greedy completions from a launcher boot and from a plain `vllm serve`
+  manual-best            stops the daemon, then by hand: `vllm serve` with the compile cache and the learned
+                         bytes (the baseline)
+  stop                   SIGTERM to the daemon: nothing may be left running
+
+A dry run without a GPU: PROOF_VLLM_EXECUTABLE=containers/fake-vllm/vllm.py, FAKE_VLLM_TIME_SCALE=0.05,
+the stand-in's launcher env (docs/stand-in-vllm.md) exported, LAUNCHER_RESULTS=/tmp/x.json.
+
+Every boot becomes one row of docs/hardware/h200x1-launcher/results.json (and OUT/results.json):
+{"kind", "runtime", "seconds" (the event to /health 200 and ready), "mode" (fork | plain), ...}.
+The targets (issue 15): launcher-kill and launcher-down-up medians <= 0.4x manual-best's median,
+launcher-config-change <= 0.5x; `summary` prints the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PROOF_WORK", "/tmp/launcher")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.real_vllm import proof
+from dankserve.runtime.launcher_client import LauncherClient
+
+RESULTS = Path(
+    os.environ.get("LAUNCHER_RESULTS")  # a dry run elsewhere
+    or Path(__file__).resolve().parents[2] / "docs" / "hardware" / "h200x1-launcher" / "results.json"
+)
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+RUNTIME = proof.RUNTIME
+"""process (default) or podman: PROOF_RUNTIME, as for proof.py (PROOF_IMAGE names the vLLM image)."""
+
+
+def config_text(max_num_seqs: int | None = None) -> str:
+    text = proof.config_text(proof.EXECUTABLE) + "launcher = true\n"
+    if max_num_seqs is not None:
+        text += f"max_num_seqs = {max_num_seqs}\n"
+    return text
+
+
+def rows() -> list[dict[str, Any]]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+
+
+def add_row(row: dict[str, Any]) -> None:
+    data = [*rows(), {"runtime": RUNTIME, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    out = os.environ.get("OUT")
+    if out:
+        (Path(out) / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"== {json.dumps(row)}", flush=True)
+
+
+def launcher() -> LauncherClient:
+    return LauncherClient(proof.WORK / "state" / "launchers" / "tiny")
+
+
+def timed_boot(kind: str, action: Any) -> None:
+    """`action`, then the next ready boot: seconds from the action to ready, and what the launcher did."""
+    boots = (proof.deployment_status() or {}).get("boots", 0)
+    begun = time.time()
+    action()
+    status = proof.wait_status(lambda d: d["state"] == "ready" and d["boots"] > boots, 900)
+    seconds = time.time() - begun
+    info = launcher().status()
+    server = info.server
+    add_row(
+        {
+            "kind": kind,
+            "seconds": round(seconds, 2),
+            "mode": server.mode if server else None,
+            "mode_reason": server.mode_reason if server else None,
+            "import_seconds": info.import_seconds,
+            "import_threads": list(info.import_threads),
+            "kv_cache_learned_used": status["kv_cache_learned_used"],
+            "kv_cache_memory_bytes": status["kv_cache_memory_bytes"],
+            "compile_cache_hit": status["compile_cache_hit"],
+            "message": status.get("message"),
+        }
+    )
+
+
+def step_cold(args: argparse.Namespace) -> None:
+    import shutil
+
+    for name in ("state", "cache"):
+        shutil.rmtree(proof.WORK / name, ignore_errors=True)
+    (proof.WORK / "dankserve.toml").write_text(config_text())
+    argv = [sys.executable, "-m", "dankserve", "--config", str(proof.WORK / "dankserve.toml"), "run"]
+    log = (proof.WORK / "daemon.log").open("ab")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def start() -> None:
+        daemon = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        (proof.WORK / "launcher-daemon.pid").write_text(str(daemon.pid))
+        deadline = time.monotonic() + 60
+        while proof.deployment_status() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    timed_boot("cold", start)
+
+
+def kill_server() -> None:
+    server = launcher().status().server
+    assert server is not None and not server.exited, "no server to kill"
+    os.killpg(server.pid, signal.SIGKILL)
+
+
+def step_kill(args: argparse.Namespace) -> None:
+    for _ in range(args.repeat):
+        time.sleep(2)
+        timed_boot("launcher-kill", kill_server)
+
+
+def step_down_up(args: argparse.Namespace) -> None:
+    def down_up() -> None:
+        proof.control({"command": "down", "deployment": "tiny"})
+        proof.control({"command": "up", "deployment": "tiny"})
+
+    for _ in range(args.repeat):
+        timed_boot("launcher-down-up", down_up)
+
+
+def step_config_change(args: argparse.Namespace) -> None:
+    for i in range(args.repeat):
+
+        def reload(seqs: int = 64 + 32 * (i % 2)) -> None:
+            (proof.WORK / "dankserve.toml").write_text(config_text(seqs))
+            proof.control({"command": "reload"})
+
+        timed_boot("launcher-config-change", reload)
+
+
+def step_fork_repeat(args: argparse.Namespace) -> None:
+    for _ in range(args.forks):
+        time.sleep(2)
+        timed_boot("fork-repeat", kill_server)
+
+
+def completions(port: int = proof.PORT) -> list[str]:
+    out = []
+    model = proof.MODEL
+    for prompt in PROMPTS:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 32, "temperature": 0})
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        answer = json.loads(conn.getresponse().read())
+        conn.close()
+        out.append(answer["choices"][0]["text"])
+    return out
+
+
+def step_greedy(args: argparse.Namespace) -> None:
+    if RUNTIME != "process":
+        add_row({"kind": "greedy", "seconds": None, "skipped": "the comparison runs with the process runtime"})
+        return
+    forked = completions()
+    plan = proof.dankserve("plan", "tiny", "--json")
+    (proof.WORK / "plan.json").write_text(plan.stdout)
+    proof.control({"command": "down", "deployment": "tiny"})
+    server = launcher().status().server
+    assert server is None or server.exited
+    # A plain boot of the same plan, by hand, beside the idle launcher (it holds no GPU memory).
+    argv = json.loads(plan.stdout)["argv"]
+    if sys.executable == proof.EXECUTABLE:
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
+    else:
+        command = [proof.EXECUTABLE, "serve", *argv]
+    plain_proc = subprocess.Popen(
+        command,
+        env={**os.environ, **json.loads(plan.stdout)["env"]},
+        stdout=(proof.WORK / "greedy-plain.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        while not proof.healthy():
+            if plain_proc.poll() is not None:
+                raise SystemExit("the plain boot for the greedy comparison exited")
+            time.sleep(0.2)
+        plain = completions()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(plain_proc.pid, signal.SIGINT)
+        plain_proc.wait(60)
+    proof.wait_gpu_idle()
+    proof.control({"command": "up", "deployment": "tiny"})
+    proof.wait_status(lambda d: d["state"] == "ready", 900)
+    add_row({"kind": "greedy", "seconds": None, "same_tokens": forked == plain, "forked": forked, "plain": plain})
+
+
+def step_stop(args: argparse.Namespace) -> None:
+    """SIGTERM to the daemon started by `cold`: servers and launcher go (nothing may be left running)."""
+    pid_file = proof.WORK / "launcher-daemon.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.2)
+        pid_file.unlink()
+    proof.wait_gpu_idle()
+
+
+def step_manual_best(args: argparse.Namespace) -> None:
+    step_stop(args)
+    cold = [r for r in rows() if r["kind"] == "cold" and r.get("runtime") == RUNTIME]
+    learned = cold[-1]["kv_cache_memory_bytes"]
+    cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
+    for _ in range(args.repeat):
+        if RUNTIME == "podman":
+            proof.podman("rm", "-f", proof.CONTAINER)
+        proof.manual_boot("manual_best", cache, ["--kv-cache-memory-bytes", str(learned)], None)
+        best = proof.results()["manual_best"][-1]
+        add_row({"kind": "manual-best", "seconds": best["start_to_health_seconds"]})
+
+
+def step_summary(args: argparse.Namespace) -> None:
+    by_kind: dict[str, list[float]] = {}
+    for row in rows():
+        if row.get("seconds") is not None and row.get("runtime") == RUNTIME:
+            by_kind.setdefault(row["kind"], []).append(row["seconds"])
+    best = statistics.median(by_kind.get("manual-best", [float("nan")]))
+    targets = {"launcher-kill": 0.4, "launcher-down-up": 0.4, "launcher-config-change": 0.5}
+    for kind, values in sorted(by_kind.items()):
+        median = statistics.median(values)
+        target = targets.get(kind)
+        verdict = "" if target is None else (" ok" if median <= target * best else f" MISSES {target}x")
+        print(f"{kind:24} n={len(values):2} median {median:7.2f} s  {median / best:5.2f}x manual best{verdict}")
+
+
+STEPS = {
+    "cold": step_cold,
+    "launcher-kill": step_kill,
+    "launcher-down-up": step_down_up,
+    "launcher-config-change": step_config_change,
+    "fork-repeat": step_fork_repeat,
+    "greedy": step_greedy,
+    "manual-best": step_manual_best,
+    "stop": step_stop,
+    "summary": step_summary,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("steps", help="comma-separated, or all: " + ",".join(STEPS))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--forks", type=int, default=10)
+    args = parser.parse_args()
+    proof.WORK.mkdir(parents=True, exist_ok=True)
+    (proof.WORK / "dankserve.toml").write_text(config_text())
+    names = list(STEPS) if args.steps == "all" else args.steps.split(",")
+    for name in names:
+        began = time.time()
+        STEPS[name](args)
+        print(f"-- step {name} took {time.time() - began:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""End-to-end tests of launcher boots on the real Podman service with the stand-in image.
+
+The container's own python3 runs the launcher from the read-only mount; a crashed server is
+replaced inside the same container; the container going away (its launcher with it) makes a new
+one; kill -9 of the daemon is followed by adoption; SIGTERM leaves no container.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dankserve.runtime.base import LABEL_DEPLOYMENT, workload_name
+from dankserve.runtime.launcher_client import LauncherClient
+from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.gpus import StandInGpus
+from tests.harness.podman_service import PodmanEnv
+
+pytestmark = pytest.mark.slow
+
+STAND_IN_LIB = "/usr/local/lib/fake-vllm"
+"""Where the stand-in image keeps its program (containers/build-image.sh)."""
+
+
+def ready(d: dict[str, Any]) -> bool:
+    return bool(d["state"] == "ready")
+
+
+def container_ids(env: PodmanEnv, deployment: str) -> list[str]:
+    done = env.podman("ps", "-a", "--format", "json", "--filter", f"label={LABEL_DEPLOYMENT}={deployment}")
+    return [c["Id"] for c in json.loads(done.stdout or "[]")]
+
+
+def server_pid(daemon: RunningDaemon, deployment: str) -> int:
+    """The server's pid in the container's PID namespace."""
+    server = LauncherClient(daemon.state_dir / "launchers" / deployment).status().server
+    assert server is not None and not server.exited
+    return server.pid
+
+
+@pytest.fixture
+def launcher_deployment(podman_env: PodmanEnv, vllm_image: str, deployment: str) -> dict[str, Any]:
+    return {
+        "model": "test/tiny",
+        "image": vllm_image,
+        "pull": "never",
+        "port": free_port(),
+        "gpus": [0],
+        "launcher": True,
+        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", "DANKSERVE_LAUNCHER_PATH": STAND_IN_LIB, **LAUNCHER_ENV},
+        "model_facts": MODEL_FACTS,
+    }
+
+
+def test_a_crashed_server_restarts_in_the_same_container_and_a_dead_container_is_replaced(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployment: str, launcher_deployment: dict[str, Any]
+) -> None:
+    """A server killed inside the container is replaced by the same launcher (same container, learned bytes); a
+    killed container is replaced by a new one; SIGTERM leaves none."""
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    with running_daemon(
+        tmp_path, {deployment: launcher_deployment}, hardware=host, extra_globals={"podman_url": podman_env.url}
+    ) as daemon:
+        first = daemon.wait_for(deployment, ready, timeout=120)
+        assert first["kv_cache_learned_used"] is False
+        (container,) = container_ids(podman_env, deployment)
+        podman_env.podman("exec", workload_name(deployment), "sh", "-c", f"kill -9 {server_pid(daemon, deployment)}")
+        second = daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 2, timeout=120)
+        assert second["kv_cache_learned_used"] is True and second["compile_cache_hit"] is True
+        assert container_ids(podman_env, deployment) == [container]
+        podman_env.podman("kill", workload_name(deployment))
+        daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 3, timeout=120)
+        (replacement,) = container_ids(podman_env, deployment)
+        assert replacement != container
+        assert daemon.stop() == 0
+        assert container_ids(podman_env, deployment) == []
+
+
+def test_a_daemon_killed_with_9_is_followed_by_adoption_of_the_launchers_server(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployment: str, launcher_deployment: dict[str, Any]
+) -> None:
+    """After kill -9 of the daemon, the next one adopts the container's running server: no new server."""
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    with running_daemon(
+        tmp_path, {deployment: launcher_deployment}, hardware=host, extra_globals={"podman_url": podman_env.url}
+    ) as daemon:
+        daemon.wait_for(deployment, ready, timeout=120)
+        before = (container_ids(podman_env, deployment), server_pid(daemon, deployment))
+        daemon.kill()
+        daemon.start()
+        status = daemon.wait_for(deployment, ready, timeout=120)
+        assert (container_ids(podman_env, deployment), server_pid(daemon, deployment)) == before
+        assert status["boots"] == 1
+        assert daemon.stop() == 0
+        assert container_ids(podman_env, deployment) == []
