@@ -227,6 +227,10 @@ class RunningDaemon:
                     out.append(item)
         return out
 
+    def events_named(self, event: str) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines of one event."""
+        return [e for e in self.events() if e.get("event") == event]
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

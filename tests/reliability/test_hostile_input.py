@@ -33,16 +33,12 @@ from tests.harness.podman_service import PodmanEnv
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def events_named(daemon: RunningDaemon, event: str) -> list[dict[str, Any]]:
-    return [e for e in daemon.events() if e.get("event") == event]
-
-
 def running_ids(env: PodmanEnv, name: str) -> list[str]:
     return [c["Id"] for c in containers_of(env, name) if c.get("State") == "running"]
 
 
 def more_events(daemon: RunningDaemon, event: str, than: int) -> Callable[[], bool]:
-    return lambda: len(events_named(daemon, event)) > than
+    return lambda: len(daemon.events_named(event)) > than
 
 
 def reload_error_cleared(daemon: RunningDaemon) -> bool:
@@ -118,7 +114,7 @@ def test_a_bad_config_on_reload_keeps_the_running_deployment(
         for cycle in range(cycles("bad_reload")):
             for kind, corrupt in BAD_RELOADS.items():
                 before = running_ids(podman_env, name)
-                rejected = len(events_named(daemon, "reload_rejected"))
+                rejected = len(daemon.events_named("reload_rejected"))
                 record.inject(kind)
                 corrupt(daemon.config, good)
                 daemon.signal(signal.SIGHUP)
@@ -179,7 +175,7 @@ def test_the_daemon_out_of_descriptors_keeps_its_deployment(
         assert daemon.proc is not None
         for cycle in range(cycles("daemon_emfile")):
             before = running_ids(podman_env, name)
-            not_sent = len(events_named(daemon, "health_probe_not_sent"))
+            not_sent = len(daemon.events_named("health_probe_not_sent"))
             record.inject("EMFILE")
             with descriptors_exhausted(daemon.proc.pid):
                 wait_until(more_events(daemon, "health_probe_not_sent", not_sent), 15)
@@ -189,9 +185,9 @@ def test_the_daemon_out_of_descriptors_keeps_its_deployment(
             except AssertionError as exc:
                 record.lose(f"cycle {cycle}: not ready after: {str(exc)[:300]}")
                 continue
-            if events_named(daemon, "health_failed"):
+            if daemon.events_named("health_failed"):
                 record.lose(f"cycle {cycle}: a health check was counted against the server")
-            elif len(events_named(daemon, "health_probe_not_sent")) <= not_sent:
+            elif len(daemon.events_named("health_probe_not_sent")) <= not_sent:
                 record.lose(f"cycle {cycle}: no probe failed for want of descriptors (the fault did not bite)")
             elif (now["boots"], now["restarts"], now["last_failure"]) != (first["boots"], first["restarts"], None):
                 record.lose(f"cycle {cycle}: boots/restarts/failure changed: {now}")

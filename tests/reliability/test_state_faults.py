@@ -31,10 +31,6 @@ from tests.harness.podman_service import PodmanEnv
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def events_named(daemon: RunningDaemon, event: str) -> list[dict[str, Any]]:
-    return [e for e in daemon.events() if e.get("event") == event]
-
-
 def restart_container(daemon: RunningDaemon, env: PodmanEnv, name: str) -> dict[str, Any]:
     """Kill the deployment's container and wait until a new one is ready (a change the daemon must record)."""
     boots = daemon.wait_for(name, is_ready, timeout=120)["boots"]
@@ -113,7 +109,7 @@ def test_state_dir_read_only_or_full_while_serving(
         for cycle in range(cycles("state_dir_readonly" if kind == "read-only" else "state_dir_full")):
             before = (state_dir / STATE_FILE).read_bytes()
             boots_before = read_state(state_dir).deployment(name).boots
-            warned_before = len(events_named(daemon, "state_not_saved"))
+            warned_before = len(daemon.events_named("state_not_saved"))
             with broken(True):
                 record.inject(kind)
                 try:
@@ -122,7 +118,7 @@ def test_state_dir_read_only_or_full_while_serving(
                     record.lose(f"cycle {cycle}: no restart while {kind}: {str(exc)[:300]}")
                     break
                 unchanged = (state_dir / STATE_FILE).read_bytes() == before
-                warned = len(events_named(daemon, "state_not_saved")) > warned_before
+                warned = len(daemon.events_named("state_not_saved")) > warned_before
             after = restart_container(daemon, podman_env, name)  # a change, saved now
             saved = read_state(state_dir).deployment(name)
             if not unchanged:
@@ -204,7 +200,7 @@ def test_damaged_state_files_are_moved_aside_and_the_daemon_serves(
                 text = damage(name, rng)
                 (state_dir / STATE_FILE).write_bytes(text)
                 aside_before = set(state_dir.glob(f"{STATE_FILE}.corrupt-*"))
-                warned_before = len(events_named(daemon, "state_warning"))
+                warned_before = len(daemon.events_named("state_warning"))
                 record.inject(kind)
                 daemon.start()
                 try:
@@ -215,7 +211,7 @@ def test_damaged_state_files_are_moved_aside_and_the_daemon_serves(
                 aside = set(state_dir.glob(f"{STATE_FILE}.corrupt-*")) - aside_before
                 if len(aside) != 1 or next(iter(aside)).read_bytes() != text:
                     record.lose(f"cycle {cycle}, {kind}: the damaged file was not kept aside ({aside})")
-                elif len(events_named(daemon, "state_warning")) <= warned_before:
+                elif len(daemon.events_named("state_warning")) <= warned_before:
                     record.lose(f"cycle {cycle}, {kind}: no state_warning")
                 else:
                     read_state(state_dir)  # a fresh, valid file

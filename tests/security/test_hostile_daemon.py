@@ -36,10 +36,6 @@ def server_pid(daemon: RunningDaemon) -> int:
     return pid
 
 
-def events_named(daemon: RunningDaemon, event: str) -> list[dict[str, Any]]:
-    return [e for e in daemon.events() if e.get("event") == event]
-
-
 def bomb(config: Path) -> None:
     config.write_text(config.read_text() + "x = " + "[" * 5000 + "]" * 5000 + "\n")
 
@@ -62,9 +58,9 @@ def test_a_failing_reload_keeps_the_running_config_and_deployments(tmp_path: Pat
         break_config(daemon.config)
         daemon.signal(signal.SIGHUP)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not events_named(daemon, "reload_rejected"):
+        while time.monotonic() < deadline and not daemon.events_named("reload_rejected"):
             time.sleep(0.1)
-        assert events_named(daemon, "reload_rejected"), daemon.log_tail()
+        assert daemon.events_named("reload_rejected"), daemon.log_tail()
         time.sleep(1.5)  # a health check or two later
         status = daemon.status()
         assert status is not None and "reload_error" in status["daemon"]
@@ -91,7 +87,7 @@ def test_the_daemon_out_of_descriptors_keeps_a_healthy_server(tmp_path: Path) ->
         chat = daemon.wait_for("chat", ready)
         assert chat["boots"] == 1 and chat["restarts"] == 0 and chat["last_failure"] is None
         assert server_pid(daemon) == pid and psutil.pid_exists(pid)
-        assert not events_named(daemon, "health_failed")
+        assert not daemon.events_named("health_failed")
 
 
 def dankserve(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -154,10 +150,8 @@ def test_a_restart_without_descriptors_is_retried_not_counted(tmp_path: Path) ->
             time.sleep(5.0)  # the death noticed, restarts tried (backoff from 0.2 s)
         chat = daemon.wait_for("chat", lambda d: ready(d) and d["boots"] >= 2, timeout=60)
         assert chat["restarts"] == 1, chat  # the kill; the starts without descriptors count nothing
-        assert (
-            events_named(daemon, "daemon_resources_exhausted") or "Too many open files" in daemon.log_path.read_text()
-        )
-        assert not events_named(daemon, "deployment_failed")
+        assert daemon.events_named("daemon_resources_exhausted") or "Too many open files" in daemon.log_path.read_text()
+        assert not daemon.events_named("deployment_failed")
 
 
 def test_the_boot_is_on_disk_when_ready_is_reported(tmp_path: Path) -> None:

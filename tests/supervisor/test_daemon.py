@@ -43,10 +43,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def events_named(daemon: RunningDaemon, event: str) -> list[dict[str, Any]]:
-    return [e for e in daemon.events() if e.get("event") == event]
-
-
 def test_first_boot_learns_and_a_killed_server_restarts_warm(tmp_path: Path) -> None:
     """A first boot learns the KV bytes; a server killed with -9 restarts with them and a compile-cache hit."""
     with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
@@ -61,7 +57,7 @@ def test_first_boot_learns_and_a_killed_server_restarts_warm(tmp_path: Path) -> 
         assert second["kv_cache_memory_bytes"] == learned
         assert second["compile_cache_hit"] is True
         assert second["restarts"] == 1
-        started = events_named(daemon, "started")
+        started = daemon.events_named("started")
         assert len(started) == 2
         argv = json.loads((daemon.state_dir / "processes" / "chat.json").read_text())["argv"]
         assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(learned)
@@ -77,7 +73,7 @@ def test_bad_argument_is_reported_and_not_retried(tmp_path: Path) -> None:
         assert "unrecognized arguments" in status["message"]
         assert status["restarts"] == 0
         time.sleep(1.0)
-        assert len(events_named(daemon, "started")) == 1
+        assert len(daemon.events_named("started")) == 1
         assert daemon.notifications.first("READY=1") is not None
 
 
@@ -102,7 +98,7 @@ def test_no_kv_memory_raises_utilisation_once_then_gives_up(tmp_path: Path) -> N
         status = daemon.wait_for("chat", failed)
         assert status["last_failure"]["class"] == "no_kv_memory"
         assert status["boots"] == 2
-        decisions = [e["decision"] for e in events_named(daemon, "boot_failed")]
+        decisions = [e["decision"] for e in daemon.events_named("boot_failed")]
         assert "gpu_memory_utilization raised from 0.9 to 0.95" in decisions[0]
         assert "'gpu_memory_utilization': 0.95" in (daemon.state_dir / "processes" / "chat.log").read_text()
 
@@ -182,7 +178,7 @@ def test_a_daemon_killed_with_9_is_replaced_by_one_that_adopts_the_server(tmp_pa
         status = daemon.wait_for("chat", ready)
         assert server_pid(daemon, "chat") == pid
         assert status["boots"] == 1
-        assert len(events_named(daemon, "adopting")) == 1
+        assert len(daemon.events_named("adopting")) == 1
 
 
 def test_corrupt_state_is_moved_aside_and_the_daemon_serves(tmp_path: Path) -> None:
@@ -192,7 +188,7 @@ def test_corrupt_state_is_moved_aside_and_the_daemon_serves(tmp_path: Path) -> N
     with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
         daemon.wait_for("chat", ready)
         assert list((tmp_path / "state").glob("state.json.corrupt-*"))
-        assert events_named(daemon, "state_warning")
+        assert daemon.events_named("state_warning")
 
 
 def test_two_deployments_share_a_gpu_with_split_utilisation_and_boot_one_after_another(tmp_path: Path) -> None:
@@ -204,8 +200,8 @@ def test_two_deployments_share_a_gpu_with_split_utilisation_and_boot_one_after_a
     with running_daemon(tmp_path, deployments) as daemon:
         daemon.wait_for("a", ready)
         daemon.wait_for("b", ready)
-        starts = {e["deployment"]: e["timestamp"] for e in events_named(daemon, "started")}
-        readies = {e["deployment"]: e["timestamp"] for e in events_named(daemon, "ready")}
+        starts = {e["deployment"]: e["timestamp"] for e in daemon.events_named("started")}
+        readies = {e["deployment"]: e["timestamp"] for e in daemon.events_named("ready")}
         first, second = sorted(starts, key=lambda name: starts[name])
         assert readies[first] <= starts[second]
 
@@ -244,7 +240,7 @@ def test_learned_bytes_wait_for_freed_memory_and_are_refused_while_others_hold_i
         os.killpg(server_pid(d, "chat"), signal.SIGKILL)
         third = d.wait_for("chat", lambda s: ready(s) and s["boots"] == 3)
         assert third["kv_cache_learned_used"] is False
-        reasons = [e["reason"] for e in events_named(d, "kv_cache_decision")]
+        reasons = [e["reason"] for e in d.events_named("kv_cache_decision")]
         assert "below 99 %" in reasons[-1]
 
 
@@ -257,10 +253,10 @@ def test_an_adopted_boot_keeps_its_gpu_until_ready(tmp_path: Path) -> None:
         "b": process_deployment(free_port(), gpus=[0], gpu_memory_utilization=0.45, env=slow),
     }
     with running_daemon(tmp_path, deployments) as daemon:
-        started = events_named(daemon, "started")
+        started = daemon.events_named("started")
         while not started:
             time.sleep(0.05)
-            started = events_named(daemon, "started")
+            started = daemon.events_named("started")
         booting = started[0]["deployment"]
         daemon.wait_for(booting, lambda d: d["phase"] in ("loading", "compiling", "profiling", "capturing"))
         daemon.kill()
@@ -269,10 +265,10 @@ def test_an_adopted_boot_keeps_its_gpu_until_ready(tmp_path: Path) -> None:
         other = "b" if booting == "a" else "a"
         daemon.wait_for(booting, ready)
         daemon.wait_for(other, ready)
-        adopted = [e["deployment"] for e in events_named(daemon, "adopting")]
+        adopted = [e["deployment"] for e in daemon.events_named("adopting")]
         assert adopted == [booting]
-        ready_at = next(e["timestamp"] for e in events_named(daemon, "ready") if e["deployment"] == booting)
-        other_started = next(e["timestamp"] for e in events_named(daemon, "started") if e["deployment"] == other)
+        ready_at = next(e["timestamp"] for e in daemon.events_named("ready") if e["deployment"] == booting)
+        other_started = next(e["timestamp"] for e in daemon.events_named("started") if e["deployment"] == other)
         assert ready_at <= other_started
 
 
@@ -306,7 +302,7 @@ def test_a_server_left_on_the_port_is_named_and_never_taken_for_the_new_boot(tmp
             assert waiting["state"] == "restarting"
             time.sleep(1.0)
             assert daemon.deployment("chat")["state"] != "ready"  # type: ignore[index]
-            assert events_named(daemon, "started") == []
+            assert daemon.events_named("started") == []
             squatter.terminate()
             squatter.wait(10)
             status = daemon.wait_for("chat", ready)

@@ -52,10 +52,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def events_named(daemon: RunningDaemon, event: str) -> list[dict[str, Any]]:
-    return [e for e in daemon.events() if e.get("event") == event]
-
-
 def log_text(daemon: RunningDaemon, name: str) -> str:
     return (daemon.state_dir / "processes" / f"{name}.log").read_text()
 
@@ -74,7 +70,7 @@ def test_a_killed_server_restarts_in_the_same_launcher_forked_warm(tmp_path: Pat
         assert second["kv_cache_learned_used"] is True and second["compile_cache_hit"] is True
         assert launcher_pid(daemon, "chat") == keeper
         assert "'kv_cache_memory_bytes'" in log_text(daemon, "chat").split("server 2 started", 1)[1]
-        assert len(events_named(daemon, "reusing_launcher")) == 1
+        assert len(daemon.events_named("reusing_launcher")) == 1
 
 
 def test_down_and_up_keep_the_launcher_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
@@ -136,7 +132,7 @@ def test_a_daemon_killed_with_9_is_followed_by_adoption_of_launcher_and_server(t
         status = daemon.wait_for("chat", ready)
         assert status["boots"] == 1
         assert (launcher_pid(daemon, "chat"), server_pid(daemon, "chat")) == (keeper, server)
-        assert len(events_named(daemon, "adopting")) == 1
+        assert len(daemon.events_named("adopting")) == 1
 
 
 def test_a_dead_launcher_takes_its_server_along_and_is_replaced(tmp_path: Path) -> None:
@@ -167,7 +163,7 @@ def test_failures_of_launcher_servers_are_classified_as_before(
     with running_daemon(tmp_path, {"chat": dep}, extra_globals=globals_) as daemon:
         status = daemon.wait_for("chat", lambda d: d["last_failure"] is not None and d["boots"] >= 2, timeout=60)
         assert status["last_failure"]["class"] == cause
-        assert len({e.get("container_id") for e in events_named(daemon, "started")}) == 1
+        assert len({e.get("container_id") for e in daemon.events_named("started")}) == 1
 
 
 def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Path) -> None:
@@ -178,4 +174,4 @@ def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Pa
         assert status["last_failure"]["class"] == "bad_argument"
         assert "unrecognized arguments" in status["message"]
         time.sleep(0.5)
-        assert len(events_named(daemon, "started")) == 1
+        assert len(daemon.events_named("started")) == 1
