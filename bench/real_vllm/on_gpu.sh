@@ -11,6 +11,12 @@
 #                      background; watches it until SECONDS_LEFT and leaves partial results in $OUT
 #   on_gpu.sh watch    follows the proof started earlier (a later call), same outputs
 #
+# Issues 15 and 16 with the process runtime (no Podman), the same way:
+#   on_gpu.sh proc1    (carry .vl1 .dev)  dankserve's dependencies, vLLM's first half, the env file
+#   on_gpu.sh proc2 JOB...  (carry .vl2)  second half + the model, then each JOB (a shell command
+#                      line, run in order in the background: launcher.py, swap.py) and watches them
+#   on_gpu.sh jobs     follows those jobs (a later call); $OUT gets /tmp/results/* and the bundle
+#
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
 # files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).
 set -uo pipefail
@@ -43,7 +49,49 @@ watch_proof() {
   collect
 }
 
+watch_jobs() {
+  local until=${DEADLINE:-$(( $(date +%s) + ${SECONDS_LEFT:-480} ))}
+  while [ "$(date +%s)" -lt "$until" ]; do
+    if ! pgrep -f "run-jobs" >/dev/null; then echo "jobs finished"; break; fi
+    sleep 5
+    tail -c 600 /tmp/jobs.log > "$OUT/progress.txt" 2>/dev/null
+  done
+  tail -n 30 /tmp/jobs.log
+  mkdir -p /tmp/out-extra /tmp/results
+  cp /tmp/jobs.log /tmp/launcher/*.log /tmp/swapbench/*.log /tmp/out-extra/ 2>/dev/null
+  find /tmp/results -type f | while read -r f; do cp "$f" "$OUT/$(echo "${f#/tmp/results/}" | tr / -)"; done
+  collect
+}
+
 case "${1:-}" in
+proc1)
+  t0=$(date +%s)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
+  cat > $ENVFILE <<ENV
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:/tmp/dsite:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
+export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
+ENV
+  bash "$here/install-on-gpu.sh" 1
+  nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
+  echo "proc1 took $(( $(date +%s) - t0 )) s"
+  ;;
+proc2)
+  . $ENVFILE
+  t0=$(date +%s)
+  bash "$here/install-on-gpu.sh" 2 | tail -2
+  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
+  shift
+  mkdir -p /tmp/results
+  { echo "set -x"; for job in "$@"; do echo "$job"; done; } > /tmp/run-jobs.sh
+  setsid bash /tmp/run-jobs.sh > /tmp/jobs.log 2>&1 < /dev/null &
+  watch_jobs
+  ;;
+jobs)
+  . $ENVFILE
+  watch_jobs
+  ;;
 podman)
   t0=$(date +%s)
   eval "$(bash "$here/install-podman.sh")"
@@ -93,5 +141,5 @@ sh)
   . $ENVFILE
   shift; eval "$*"
   ;;
-*) echo "usage: on_gpu.sh podman|vllm1|vllm2 STEPS|watch [STEPS]|sh CMD" >&2; exit 2 ;;
+*) echo "usage: on_gpu.sh podman|vllm1|vllm2 STEPS|watch [STEPS]|proc1|proc2 JOB...|jobs|sh CMD" >&2; exit 2 ;;
 esac

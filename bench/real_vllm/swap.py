@@ -14,7 +14,8 @@ alternate between them, each to the model that sleeps: the time from sending the
 request to its first token (the first SSE chunk carrying text or token ids) is one swap. The
 daemon's own sleep and wake timings (`status --json`, the `swap` block) are recorded beside it.
 
-  python bench/real_vllm/swap.py --out docs/hardware/h200x1-swap [--swaps 5] [--modes level1,level2,stop]
+  python bench/real_vllm/swap.py --out docs/hardware/h200x1-swap [--swaps 5] [--stop-swaps 2]
+      [--modes level1,level2,stop]
 
 prints a table (median per mode) and writes OUT/results.json (raw swaps, medians, machine noted).
 Environment: SWAP_WORK (default /tmp/swapbench), SWAP_MODEL_A / SWAP_MODEL_B (model dirs; built
@@ -190,6 +191,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="where results.json goes (docs/hardware/NAME)")
     parser.add_argument("--swaps", type=int, default=5)
     parser.add_argument("--modes", default="level1,level2,stop")
+    parser.add_argument("--stop-swaps", type=int, help="swaps for the stop mode (each a full boot); default --swaps")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     for path, shape in MODELS.values():
@@ -197,7 +199,7 @@ def main() -> int:
             subprocess.run([PYTHON, str(HERE / "make_tiny_llama.py"), str(path), shape], check=True)
     rows: list[dict[str, Any]] = []
     for mode in args.modes.split(","):
-        rows += run_mode(mode, args.swaps)
+        rows += run_mode(mode, args.stop_swaps if mode == "stop" and args.stop_swaps else args.swaps)
     summary = {
         mode: {
             "first_token_seconds": median([r for r in rows if r["mode"] == mode], "first_token_seconds"),
