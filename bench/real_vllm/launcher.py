@@ -183,18 +183,19 @@ def step_greedy(args: argparse.Namespace) -> None:
     forked = completions()
     plan = proof.dankserve("plan", "tiny", "--json")
     (proof.WORK / "plan.json").write_text(plan.stdout)
+    planned = json.loads(plan.stdout)[0]  # one object per deployment
     proof.control({"command": "down", "deployment": "tiny"})
     server = launcher().status().server
     assert server is None or server.exited
     # A plain boot of the same plan, by hand, beside the idle launcher (it holds no GPU memory).
-    argv = json.loads(plan.stdout)["argv"]
+    argv = planned["argv"]
     if sys.executable == proof.EXECUTABLE:
         command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
     else:
         command = [proof.EXECUTABLE, "serve", *argv]
     plain_proc = subprocess.Popen(
         command,
-        env={**os.environ, **json.loads(plan.stdout)["env"]},
+        env={**os.environ, **planned["env"]},
         stdout=(proof.WORK / "greedy-plain.log").open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
