@@ -14,10 +14,19 @@ ours where a fork from the pre-imported interpreter would not be the boot vLLM w
   API server instead of importing torch and vLLM again (FACTS: 17-19 s on the H200).
 - Ours: a Ray executor (`--distributed-executor-backend ray`: Ray's workers start their own
   interpreters and the driver connects to a cluster we must not inherit half-open), an import
-  that failed (the plain boot shows vLLM's own error), threads in the importing process (a fork
-  copies locks other threads may hold: Python warns "use of fork() may lead to deadlocks"), and
-  an environment that differs from the import's in variables vLLM or Python read at import time
+  that failed (the plain boot shows vLLM's own error), Python threads started by the import (a
+  fork copies the interpreter's locks they may hold: logging's, the import lock), and an
+  environment that differs from the import's in variables vLLM or Python read at import time
   (`IMPORT_TIME_ENV`): the forked server would run with the old values.
+
+Native threads do not prevent a fork. On the H200 (2026-12-01) importing vLLM 0.26.0's CLI left
+47 of them and no Python thread: three pools of 15 (one per core but one: numpy's OpenBLAS
+workers, whose `pthread_atfork` handler stops them before a fork, and the OpenMP/BLAS pools of
+the libraries vLLM's API server imports), jemalloc's background thread (atfork-safe) and the CUDA
+driver's helper thread that loading libcuda and NVML starts (no context: `torch.cuda` is not
+initialised). That is the state vLLM's own fork of its engine core starts from whenever
+`VLLM_WORKER_MULTIPROC_METHOD=fork` (the API server has imported the same modules), and the
+default of vLLM's `LLM` class; repeated forked boots there are the proof (docs/launcher.md).
 """
 
 from __future__ import annotations
@@ -49,7 +58,9 @@ class Zygote:
     imported: bool
     error: str | None = None
     threads: tuple[str, ...] = ()
-    """Names of every thread of the importing process (its main thread included)."""
+    """Names of every thread of the importing process (its main thread included), native ones too."""
+    python_threads: tuple[str, ...] = ()
+    """Threads Python's `threading` started during the import (the main thread excluded)."""
     cuda_initialized: bool = False
     wsl: bool = False
     env: Mapping[str, str] | None = None
@@ -97,12 +108,15 @@ def decide(argv: Sequence[str], env: Mapping[str, str], zygote: Zygote) -> Decis
         return Decision(False, f"the pre-import failed ({zygote.error or 'unknown error'}): a plain boot shows why")
     if zygote.cuda_initialized:
         return Decision(False, "CUDA was initialised by the import: vLLM forces spawn")
-    if len(zygote.threads) > 1:
-        others = ", ".join(zygote.threads[1:])
-        return Decision(False, f"the import left threads ({others}): a fork could deadlock")
+    if zygote.python_threads:
+        names = ", ".join(zygote.python_threads)
+        return Decision(False, f"the import started Python threads ({names}): a fork could deadlock on their locks")
     changed = import_time_differences(zygote.env or {}, env)
     if changed:
         return Decision(False, f"variables read at import differ from the pre-import's: {', '.join(changed)}")
+    native = len(zygote.threads) - 1
+    if native > 0:
+        return Decision(True, f"forked from the pre-imported vLLM ({native} native threads, no Python thread)")
     return Decision(True, "forked from the pre-imported vLLM")
 
 

@@ -79,6 +79,14 @@ def thread_names() -> list[str]:
     return [name for _, name in sorted(out, key=lambda item: item[0])] or ["main"]
 
 
+def python_threads() -> list[str]:
+    """The threads Python's `threading` runs besides the main thread, as `name[tid]`."""
+    import threading
+
+    main = threading.main_thread()
+    return [f"{t.name}[{t.native_id}]" for t in threading.enumerate() if t is not main]
+
+
 def in_wsl() -> bool:
     """vLLM's own test (vllm/platforms/interface.py::in_wsl)."""
     return "microsoft" in " ".join(platform.uname()).lower()
@@ -153,6 +161,7 @@ def zygote_import(entry: str, preload: Sequence[str]) -> tuple[Callable[[], Any]
         "error": error,
         "seconds": round(time.monotonic() - started, 3),
         "threads": thread_names(),
+        "python_threads": python_threads(),
         "cuda_initialized": cuda,
     }
     return function, report
@@ -296,6 +305,7 @@ class Launcher:
                 imported=bool(message["imported"]),
                 error=message.get("error"),
                 threads=tuple(message.get("threads") or ()),
+                python_threads=tuple(message.get("python_threads") or ()),
                 cuda_initialized=bool(message.get("cuda_initialized")),
                 wsl=in_wsl(),
                 env=self.import_env,

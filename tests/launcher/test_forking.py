@@ -27,7 +27,12 @@ def test_a_clean_import_forks_and_the_engine_core_is_forked_too() -> None:
         (["m"], {"NO_COLOR": "1"}, Zygote(imported=True, wsl=True, env={"NO_COLOR": "1"}), "WSL"),
         (["m"], {"NO_COLOR": "1"}, Zygote(imported=False, error="ImportError: no torch"), "no torch"),
         (["m"], {"NO_COLOR": "1"}, Zygote(imported=True, cuda_initialized=True, env={"NO_COLOR": "1"}), "CUDA"),
-        (["m"], {"NO_COLOR": "1"}, Zygote(imported=True, threads=("py", "omp[9]"), env={"NO_COLOR": "1"}), "omp[9]"),
+        (
+            ["m"],
+            {"NO_COLOR": "1"},
+            Zygote(imported=True, threads=("py", "pool[9]"), python_threads=("pool[9]",), env={"NO_COLOR": "1"}),
+            "Python threads (pool[9])",
+        ),
         (["m"], {"NO_COLOR": "0"}, READY, "NO_COLOR"),
         (["m"], {"NO_COLOR": "1", "PYTHONPATH": "/x"}, READY, "PYTHONPATH"),
     ],
@@ -53,3 +58,11 @@ def test_only_variables_read_at_import_count_as_differences() -> None:
     before = {"NO_COLOR": "1", "CUDA_VISIBLE_DEVICES": "0", "LD_PRELOAD": "a"}
     after = {"NO_COLOR": "1", "CUDA_VISIBLE_DEVICES": "1", "VLLM_LOGGING_LEVEL": "DEBUG"}
     assert import_time_differences(before, after) == ["LD_PRELOAD", "VLLM_LOGGING_LEVEL"]
+
+
+def test_native_threads_alone_still_fork_and_are_counted() -> None:
+    """Native threads (BLAS and OpenMP pools, the CUDA driver's helper) without a Python thread fork, counted."""
+    zygote = Zygote(imported=True, threads=("python3", "python3[7]", "cuda00001800007[8]"), env={"NO_COLOR": "1"})
+    decision = decide(["m"], {"NO_COLOR": "1"}, zygote)
+    assert decision.fork
+    assert "2 native threads" in decision.reason

@@ -25,6 +25,11 @@ import os, sys, threading, time
 time.sleep(float(os.environ.get("IMPORT_SECONDS", "0")))
 if os.environ.get("START_THREAD"):
     threading.Thread(target=time.sleep, args=(60,), name="pool", daemon=True).start()
+if os.environ.get("START_NATIVE_THREAD"):  # a thread Python does not know of, as OpenBLAS starts
+    import ctypes
+    libc = ctypes.CDLL(None)
+    tid = ctypes.c_ulong()
+    libc.pthread_create(ctypes.byref(tid), None, ctypes.cast(libc.sleep, ctypes.c_void_p), ctypes.c_void_p(60))
 def main():
     method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
     print("ARGV", sys.argv[1:], "KEY", os.environ.get("KEY"), "METHOD", method, flush=True)
@@ -137,6 +142,15 @@ def test_an_import_that_starts_threads_is_not_forked(launched: Launched) -> None
     assert server.mode == "plain" and "pool" in server.mode_reason
     status = launched.client.status()
     assert any("pool" in name for name in status.import_threads)
+
+
+@pytest.mark.parametrize("launched", [{"START_NATIVE_THREAD": "1"}], indirect=True)
+def test_an_import_that_leaves_native_threads_still_forks(launched: Launched) -> None:
+    """A native thread left by the import (no Python thread) is counted, and the server is forked."""
+    server = launched.start(1, "m", "0")
+    assert server.mode == "fork" and "1 native threads" in server.mode_reason
+    assert len(launched.client.status().import_threads) == 2
+    assert wait_exit(launched).exit_code == 0
 
 
 @pytest.mark.parametrize("launched", [{"IMPORT_SECONDS": "1.5"}], indirect=True)
