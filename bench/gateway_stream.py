@@ -87,7 +87,14 @@ def serve_gateway(port: int, upstream: int) -> None:
         time.sleep(3600)
 
 
-async def one_round(port: int, concurrency: int, seconds: float, max_tokens: int) -> dict[str, Any]:
+async def one_round(
+    port: int, concurrency: int, seconds: float, max_tokens: int, stagger: float = 0.0
+) -> dict[str, Any]:
+    """`concurrency` clients for `seconds`, each starting its next stream when one ends. With `stagger`,
+    client i starts i/concurrency of `stagger` seconds late (streams then begin evenly spread, as
+    independent clients' do) and only requests sent after the last client started are counted; without
+    it every client starts at once and, streams being the same length, they stay in lockstep: bursts of
+    `concurrency` requests at the same instant."""
     import aiohttp
 
     body = json.dumps(
@@ -97,31 +104,34 @@ async def one_round(port: int, concurrency: int, seconds: float, max_tokens: int
     first_bytes: list[float] = []
     completed = 0
     errors = 0
-    stop_at = time.perf_counter() + seconds
+    begun = time.perf_counter()
+    counted_from = begun + stagger
+    stop_at = counted_from + seconds
 
-    async def client(session: aiohttp.ClientSession) -> None:
+    async def client(session: aiohttp.ClientSession, index: int) -> None:
         nonlocal completed, errors
+        await asyncio.sleep(stagger * index / concurrency)
         while time.perf_counter() < stop_at:
             sent = time.perf_counter()
+            counted = sent >= counted_from
             try:
                 async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as reply:
                     first = True
                     async for _ in reply.content.iter_any():
-                        if first:
+                        if first and counted:
                             first_bytes.append(time.perf_counter() - sent)
-                            first = False
-                    if reply.status == 200:
-                        completed += 1
-                    else:
+                        first = False
+                    if reply.status != 200:
                         errors += 1
+                    elif counted:
+                        completed += 1
             except aiohttp.ClientError:
                 errors += 1
 
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    started = time.perf_counter()
     async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(client(session) for _ in range(concurrency)))
-    elapsed = time.perf_counter() - started
+        await asyncio.gather(*(client(session, i) for i in range(concurrency)))
+    elapsed = time.perf_counter() - counted_from
     return {
         "ttfb_p50_ms": statistics.median(first_bytes) * 1000,
         "ttfb_p90_ms": statistics.quantiles(first_bytes, n=10)[-1] * 1000,
@@ -171,41 +181,64 @@ def main() -> int:
         }
         for mode, result in alone.items():
             print(f"one client, {mode}: {json.dumps({k: round(v, 3) for k, v in result.items()})}")
-        rounds: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
+        # Spread: the clients' streams begin evenly over one stream's length (the figure the target
+        # is for: 200 streams open at any time). Burst: every client at once, in lockstep.
+        patterns = {"spread": args.tokens * args.token_seconds, "burst": 0.0}
+        rounds: dict[str, list[dict[str, Any]]] = {f"{p}/{m}": [] for p in patterns for m in ("direct", "gateway")}
         processes = {
             "server": psutil.Process(server.pid),
             "gateway": psutil.Process(gateway.pid),
             "client": psutil.Process(),
         }
         for index in range(args.rounds):
-            for mode, port in (("direct", server_port), ("gateway", gateway_port)):
-                before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
-                result = asyncio.run(one_round(port, args.concurrency, args.seconds, args.tokens))
-                for name, watched in processes.items():
-                    result[f"{name}_cpu_s"] = sum(watched.cpu_times()[:2]) - before[name]
-                rounds[mode].append(result)
-                print(f"round {index + 1} {mode}: {json.dumps({k: round(v, 3) for k, v in result.items()})}")
+            for pattern, stagger in patterns.items():
+                for mode, port in (("direct", server_port), ("gateway", gateway_port)):
+                    before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+                    result = asyncio.run(one_round(port, args.concurrency, args.seconds, args.tokens, stagger))
+                    for name, watched in processes.items():
+                        result[f"{name}_cpu_s"] = sum(watched.cpu_times()[:2]) - before[name]
+                    rounds[f"{pattern}/{mode}"].append(result)
+                    shown = json.dumps({k: round(v, 3) for k, v in result.items()})
+                    print(f"round {index + 1} {pattern} {mode}: {shown}", flush=True)
     finally:
         for proc in (gateway, server):
             proc.terminate()
             proc.wait(10)
 
-    def med(mode: str, key: str) -> float:
-        return float(statistics.median(r[key] for r in rounds[mode]))
+    def med(key: str, field: str) -> float:
+        return float(statistics.median(r[field] for r in rounds[key]))
 
-    rows = [
-        {
-            "path": mode,
-            "ttfb_p50_ms": round(med(mode, "ttfb_p50_ms"), 2),
-            "ttfb_p90_ms": round(med(mode, "ttfb_p90_ms"), 2),
-            "streams_per_s": round(med(mode, "streams_per_s"), 1),
-            "errors": sum(r["errors"] for r in rounds[mode]),
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, dict[str, float]] = {}
+    for pattern in patterns:
+        for mode in ("direct", "gateway"):
+            key = f"{pattern}/{mode}"
+            rows.append(
+                {
+                    "path": key,
+                    "ttfb_p50_ms": round(med(key, "ttfb_p50_ms"), 2),
+                    "ttfb_p90_ms": round(med(key, "ttfb_p90_ms"), 2),
+                    "streams_per_s": round(med(key, "streams_per_s"), 1),
+                    "errors": sum(r["errors"] for r in rounds[key]),
+                }
+            )
+        direct, through = rows[-2], rows[-1]
+        paired = statistics.median(
+            g["ttfb_p50_ms"] - d["ttfb_p50_ms"]
+            for d, g in zip(rounds[f"{pattern}/direct"], rounds[f"{pattern}/gateway"], strict=True)
+        )
+        summary[pattern] = {
+            "added_ttfb_p50_ms": round(through["ttfb_p50_ms"] - direct["ttfb_p50_ms"], 2),
+            "added_ttfb_p50_ms_paired": round(paired, 2),
+            "throughput_ratio": round(through["streams_per_s"] / direct["streams_per_s"], 3),
         }
-        for mode in ("direct", "gateway")
-    ]
-    added = rows[1]["ttfb_p50_ms"] - rows[0]["ttfb_p50_ms"]
-    ratio = rows[1]["streams_per_s"] / rows[0]["streams_per_s"]
-    rows.append({"path": "gateway - direct", "ttfb_p50_ms": round(added, 2), "streams_per_s": round(ratio, 3)})
+        rows.append(
+            {
+                "path": f"{pattern}: gateway - direct",
+                "ttfb_p50_ms": summary[pattern]["added_ttfb_p50_ms"],
+                "streams_per_s": summary[pattern]["throughput_ratio"],
+            }
+        )
     alone_added = alone["gateway"]["ttfb_p50_ms"] - alone["direct"]["ttfb_p50_ms"]
     rows.append({"path": "one client: gateway - direct", "ttfb_p50_ms": round(alone_added, 2)})
     report(
@@ -213,15 +246,22 @@ def main() -> int:
         rows,
         {
             "settings": vars(args) | {"serve_gateway": None},
+            "patterns": patterns,
             "rounds": rounds,
             "one_client": alone,
             "one_client_added_ttfb_p50_ms": round(alone_added, 2),
-            "added_ttfb_p50_ms": round(added, 2),
-            "throughput_ratio": round(ratio, 3),
+            "summary": summary,
+            "added_ttfb_p50_ms": summary["spread"]["added_ttfb_p50_ms"],
+            "throughput_ratio": summary["spread"]["throughput_ratio"],
             "targets": {"added_ttfb_p50_ms": 1.0, "throughput_ratio": 0.95},
         },
     )
-    print(f"added latency to first byte (p50): {added:.2f} ms (target <= 1 ms); throughput {ratio:.3f}x (>= 0.95x)")
+    for pattern, figures in summary.items():
+        print(
+            f"{pattern}: added latency to first byte (p50) {figures['added_ttfb_p50_ms']:.2f} ms "
+            f"(paired by round {figures['added_ttfb_p50_ms_paired']:.2f} ms; target <= 1 ms); "
+            f"throughput {figures['throughput_ratio']:.3f}x (>= 0.95x)"
+        )
     print(f"one client at a time: {alone_added:.2f} ms added to the first byte (p50)")
     return 0
 
