@@ -199,7 +199,7 @@ def test_swap_group_members_under_process_launchers_sleep_or_stop_their_server_o
         reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
         assert reply.status_code == 200, reply.text
         assert daemon.wait_for("a", lambda d: d["state"] == "asleep")["swap"]["level"] == "1"
-        assert daemon.deployment("b")["boots"] == 2 and launcher_pid(daemon, "b") == keepers["b"]
+        assert daemon.wait_for("b", ready)["boots"] == 2 and launcher_pid(daemon, "b") == keepers["b"]
         assert alive(a_server), "level 1 keeps the server"
 
         reply = httpx.post(url, json={"model": "ma", "prompt": "hi"}, timeout=60)
