@@ -240,6 +240,9 @@ class Failure:
     facts: BootFacts | None
     served: bool
     """The boot had become ready (a server that died while serving)."""
+    asleep: bool = False
+    """A swap group member's server died while asleep: no request waits for it, so rather than
+    boot again now (taking the GPU from the awake members) it stays asleep, by stop, until woken."""
 
 
 @dataclass(frozen=True)
@@ -1236,7 +1239,9 @@ def _on_exited(state: MachineState, event: Exited, now: float) -> Step:
     message = facts.failure_message or f"vLLM exited with code {event.exit_code}"
     if event.oom_killed:
         message += " (killed by the kernel's OOM killer: host RAM)"
-    return _decide_after(state, Failure(cause, message, facts, served), _exited_teardown(state, event.launcher_gone))
+    asleep = state.stage is Stage.ASLEEP
+    failure = Failure(cause, message, facts, served, asleep=asleep)
+    return _decide_after(state, failure, _exited_teardown(state, event.launcher_gone))
 
 
 def _on_still_running(state: MachineState, event: StillRunning, now: float) -> Step:
@@ -1388,6 +1393,10 @@ def _on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
     if restart.kind == "failed":
         after, more = _fail(state, restart.reason, failure.cause.value)
         return after, (*commands, *more)
+    if failure.asleep:
+        swap = replace(state.swap, level="stop", since=None, wake_wanted=False)
+        after = replace(state, stage=Stage.ASLEEP, boot=None, swap=swap, wake_at=None)
+        return after, (*commands, note("asleep_until_woken", reason="its server died while asleep"))
     state = replace(
         state, stage=Stage.BACKOFF, restarts=state.restarts + 1, wake_at=restart.not_before, retry_attempts=0
     )

@@ -18,7 +18,7 @@ from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, RunningDaemon, free_
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
 from tests.supervisor.test_daemon_launcher import launcher
-from tests.supervisor.test_daemon_podman_launcher import STAND_IN_LIB, container_ids
+from tests.supervisor.test_daemon_podman_launcher import STAND_IN_LIB, container_ids, server_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
@@ -155,12 +155,29 @@ def _most_holding(events: list[dict[str, Any]]) -> int:
     return most
 
 
+def _kill_asleep_server_then_wake(
+    daemon: RunningDaemon, podman_env: PodmanEnv, url: str, awake_asleep: tuple[str, str], container: list[str]
+) -> None:
+    """Kill the asleep member's server: it stays asleep (stop), then boots in the same container on a request."""
+    a, b = awake_asleep
+    podman_env.podman("exec", workload_name(b), "sh", "-c", f"kill -9 {server_pid(daemon, b)}")
+    died = daemon.wait_for(b, lambda d: d["swap"]["level"] == "stop" and d["last_failure"] is not None, timeout=30)
+    assert died["state"] == "asleep" and died["last_failure"]["class"] == "engine_dead"
+    assert _state(daemon, a)["state"] == "ready" and container_ids(podman_env, b) == container
+    reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert _state(daemon, b)["boots"] == 2 and container_ids(podman_env, b) == container
+    daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=10)
+    assert _most_holding(daemon.events()) == 1
+
+
 def test_swap_group_members_under_the_launcher_sleep_wake_and_stop_to_its_next_server(
     tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
 ) -> None:
     """Members with launcher = true: first boots one at a time (the group's first last); a forked server
     sleeps and wakes at levels 1 and 2 through the gateway; sleep_level = stop stops the server only, and
-    its wake asks the same container's launcher for the next one; SIGTERM leaves no container."""
+    its wake asks the same container's launcher for the next one; a server killed asleep leaves the awake
+    member alone; SIGTERM leaves no container."""
     a, b, c = members
     deployments = {a: _launcher_member(vllm_image, "ma", "2"), b: _launcher_member(vllm_image, "mb", "1")}
     deployments[c] = _launcher_member(vllm_image, "mc", "stop")
@@ -209,6 +226,10 @@ def test_swap_group_members_under_the_launcher_sleep_wake_and_stop_to_its_next_s
         assert _awake(daemon, members) == [a] and container_ids(podman_env, c) == containers[c]
         # GPU room: never two members holding their 0.9 of the GPU at once, by the log's order.
         assert _most_holding(daemon.events()) == 1
+
+        # b's server dies asleep: a failure, but nobody waits for b, so it stays asleep (by stop) and a
+        # keeps the GPU; the next request for b boots it through the same container's launcher.
+        _kill_asleep_server_then_wake(daemon, podman_env, url, (a, b), containers[b])
 
         # SIGTERM with c asleep by stop (a launcher without a server): nothing is left.
         assert daemon.stop() == 0
