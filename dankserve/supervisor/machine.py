@@ -922,7 +922,7 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.READY, LivenessFailed] = _allowed(*_ON_FAILURE)
     t[Stage.ENDING, Exited] = _allowed(*_ON_FAILURE)
     t[Stage.ENDING, StillRunning] = _allowed(*_ON_FAILURE)
-    t[Stage.DECIDING, GpuTenants] = _allowed(Stage.BACKOFF, Stage.FAILED)
+    t[Stage.DECIDING, GpuTenants] = _allowed(Stage.BACKOFF, Stage.FAILED, Stage.ASLEEP, note="its server died asleep")
     t[Stage.BACKOFF, Tick] = _allowed(Stage.BACKOFF, *_RESTART)
     t[Stage.RETRY_WAIT, Tick] = _allowed(Stage.RETRY_WAIT, *_RESTART)
     _swap_transitions(t)
