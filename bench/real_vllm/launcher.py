@@ -238,6 +238,8 @@ def step_stop(args: argparse.Namespace) -> None:
 
 def step_manual_best(args: argparse.Namespace) -> None:
     step_stop(args)
+    # The manual boots run the plan's argv by hand (proof.manual_boot reads it from plan.json).
+    (proof.WORK / "plan.json").write_text(proof.dankserve("plan", "tiny", "--json").stdout)
     cold = [r for r in rows() if r["kind"] == "cold" and r.get("runtime") == RUNTIME]
     learned = cold[-1]["kv_cache_memory_bytes"]
     cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"

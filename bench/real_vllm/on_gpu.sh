@@ -17,6 +17,14 @@
 #                      line, run in order in the background: launcher.py, swap.py) and watches them
 #   on_gpu.sh jobs     follows those jobs (a later call); $OUT gets /tmp/results/* and the bundle
 #
+# Both runtimes in one lease (the podman step first, then vllm1, then):
+#   on_gpu.sh vllm2jobs JOB...  (carry .vl2)  second half + the model + the image layer, then the
+#                      JOBs as proc2 does; each JOB sets PROOF_RUNTIME/PROOF_WORK/PROOF_MODEL itself
+#                      (the podman step's env file says podman). Issue 15's remaining figures:
+#     "PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher PROOF_MODEL=/tmp/proof/hf/tinyllama python3
+#      bench/real_vllm/launcher.py cold,launcher-config-change,fork-repeat,greedy --repeat 3 --forks 6"
+#     "PROOF_RUNTIME=podman PROOF_WORK=/tmp/proof python3 bench/real_vllm/launcher.py all --forks 0"
+#
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
 # files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).
 set -uo pipefail
@@ -92,6 +100,22 @@ jobs)
   . $ENVFILE
   watch_jobs
   ;;
+vllm2jobs)
+  echo "export LAUNCHER_RESULTS=/tmp/results/launcher.json SWAP_PYTHON=$(command -v python3)" >> $ENVFILE
+  . $ENVFILE
+  t0=$(date +%s)
+  bash "$here/install-on-gpu.sh" 2 | tail -2
+  mkdir -p "$WORK/hf" && rm -rf "$WORK/hf/tinyllama" && mv /tmp/tinyllama "$WORK/hf/tinyllama"
+  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
+  while pgrep -f "build_image.sh base" >/dev/null; do sleep 2; done
+  cat /tmp/base-image.log
+  bash "$here/build_image.sh" vllm || { collect; exit 1; }
+  shift
+  mkdir -p /tmp/results
+  { echo "set -x"; for job in "$@"; do echo "$job"; done; } > /tmp/run-jobs.sh
+  setsid bash /tmp/run-jobs.sh > /tmp/jobs.log 2>&1 < /dev/null &
+  watch_jobs
+  ;;
 podman)
   t0=$(date +%s)
   eval "$(bash "$here/install-podman.sh")"
@@ -141,5 +165,5 @@ sh)
   . $ENVFILE
   shift; eval "$*"
   ;;
-*) echo "usage: on_gpu.sh podman|vllm1|vllm2 STEPS|watch [STEPS]|proc1|proc2 JOB...|jobs|sh CMD" >&2; exit 2 ;;
+*) echo "usage: on_gpu.sh podman|vllm1|vllm2 STEPS|vllm2jobs JOB...|watch [STEPS]|proc1|proc2 JOB...|jobs|sh CMD" >&2; exit 2 ;;
 esac
