@@ -235,6 +235,7 @@ class DeploymentWorker:
         self._inbox: Inbox = queue.Queue()
         self._stepping = threading.Lock()
         self._stopping = threading.Event()
+        self._keep_launcher = False  # the stop asked for keeps the launcher (`down`)
         self._thread = threading.Thread(target=self._run, name=f"deployment-{name}", daemon=True)
         self.log = log.bind(deployment=name)
         self._slot: BootSlot | None = None
@@ -257,6 +258,7 @@ class DeploymentWorker:
 
     def request_stop(self, *, keep_launcher: bool = False) -> None:
         """Stop; `keep_launcher` (`dankserve down`): a launcher stays for the next `up`, only its server stops."""
+        self._keep_launcher = keep_launcher
         self._stopping.set()
         self._inbox.put(m.StopRequested(keep_launcher=keep_launcher))
 
@@ -458,6 +460,8 @@ class DeploymentWorker:
                 return self._start(dep, overrides, version, launcher_id)
             case m.StopServer() | m.WaitExit(server=int()):
                 return self._launcher_command(command, dep)
+            case m.RemoveLauncher():
+                self._remove_launcher(dep)
             case m.FollowLogs(workload_id=wid, resume=resume, server=server):
                 self._follow(dep, wid, resume, server)
             case m.WaitExit(workload_id=wid, timeout=timeout):
@@ -483,10 +487,10 @@ class DeploymentWorker:
         """The GPUs' boot slot, once a swap group member's boot has room (StopRequested when stopped meanwhile)."""
         self._release()
         if not self.daemon.swap_groups.admit_boot(self.name, uuids, self._stopping):
-            return m.StopRequested()
+            return m.StopRequested(keep_launcher=self._keep_launcher)
         slot = self.daemon.gpu_locks.acquire(uuids, self._stopping)
         if slot is None:
-            return m.StopRequested()
+            return m.StopRequested(keep_launcher=self._keep_launcher)
         self._slot = slot
         return m.GpusAcquired()
 
@@ -500,6 +504,22 @@ class DeploymentWorker:
             return None
         wid = command.workload_id
         return launching.wait_server(self._runtime_of(wid, dep), wid, run_dir, command.timeout)
+
+    def _remove_launcher(self, dep: DeploymentSettings) -> None:
+        """The deployment's launcher, kept running without a server, goes (best effort: the daemon is stopping)."""
+        if not dep.launcher:
+            return
+        try:
+            removed = launching.remove_launcher(
+                self.daemon.deps.runtime_for(dep), self.name, self.daemon.settings.stop_timeout_seconds
+            )
+        except Exception as exc:
+            self.log.warning("launcher_remove_failed", error=str(exc))
+            return
+        if removed is not None:
+            self._unfollow(removed)
+            self._runtimes.pop(removed, None)
+            self.log.info("launcher_removed", container_id=removed)
 
     def _record(self, command: m.Command) -> None:
         """The commands that only write the state file."""
@@ -530,6 +550,11 @@ class DeploymentWorker:
             return deps.sleep_server(dep.host, dep.port, _api_key(dep), level)
         started = self.clock.monotonic()
         self._unfollow(workload_id)
+        if command.server is not None:  # the launcher stays: the wake asks it for a new server
+            launching.stop_server(
+                launcher_run_dir(self.daemon.settings, self.name), self.daemon.settings.stop_timeout_seconds
+            )
+            return m.FellAsleep(self.clock.monotonic() - started)
         runtime = self._runtime_of(workload_id, dep)
         runtime.stop(workload_id, self.daemon.settings.stop_timeout_seconds)
         runtime.remove(workload_id)
@@ -1016,12 +1041,11 @@ class Daemon:
             if name in supervised or not dep.launcher:
                 continue
             try:
-                runtime = self.deps.runtime_for(dep)
-                found = runtime.find(name)
-                if found is not None and launching.is_launcher(found):
-                    runtime.stop(found.id, self.settings.stop_timeout_seconds)
-                    runtime.remove(found.id)
-                    log.info("launcher_removed", deployment=name, container_id=found.id)
+                removed = launching.remove_launcher(
+                    self.deps.runtime_for(dep), name, self.settings.stop_timeout_seconds
+                )
+                if removed is not None:
+                    log.info("launcher_removed", deployment=name, container_id=removed)
             except Exception as exc:
                 log.warning("launcher_remove_failed", deployment=name, error=str(exc))
 

@@ -100,6 +100,16 @@ def stop_server(run_dir: Path, timeout: float) -> None:
         LauncherClient(run_dir).stop(timeout)
 
 
+def remove_launcher(runtime: Runtime, deployment: str, timeout: float) -> str | None:
+    """Stop and remove `deployment`'s launcher workload if one exists; its id (None: there was none)."""
+    found = runtime.find(deployment)
+    if found is None or not is_launcher(found):
+        return None
+    runtime.stop(found.id, timeout)
+    runtime.remove(found.id)
+    return found.id
+
+
 def wait_server(runtime: Runtime, workload_id: str, run_dir: Path, timeout: float) -> m.Exited | m.StillRunning:
     """The server's exit, as the launcher saw it; the launcher's own when it is gone."""
     try:

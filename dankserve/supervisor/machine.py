@@ -240,6 +240,9 @@ class Failure:
     facts: BootFacts | None
     served: bool
     """The boot had become ready (a server that died while serving)."""
+    asleep: bool = False
+    """A swap group member's server died while asleep: no request waits for it, so rather than
+    boot again now (taking the GPU from the awake members) it stays asleep, by stop, until woken."""
 
 
 @dataclass(frozen=True)
@@ -714,6 +717,12 @@ class StopServer:
 
 
 @dataclass(frozen=True)
+class RemoveLauncher:
+    """Stop and remove the deployment's launcher workload if one runs (its server stopped or exited
+    already, or it waits for the next boot): a stop that does not keep it leaves nothing running."""
+
+
+@dataclass(frozen=True)
 class FollowLogs:
     """Follow the workload's log into BootLog events and LogEnded; `resume`: skip the lines already read."""
 
@@ -793,10 +802,12 @@ class Note:
 @dataclass(frozen=True)
 class SleepServer:
     """Swap groups: sleep at `level`; "stop" stops and removes the server (answered by FellAsleep,
-    SleepUnsupported or SleepFailed)."""
+    SleepUnsupported or SleepFailed): a launcher's server is stopped, its launcher kept for the wake."""
 
     workload_id: str
     level: SleepLevel
+    server: int | None = None
+    """A launcher's server (None: the workload is the server itself)."""
 
 
 @dataclass(frozen=True)
@@ -818,6 +829,7 @@ Command = (
     | ReadFreeMemory
     | StartWorkload
     | StopServer
+    | RemoveLauncher
     | FollowLogs
     | WaitExit
     | ProbeHealth
@@ -910,7 +922,7 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.READY, LivenessFailed] = _allowed(*_ON_FAILURE)
     t[Stage.ENDING, Exited] = _allowed(*_ON_FAILURE)
     t[Stage.ENDING, StillRunning] = _allowed(*_ON_FAILURE)
-    t[Stage.DECIDING, GpuTenants] = _allowed(Stage.BACKOFF, Stage.FAILED)
+    t[Stage.DECIDING, GpuTenants] = _allowed(Stage.BACKOFF, Stage.FAILED, Stage.ASLEEP, note="its server died asleep")
     t[Stage.BACKOFF, Tick] = _allowed(Stage.BACKOFF, *_RESTART)
     t[Stage.RETRY_WAIT, Tick] = _allowed(Stage.RETRY_WAIT, *_RESTART)
     _swap_transitions(t)
@@ -1001,6 +1013,10 @@ def _on_begin(state: MachineState, event: Begin, now: float) -> Step:
 
 def _on_stop(state: MachineState, event: StopRequested, now: float) -> Step:
     commands = _teardown(state, keep_launcher=event.keep_launcher)
+    if not event.keep_launcher and not any(isinstance(c, RemoveWorkload) for c in commands):
+        # No running server to remove with it (asleep by stop, backing off, planning...): a launcher
+        # kept for the next boot may still run.
+        commands = (RemoveLauncher(), *commands)
     return replace(state, stage=Stage.STOPPED, boot=None, pending=None, wake_at=None, message=None), commands
 
 
@@ -1200,7 +1216,7 @@ def _on_log_ended(state: MachineState, event: LogEnded, now: float) -> Step:
         return state, ()
     state = replace(state, boot=replace(boot, log_ended=True))
     if state.stage in SLEEP_STAGES:  # no health probes while asleep: ask the runtime whether it exited
-        return state, (WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS),)
+        return state, (WaitExit(boot.workload_id or "", EXIT_WAIT_SECONDS, server=boot.server),)
     return _watch(state, now)
 
 
@@ -1223,7 +1239,9 @@ def _on_exited(state: MachineState, event: Exited, now: float) -> Step:
     message = facts.failure_message or f"vLLM exited with code {event.exit_code}"
     if event.oom_killed:
         message += " (killed by the kernel's OOM killer: host RAM)"
-    return _decide_after(state, Failure(cause, message, facts, served), _exited_teardown(state, event.launcher_gone))
+    asleep = state.stage is Stage.ASLEEP
+    failure = Failure(cause, message, facts, served, asleep=asleep)
+    return _decide_after(state, failure, _exited_teardown(state, event.launcher_gone))
 
 
 def _on_still_running(state: MachineState, event: StillRunning, now: float) -> Step:
@@ -1375,6 +1393,10 @@ def _on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
     if restart.kind == "failed":
         after, more = _fail(state, restart.reason, failure.cause.value)
         return after, (*commands, *more)
+    if failure.asleep:
+        swap = replace(state.swap, level="stop", since=None, wake_wanted=False)
+        after = replace(state, stage=Stage.ASLEEP, boot=None, swap=swap, wake_at=None)
+        return after, (*commands, note("asleep_until_woken", reason="its server died while asleep"))
     state = replace(
         state, stage=Stage.BACKOFF, restarts=state.restarts + 1, wake_at=restart.not_before, retry_attempts=0
     )
@@ -1535,7 +1557,11 @@ def _on_sleep_requested(state: MachineState, event: SleepRequested, now: float) 
     wid = state.workload_id or ""
     swap = replace(state.swap, level=event.level, since=now, wake_wanted=False)
     after = replace(state, stage=Stage.FALLING_ASLEEP, swap=swap, wake_at=None)
-    return after, (note("falling_asleep", sleep_level=event.level, reason=event.reason), SleepServer(wid, event.level))
+    server = state.boot.server if state.boot is not None else None
+    return after, (
+        note("falling_asleep", sleep_level=event.level, reason=event.reason),
+        SleepServer(wid, event.level, server=server),
+    )
 
 
 def _on_fell_asleep(state: MachineState, event: FellAsleep, now: float) -> Step:
@@ -1543,7 +1569,7 @@ def _on_fell_asleep(state: MachineState, event: FellAsleep, now: float) -> Step:
     commands: list[Command] = [note("fell_asleep", sleep_level=swap.level, seconds=round(event.seconds, 3))]
     swap = replace(_swap_done(swap, "sleep", now), last_sleep_seconds=round(event.seconds, 3))
     after = replace(state, stage=Stage.ASLEEP, swap=swap, wake_at=None)
-    if swap.level == "stop":  # the interpreter stopped and removed the server
+    if swap.level == "stop":  # the interpreter stopped the server (and removed it, unless a launcher's)
         after = replace(after, boot=None)
         commands.append(ReleaseGpus())
     if state.swap.wake_wanted:
@@ -1556,7 +1582,7 @@ def _on_sleep_unsupported(state: MachineState, event: SleepUnsupported, now: flo
     swap = replace(state.swap, level="stop")
     return replace(state, swap=swap), (
         note("sleep_unsupported", "warning", reason=event.reason),
-        SleepServer(state.workload_id or "", "stop"),
+        SleepServer(state.workload_id or "", "stop", server=state.boot.server if state.boot is not None else None),
     )
 
 

@@ -243,8 +243,8 @@ class SwapGroups:
                 self._wanted.discard(name)
                 continue
             state = worker.machine
-            if state.stage is m.Stage.FALLING_ASLEEP:
-                continue  # woken once asleep, when room is made
+            if state.stage in (m.Stage.FALLING_ASLEEP, m.Stage.DECIDING):
+                continue  # woken once asleep (deciding: a server that died asleep stays asleep, by stop)
             if state.stage is not m.Stage.ASLEEP:
                 self._wanted.discard(name)  # ready already, or booting / restarting on its own
                 continue

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -175,3 +176,35 @@ def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Pa
         assert "unrecognized arguments" in status["message"]
         time.sleep(0.5)
         assert len(daemon.events_named("started")) == 1
+
+
+def test_swap_group_members_under_process_launchers_sleep_or_stop_their_server_only(tmp_path: Path) -> None:
+    """Process runtime: a level-1 member sleeps and wakes its forked server; a sleep_level = stop member's
+    launcher process outlives its stopped server and forks the next one on wake; SIGTERM leaves neither."""
+    member = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g"}
+    deployments = {
+        "a": launcher_deployment(free_port(), served_model_name="ma", sleep_level="1", **member),
+        "b": launcher_deployment(free_port(), served_model_name="mb", sleep_level="stop", **member),
+    }
+    gateway = free_port()
+    url = f"http://127.0.0.1:{gateway}/v1/completions"
+    with running_daemon(tmp_path, deployments, extra_globals={"gateway": {"listen": f"127.0.0.1:{gateway}"}}) as daemon:
+        daemon.wait_for("a", ready)
+        daemon.wait_for("b", lambda d: d["state"] == "asleep" and d["swap"]["level"] == "stop")
+        keepers = {name: launcher_pid(daemon, name) for name in ("a", "b")}
+        stopped = launcher(daemon, "b").server
+        assert stopped is not None and stopped.exited and alive(keepers["b"])
+        a_server = server_pid(daemon, "a")
+
+        reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert daemon.wait_for("a", lambda d: d["state"] == "asleep")["swap"]["level"] == "1"
+        assert daemon.wait_for("b", ready)["boots"] == 2 and launcher_pid(daemon, "b") == keepers["b"]
+        assert alive(a_server), "level 1 keeps the server"
+
+        reply = httpx.post(url, json={"model": "ma", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        daemon.wait_for("b", lambda d: d["state"] == "asleep")
+        assert server_pid(daemon, "a") == a_server and launcher_pid(daemon, "b") == keepers["b"]
+        assert daemon.stop() == 0
+        assert not any(alive(pid) for pid in (*keepers.values(), a_server))

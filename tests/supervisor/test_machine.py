@@ -450,3 +450,10 @@ def test_a_server_that_dies_asleep_is_a_failure() -> None:
     asleep = in_stage(m.Stage.ASLEEP)
     after, _ = m.step(asleep, m.Exited(137), 5.0)
     assert after.stage is m.Stage.DECIDING and after.pending is not None and after.pending.served
+    # Recorded as a failure, but nobody waits for it: it stays asleep (by stop) instead of taking the GPU back.
+    asleep_again, commands = m.step(after, m.GpuTenants(False, 0.0), 6.0)
+    assert asleep_again.stage is m.Stage.ASLEEP and asleep_again.boot is None and asleep_again.swap.level == "stop"
+    assert asleep_again.last_failure is not None and asleep_again.last_failure.cause == "engine_dead"
+    assert any(isinstance(c, m.RecordFailure) for c in commands) and m.RecordRestart() not in commands
+    booting, _ = m.step(asleep_again, m.WakeRequested(), 7.0)
+    assert booting.status == "waking"

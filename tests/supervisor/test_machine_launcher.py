@@ -149,3 +149,32 @@ def test_a_learned_boot_with_a_smaller_kv_cache_is_said_in_status_and_log() -> N
     after, commands = ready_with(learned, 995_000)
     assert after.message is None
     assert not any(isinstance(c, m.Note) and c.event == "kv_cache_smaller_than_profiled" for c in commands)
+
+
+def test_a_swap_member_stopped_to_sleep_stops_only_its_server() -> None:
+    """sleep_level = stop (or no sleep mode) on a launcher's server names it: the launcher stays for the wake."""
+    _, commands = m.step(launched(m.Stage.READY), m.SleepRequested("stop", "room"), 1.0)
+    assert m.SleepServer("w1", "stop", server=2) in commands
+    falling = replace(launched(m.Stage.FALLING_ASLEEP), swap=m.SwapTimes(level="1", since=1.0))
+    _, commands = m.step(falling, m.SleepUnsupported("/is_sleeping 404"), 1.0)
+    assert m.SleepServer("w1", "stop", server=2) in commands
+
+
+def test_a_launcher_server_that_dies_asleep_is_waited_for_not_its_launcher() -> None:
+    """The server's log ends while asleep: the exit asked about is the server's (the launcher outlives it)."""
+    asleep = replace(launched(m.Stage.ASLEEP), swap=m.SwapTimes(level="1"))
+    _, commands = m.step(asleep, m.LogEnded(), 1.0)
+    assert commands == (m.WaitExit("w1", m.EXIT_WAIT_SECONDS, server=2),)
+
+
+def test_a_stop_that_does_not_keep_the_launcher_removes_one_left_without_a_server() -> None:
+    """SIGTERM (or a removed deployment) while no server runs (asleep by stop, backing off) removes the
+    launcher kept for the next boot; `down` keeps it; a running one goes with its workload as before."""
+    stopped = replace(in_stage(m.Stage.ASLEEP), boot=None, swap=m.SwapTimes(level="stop"))
+    for idle in (stopped, launched(m.Stage.BACKOFF), in_stage(m.Stage.WAITING_GPUS)):
+        _, term = m.step(idle, m.StopRequested(), 1.0)
+        assert m.RemoveLauncher() in term
+        _, down = m.step(idle, m.StopRequested(keep_launcher=True), 1.0)
+        assert m.RemoveLauncher() not in down
+    _, term = m.step(launched(m.Stage.READY), m.StopRequested(), 1.0)
+    assert m.RemoveLauncher() not in term and m.RemoveWorkload("w1") in term

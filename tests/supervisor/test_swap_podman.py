@@ -14,9 +14,11 @@ import pytest
 
 from dankserve.runtime.base import workload_name
 from dankserve.supervisor.sleep_mode import available_ram_bytes
-from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
+from tests.supervisor.test_daemon_launcher import launcher
+from tests.supervisor.test_daemon_podman_launcher import STAND_IN_LIB, container_ids, server_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
@@ -129,3 +131,106 @@ def test_a_swap_group_sleeps_and_wakes_its_members_through_the_gateway(
         assert _cli(daemon, "sleep", a).returncode == 0
         events = [e.get("event") for e in daemon.events()]
         assert {"fell_asleep", "woke_up", "swap_sleep", "swap_wake"} <= set(events)
+
+
+def _launcher_member(image: str, model: str, sleep_level: str) -> dict[str, Any]:
+    env = {"FAKE_VLLM_TIME_SCALE": "0.02", "DANKSERVE_LAUNCHER_PATH": STAND_IN_LIB, **LAUNCHER_ENV}
+    return _member(image, model, launcher=True, sleep_level=sleep_level, env=env)
+
+
+def _awake(daemon: RunningDaemon, names: list[str]) -> list[str]:
+    return [n for n in names if _state(daemon, n)["state"] != "asleep"]
+
+
+def _most_holding(events: list[dict[str, Any]]) -> int:
+    """The most members holding GPU memory at once: from a server's start or a level-1/2 wake to its fall asleep."""
+    holding: set[str] = set()
+    most = 0
+    for e in events:
+        if e.get("event") == "started" or (e.get("event") == "waking" and e.get("sleep_level") in ("1", "2")):
+            holding.add(e["deployment"])
+        elif e.get("event") == "fell_asleep":
+            holding.discard(e["deployment"])
+        most = max(most, len(holding))
+    return most
+
+
+def _kill_asleep_server_then_wake(
+    daemon: RunningDaemon, podman_env: PodmanEnv, url: str, awake_asleep: tuple[str, str], container: list[str]
+) -> None:
+    """Kill the asleep member's server: it stays asleep (stop), then boots in the same container on a request."""
+    a, b = awake_asleep
+    podman_env.podman("exec", workload_name(b), "sh", "-c", f"kill -9 {server_pid(daemon, b)}")
+    died = daemon.wait_for(b, lambda d: d["swap"]["level"] == "stop" and d["last_failure"] is not None, timeout=30)
+    assert died["state"] == "asleep" and died["last_failure"]["class"] == "engine_dead"
+    assert _state(daemon, a)["state"] == "ready" and container_ids(podman_env, b) == container
+    reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert _state(daemon, b)["boots"] == 2 and container_ids(podman_env, b) == container
+    daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=10)
+    assert _most_holding(daemon.events()) == 1
+
+
+def test_swap_group_members_under_the_launcher_sleep_wake_and_stop_to_its_next_server(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
+) -> None:
+    """Members with launcher = true: first boots one at a time (the group's first last); a forked server
+    sleeps and wakes at levels 1 and 2 through the gateway; sleep_level = stop stops the server only, and
+    its wake asks the same container's launcher for the next one; a server killed asleep leaves the awake
+    member alone; SIGTERM leaves no container."""
+    a, b, c = members
+    deployments = {a: _launcher_member(vllm_image, "ma", "2"), b: _launcher_member(vllm_image, "mb", "1")}
+    deployments[c] = _launcher_member(vllm_image, "mc", "stop")
+    gateway_port = free_port()
+    url = f"http://127.0.0.1:{gateway_port}/v1/completions"
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    globals_ = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway_port}"}}
+    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=globals_) as daemon:
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
+        assert daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "1"
+        assert daemon.wait_for(c, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "stop"
+        # One first boot at a time: each member's server starts after the one before it fell asleep.
+        order = [(e["deployment"], e["event"]) for e in daemon.events() if e.get("event") in ("started", "fell_asleep")]
+        assert [event for _, event in order] == ["started", "fell_asleep"] * 2 + ["started"], order
+        assert order[0][0] == order[1][0] and order[2][0] == order[3][0] and order[4][0] == a
+        # Every member keeps its container; c's launcher runs without a server (stopped to sleep).
+        containers = {n: container_ids(podman_env, n) for n in members}
+        assert all(len(ids) == 1 for ids in containers.values()), containers
+        stopped = launcher(daemon, c).server
+        assert stopped is not None and stopped.exited
+        forked_b = launcher(daemon, b).server
+        assert forked_b is not None and forked_b.mode == "fork" and not forked_b.exited
+
+        # A request for b: a (awake, least recently used) sleeps at level 2, b's forked server wakes.
+        reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=10)["swap"]["level"] == "2"
+        assert _state(daemon, b)["swap"]["last_wake_seconds"] is not None and _awake(daemon, members) == [b]
+        assert launcher(daemon, b).server == forked_b, "the same server slept and woke"
+
+        # A request for c: b sleeps, c boots its next server in the same container (learned bytes).
+        reply = httpx.post(url, json={"model": "mc", "prompt": "hi"}, timeout=120)
+        assert reply.status_code == 200, reply.text
+        woke_c = _state(daemon, c)
+        assert woke_c["boots"] == 2 and woke_c["kv_cache_learned_used"] is True
+        assert _state(daemon, b)["state"] == "asleep" and _awake(daemon, members) == [c]
+        assert container_ids(podman_env, c) == containers[c]
+        second = launcher(daemon, c).server
+        assert second is not None and second.id != stopped.id and not second.exited
+        assert [e["deployment"] for e in daemon.events_named("reusing_launcher")] == [c]
+
+        # A request for a (level 2: staged wake): c stops to sleep again, its launcher stays.
+        reply = httpx.post(url, json={"model": "ma", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        daemon.wait_for(c, lambda d: d["state"] == "asleep", timeout=30)
+        assert _awake(daemon, members) == [a] and container_ids(podman_env, c) == containers[c]
+        # GPU room: never two members holding their 0.9 of the GPU at once, by the log's order.
+        assert _most_holding(daemon.events()) == 1
+
+        # b's server dies asleep: a failure, but nobody waits for b, so it stays asleep (by stop) and a
+        # keeps the GPU; the next request for b boots it through the same container's launcher.
+        _kill_asleep_server_then_wake(daemon, podman_env, url, (a, b), containers[b])
+
+        # SIGTERM with c asleep by stop (a launcher without a server): nothing is left.
+        assert daemon.stop() == 0
+        assert all(container_ids(podman_env, n) == [] for n in members)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +103,23 @@ def test_a_failed_sleep_or_wake_follows_the_failure_policy(
     again = wait_for(worker, lambda s: ready(s) and s.boots == 2)
     assert again.restarts == 1 and again.last_failure is not None
     assert again.last_failure.message == f"{failing} failed: HTTP 500"
+
+
+@pytest.mark.parametrize("keep_launcher", [True, False])
+def test_a_stop_while_waiting_for_gpu_room_keeps_the_launcher_only_for_down(
+    tmp_path: Path, keep_launcher: bool
+) -> None:
+    """A member blocked before its boot (GPUs busy), then stopped: `down` keeps its launcher, SIGTERM removes it."""
+    world = make_world(tmp_path, dep={**SWAP, "launcher": True})
+    uuids = tuple(g.uuid for g in world.daemon.host.gpus)
+    held = world.daemon.gpu_locks.acquire(uuids, threading.Event())
+    assert held is not None
+    try:
+        worker = world.worker()
+        wait_for(worker, lambda s: s.stage is m.Stage.WAITING_GPUS)
+        worker.request_stop(keep_launcher=keep_launcher)
+        assert worker.join(10)
+    finally:
+        held.release()
+    assert worker.machine.stage is m.Stage.STOPPED
+    assert len(world.runtime.called("find")) == (1 if keep_launcher else 2), "planning's look, and RemoveLauncher's"
