@@ -71,6 +71,23 @@ watch_jobs() {
   collect
 }
 
+second_half_and_image() {
+  local t0; t0=$(date +%s)
+  bash "$here/install-on-gpu.sh" 2 | tail -2
+  mkdir -p "$WORK/hf" && rm -rf "$WORK/hf/tinyllama" && mv /tmp/tinyllama "$WORK/hf/tinyllama"
+  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
+  while pgrep -f "build_image.sh base" >/dev/null; do sleep 2; done
+  cat /tmp/base-image.log
+  bash "$here/build_image.sh" vllm || { collect; exit 1; }
+}
+
+start_jobs() {  # each argument a shell command line, run in order in the background
+  mkdir -p /tmp/results
+  { echo "set -x"; for job in "$@"; do echo "$job"; done; } > /tmp/run-jobs.sh
+  setsid bash /tmp/run-jobs.sh > /tmp/jobs.log 2>&1 < /dev/null &
+  watch_jobs
+}
+
 case "${1:-}" in
 proc1)
   t0=$(date +%s)
@@ -91,10 +108,7 @@ proc2)
   bash "$here/install-on-gpu.sh" 2 | tail -2
   echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
   shift
-  mkdir -p /tmp/results
-  { echo "set -x"; for job in "$@"; do echo "$job"; done; } > /tmp/run-jobs.sh
-  setsid bash /tmp/run-jobs.sh > /tmp/jobs.log 2>&1 < /dev/null &
-  watch_jobs
+  start_jobs "$@"
   ;;
 jobs)
   . $ENVFILE
@@ -103,18 +117,9 @@ jobs)
 vllm2jobs)
   echo "export LAUNCHER_RESULTS=/tmp/results/launcher.json SWAP_PYTHON=$(command -v python3)" >> $ENVFILE
   . $ENVFILE
-  t0=$(date +%s)
-  bash "$here/install-on-gpu.sh" 2 | tail -2
-  mkdir -p "$WORK/hf" && rm -rf "$WORK/hf/tinyllama" && mv /tmp/tinyllama "$WORK/hf/tinyllama"
-  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
-  while pgrep -f "build_image.sh base" >/dev/null; do sleep 2; done
-  cat /tmp/base-image.log
-  bash "$here/build_image.sh" vllm || { collect; exit 1; }
+  second_half_and_image
   shift
-  mkdir -p /tmp/results
-  { echo "set -x"; for job in "$@"; do echo "$job"; done; } > /tmp/run-jobs.sh
-  setsid bash /tmp/run-jobs.sh > /tmp/jobs.log 2>&1 < /dev/null &
-  watch_jobs
+  start_jobs "$@"
   ;;
 podman)
   t0=$(date +%s)
@@ -143,13 +148,7 @@ vllm1)
   ;;
 vllm2)
   . $ENVFILE
-  t0=$(date +%s)
-  bash "$here/install-on-gpu.sh" 2 | tail -2
-  mkdir -p "$WORK/hf" && rm -rf "$WORK/hf/tinyllama" && mv /tmp/tinyllama "$WORK/hf/tinyllama"
-  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
-  while pgrep -f "build_image.sh base" >/dev/null; do sleep 2; done
-  cat /tmp/base-image.log
-  bash "$here/build_image.sh" vllm || { collect; exit 1; }
+  second_half_and_image
   podman images
   setsid python3 "$here/proof.py" "${2:-dankserve_cold}" > /tmp/proof-run.log 2>&1 < /dev/null &
   watch_proof
