@@ -13,7 +13,8 @@ File form (schema 1)::
      "deployments": {"chat": {"learned_kv": {"kv1-…": {LearnedKv}}, "boots": 3, "restarts": 1,
                               "last_failure": {"cause", "message", "at"} | null,
                               "last_boot": {BootSummary} | null, "down": false,
-                              "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"]}},
+                              "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"],
+                              "asleep": "1" | "2" | "stop" | null}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -111,6 +112,9 @@ class DeploymentState:
     """Planned values changed by a remediation (cleared when the configuration changes)."""
     remediated: tuple[str, ...] = ()
     """Failure causes already remediated (each only once)."""
+    asleep: str | None = None
+    """A swap group member's sleep level ("1", "2", "stop") while asleep, else None: a daemon that
+    follows one killed with -9 adopts the member's server as asleep at that level (issue 16)."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -193,6 +197,8 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             down=bool(_optional(data, "down", bool) or False),
             overrides=dict(_optional(data, "overrides", dict) or {}),
             remediated=tuple(str(cause) for cause in _optional(data, "remediated", list) or ()),
+            # A level this release does not know is as good as none: the server is asked (/is_sleeping).
+            asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
@@ -253,6 +259,7 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
         "down": deployment.down,
         "overrides": dict(deployment.overrides),
         "remediated": list(deployment.remediated),
+        "asleep": deployment.asleep,
     }
 
 

@@ -46,6 +46,7 @@ def populated() -> State:
         down=True,
         overrides={"max_model_len": 34480},
         remediated=("max_len_too_large",),
+        asleep="1",
     )
     return State(deployments={"chat": chat, "code": DeploymentState()}, image_versions={"sha256:abc": "0.33.0"})
 
@@ -55,6 +56,13 @@ def test_round_trip() -> None:
     text = state_to_json(populated())
     assert json.loads(text)["schema_version"] == SCHEMA_VERSION
     assert state_from_json(text) == populated()
+
+
+def test_an_unknown_sleep_level_loads_as_none() -> None:
+    """A sleep level this release does not know is forgotten (the server is asked instead), not a corrupt file."""
+    data = json.loads(state_to_json(populated()))
+    data["deployments"]["chat"]["asleep"] = "3"
+    assert state_from_json(json.dumps(data)).deployment("chat").asleep is None
 
 
 def test_save_then_load(tmp_path: Path) -> None:

@@ -106,6 +106,8 @@ class DaemonDeps:
     """Wake it (level 2: the staged wake with reload_weights)."""
     available_ram: Callable[[], int | None] = sleep_mode.available_ram_bytes
     """The host's available RAM now (level 1 pins the weights there)."""
+    is_sleeping: Callable[[str, int, str | None], bool | None] = sleep_mode.is_sleeping
+    """Whether the server on (host, port) sleeps (None: no answer): a member an earlier daemon left running."""
 
 
 class GpuBootLocks:
@@ -396,6 +398,8 @@ class DeploymentWorker:
             took = done.last_sleep_seconds if done.last_kind == "sleep" else done.last_wake_seconds
             if took is not None:
                 self.daemon.telemetry.swapped(self.name, done.last_kind, took)
+        if after.asleep_at != before.asleep_at:  # written before status shows it, to outlive a kill -9
+            self.daemon.state.set_asleep(self.name, after.asleep_at)
         with self.lock:
             self._machine = after
         if after.phase is not before.phase:
@@ -615,6 +619,14 @@ class DeploymentWorker:
                 run_dir = launcher_run_dir(daemon.settings, self.name)
                 existing = launching.found_launcher(found, run_dir, spec, plan.fingerprint)
         adoptable = getattr(runtime, "adoptable", None)
+        sleeping = None
+        server_runs = existing is not None and existing.running
+        if existing is not None and existing.launcher is not None:
+            server_runs = server_runs and existing.launcher.server_running
+        if dep.swap_group is not None and server_runs:
+            # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
+            sleeping = daemon.deps.is_sleeping(dep.host, dep.port, _api_key(dep))
+        remembered = daemon.state.deployment(self.name).asleep if dep.swap_group is not None else None
         return m.BootPlanned(
             uuids=uuids,
             boot_key=boot_key,
@@ -623,8 +635,9 @@ class DeploymentWorker:
             planned_utilization=_flag_float(plan.argv, "--gpu-memory-utilization"),
             band_top=daemon.utilization_band_top(uuids),
             existing=existing,
-            # A swap group member left running may be asleep at an unknown level: boot it afresh, in order.
-            adoptable=(adoptable() if callable(adoptable) else True) and dep.swap_group is None,
+            adoptable=adoptable() if callable(adoptable) else True,
+            sleeping=sleeping,
+            remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
         )
 
     def _start(

@@ -255,6 +255,8 @@ class LastFailure:
 
 SleepLevel = Literal["1", "2", "stop"]
 """vLLM's sleep level 1 (weights to CPU RAM), 2 (weights dropped), or stop and boot (no sleep mode)."""
+SLEEP_LEVELS: Mapping[str, SleepLevel] = {level: level for level in get_args(SleepLevel)}
+"""Each sleep level by its name (as the state file keeps it)."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,12 @@ class MachineState:
         if self.swap.since is not None and (self.stage in PREPARING or self.stage is Stage.BOOTING):
             return "waking"  # a swap group member that sleeps by stopping boots to wake
         return _STAGE_STATUS.get(self.stage, "starting")
+
+    @property
+    def asleep_at(self) -> SleepLevel | None:
+        """The level a swap group member sleeps at while asleep, else None (the state file keeps it, so
+        that a daemon following one killed with -9 adopts the member as asleep)."""
+        return self.swap.level if self.stage is Stage.ASLEEP else None
 
     @property
     def workload_id(self) -> str | None:
@@ -436,6 +444,11 @@ class BootPlanned:
     existing: ExistingWorkload | None = None
     adoptable: bool = True
     """False when adoption is not possible (a group left by an earlier daemon has no monitor)."""
+    # swap groups
+    sleeping: bool | None = None
+    """The found server's answer to /is_sleeping (None: not asked, no answer, or no server)."""
+    remembered_asleep: SleepLevel | None = None
+    """The level the state file says this member slept at when the earlier daemon ended (killed with -9)."""
 
 
 @dataclass(frozen=True)
@@ -900,7 +913,9 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.DOWNLOADING, WeightsReady] = _allowed(Stage.PULLING)
     t[Stage.DOWNLOADING, WeightsFailed] = _allowed(Stage.FAILED, Stage.RETRY_WAIT)
     t[Stage.PULLING, ImageReady] = _allowed(Stage.PLANNING)
-    t[Stage.PLANNING, BootPlanned] = _allowed(Stage.BOOTING, Stage.WAITING_GPUS, note="adopts a running workload")
+    t[Stage.PLANNING, BootPlanned] = _allowed(
+        Stage.BOOTING, Stage.WAITING_GPUS, Stage.ASLEEP, note="adopts a running workload (asleep: a swap member)"
+    )
     t[Stage.WAITING_GPUS, GpusAcquired] = _allowed(Stage.MEASURING)
     t[Stage.MEASURING, FreeMemoryRead] = _allowed(Stage.MEASURING, Stage.STARTING)
     t[Stage.MEASURING, Tick] = _allowed(Stage.MEASURING, note="reads free memory again when due")
@@ -1087,7 +1102,11 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     server_runs = launcher is None or (launcher.server_running and launcher.server is not None)
-    if existing is not None and existing.running and existing.same_plan and event.adoptable and server_runs:
+    adopt = existing is not None and existing.running and existing.same_plan and event.adoptable and server_runs
+    asleep = found_asleep(event, adopt=adopt, waking=state.swap.since is not None)
+    if asleep is not None:
+        return _adopt_asleep(state, boot, event, asleep)
+    if adopt and existing is not None:
         # An adopted boot keeps its GPUs' slot (claimed at start-up) until ready.
         boot = replace(
             boot,
@@ -1117,6 +1136,47 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
         ]
     commands.append(AcquireGpus(event.uuids))
     return replace(state, stage=Stage.WAITING_GPUS, boot=boot), tuple(commands)
+
+
+def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel | None:
+    """The level a swap group member an earlier daemon (killed with -9) left asleep sleeps at, else None.
+
+    `adopt`: its server runs and may be adopted. The state file remembers the level; the server's
+    /is_sleeping has the last word on whether it sleeps (level unknown: 2, whose staged wake with
+    reload_weights serves both levels). Asleep by stop there is no server: nothing, or a launcher
+    without one, is found. A wake by booting (`waking`) plans afresh."""
+    remembered = event.remembered_asleep
+    if waking:
+        return None
+    if adopt:
+        if event.sleeping is False or (event.sleeping is None and remembered not in ("1", "2")):
+            return None
+        return remembered if remembered in ("1", "2") else "2"
+    existing = event.existing
+    launcher = existing.launcher if existing is not None else None
+    kept = launcher is not None and existing is not None and existing.running and launcher.reusable
+    if remembered == "stop" and (existing is None or (kept and launcher is not None and not launcher.server_running)):
+        return "stop"
+    return None
+
+
+def _adopt_asleep(state: MachineState, boot: Boot, event: BootPlanned, level: SleepLevel) -> Step:
+    """Asleep as the earlier daemon left it: the server (if any) is followed, not woken; the GPUs' slot goes back."""
+    swap = replace(state.swap, level=level, since=None, wake_wanted=False)
+    existing = event.existing
+    if level == "stop" or existing is None:  # the wake boots (through the kept launcher, if any)
+        after = replace(state, stage=Stage.ASLEEP, boot=None, swap=swap, wake_at=None)
+        container = existing.id if existing is not None else None
+        return after, (note("adopting_asleep", sleep_level=level, container_id=container), ReleaseGpus())
+    launcher = existing.launcher
+    server = launcher.server if launcher is not None else None
+    boot = replace(boot, workload_id=existing.id, adopted=True, phase=Phase.READY, server=server)
+    after = replace(state, stage=Stage.ASLEEP, boot=boot, swap=swap, wake_at=None)
+    return after, (
+        note("adopting_asleep", sleep_level=level, container_id=existing.id, server=server),
+        FollowLogs(existing.id, server=server),
+        ReleaseGpus(),
+    )
 
 
 def _on_gpus_acquired(state: MachineState, event: GpusAcquired, now: float) -> Step:

@@ -118,5 +118,9 @@ class StateBook:
     def set_down(self, name: str, down: bool) -> None:
         self._change(name, lambda d: replace(d, down=down))
 
+    def set_asleep(self, name: str, level: str | None) -> None:
+        if self.deployment(name).asleep != level:
+            self._change(name, lambda d: replace(d, asleep=level))
+
     def set_remediation(self, name: str, overrides: dict[str, int | float | str], remediated: tuple[str, ...]) -> None:
         self._change(name, lambda d: replace(d, overrides=overrides, remediated=remediated))

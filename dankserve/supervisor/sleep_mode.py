@@ -55,6 +55,17 @@ def _is_sleeping(client: httpx.Client) -> bool:
         raise _Failed("GET /is_sleeping did not answer JSON") from None
 
 
+def is_sleeping(host: str, port: int, api_key: str | None, timeout: float = 5.0) -> bool | None:
+    """Whether the server sleeps: no sleep mode (404) is awake; None when it does not answer (still booting)."""
+    try:
+        with _client(host, port, api_key, timeout) as client:
+            return _is_sleeping(client)
+    except _Unsupported:
+        return False
+    except _Failed:
+        return None
+
+
 def sleep_server(
     host: str, port: int, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
 ) -> m.FellAsleep | m.SleepUnsupported | m.SleepFailed:

@@ -232,7 +232,10 @@ class SwapGroups:
         self._booted.add(name)
         members = self._member_names(group)
         asked = name in self._wanted
-        if worker.machine.stage is m.Stage.READY and swap.sleeps_after_first_boot(name, members) and not asked:
+        state = worker.machine
+        # A server adopted from an earlier daemon (killed with -9) was the awake one: it stays awake.
+        adopted = state.boot is not None and state.boot.adopted
+        if state.stage is m.Stage.READY and swap.sleeps_after_first_boot(name, members) and not asked and not adopted:
             self._put_to_sleep(worker, f"first boot done; {members[0]} is the group's awake member")
 
     def _serve_wakes(self, group: str, now: float) -> None:

@@ -457,3 +457,53 @@ def test_a_server_that_dies_asleep_is_a_failure() -> None:
     assert any(isinstance(c, m.RecordFailure) for c in commands) and m.RecordRestart() not in commands
     booting, _ = m.step(asleep_again, m.WakeRequested(), 7.0)
     assert booting.status == "waking"
+
+
+# A daemon killed with -9 while a swap group runs: the next one adopts its members as they were.
+
+
+def _found(sleeping: bool | None, remembered: m.SleepLevel | None, **launcher: Any) -> m.BootPlanned:
+    found = m.LauncherFound(True, **launcher) if launcher else None
+    existing = m.ExistingWorkload("w9", running=True, same_plan=True, launcher=found)
+    return m.BootPlanned(
+        ("GPU-0",), "kv1-x", LEARNED, "0.8.5", existing=existing, sleeping=sleeping, remembered_asleep=remembered
+    )
+
+
+def test_a_sleeping_server_left_by_a_killed_daemon_is_adopted_asleep_at_its_remembered_level() -> None:
+    """/is_sleeping says asleep: adopted asleep (level from the state file), followed, its GPUs' slot given back."""
+    after, commands = m.step(in_stage(m.Stage.PLANNING), _found(True, "1", server=3, server_running=True), 1.0)
+    assert after.stage is m.Stage.ASLEEP and after.swap.level == "1" and after.asleep_at == "1"
+    assert after.boot is not None and after.boot.adopted and after.boot.workload_id == "w9" and after.boot.server == 3
+    assert m.FollowLogs("w9", server=3) in commands and m.ReleaseGpus() in commands
+    waking, commands = m.step(after, m.WakeRequested(), 2.0)
+    assert waking.stage is m.Stage.WAKING and commands[-1] == m.WakeServer("w9", "1")
+
+
+def test_a_sleeping_server_of_unknown_level_wakes_by_the_staged_wake() -> None:
+    """Asleep, level not remembered: level 2, whose staged wake (reload_weights) serves either level."""
+    after, _ = m.step(in_stage(m.Stage.PLANNING), _found(True, None), 1.0)
+    assert after.stage is m.Stage.ASLEEP and after.swap.level == "2"
+
+
+def test_an_awake_server_is_adopted_as_booting_whatever_the_state_file_says() -> None:
+    """/is_sleeping says awake (a wake the killed daemon began): adopted as a boot; no answer and nothing
+    remembered: the same."""
+    for event in (_found(False, "1"), _found(None, None)):
+        after, commands = m.step(in_stage(m.Stage.PLANNING), event, 1.0)
+        assert after.stage is m.Stage.BOOTING and after.boot is not None and after.boot.adopted
+        assert not any(isinstance(c, m.ReleaseGpus) for c in commands)
+
+
+def test_a_member_asleep_by_stop_stays_asleep_and_its_wake_reuses_the_launcher() -> None:
+    """Remembered asleep by stop, its launcher runs without a server (or nothing runs): asleep, no boot; the
+    wake plans afresh and asks the kept launcher for a server."""
+    after, commands = m.step(in_stage(m.Stage.PLANNING), _found(None, "stop", server=3, server_running=False), 1.0)
+    assert after.stage is m.Stage.ASLEEP and after.swap.level == "stop" and after.boot is None
+    assert m.ReleaseGpus() in commands and not any(isinstance(c, m.AcquireGpus) for c in commands)
+    nothing = m.BootPlanned(("GPU-0",), "kv1-x", LEARNED, "0.8.5", remembered_asleep="stop")
+    assert m.step(in_stage(m.Stage.PLANNING), nothing, 1.0)[0].stage is m.Stage.ASLEEP
+    planning, _ = m.step(after, m.WakeRequested(), 2.0)
+    planning = replace(planning, stage=m.Stage.PLANNING)
+    woken, _ = m.step(planning, _found(None, "stop", server=3, server_running=False), 3.0)
+    assert woken.stage is m.Stage.WAITING_GPUS and woken.boot is not None and woken.boot.launcher_id == "w9"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dankserve.settings import Settings
@@ -139,3 +139,17 @@ def test_a_member_put_to_sleep_before_it_was_seen_ready_has_had_its_first_boot()
     assert groups._boot_waits_for("a", "g") is not None
     groups._look()
     assert groups._boot_waits_for("a", "g") is None
+
+
+def test_a_server_adopted_awake_after_a_daemon_kill_stays_awake() -> None:
+    """After kill -9 of the daemon, b (not the group's first) adopted ready stays awake; a fresh first boot sleeps."""
+    groups, daemon = world({"a": (m.Stage.ASLEEP, 0.9, {}), "b": (m.Stage.READY, 0.9, {})})
+    groups._booted.clear()
+    adopted = m.Boot(started_at=0.0, workload_id="w-b", adopted=True)
+    daemon.workers["b"].machine = replace(daemon.workers["b"].machine, boot=adopted)
+    groups._look()
+    assert daemon.workers["b"].fed == []
+    groups._booted.clear()
+    daemon.workers["b"].machine = replace(daemon.workers["b"].machine, boot=replace(adopted, adopted=False))
+    groups._look()
+    assert [type(e) for e in daemon.workers["b"].fed] == [m.SleepRequested]

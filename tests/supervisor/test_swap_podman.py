@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -138,6 +139,18 @@ def _launcher_member(image: str, model: str, sleep_level: str) -> dict[str, Any]
     return _member(image, model, launcher=True, sleep_level=sleep_level, env=env)
 
 
+@contextlib.contextmanager
+def _group_daemon(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployments: dict[str, dict[str, Any]]
+) -> Iterator[tuple[RunningDaemon, str]]:
+    """A daemon running `deployments` with the gateway on; it and the gateway's /v1/completions URL."""
+    gateway_port = free_port()
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    globals_ = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway_port}"}}
+    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=globals_) as daemon:
+        yield daemon, f"http://127.0.0.1:{gateway_port}/v1/completions"
+
+
 def _awake(daemon: RunningDaemon, names: list[str]) -> list[str]:
     return [n for n in names if _state(daemon, n)["state"] != "asleep"]
 
@@ -181,11 +194,7 @@ def test_swap_group_members_under_the_launcher_sleep_wake_and_stop_to_its_next_s
     a, b, c = members
     deployments = {a: _launcher_member(vllm_image, "ma", "2"), b: _launcher_member(vllm_image, "mb", "1")}
     deployments[c] = _launcher_member(vllm_image, "mc", "stop")
-    gateway_port = free_port()
-    url = f"http://127.0.0.1:{gateway_port}/v1/completions"
-    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
-    globals_ = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway_port}"}}
-    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=globals_) as daemon:
+    with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
         daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
         assert daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "1"
         assert daemon.wait_for(c, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "stop"
@@ -232,5 +241,89 @@ def test_swap_group_members_under_the_launcher_sleep_wake_and_stop_to_its_next_s
         _kill_asleep_server_then_wake(daemon, podman_env, url, (a, b), containers[b])
 
         # SIGTERM with c asleep by stop (a launcher without a server): nothing is left.
+        assert daemon.stop() == 0
+        assert all(container_ids(podman_env, n) == [] for n in members)
+
+
+def _container_pid(podman_env: PodmanEnv, name: str) -> int:
+    return int(podman_env.podman("inspect", "--format", "{{.State.Pid}}", workload_name(name)).stdout.strip())
+
+
+def _adopted_as_it_was(
+    daemon: RunningDaemon, podman_env: PodmanEnv, url: str, members: list[str], containers: dict[str, list[str]]
+) -> None:
+    """a ready (and serving through the gateway), b asleep at level 1, c asleep by stop: no boot, same containers."""
+    a, b, c = members
+    adopted = daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=60)
+    reply = httpx.post(url, json={"model": "ma", "prompt": "hi"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    asleep_b = daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
+    asleep_c = daemon.wait_for(c, lambda d: d["state"] == "asleep", timeout=30)
+    assert asleep_b["swap"]["level"] == "1" and asleep_c["swap"]["level"] == "stop"
+    assert (adopted["boots"], asleep_b["boots"], asleep_c["boots"]) == (1, 1, 1)
+    assert {n: container_ids(podman_env, n) for n in members} == containers
+    stopped = launcher(daemon, c).server
+    assert stopped is not None and stopped.exited
+
+
+def test_a_daemon_killed_with_9_is_followed_by_one_that_adopts_the_swap_group_as_it_was(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
+) -> None:
+    """kill -9 of the daemon with a (launcher, level 1) awake, b (plain, level 1) asleep and c (launcher, stop)
+    asleep without a server: the next daemon adopts a as ready, b as asleep at level 1, c as asleep by stop, with
+    no boot and the same containers and servers; requests then swap as before; killed again with c awake, c stays
+    awake; SIGTERM leaves nothing."""
+    a, b, c = members
+    deployments = {a: _launcher_member(vllm_image, "ma", "1"), b: _member(vllm_image, "mb", sleep_level="1")}
+    deployments[c] = _launcher_member(vllm_image, "mc", "stop")
+    with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
+        daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
+        daemon.wait_for(c, lambda d: d["state"] == "asleep", timeout=30)
+        containers = {n: container_ids(podman_env, n) for n in members}
+        assert all(len(ids) == 1 for ids in containers.values()), containers
+        servers = (server_pid(daemon, a), _container_pid(podman_env, b))
+        before = len(daemon.events())
+
+        daemon.kill()
+        daemon.start()
+        _adopted_as_it_was(daemon, podman_env, url, members, containers)
+        assert (server_pid(daemon, a), _container_pid(podman_env, b)) == servers
+        after = daemon.events()[before:]
+        assert [e["deployment"] for e in after if e.get("event") == "adopting"] == [a]
+        assert sorted(e["deployment"] for e in after if e.get("event") == "adopting_asleep") == [b, c]
+        assert not [e for e in after if e.get("event") in ("started", "falling_asleep", "waking")], "no boot, no swap"
+
+        # A request for b: a falls asleep, b's adopted server wakes (no boot).
+        reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=10)["swap"]["level"] == "1"
+        woke_b = _state(daemon, b)
+        assert woke_b["state"] == "ready" and woke_b["boots"] == 1 and _container_pid(podman_env, b) == servers[1]
+
+        # A request for c: b sleeps, c boots its next server through the same launcher.
+        reply = httpx.post(url, json={"model": "mc", "prompt": "hi"}, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert _state(daemon, c)["boots"] == 2 and container_ids(podman_env, c) == containers[c]
+        assert _state(daemon, b)["state"] == "asleep" and _awake(daemon, members) == [c]
+
+        # kill -9 again with c (not the group's first, so put to sleep after a first boot) awake: it stays awake.
+        serving_c = server_pid(daemon, c)
+        daemon.kill()
+        daemon.start()
+        assert daemon.wait_for(c, lambda d: d["state"] == "ready", timeout=60)["boots"] == 2
+        reply = httpx.post(url, json={"model": "mc", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        for name in (a, b):
+            assert daemon.wait_for(name, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "1"
+        assert _awake(daemon, members) == [c] and server_pid(daemon, c) == serving_c
+
+        # A request for a: c stops to sleep again; a's adopted server (the same pid) wakes.
+        reply = httpx.post(url, json={"model": "ma", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        daemon.wait_for(c, lambda d: d["state"] == "asleep", timeout=30)
+        assert _awake(daemon, members) == [a] and server_pid(daemon, a) == servers[0]
+        assert _most_holding(daemon.events()) == 1
+
         assert daemon.stop() == 0
         assert all(container_ids(podman_env, n) == [] for n in members)
