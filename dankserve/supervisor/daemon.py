@@ -529,13 +529,15 @@ class DeploymentWorker:
         """The commands that only write the state file."""
         daemon = self.daemon
         match command:
+            # Telemetry first: status reads the state file's counts, then telemetry's, so a status taken
+            # while the file is written (the GIL is released) never shows a restart without its cause.
             case m.RecordFailure(cause=cause, message=message):
-                daemon.state.record_failure(self.name, cause, message, self.clock.time())
                 daemon.telemetry.failed(self.name, cause)
+                daemon.state.record_failure(self.name, cause, message, self.clock.time())
                 self._last_cause = cause
             case m.RecordRestart():
-                daemon.state.record_restart(self.name)
                 daemon.telemetry.restarted(self.name, self._last_cause or FailureCause.OTHER.value)
+                daemon.state.record_restart(self.name)
             case m.RecordBoot():
                 self._record_boot(command)
             case m.ForgetLearned(boot_key=key):
