@@ -6,7 +6,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -26,6 +27,22 @@ def two_models() -> dict[str, dict[str, Any]]:
         "b": {"model": "org/other"},
         "off": {"model": "org/disabled", "enabled": False},
     }
+
+
+@contextmanager
+def long_stream(gateway: RunningGateway) -> Iterator[socket.socket]:
+    """A 200-token streamed chat through the gateway on a raw socket, once its first event arrived."""
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 200}).encode()
+    with socket.create_connection(gateway.server.address) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"data: " not in received:
+            received += client.recv(65536)
+        yield client
 
 
 def test_models_lists_enabled_deployments_and_aliases(gateway_for: Callable[..., RunningGateway]) -> None:
@@ -123,16 +140,7 @@ def test_a_client_that_leaves_aborts_the_upstream_request(
     a = stand_ins("tiny", token_seconds=0.1)
     gateway = gateway_for(two_models())
     gateway.supervisor.set("a", Availability.READY, a.port)
-    body = json.dumps({**CHAT, "stream": True, "max_tokens": 200}).encode()
-    with socket.create_connection(gateway.server.address) as client:
-        client.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"data: " not in received:
-            received += client.recv(65536)
+    with long_stream(gateway):
         assert a.metric("vllm:num_requests_running") == 1
     # 200 tokens would take 20 s; the abort shows within a few token intervals.
     deadline = time.monotonic() + 5
@@ -258,16 +266,7 @@ def test_closing_the_gateway_ends_open_streams_promptly(
     a = stand_ins("tiny", token_seconds=0.1)
     gateway = gateway_for(two_models())
     gateway.supervisor.set("a", Availability.READY, a.port)
-    body = json.dumps({**CHAT, "stream": True, "max_tokens": 200}).encode()
-    with socket.create_connection(gateway.server.address) as client:
-        client.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"data: " not in received:
-            received += client.recv(65536)
+    with long_stream(gateway):
         started = time.monotonic()
         gateway.server.close()
         assert time.monotonic() - started < 5
