@@ -9,6 +9,7 @@ import pytest
 
 from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
+from tests.plan.builders import PLAN_JSON_KEYS
 
 REPO = Path(__file__).resolve().parent.parent.parent
 HOSTS = REPO / "tests" / "hosts"
@@ -44,17 +45,7 @@ def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
     assert code == ExitCode.OK
     [data] = json.loads(out)
-    assert list(data) == [
-        "deployment",
-        "image",
-        "argv",
-        "env",
-        "flags",
-        "gpus",
-        "capacity",
-        "host_ram_bytes",
-        "warnings",
-    ]
+    assert list(data) == PLAN_JSON_KEYS
     assert data["deployment"] == "default"
     assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
     assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"

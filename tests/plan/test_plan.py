@@ -13,7 +13,7 @@ from dankserve.plan.models import ModelFacts, declared_facts
 from dankserve.plan.plan import plan_deployment
 from dankserve.plan.types import Plan
 from dankserve.settings import DeploymentSettings, Settings, load_settings
-from tests.plan.builders import GIB, LLAMA_70B, QWEN3_30B, caps, gpu, host, recorded
+from tests.plan.builders import GIB, LLAMA_70B, PLAN_JSON_KEYS, QWEN3_30B, caps, gpu, host, recorded
 
 EXAMPLE = Path(__file__).resolve().parent.parent.parent / "config" / "dankserve.toml"
 BASE_ENV = {
@@ -310,17 +310,7 @@ def test_plan_json_shape() -> None:
     """to_json has exactly the documented keys, argv as separate tokens and flag values as lists for lists."""
     plan = plan_example("llama-70b", "plan-h100-80gb-x4-2numa-128gb")
     data = plan.to_json()
-    assert list(data) == [
-        "deployment",
-        "image",
-        "argv",
-        "env",
-        "flags",
-        "gpus",
-        "capacity",
-        "host_ram_bytes",
-        "warnings",
-    ]
+    assert list(data) == PLAN_JSON_KEYS
     assert data["argv"][-5:] == ["--numa-bind-nodes", "0", "0", "1", "1"]
     nodes = next(f for f in data["flags"] if f["flag"] == "--numa-bind-nodes")
     assert nodes["value"] == ["0", "0", "1", "1"]
