@@ -11,8 +11,9 @@ Steps (comma-separated, or `all` in this order; state lives in PROOF_WORK):
   launcher-kill          the launcher's server killed with -9: the same launcher forks the next one
   launcher-down-up       `down` then `up`: the launcher stays, a new server
   launcher-config-change a reload changing max_num_seqs: the launcher stays, a new server (it profiles)
-  fork-repeat            --forks more kills in a row: every forked boot must be ready (fork safety)
-  greedy                 the same greedy completions from a launcher boot and from a plain `vllm serve`
+  fork-repeat            --forks more `down`/`up`s in a row: every forked boot must be ready (fork safety)
+  greedy                 the same greedy token ids from a launcher boot and from a plain boot by hand
+                         (`vllm serve`, or `podman run`); stops the daemon
   manual-best            stops the daemon, then by hand: `vllm serve` with the compile cache and the learned
                          bytes (the baseline)
   stop                   SIGTERM to the daemon: nothing may be left running
@@ -158,62 +159,92 @@ def step_config_change(args: argparse.Namespace) -> None:
 
 
 def step_fork_repeat(args: argparse.Namespace) -> None:
+    # By down and up, not by kills: more than 5 kills within 900 s make the failure policy give up
+    # (as it should; run C's sixth kill did), and a kill's restart waits out a growing backoff.
+    def down_up() -> None:
+        proof.control({"command": "down", "deployment": "tiny"})
+        proof.control({"command": "up", "deployment": "tiny"})
+
     for _ in range(args.forks):
-        time.sleep(2)
-        timed_boot("fork-repeat", kill_server)
+        timed_boot("fork-repeat", down_up)
 
 
-def completions(port: int = proof.PORT) -> list[str]:
+def completions(port: int = proof.PORT) -> list[dict[str, Any]]:
+    """Greedy completions of PROMPTS: the token ids (the random-weight model's ids mostly decode to
+    nothing, so text alone proves little), each token's logprob and the text."""
     out = []
-    model = proof.MODEL
+    served = proof.completion(port)  # the served name: a container sees the model elsewhere
+    if "model" not in served:
+        raise SystemExit(f"greedy: the server did not answer: {served}")
+    model = served["model"]
     for prompt in PROMPTS:
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 32, "temperature": 0})
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 32,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 1,
+            "return_token_ids": True,
+        }
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        answer = json.loads(conn.getresponse().read())
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
         conn.close()
-        out.append(answer["choices"][0]["text"])
+        if response.status != 200:
+            raise SystemExit(f"greedy completion of {prompt!r}: HTTP {response.status}: {answer}")
+        choice = answer["choices"][0]
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        out.append({"text": choice["text"], "token_ids": choice.get("token_ids"), "logprobs": logprobs})
     return out
 
 
+def compare(forked: list[dict[str, Any]], plain: list[dict[str, Any]]) -> dict[str, Any]:
+    """The greedy row's verdict: the same token ids and text, and how far apart the logprobs are."""
+    deltas = [
+        abs(a - b)
+        for f, p in zip(forked, plain, strict=True)
+        for a, b in zip(f["logprobs"], p["logprobs"], strict=False)
+        if a is not None and b is not None
+    ]
+    return {
+        "same_tokens": all(f["token_ids"] is not None for f in forked)
+        and [f["token_ids"] for f in forked] == [p["token_ids"] for p in plain],
+        "same_text": [f["text"] for f in forked] == [p["text"] for p in plain],
+        "tokens_compared": sum(len(f["token_ids"] or []) for f in forked),
+        "max_logprob_delta": max(deltas, default=None),
+    }
+
+
 def step_greedy(args: argparse.Namespace) -> None:
-    if RUNTIME != "process":
-        add_row({"kind": "greedy", "seconds": None, "skipped": "the comparison runs with the process runtime"})
-        return
+    """Greedy completions from the launcher's forked server, then from a plain boot of the same argv
+    by hand (proof.manual_boot: `vllm serve`, or `podman run` of the image). Stops the daemon: run
+    it after the steps that need one (as `all` does), before manual-best."""
     forked = completions()
-    plan = proof.dankserve("plan", "tiny", "--json")
-    (proof.WORK / "plan.json").write_text(plan.stdout)
-    planned = json.loads(plan.stdout)[0]  # one object per deployment
-    proof.control({"command": "down", "deployment": "tiny"})
-    server = launcher().status().server
-    assert server is None or server.exited
-    # A plain boot of the same plan, by hand, beside the idle launcher (it holds no GPU memory).
-    argv = planned["argv"]
-    if sys.executable == proof.EXECUTABLE:
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
-    else:
-        command = [proof.EXECUTABLE, "serve", *argv]
-    plain_proc = subprocess.Popen(
-        command,
-        env={**os.environ, **planned["env"]},
-        stdout=(proof.WORK / "greedy-plain.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    mode = launcher().status().server
+    step_stop(args)
+    (proof.WORK / "plan.json").write_text(proof.dankserve("plan", "tiny", "--json").stdout)
+    cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
+    if RUNTIME == "podman":
+        proof.podman("rm", "-f", proof.CONTAINER)
+    plain = proof.manual_boot("greedy_plain", cache, learned_bytes(), None, while_up=completions)["while_up"]
+    add_row(
+        {
+            "kind": "greedy",
+            "seconds": None,
+            "forked_mode": mode.mode if mode else None,
+            **compare(forked, plain),
+            "forked": forked,
+            "plain": plain,
+        }
     )
-    try:
-        while not proof.healthy():
-            if plain_proc.poll() is not None:
-                raise SystemExit("the plain boot for the greedy comparison exited")
-            time.sleep(0.2)
-        plain = completions()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(plain_proc.pid, signal.SIGINT)
-        plain_proc.wait(60)
-    proof.wait_gpu_idle()
-    proof.control({"command": "up", "deployment": "tiny"})
-    proof.wait_status(lambda d: d["state"] == "ready", 900)
-    add_row({"kind": "greedy", "seconds": None, "same_tokens": forked == plain, "forked": forked, "plain": plain})
+
+
+def learned_bytes() -> list[str]:
+    """The cold boot's KV bytes as the manual boots pass them (the learned boot by hand)."""
+    cold = [r for r in rows() if r["kind"] == "cold" and r.get("runtime") == RUNTIME]
+    return ["--kv-cache-memory-bytes", str(cold[-1]["kv_cache_memory_bytes"])]
 
 
 def step_stop(args: argparse.Namespace) -> None:
@@ -240,14 +271,11 @@ def step_manual_best(args: argparse.Namespace) -> None:
     step_stop(args)
     # The manual boots run the plan's argv by hand (proof.manual_boot reads it from plan.json).
     (proof.WORK / "plan.json").write_text(proof.dankserve("plan", "tiny", "--json").stdout)
-    cold = [r for r in rows() if r["kind"] == "cold" and r.get("runtime") == RUNTIME]
-    learned = cold[-1]["kv_cache_memory_bytes"]
     cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
     for _ in range(args.repeat):
         if RUNTIME == "podman":
             proof.podman("rm", "-f", proof.CONTAINER)
-        proof.manual_boot("manual_best", cache, ["--kv-cache-memory-bytes", str(learned)], None)
-        best = proof.results()["manual_best"][-1]
+        best = proof.manual_boot("manual_best", cache, learned_bytes(), None)
         add_row({"kind": "manual-best", "seconds": best["start_to_health_seconds"]})
 
 

@@ -20,10 +20,13 @@
 # Both runtimes in one lease (the podman step first, then vllm1, then):
 #   on_gpu.sh vllm2jobs JOB...  (carry .vl2)  second half + the model + the image layer, then the
 #                      JOBs as proc2 does; each JOB sets PROOF_RUNTIME/PROOF_WORK/PROOF_MODEL itself
-#                      (the podman step's env file says podman). Issue 15's remaining figures:
+#                      (the podman step's env file says podman). Issue 15's remaining figures
+#                      (Podman first: it is the one never run on the GPU; about 17 min in all):
+#     "PROOF_RUNTIME=podman PROOF_WORK=/tmp/proof python3 bench/real_vllm/launcher.py all --forks 3"
 #     "PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher PROOF_MODEL=/tmp/proof/hf/tinyllama python3
-#      bench/real_vllm/launcher.py cold,launcher-config-change,fork-repeat,greedy --repeat 3 --forks 6"
-#     "PROOF_RUNTIME=podman PROOF_WORK=/tmp/proof python3 bench/real_vllm/launcher.py all --forks 0"
+#      bench/real_vllm/launcher.py cold,greedy"
+#                      Stop a stuck job by an anchored pattern (pkill -f '^python3 bench/real_vllm/launcher'):
+#                      an unanchored one matches the device call's own command line and kills it.
 #
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
 # files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).

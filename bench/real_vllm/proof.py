@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -388,7 +389,11 @@ def manual_argv(
     return [EXECUTABLE, "serve", *plan["argv"], *extra], env
 
 
-def manual_boot(label: str, cache_root: Path, extra: list[str], out: Path | None) -> None:
+def manual_boot(
+    label: str, cache_root: Path, extra: list[str], out: Path | None, while_up: Callable[[], Any] | None = None
+) -> dict[str, Any]:
+    """Boots the plan's argv by hand, times it to /health, and stops it: `while_up` runs against the
+    server before the stop (its answer is the result's "while_up")."""
     plan = json.loads((WORK / "plan.json").read_text())
     plan = plan[0] if isinstance(plan, list) else plan
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -418,6 +423,7 @@ def manual_boot(label: str, cache_root: Path, extra: list[str], out: Path | None
     took = time.time() - start
     watch.stop()
     done = completion()
+    probed = while_up() if while_up is not None else None
     if out is not None:
         shutil.copy(log_path, out / f"boot-{label}.log")
     if RUNTIME == "podman":
@@ -432,6 +438,7 @@ def manual_boot(label: str, cache_root: Path, extra: list[str], out: Path | None
     serve_at = argv.index(IMAGE) + 1 if RUNTIME == "podman" else argv.index("serve") + 1
     result = {"start_to_health_seconds": round(took, 2), "argv": argv[serve_at:], "completion": done}
     record(label, result, out, seconds=round(took, 2))
+    return {**result, "while_up": probed}
 
 
 def step_manual_best(out: Path | None) -> None:

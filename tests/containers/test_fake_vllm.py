@@ -582,7 +582,7 @@ def test_unwritable_trace_file_is_a_knob_error(tmp_path: Path) -> None:
 
 
 def test_endpoints_api_key_and_stats(serve: StartServer, tmp_path: Path) -> None:
-    """Endpoints answer like vLLM's; /v1 needs the VLLM_API_KEY bearer token; stats lines report load."""
+    """Endpoints answer like vLLM's (token ids on request); /v1 needs the VLLM_API_KEY token; stats report load."""
     env = base_env(
         tmp_path,
         VLLM_API_KEY="sekret",
@@ -602,6 +602,14 @@ def test_endpoints_api_key_and_stats(serve: StartServer, tmp_path: Path) -> None
     )
     assert status == 200
     assert json.loads(body)["usage"]["completion_tokens"] == 3
+    assert "token_ids" not in json.loads(body)["choices"][0]
+    status, body = http(
+        served.url("/v1/completions"),
+        "POST",
+        {"model": "tiny", "prompt": "hi", "max_tokens": 3, "return_token_ids": True},
+        token="sekret",
+    )
+    assert json.loads(body)["choices"][0]["token_ids"] == [100, 101, 102]
     status, body = http(
         served.url("/v1/chat/completions"),
         "POST",

@@ -98,6 +98,11 @@ def completion_text(max_tokens: int) -> str:
     return "".join(FILLER_WORDS[index % len(FILLER_WORDS)] for index in range(max(0, max_tokens)))
 
 
+def completion_token_ids(max_tokens: int) -> list[int]:
+    """The ids of completion_text's words, as `return_token_ids` asks (the word's index, from 100)."""
+    return [100 + index % len(FILLER_WORDS) for index in range(max(0, max_tokens))]
+
+
 def metrics_text(facts: ServerFacts, state: EngineState) -> str:
     """Prometheus exposition with the vLLM 0.33 names a supervisor reads (vllm/v1/metrics/loggers.py)."""
     config = facts.config
@@ -473,6 +478,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+        if request.get("return_token_ids") is True:  # vLLM's extra field (0.10.2+): the choice's token ids
+            choice["token_ids"] = [] if stale else completion_token_ids(max_tokens)
         response: dict[str, object] = {
             "id": request_id,
             "object": "chat.completion" if chat else "text_completion",
