@@ -46,6 +46,7 @@ os.environ.setdefault("PROOF_WORK", "/tmp/launcher")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.real_vllm import proof
+from dankserve.runtime.base import workload_name
 from dankserve.runtime.launcher_client import LauncherClient
 
 RESULTS = Path(
@@ -130,7 +131,11 @@ def step_cold(args: argparse.Namespace) -> None:
 def kill_server() -> None:
     server = launcher().status().server
     assert server is not None and not server.exited, "no server to kill"
-    os.killpg(server.pid, signal.SIGKILL)
+    if RUNTIME == "podman":  # the pid is the container's: its PID namespace is not ours
+        done = proof.podman("exec", workload_name("tiny"), "sh", "-c", f"kill -9 -{server.pid}")
+        assert done.returncode == 0, f"kill in the container: {done.stderr}"
+    else:
+        os.killpg(server.pid, signal.SIGKILL)
 
 
 def step_kill(args: argparse.Namespace) -> None:

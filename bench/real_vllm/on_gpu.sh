@@ -25,6 +25,7 @@
 #     "PROOF_RUNTIME=podman PROOF_WORK=/tmp/proof python3 bench/real_vllm/launcher.py all --forks 3"
 #     "PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher PROOF_MODEL=/tmp/proof/hf/tinyllama python3
 #      bench/real_vllm/launcher.py cold,greedy"
+#                      Rehearse both on a CPU machine first (bench/real_vllm/rehearse.py podman|process).
 #                      Stop a stuck job by an anchored pattern (pkill -f '^python3 bench/real_vllm/launcher'):
 #                      an unanchored one matches the device call's own command line and kills it.
 #

@@ -59,6 +59,7 @@ STARTUP_LINE = "Application startup complete."
 
 def config_text(python: str) -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
+    env.update(json.loads(os.environ.get("PROOF_EXTRA_ENV", "{}")))  # a rehearsal's stand-in knobs (rehearse.py)
     env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
     if RUNTIME == "podman":
         lines = [f'model = "/root/.cache/huggingface/{Path(MODEL).name}"', f'image = "{IMAGE}"', 'pull = "never"']
@@ -370,6 +371,16 @@ def step_down_up(out: Path | None) -> None:
     daemon_boot("down_up", lambda: control({"command": "up", "deployment": "tiny"}), out)
 
 
+def cdi_names(indices: list[int]) -> list[str]:
+    """The CDI device names of the plan's GPUs: the index, as nvidia-ctk names them and a human
+    types it; under a recorded host (DANKSERVE_HARDWARE, a rehearsal's stand-in GPUs) its UUIDs."""
+    recorded = os.environ.get("DANKSERVE_HARDWARE")
+    if not recorded:
+        return [str(i) for i in indices]
+    gpus = json.loads(Path(recorded).read_text())["gpus"]
+    return [gpus[i]["uuid"] for i in indices]
+
+
 def manual_argv(
     plan: dict[str, Any], cache_root: Path, extra: list[str], name: str
 ) -> tuple[list[str], dict[str, str]]:
@@ -378,7 +389,7 @@ def manual_argv(
     if RUNTIME == "podman":
         env["VLLM_CACHE_ROOT"] = "/root/.cache/vllm"
         argv = ["podman", "run", "-d", "--name", name, "--ipc=host", "-p", f"127.0.0.1:{PORT}:{PORT}"]
-        argv += [f"--device=nvidia.com/gpu={uuid}" for uuid in plan.get("gpu_uuids") or ["0"]]
+        argv += [f"--device=nvidia.com/gpu={name}" for name in cdi_names(plan.get("gpus") or [0])]
         argv += ["-v", f"{WORK / 'hf'}:/root/.cache/huggingface", "-v", f"{cache_root}:/root/.cache/vllm"]
         for key, value in {**env, **SAFE_ENV, "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"}.items():
             argv += ["-e", f"{key}={value}"]

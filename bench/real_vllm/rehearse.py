@@ -1,0 +1,118 @@
+"""A rehearsal of the H200 launcher bench on a machine without a GPU, before device time is spent.
+
+Runs bench/real_vllm/launcher.py with the stand-in vLLM (containers/) in place of real vLLM, on
+either runtime, through the same code paths as on the GPU machine: the daemon, the launcher, the
+kills, `down`/`up`, reloads, the greedy comparison and the manual boots by hand. The figures mean
+nothing (the stand-in sleeps a scaled boot); what a rehearsal finds is a bench bug, the kind that
+otherwise costs a lease. Needs root for the podman runtime (stand-in GPU device nodes, a CDI spec
+in /etc/cdi, rootful Podman with the stand-in image: `make fake-vllm-image`).
+
+    .venv/bin/python bench/real_vllm/rehearse.py podman [STEPS] [launcher.py options]
+    .venv/bin/python bench/real_vllm/rehearse.py process cold,greedy
+
+STEPS defaults to `all`. The work directory is a fresh temporary one; its results (launcher.json),
+logs and the daemon's log stay there and are named at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dankserve.testing import write_recorded_host
+from dankserve.testing.gpus import stand_in_gpus
+
+REPO = Path(__file__).resolve().parents[2]
+STAND_IN = REPO / "containers" / "fake-vllm"
+IMAGE = os.environ.get("FAKE_VLLM_IMAGE", "localhost/fake-vllm:latest")
+SOCKET = "/run/podman/podman.sock"  # the daemon's default podman_url, as on the GPU machine
+TIME_SCALE = "0.05"
+IMPORT_SECONDS = "1.74"  # vLLM's 17.4 s import on the H200, scaled as bench/launcher_restart.py does
+# The tinyllama test model's shape: the planner reads config.json from the model's directory.
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+}
+
+
+def podman_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | None:
+    """A `podman system service` on the default socket, unless one answers there already."""
+    answered = subprocess.run(
+        ["podman", "--url", f"unix://{SOCKET}", "info"], env=env, capture_output=True, check=False
+    )
+    if answered.returncode == 0:
+        return None
+    Path(SOCKET).parent.mkdir(parents=True, exist_ok=True)
+    argv = ["podman", "system", "service", "--time=0", f"unix://{SOCKET}"]
+    service = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not Path(SOCKET).exists():
+        if time.monotonic() > deadline or service.poll() is not None:
+            raise SystemExit(f"the Podman service did not start; see {log}")
+        time.sleep(0.1)
+    return service
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("process", "podman"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    runtime, steps, rest = sys.argv[1], (sys.argv[2:3] or ["all"])[0], sys.argv[3:]
+    work = Path(tempfile.mkdtemp(prefix=f"rehearse-{runtime}-", dir="/var/tmp"))
+    model = work / "hf" / "tinyllama"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    knobs = {"FAKE_VLLM_TIME_SCALE": TIME_SCALE, "FAKE_VLLM_IMPORT_SECONDS": IMPORT_SECONDS}
+    knobs["DANKSERVE_LAUNCHER_ENTRY"] = "fake_vllm.cli:main"
+    knobs["DANKSERVE_LAUNCHER_PRELOAD"] = "fake_vllm.cli"
+    env = {
+        **os.environ,
+        "PROOF_WORK": str(work),
+        "PROOF_RUNTIME": runtime,
+        "PROOF_MODEL": str(model),
+        "LAUNCHER_RESULTS": str(work / "launcher.json"),
+        **knobs,
+    }
+    if runtime == "process":
+        env["PROOF_VLLM_EXECUTABLE"] = str(STAND_IN / "vllm.py")
+        env["DANKSERVE_LAUNCHER_PATH"] = str(STAND_IN)
+    else:
+        env["PROOF_IMAGE"] = IMAGE
+        env["PROOF_EXTRA_ENV"] = json.dumps({**knobs, "DANKSERVE_LAUNCHER_PATH": "/usr/local/lib/fake-vllm"})
+        env.setdefault("CONTAINERS_CONF", str(REPO / "build" / "fake-vllm" / "containers.conf"))
+    with stand_in_gpus(work, count=1, prefix="dankserve-rehearse-") as gpus:
+        host = write_recorded_host(work / "host.json", "h200x1-vm", [gpu.uuid for gpu in gpus.gpus])
+        env["DANKSERVE_HARDWARE"] = str(host)
+        service = podman_service(env, work / "podman-service.log") if runtime == "podman" else None
+        try:
+            argv = [sys.executable, str(REPO / "bench" / "real_vllm" / "launcher.py"), steps, *rest]
+            code = subprocess.run(argv, env=env, check=False).returncode
+        finally:
+            subprocess.run(
+                [sys.executable, str(REPO / "bench" / "real_vllm" / "launcher.py"), "stop"], env=env, check=False
+            )
+            if service is not None:
+                service.terminate()
+                service.wait(30)
+    print(f"rehearsal {'passed' if code == 0 else f'FAILED (exit {code})'}: results and logs in {work}")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
