@@ -2,12 +2,14 @@
 
 The container's own python3 runs the launcher from the read-only mount; a crashed server is
 replaced inside the same container; the container going away (its launcher with it) makes a new
-one; kill -9 of the daemon is followed by adoption; SIGTERM leaves no container.
+one; `down`/`up` and a reload that keeps the container-level settings keep the container; kill -9
+of the daemon is followed by adoption; SIGTERM leaves no container.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 
 from dankserve.runtime.base import LABEL_DEPLOYMENT, workload_name
 from dankserve.runtime.launcher_client import LauncherClient
+from dankserve.testing.config_file import write_config
 from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
@@ -94,5 +97,42 @@ def test_a_daemon_killed_with_9_is_followed_by_adoption_of_the_launchers_server(
         status = daemon.wait_for(deployment, ready, timeout=120)
         assert (container_ids(podman_env, deployment), server_pid(daemon, deployment)) == before
         assert status["boots"] == 1
+        assert daemon.stop() == 0
+        assert container_ids(podman_env, deployment) == []
+
+
+def test_down_up_and_a_reload_keep_the_container_unless_the_port_changes(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployment: str, launcher_deployment: dict[str, Any]
+) -> None:
+    """`down`/`up` and a changed max_num_seqs get new servers in the same container; a changed port a new one;
+    SIGTERM after `down` leaves no container."""
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    with running_daemon(
+        tmp_path, {deployment: launcher_deployment}, hardware=host, extra_globals={"podman_url": podman_env.url}
+    ) as daemon:
+        daemon.wait_for(deployment, ready, timeout=120)
+        (container,) = container_ids(podman_env, deployment)
+        assert daemon.request({"command": "down", "deployment": deployment}) == {"ok": True}
+        assert container_ids(podman_env, deployment) == [container]
+        assert daemon.request({"command": "up", "deployment": deployment}) == {"ok": True}
+        daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 2, timeout=120)
+        assert container_ids(podman_env, deployment) == [container]
+        globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
+
+        def reload(dep: dict[str, Any]) -> None:
+            write_config(daemon.config, {}, {deployment: dep})
+            daemon.config.write_text(globals_text + daemon.config.read_text())
+            daemon.signal(signal.SIGHUP)
+
+        reload({**launcher_deployment, "max_num_seqs": 16})
+        daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 3, timeout=120)
+        assert container_ids(podman_env, deployment) == [container]
+        logs = podman_env.podman("logs", workload_name(deployment))
+        assert "'max_num_seqs': 16" in (logs.stdout + logs.stderr).split("server 3 started", 1)[1]
+        reload({**launcher_deployment, "max_num_seqs": 16, "port": free_port()})
+        daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 4, timeout=120)
+        (replacement,) = container_ids(podman_env, deployment)
+        assert replacement != container
+        assert daemon.request({"command": "down", "deployment": deployment}) == {"ok": True}
         assert daemon.stop() == 0
         assert container_ids(podman_env, deployment) == []
