@@ -268,7 +268,7 @@ class DeploymentWorker:
         """Apply a changed configuration: the next boot uses it."""
         with self.lock:
             self.dep = dep
-        self._inbox.put(m.Reconfigured(self._config(dep)))
+        self._inbox.put(m.Reconfigured(self._config(dep), swap_member=dep.swap_group is not None))
 
     def feed(self, event: m.Event) -> None:
         """Hand the worker an event from outside (a liveness probe, a group monitor, a downloader)."""

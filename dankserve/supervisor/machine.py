@@ -374,6 +374,8 @@ class Reconfigured:
     """The deployment's configuration changed: boot again with it, forgetting remediations."""
 
     config: MachineConfig
+    swap_member: bool = False
+    """It is in a swap group (after the change): asleep, it stays asleep (by stop) and boots on its next request."""
 
 
 @dataclass(frozen=True)
@@ -961,6 +963,7 @@ def _swap_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
     t[Stage.FALLING_ASLEEP, SleepUnsupported] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")
     t[Stage.FALLING_ASLEEP, SleepFailed] = _allowed(*_ON_FAILURE)
     t[Stage.ASLEEP, WakeRequested] = _allowed(Stage.WAKING, *_RESTART, note="stop: boots")
+    t[Stage.ASLEEP, Reconfigured] = _allowed(*_RECONFIGURE, Stage.ASLEEP, note="a swap member: stays asleep (stop)")
     t[Stage.WAKING, WokeUp] = _allowed(Stage.READY)
     t[Stage.WAKING, WakeFailed] = _allowed(*_ON_FAILURE)
     for stage in SLEEP_STAGES:
@@ -1036,7 +1039,7 @@ def _on_stop(state: MachineState, event: StopRequested, now: float) -> Step:
 
 
 def _on_reconfigured(state: MachineState, event: Reconfigured, now: float) -> Step:
-    commands = _teardown(state)
+    commands = (*_teardown(state), SetRemediation({}, ()))
     fresh = replace(
         state,
         config=event.config,
@@ -1046,8 +1049,19 @@ def _on_reconfigured(state: MachineState, event: Reconfigured, now: float) -> St
         failures=(),
         retry_attempts=0,
     )
+    if state.stage is Stage.ASLEEP and event.swap_member:
+        # Booting now would put the awake members to sleep: the server planned with the old
+        # configuration stops (a launcher stays), and the next request boots with the new one.
+        swap = replace(state.swap, level="stop", since=None, wake_wanted=False)
+        kept = note(
+            "reload_kept_asleep",
+            sleep_level_was=state.swap.level,
+            reason="its configuration changed while asleep: its server is stopped, and its next request boots it "
+            "with the new configuration (booting now would put the awake members to sleep)",
+        )
+        return replace(fresh, boot=None, swap=swap, wake_at=None), (kept, *commands)
     after, begin = _begin_boot(fresh, now)
-    return after, (*commands, SetRemediation({}, ()), *begin)
+    return after, (*commands, *begin)
 
 
 def _on_tick(state: MachineState, event: Tick, now: float) -> Step:

@@ -1,0 +1,85 @@
+"""A reload (SIGHUP) touching swap group members: a real daemon, the stand-in under the launcher (process runtime)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dankserve.testing.config_file import write_config
+from tests.harness.daemon import RunningDaemon, free_port, launcher_deployment, running_daemon
+from tests.supervisor.test_daemon_launcher import alive, launcher, launcher_pid, log_text, ready, server_pid
+
+pytestmark = pytest.mark.slow
+
+
+def _asleep(d: dict[str, Any]) -> bool:
+    return bool(d["state"] == "asleep")
+
+
+def _reload(daemon: RunningDaemon, deployments: dict[str, dict[str, Any]]) -> None:
+    """Rewrite the config with these deployments (same globals) and send SIGHUP."""
+    globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
+    write_config(daemon.config, {}, deployments)
+    daemon.config.write_text(globals_text + daemon.config.read_text())
+    daemon.signal(signal.SIGHUP)
+
+
+def _no_server(daemon: RunningDaemon, name: str) -> bool:
+    server = launcher(daemon, name).server
+    return server is None or server.exited
+
+
+def _until(check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.05)
+
+
+def test_a_reload_of_a_sleeping_member_stops_its_server_and_boots_it_only_on_its_next_request(tmp_path: Path) -> None:
+    """A changed max_num_seqs of a member asleep at level 1: its server stops (the launcher stays), it stays
+    asleep at stop, the awake member keeps serving; its next request boots it with the new setting. A reload
+    that leaves it unchanged keeps it asleep as it is."""
+    member = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g", "sleep_level": "1"}
+    ports = {"a": free_port(), "b": free_port()}
+    deployments = {
+        name: launcher_deployment(port, served_model_name=f"m{name}", **member) for name, port in ports.items()
+    }
+    gateway = free_port()
+    url = f"http://127.0.0.1:{gateway}/v1/completions"
+    with running_daemon(tmp_path, deployments, extra_globals={"gateway": {"listen": f"127.0.0.1:{gateway}"}}) as daemon:
+        daemon.wait_for("a", ready)
+        daemon.wait_for("b", lambda d: _asleep(d) and d["swap"]["level"] == "1")
+        a_server, b_server, b_keeper = server_pid(daemon, "a"), server_pid(daemon, "b"), launcher_pid(daemon, "b")
+
+        # Unchanged: nothing moves.
+        _reload(daemon, deployments)
+        unchanged = daemon.wait_for("b", lambda d: d["state"] == "asleep")
+        daemon.wait_for("a", ready)
+        assert unchanged["swap"]["level"] == "1" and unchanged["boots"] == 1
+        assert server_pid(daemon, "b") == b_server and server_pid(daemon, "a") == a_server
+
+        # b's plan changes: its server stops, the launcher stays, b stays asleep (stop), a serves on.
+        changed = {**deployments, "b": {**deployments["b"], "max_num_seqs": 7}}
+        _reload(daemon, changed)
+        stopped = daemon.wait_for("b", lambda d: _asleep(d) and d["swap"]["level"] == "stop", timeout=30)
+        assert stopped["boots"] == 1
+        _until(lambda: not alive(b_server) and _no_server(daemon, "b"))
+        assert launcher_pid(daemon, "b") == b_keeper and alive(b_keeper)
+        assert daemon.wait_for("a", ready)["boots"] == 1 and server_pid(daemon, "a") == a_server
+        kept = daemon.events_named("reload_kept_asleep")
+        assert kept and kept[-1]["deployment"] == "b" and "request" in kept[-1]["reason"]
+
+        # Its next request boots it with the new setting, through the same launcher; a makes room.
+        reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert daemon.wait_for("b", ready)["boots"] == 2 and launcher_pid(daemon, "b") == b_keeper
+        assert daemon.wait_for("a", _asleep)["swap"]["level"] == "1" and alive(a_server)
+        assert "'max_num_seqs': 7" in log_text(daemon, "b").split("server 2 started", 1)[1]
+        assert daemon.stop() == 0
