@@ -43,7 +43,7 @@ from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, launching, learning, sleep_mode
+from dankserve.supervisor import instance, launching, learning, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.health import check_health
@@ -223,8 +223,9 @@ def machine_config(settings: Settings, dep: DeploymentSettings, *, download_weig
 class DeploymentWorker:
     """Keeps one deployment serving, in its own thread: an interpreter of the lifecycle machine."""
 
-    def __init__(self, name: str, dep: DeploymentSettings, daemon: Daemon) -> None:
+    def __init__(self, name: str, dep: DeploymentSettings, daemon: Daemon, *, join_asleep: bool = False) -> None:
         self.name = name
+        self._join_asleep = join_asleep  # a swap member added by a reload to a running group: no first boot
         self.dep = dep
         self.daemon = daemon
         self.lock = threading.Lock()
@@ -300,7 +301,7 @@ class DeploymentWorker:
 
     # -- the interpreter ---------------------------------------------------------------------------
     def _run(self) -> None:
-        self._feed(m.Begin())
+        self._feed(m.Begin(asleep=self._join_asleep))
         while self.machine.stage not in m.TERMINAL:
             state = self.machine
             timeout = None if state.wake_at is None else max(0.0, state.wake_at - self.clock.monotonic())
@@ -998,8 +999,8 @@ class Daemon:
         with self._lock:
             return dict(self.workers)
 
-    def _start_worker(self, name: str, dep: DeploymentSettings) -> None:
-        worker = DeploymentWorker(name, dep, self)
+    def _start_worker(self, name: str, dep: DeploymentSettings, *, join_asleep: bool = False) -> None:
+        worker = DeploymentWorker(name, dep, self, join_asleep=join_asleep)
         with self._lock:
             self.workers[name] = worker
         worker.start()
@@ -1093,10 +1094,12 @@ class Daemon:
                 else:
                     self._start_worker(name, dep)
         running = self.snapshot()
+        groups = [new.deployments[n].swap_group for n, w in running.items() if w.alive and n in new.deployments]
         for name, dep in new.deployments.items():
             if name not in running and dep.enabled and not self.state.is_down(name):
-                log.info("reload_start", deployment=name)
-                self._start_worker(name, dep)
+                asleep = swap.joins_asleep(dep.swap_group, groups)
+                log.info("reload_start", deployment=name, joins_asleep=asleep)
+                self._start_worker(name, dep, join_asleep=asleep)
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:

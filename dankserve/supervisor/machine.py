@@ -360,6 +360,9 @@ def initial_state(
 class Begin:
     """The worker starts."""
 
+    asleep: bool = False
+    """A swap member added by a reload to a group already running: it joins asleep (stop), no boot until asked."""
+
 
 @dataclass(frozen=True)
 class StopRequested:
@@ -907,7 +910,7 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
         t[stage, RuntimeUnreachable] = _allowed(Stage.RETRY_WAIT) if stage not in TERMINAL else IGNORED
         t[stage, Crashed] = _allowed(*_ON_FAILURE) if stage not in TERMINAL else IGNORED
         t[stage, Refused] = _allowed(Stage.FAILED) if stage not in TERMINAL else IGNORED
-    t[Stage.IDLE, Begin] = _allowed(*_RESTART)
+    t[Stage.IDLE, Begin] = _allowed(*_RESTART, Stage.ASLEEP, note="asleep: a swap member added by a reload")
     t[Stage.IDLE, RuntimeUnreachable] = REFUSED
     t[Stage.IDLE, Crashed] = REFUSED
     t[Stage.IDLE, Refused] = REFUSED
@@ -1026,6 +1029,13 @@ def _exited_teardown(state: MachineState, launcher_gone: bool) -> tuple[Command,
 
 
 def _on_begin(state: MachineState, event: Begin, now: float) -> Step:
+    if event.asleep:
+        # Its first boot would put the group's awake members to sleep: the first request boots it.
+        swap = replace(state.swap, level="stop", since=None, wake_wanted=False)
+        after = replace(state, stage=Stage.ASLEEP, boot=None, swap=swap, wake_at=None)
+        return after, (
+            note("joined_asleep", reason="added by a reload to a running swap group: its first request boots it"),
+        )
     return _begin_boot(state, now)
 
 

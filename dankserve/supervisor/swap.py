@@ -9,7 +9,7 @@ vLLM's `/sleep?level=N`, wake via `/wake_up`, or stop and boot).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -211,3 +211,10 @@ def sleeps_after_first_boot(name: str, boot_order: Sequence[str]) -> bool:
     """At start-up members boot one at a time on their shared GPUs; each but the first is put to
     sleep once ready, so the next one finds its memory free."""
     return bool(boot_order) and name != boot_order[0]
+
+
+def joins_asleep(group: str | None, running_groups: Iterable[str | None]) -> bool:
+    """A member added by a reload (or enabled) joins asleep, by stop, when its group already runs:
+    its first boot would put the awake members to sleep, so its first request boots it instead. A
+    new group's members boot as at start-up."""
+    return group is not None and group in set(running_groups)

@@ -271,7 +271,7 @@ FACTS = st.builds(
 )
 EVENTS = st.one_of(
     st.just(m.StopRequested()),
-    st.just(m.Reconfigured(CONFIG)),
+    st.builds(m.Reconfigured, st.just(CONFIG), st.booleans()),
     st.just(m.Tick()),
     st.builds(m.WeightsProgress, st.integers(-5, 105)),
     st.just(m.WeightsReady()),
@@ -365,7 +365,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             m.Stage.FALLING_ASLEEP: st.sampled_from(
                 [m.FellAsleep(0.2), m.SleepUnsupported("404"), m.WakeRequested(), m.SleepFailed("500")]
             ),
-            m.Stage.ASLEEP: st.sampled_from([m.WakeRequested(), m.Exited(1)]),
+            m.Stage.ASLEEP: st.sampled_from([m.WakeRequested(), m.Exited(1), m.Reconfigured(CONFIG, swap_member=True)]),
             m.Stage.WAKING: st.sampled_from([m.WokeUp(0.2), m.WakeFailed("500")]),
             m.Stage.ENDING: st.just(m.Exited(1)),
             m.Stage.DECIDING: st.builds(m.GpuTenants, st.none() | st.booleans(), st.floats(0, 0.999)),
@@ -457,6 +457,44 @@ def test_a_server_that_dies_asleep_is_a_failure() -> None:
     assert any(isinstance(c, m.RecordFailure) for c in commands) and m.RecordRestart() not in commands
     booting, _ = m.step(asleep_again, m.WakeRequested(), 7.0)
     assert booting.status == "waking"
+
+
+def test_a_reload_of_a_sleeping_member_stops_its_server_and_keeps_it_asleep_until_asked() -> None:
+    """Its plan changed: the server is removed and the GPUs' slot goes back, it stays asleep by stop with the
+    new config (no boot, which would put the awake members to sleep), and its next wake boots afresh."""
+    changed = replace(CONFIG, max_model_len_setting=4096)
+    remediated = frozenset({FailureCause.NO_KV_MEMORY})
+    asleep = with_boot(replace(in_stage(m.Stage.ASLEEP), remediated=remediated), server=None)
+    after, commands = m.step(asleep, m.Reconfigured(changed, swap_member=True), 5.0)
+    assert after.stage is m.Stage.ASLEEP and after.status == "asleep" and after.boot is None
+    assert after.swap.level == "stop" and after.asleep_at == "stop" and after.config == changed
+    assert after.remediated == frozenset() and after.wake_at is None
+    assert m.StopWorkload("w1") in commands and m.RemoveWorkload("w1") in commands and m.ReleaseGpus() in commands
+    assert not any(isinstance(c, m.EnsureImage | m.EnsureWeights) for c in commands)
+    kept = next(c for c in commands if isinstance(c, m.Note) and c.event == "reload_kept_asleep")
+    assert dict(kept.fields)["sleep_level_was"] == "1"
+    booting, commands = m.step(after, m.WakeRequested(), 9.0)
+    assert booting.stage is m.Stage.PULLING and booting.status == "waking" and m.EnsureImage() in commands
+    # Asleep by stop already: nothing runs to stop.
+    again, commands = m.step(after, m.Reconfigured(CONFIG, swap_member=True), 10.0)
+    assert again.stage is m.Stage.ASLEEP and again.swap.level == "stop" and again.config == CONFIG
+    assert not any(isinstance(c, m.StopWorkload | m.RemoveWorkload) for c in commands)
+
+
+def test_a_reload_boots_an_awake_member_and_one_that_left_its_group() -> None:
+    """Awake (or out of any swap group now, with nothing to wake it): the reload restarts it as before."""
+    for state, member in ((in_stage(m.Stage.READY), True), (in_stage(m.Stage.ASLEEP), False)):
+        after, commands = m.step(state, m.Reconfigured(CONFIG, swap_member=member), 5.0)
+        assert after.stage is m.Stage.PULLING and m.StopWorkload("w1") in commands and m.EnsureImage() in commands
+
+
+def test_a_member_added_by_a_reload_to_a_running_group_joins_asleep_by_stop() -> None:
+    """Begin(asleep): no boot, asleep at stop; its first wake is its first boot."""
+    joined, commands = m.step(m.initial_state(CONFIG), m.Begin(asleep=True), 0.0)
+    assert joined.stage is m.Stage.ASLEEP and joined.swap.level == "stop" and joined.boot is None
+    assert [c.event for c in commands if isinstance(c, m.Note)] == ["joined_asleep"]
+    booting, commands = m.step(joined, m.WakeRequested(), 3.0)
+    assert booting.stage is m.Stage.PULLING and booting.status == "waking" and m.EnsureImage() in commands
 
 
 # A daemon killed with -9 while a swap group runs: the next one adopts its members as they were.

@@ -72,6 +72,15 @@ def test_a_reload_stops_the_server_and_plans_again() -> None:
     assert m.StopServer("w1", 2) in commands and m.RemoveWorkload not in kinds(commands)
 
 
+def test_a_reload_of_a_sleeping_member_stops_only_its_server() -> None:
+    """Asleep at level 1 under a launcher, its config changed: the server stops, the launcher stays for its wake."""
+    asleep = replace(launched(m.Stage.ASLEEP), swap=m.SwapTimes(level="1"))
+    after, commands = m.step(asleep, m.Reconfigured(CONFIG, swap_member=True), 1.0)
+    assert after.stage is m.Stage.ASLEEP and after.swap.level == "stop"
+    assert m.StopServer("w1", 2) in commands
+    assert not {m.RemoveWorkload, m.RemoveLauncher, m.StopWorkload} & set(kinds(commands))
+
+
 def planned(launcher: m.LauncherFound, same_plan: bool = False) -> m.BootPlanned:
     existing = m.ExistingWorkload("L", running=True, same_plan=same_plan, launcher=launcher)
     return m.BootPlanned(("GPU-0",), "kv1-x", LEARNED, "0.8.5", existing=existing)

@@ -12,6 +12,7 @@ from dankserve.supervisor.swap import (
     Swap,
     Wait,
     idle_sleepers,
+    joins_asleep,
     make_room,
     sleep_level,
     sleeps_after_first_boot,
@@ -148,3 +149,10 @@ def test_a_configured_sleep_level_wins_unless_the_server_has_no_sleep_mode() -> 
     assert forced_level("2", sleep_mode=True).level is SleepLevel.LEVEL_2
     assert forced_level("stop", sleep_mode=True).level is SleepLevel.STOP
     assert forced_level("1", sleep_mode=False).level is SleepLevel.STOP
+
+
+def test_a_member_added_to_a_running_group_joins_asleep() -> None:
+    """Added by a reload: asleep when its group already runs; a new group's members (or one outside any) boot."""
+    assert joins_asleep("g", ["g", None]) is True
+    assert joins_asleep("h", ["g", None]) is False
+    assert joins_asleep(None, [None, "g"]) is False

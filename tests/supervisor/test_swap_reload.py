@@ -83,3 +83,35 @@ def test_a_reload_of_a_sleeping_member_stops_its_server_and_boots_it_only_on_its
         assert daemon.wait_for("a", _asleep)["swap"]["level"] == "1" and alive(a_server)
         assert "'max_num_seqs': 7" in log_text(daemon, "b").split("server 2 started", 1)[1]
         assert daemon.stop() == 0
+
+
+def test_a_reload_adds_a_member_asleep_removes_one_and_restarts_the_awake_one_with_its_change(tmp_path: Path) -> None:
+    """A member added to a running group joins asleep by stop (no boot: the awake one serves on) and boots
+    on its first request; a removed member goes with its launcher; a changed awake member restarts."""
+    member = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g", "sleep_level": "1"}
+    deps = {name: launcher_deployment(free_port(), served_model_name=f"m{name}", **member) for name in "abc"}
+    gateway = free_port()
+    url = f"http://127.0.0.1:{gateway}/v1/completions"
+    first = {"a": deps["a"], "b": deps["b"]}
+    with running_daemon(tmp_path, first, extra_globals={"gateway": {"listen": f"127.0.0.1:{gateway}"}}) as daemon:
+        daemon.wait_for("a", ready)
+        daemon.wait_for("b", _asleep)
+        a_server, b_keeper = server_pid(daemon, "a"), launcher_pid(daemon, "b")
+
+        _reload(daemon, {"a": deps["a"], "c": deps["c"]})
+        joined = daemon.wait_for("c", lambda d: _asleep(d) and d["swap"]["level"] == "stop", timeout=30)
+        assert joined["boots"] == 0 and daemon.events_named("joined_asleep")[-1]["deployment"] == "c"
+        _until(lambda: daemon.deployment("b") is None and not alive(b_keeper))
+        assert daemon.wait_for("a", ready)["boots"] == 1 and server_pid(daemon, "a") == a_server
+
+        reply = httpx.post(url, json={"model": "mc", "prompt": "hi"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert daemon.wait_for("c", ready)["boots"] == 1
+        assert daemon.wait_for("a", _asleep)["swap"]["level"] == "1"
+
+        # c, awake, changes: it restarts (nothing else to make room for: a sleeps already).
+        _reload(daemon, {"a": deps["a"], "c": {**deps["c"], "max_num_seqs": 5}})
+        assert daemon.wait_for("c", lambda d: ready(d) and d["boots"] == 2, timeout=30)
+        assert "'max_num_seqs': 5" in log_text(daemon, "c").split("server 2 started", 1)[1]
+        assert _asleep(daemon.wait_for("a", _asleep)) and alive(a_server)
+        assert daemon.stop() == 0
