@@ -327,3 +327,34 @@ def test_a_daemon_killed_with_9_is_followed_by_one_that_adopts_the_swap_group_as
 
         assert daemon.stop() == 0
         assert all(container_ids(podman_env, n) == [] for n in members)
+
+
+def test_a_reload_of_a_sleeping_member_removes_its_container_and_boots_it_on_its_next_request(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
+) -> None:
+    """Containers (no launcher): b, asleep at level 1, gets a new max_num_seqs; its container goes, it stays
+    asleep by stop and a keeps serving in its container; a request for b boots it with the new setting."""
+    from tests.supervisor.test_swap_reload import _reload
+
+    a, b, _ = members
+    deployments = {a: _member(vllm_image, "ma", sleep_level="1"), b: _member(vllm_image, "mb", sleep_level="1")}
+    with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
+        daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
+        a_container = container_ids(podman_env, a)
+        assert len(container_ids(podman_env, b)) == 1
+
+        _reload(daemon, {**deployments, b: {**deployments[b], "max_num_seqs": 7}})
+        stopped = daemon.wait_for(b, lambda d: d["state"] == "asleep" and d["swap"]["level"] == "stop", timeout=60)
+        assert stopped["boots"] == 1 and daemon.events_named("reload_kept_asleep")[-1]["deployment"] == b
+        daemon.wait_for(b, lambda d: container_ids(podman_env, b) == [], timeout=30)
+        assert _state(daemon, a)["state"] == "ready" and container_ids(podman_env, a) == a_container
+
+        reply = httpx.post(url, json={"model": "mb", "prompt": "hi"}, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert _state(daemon, b)["boots"] == 2
+        assert daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=10)["swap"]["level"] == "1"
+        argv = podman_env.podman("inspect", "--format", "{{json .Config.Cmd}}", workload_name(b)).stdout
+        assert "--max-num-seqs" in argv and "7" in json.loads(argv)
+        assert _most_holding(daemon.events()) == 1
+        assert daemon.stop() == 0
