@@ -966,7 +966,7 @@ def _swap_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
     t[Stage.FALLING_ASLEEP, SleepUnsupported] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")
     t[Stage.FALLING_ASLEEP, SleepFailed] = _allowed(*_ON_FAILURE)
     t[Stage.ASLEEP, WakeRequested] = _allowed(Stage.WAKING, *_RESTART, note="stop: boots")
-    t[Stage.ASLEEP, Reconfigured] = _allowed(*_RECONFIGURE, Stage.ASLEEP, note="a swap member: stays asleep (stop)")
+    t[Stage.ASLEEP, Reconfigured] = _allowed(*_RECONFIGURE, Stage.ASLEEP, note="a swap member stays asleep, by stop")
     t[Stage.WAKING, WokeUp] = _allowed(Stage.READY)
     t[Stage.WAKING, WakeFailed] = _allowed(*_ON_FAILURE)
     for stage in SLEEP_STAGES:
