@@ -153,3 +153,27 @@ def test_a_server_adopted_awake_after_a_daemon_kill_stays_awake() -> None:
     daemon.workers["b"].machine = replace(daemon.workers["b"].machine, boot=replace(adopted, adopted=False))
     groups._look()
     assert [type(e) for e in daemon.workers["b"].fed] == [m.SleepRequested]
+
+
+def test_a_member_that_joined_asleep_is_booted_on_its_wake_and_its_boot_makes_room() -> None:
+    """c, added by a reload asleep by stop: nothing moves until a wake; then it boots (no sleep asked first:
+    its boot's admission puts a to sleep), and its boot counts as a first boot already had."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {}), "c": (m.Stage.ASLEEP, 0.9, {})})
+    groups._booted.discard("c")
+    c = daemon.workers["c"]
+    c.machine = replace(c.machine, swap=m.SwapTimes(level="stop"))
+    groups._look()
+    assert daemon.workers["a"].fed == [] and c.fed == [] and "c" in groups._booted
+    groups.wake("c")
+    groups._look()
+    assert c.fed == [m.WakeRequested()] and daemon.workers["a"].fed == []
+    c.machine = replace(c.machine, stage=m.Stage.PULLING)
+    admitted = threading.Thread(target=groups.admit_boot, args=("c", ("GPU-0",), threading.Event()), daemon=True)
+    admitted.start()
+    admitted.join(0.5)
+    a = daemon.workers["a"]
+    a.machine = replace(a.machine, stage=m.Stage.ASLEEP)  # (this stand-in worker does not step: asked again)
+    assert a.fed and {type(e) for e in a.fed} == {m.SleepRequested}
+    groups.poke()
+    admitted.join(5)
+    assert not admitted.is_alive()
