@@ -265,6 +265,11 @@ class DeploymentWorker:
         self._stopping.set()
         self._inbox.put(m.StopRequested(keep_launcher=keep_launcher))
 
+    def use_settings(self, dep: DeploymentSettings) -> None:
+        """Settings that plan the same server (`swap.server_unchanged`): kept for the next boot, nothing restarts."""
+        with self.lock:
+            self.dep = dep
+
     def request_replan(self, dep: DeploymentSettings) -> None:
         """Apply a changed configuration: the next boot uses it."""
         with self.lock:
@@ -1087,7 +1092,13 @@ class Daemon:
                 with self._lock:
                     self.workers.pop(name, None)
                     self._retiring.append(worker)
-            elif dep != old.deployments.get(name):
+            elif dep != (before := old.deployments.get(name)):
+                if worker.alive and before is not None and swap.server_unchanged(before, dep):
+                    # Only what the swap coordinator reads changed (it reads the new settings): the
+                    # server, awake or asleep, stays as it is.
+                    log.info("reload_swap_settings", deployment=name, server="unchanged")
+                    worker.use_settings(dep)
+                    continue
                 log.info("reload_replan", deployment=name)
                 if worker.alive:
                     worker.request_replan(dep)

@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dankserve.settings import DeploymentSettings
 
 GPU_BUDGET = 0.95
 """The most of each GPU the members awake on it may hold together (as for deployments sharing a GPU)."""
@@ -218,3 +222,16 @@ def joins_asleep(group: str | None, running_groups: Iterable[str | None]) -> boo
     its first boot would put the awake members to sleep, so its first request boots it instead. A
     new group's members boot as at start-up."""
     return group is not None and group in set(running_groups)
+
+
+_COORDINATOR_SETTINGS = ("pinned", "idle_sleep_seconds")
+"""Read by the swap coordinator only, never by the plan: a change of them needs no new server."""
+
+
+def server_unchanged(old: DeploymentSettings, new: DeploymentSettings) -> bool:
+    """The two settings plan the same server: they differ at most in what only swapping reads (pinned,
+    idle_sleep_seconds, and sleep_level among auto, 1 and 2; stop drops sleep mode from the plan)."""
+    same = {field: getattr(new, field) for field in _COORDINATOR_SETTINGS}
+    if "stop" not in (old.sleep_level, new.sleep_level):
+        same["sleep_level"] = new.sleep_level
+    return old.model_copy(update=same) == new

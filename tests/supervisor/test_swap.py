@@ -156,3 +156,26 @@ def test_a_member_added_to_a_running_group_joins_asleep() -> None:
     assert joins_asleep("g", ["g", None]) is True
     assert joins_asleep("h", ["g", None]) is False
     assert joins_asleep(None, [None, "g"]) is False
+
+
+def test_a_change_of_what_only_swapping_reads_plans_the_same_server() -> None:
+    """pinned, idle_sleep_seconds, sleep_level among auto/1/2: the same server; anything else, or stop, a new one."""
+    from dankserve.settings import DeploymentSettings
+    from dankserve.supervisor.swap import server_unchanged
+
+    base = {"model": "m", "port": 8001, "swap_group": "g"}
+    old = DeploymentSettings.model_validate(base)
+    for same in (
+        {"pinned": True},
+        {"idle_sleep_seconds": 60},
+        {"sleep_level": "2"},
+        {"sleep_level": "1", "pinned": True},
+    ):
+        assert server_unchanged(old, DeploymentSettings.model_validate({**base, **same})), same
+    for other in ({"max_num_seqs": 7}, {"sleep_level": "stop"}, {"swap_group": "h"}, {"pinned": True, "port": 8002}):
+        assert not server_unchanged(old, DeploymentSettings.model_validate({**base, **other})), other
+    stopping = DeploymentSettings.model_validate({**base, "sleep_level": "stop"})
+    assert not server_unchanged(stopping, old)
+    assert server_unchanged(
+        stopping, DeploymentSettings.model_validate({**base, "sleep_level": "stop", "pinned": True})
+    )

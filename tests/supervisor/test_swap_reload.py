@@ -23,10 +23,11 @@ def _asleep(d: dict[str, Any]) -> bool:
 
 
 def _reload(daemon: RunningDaemon, deployments: dict[str, dict[str, Any]]) -> None:
-    """Rewrite the config with these deployments (same globals) and send SIGHUP."""
+    """Rewrite the config with these deployments (same globals; at once: a reload may still be reading it), SIGHUP."""
     globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
-    write_config(daemon.config, {}, deployments)
-    daemon.config.write_text(globals_text + daemon.config.read_text())
+    draft = write_config(daemon.config.with_suffix(".draft"), {}, deployments)
+    draft.write_text(globals_text + draft.read_text())
+    draft.replace(daemon.config)
     daemon.signal(signal.SIGHUP)
 
 
@@ -43,9 +44,9 @@ def _until(check: Callable[[], bool], timeout: float = 30) -> None:
 
 
 def test_a_reload_of_a_sleeping_member_stops_its_server_and_boots_it_only_on_its_next_request(tmp_path: Path) -> None:
-    """A changed max_num_seqs of a member asleep at level 1: its server stops (the launcher stays), it stays
-    asleep at stop, the awake member keeps serving; its next request boots it with the new setting. A reload
-    that leaves it unchanged keeps it asleep as it is."""
+    """A reload that leaves a member asleep at level 1 unchanged, or changes only what swapping reads, keeps it
+    asleep as it is; a changed max_num_seqs stops its server (the launcher stays), it stays asleep at stop
+    and the awake member keeps serving; its next request boots it with the new setting."""
     member = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g", "sleep_level": "1"}
     ports = {"a": free_port(), "b": free_port()}
     deployments = {
@@ -58,15 +59,18 @@ def test_a_reload_of_a_sleeping_member_stops_its_server_and_boots_it_only_on_its
         daemon.wait_for("b", lambda d: _asleep(d) and d["swap"]["level"] == "1")
         a_server, b_server, b_keeper = server_pid(daemon, "a"), server_pid(daemon, "b"), launcher_pid(daemon, "b")
 
-        # Unchanged: nothing moves.
+        # Unchanged, then only what swapping reads (idle sleep, level 2 next time): nothing moves.
         _reload(daemon, deployments)
-        unchanged = daemon.wait_for("b", lambda d: d["state"] == "asleep")
-        daemon.wait_for("a", ready)
-        assert unchanged["swap"]["level"] == "1" and unchanged["boots"] == 1
+        swapping = {**deployments, "b": {**deployments["b"], "idle_sleep_seconds": 600, "sleep_level": "2"}}
+        _reload(daemon, swapping)
+        shown = daemon.wait_for("b", lambda d: d["swap"]["idle_sleep_seconds"] == 600)
+        assert _asleep(shown) and shown["swap"]["level"] == "1" and shown["boots"] == 1
+        _until(lambda: bool(daemon.events_named("reload_swap_settings")))
+        assert daemon.events_named("reload_replan") == [] and daemon.wait_for("a", ready)["boots"] == 1
         assert server_pid(daemon, "b") == b_server and server_pid(daemon, "a") == a_server
 
         # b's plan changes: its server stops, the launcher stays, b stays asleep (stop), a serves on.
-        changed = {**deployments, "b": {**deployments["b"], "max_num_seqs": 7}}
+        changed = {**swapping, "b": {**swapping["b"], "max_num_seqs": 7}}
         _reload(daemon, changed)
         stopped = daemon.wait_for("b", lambda d: _asleep(d) and d["swap"]["level"] == "stop", timeout=30)
         assert stopped["boots"] == 1
