@@ -1166,8 +1166,8 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
 
     `adopt`: its server runs and may be adopted. The state file remembers the level; the server's
     /is_sleeping has the last word on whether it sleeps (level unknown: 2, whose staged wake with
-    reload_weights serves both levels). Asleep by stop there is no server: nothing, or a launcher
-    without one, is found. A wake by booting (`waking`) plans afresh."""
+    reload_weights serves both levels). Asleep by stop there is no server: nothing, a stopped
+    workload, or a launcher without one, is found. A wake by booting (`waking`) plans afresh."""
     remembered = event.remembered_asleep
     if waking:
         return None
@@ -1178,7 +1178,8 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     kept = launcher is not None and existing is not None and existing.running and launcher.reusable
-    if remembered == "stop" and (existing is None or (kept and launcher is not None and not launcher.server_running)):
+    stopped = existing is None or not existing.running  # a kill between the stop and the removal leaves one
+    if remembered == "stop" and (stopped or (kept and launcher is not None and not launcher.server_running)):
         return "stop"
     return None
 

@@ -562,6 +562,8 @@ def test_a_member_left_stopping_to_sleep_is_stopped_again_or_adopted_asleep_by_s
         ("GPU-0",), "kv1-x", LEARNED, "0.8.5", remembered_asleep="stop", remembered_moving="falling_asleep"
     )
     assert m.step(in_stage(m.Stage.PLANNING), gone, 1.0)[0].stage is m.Stage.ASLEEP
+    stopped = replace(gone, existing=m.ExistingWorkload("w9", running=False, same_plan=True))
+    assert m.step(in_stage(m.Stage.PLANNING), stopped, 1.0)[0].stage is m.Stage.ASLEEP
 
 
 @pytest.mark.parametrize("level", ["1", "2"])
