@@ -14,7 +14,8 @@ File form (schema 1)::
                               "last_failure": {"cause", "message", "at"} | null,
                               "last_boot": {BootSummary} | null, "down": false,
                               "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"],
-                              "asleep": "1" | "2" | "stop" | null}},
+                              "asleep": "1" | "2" | "stop" | null,
+                              "swapping": "falling_asleep" | "waking" | null}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -113,8 +114,11 @@ class DeploymentState:
     remediated: tuple[str, ...] = ()
     """Failure causes already remediated (each only once)."""
     asleep: str | None = None
-    """A swap group member's sleep level ("1", "2", "stop") while asleep, else None: a daemon that
-    follows one killed with -9 adopts the member's server as asleep at that level (issue 16)."""
+    """A swap group member's sleep level ("1", "2", "stop") while asleep, falling asleep or waking, else
+    None: a daemon that follows one killed with -9 adopts the member's server as it was (issue 16)."""
+    swapping: str | None = None
+    """The sleep or wake under way at the level `asleep` names ("falling_asleep", "waking"), recorded
+    before it is sent: a daemon following one killed meanwhile sends it again."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -199,6 +203,7 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             remediated=tuple(str(cause) for cause in _optional(data, "remediated", list) or ()),
             # A level this release does not know is as good as none: the server is asked (/is_sleeping).
             asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
+            swapping=moving if (moving := _optional(data, "swapping", str)) in ("falling_asleep", "waking") else None,
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
@@ -260,6 +265,7 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
         "overrides": dict(deployment.overrides),
         "remediated": list(deployment.remediated),
         "asleep": deployment.asleep,
+        "swapping": deployment.swapping,
     }
 
 

@@ -47,6 +47,7 @@ def populated() -> State:
         overrides={"max_model_len": 34480},
         remediated=("max_len_too_large",),
         asleep="1",
+        swapping="waking",
     )
     return State(deployments={"chat": chat, "code": DeploymentState()}, image_versions={"sha256:abc": "0.33.0"})
 
@@ -63,6 +64,15 @@ def test_an_unknown_sleep_level_loads_as_none() -> None:
     data = json.loads(state_to_json(populated()))
     data["deployments"]["chat"]["asleep"] = "3"
     assert state_from_json(json.dumps(data)).deployment("chat").asleep is None
+
+
+def test_an_unknown_or_missing_swap_move_loads_as_none() -> None:
+    """A move this release does not know, or none (a file from before it was kept), is no move under way."""
+    data = json.loads(state_to_json(populated()))
+    data["deployments"]["chat"]["swapping"] = "dozing"
+    del data["deployments"]["code"]["swapping"]
+    loaded = state_from_json(json.dumps(data))
+    assert loaded.deployment("chat").swapping is None and loaded.deployment("code").swapping is None
 
 
 def test_save_then_load(tmp_path: Path) -> None:

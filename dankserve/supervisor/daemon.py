@@ -404,8 +404,11 @@ class DeploymentWorker:
             took = done.last_sleep_seconds if done.last_kind == "sleep" else done.last_wake_seconds
             if took is not None:
                 self.daemon.telemetry.swapped(self.name, done.last_kind, took)
-        if after.asleep_at != before.asleep_at:  # written before status shows it, to outlive a kill -9
-            self.daemon.state.set_asleep(self.name, after.asleep_at)
+        record = after.sleep_record
+        if record != before.sleep_record:  # written before status shows it (and /sleep is sent), to outlive a kill -9
+            self.daemon.state.set_asleep(
+                self.name, record.level if record is not None else None, record.moving if record is not None else None
+            )
         with self.lock:
             self._machine = after
         if after.phase is not before.phase:
@@ -634,7 +637,8 @@ class DeploymentWorker:
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
             sleeping = daemon.deps.is_sleeping(dep.host, dep.port, _api_key(dep))
-        remembered = daemon.state.deployment(self.name).asleep if dep.swap_group is not None else None
+        kept = daemon.state.deployment(self.name)
+        remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
             uuids=uuids,
             boot_key=boot_key,
@@ -646,6 +650,7 @@ class DeploymentWorker:
             adoptable=adoptable() if callable(adoptable) else True,
             sleeping=sleeping,
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
+            remembered_moving=m.SWAP_MOVES.get(moving or ""),
         )
 
     def _start(

@@ -257,6 +257,21 @@ SleepLevel = Literal["1", "2", "stop"]
 """vLLM's sleep level 1 (weights to CPU RAM), 2 (weights dropped), or stop and boot (no sleep mode)."""
 SLEEP_LEVELS: Mapping[str, SleepLevel] = {level: level for level in get_args(SleepLevel)}
 """Each sleep level by its name (as the state file keeps it)."""
+SwapMove = Literal["falling_asleep", "waking"]
+"""A sleep or a wake under way (the stages' names)."""
+SWAP_MOVES: Mapping[str, SwapMove] = {move: move for move in get_args(SwapMove)}
+"""Each move by its name (as the state file keeps it)."""
+
+
+@dataclass(frozen=True)
+class SleepRecord:
+    """What the state file keeps of a swap group member's sleep: written before status shows it and before
+    /sleep or /wake_up is sent, so that a daemon following one killed with -9 (even mid-sleep or mid-wake)
+    takes the member over as it was."""
+
+    level: SleepLevel
+    moving: SwapMove | None = None
+    """The sleep or wake under way at that level (None: asleep)."""
 
 
 @dataclass(frozen=True)
@@ -323,10 +338,12 @@ class MachineState:
         return _STAGE_STATUS.get(self.stage, "starting")
 
     @property
-    def asleep_at(self) -> SleepLevel | None:
-        """The level a swap group member sleeps at while asleep, else None (the state file keeps it, so
-        that a daemon following one killed with -9 adopts the member as asleep)."""
-        return self.swap.level if self.stage is Stage.ASLEEP else None
+    def sleep_record(self) -> SleepRecord | None:
+        """A swap group member's sleep while asleep, falling asleep or waking (from its level), else None."""
+        level = self.swap.level
+        if level is None or self.stage not in SLEEP_STAGES:
+            return None
+        return SleepRecord(level, None if self.stage is Stage.ASLEEP else SWAP_MOVES[self.stage.value])
 
     @property
     def workload_id(self) -> str | None:
@@ -454,6 +471,8 @@ class BootPlanned:
     """The found server's answer to /is_sleeping (None: not asked, no answer, or no server)."""
     remembered_asleep: SleepLevel | None = None
     """The level the state file says this member slept at when the earlier daemon ended (killed with -9)."""
+    remembered_moving: SwapMove | None = None
+    """The state file says it was falling asleep or waking at `remembered_asleep` then (killed mid-swap)."""
 
 
 @dataclass(frozen=True)
@@ -919,7 +938,8 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.DOWNLOADING, WeightsFailed] = _allowed(Stage.FAILED, Stage.RETRY_WAIT)
     t[Stage.PULLING, ImageReady] = _allowed(Stage.PLANNING)
     t[Stage.PLANNING, BootPlanned] = _allowed(
-        Stage.BOOTING, Stage.WAITING_GPUS, Stage.ASLEEP, note="adopts a running workload (asleep: a swap member)"
+        *(Stage.BOOTING, Stage.WAITING_GPUS, Stage.ASLEEP, Stage.FALLING_ASLEEP, Stage.WAKING),
+        note="adopts a running workload (a swap member: asleep, or its sleep or wake finished again)",
     )
     t[Stage.WAITING_GPUS, GpusAcquired] = _allowed(Stage.MEASURING)
     t[Stage.MEASURING, FreeMemoryRead] = _allowed(Stage.MEASURING, Stage.STARTING)
@@ -1127,6 +1147,9 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
     launcher = existing.launcher if existing is not None else None
     server_runs = launcher is None or (launcher.server_running and launcher.server is not None)
     adopt = existing is not None and existing.running and existing.same_plan and event.adoptable and server_runs
+    unfinished = unfinished_swap(event, adopt=adopt, waking=state.swap.since is not None)
+    if unfinished is not None:
+        return _finish_swap(state, boot, event, unfinished, now)
     asleep = found_asleep(event, adopt=adopt, waking=state.swap.since is not None)
     if asleep is not None:
         return _adopt_asleep(state, boot, event, asleep)
@@ -1167,8 +1190,8 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
 
     `adopt`: its server runs and may be adopted. The state file remembers the level; the server's
     /is_sleeping has the last word on whether it sleeps (level unknown: 2, whose staged wake with
-    reload_weights serves both levels). Asleep by stop there is no server: nothing, or a launcher
-    without one, is found. A wake by booting (`waking`) plans afresh."""
+    reload_weights serves both levels). Asleep by stop there is no server: nothing, a stopped
+    workload, or a launcher without one, is found. A wake by booting (`waking`) plans afresh."""
     remembered = event.remembered_asleep
     if waking:
         return None
@@ -1179,9 +1202,49 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     kept = launcher is not None and existing is not None and existing.running and launcher.reusable
-    if remembered == "stop" and (existing is None or (kept and launcher is not None and not launcher.server_running)):
+    stopped = existing is None or not existing.running  # a kill between the stop and the removal leaves one
+    if remembered == "stop" and (stopped or (kept and launcher is not None and not launcher.server_running)):
         return "stop"
     return None
+
+
+def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRecord | None:
+    """The sleep or wake an earlier daemon (killed with -9) left under way, to be done again, else None.
+
+    The state file records the move before /sleep or /wake_up is sent, and the server finishes
+    what it was sent after the daemon is gone. Both are safe to send again: a second /sleep of
+    a sleeping server and a /wake_up of awake memory do nothing, and the staged level-2 wake
+    reloads the weights whichever of its steps the kill interrupted (woken without
+    reload_weights they are garbage). Meanwhile the member counts as holding its GPU memory. A
+    server that says it sleeps after a sleep is adopted asleep (`found_asleep`); `adopt`: its
+    server runs and may be adopted; a wake by booting (`waking`) plans afresh."""
+    level, moving = event.remembered_asleep, event.remembered_moving
+    if not adopt or waking or level is None or moving is None:
+        return None
+    if moving == "falling_asleep" and event.sleeping is True and level != "stop":
+        return None
+    return SleepRecord(level, moving)
+
+
+def _finish_swap(state: MachineState, boot: Boot, event: BootPlanned, record: SleepRecord, now: float) -> Step:
+    """Adopted falling asleep or waking as the earlier daemon left it: the same sleep or wake is sent again."""
+    existing = event.existing
+    assert existing is not None and record.moving is not None  # unfinished_swap: a running server
+    server = existing.launcher.server if existing.launcher is not None else None
+    boot = replace(boot, workload_id=existing.id, adopted=True, phase=Phase.READY, server=server)
+    swap = replace(state.swap, level=record.level, since=now, wake_wanted=False)
+    command: Command = (
+        SleepServer(existing.id, record.level, server=server)
+        if record.moving == "falling_asleep"
+        else WakeServer(existing.id, record.level)
+    )
+    after = replace(state, stage=Stage(record.moving), boot=boot, swap=swap, wake_at=None)
+    return after, (
+        note(f"adopting_{record.moving}", sleep_level=record.level, container_id=existing.id, server=server),
+        FollowLogs(existing.id, server=server),
+        ReleaseGpus(),
+        command,
+    )
 
 
 def _adopt_asleep(state: MachineState, boot: Boot, event: BootPlanned, level: SleepLevel) -> Step:

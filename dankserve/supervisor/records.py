@@ -118,9 +118,10 @@ class StateBook:
     def set_down(self, name: str, down: bool) -> None:
         self._change(name, lambda d: replace(d, down=down))
 
-    def set_asleep(self, name: str, level: str | None) -> None:
-        if self.deployment(name).asleep != level:
-            self._change(name, lambda d: replace(d, asleep=level))
+    def set_asleep(self, name: str, level: str | None, moving: str | None = None) -> None:
+        kept = self.deployment(name)
+        if (kept.asleep, kept.swapping) != (level, moving):
+            self._change(name, lambda d: replace(d, asleep=level, swapping=moving))
 
     def set_remediation(self, name: str, overrides: dict[str, int | float | str], remediated: tuple[str, ...]) -> None:
         self._change(name, lambda d: replace(d, overrides=overrides, remediated=remediated))

@@ -467,7 +467,7 @@ def test_a_reload_of_a_sleeping_member_stops_its_server_and_keeps_it_asleep_unti
     asleep = with_boot(replace(in_stage(m.Stage.ASLEEP), remediated=remediated), server=None)
     after, commands = m.step(asleep, m.Reconfigured(changed, swap_member=True), 5.0)
     assert after.stage is m.Stage.ASLEEP and after.status == "asleep" and after.boot is None
-    assert after.swap.level == "stop" and after.asleep_at == "stop" and after.config == changed
+    assert after.swap.level == "stop" and after.sleep_record == m.SleepRecord("stop") and after.config == changed
     assert after.remediated == frozenset() and after.wake_at is None
     assert m.StopWorkload("w1") in commands and m.RemoveWorkload("w1") in commands and m.ReleaseGpus() in commands
     assert not any(isinstance(c, m.EnsureImage | m.EnsureWeights) for c in commands)
@@ -500,18 +500,27 @@ def test_a_member_added_by_a_reload_to_a_running_group_joins_asleep_by_stop() ->
 # A daemon killed with -9 while a swap group runs: the next one adopts its members as they were.
 
 
-def _found(sleeping: bool | None, remembered: m.SleepLevel | None, **launcher: Any) -> m.BootPlanned:
+def _found(
+    sleeping: bool | None, remembered: m.SleepLevel | None, moving: m.SwapMove | None = None, **launcher: Any
+) -> m.BootPlanned:
     found = m.LauncherFound(True, **launcher) if launcher else None
     existing = m.ExistingWorkload("w9", running=True, same_plan=True, launcher=found)
     return m.BootPlanned(
-        ("GPU-0",), "kv1-x", LEARNED, "0.8.5", existing=existing, sleeping=sleeping, remembered_asleep=remembered
+        ("GPU-0",),
+        "kv1-x",
+        LEARNED,
+        "0.8.5",
+        existing=existing,
+        sleeping=sleeping,
+        remembered_asleep=remembered,
+        remembered_moving=moving,
     )
 
 
 def test_a_sleeping_server_left_by_a_killed_daemon_is_adopted_asleep_at_its_remembered_level() -> None:
     """/is_sleeping says asleep: adopted asleep (level from the state file), followed, its GPUs' slot given back."""
     after, commands = m.step(in_stage(m.Stage.PLANNING), _found(True, "1", server=3, server_running=True), 1.0)
-    assert after.stage is m.Stage.ASLEEP and after.swap.level == "1" and after.asleep_at == "1"
+    assert after.stage is m.Stage.ASLEEP and after.swap.level == "1" and after.sleep_record == m.SleepRecord("1")
     assert after.boot is not None and after.boot.adopted and after.boot.workload_id == "w9" and after.boot.server == 3
     assert m.FollowLogs("w9", server=3) in commands and m.ReleaseGpus() in commands
     waking, commands = m.step(after, m.WakeRequested(), 2.0)
@@ -545,3 +554,70 @@ def test_a_member_asleep_by_stop_stays_asleep_and_its_wake_reuses_the_launcher()
     planning = replace(planning, stage=m.Stage.PLANNING)
     woken, _ = m.step(planning, _found(None, "stop", server=3, server_running=False), 3.0)
     assert woken.stage is m.Stage.WAITING_GPUS and woken.boot is not None and woken.boot.launcher_id == "w9"
+
+
+# Killed mid-swap: the state file says which sleep or wake was under way; the next daemon sends it again.
+
+
+def test_the_state_file_records_a_sleep_or_wake_before_it_is_sent() -> None:
+    """Falling asleep, asleep and waking each have their record (level and move) when the command goes out."""
+    falling, commands = m.step(in_stage(m.Stage.READY), m.SleepRequested("2", "make room"), 1.0)
+    assert falling.sleep_record == m.SleepRecord("2", "falling_asleep") and isinstance(commands[-1], m.SleepServer)
+    asleep, _ = m.step(falling, m.FellAsleep(0.5), 1.5)
+    assert asleep.sleep_record == m.SleepRecord("2")
+    waking, commands = m.step(asleep, m.WakeRequested(), 2.0)
+    assert waking.sleep_record == m.SleepRecord("2", "waking") and isinstance(commands[-1], m.WakeServer)
+    assert m.step(waking, m.WokeUp(0.7), 3.0)[0].sleep_record is None
+
+
+@pytest.mark.parametrize("sleeping", [False, None])
+def test_a_server_left_falling_asleep_is_put_to_sleep_again_not_adopted_awake(sleeping: bool | None) -> None:
+    """Killed after /sleep was recorded (sent or not): /is_sleeping still says awake (or nothing), so the sleep
+    is sent again and the member counts as holding its GPU meanwhile; never `ready` with a sleeping engine."""
+    event = _found(sleeping, "2", "falling_asleep", server=3, server_running=True)
+    after, commands = m.step(in_stage(m.Stage.PLANNING), event, 1.0)
+    assert after.stage is m.Stage.FALLING_ASLEEP and after.status == "falling_asleep"
+    assert after.boot is not None and after.boot.adopted and after.boot.server == 3
+    assert commands[-1] == m.SleepServer("w9", "2", server=3) and m.FollowLogs("w9", server=3) in commands
+    assert after.sleep_record == m.SleepRecord("2", "falling_asleep")
+    asleep, _ = m.step(after, m.FellAsleep(0.2), 2.0)
+    assert asleep.stage is m.Stage.ASLEEP and asleep.sleep_record == m.SleepRecord("2")
+
+
+def test_a_server_that_fell_asleep_after_the_kill_is_adopted_asleep() -> None:
+    """Remembered falling asleep and /is_sleeping says asleep: the sleep is over; adopted asleep at its level."""
+    after, commands = m.step(in_stage(m.Stage.PLANNING), _found(True, "1", "falling_asleep"), 1.0)
+    assert after.stage is m.Stage.ASLEEP and after.swap.level == "1"
+    assert not any(isinstance(c, m.SleepServer) for c in commands)
+
+
+def test_a_member_left_stopping_to_sleep_is_stopped_again_or_adopted_asleep_by_stop() -> None:
+    """Killed while stopping its server to sleep: a server still running is stopped again; none: asleep by stop."""
+    event = _found(None, "stop", "falling_asleep", server=3, server_running=True)
+    after, commands = m.step(in_stage(m.Stage.PLANNING), event, 1.0)
+    assert after.stage is m.Stage.FALLING_ASLEEP and commands[-1] == m.SleepServer("w9", "stop", server=3)
+    gone = m.BootPlanned(
+        ("GPU-0",), "kv1-x", LEARNED, "0.8.5", remembered_asleep="stop", remembered_moving="falling_asleep"
+    )
+    assert m.step(in_stage(m.Stage.PLANNING), gone, 1.0)[0].stage is m.Stage.ASLEEP
+    stopped = replace(gone, existing=m.ExistingWorkload("w9", running=False, same_plan=True))
+    assert m.step(in_stage(m.Stage.PLANNING), stopped, 1.0)[0].stage is m.Stage.ASLEEP
+
+
+@pytest.mark.parametrize("level", ["1", "2"])
+@pytest.mark.parametrize("sleeping", [True, False, None])
+def test_a_server_left_waking_is_woken_again_whatever_it_answers(level: m.SleepLevel, sleeping: bool | None) -> None:
+    """Killed mid-wake (level 2: at any step of the staged wake): the whole wake is sent again, reload_weights
+    included, so no weights woken without a reload are served; it holds its GPU meanwhile, then is ready."""
+    after, commands = m.step(in_stage(m.Stage.PLANNING), _found(sleeping, level, "waking"), 1.0)
+    assert after.stage is m.Stage.WAKING and after.status == "waking" and commands[-1] == m.WakeServer("w9", level)
+    assert after.boot is not None and after.boot.adopted and m.ReleaseGpus() in commands
+    ready, _ = m.step(after, m.WokeUp(0.8), 2.0)
+    assert ready.stage is m.Stage.READY and ready.sleep_record is None and ready.swap.last_wake_seconds == 0.8
+
+
+def test_a_swap_left_unfinished_by_a_server_that_is_gone_boots_as_usual() -> None:
+    """Remembered mid-swap but no server runs (or another plan): nothing to finish; a wake boots afresh."""
+    for moving in ("falling_asleep", "waking"):
+        nothing = m.BootPlanned(("GPU-0",), "kv1-x", LEARNED, "0.8.5", remembered_asleep="2", remembered_moving=moving)
+        assert m.step(in_stage(m.Stage.PLANNING), nothing, 1.0)[0].stage is m.Stage.WAITING_GPUS

@@ -6,6 +6,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,132 @@ def test_a_daemon_killed_with_9_is_followed_by_one_that_adopts_the_swap_group_as
 
         assert daemon.stop() == 0
         assert all(container_ids(podman_env, n) == [] for n in members)
+
+
+# kill -9 of the daemon in the middle of a sleep or a wake: the stand-in's knobs widen the window.
+
+
+def _slow_member(image: str, model: str, sleep_level: str, **knobs: str) -> dict[str, Any]:
+    return _member(image, model, sleep_level=sleep_level, env={"FAKE_VLLM_TIME_SCALE": "0.02", **knobs})
+
+
+def _cli_in_background(daemon: RunningDaemon, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "dankserve", "--config", str(daemon.config), *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _completion(url: str, model: str) -> str:
+    """A completion through the gateway: its text (empty: weights woken without reload_weights)."""
+    reply = httpx.post(url, json={"model": model, "prompt": "hi", "max_tokens": 8}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    text = reply.json()["choices"][0]["text"]
+    assert isinstance(text, str)
+    return text
+
+
+def _is_sleeping(member: dict[str, Any]) -> bool:
+    """The member's server's own answer (its status may say otherwise)."""
+    reply = httpx.get(f"http://127.0.0.1:{member['port']}/is_sleeping", timeout=10)
+    return bool(reply.json()["is_sleeping"])
+
+
+def _kill_and_start(daemon: RunningDaemon, cli: subprocess.Popen[str]) -> int:
+    """kill -9 the daemon (the CLI that waited on it fails), start the next one; the log's length before."""
+    daemon.kill()
+    cli.communicate(timeout=60)
+    before = len(daemon.events())
+    daemon.start()
+    return before
+
+
+def _adoptions(daemon: RunningDaemon, before: int) -> dict[str, list[str]]:
+    """What the next daemon did with each member: its adopting* events."""
+    out: dict[str, list[str]] = {}
+    for e in daemon.events()[before:]:
+        if str(e.get("event", "")).startswith("adopting"):
+            out.setdefault(e["deployment"], []).append(e["event"])
+    return out
+
+
+def test_a_daemon_killed_while_a_member_falls_asleep_is_followed_by_one_that_finishes_the_sleep(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
+) -> None:
+    """kill -9 once a's /sleep is sent (its server takes 6 s to fall asleep): the next daemon never adopts a as
+    ready (its engine would answer 503, /health staying 200), it sends the sleep again and a is asleep at level
+    1; a request wakes it. b, adopted asleep at level 2, then wakes by the staged wake: correct completions."""
+    a, b = members[:2]
+    deployments = {
+        a: _slow_member(vllm_image, "ma", "1", FAKE_VLLM_SLEEP_SECONDS="6"),
+        b: _slow_member(vllm_image, "mb", "2"),
+    }
+    with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
+        assert daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "2"
+        cli = _cli_in_background(daemon, "sleep", a)
+        daemon.wait_for(a, lambda d: d["state"] == "falling_asleep", timeout=30)
+        before = _kill_and_start(daemon, cli)
+
+        asleep = daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=60)
+        assert asleep["swap"]["level"] == "1" and asleep["boots"] == 1 and _is_sleeping(deployments[a])
+        adopted = _adoptions(daemon, before)
+        assert adopted == {a: ["adopting_falling_asleep"], b: ["adopting_asleep"]}, adopted
+        assert not [e for e in daemon.events()[before:] if e.get("event") == "phase" and e.get("phase") == "ready"]
+
+        assert _completion(url, "ma") != "", "a woke from level 1"
+        assert _completion(url, "mb") != "", "b, adopted asleep at level 2, reloaded its weights"
+        assert daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=30)["swap"]["level"] == "1"
+        assert _state(daemon, b)["boots"] == 1 and _awake(daemon, [a, b]) == [b]
+        assert daemon.stop() == 0
+
+
+def _wait_for_log(podman_env: PodmanEnv, name: str, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = podman_env.podman("logs", workload_name(name), check=False)
+        if text in logs.stdout + logs.stderr:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{name}: {text!r} not in its server's log within {timeout}s")
+
+
+def test_a_daemon_killed_while_a_member_wakes_is_followed_by_one_that_wakes_it_again(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
+) -> None:
+    """kill -9 in a's staged level-2 wake once its weights are woken (reload_weights takes 6 s): the next daemon
+    wakes a again, reload included, and a answers correctly; kill -9 in b's level-1 wake (6 s): b is woken again
+    and counted awake meanwhile, so the next request for a puts b to sleep: never two servers awake."""
+    a, b = members[:2]
+    deployments = {
+        a: _slow_member(vllm_image, "ma", "2", FAKE_VLLM_RELOAD_SECONDS="6"),
+        b: _slow_member(vllm_image, "mb", "1", FAKE_VLLM_WAKE_SECONDS="6"),
+    }
+    with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
+        daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
+        woken = _cli(daemon, "wake", b)
+        assert woken.returncode == 0, woken.stderr
+        assert _state(daemon, a)["state"] == "asleep"
+
+        # Level 2: killed between wake_up?tags=weights and the end of reload_weights.
+        cli = _cli_in_background(daemon, "wake", a)
+        _wait_for_log(podman_env, a, "wake up tags ['weights']")
+        before = _kill_and_start(daemon, cli)
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=60)
+        assert _adoptions(daemon, before) == {a: ["adopting_waking"], b: ["adopting_asleep"]}
+        assert _completion(url, "ma") != "", "the weights were reloaded"
+        asleep_b = _state(daemon, b)
+        assert asleep_b["state"] == "asleep" and asleep_b["swap"]["level"] == "1" and _is_sleeping(deployments[b])
+
+        # Level 1: killed in the middle of b's /wake_up.
+        cli = _cli_in_background(daemon, "wake", b)
+        daemon.wait_for(b, lambda d: d["state"] == "waking", timeout=30)
+        before = _kill_and_start(daemon, cli)
+        daemon.wait_for(b, lambda d: d["state"] == "ready", timeout=60)
+        assert _adoptions(daemon, before) == {b: ["adopting_waking"], a: ["adopting_asleep"]}
+        assert _completion(url, "ma") != ""
+        slept_b = daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
+        assert _is_sleeping(deployments[b]), "b's server sleeps as its status says: a and b never both awake"
+        assert (_state(daemon, a)["boots"], slept_b["boots"]) == (1, 1)
 
 
 def test_a_reload_of_a_sleeping_member_removes_its_container_and_boots_it_on_its_next_request(
