@@ -144,11 +144,12 @@ def step_kill(args: argparse.Namespace) -> None:
         timed_boot("launcher-kill", kill_server)
 
 
-def step_down_up(args: argparse.Namespace) -> None:
-    def down_up() -> None:
-        proof.control({"command": "down", "deployment": "tiny"})
-        proof.control({"command": "up", "deployment": "tiny"})
+def down_up() -> None:
+    proof.control({"command": "down", "deployment": "tiny"})
+    proof.control({"command": "up", "deployment": "tiny"})
 
+
+def step_down_up(args: argparse.Namespace) -> None:
     for _ in range(args.repeat):
         timed_boot("launcher-down-up", down_up)
 
@@ -166,10 +167,6 @@ def step_config_change(args: argparse.Namespace) -> None:
 def step_fork_repeat(args: argparse.Namespace) -> None:
     # By down and up, not by kills: more than 5 kills within 900 s make the failure policy give up
     # (as it should; run C's sixth kill did), and a kill's restart waits out a growing backoff.
-    def down_up() -> None:
-        proof.control({"command": "down", "deployment": "tiny"})
-        proof.control({"command": "up", "deployment": "tiny"})
-
     for _ in range(args.forks):
         timed_boot("fork-repeat", down_up)
 
