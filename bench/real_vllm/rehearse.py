@@ -94,7 +94,7 @@ def main() -> int:
         env["DANKSERVE_LAUNCHER_PATH"] = str(STAND_IN)
     else:
         env["PROOF_IMAGE"] = IMAGE
-        env["PROOF_EXTRA_ENV"] = json.dumps({**knobs, "DANKSERVE_LAUNCHER_PATH": "/usr/local/lib/fake-vllm"})
+        env["PROOF_EXTRA_ENV"] = json.dumps(knobs)  # the image's own PYTHONPATH finds the stand-in
         env.setdefault("CONTAINERS_CONF", str(REPO / "build" / "fake-vllm" / "containers.conf"))
     with stand_in_gpus(work, count=1, prefix="dankserve-rehearse-") as gpus:
         host = write_recorded_host(work / "host.json", "h200x1-vm", [gpu.uuid for gpu in gpus.gpus])

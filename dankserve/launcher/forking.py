@@ -120,6 +120,16 @@ def decide(argv: Sequence[str], env: Mapping[str, str], zygote: Zygote) -> Decis
     return Decision(True, "forked from the pre-imported vLLM")
 
 
+def inherited_env(launcher_env: Mapping[str, str], spec_env_var: str) -> dict[str, str]:
+    """What every server inherits from the launcher's own environment: all but the deployment's variables,
+    named in `spec_env_var` (`*`: none is inherited), which each start request gives anew."""
+    names = launcher_env.get(spec_env_var, "")
+    if names.strip() == "*":
+        return {}
+    dropped = {name.strip() for name in names.split(",")} | {spec_env_var}
+    return {k: v for k, v in launcher_env.items() if k not in dropped}
+
+
 def server_env(env: Mapping[str, str], decision: Decision) -> dict[str, str]:
     """The server's environment: a forked server's engine core is forked too, unless the env says otherwise."""
     out = dict(env)

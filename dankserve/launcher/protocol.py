@@ -9,7 +9,9 @@ has `ok`; a refused request has `error` (a sentence). Operations:
   `import_threads`, `cuda_initialized`) and its current `server` (or null).
 - `start` (`server_id`, `argv` after `vllm serve`, `env`, `env_files` {VAR: path read just
   before the start}, `fingerprint`): start a server; refused while one runs. Waits for the
-  pre-import to finish when a fork is possible. Answers the server.
+  pre-import to finish when a fork is possible. Answers the server. The server's environment is
+  the launcher's own without the variables named in `SPEC_ENV_VAR` (the image's, the CDI
+  spec's and Podman's stay, as in a plain container), then `env`.
 - `wait` (`timeout`): the server once it has exited, or `exited: false` after `timeout`.
 - `stop` (`timeout`): SIGTERM to the server's process group, SIGKILL after `timeout`; answers
   the exited server.
@@ -32,6 +34,11 @@ VERSION = 1
 SOCKET_NAME = "launcher.sock"
 MAX_MESSAGE_BYTES = 1 << 20
 """A request or an answer larger than this is refused (argv and env are small)."""
+
+SPEC_ENV_VAR = "DANKSERVE_LAUNCHER_SPEC_ENV"
+"""Set by the runtime that starts the launcher: the names (comma-separated) of the variables it set
+for the deployment, which each `start` request gives anew (so a reload can drop one), or `*` when
+a request's `env` is the server's whole environment (the process runtime)."""
 
 PREFIX = "dankserve-launcher:"
 _STARTED = re.compile(r"^dankserve-launcher: server (\d+) started\b")

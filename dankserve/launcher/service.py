@@ -395,7 +395,8 @@ class Launcher:
             return {"ok": False, "error": f"server {self.server.id} is still running (pid {self.server.pid})"}
         try:
             argv = [str(a) for a in request["argv"]]
-            env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}
+            env = forking.inherited_env(self.import_env or os.environ, protocol.SPEC_ENV_VAR)
+            env.update({str(k): str(v) for k, v in dict(request.get("env") or {}).items()})
             server_id = int(request["server_id"])
             for var, path in dict(request.get("env_files") or {}).items():
                 env[str(var)] = Path(str(path)).read_text().strip()

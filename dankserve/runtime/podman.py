@@ -28,6 +28,7 @@ from dankserve.errors import (
     PodmanRequestFailed,
     PodmanUnreachable,
 )
+from dankserve.launcher import protocol
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
     CONTAINER_LAUNCHER_DIR,
@@ -233,6 +234,8 @@ def container_create_kwargs(
         )
         labels[LABEL_LAUNCHER] = "true"
         labels[LABEL_CONTAINER_FINGERPRINT] = container_fingerprint(spec)
+        # Each server gets the spec's env anew; the rest (the image's, CDI's, Podman's) the launcher passes on.
+        env[protocol.SPEC_ENV_VAR] = ",".join(sorted(env))
     kwargs: dict[str, Any] = {
         "name": workload_name(spec.deployment),
         "entrypoint": entrypoint,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.errors import EnvironmentUnusable, InvalidInput
+from dankserve.launcher import protocol
 from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
@@ -268,6 +269,7 @@ class ProcessRuntime:
         extra_labels: dict[str, str] = {}
         if spec.launcher is not None:
             argv = launcher_command(spec.executable, spec)
+            env[protocol.SPEC_ENV_VAR] = "*"  # a start request carries the server's whole environment
             spec.launcher.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             extra_labels = {LABEL_LAUNCHER: "true", LABEL_CONTAINER_FINGERPRINT: container_fingerprint(spec)}
         log_path = self._log_path(spec.deployment)

@@ -20,8 +20,9 @@ from dankserve.runtime.launcher_client import LauncherClient, LauncherRefused, S
 
 MAIN = Path(__file__).resolve().parents[2] / "dankserve" / "launcher" / "__main__.py"
 
-ENTRY = """
+ENTRY = f"""
 import os, sys, threading, time
+SPEC_ENV_VAR = {protocol.SPEC_ENV_VAR!r}
 time.sleep(float(os.environ.get("IMPORT_SECONDS", "0")))
 if os.environ.get("START_THREAD"):
     threading.Thread(target=time.sleep, args=(60,), name="pool", daemon=True).start()
@@ -32,7 +33,8 @@ if os.environ.get("START_NATIVE_THREAD"):  # a thread Python does not know of, a
     libc.pthread_create(ctypes.byref(tid), None, ctypes.cast(libc.sleep, ctypes.c_void_p), ctypes.c_void_p(60))
 def main():
     method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
-    print("ARGV", sys.argv[1:], "KEY", os.environ.get("KEY"), "METHOD", method, flush=True)
+    inherited = os.environ.get("IMAGE_VAR"), os.environ.get("DEPLOYMENT_VAR"), os.environ.get(SPEC_ENV_VAR)
+    print("ARGV", sys.argv[1:], "KEY", os.environ.get("KEY"), "METHOD", method, "INHERITED", inherited, flush=True)
     mode = sys.argv[-1]
     if mode == "sleep":
         time.sleep(60)
@@ -192,3 +194,30 @@ def test_a_malformed_request_is_answered_with_an_error(launched: Launched) -> No
             conn.sendall(payload)
             answer = protocol.decode(conn.recv(65536))
         assert answer["ok"] is False and answer["error"]
+
+
+SPEC_SET = {"IMAGE_VAR": "image", "DEPLOYMENT_VAR": "old", protocol.SPEC_ENV_VAR: "DEPLOYMENT_VAR"}
+
+
+@pytest.mark.parametrize("launched", [SPEC_SET], indirect=True)
+def test_a_server_inherits_the_launchers_env_but_the_deployments_variables_only_from_its_request(
+    launched: Launched,
+) -> None:
+    """A server keeps the launcher's own variables (an image's), gets the deployment's from its request alone (a
+    dropped one is gone), and is still forked: the import-time PYTHONPATH is the inherited one."""
+    server = launched.start(1, "m", "0", env={"KEY": "k"})
+    assert server.mode == "fork", server.mode_reason
+    assert wait_exit(launched).exit_code == 0
+    (line,) = launched.lines(1)
+    assert "KEY k" in line and "INHERITED ('image', None, None)" in line
+    launched.start(2, "m", "0", env={"DEPLOYMENT_VAR": "new"})
+    wait_exit(launched)
+    assert "INHERITED ('image', 'new', None)" in launched.lines(2)[0]
+
+
+@pytest.mark.parametrize("launched", [{"IMAGE_VAR": "daemon", protocol.SPEC_ENV_VAR: "*"}], indirect=True)
+def test_a_star_makes_the_requests_env_the_servers_whole_env(launched: Launched) -> None:
+    """`*` (the process runtime): nothing of the launcher's own environment reaches a server."""
+    launched.start(1, "m", "0")
+    wait_exit(launched)
+    assert "INHERITED (None, None, None)" in launched.lines(1)[0]

@@ -24,9 +24,6 @@ from tests.harness.podman_service import PodmanEnv
 
 pytestmark = pytest.mark.slow
 
-STAND_IN_LIB = "/usr/local/lib/fake-vllm"
-"""Where the stand-in image keeps its program (containers/build-image.sh)."""
-
 
 def ready(d: dict[str, Any]) -> bool:
     return bool(d["state"] == "ready")
@@ -53,7 +50,8 @@ def launcher_deployment(podman_env: PodmanEnv, vllm_image: str, deployment: str)
         "port": free_port(),
         "gpus": [0],
         "launcher": True,
-        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", "DANKSERVE_LAUNCHER_PATH": STAND_IN_LIB, **LAUNCHER_ENV},
+        # No DANKSERVE_LAUNCHER_PATH: the image's own PYTHONPATH finds the stand-in, as an image's finds vLLM.
+        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", **LAUNCHER_ENV},
         "model_facts": MODEL_FACTS,
     }
 
@@ -136,3 +134,29 @@ def test_down_up_and_a_reload_keep_the_container_unless_the_port_changes(
         assert daemon.request({"command": "down", "deployment": deployment}) == {"ok": True}
         assert daemon.stop() == 0
         assert container_ids(podman_env, deployment) == []
+
+
+def test_a_server_is_forked_with_the_images_env_before_and_after_a_reload_that_drops_a_variable(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployment: str, launcher_deployment: dict[str, Any]
+) -> None:
+    """The stand-in is found only through the image's PYTHONPATH: the launcher's servers inherit it (forked, not a
+    plain boot that fails to import), also after a reload that drops one of the deployment's variables."""
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    marked = {**launcher_deployment, "env": {**launcher_deployment["env"], "DANKSERVE_TEST_MARK": "1"}}
+    with running_daemon(
+        tmp_path, {deployment: marked}, hardware=host, extra_globals={"podman_url": podman_env.url}
+    ) as daemon:
+        daemon.wait_for(deployment, ready, timeout=120)
+        (container,) = container_ids(podman_env, deployment)
+        client = LauncherClient(daemon.state_dir / "launchers" / deployment)
+        first = client.status().server
+        assert first is not None and first.mode == "fork", first
+        globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
+        write_config(daemon.config, {}, {deployment: launcher_deployment})
+        daemon.config.write_text(globals_text + daemon.config.read_text())
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 2, timeout=120)
+        second = client.status().server
+        assert second is not None and second.mode == "fork" and second.id != first.id, second
+        assert container_ids(podman_env, deployment) == [container]
+        assert daemon.stop() == 0

@@ -20,7 +20,7 @@ from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, RunningDaemon, free_
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
 from tests.supervisor.test_daemon_launcher import launcher
-from tests.supervisor.test_daemon_podman_launcher import STAND_IN_LIB, container_ids, server_pid
+from tests.supervisor.test_daemon_podman_launcher import container_ids, server_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
@@ -136,7 +136,7 @@ def test_a_swap_group_sleeps_and_wakes_its_members_through_the_gateway(
 
 
 def _launcher_member(image: str, model: str, sleep_level: str) -> dict[str, Any]:
-    env = {"FAKE_VLLM_TIME_SCALE": "0.02", "DANKSERVE_LAUNCHER_PATH": STAND_IN_LIB, **LAUNCHER_ENV}
+    env = {"FAKE_VLLM_TIME_SCALE": "0.02", **LAUNCHER_ENV}
     return _member(image, model, launcher=True, sleep_level=sleep_level, env=env)
 
 
