@@ -146,25 +146,13 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
 
 
 def preflight(daemon: Daemon) -> None:
-    """Plan every enabled deployment, then reach its runtime; raise the user error if one fails.
+    """Check that the enabled deployments' plans fit together (`Daemon.check_fit`), then reach each one's
+    runtime; raise the user error if one fails.
 
     Every plan comes first: a configuration error (exit 2) is reported as such even when a
-    runtime is unreachable too (exit 3), whatever the order of the deployments. A follower of a
-    multi-host group that is not up yet is not an error here: its worker retries with backoff.
-    Neither is a Hub that does not answer for a model not yet cached (the network may come up
-    after the daemon): its worker downloads first, or plans again later.
+    runtime is unreachable too (exit 3), whatever the order of the deployments.
     """
-    from dankserve.errors import HubUnreachable, MemberUnreachable
-    from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
-
-    enabled = [(name, dep) for name, dep in daemon.settings.deployments.items() if dep.enabled]
-    plans = []
-    for name, dep in enabled:
-        try:
-            plans.append(daemon.deps.planner(name, dep, daemon.host, BootOverrides(), None))
-        except (MemberUnreachable, HubUnreachable):
-            continue
-    check_gpu_sharing(plans, swap_memberships(enabled))
-    check_host_ram(plans, daemon.host)
-    for _, dep in enabled:
-        daemon.deps.runtime_for(dep).list_workloads()
+    daemon.check_fit(daemon.settings)
+    for dep in daemon.settings.deployments.values():
+        if dep.enabled:
+            daemon.deps.runtime_for(dep).list_workloads()

@@ -985,6 +985,27 @@ class Daemon:
         self._stop.set()
         self._changed.set()
 
+    def check_fit(self, settings: Settings) -> None:
+        """Plan every enabled deployment of `settings` and check they fit together: GPUs shared within 0.95
+        (a swap group counting what may be awake at once), CPU offload within the host's RAM. Raises the user
+        error. At start (preflight) and before a reload takes effect: a reload that would over-commit a GPU
+        (a member leaving its group, a changed `pinned`, a new deployment) is refused like a malformed file.
+        A follower of a multi-host group that is not up yet is not an error here: its worker retries with
+        backoff. Neither is a Hub that does not answer for a model not yet cached (the network may come up
+        later): its worker downloads first, or plans again later."""
+        from dankserve.errors import HubUnreachable, MemberUnreachable
+        from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
+
+        enabled = [(name, dep) for name, dep in settings.deployments.items() if dep.enabled]
+        plans = []
+        for name, dep in enabled:
+            try:
+                plans.append(self.deps.planner(name, dep, self.host, BootOverrides(), None))
+            except (MemberUnreachable, HubUnreachable):
+                continue
+        check_gpu_sharing(plans, swap_memberships(enabled))
+        check_host_ram(plans, self.host)
+
     def request_reload(self) -> None:
         self._reload.set()
         self._changed.set()
@@ -1080,6 +1101,7 @@ class Daemon:
 
         try:
             new = load_settings(self._config_path)
+            self.check_fit(new)
         except Exception as exc:  # any failure keeps the running config and deployments
             error = exc.render() if isinstance(exc, DankserveError) else f"internal error: {type(exc).__name__}: {exc}"
             log.error("reload_rejected", error=error, keeping="the running configuration")
