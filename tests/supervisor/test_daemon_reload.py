@@ -42,6 +42,7 @@ def test_a_reload_that_would_over_commit_a_gpu_is_refused_and_the_running_config
 
     _reload(daemon, tmp_path, {"chat": _deployment(18000), "code": _deployment(18001)})
     assert daemon.settings is before and set(daemon.snapshot()) == {"chat"}
+    assert daemon.reload_error is not None
     error = daemon.reload_error["error"]
     assert "0.95" in error and "chat" in error and "code" in error, error
 
