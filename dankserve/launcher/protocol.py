@@ -5,7 +5,7 @@ daemon's state dir, bind-mounted into the container). One request per connection
 on one line, answered by one JSON object on one line, then the connection closes. Every answer
 has `ok`; a refused request has `error` (a sentence). Operations:
 
-- `status`: the launcher (`pid`, `import`: pending | done | failed, `import_seconds`,
+- `status`: the launcher (`version`, `pid`, `import`: pending | done | failed, `import_seconds`,
   `import_threads`, `cuda_initialized`) and its current `server` (or null).
 - `start` (`server_id`, `argv` after `vllm serve`, `env`, `env_files` {VAR: path read just
   before the start}, `fingerprint`): start a server; refused while one runs. Waits for the
@@ -30,7 +30,10 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-VERSION = 1
+VERSION = 2
+"""What `status` says the launcher speaks; a daemon reuses only a launcher of its own version (one left
+running by an older dankserve keeps its server until the next boot, which gets a new launcher).
+2: a server inherits the launcher's own environment but the deployment's variables (`SPEC_ENV_VAR`)."""
 SOCKET_NAME = "launcher.sock"
 MAX_MESSAGE_BYTES = 1 << 20
 """A request or an answer larger than this is refused (argv and env are small)."""

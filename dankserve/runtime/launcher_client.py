@@ -52,6 +52,7 @@ class ServerInfo:
 
 @dataclass(frozen=True)
 class LauncherStatus:
+    version: int
     pid: int
     import_state: str
     import_seconds: float | None
@@ -98,6 +99,7 @@ class LauncherClient:
         answer = self._call({"op": "status"}, timeout)
         server = answer.get("server")
         return LauncherStatus(
+            version=int(answer.get("version") or 0),
             pid=int(answer.get("pid") or 0),
             import_state=str(answer.get("import")),
             import_seconds=answer.get("import_seconds"),

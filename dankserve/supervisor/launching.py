@@ -49,7 +49,11 @@ def found_launcher(
         return m.ExistingWorkload(workload.id, workload.running, same_plan=False)  # replaced
     server = status.server
     running = server is not None and not server.exited
-    fits = spec is not None and workload.labels.get(LABEL_CONTAINER_FINGERPRINT) == container_fingerprint(spec)
+    fits = (
+        spec is not None
+        and workload.labels.get(LABEL_CONTAINER_FINGERPRINT) == container_fingerprint(spec)
+        and status.version == protocol.VERSION  # an older dankserve's launcher: its server is adopted, not reused
+    )
     launcher = m.LauncherFound(
         reusable=fits and workload.running,
         server=server.id if server is not None else None,

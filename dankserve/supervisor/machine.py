@@ -447,7 +447,8 @@ class LauncherFound:
     """A launcher workload found while planning."""
 
     reusable: bool
-    """It answers, and its container-level settings (image, GPUs, mounts, ports ...) are this boot's."""
+    """It answers, speaks this daemon's protocol version, and its container-level settings (image, GPUs,
+    mounts, ports ...) are this boot's."""
     server: int | None = None
     """Its latest server's number."""
     server_running: bool = False
