@@ -34,6 +34,14 @@ def container_ids(env: PodmanEnv, deployment: str) -> list[str]:
     return [c["Id"] for c in json.loads(done.stdout or "[]")]
 
 
+def reload(daemon: RunningDaemon, deployment: str, dep: dict[str, Any]) -> None:
+    """Rewrite the config with `dep` as the only deployment (same globals), then SIGHUP."""
+    globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
+    write_config(daemon.config, {}, {deployment: dep})
+    daemon.config.write_text(globals_text + daemon.config.read_text())
+    daemon.signal(signal.SIGHUP)
+
+
 def server_pid(daemon: RunningDaemon, deployment: str) -> int:
     """The server's pid in the container's PID namespace."""
     server = LauncherClient(daemon.state_dir / "launchers" / deployment).status().server
@@ -115,19 +123,12 @@ def test_down_up_and_a_reload_keep_the_container_unless_the_port_changes(
         assert daemon.request({"command": "up", "deployment": deployment}) == {"ok": True}
         daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 2, timeout=120)
         assert container_ids(podman_env, deployment) == [container]
-        globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
-
-        def reload(dep: dict[str, Any]) -> None:
-            write_config(daemon.config, {}, {deployment: dep})
-            daemon.config.write_text(globals_text + daemon.config.read_text())
-            daemon.signal(signal.SIGHUP)
-
-        reload({**launcher_deployment, "max_num_seqs": 16})
+        reload(daemon, deployment, {**launcher_deployment, "max_num_seqs": 16})
         daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 3, timeout=120)
         assert container_ids(podman_env, deployment) == [container]
         logs = podman_env.podman("logs", workload_name(deployment))
         assert "'max_num_seqs': 16" in (logs.stdout + logs.stderr).split("server 3 started", 1)[1]
-        reload({**launcher_deployment, "max_num_seqs": 16, "port": free_port()})
+        reload(daemon, deployment, {**launcher_deployment, "max_num_seqs": 16, "port": free_port()})
         daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 4, timeout=120)
         (replacement,) = container_ids(podman_env, deployment)
         assert replacement != container
@@ -151,10 +152,7 @@ def test_a_server_is_forked_with_the_images_env_before_and_after_a_reload_that_d
         client = LauncherClient(daemon.state_dir / "launchers" / deployment)
         first = client.status().server
         assert first is not None and first.mode == "fork", first
-        globals_text = daemon.config.read_text().split("[deployments.", 1)[0]
-        write_config(daemon.config, {}, {deployment: launcher_deployment})
-        daemon.config.write_text(globals_text + daemon.config.read_text())
-        daemon.signal(signal.SIGHUP)
+        reload(daemon, deployment, launcher_deployment)
         daemon.wait_for(deployment, lambda d: ready(d) and d["boots"] == 2, timeout=120)
         second = client.status().server
         assert second is not None and second.mode == "fork" and second.id != first.id, second
