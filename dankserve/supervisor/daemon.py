@@ -1080,10 +1080,12 @@ class Daemon:
         deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
         for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
-        self._remove_idle_launchers({w.name for w in workers})
+        # A worker that ended (stopped, or failed: its launcher idles on for `up`) stops nothing more itself.
+        self._remove_idle_launchers({w.name for w in workers if w.alive})
 
     def _remove_idle_launchers(self, supervised: set[str]) -> None:
-        """SIGTERM leaves nothing running: launchers `down` kept for deployments without a worker go too."""
+        """SIGTERM leaves nothing running: the launchers of deployments without a running worker go too (kept by
+        `down`, or idle after the deployment failed)."""
         for name, dep in self.settings.deployments.items():
             if name in supervised or not dep.launcher:
                 continue

@@ -168,7 +168,8 @@ def test_failures_of_launcher_servers_are_classified_as_before(
 
 
 def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Path) -> None:
-    """A flag vLLM rejects fails the deployment with vLLM's message, not restarted."""
+    """A flag vLLM rejects fails the deployment with vLLM's message, not restarted; SIGTERM then removes the
+    failed deployment's idle launcher too."""
     dep = launcher_deployment(free_port(), extra_args=["--swap-space", "16"])
     with running_daemon(tmp_path, {"chat": dep}) as daemon:
         status = daemon.wait_for("chat", failed)
@@ -176,6 +177,10 @@ def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Pa
         assert "unrecognized arguments" in status["message"]
         time.sleep(0.5)
         assert len(daemon.events_named("started")) == 1
+        keeper = launcher_pid(daemon, "chat")
+        assert alive(keeper)
+        assert daemon.stop() == 0
+        assert not alive(keeper)
 
 
 def test_swap_group_members_under_process_launchers_sleep_or_stop_their_server_only(tmp_path: Path) -> None:
