@@ -3,7 +3,8 @@
 The container's own python3 runs the launcher from the read-only mount; a crashed server is
 replaced inside the same container; the container going away (its launcher with it) makes a new
 one; `down`/`up` and a reload that keeps the container-level settings keep the container; kill -9
-of the daemon is followed by adoption; SIGTERM leaves no container.
+of the daemon is followed by adoption; SIGTERM leaves no container, not even the idle one of a
+failed deployment.
 """
 
 from __future__ import annotations
@@ -158,3 +159,20 @@ def test_a_server_is_forked_with_the_images_env_before_and_after_a_reload_that_d
         assert second is not None and second.mode == "fork" and second.id != first.id, second
         assert container_ids(podman_env, deployment) == [container]
         assert daemon.stop() == 0
+
+
+def test_sigterm_removes_the_idle_launcher_container_of_a_failed_deployment(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployment: str, launcher_deployment: dict[str, Any]
+) -> None:
+    """A flag vLLM rejects fails the deployment (not restarted) while its launcher container idles on for `up`;
+    SIGTERM removes that container too."""
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    bad = {**launcher_deployment, "extra_args": ["--swap-space", "16"]}
+    with running_daemon(
+        tmp_path, {deployment: bad}, hardware=host, extra_globals={"podman_url": podman_env.url}
+    ) as daemon:
+        status = daemon.wait_for(deployment, lambda d: d["state"] == "failed", timeout=120)
+        assert status["last_failure"]["class"] == "bad_argument"
+        assert len(container_ids(podman_env, deployment)) == 1
+        assert daemon.stop() == 0
+        assert container_ids(podman_env, deployment) == []
