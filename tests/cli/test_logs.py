@@ -22,8 +22,11 @@ STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (dankserve|dankser
 def test_logs_show_every_line_with_a_time_and_filter_by_since_and_deployment(tmp_path: Path) -> None:
     """logs prints the daemon's events and the server's output, each line with its time and source; --since and
     --deployment narrow it."""
-    with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
-        daemon.wait_for("chat", lambda d: d["state"] == "ready")
+    # A name of this run's own: the journal may hold earlier runs' lines of a "chat" (tests/systemd write there).
+    name = f"chat{uuid.uuid4().hex[:8]}"
+    stamped = re.compile(STAMPED.pattern.replace("dankserve-chat", f"dankserve-{name}"))
+    with running_daemon(tmp_path, {name: process_deployment(free_port())}) as daemon:
+        daemon.wait_for(name, lambda d: d["state"] == "ready")
         (daemon.state_dir / "daemon.log").write_text(daemon.log_path.read_text())
 
         def logs(*args: str) -> list[str]:
@@ -37,12 +40,12 @@ def test_logs_show_every_line_with_a_time_and_filter_by_since_and_deployment(tmp
             assert done.returncode == 0, done.stderr
             return done.stdout.splitlines()
 
-        shown = logs("--deployment", "chat", "-n", "400", "--since", "10m")
-        assert shown and all(STAMPED.match(line) for line in shown), [x for x in shown if not STAMPED.match(x)]
-        assert any("dankserve-chat: " in line and "Application startup complete." in line for line in shown)
+        shown = logs("--deployment", name, "-n", "400", "--since", "10m")
+        assert shown and all(stamped.match(line) for line in shown), [x for x in shown if not stamped.match(x)]
+        assert any(f"dankserve-{name}: " in line and "Application startup complete." in line for line in shown)
         assert any("dankserve: [info] ready " in line for line in shown)
         assert sorted(shown, key=lambda line: line[:23]) == shown
-        assert logs("chat", "--since", "2999-01-01") == []
+        assert logs(name, "--since", "2999-01-01") == []
         assert len(logs("-n", "5")) == 5
 
 
