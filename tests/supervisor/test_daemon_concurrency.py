@@ -13,7 +13,7 @@ import pytest
 
 from dankserve.testing.config_file import write_config
 from dankserve.testing.lifecycle import FakeRuntime
-from tests.supervisor.test_worker import make_world, ready, wait_for
+from tests.supervisor.test_worker import make_world, ready, wait_for, world_globals
 
 
 class SlowStopRuntime(FakeRuntime):
@@ -98,8 +98,7 @@ def test_a_reload_that_stops_a_slow_deployment_keeps_the_watchdog_fed(
     assert watchdog_pings(notify_socket, 0.5) >= 1
     config = daemon._config_path
     assert config is not None
-    kept = {key: str(tmp_path / key.removesuffix("_dir")) for key in ("state_dir", "cache_dir")}
-    write_config(config, {**kept, "hf_cache_dir": str(tmp_path / "hf"), "vllm_version": "0.33.0"}, {})
+    write_config(config, world_globals(tmp_path), {})
     daemon.request_reload()
     assert runtime.stopping.wait(10), "the reload asked the removed deployment to stop"
     pings = watchdog_pings(notify_socket, 1.0)

@@ -6,26 +6,15 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.testing.config_file import write_config
-from tests.harness.daemon import MODEL_FACTS
-from tests.supervisor.test_worker import make_world, ready, wait_for
+from tests.supervisor.test_worker import make_world, ready, wait_for, world_deployment, world_globals
 
 
 def _deployment(port: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "test/tiny",
-        "image": "vllm/vllm-openai:v0.33.0",
-        "port": port,
-        "model_facts": MODEL_FACTS,
-        "gpus": [0],
-        "gpu_memory_utilization": 0.5,
-        **extra,
-    }
+    return world_deployment(port, gpus=[0], gpu_memory_utilization=0.5, **extra)
 
 
 def _reload(daemon: Any, tmp_path: Path, deployments: dict[str, dict[str, Any]]) -> None:
-    kept = {key: str(tmp_path / key.removesuffix("_dir")) for key in ("state_dir", "cache_dir")}
-    globals_ = {**kept, "hf_cache_dir": str(tmp_path / "hf"), "vllm_version": "0.33.0"}
-    write_config(daemon._config_path, globals_, deployments)
+    write_config(daemon._config_path, world_globals(tmp_path), deployments)
     daemon._apply_reload()
 
 

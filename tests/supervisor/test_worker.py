@@ -53,6 +53,27 @@ class World:
         return worker
 
 
+def world_globals(tmp_path: Path) -> dict[str, Any]:
+    """The global settings of a world's config (and of a reload that keeps its directories)."""
+    return {
+        "state_dir": str(tmp_path / "state"),
+        "cache_dir": str(tmp_path / "cache"),
+        "hf_cache_dir": str(tmp_path / "hf"),
+        "vllm_version": "0.33.0",
+    }
+
+
+def world_deployment(port: int, **extra: Any) -> dict[str, Any]:
+    """A world's deployment: the tiny test model in the stand-in's image."""
+    return {
+        "model": "test/tiny",
+        "image": "vllm/vllm-openai:v0.33.0",
+        "port": port,
+        "model_facts": MODEL_FACTS,
+        **extra,
+    }
+
+
 def make_world(
     tmp_path: Path,
     handler: Handler | None = None,
@@ -63,24 +84,8 @@ def make_world(
 ) -> World:
     config = write_config(
         tmp_path / "dankserve.toml",
-        {
-            "state_dir": str(tmp_path / "state"),
-            "cache_dir": str(tmp_path / "cache"),
-            "hf_cache_dir": str(tmp_path / "hf"),
-            "vllm_version": "0.33.0",
-            "health_interval_seconds": 1.0,
-            "gpu_memory_settle_seconds": 2.0,
-            **globals_,
-        },
-        {
-            "chat": {
-                "model": "test/tiny",
-                "image": "vllm/vllm-openai:v0.33.0",
-                "port": 18000,
-                "model_facts": MODEL_FACTS,
-                **(dep or {}),
-            }
-        },
+        {**world_globals(tmp_path), "health_interval_seconds": 1.0, "gpu_memory_settle_seconds": 2.0, **globals_},
+        {"chat": world_deployment(18000, **(dep or {}))},
     )
     settings = load_settings(config)
     host_file = write_recorded_host(tmp_path / "host.json")
