@@ -24,10 +24,12 @@
 #   on_gpu.sh vllm2early JOB...  (carry .vl2)  the same without waiting for the image: the base
 #                      image's import (about 190 s) overlaps the first JOB; a Podman JOB comes after
 #                      the JOB "bash bench/real_vllm/on_gpu.sh image" (waits for it, builds the layer).
-#                      Issue 15's remaining figures (Podman: the manual best's median, a config
-#                      change, all in one run), about 13 min of device time in all:
+#                      Issue 15's Podman figures (run F: every kind and the manual best three
+#                      times in one run), about 11 min of device time in all:
 #     "bash bench/real_vllm/on_gpu.sh image"
 #     "PROOF_RUNTIME=podman PROOF_WORK=/tmp/proof python3 bench/real_vllm/launcher.py cold,launcher-kill,launcher-down-up,launcher-config-change,manual-best,stop"
+#                      Run G, the same with the process runtime (about 8 min after proc1):
+#     on_gpu.sh proc2 "python3 bench/real_vllm/launcher.py cold,launcher-kill,launcher-down-up,launcher-config-change,manual-best,stop"
 #                      Rehearse both on a CPU machine first (bench/real_vllm/rehearse.py podman|process).
 #                      Stop a stuck job by an anchored pattern (pkill -f '^python3 bench/real_vllm/launcher'):
 #                      an unanchored one matches the device call's own command line and kills it.
