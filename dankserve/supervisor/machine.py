@@ -1149,6 +1149,8 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
     server_runs = launcher is None or (launcher.server_running and launcher.server is not None)
     adopt = existing is not None and existing.running and existing.same_plan and event.adoptable and server_runs
     unfinished = unfinished_swap(event, adopt=adopt, waking=state.swap.since is not None)
+    if unfinished is None and left_stopped(event, waking=state.swap.since is not None):
+        unfinished = SleepRecord("stop", "falling_asleep")
     if unfinished is not None:
         return _finish_swap(state, boot, event, unfinished, now)
     asleep = found_asleep(event, adopt=adopt, waking=state.swap.since is not None)
@@ -1203,10 +1205,18 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     kept = launcher is not None and existing is not None and existing.running and launcher.reusable
-    stopped = existing is None or not existing.running  # a kill between the stop and the removal leaves one
-    if remembered == "stop" and (stopped or (kept and launcher is not None and not launcher.server_running)):
+    if remembered == "stop" and (existing is None or (kept and launcher is not None and not launcher.server_running)):
         return "stop"
     return None
+
+
+def left_stopped(event: BootPlanned, *, waking: bool) -> bool:
+    """A member asleep (or falling asleep) by stop whose workload an earlier daemon (killed with -9) left behind
+    not running: killed during the stop, or between the stop and the removal. Podman says a container that is
+    still stopping is not running while its server tears down and holds its GPU memory, so the stop is done again
+    (it waits for the teardown) and the workload removed before the member counts as asleep."""
+    existing = event.existing
+    return not waking and event.remembered_asleep == "stop" and existing is not None and not existing.running
 
 
 def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRecord | None:
@@ -1228,10 +1238,12 @@ def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRe
 
 
 def _finish_swap(state: MachineState, boot: Boot, event: BootPlanned, record: SleepRecord, now: float) -> Step:
-    """Adopted falling asleep or waking as the earlier daemon left it: the same sleep or wake is sent again."""
+    """Adopted falling asleep or waking as the earlier daemon left it: the same sleep or wake is sent again.
+    A workload that no longer runs (`left_stopped`) is stopped and removed as a whole, its logs not followed."""
     existing = event.existing
-    assert existing is not None and record.moving is not None  # unfinished_swap: a running server
-    server = existing.launcher.server if existing.launcher is not None else None
+    assert existing is not None and record.moving is not None  # unfinished_swap or left_stopped: a workload
+    running = existing.running
+    server = existing.launcher.server if existing.launcher is not None and running else None
     boot = replace(boot, workload_id=existing.id, adopted=True, phase=Phase.READY, server=server)
     swap = replace(state.swap, level=record.level, since=now, wake_wanted=False)
     command: Command = (
@@ -1240,9 +1252,10 @@ def _finish_swap(state: MachineState, boot: Boot, event: BootPlanned, record: Sl
         else WakeServer(existing.id, record.level)
     )
     after = replace(state, stage=Stage(record.moving), boot=boot, swap=swap, wake_at=None)
+    follow: tuple[Command, ...] = (FollowLogs(existing.id, server=server),) if running else ()
     return after, (
         note(f"adopting_{record.moving}", sleep_level=record.level, container_id=existing.id, server=server),
-        FollowLogs(existing.id, server=server),
+        *follow,
         ReleaseGpus(),
         command,
     )

@@ -555,6 +555,20 @@ def test_crash_after_seconds_exits_with_the_configured_code(serve: StartServer, 
     assert served.process.wait(timeout=WAIT_SECONDS) == 3
 
 
+def test_shutdown_seconds_keep_the_process_alive_with_its_port_closed(serve: StartServer, tmp_path: Path) -> None:
+    """FAKE_VLLM_SHUTDOWN_SECONDS: after SIGTERM the port closes at once, the process ignores a second SIGTERM
+    and exits 0 once the teardown is over."""
+    served = serve(env=base_env(tmp_path, FAKE_VLLM_SHUTDOWN_SECONDS="1.5"))
+    served.wait_ready()
+    served.process.send_signal(signal.SIGTERM)
+    served.wait_for("Waiting for application shutdown.", stream="stderr")
+    with pytest.raises(urllib.error.URLError):
+        http(served.url("/health"))
+    served.process.send_signal(signal.SIGTERM)  # ignored: not -15
+    assert served.process.wait(timeout=WAIT_SECONDS) == 0
+    assert "Application shutdown complete." in served.stderr
+
+
 def test_trace_file_records_each_line_with_both_clocks(serve: StartServer, tmp_path: Path) -> None:
     """FAKE_VLLM_TRACE_FILE gets `monotonic wall stream line` for every record, in the order written."""
     trace = tmp_path / "trace.log"

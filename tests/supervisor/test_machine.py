@@ -600,8 +600,29 @@ def test_a_member_left_stopping_to_sleep_is_stopped_again_or_adopted_asleep_by_s
         ("GPU-0",), "kv1-x", LEARNED, "0.8.5", remembered_asleep="stop", remembered_moving="falling_asleep"
     )
     assert m.step(in_stage(m.Stage.PLANNING), gone, 1.0)[0].stage is m.Stage.ASLEEP
-    stopped = replace(gone, existing=m.ExistingWorkload("w9", running=False, same_plan=True))
-    assert m.step(in_stage(m.Stage.PLANNING), stopped, 1.0)[0].stage is m.Stage.ASLEEP
+
+
+@pytest.mark.parametrize("moving", ["falling_asleep", None])
+@pytest.mark.parametrize("launcher", [None, m.LauncherFound(reusable=False, server=3, server_running=True)])
+def test_a_workload_left_not_running_by_a_stop_is_stopped_and_removed_before_the_member_is_asleep(
+    moving: m.SwapMove | None, launcher: m.LauncherFound | None
+) -> None:
+    """Podman calls a container still stopping (its server tearing down, holding GPU memory) not running: the stop
+    is done again on the whole workload (it waits), unfollowed, and the member holds its GPU until it fell asleep."""
+    event = m.BootPlanned(
+        ("GPU-0",),
+        "kv1-x",
+        LEARNED,
+        "0.8.5",
+        existing=m.ExistingWorkload("w9", running=False, same_plan=True, launcher=launcher),
+        remembered_asleep="stop",
+        remembered_moving=moving,
+    )
+    after, commands = m.step(in_stage(m.Stage.PLANNING), event, 1.0)
+    assert after.stage is m.Stage.FALLING_ASLEEP and commands[-1] == m.SleepServer("w9", "stop", server=None)
+    assert not any(isinstance(c, m.FollowLogs) for c in commands)
+    asleep, commands = m.step(after, m.FellAsleep(4.0), 5.0)
+    assert asleep.stage is m.Stage.ASLEEP and asleep.boot is None and m.ReleaseGpus() in commands
 
 
 @pytest.mark.parametrize("level", ["1", "2"])

@@ -406,6 +406,52 @@ def test_a_daemon_killed_while_a_member_falls_asleep_is_followed_by_one_that_fin
         assert daemon.stop() == 0
 
 
+@pytest.mark.parametrize("under_launcher", [False, True], ids=["plain", "launcher"])
+def test_a_daemon_killed_while_a_member_stops_to_sleep_is_followed_by_one_that_finishes_the_stop(
+    tmp_path: Path,
+    podman_env: PodmanEnv,
+    gpus: StandInGpus,
+    vllm_image: str,
+    members: list[str],
+    *,
+    under_launcher: bool,
+) -> None:
+    """kill -9 once a (sleep_level = stop) is recorded falling asleep, its server taking 8 s to shut down: the
+    next daemon never adopts a as ready, it stops the server again and a is asleep by stop (no server left);
+    a's next request boots it, and b (asleep at level 1) stays asleep."""
+    a, b = members[:2]
+    slow = {"FAKE_VLLM_SHUTDOWN_SECONDS": "8"}
+    deployments = {
+        a: _slow_member(vllm_image, "ma", "stop", **slow, **(LAUNCHER_ENV if under_launcher else {})),
+        b: _slow_member(vllm_image, "mb", "1"),
+    }
+    if under_launcher:
+        deployments[a]["launcher"] = True
+    with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
+        daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
+        daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
+        first = container_ids(podman_env, a)
+        cli = _cli_in_background(daemon, "sleep", a)
+        daemon.wait_for(a, lambda d: d["state"] == "falling_asleep", timeout=30)
+        before = _kill_and_start(daemon, cli)
+
+        asleep = daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=60)
+        assert asleep["swap"]["level"] == "stop" and asleep["boots"] == 1
+        adopted = _adoptions(daemon, before)
+        assert adopted == {a: ["adopting_falling_asleep"], b: ["adopting_asleep"]}, adopted
+        assert not [e for e in daemon.events()[before:] if e.get("event") == "phase" and e.get("phase") == "ready"]
+        if under_launcher:  # the launcher stays, without a server
+            stopped = launcher(daemon, a).server
+            assert container_ids(podman_env, a) == first and stopped is not None and stopped.exited
+        else:
+            assert container_ids(podman_env, a) == []
+
+        assert _completion(url, "ma") != ""
+        assert _state(daemon, a)["boots"] == 2 and _awake(daemon, [a, b]) == [a]
+        assert _state(daemon, b)["boots"] == 1 and _is_sleeping(deployments[b])
+        assert daemon.stop() == 0
+
+
 def _wait_for_log(podman_env: PodmanEnv, name: str, text: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -65,6 +65,8 @@ class Knobs:
     """FAKE_VLLM_WAKE_SECONDS: how long /wake_up takes (measured: 0.19-0.21 s)."""
     reload_seconds: float = 0.5
     """FAKE_VLLM_RELOAD_SECONDS: collective_rpc reload_weights after a level-2 sleep (staged wake: 0.74 s in all)."""
+    shutdown_seconds: float = 0.0
+    """FAKE_VLLM_SHUTDOWN_SECONDS: how long the engine's teardown takes after SIGTERM (HTTP already closed)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -134,4 +136,5 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         sleep_seconds=_number(env, "FAKE_VLLM_SLEEP_SECONDS", 0.22) or 0.0,
         wake_seconds=_number(env, "FAKE_VLLM_WAKE_SECONDS", 0.2) or 0.0,
         reload_seconds=_number(env, "FAKE_VLLM_RELOAD_SECONDS", 0.5) or 0.0,
+        shutdown_seconds=_number(env, "FAKE_VLLM_SHUTDOWN_SECONDS", 0.0) or 0.0,
     )

@@ -173,6 +173,8 @@ class Runner:
         output.log(msg.SHUTTING_DOWN_HTTP)
         output.uvicorn("Shutting down")
         output.uvicorn("Waiting for application shutdown.")
+        # The lifespan's end shuts the engine client down: the process lives on with its port closed.
+        time.sleep(self.context.knobs.shutdown_seconds)
         output.uvicorn("Application shutdown complete.")
         output.uvicorn(f"Finished server process [{output.api_pid}]")
 
