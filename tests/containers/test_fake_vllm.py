@@ -753,6 +753,29 @@ def test_level_2_staged_wake_needs_reload_weights(serve: StartServer, tmp_path: 
     assert http(served.url("/sleep?level=3"), "POST")[0] == 400
 
 
+def test_each_sleep_mode_call_sent_twice_does_nothing_the_second_time(serve: StartServer, tmp_path: Path) -> None:
+    """As real vLLM 0.26 on the H200 (bench/real_vllm/sleep_repeat.py): every repeat answers 200, warns like vLLM
+    and changes nothing; the server then serves as before."""
+    served = sleep_server(serve, tmp_path, "--enable-sleep-mode")
+    for path in ("/wake_up", "/sleep?level=2", "/sleep?level=2", "/wake_up?tags=weights", "/wake_up?tags=weights"):
+        assert http(served.url(path), "POST")[0] == 200
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": True}
+    for _ in range(2):
+        assert http(served.url("/collective_rpc"), "POST", {"method": "reload_weights"})[0] == 200
+        assert http(served.url("/wake_up?tags=kv_cache"), "POST")[0] == 200
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": False}
+    assert completion(served) == (200, "The stand-in vLLM")
+    lines_in_order(
+        served.stdout,
+        [
+            r"WARNING .*\[abstract\.py:\d+\] Executor is not sleeping\.$",
+            r"WARNING .*\[abstract\.py:\d+\] Executor is already sleeping\.$",
+            r"WARNING .*\[abstract\.py:\d+\] Tag weights is not in sleeping tags \{'kv_cache'\}$",
+            r"WARNING .*\[abstract\.py:\d+\] Executor is not sleeping\.$",
+        ],
+    )
+
+
 def podman_usable() -> bool:
     return shutil.which("podman") is not None and shutil.which("mmdebstrap") is not None and os.geteuid() == 0
 

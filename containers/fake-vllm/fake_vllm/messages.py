@@ -274,6 +274,7 @@ SLEEP_FREED: Final = _m(
 )
 ALREADY_SLEEPING: Final = _m("engine", "WARNING", "abstract.py", 256, "Executor is already sleeping.")
 NOT_SLEEPING: Final = _m("engine", "WARNING", "abstract.py", 268, "Executor is not sleeping.")
+TAG_NOT_SLEEPING: Final = _m("engine", "WARNING", "abstract.py", 273, "Tag %s is not in sleeping tags %s")
 
 ENGINE_DEAD_MESSAGE: Final = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 ENGINE_DEAD_CLIENT_MESSAGE: Final = "The server had an error while processing your request."

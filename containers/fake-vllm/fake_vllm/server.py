@@ -378,8 +378,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._send(200, b"")
             return
         unknown = [tag for tag in tags if tag not in sleeping]
-        if unknown:
-            self._send(200, b"")  # vLLM warns ("Tag %s is not in sleeping tags") and does nothing
+        if unknown:  # vLLM warns about the first and wakes nothing (a repeated staged wake, H200 2026-12-02)
+            output.log(msg.TAG_NOT_SLEEPING, (unknown[0], sleeping))
+            self._send(200, b"")
             return
         started = time.monotonic()
         time.sleep(facts.wake_seconds)
