@@ -180,15 +180,7 @@ def completions(port: int = proof.PORT) -> list[dict[str, Any]]:
         raise SystemExit(f"greedy: the server did not answer: {served}")
     model = served["model"]
     for prompt in PROMPTS:
-        body = {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": 32,
-            "temperature": 0,
-            "ignore_eos": True,
-            "logprobs": 1,
-            "return_token_ids": True,
-        }
+        body = proof.greedy_request(model, prompt, 32, logprobs=True)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()

@@ -115,6 +115,20 @@ def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def greedy_request(model: str, prompt: str, max_tokens: int, *, logprobs: bool = False) -> dict[str, Any]:
+    """A greedy /v1/completions body that returns the token ids: `ignore_eos`, since the random-weight
+    model's ids mostly decode to nothing and it may stop at once; with `logprobs`, each token's."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    return {**body, "logprobs": 1} if logprobs else body
+
+
 def completion(port: int = PORT) -> dict[str, Any]:
     """A real completion through the published port: the model's id and the tokens it returned."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

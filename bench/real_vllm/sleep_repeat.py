@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -33,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.real_vllm import proof
 
 MODEL = os.environ.get("SLEEP_MODEL", "/tmp/tinyllama")
 COMMAND = shlex.split(os.environ.get("SLEEP_VLLM", "")) or [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -62,31 +65,15 @@ def free_port() -> int:
 
 
 def gpu_used_mib() -> int | None:
-    if shutil.which("nvidia-smi") is None:
-        return None
-    done = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    first = done.stdout.strip().splitlines()[:1]
-    return int(first[0]) if first and first[0].strip().isdigit() else None
+    used = proof.gpu_used_bytes()
+    return None if used is None else used >> 20
 
 
 def token_ids(client: httpx.Client) -> list[list[int]]:
     """Greedy completions of PROMPTS, 16 tokens each: their token ids."""
     out = []
     for prompt in PROMPTS:
-        body = {
-            "model": MODEL,
-            "prompt": prompt,
-            "max_tokens": 16,
-            "temperature": 0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-        }
-        reply = client.post("/v1/completions", json=body, timeout=120)
+        reply = client.post("/v1/completions", json=proof.greedy_request(MODEL, prompt, 16), timeout=120)
         reply.raise_for_status()
         out.append(list(reply.json()["choices"][0].get("token_ids") or []))
     return out
