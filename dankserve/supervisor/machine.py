@@ -1149,8 +1149,6 @@ def _on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Ste
     server_runs = launcher is None or (launcher.server_running and launcher.server is not None)
     adopt = existing is not None and existing.running and existing.same_plan and event.adoptable and server_runs
     unfinished = unfinished_swap(event, adopt=adopt, waking=state.swap.since is not None)
-    if unfinished is None and left_stopped(event, waking=state.swap.since is not None):
-        unfinished = SleepRecord("stop", "falling_asleep")
     if unfinished is not None:
         return _finish_swap(state, boot, event, unfinished, now)
     asleep = found_asleep(event, adopt=adopt, waking=state.swap.since is not None)
@@ -1210,15 +1208,6 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
     return None
 
 
-def left_stopped(event: BootPlanned, *, waking: bool) -> bool:
-    """A member asleep (or falling asleep) by stop whose workload an earlier daemon (killed with -9) left behind
-    not running: killed during the stop, or between the stop and the removal. Podman says a container that is
-    still stopping is not running while its server tears down and holds its GPU memory, so the stop is done again
-    (it waits for the teardown) and the workload removed before the member counts as asleep."""
-    existing = event.existing
-    return not waking and event.remembered_asleep == "stop" and existing is not None and not existing.running
-
-
 def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRecord | None:
     """The sleep or wake an earlier daemon (killed with -9) left under way, to be done again, else None.
 
@@ -1228,8 +1217,16 @@ def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRe
     reloads the weights whichever of its steps the kill interrupted (woken without
     reload_weights they are garbage). Meanwhile the member counts as holding its GPU memory. A
     server that says it sleeps after a sleep is adopted asleep (`found_asleep`); `adopt`: its
-    server runs and may be adopted; a wake by booting (`waking`) plans afresh."""
+    server runs and may be adopted; a wake by booting (`waking`) plans afresh.
+
+    A member asleep (or falling asleep) by stop whose workload is left behind not running was killed
+    during the stop, or between the stop and the removal. Podman says a container that is still
+    stopping is not running while its server tears down and holds its GPU memory, so the stop is done
+    again (it waits for the teardown) and the workload removed before the member counts as asleep."""
     level, moving = event.remembered_asleep, event.remembered_moving
+    existing = event.existing
+    if not waking and level == "stop" and existing is not None and not existing.running:
+        return SleepRecord("stop", "falling_asleep")
     if not adopt or waking or level is None or moving is None:
         return None
     if moving == "falling_asleep" and event.sleeping is True and level != "stop":
@@ -1239,9 +1236,9 @@ def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRe
 
 def _finish_swap(state: MachineState, boot: Boot, event: BootPlanned, record: SleepRecord, now: float) -> Step:
     """Adopted falling asleep or waking as the earlier daemon left it: the same sleep or wake is sent again.
-    A workload that no longer runs (`left_stopped`) is stopped and removed as a whole, its logs not followed."""
+    A workload that no longer runs (a stop left unfinished) is stopped and removed as a whole, its logs not followed."""
     existing = event.existing
-    assert existing is not None and record.moving is not None  # unfinished_swap or left_stopped: a workload
+    assert existing is not None and record.moving is not None  # unfinished_swap: a workload
     running = existing.running
     server = existing.launcher.server if existing.launcher is not None and running else None
     boot = replace(boot, workload_id=existing.id, adopted=True, phase=Phase.READY, server=server)
