@@ -62,7 +62,7 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         from dankserve.supervisor.instance import use_private_umask
 
         use_private_umask()
-        configure_logging(settings.log_format)
+        configure_logging(settings.log_format, state_dir=settings.state_dir)
         return build_daemon(settings, hardware_file=hardware, config_path=ctx.config).run()
 
     proc: subprocess.Popen[bytes] | None = None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dankserve.systemd.journal import JournalSender
+from dankserve.systemd.journal import JournalSender, daemon_identity
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 from tests.harness.journald import journald, read_journal
 
@@ -66,13 +66,31 @@ def test_unreadable_since_is_an_input_error(tmp_path: Path) -> None:
 
 
 def test_logs_read_the_daemons_entries_from_journald(tmp_path: Path, journald: str) -> None:
-    """Where journald runs, the daemon's entries of one deployment come from the journal, each with its time."""
+    """Where journald runs, the daemon's entries of one deployment come from the journal, each with its time;
+    an entry of another daemon (another state dir) is not shown."""
     name = f"jt{uuid.uuid4().hex[:10]}"
     sender = JournalSender(journald)
     for event in ("phase", "ready"):
-        sender.send({"MESSAGE": event, "PRIORITY": "6", "SYSLOG_IDENTIFIER": "dankserve", "DEPLOYMENT": name})
+        sender.send(
+            {
+                "MESSAGE": event,
+                "PRIORITY": "6",
+                "SYSLOG_IDENTIFIER": "dankserve",
+                "DEPLOYMENT": name,
+                **daemon_identity(tmp_path / "state"),
+            }
+        )
+    sender.send(
+        {
+            "MESSAGE": "other",
+            "PRIORITY": "6",
+            "SYSLOG_IDENTIFIER": "dankserve",
+            "DEPLOYMENT": name,
+            **daemon_identity(tmp_path / "another"),
+        }
+    )
     sender.close()
-    read_journal(f"DEPLOYMENT={name}", expect=2)
+    read_journal(f"DEPLOYMENT={name}", expect=3)
     config = tmp_path / "dankserve.toml"
     config.write_text(
         f'state_dir = "{tmp_path}/state"\n[deployments.{name}]\nmodel = "m"\nruntime = "process"\n'
