@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps lint base-install-check test test-fast up demo fake-vllm-image bench reliability reliability-quick clean docs catalogue
+.PHONY: setup system-deps lint base-install-check man test test-fast up demo fake-vllm-image bench reliability reliability-quick clean docs catalogue
 
 setup: $(STAMP)
 
@@ -81,6 +81,11 @@ reliability-quick: setup system-deps
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+# Man pages rendered from the commands' help, into build/man (`dankserve install`, run by
+# `make up`, installs the same pages into /usr/local/share/man/man1).
+man: setup
+	$(BIN)/python scripts/gen_man_pages.py build/man
 
 docs: setup
 	$(BIN)/python scripts/gen_config_reference.py
