@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from dankserve.systemd.journal import JournalSender, daemon_identity
-from tests.harness.daemon import container_deployment, free_port, process_deployment, running_daemon, write_host
+from tests.harness.daemon import (
+    container_deployment,
+    dankserve_cli,
+    free_port,
+    process_deployment,
+    running_daemon,
+    write_host,
+)
 from tests.harness.gpus import StandInGpus
 from tests.harness.journald import journald, read_journal
 from tests.harness.podman_service import PodmanEnv
@@ -157,16 +164,6 @@ class Follower:
         self.proc.wait(10)
 
 
-def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def follow_across_down_and_up(
     tmp_path: Path, name: str, deployment: dict[str, Any], **daemon_options: Any
 ) -> tuple[list[str], list[str]]:
@@ -177,9 +174,9 @@ def follow_across_down_and_up(
         follower = Follower(daemon.config, name)
         try:
             follower.wait_for(lambda lines: any("Application startup complete." in line for line in lines))
-            down = cli(daemon.config, "down", name)
+            down = dankserve_cli(daemon.config, "down", name)
             assert down.returncode == 0, down.stderr
-            up = cli(daemon.config, "up", name, "--timeout", "120")
+            up = dankserve_cli(daemon.config, "up", name, "--timeout", "120")
             assert up.returncode == 0, up.stdout + up.stderr
             follower.wait_for(lambda lines: sum("Application startup complete." in x for x in lines) >= 2)
             follower.wait_for(lambda lines: any(" dankserve: [info] ready " in x for x in lines))
@@ -241,7 +238,7 @@ def test_logs_show_only_this_daemons_journal_entries_when_two_daemons_share_jour
             daemon.wait_for(name, lambda d: d["state"] == "ready")
         read_journal(f"DEPLOYMENT={name}", "MESSAGE=ready", expect=2)
         for daemon in daemons:
-            shown = cli(daemon.config, "logs", name, "--json", "-n", "1000")
+            shown = dankserve_cli(daemon.config, "logs", name, "--json", "-n", "1000")
             assert shown.returncode == 0, shown.stderr
             entries = [json.loads(line) for line in shown.stdout.splitlines()]
             daemon_lines = [e for e in entries if e["source"] == "dankserve"]

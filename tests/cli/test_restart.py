@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness.daemon import free_port, process_deployment, running_daemon
+from tests.harness.daemon import dankserve_cli, free_port, process_deployment, running_daemon
 from tests.supervisor.test_daemon import alive, server_pid
 
 pytestmark = pytest.mark.slow
-
-
-def dankserve(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_restart_stops_the_server_and_boots_a_new_one_and_waits_until_ready(tmp_path: Path) -> None:
@@ -34,7 +22,7 @@ def test_restart_stops_the_server_and_boots_a_new_one_and_waits_until_ready(tmp_
         for name in ("chat", "other"):
             daemon.wait_for(name, lambda d: d["state"] == "ready")
         before, other = server_pid(daemon, "chat"), server_pid(daemon, "other")
-        done = dankserve(daemon.config, "restart", "chat", "--timeout", "60")
+        done = dankserve_cli(daemon.config, "restart", "chat", "--timeout", "60")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "chat: stopped; booting it again" in done.stdout
         assert "chat: serving at http://" in done.stdout
@@ -49,7 +37,7 @@ def test_restart_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
     config = tmp_path / "dankserve.toml"
     config.write_text(f'state_dir = "{tmp_path}/state"\n[deployments.chat]\nmodel = "a/b"\n')
     config.chmod(0o600)
-    done = dankserve(config, "restart", "chat")
+    done = dankserve_cli(config, "restart", "chat")
     assert done.returncode == 3 and "dankserve up chat" in done.stderr, done.stderr
-    done = dankserve(config, "restart", "nope")
+    done = dankserve_cli(config, "restart", "nope")
     assert done.returncode == 2 and "nope" in done.stderr and "chat" in done.stderr

@@ -28,6 +28,7 @@ from dankserve.testing.config_file import write_config
 __all__ = [
     "Notifications",
     "RunningDaemon",
+    "dankserve_cli",
     "free_port",
     "launcher_deployment",
     "process_deployment",
@@ -49,6 +50,17 @@ MODEL_FACTS = {
     "head_dim": 64,
     "max_position_embeddings": 8192,
 }
+
+
+def dankserve_cli(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`dankserve --config CONFIG ARGS...` as a user runs it; its exit code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "dankserve", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def free_port() -> int:
