@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps lint test test-fast up demo fake-vllm-image bench reliability reliability-quick clean docs catalogue
+.PHONY: setup system-deps lint base-install-check man test test-fast up demo fake-vllm-image bench reliability reliability-quick clean docs catalogue
 
 setup: $(STAMP)
 
@@ -21,6 +21,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# `pip install .` (no extras) into a fresh venv under build/, then one stand-in deployment through
+# its `dankserve run` until ready and a clean stop: a runtime dependency missing from pyproject fails.
+base-install-check:
+	$(PYTHON) scripts/base_install_check.py
 
 test: setup system-deps lint
 	$(BIN)/python -m pytest
@@ -76,6 +81,11 @@ reliability-quick: setup system-deps
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+
+# Man pages rendered from the commands' help, into build/man (`dankserve install`, run by
+# `make up`, installs the same pages into /usr/local/share/man/man1).
+man: setup
+	$(BIN)/python scripts/gen_man_pages.py build/man
 
 docs: setup
 	$(BIN)/python scripts/gen_config_reference.py

@@ -16,12 +16,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import Literal, TextIO
+from collections.abc import Mapping, MutableMapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TextIO
 
 import structlog
 
-from dankserve.systemd.journal import JOURNAL_SOCKET, JournalLoggerFactory, journal_fields, journal_reachable
+from dankserve.systemd.journal import (
+    JOURNAL_SOCKET,
+    JournalLoggerFactory,
+    daemon_identity,
+    journal_fields,
+    journal_reachable,
+)
 
 LogFormat = Literal["auto", "console", "json", "journald"]
 EffectiveFormat = Literal["console", "json", "journald"]
@@ -65,8 +73,10 @@ def configure_logging(
     journal_socket: str = JOURNAL_SOCKET,
     stream: TextIO | None = None,
     environ: Mapping[str, str] | None = None,
+    state_dir: Path | None = None,
 ) -> EffectiveFormat:
-    """Configure structlog process-wide; returns the output chosen."""
+    """Configure structlog process-wide; returns the output chosen. A daemon names its `state_dir`:
+    each of its journal entries then carries it (daemon_identity), which `dankserve logs` matches."""
     out = stream if stream is not None else sys.stderr
     effective = resolve_log_format(log_format, journal_socket=journal_socket, environ=environ, stream=out)
     common: list[structlog.typing.Processor] = [
@@ -77,7 +87,7 @@ def configure_logging(
     processors: list[structlog.typing.Processor]
     if effective == "journald":
         processors = [*common, structlog.processors.format_exc_info, journal_fields]
-        logger_factory = JournalLoggerFactory(journal_socket)
+        logger_factory = JournalLoggerFactory(journal_socket, daemon_identity(state_dir) if state_dir else None)
     elif effective == "json":
         processors = [
             *common,
@@ -89,7 +99,7 @@ def configure_logging(
     else:
         processors = [
             *common,
-            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+            local_time_ms,
             structlog.dev.ConsoleRenderer(colors=_isatty(out)),
         ]
         logger_factory = structlog.PrintLoggerFactory(out)
@@ -100,6 +110,13 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     return effective
+
+
+def local_time_ms(_logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """structlog processor: the local time to the millisecond (`2026-12-01 13:03:06.123`), which
+    `dankserve logs` reads back from daemon.log (structlog's TimeStamper has no millisecond format)."""
+    event_dict["timestamp"] = datetime.now().isoformat(sep=" ", timespec="milliseconds")
+    return event_dict
 
 
 def _isatty(stream: TextIO) -> bool:

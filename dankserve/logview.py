@@ -1,9 +1,10 @@
 """Log lines with a time each, for `dankserve logs`: parse --since, read the time of a daemon
 line (journald entry, JSON or console line) or of a server line, merge them in time order. Pure.
 
-A server's own output carries vLLM's time prefix (`INFO 12-01 13:03:06 [file.py:N] ...`, no
-year); lines without one (uvicorn's, tracebacks, progress bars) take the time of the line
-before them (the first ones that of the line after).
+A server's line takes the time its runtime stored with it (Podman's k8s-file log: conmon's, to
+the nanosecond) where there is one; else vLLM's own time prefix (`INFO 12-01 13:03:06 [file.py:N]
+...`, to the second, no year); lines without either (uvicorn's, tracebacks, progress bars) take
+the time of the line before them (the first ones that of the line after).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dankserve.errors import InvalidInput
+from dankserve.systemd.journal import STATE_DIR_FIELD
 
 _UNITS = {
     "s": 1,
@@ -34,7 +36,8 @@ _UNITS = {
 }
 _RELATIVE = re.compile(r"^-?\s*(\d+(?:\.\d+)?)\s*([a-z]+)(?:\s+ago)?$")
 _VLLM_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
-_CONSOLE_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+_CONSOLE_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+_CONSOLE_DEPLOYMENT = re.compile(r"\bdeployment=(\S+)")
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,26 @@ class TimedLine:
     """Aware (local time zone when the source had none)."""
     source: str
     text: str
+    deployment: str | None = None
+    """The deployment the line is about (a server's own, or a daemon entry's DEPLOYMENT); None: the daemon's."""
+
+    def message(self) -> str:
+        # A progress bar redraws itself with carriage returns: show what a terminal would, its last state.
+        return next((part for part in reversed(self.text.split("\r")) if part.strip()), "")
 
     def render(self) -> str:
-        # A progress bar redraws itself with carriage returns: show what a terminal would, its last state.
-        text = next((part for part in reversed(self.text.split("\r")) if part.strip()), "")
-        return f"{self.at.astimezone().strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} {self.source}: {text}"
+        return f"{self.at.astimezone().strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} {self.source}: {self.message()}"
+
+    def as_json(self) -> str:
+        """One JSON object: time (ISO 8601, milliseconds, local offset), source, deployment, message."""
+        return json.dumps(
+            {
+                "time": self.at.astimezone().isoformat(timespec="milliseconds"),
+                "source": self.source,
+                "deployment": self.deployment,
+                "message": self.message(),
+            }
+        )
 
 
 def parse_since(text: str, now: datetime) -> datetime:
@@ -85,14 +103,22 @@ def vllm_time(line: str, now: datetime) -> datetime | None:
     return at.replace(year=at.year - 1) if at > now + timedelta(days=1) else at
 
 
-def server_lines(source: str, lines: Sequence[str], now: datetime) -> list[TimedLine]:
-    """A server's lines, each with the time of its own prefix or of its neighbour."""
-    times = [vllm_time(line, now) for line in lines]
+def server_lines(
+    source: str,
+    lines: Sequence[str],
+    now: datetime,
+    stored: Sequence[datetime | None] | None = None,
+    deployment: str | None = None,
+) -> list[TimedLine]:
+    """A server's lines, each with its stored time (the runtime's, one per line, None where unknown),
+    else the time of its own vLLM prefix, else that of its neighbour."""
+    stored = stored if stored is not None else [None] * len(lines)
+    times = [at.astimezone() if at else vllm_time(line, now) for line, at in zip(lines, stored, strict=True)]
     known = next((t for t in times if t is not None), now)
     out = []
     for line, at in zip(lines, times, strict=True):
         known = at or known
-        out.append(TimedLine(known, source, line))
+        out.append(TimedLine(known, source, line, deployment))
     return out
 
 
@@ -106,17 +132,21 @@ def daemon_file_line(line: str, source: str = "dankserve") -> TimedLine | None:
             return None
         event = entry.pop("event", "")
         level = entry.pop("level", "info")
+        deployment = entry.get("deployment")
         rest = " ".join(f"{key}={value}" for key, value in entry.items())
-        return TimedLine(at, source, f"[{level}] {event} {rest}".rstrip())
+        text = f"[{level}] {event} {rest}".rstrip()
+        return TimedLine(at.astimezone(), source, text, deployment if isinstance(deployment, str) else None)
     match = _CONSOLE_TIME.match(line)
     if match is None:
         return None
-    at = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S").astimezone()
-    return TimedLine(at, source, line[match.end() :].strip())
+    at = datetime.fromisoformat(match.group(1)).astimezone()
+    text = line[match.end() :].strip()
+    named = _CONSOLE_DEPLOYMENT.search(text)
+    return TimedLine(at, source, text, named.group(1) if named else None)
 
 
 _JOURNAL_OWN = frozenset(
-    {"MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "SYSLOG_PID", "SYSLOG_TIMESTAMP"}
+    {"MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "SYSLOG_PID", "SYSLOG_TIMESTAMP", STATE_DIR_FIELD}
 )
 _LEVELS = {
     "0": "emerg",
@@ -142,12 +172,14 @@ def journal_entry(line: str, source: str = "dankserve") -> TimedLine | None:
     if isinstance(message, list):  # journalctl gives non-UTF-8 messages as byte lists
         message = bytes(message).decode("utf-8", "replace")
     level = _LEVELS.get(str(entry.get("PRIORITY", "6")), "info")
+    deployment = entry.get("DEPLOYMENT")
     fields = " ".join(
         f"{key.lower()}={value}"
         for key, value in entry.items()
         if not key.startswith("_") and key not in _JOURNAL_OWN and isinstance(value, str)
     )
-    return TimedLine(at, source, f"[{level}] {message} {fields}".rstrip())
+    text = f"[{level}] {message} {fields}".rstrip()
+    return TimedLine(at, source, text, deployment if isinstance(deployment, str) else None)
 
 
 def merged(groups: Iterable[Iterable[TimedLine]], since: datetime | None, last: int) -> list[TimedLine]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from dankserve.cli.context import cli_context
+from dankserve.cli.options import complete_deployment
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.exitcodes import ExitCode
 
 
 @click.command("down")
-@click.argument("deployment", required=False)
+@click.argument("deployment", required=False, shell_complete=complete_deployment)
 def command(deployment: str | None) -> ExitCode:
     """Stop the service, or take one deployment down (it stays down across restarts until `up`)."""
     from dankserve import servicectl

@@ -15,6 +15,7 @@ from dankserve.exitcodes import ExitCode
 
 UNIT_TEMPLATE = Path(__file__).resolve().parents[2] / "units" / "dankserve.service"
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "dankserve.toml"
+MAN_DIR = Path("/usr/local/share/man/man1")
 
 
 def render_unit(template: str, executable: str) -> str:
@@ -39,12 +40,34 @@ def dankserve_executable() -> str:
 
 
 @click.command("install")
-@click.option("--unit-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("/etc/systemd/system"))
-@click.option("--config-dir", type=click.Path(path_type=Path, file_okay=False), default=None)
+@click.option(
+    "--unit-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("/etc/systemd/system"),
+    show_default=True,
+    help="Where to write dankserve.service.",
+)
+@click.option(
+    "--config-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where to write the example dankserve.toml if none is there (default: the config file's directory, "
+    "/etc/dankserve unless --config or $DANKSERVE_CONFIG names another file).",
+)
+@click.option(
+    "--man-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=MAN_DIR,
+    show_default=True,
+    help="Where to write the man pages (dankserve(1), dankserve-COMMAND(1)), rendered from this help.",
+)
 @click.option("--no-enable", is_flag=True, help="Write the files only; do not run systemctl.")
-def command(unit_dir: Path, config_dir: Path | None, no_enable: bool) -> ExitCode:
-    """Install dankserve.service and /etc/dankserve/dankserve.toml (kept if present), then enable it."""
+def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: bool) -> ExitCode:
+    """Install dankserve.service, the man pages, and /etc/dankserve/dankserve.toml (kept if present), then
+    enable the unit."""
     from dankserve import servicectl
+    from dankserve.cli.main import cli
+    from dankserve.cli.manpages import pages
     from dankserve.settings import resolve_config_path
 
     ctx = cli_context()
@@ -53,6 +76,11 @@ def command(unit_dir: Path, config_dir: Path | None, no_enable: bool) -> ExitCod
     unit_path.write_text(render_unit(UNIT_TEMPLATE.read_text(), dankserve_executable()))
     os.chmod(unit_path, 0o644)
     click.echo(f"wrote {unit_path}")
+    man_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in pages(cli).items():
+        (man_dir / name).write_text(text)
+        os.chmod(man_dir / name, 0o644)
+    click.echo(f"wrote the man pages to {man_dir} (`man dankserve`)")
     config_path, _ = resolve_config_path(ctx.config)
     if config_dir is not None:
         config_path = config_dir / "dankserve.toml"

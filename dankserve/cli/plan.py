@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dankserve.cli.context import cli_context
+from dankserve.cli.options import complete_deployment
 from dankserve.errors import ConfigError, DankserveError
 from dankserve.exitcodes import ExitCode
 
@@ -28,7 +29,7 @@ DEFAULT_DEPLOYMENT = "default"
 
 
 @click.command("plan")
-@click.argument("deployment", required=False)
+@click.argument("deployment", required=False, shell_complete=complete_deployment)
 @click.option("--model", default=None, help="Model to plan (HF id); without a config: a default deployment.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan(s) as JSON.")
 @click.option(

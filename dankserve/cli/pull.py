@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dankserve.cli.context import cli_context
+from dankserve.cli.options import complete_deployment
 from dankserve.errors import ConfigError
 from dankserve.exitcodes import ExitCode
 
@@ -25,7 +26,7 @@ LOG_INTERVAL_SECONDS = 5.0
 
 
 @click.command("pull")
-@click.argument("deployment", required=False)
+@click.argument("deployment", required=False, shell_complete=complete_deployment)
 @click.option("--model", default=None, help="Model to download (ORG/NAME); without DEPLOYMENT: only this one.")
 @click.option("--revision", default=None, help="Branch, tag or commit (default: the deployment's, else main).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress, only the summary.")

@@ -28,6 +28,6 @@ def command(log_format: str | None, hardware: Path | None) -> ExitCode:
     use_private_umask()
     ctx = cli_context()
     settings = ctx.load_settings()
-    configure_logging(log_format or settings.log_format)  # type: ignore[arg-type]  # click.Choice checked it
+    configure_logging(log_format or settings.log_format, state_dir=settings.state_dir)  # type: ignore[arg-type]
     daemon = build_daemon(settings, hardware_file=hardware, config_path=ctx.config)
     return daemon.run()

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.cli.options import hardware_option
+from dankserve.cli.options import complete_deployment, hardware_option
 from dankserve.errors import EnvironmentUnusable, InfeasiblePlan, InvalidInput
 from dankserve.exitcodes import ExitCode
 
@@ -25,7 +25,7 @@ SETTLED = ("ready", "failed", "down", "disabled")
 
 
 @click.command("up")
-@click.argument("deployment", required=False)
+@click.argument("deployment", required=False, shell_complete=complete_deployment)
 @click.option("--foreground", is_flag=True, help="Run the daemon attached to this terminal.")
 @click.option("--timeout", type=float, default=None, help="Give up following after this many seconds.")
 @hardware_option
@@ -62,7 +62,7 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         from dankserve.supervisor.instance import use_private_umask
 
         use_private_umask()
-        configure_logging(settings.log_format)
+        configure_logging(settings.log_format, state_dir=settings.state_dir)
         return build_daemon(settings, hardware_file=hardware, config_path=ctx.config).run()
 
     proc: subprocess.Popen[bytes] | None = None

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 PullPolicy = Literal["missing", "always", "never"]
 
@@ -243,6 +244,25 @@ class Runtime(Protocol):
     def inspect(self, workload_id: str) -> Workload | None:
         """The workload now, or None when it no longer exists."""
         ...
+
+
+@runtime_checkable
+class TimedLogs(Protocol):
+    """A runtime whose log store keeps each line's time (Podman's k8s-file log does; a process's plain
+    log file does not)."""
+
+    def timed_logs(self, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
+        """The workload's lines, each with the time it was written (None where unknown), following if asked."""
+        ...
+
+
+def timed_output(runtime: Runtime, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
+    """The workload's lines with their write times where the runtime keeps them, else with None."""
+    if isinstance(runtime, TimedLogs):
+        yield from runtime.timed_logs(workload_id, follow)
+        return
+    for line in runtime.logs(workload_id, follow):
+        yield None, line
 
 
 def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:

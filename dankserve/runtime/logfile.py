@@ -14,6 +14,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 
 FOLLOW_POLL_SECONDS = 0.02
@@ -131,26 +132,44 @@ def k8s_file_record(record: bytes) -> tuple[bytes, bytes, bool] | None:
 
     conmon cuts output lines longer than its buffer into `P` (partial) records ended by an `F` one.
     """
+    parsed = k8s_file_timed_record(record)
+    return None if parsed is None else parsed[1:]
+
+
+def k8s_file_timed_record(record: bytes) -> tuple[datetime | None, bytes, bytes, bool] | None:
+    """(time, stream, message, partial) of one k8s-file record; the time is conmon's (RFC 3339 with
+    nanoseconds, kept to microseconds), None when it does not parse."""
     parts = record.split(b" ", 3)
     if len(parts) < 3 or parts[2] not in (b"F", b"P"):
         return None
-    return parts[1], parts[3] if len(parts) == 4 else b"", parts[2] == b"P"
+    try:
+        at: datetime | None = datetime.fromisoformat(parts[0].decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        at = None
+    return at, parts[1], parts[3] if len(parts) == 4 else b"", parts[2] == b"P"
 
 
 def k8s_file_lines(records: Iterable[bytes]) -> Iterator[str]:
     """The container's output lines from k8s-file records, partial records joined per stream."""
-    partial: dict[bytes, bytes] = {}
+    for _, line in k8s_file_timed_lines(records):
+        yield line
+
+
+def k8s_file_timed_lines(records: Iterable[bytes]) -> Iterator[tuple[datetime | None, str]]:
+    """Each output line with the time conmon wrote its first part (partial records joined per stream)."""
+    partial: dict[bytes, tuple[datetime | None, bytes]] = {}
     for record in records:
-        parsed = k8s_file_record(record)
+        parsed = k8s_file_timed_record(record)
         if parsed is None:
             continue
-        stream, message, is_partial = parsed
+        at, stream, message, is_partial = parsed
+        first_at, before = partial.pop(stream, (at, b""))
         if is_partial:
-            partial[stream] = partial.get(stream, b"") + message
+            partial[stream] = (first_at, before + message)
             continue
-        yield _text(partial.pop(stream, b"") + message)
-    for rest in partial.values():
-        yield _text(rest)
+        yield first_at, _text(before + message)
+    for at, rest in partial.values():
+        yield at, _text(rest)
 
 
 def _text(line: bytes) -> str:

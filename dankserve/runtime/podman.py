@@ -52,7 +52,7 @@ from dankserve.runtime.base import (
     with_bind_address,
     workload_name,
 )
-from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, poll_briefly
+from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_timed_lines, poll_briefly
 from dankserve.secret_files import read_secret
 
 if TYPE_CHECKING:
@@ -439,8 +439,9 @@ def local_k8s_path(attrs: Mapping[str, Any]) -> Path | None:
     return path
 
 
-def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
-    """The lines of a running container's k8s-file log on this host, followed until it exits.
+def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[tuple[datetime | None, str]] | None:
+    """The lines (with conmon's time of each) of a running container's k8s-file log on this host,
+    followed until it exits.
 
     None (read through the API instead) unless the log driver is k8s-file, the file is readable
     here, and the ConmonPid of the inspect document is visible here as conmon for this container.
@@ -478,9 +479,9 @@ def local_k8s_log(attrs: Mapping[str, Any]) -> Iterator[str] | None:
         except psutil.Error:
             return False
 
-    def lines() -> Iterator[str]:
+    def lines() -> Iterator[tuple[datetime | None, str]]:
         try:
-            yield from k8s_file_lines(follow_file(path, True, running, watch.wait if watch else poll_briefly))
+            yield from k8s_file_timed_lines(follow_file(path, True, running, watch.wait if watch else poll_briefly))
         finally:
             if watch is not None:
                 watch.close()
@@ -860,7 +861,13 @@ class PodmanRuntime:
             self._remove_secrets(deployment)
 
     def logs(self, workload_id: str, follow: bool = False) -> Iterator[str]:
-        """The container's stdout and stderr as lines; following until it exits if asked.
+        """The container's stdout and stderr as lines; following until it exits if asked."""
+        for _, line in self.timed_logs(workload_id, follow):
+            yield line
+
+    def timed_logs(self, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
+        """The container's lines, each with the time conmon wrote it where its k8s-file log is read
+        here (None through the API); following until it exits if asked.
 
         Following a running container of this host whose log is a k8s-file reads that file
         directly (local_k8s_log): Podman 4's follow stream polls it only every 250 ms, which
@@ -877,9 +884,10 @@ class PodmanRuntime:
                 # The same file as the follower reads, so both views cut lines alike.
                 path = local_k8s_path(attrs)
                 if path is not None:
-                    yield from k8s_file_lines(follow_file(path, False, lambda: False))
+                    yield from k8s_file_timed_lines(follow_file(path, False, lambda: False))
                     return
-        yield from self._api_logs(workload_id, follow)
+        for line in self._api_logs(workload_id, follow):
+            yield None, line
 
     def _api_logs(self, workload_id: str, follow: bool) -> Iterator[str]:
         from podman.api import stream_frames

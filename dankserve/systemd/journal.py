@@ -8,7 +8,9 @@ does. Nothing is truncated.
 
 Use with structlog: `journal_fields` as the last processor, `JournalLoggerFactory` as the
 logger factory. Event keys become upper-cased fields (`deployment` -> `DEPLOYMENT`);
-`event` is MESSAGE, the level is PRIORITY, SYSLOG_IDENTIFIER is `dankserve`.
+`event` is MESSAGE, the level is PRIORITY, SYSLOG_IDENTIFIER is `dankserve`. A daemon's logger
+also stamps its identity on every entry (DANKSERVE_STATE_DIR=, daemon_identity), so `dankserve logs`
+shows this daemon's entries and not those of another one writing to the same journal.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import socket
 import struct
 import sys
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any, TextIO
 
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 SYSLOG_IDENTIFIER = "dankserve"
+STATE_DIR_FIELD = "DANKSERVE_STATE_DIR"
+"""Names the daemon an entry comes from: one state dir is one daemon (its instance lock)."""
 
 # syslog priorities by structlog method / level name
 PRIORITIES: dict[str, int] = {
@@ -154,26 +159,34 @@ def journal_fields(logger: Any, method_name: str, event_dict: MutableMapping[str
     return fields
 
 
-class JournalLogger:
-    """A structlog logger whose every method sends the keyword fields as one journal entry."""
+def daemon_identity(state_dir: Path) -> dict[str, str]:
+    """The fields naming one daemon on each of its entries, and what `dankserve logs` matches on."""
+    return {STATE_DIR_FIELD: str(state_dir.absolute())}
 
-    def __init__(self, sender: JournalSender) -> None:
+
+class JournalLogger:
+    """A structlog logger whose every method sends the keyword fields (and the constant ones) as one entry."""
+
+    def __init__(self, sender: JournalSender, constant: Mapping[str, str] | None = None) -> None:
         self._sender = sender
+        self._constant = dict(constant or {})
 
     def msg(self, **fields: str) -> None:
-        self._sender.send(fields)
+        self._sender.send({**fields, **self._constant})
 
     log = debug = info = notice = warning = warn = error = critical = fatal = exception = failure = msg
 
 
 class JournalLoggerFactory:
-    """structlog logger factory: every logger shares one sender (one socket)."""
+    """structlog logger factory: every logger shares one sender (one socket) and the constant fields
+    (the daemon's identity)."""
 
-    def __init__(self, socket_path: str = JOURNAL_SOCKET) -> None:
+    def __init__(self, socket_path: str = JOURNAL_SOCKET, constant: Mapping[str, str] | None = None) -> None:
         self.sender = JournalSender(socket_path)
+        self.constant = dict(constant or {})
 
     def __call__(self, *args: Any) -> JournalLogger:
-        return JournalLogger(self.sender)
+        return JournalLogger(self.sender, self.constant)
 
 
 def journal_reachable(socket_path: str = JOURNAL_SOCKET) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +26,36 @@ def test_commands_complete() -> None:
     env.update(COMP_WORDS="dankserve plan --con", COMP_CWORD="2")
     done = subprocess.run([sys.executable, "-m", "dankserve"], env=env, capture_output=True, text=True, check=False)
     assert "--config" in done.stdout
+
+
+def complete(words: str, env_extra: dict[str, str] | None = None) -> list[str]:
+    """What bash completion offers for the last of `words` (a trailing space: a new, empty word)."""
+    parts = words.split(" ")
+    env = {
+        **os.environ,
+        **(env_extra or {}),
+        "_DANKSERVE_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(parts) - 1),
+    }
+    done = subprocess.run([sys.executable, "-m", "dankserve"], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return [line.split(",", 1)[1] for line in done.stdout.splitlines() if line.startswith("plain,")]
+
+
+@pytest.mark.parametrize("command", ["up", "down", "logs", "sleep", "wake", "plan", "pull", "restart"])
+def test_deployment_names_complete_from_the_config_even_when_it_does_not_validate(tmp_path: Path, command: str) -> None:
+    """`dankserve COMMAND <TAB>` offers the config's deployment names (with --config before or after the command,
+    or $DANKSERVE_CONFIG), also from a config with an invalid value, and nothing from an unreadable one."""
+    config = tmp_path / "dankserve.toml"
+    config.write_text(
+        '[deployments.alpha]\nmodel = "a/b"\nmax_num_seqs = "lots"\n[deployments.beta]\nmodel = "c/d"\n'
+        '[deployments.apple]\nmodel = "e/f"\n'
+    )
+    config.chmod(0o600)
+    assert complete(f"dankserve --config {config} {command} ") == ["alpha", "apple", "beta"]
+    assert complete(f"dankserve {command} --config {config} ") == ["alpha", "apple", "beta"]
+    assert complete(f"dankserve --config {config} {command} a") == ["alpha", "apple"]
+    assert complete(f"dankserve {command} b", {"DANKSERVE_CONFIG": str(config)}) == ["beta"]
+    config.write_text("[deployments.alpha\n")
+    assert complete(f"dankserve --config {config} {command} ") == []

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -15,7 +16,11 @@ needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reas
 
 def _installed_unit(tmp_path: Path) -> Path:
     result = CliRunner().invoke(
-        command, ["--unit-dir", str(tmp_path / "units"), "--config-dir", str(tmp_path / "etc"), "--no-enable"]
+        command,
+        [
+            *("--unit-dir", str(tmp_path / "units"), "--config-dir", str(tmp_path / "etc")),
+            *("--man-dir", str(tmp_path / "man"), "--no-enable"),
+        ],
     )
     assert result.exit_code == 0, result.output
     return tmp_path / "units" / "dankserve.service"
@@ -69,3 +74,22 @@ def test_the_unit_raises_the_descriptor_limit() -> None:
     """The unit gives the daemon room for many descriptors (a peer holding connections must not cause EMFILE)."""
     match = re.search(r"^LimitNOFILE=(\d+)$", UNIT_TEMPLATE.read_text(), re.MULTILINE)
     assert match and int(match.group(1)) >= 65536
+
+
+def test_install_writes_a_man_page_for_every_command(tmp_path: Path) -> None:
+    """`dankserve install` writes dankserve.1 naming every command, and each command's page naming the command
+    and each of its options."""
+    from dankserve.cli.main import COMMANDS, cli
+
+    _installed_unit(tmp_path)
+    man = tmp_path / "man"
+    top = (man / "dankserve.1").read_text()
+    for name in COMMANDS:
+        page = (man / f"dankserve-{name}.1").read_text()
+        assert f".B dankserve {name.replace('-', chr(92) + '-')}" in page
+        assert f"dankserve\\-{name.replace('-', chr(92) + '-')}" in top
+        command_ = cli.get_command(click.Context(cli), name)
+        assert command_ is not None
+        for param in command_.params:
+            if isinstance(param, click.Option):
+                assert param.opts[-1].replace("-", "\\-") in page, (name, param.opts)

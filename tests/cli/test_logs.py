@@ -1,16 +1,33 @@
 """Tests for `dankserve logs` with a real daemon and server (process runtime, no journald)."""
 
+import contextlib
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dankserve.systemd.journal import JournalSender
-from tests.harness.daemon import free_port, process_deployment, running_daemon
+from dankserve.systemd.journal import JournalSender, daemon_identity
+from tests.harness.daemon import (
+    container_deployment,
+    dankserve_cli,
+    free_port,
+    process_deployment,
+    running_daemon,
+    write_host,
+)
+from tests.harness.gpus import StandInGpus
 from tests.harness.journald import journald, read_journal
+from tests.harness.podman_service import PodmanEnv
 
 __all__ = ["journald"]
 
@@ -66,13 +83,31 @@ def test_unreadable_since_is_an_input_error(tmp_path: Path) -> None:
 
 
 def test_logs_read_the_daemons_entries_from_journald(tmp_path: Path, journald: str) -> None:
-    """Where journald runs, the daemon's entries of one deployment come from the journal, each with its time."""
+    """Where journald runs, the daemon's entries of one deployment come from the journal, each with its time;
+    an entry of another daemon (another state dir) is not shown."""
     name = f"jt{uuid.uuid4().hex[:10]}"
     sender = JournalSender(journald)
     for event in ("phase", "ready"):
-        sender.send({"MESSAGE": event, "PRIORITY": "6", "SYSLOG_IDENTIFIER": "dankserve", "DEPLOYMENT": name})
+        sender.send(
+            {
+                "MESSAGE": event,
+                "PRIORITY": "6",
+                "SYSLOG_IDENTIFIER": "dankserve",
+                "DEPLOYMENT": name,
+                **daemon_identity(tmp_path / "state"),
+            }
+        )
+    sender.send(
+        {
+            "MESSAGE": "other",
+            "PRIORITY": "6",
+            "SYSLOG_IDENTIFIER": "dankserve",
+            "DEPLOYMENT": name,
+            **daemon_identity(tmp_path / "another"),
+        }
+    )
     sender.close()
-    read_journal(f"DEPLOYMENT={name}", expect=2)
+    read_journal(f"DEPLOYMENT={name}", expect=3)
     config = tmp_path / "dankserve.toml"
     config.write_text(
         f'state_dir = "{tmp_path}/state"\n[deployments.{name}]\nmodel = "m"\nruntime = "process"\n'
@@ -98,3 +133,115 @@ def test_logs_read_the_daemons_entries_from_journald(tmp_path: Path, journald: s
     ]
     assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} dankserve: ", line) for line in shown)
     assert logs("--since", "2999-01-01") == []
+
+
+class Follower:
+    """`dankserve logs -f ...` running in its own session, its output collected line by line."""
+
+    def __init__(self, config: Path, *args: str) -> None:
+        argv = [sys.executable, "-m", "dankserve", "--config", str(config), "logs", "-f", *args]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Callable[[list[str]], bool], timeout: float = 60) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while not predicate(list(self.lines)):
+            assert self.proc.poll() is None, f"logs -f exited with {self.proc.returncode}"
+            assert time.monotonic() < deadline, "logs -f did not print what was expected:\n" + "\n".join(self.lines)
+            time.sleep(0.1)
+        return list(self.lines)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its journalctl child too
+        self.proc.wait(10)
+
+
+def follow_across_down_and_up(
+    tmp_path: Path, name: str, deployment: dict[str, Any], **daemon_options: Any
+) -> tuple[list[str], list[str]]:
+    """`logs -f NAME` started while NAME serves, then `down NAME` and `up NAME` through the CLI: every line
+    it printed, and those of the new server (after the old server's first 'Application startup complete.')."""
+    with running_daemon(tmp_path, {name: deployment}, log_in_state_dir=True, **daemon_options) as daemon:
+        daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=120)
+        follower = Follower(daemon.config, name)
+        try:
+            follower.wait_for(lambda lines: any("Application startup complete." in line for line in lines))
+            down = dankserve_cli(daemon.config, "down", name)
+            assert down.returncode == 0, down.stderr
+            up = dankserve_cli(daemon.config, "up", name, "--timeout", "120")
+            assert up.returncode == 0, up.stdout + up.stderr
+            follower.wait_for(lambda lines: sum("Application startup complete." in x for x in lines) >= 2)
+            follower.wait_for(lambda lines: any(" dankserve: [info] ready " in x for x in lines))
+            lines = list(follower.lines)
+        finally:
+            follower.stop()
+    stamped = re.compile(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} (dankserve|dankserve-{name}): ")
+    assert all(stamped.match(line) for line in lines), [x for x in lines if not stamped.match(x)]
+    first_boot_end = next(i for i, line in enumerate(lines) if "Application startup complete." in line)
+    after = lines[first_boot_end + 1 :]
+    daemon_after = [line for line in after if line[24:].startswith("dankserve: ")]
+    server_after = [line for line in after if line[24:].startswith(f"dankserve-{name}: ")]
+    assert any("[info] phase " in line and "phase=starting" in line for line in daemon_after), daemon_after
+    assert any("[info] ready " in line for line in daemon_after), daemon_after
+    assert any("Application startup complete." in line for line in server_after), server_after
+    return lines, server_after
+
+
+def test_follow_prints_the_daemons_lines_and_the_next_process_servers_across_down_and_up(tmp_path: Path) -> None:
+    """`logs -f` started before `down X; up X` (process runtime, daemon.log) prints the daemon's phases and
+    ready and the new server's boot, each stamped to the millisecond."""
+    name = f"fw{uuid.uuid4().hex[:8]}"
+    lines, _ = follow_across_down_and_up(tmp_path, name, process_deployment(free_port()))
+    daemon_lines = [line for line in lines if line[24:].startswith("dankserve: ")]
+    assert len({line[20:23] for line in daemon_lines}) > 1, "the daemon's lines lost their milliseconds"
+
+
+@pytest.mark.podman
+def test_follow_prints_the_next_containers_lines_across_down_and_up_with_conmons_times(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str
+) -> None:
+    """`logs -f` started before `down X; up X` (Podman) prints the new container's boot too, each line with the
+    time conmon stored for it (milliseconds, not vLLM's whole seconds)."""
+    name = f"fc{uuid.uuid4().hex[:8]}"
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    deployment = container_deployment(vllm_image, free_port(), gpus=[0])
+    _, server_after = follow_across_down_and_up(
+        tmp_path, name, deployment, hardware=host, extra_globals={"podman_url": podman_env.url}
+    )
+    assert len({line[20:23] for line in server_after}) > 1, "the servers' lines have whole seconds only"
+
+
+def test_logs_show_only_this_daemons_journal_entries_when_two_daemons_share_journald(
+    tmp_path: Path, journald: str
+) -> None:
+    """Two daemons (two state dirs, one deployment name) write to one journald; each one's `logs` shows its own
+    daemon's entries only."""
+    name = f"two{uuid.uuid4().hex[:8]}"
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+    with contextlib.ExitStack() as stack:
+        daemons = [
+            stack.enter_context(
+                running_daemon(tmp_path / side, {name: process_deployment(free_port())}, log_format="journald")
+            )
+            for side in ("a", "b")
+        ]
+        for daemon in daemons:
+            daemon.wait_for(name, lambda d: d["state"] == "ready")
+        read_journal(f"DEPLOYMENT={name}", "MESSAGE=ready", expect=2)
+        for daemon in daemons:
+            shown = dankserve_cli(daemon.config, "logs", name, "--json", "-n", "1000")
+            assert shown.returncode == 0, shown.stderr
+            entries = [json.loads(line) for line in shown.stdout.splitlines()]
+            daemon_lines = [e for e in entries if e["source"] == "dankserve"]
+            readies = [e for e in daemon_lines if e["message"].startswith("[info] ready ")]
+            assert len(readies) == 1, daemon_lines
+            assert all(e["deployment"] == name for e in daemon_lines)

@@ -28,6 +28,7 @@ from dankserve.testing.config_file import write_config
 __all__ = [
     "Notifications",
     "RunningDaemon",
+    "dankserve_cli",
     "free_port",
     "launcher_deployment",
     "process_deployment",
@@ -49,6 +50,17 @@ MODEL_FACTS = {
     "head_dim": 64,
     "max_position_embeddings": 8192,
 }
+
+
+def dankserve_cli(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`dankserve --config CONFIG ARGS...` as a user runs it; its exit code and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "dankserve", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def free_port() -> int:
@@ -156,6 +168,7 @@ class RunningDaemon:
     notifications: Notifications
     proc: subprocess.Popen[bytes] | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    log_format: str = "json"
 
     def start(self) -> RunningDaemon:
         env = {
@@ -166,7 +179,8 @@ class RunningDaemon:
         }
         env.pop("DANKSERVE_CONFIG", None)
         argv = [sys.executable, "-m", "dankserve", "--config", str(self.config), "run"]
-        argv += ["--hardware", str(self.hardware), "--log-format", "json"]
+        argv += ["--hardware", str(self.hardware), "--log-format", self.log_format]
+        self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         return self
@@ -246,8 +260,11 @@ def running_daemon(
     hardware: Path | None = None,
     extra_globals: Mapping[str, Any] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    log_format: str = "json",
+    log_in_state_dir: bool = False,
 ) -> Iterator[RunningDaemon]:
-    """Start a daemon for these deployments; stop it (and check it exits 0) afterwards."""
+    """Start a daemon for these deployments; stop it (and check it exits 0) afterwards. Its output goes
+    to tmp_path/daemon.log, or (`log_in_state_dir`) where `dankserve up` puts a background daemon's."""
     globals_ = {
         "state_dir": str(tmp_path / "state"),
         "cache_dir": str(tmp_path / "cache"),
@@ -263,8 +280,9 @@ def running_daemon(
     hw = hardware or write_host(tmp_path / "host.json")
     notifications = Notifications(tmp_path / "notify.sock")
     notifications.start()
+    log_path = tmp_path / "state" / "daemon.log" if log_in_state_dir else tmp_path / "daemon.log"
     daemon = RunningDaemon(
-        config, hw, tmp_path / "state", tmp_path / "daemon.log", notifications, extra_env=extra_env or {}
+        config, hw, tmp_path / "state", log_path, notifications, extra_env=extra_env or {}, log_format=log_format
     ).start()
     try:
         yield daemon
