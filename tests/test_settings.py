@@ -168,9 +168,9 @@ REJECTED_VALUES = [
     ("a boolean among GPU indices", "gpus = [0, true]", "deployments.chat.gpus"),
     ("NaN", "kv_offload = nan", "finite number"),
     ("infinity", "gpu_memory_utilization = inf", "gpu_memory_utilization"),
-    ("an empty model", 'model = ""', "at least 1 character"),
-    ("an empty image", 'image = ""', "at least 1 character"),
-    ("an absurd CPU offload", "cpu_offload = { gib = 1e308 }", "less than or equal to 1000000"),
+    ("an empty model", 'model = ""', "deployments.chat.model = '': expected a non-empty string"),
+    ("an empty image", 'image = ""', "deployments.chat.image = '': expected a non-empty string"),
+    ("an absurd CPU offload", "cpu_offload = { gib = 1e308 }", "expected a number of at most 1000000"),
 ]
 
 

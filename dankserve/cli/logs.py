@@ -46,7 +46,7 @@ def journal_matches(one: str | None) -> list[str]:
 @click.option("--since", help='Only lines from this time on: "2026-12-01 13:00", today, yesterday, "10m", "2h ago".')
 def command(name: str | None, deployment_option: str | None, follow: bool, lines: int, since: str | None) -> ExitCode:
     """Show the daemon's lines and each server's own output, oldest first, each with its time."""
-    settings = cli_context().load_settings()
+    settings = cli_context().daemon_settings().settings  # the running daemon's when the file is refused
     if name and deployment_option and name != deployment_option:
         raise InvalidInput(
             f"two deployments named: {name!r} and --deployment {deployment_option!r}", fix="name one deployment"
