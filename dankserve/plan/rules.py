@@ -388,8 +388,10 @@ def capacity(
     elif context is not None:
         length = int(context)
         note = "as configured" if native is None or length <= native else f"beyond the model's own {native:,}"
-    else:
+    elif native is not None:
         length, note = native, "the model's own"
+    else:
+        length, note = None, "the model's own length, not known here (its config.json was not read)"
     concurrency = tokens / length if tokens is not None and length else None
     return Capacity(length, note, tokens, concurrency, max_num_seqs)
 
