@@ -9,6 +9,7 @@ one is named. `--json` always prints a list; a plan that fails still prints its 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -168,13 +169,15 @@ def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) ->
     Each reason wraps to the terminal's width under its flag (a table column would squeeze it to a few
     characters at 80 columns)."""
     import shlex
-    import textwrap
 
     from rich.console import Console
     from rich.text import Text
 
     console = Console(highlight=False)
     indent = " " * WHY_INDENT
+
+    def wrap(text: str, first: str, rest: str) -> str:
+        return textwrap.fill(text, max(40, console.width), initial_indent=first, subsequent_indent=rest)
     for i, plan in enumerate(plans):
         if i:
             console.print()
@@ -186,11 +189,11 @@ def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) ->
             value = choice.value
             shown = "" if value is None else " ".join(value) if isinstance(value, tuple) else value
             console.print(Text.assemble((choice.flag, "bold"), f" {shown}" if shown else ""))
-            why = textwrap.fill(choice.reason, max(40, console.width), initial_indent=indent, subsequent_indent=indent)
-            console.print(why, soft_wrap=True, markup=False)
+            console.print(wrap(choice.reason, indent, indent), soft_wrap=True, markup=False)
         gpus = ", ".join(str(i) for i in plan.gpu_indices)
         console.print(f"GPUs: {gpus}   fingerprint: {plan.fingerprint[:16]}")
         if plan.capacity is not None:
-            console.print(f"promises: {plan.capacity.describe()}", markup=False)
+            console.print(wrap(f"promises: {plan.capacity.describe()}", "", "  "), soft_wrap=True, markup=False)
         for warning in plan.warnings:
-            console.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
+            text = wrap(f"warning: {warning}", "", "  ")
+            console.print(Text.assemble(("warning:", "yellow"), text.removeprefix("warning:")), soft_wrap=True)
