@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dankserve.host.model import Host
     from dankserve.plan.cluster import GroupMember
     from dankserve.plan.models import ModelFacts
+    from dankserve.plan.rules import OffloadShare
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
@@ -147,4 +148,14 @@ def plan_one(
         learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes,
         vllm_cache_root=vllm_cache_root(settings, name, dep),
         catalogue=catalogue,
+        offload_share=host_offload_share(settings, name, dep, host),
     )
+
+
+def host_offload_share(settings: Settings, name: str, dep: DeploymentSettings, host: Host) -> OffloadShare:
+    """The host RAM for CPU KV offload this deployment shares with every other enabled one on this host."""
+    from dankserve.plan.rules import offload_share
+
+    local = {n: d for n, d in settings.deployments.items() if d.enabled and not d.hosts}
+    local[name] = dep
+    return offload_share(host.memory.total_bytes, [d.kv_offload for d in local.values()])

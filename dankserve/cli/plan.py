@@ -178,6 +178,7 @@ def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) ->
 
     def wrap(text: str, first: str, rest: str) -> str:
         return textwrap.fill(text, max(40, console.width), initial_indent=first, subsequent_indent=rest)
+
     for i, plan in enumerate(plans):
         if i:
             console.print()

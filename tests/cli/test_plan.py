@@ -279,3 +279,28 @@ def test_global_options_after_the_command(tmp_path: Path, capsys: pytest.Capture
     config = write_config(tmp_path, '[deployments.only]\nmodel = "o/a"\n')
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--config", config, "--debug"], capsys)
     assert code == ExitCode.OK and [p["deployment"] for p in json.loads(out)] == ["only"]
+
+
+def test_five_small_deployments_on_auto_kv_offload_share_the_hosts_ram(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five deployments on the default kv_offload = "auto" on a 252 GiB host: each gets its share of the RAM the host
+    gives to offload (not 64 GiB each, 320 GiB in all, refused), and the reason says so."""
+    from dankserve.testing.config_file import write_config as write_toml
+    from tests.harness.daemon import MODEL_FACTS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    deployments = {
+        f"d{i}": {"model": "test/tiny", "port": 18100 + i, "gpus": [i % 2], "gpu_memory_utilization": 0.3}
+        | {"model_facts": MODEL_FACTS}
+        for i in range(5)
+    }
+    config = write_toml(tmp_path / "five.toml", {"vllm_version": "0.33.0"}, deployments)
+    code, out, err = run(
+        ["--config", str(config), "plan", "--json", "--hardware", str(HOSTS / "h200x2-vm-real.json")], capsys
+    )
+    assert code == ExitCode.OK, err
+    plans = json.loads(out)
+    sizes = [next(f for f in p["flags"] if f["flag"] == "--kv-offloading-size") for p in plans]
+    assert [s["value"] for s in sizes] == ["44"] * 5
+    assert all("5 deployment(s) on auto share the 220.3 GiB" in s["reason"] for s in sizes)
