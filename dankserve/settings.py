@@ -268,7 +268,8 @@ class DeploymentSettings(_Strict):
     cpu_offload: CpuOffloadSettings | None = None
     kv_offload: float | Literal["auto", "off"] = Field(
         default="auto",
-        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM), or off.",
+        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM, shared among the deployments "
+        "on auto), or off.",
     )
     profile: Profile = Field(default="throughput", description="Tune batching for throughput or latency.")
     numa_bind: bool | None = Field(default=None, description="Unset: bind when the host has several NUMA nodes.")
