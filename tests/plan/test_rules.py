@@ -106,7 +106,7 @@ def test_offload_non_decreasing_in_ram_and_within_available(total: int, more: in
 def test_auto_offloads_of_the_deployments_together_fit_the_host(total: int, sharers: int, fixed: list[float]) -> None:
     """However many deployments are on auto (and whatever others set by hand), their auto amounts together stay
     within the RAM the host gives to offload, less the amounts set by hand."""
-    share = rules.offload_share(total, ["auto"] * sharers + fixed)
+    share = rules.offload_share(total, [*(["auto"] * sharers), *fixed])
     each = rules.kv_offload_gib(Memory(total_bytes=total, available_bytes=total), "auto", share).value or 0
     assert sharers * each * GIB <= max(0, rules.host_ram_limit(total) - sum(int(f * GIB) for f in fixed))
 
