@@ -2,7 +2,10 @@
 
 The socket lives in the state directory (0700, root's), so only root can ask the daemon to
 start or stop a deployment. Requests: {"command": "status"}, {"command": "up", "deployment": N},
-{"command": "down", "deployment": N}, {"command": "reload"}.
+{"command": "down", "deployment": N}, {"command": "sleep"|"wake", "deployment": N},
+{"command": "reload"} (answered once applied: {"reload": {"accepted", "refused", "restart", "start",
+"stop", "keep"}}) and {"command": "settings"} (the settings the daemon runs with, for a CLI whose
+config file on disk does not validate).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dankserve.host.model import Host
     from dankserve.plan.cluster import GroupMember
     from dankserve.plan.models import ModelFacts
+    from dankserve.plan.rules import OffloadShare
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
@@ -41,6 +42,26 @@ def wants_hub(dep: DeploymentSettings) -> bool:
     return is_hub_id(dep.model) and dep.model_facts is None
 
 
+def check_local_model(settings: Settings, name: str, dep: DeploymentSettings) -> None:
+    """A model written as a path must be a directory on this host (ConfigError, exit 2, naming it)."""
+    from dankserve.errors import ConfigError
+    from dankserve.hub.access import is_local_path
+    from dankserve.hub.cache import host_model_path
+
+    if not is_local_path(dep.model):
+        return
+    path = host_model_path(settings.hf_cache_dir, dep.model)
+    if path.is_dir():
+        return
+    where = "" if path == Path(dep.model) else f" (on this host {path})"
+    what = "is not a directory" if path.exists() else "does not exist"
+    raise ConfigError(
+        f"deployments.{name}.model = {dep.model!r}: the local path{where} {what}",
+        fix="name the directory holding the model's config.json and weights, or a Hub model as ORG/NAME "
+        "(a container reads paths under /root/.cache/huggingface from hf_cache_dir)",
+    )
+
+
 def model_facts_for(settings: Settings, name: str, dep: DeploymentSettings) -> ModelFacts:
     """The model's facts: the HF cache, else the Hub (kept under the state dir), with `model_facts` on top.
 
@@ -55,6 +76,7 @@ def model_facts_for(settings: Settings, name: str, dep: DeploymentSettings) -> M
     from dankserve.hub.remote import cached_or_fetch
     from dankserve.plan.models import declared_facts, facts_from_files, facts_from_hub, merge_facts
 
+    check_local_model(settings, name, dep)
     files = read_model_files(settings.hf_cache_dir, dep.model, dep.revision)
     found = facts_from_files(dep.model, files) if files is not None else None
     if wants_hub(dep) and (found is None or found.parameter_bytes is None):
@@ -126,4 +148,14 @@ def plan_one(
         learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes,
         vllm_cache_root=vllm_cache_root(settings, name, dep),
         catalogue=catalogue,
+        offload_share=host_offload_share(settings, name, dep, host),
     )
+
+
+def host_offload_share(settings: Settings, name: str, dep: DeploymentSettings, host: Host) -> OffloadShare:
+    """The host RAM for CPU KV offload this deployment shares with every other enabled one on this host."""
+    from dankserve.plan.rules import offload_share
+
+    local = {n: d for n, d in settings.deployments.items() if d.enabled and not d.hosts}
+    local[name] = dep
+    return offload_share(host.memory.total_bytes, [d.kv_offload for d in local.values()])

@@ -13,12 +13,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dankserve import control
 from dankserve.errors import EnvironmentUnusable
 from dankserve.processes import spawn_detached
 from dankserve.supervisor import instance
+
+if TYPE_CHECKING:
+    from dankserve.settings import Settings
 
 UNIT_NAME = "dankserve.service"
 DAEMON_LOG = "daemon.log"
@@ -76,6 +79,21 @@ def daemon_request(state_dir: Path, message: dict[str, Any], timeout: float = 12
             fix="run as root (the control socket is root-only)",
         ) from None
     except (OSError, ValueError):
+        return None
+
+
+def running_settings(state_dir: Path) -> Settings | None:
+    """The settings the daemon at `state_dir` runs with (None: no daemon answers, or it speaks another schema)."""
+    from pydantic import ValidationError
+
+    from dankserve.settings import Settings
+
+    reply = daemon_request(state_dir, {"command": "settings"}, timeout=5)
+    if not reply or not reply.get("ok") or not isinstance(reply.get("settings"), dict):
+        return None
+    try:
+        return Settings.model_validate(reply["settings"])
+    except ValidationError:
         return None
 
 

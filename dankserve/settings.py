@@ -268,7 +268,8 @@ class DeploymentSettings(_Strict):
     cpu_offload: CpuOffloadSettings | None = None
     kv_offload: float | Literal["auto", "off"] = Field(
         default="auto",
-        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM), or off.",
+        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM, shared among the deployments "
+        "on auto), or off.",
     )
     profile: Profile = Field(default="throughput", description="Tune batching for throughput or latency.")
     numa_bind: bool | None = Field(default=None, description="Unset: bind when the host has several NUMA nodes.")
@@ -814,24 +815,37 @@ def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
         ) from None
 
 
-def _describe_error(path: Path, error: Mapping[str, Any]) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
-    value = error.get("input")
-    kind = error.get("type", "")
-    if kind == "extra_forbidden":
-        return (
-            f"{path}: unknown key {key!r} (value {value!r}); "
-            "see the keys allowed in the example `dankserve install` writes"
-        )
-    if kind == "missing" and key.startswith("cluster.tls_"):
-        return (
-            f"{path}: {key} is required: the cluster API speaks TLS only (make the group's certificates "
-            "with scripts/cluster-certs.sh DIR ADDRESS..., docs/MULTI-HOST.md)"
-        )
-    # extra_args and env may hold a secret (which is why they were refused): never echo them.
-    hidden = isinstance(value, dict) or (error["loc"] and error["loc"][-1] in ("extra_args", "env"))
-    shown = "" if hidden else f" = {value!r}"
-    return f"{path}: {key}{shown}: {error['msg']}"
+_STATE_DIR_LINE = re.compile(r"""\s*state_dir\s*=\s*(?:"([^"\\]*)"|'([^']*)')\s*(?:#.*)?""")
+
+
+def state_dir_despite_errors(config: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """The state dir (where the running daemon listens) named by a config file that may not validate.
+
+    Read-only commands reach the daemon through it while the file on disk is refused: the top-level
+    `state_dir` (from the TOML, or from its line when the TOML does not parse), DANKSERVE_STATE_DIR over
+    it, the default without either. A file that others may change names no directory worth trusting."""
+    env = os.environ if environ is None else environ
+    if env.get("DANKSERVE_STATE_DIR"):
+        return Path(env["DANKSERVE_STATE_DIR"])
+    default: Path = Settings.model_fields["state_dir"].default
+    path, _ = resolve_config_path(config, env)
+    try:
+        _check_config_file(path)
+        text = _read_config_text(path)
+    except (ConfigError, OSError, UnicodeDecodeError):
+        return default
+    if text is None:
+        return default
+    try:
+        value = tomllib.loads(text).get("state_dir")
+    except (tomllib.TOMLDecodeError, RecursionError):
+        value = None
+        for line in text.splitlines():
+            if line.lstrip().startswith("["):
+                break  # the top-level keys end at the first table
+            if found := _STATE_DIR_LINE.fullmatch(line):
+                value = found.group(1) if found.group(1) is not None else found.group(2)
+    return Path(value) if isinstance(value, str) and value else default
 
 
 def load_settings(config: Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -857,10 +871,15 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
             fix="flatten the nesting (no dankserve key nests more than a few levels)",
         ) from None
     except ValidationError as exc:
-        lines = [_describe_error(path, err) for err in exc.errors()]
+        from dankserve.config_errors import describe
+
+        problems = describe(Settings, exc.errors())
         raise ConfigError(
-            "invalid configuration:\n  " + "\n  ".join(lines),
-            fix="correct the values named above (the example config `dankserve install` writes documents every key)",
+            "invalid configuration:\n  " + "\n  ".join(f"{path}: {p.line}" for p in problems),
+            fix=problems[0].fix
+            if len(problems) == 1
+            else "correct the keys named above (docs/CONFIGURATION.md, and the example config `dankserve install` "
+            "writes, document every key)",
         ) from None
     check_secret_files(settings)
     return settings

@@ -168,9 +168,9 @@ REJECTED_VALUES = [
     ("a boolean among GPU indices", "gpus = [0, true]", "deployments.chat.gpus"),
     ("NaN", "kv_offload = nan", "finite number"),
     ("infinity", "gpu_memory_utilization = inf", "gpu_memory_utilization"),
-    ("an empty model", 'model = ""', "at least 1 character"),
-    ("an empty image", 'image = ""', "at least 1 character"),
-    ("an absurd CPU offload", "cpu_offload = { gib = 1e308 }", "less than or equal to 1000000"),
+    ("an empty model", 'model = ""', "deployments.chat.model = '': expected a non-empty string"),
+    ("an empty image", 'image = ""', "deployments.chat.image = '': expected a non-empty string"),
+    ("an absurd CPU offload", "cpu_offload = { gib = 1e308 }", "expected a number of at most 1000000"),
 ]
 
 
@@ -368,3 +368,19 @@ def test_a_nesting_bomb_is_a_config_error(tmp_path: Path, bomb: str) -> None:
     path = write(tmp_path, bomb + "\n")
     with pytest.raises(ConfigError, match="nest"):
         load_settings(path, environ={})
+
+
+def test_the_state_dir_is_found_in_a_file_that_does_not_validate(tmp_path: Path) -> None:
+    """A refused file still names its state dir (for reaching the running daemon): from the TOML, from its line when
+    the TOML does not parse, DANKSERVE_STATE_DIR over either; a file others may change names none (the default)."""
+    from dankserve.settings import Settings, state_dir_despite_errors
+
+    default = Settings.model_fields["state_dir"].default
+    path = write(tmp_path, 'state_dir = "/srv/ds"\n[deployments.a]\nmodel = "m"\nmax_num_seq = 64\n')
+    assert state_dir_despite_errors(path, environ={}) == Path("/srv/ds")
+    path = write(tmp_path, "state_dir = '/srv/ds2'  # mine\n[deployments.a\nmodel = \n")
+    assert state_dir_despite_errors(path, environ={}) == Path("/srv/ds2")
+    assert state_dir_despite_errors(path, environ={"DANKSERVE_STATE_DIR": "/env"}) == Path("/env")
+    path.chmod(0o666)
+    assert state_dir_despite_errors(path, environ={}) == default
+    assert state_dir_despite_errors(tmp_path / "absent.toml", environ={}) == default

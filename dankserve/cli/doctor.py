@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
 from dankserve import doctor
 from dankserve.cli.context import cli_context
+from dankserve.cli.options import hardware_option
 from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
@@ -16,22 +18,18 @@ from dankserve.exitcodes import ExitCode
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-def command(as_json: bool) -> ExitCode:
-    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk and images."""
+@hardware_option
+def command(as_json: bool, hardware: Path | None) -> ExitCode:
+    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk and images.
+
+    With --hardware (or DANKSERVE_HARDWARE) the GPUs are a recorded host's: the file is read instead of
+    the driver, and the device nodes and CDI spec of this machine are not checked."""
     settings = cli_context().load_settings()
     checks: list[doctor.Check] = []
-
-    driver: str | None = None
-    try:
-        from dankserve.host.probe import probe_host
-
-        host = probe_host([settings.cache_dir, settings.hf_cache_dir])
-        driver = host.driver_version
-        checks.append(doctor.Check("nvidia driver", "ok", f"driver {driver}, {len(host.gpus)} GPU(s)"))
-    except DankserveError as exc:
-        checks.append(doctor.Check("nvidia driver", "fail", exc.message, exc.fix))
-    checks.append(doctor.device_node_verdict(doctor.read_device_nodes()))
-    checks.append(doctor.cdi_verdict(doctor.read_cdi_specs(), driver))
+    if hardware is not None:
+        checks.append(_recorded_host_check(hardware))
+    else:
+        checks += _gpu_checks(settings.cache_dir, settings.hf_cache_dir)
     for path in (settings.cache_dir, settings.hf_cache_dir):
         checks.append(doctor.disk_verdict(path, doctor.free_disk(path), None))
 
@@ -72,3 +70,35 @@ def command(as_json: bool) -> ExitCode:
             if check.fix and check.verdict != "ok":
                 click.echo(f"        fix: {check.fix}")
     return ExitCode.ENVIRONMENT if failed else ExitCode.OK
+
+
+def _recorded_host_check(path: Path) -> doctor.Check:
+    from dankserve.host.recorded import read_host
+
+    try:
+        host = read_host(path)
+    except DankserveError as exc:
+        return doctor.Check("recorded host", "fail", exc.message, exc.fix)
+    return doctor.Check(
+        "recorded host",
+        "ok",
+        f"{path}: driver {host.driver_version}, {len(host.gpus)} GPU(s), recorded (the driver, device nodes "
+        "and CDI spec of this machine are not checked)",
+    )
+
+
+def _gpu_checks(*cache_dirs: Path) -> list[doctor.Check]:
+    """The driver (through NVML), the device nodes and the CDI spec of this machine."""
+    driver: str | None = None
+    checks: list[doctor.Check] = []
+    try:
+        from dankserve.host.probe import probe_host
+
+        host = probe_host(list(cache_dirs))
+        driver = host.driver_version
+        checks.append(doctor.Check("nvidia driver", "ok", f"driver {driver}, {len(host.gpus)} GPU(s)"))
+    except DankserveError as exc:
+        checks.append(doctor.Check("nvidia driver", "fail", exc.message, exc.fix))
+    checks.append(doctor.device_node_verdict(doctor.read_device_nodes()))
+    checks.append(doctor.cdi_verdict(doctor.read_cdi_specs(), driver))
+    return checks

@@ -17,7 +17,7 @@ def command(deployment: str | None) -> ExitCode:
     from dankserve import servicectl
 
     ctx = cli_context()
-    settings = ctx.load_settings()
+    settings = ctx.daemon_settings().settings  # the running daemon's when the file is refused
     state_dir = settings.state_dir
     if deployment is not None:
         if deployment not in settings.deployments:

@@ -1,11 +1,12 @@
 """`dankserve inspect-log FILE [--json]`: the boot facts a vLLM log tells (the last boot's).
 
-Exit 0 whatever the log says (a failed boot is a fact, not an error); exit 2 when the file
-cannot be read. `-` reads standard input.
+Exit 0 whatever the boot did (a failed boot is a fact, not an error); exit 2 when the file
+cannot be read or holds no line of a vLLM boot. `-` reads standard input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
@@ -43,19 +44,24 @@ def command(file: str, as_json: bool) -> ExitCode:
     from dankserve.cli.render import print_json
 
     reader = BootLogReader()
+    lines = recognised = 0
     try:
-        if file == "-":
-            for line in _lines(sys.stdin.buffer):
-                reader.feed(line)
-        else:
-            with open(file, "rb") as stream:
-                for line in _lines(stream):
-                    reader.feed(line)
+        with contextlib.nullcontext(sys.stdin.buffer) if file == "-" else open(file, "rb") as stream:
+            for line in _lines(stream):
+                lines += 1
+                recognised += bool(reader.feed(line))
     except OSError as exc:
         raise InvalidInput(
             f"cannot read the log file {file}: {exc.strerror or exc}",
             fix="name a readable file (a saved container log, `podman logs NAME > FILE`), or - for stdin",
         ) from None
+    if not recognised:
+        name = "standard input" if file == "-" else file
+        raise InvalidInput(
+            f"{name} holds no vLLM boot ({lines} line{'' if lines == 1 else 's'} read, none of them one vLLM "
+            "prints while it boots)",
+            fix="name a vLLM server's log (`podman logs NAME > FILE`, or `dankserve logs NAME > FILE`)",
+        )
     facts = reader.facts.to_json()
     if as_json:
         print_json(facts)

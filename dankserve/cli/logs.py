@@ -70,7 +70,7 @@ def command(  # click passes every option by name
     *, name: str | None, deployment_option: str | None, follow: bool, lines: int, since: str | None, as_json: bool
 ) -> ExitCode:
     """Show the daemon's lines and each server's own output, oldest first, each with its time."""
-    settings = cli_context().load_settings()
+    settings = cli_context().daemon_settings().settings  # the running daemon's when the file is refused
     if name and deployment_option and name != deployment_option:
         raise InvalidInput(
             f"two deployments named: {name!r} and --deployment {deployment_option!r}", fix="name one deployment"

@@ -7,6 +7,7 @@ anything else is a bug: exit 1, with the traceback only under --debug.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 import traceback
@@ -29,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("down", "Stop the service (or one deployment) gracefully."),
     "restart": ("restart", "Restart one deployment (down, then up) and follow it until ready."),
     "status": ("status", "Show the daemon and each deployment's state."),
+    "reload": ("reload", "Make the running daemon re-read its config; say what restarts and what keeps running."),
     "sleep": ("sleep", "Put a swap group member to sleep now (vLLM's sleep mode)."),
     "wake": ("wake", "Wake a sleeping swap group member and wait until it is ready."),
     "logs": ("logs", "Show daemon and container logs together."),
@@ -51,6 +53,18 @@ class LazyGroup(click.Group):
         module = importlib.import_module(f"dankserve.cli.{entry[0]}")
         command: click.Command = module.command
         return with_global_options(command)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            name = args[0] if args else ""
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+            if self.get_command(ctx, name) is not None or not close:
+                raise
+            raise click.UsageError(f"No such command {name!r}. Did you mean {close[0]!r}?", ctx) from exc
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]

@@ -9,7 +9,8 @@ one is named. `--json` always prints a list; a plan that fails still prints its 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,7 @@ def command(
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
     if not as_json:
-        print_plans(plan_all(settings, selected, host, vllm_version))
+        print_plans(plan_all(settings, selected, host, vllm_version), {n: runs_in(d) for n, d in selected})
         return ExitCode.OK
     from dankserve.cli.render import print_json
 
@@ -153,32 +154,48 @@ def _with_warning(plan: Plan, warning: str) -> Plan:
     return replace(plan, warnings=(*plan.warnings, warning))
 
 
-def print_plans(plans: Sequence[Plan]) -> None:
-    """The text form: the full command, then a flag / value / why table, then warnings."""
+def runs_in(dep: DeploymentSettings) -> str:
+    """What runs the server, for the plan's header: the image, or the process runtime's executable."""
+    if dep.runtime == "process":
+        return f"process {dep.executable or 'vllm'}"
+    return dep.image
+
+
+WHY_INDENT = 6
+
+
+def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) -> None:
+    """The text form: the full command, then each flag with its value and, indented beneath, why; warnings last.
+
+    Each reason wraps to the terminal's width under its flag (a table column would squeeze it to a few
+    characters at 80 columns)."""
     import shlex
 
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
+    console = Console(highlight=False)
+    indent = " " * WHY_INDENT
+
+    def wrap(text: str, first: str, rest: str) -> str:
+        return textwrap.fill(text, max(40, console.width), initial_indent=first, subsequent_indent=rest)
+
     for i, plan in enumerate(plans):
         if i:
             console.print()
-        console.rule(f"[bold]{plan.deployment}[/bold]  {plan.image}  (vLLM {plan.vllm_version})")
+        runner = (runs or {}).get(plan.deployment, plan.image)
+        console.rule(Text.assemble((plan.deployment, "bold"), f"  {runner}  (vLLM {plan.vllm_version})"))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
-        console.print(f"{env} vllm serve {shlex.join(plan.argv)}", soft_wrap=True, highlight=False, markup=False)
-        table = Table(show_lines=False, expand=True)
-        table.add_column("flag", no_wrap=True)
-        table.add_column("value", overflow="fold")
-        table.add_column("why", ratio=2)
+        console.print(f"{env} vllm serve {shlex.join(plan.argv)}", soft_wrap=True, markup=False)
         for choice in plan.flags:
             value = choice.value
             shown = "" if value is None else " ".join(value) if isinstance(value, tuple) else value
-            table.add_row(choice.flag, shown, choice.reason)
-        console.print(table)
+            console.print(Text.assemble((choice.flag, "bold"), f" {shown}" if shown else ""))
+            console.print(wrap(choice.reason, indent, indent), soft_wrap=True, markup=False)
         gpus = ", ".join(str(i) for i in plan.gpu_indices)
-        console.print(f"GPUs: {gpus}   fingerprint: {plan.fingerprint[:16]}", highlight=False)
+        console.print(f"GPUs: {gpus}   fingerprint: {plan.fingerprint[:16]}")
         if plan.capacity is not None:
-            console.print(f"promises: {plan.capacity.describe()}", highlight=False, markup=False)
+            console.print(wrap(f"promises: {plan.capacity.describe()}", "", "  "), soft_wrap=True, markup=False)
         for warning in plan.warnings:
-            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+            text = wrap(f"warning: {warning}", "", "  ")
+            console.print(Text.assemble(("warning:", "yellow"), text.removeprefix("warning:")), soft_wrap=True)

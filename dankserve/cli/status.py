@@ -9,6 +9,7 @@ import click
 
 from dankserve.cli.context import cli_context
 from dankserve.cli.render import format_bytes, print_json
+from dankserve.errors import ConfigError
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import Settings
 
@@ -39,6 +40,41 @@ def current_status(settings: Settings) -> dict[str, Any]:
         status: dict[str, Any] = reply["status"]
         return status
     return offline_status(settings)
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def note_disk_config(doc: dict[str, Any], refusal: ConfigError | None, now: float) -> None:
+    """Record in the daemon's `config` entry what this command found in the file on disk (`on_disk`)."""
+    config = doc["daemon"].get("config")
+    if config is None:  # no daemon answered: nothing runs a config
+        return
+    config["on_disk"] = (
+        {"valid": True}
+        if refusal is None
+        else {"valid": False, "checked_at": now, "error": refusal.message, "fix": refusal.fix}
+    )
+
+
+def config_lines(daemon: dict[str, Any]) -> list[str]:
+    """The lines saying that the config on disk was refused while the daemon runs the one it loaded before."""
+    config = daemon.get("config") or {}
+    disk = config.get("on_disk") or {}
+    refused = config.get("refused") or (None if disk.get("valid", True) else {**disk, "at": disk["checked_at"]})
+    if refused is None:
+        return []
+    error = " ".join(part.strip() for part in str(refused["error"]).splitlines())
+    lines = [
+        f"the config on disk was refused at {_clock(refused['at'])}: {error}; "
+        f"running the config loaded at {_clock(config['loaded_at'])}"
+    ]
+    if disk.get("valid"):
+        lines.append("  the file validates now: `dankserve reload` applies it")
+    elif refused.get("fix"):
+        lines.append(f"  fix: {refused['fix']}, then `dankserve reload`")
+    return lines
 
 
 def swap_line(swap: dict[str, Any]) -> str:
@@ -100,8 +136,10 @@ def _observed(dep: dict[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
 def command(as_json: bool) -> ExitCode:
     """Show the daemon and each deployment's state, boots, learned KV cache and GPU memory."""
-    settings = cli_context().load_settings()
+    reached = cli_context().daemon_settings()
+    settings = reached.settings
     doc = current_status(settings)
+    note_disk_config(doc, reached.refusal, time.time())
     doc["warnings"] = [
         *doc.get("warnings", []),
         *_warnings(doc, time.time(), settings.preemption_warning_interval_seconds),
@@ -111,6 +149,8 @@ def command(as_json: bool) -> ExitCode:
         return ExitCode.OK
     daemon = doc["daemon"]
     click.echo(f"daemon: {'running (pid ' + str(daemon['pid']) + ')' if daemon['running'] else 'not running'}")
+    for line in config_lines(daemon):
+        click.echo(line)
     for dep in doc["deployments"]:
         uptime = f", up {dep['uptime_seconds']:.0f}s" if dep.get("uptime_seconds") is not None else ""
         percent = dep.get("weights_percent")

@@ -17,7 +17,7 @@ def swap_request(command: Literal["sleep", "wake"], deployment: str, as_json: bo
     """Send `command` for `deployment` to the running daemon; waits until asleep or ready."""
     from dankserve import servicectl
 
-    settings = cli_context().load_settings()
+    settings = cli_context().daemon_settings().settings  # the running daemon's when the file is refused
     dep = settings.deployments.get(deployment)
     if dep is None:
         known = ", ".join(sorted(settings.deployments)) or "none"

@@ -38,6 +38,14 @@ def is_hub_id(model: str) -> bool:
     return not model.startswith(("/", ".", "~")) and model.count("/") == 1
 
 
+def is_local_path(model: str) -> bool:
+    """Whether a model is written as a path (vLLM then reads that directory), not as a Hub repo id.
+
+    A Hub repo id is ORG/NAME (or a bare NAME, which may be a canonical Hub model); a path starts with
+    '/', '.' or '~', or has more than one '/' (huggingface_hub allows one)."""
+    return not is_hub_id(model) and (model.startswith(("/", ".", "~")) or "/" in model)
+
+
 def offline_mode(environ: Mapping[str, str]) -> bool:
     """HF_HUB_OFFLINE as huggingface_hub reads it."""
     return environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_VALUES

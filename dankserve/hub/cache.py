@@ -15,6 +15,14 @@ from dankserve.hub.access import is_hub_id
 from dankserve.plan.models import CONTAINER_HF_CACHE, ModelFiles
 
 
+def host_model_path(hf_cache_dir: Path, model: str) -> Path:
+    """Where a model written as a path lives on this host: under the container's HF cache mount it maps
+    into `hf_cache_dir`; any other path is taken as it is."""
+    if model.startswith(CONTAINER_HF_CACHE + "/"):
+        return hf_cache_dir / model.removeprefix(CONTAINER_HF_CACHE + "/")
+    return Path(model)
+
+
 def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path | None:
     """Where a model's files live, or None when it is not cached.
 
@@ -23,9 +31,7 @@ def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path |
     revision and a single cached snapshot, that snapshot is taken.
     """
     if not is_hub_id(model):
-        path = Path(model)
-        if model.startswith(CONTAINER_HF_CACHE + "/"):
-            path = hf_cache_dir / model.removeprefix(CONTAINER_HF_CACHE + "/")
+        path = host_model_path(hf_cache_dir, model)
         return path if path.is_dir() else None
     cache = hf_cache_dir / "hub"
     if not (cache / ("models--" + model.replace("/", "--"))).is_dir():

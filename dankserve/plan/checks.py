@@ -16,7 +16,7 @@ from dankserve.errors import ConfigError, InfeasiblePlan, UnknownValueError
 from dankserve.host.model import Gpu, Host
 from dankserve.plan.catalogue import Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts
-from dankserve.plan.rules import GpuFit, divides_heads, gib, largest_context
+from dankserve.plan.rules import GpuFit, divides_heads, gib, host_ram_limit, largest_context
 from dankserve.plan.types import Plan
 from dankserve.settings import DeploymentSettings
 
@@ -320,17 +320,6 @@ def _awake_at_once(sharing: Sequence[Plan], swap: Mapping[str, SwapMembership]) 
 def swap_memberships(deployments: Iterable[tuple[str, DeploymentSettings]]) -> dict[str, SwapMembership]:
     """The swap group of each deployment that has one."""
     return {name: SwapMembership(dep.swap_group, dep.pinned) for name, dep in deployments if dep.swap_group is not None}
-
-
-HOST_RAM_RESERVE_FRACTION = 0.125
-HOST_RAM_RESERVE_MIN = 8 << 30
-
-
-def host_ram_limit(total_bytes: int) -> int:
-    """RAM the servers may pin for CPU offload: the total less a reserve for the OS, vLLM's own
-    processes and the page cache (max(8 GiB, 1/8)). The total, not the live available RAM: that
-    already lacks what running servers pinned, so a plan made beside them would refuse itself."""
-    return max(0, total_bytes - max(HOST_RAM_RESERVE_MIN, int(total_bytes * HOST_RAM_RESERVE_FRACTION)))
 
 
 def check_host_ram(plans: Sequence[Plan], host: Host) -> None:

@@ -69,8 +69,11 @@ def plan_deployment(
     learned_kv_cache_memory_bytes: int | None = None,
     vllm_cache_root: str = DEFAULT_CONTAINER_CACHE_ROOT,
     catalogue: Catalogue | None = None,
+    offload_share: rules.OffloadShare | None = None,
 ) -> Plan:
-    """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4)."""
+    """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4).
+
+    `offload_share`: the host RAM this deployment shares with the others for CPU KV offload (None: it is alone)."""
     absorbed = extra_args.absorb(deployment, name)
     deployment = absorbed.deployment
     validate_values(deployment, caps, catalogue)
@@ -82,7 +85,7 @@ def plan_deployment(
     warnings = [*caps.warnings, *sizing.warnings]
     flags = _Flags()
     warnings += memory_flags(flags, deployment, sizing, caps, learned_kv_cache_memory_bytes)
-    warnings += offload_flags(flags, deployment, host, sizing, caps)
+    warnings += offload_flags(flags, deployment, host, sizing, caps, share=offload_share)
     serving_flags(flags, deployment)
     warnings += model_flags(flags, deployment, model, caps)
     access_log_flags(flags, caps)
@@ -434,11 +437,17 @@ def attention_backend(deployment: DeploymentSettings) -> str | None:
 
 
 def offload_flags(
-    flags: _Flags, deployment: DeploymentSettings, host: Host, sizing: Sizing, caps: VllmCapabilities
+    flags: _Flags,
+    deployment: DeploymentSettings,
+    host: Host,
+    sizing: Sizing,
+    caps: VllmCapabilities,
+    *,
+    share: rules.OffloadShare | None = None,
 ) -> list[str]:
-    """CPU KV offload (by RAM) and, only when configured, weights in CPU memory."""
+    """CPU KV offload (by RAM, shared with the other deployments) and, only when configured, weights in CPU memory."""
     warnings: list[str] = []
-    swap = rules.kv_offload_gib(host.memory, deployment.kv_offload)
+    swap = rules.kv_offload_gib(host.memory, deployment.kv_offload, share)
     if swap.value is not None:
         spelt = rules.kv_offload_flags(swap.value, sizing.tensor_parallel.value, caps)
         for i, (flag, value, why) in enumerate(spelt.flags):

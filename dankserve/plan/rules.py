@@ -161,10 +161,54 @@ def swap_row(total_bytes: int) -> SwapRow | None:
     return rows[-1] if rows else None
 
 
-def kv_offload_gib(memory: Memory, configured: float | Literal["auto", "off"]) -> Decision[float | None]:
+HOST_RAM_RESERVE_FRACTION = 0.125
+HOST_RAM_RESERVE_MIN = 8 << 30
+
+
+def host_ram_limit(total_bytes: int) -> int:
+    """RAM the servers may pin for CPU offload: the total less a reserve for the OS, vLLM's own
+    processes and the page cache (max(8 GiB, 1/8)). The total, not the live available RAM: that
+    already lacks what running servers pinned, so a plan made beside them would refuse itself."""
+    return max(0, total_bytes - max(HOST_RAM_RESERVE_MIN, int(total_bytes * HOST_RAM_RESERVE_FRACTION)))
+
+
+@dataclass(frozen=True)
+class OffloadShare:
+    """The host RAM the deployments on `kv_offload = "auto"` share: what the host gives to CPU offload
+    (host_ram_limit) less the amounts other deployments set by hand, split evenly among them."""
+
+    budget_bytes: int
+    fixed_bytes: int
+    """kv_offload GiB set by hand in the other deployments."""
+    sharers: int
+    """Deployments on auto, this one included."""
+
+    @property
+    def each_gib(self) -> int:
+        return max(0, self.budget_bytes - self.fixed_bytes) // max(1, self.sharers) // GIB
+
+    def describe(self) -> str:
+        fixed = f" less the {gib(self.fixed_bytes)} set by hand" if self.fixed_bytes else ""
+        return (
+            f"{self.sharers} deployment(s) on auto share the {gib(self.budget_bytes)} this host gives to CPU "
+            f"offload{fixed}: {self.each_gib} GiB each"
+        )
+
+
+def offload_share(total_ram_bytes: int, offloads: Sequence[float | str]) -> OffloadShare:
+    """The share of the host's offload RAM among deployments with these kv_offload settings (every enabled
+    deployment on this host, the one planned included)."""
+    fixed = sum(int(value * GIB) for value in offloads if not isinstance(value, str))
+    return OffloadShare(host_ram_limit(total_ram_bytes), fixed, max(1, sum(1 for v in offloads if v == "auto")))
+
+
+def kv_offload_gib(
+    memory: Memory, configured: float | Literal["auto", "off"], share: OffloadShare | None = None
+) -> Decision[float | None]:
     """CPU memory for offloaded KV cache, GiB for the whole host (None: no offload).
 
-    auto: the seed table's lower end by total RAM, capped by the available RAM (whole GiB).
+    auto: the seed table's lower end by total RAM, capped by the available RAM and by this deployment's
+    share of the host's offload RAM (whole GiB); off when less than 1 GiB is left.
     """
     if configured == "off":
         return Decision(None, "kv_offload = off in config")
@@ -174,15 +218,21 @@ def kv_offload_gib(memory: Memory, configured: float | Literal["auto", "off"]) -
     if row is None:
         return Decision(None, f"host RAM {gib(memory.total_bytes)}: below 32 GB no CPU KV offload is recommended")
     reason = f"recommended for {row.ram_gib} GB of RAM: {row.band} GiB; the lowest, {row.value_gib} GiB"
+    value = row.value_gib
+    if share is not None and share.each_gib < value:
+        if share.each_gib < 1:
+            return Decision(None, reason + f", but {share.describe()}: no offload")
+        value = share.each_gib
+        reason += f"; {share.describe()}"
     available = memory.available_bytes
     if available is None:
-        return Decision(float(row.value_gib), reason + " (available RAM unknown, not capped)")
+        return Decision(float(value), reason + " (available RAM unknown, not capped)")
     cap = math.floor(available / GIB)
-    if cap < row.value_gib:
+    if cap < value:
         if cap < 1:
             return Decision(None, reason + f", but only {gib(available)} of RAM is available: no offload")
         return Decision(float(cap), reason + f", capped to the {gib(available)} of RAM available")
-    return Decision(float(row.value_gib), reason)
+    return Decision(float(value), reason)
 
 
 @dataclass(frozen=True)
@@ -388,8 +438,10 @@ def capacity(
     elif context is not None:
         length = int(context)
         note = "as configured" if native is None or length <= native else f"beyond the model's own {native:,}"
-    else:
+    elif native is not None:
         length, note = native, "the model's own"
+    else:
+        length, note = None, "the model's own length, not known here (its config.json was not read)"
     concurrency = tokens / length if tokens is not None and length else None
     return Capacity(length, note, tokens, concurrency, max_num_seqs)
 

@@ -44,7 +44,7 @@ class Capacity:
     def describe(self) -> str:
         """'context 8,192 tokens; the KV cache holds 36,864 tokens: 4.5 requests of full length at once'."""
         if self.context_tokens is None:
-            return f"context: the model's own length ({self.context_note})"
+            return f"context: {self.context_note}"
         text = f"context {self.context_tokens:,} tokens ({self.context_note})"
         if self.kv_cache_tokens is not None and self.concurrency is not None:
             text += (

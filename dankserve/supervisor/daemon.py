@@ -55,7 +55,8 @@ from dankserve.supervisor.observatory import Observatory, ServingTarget
 from dankserve.supervisor.policy import FailureCause, RestartSettings
 from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.status import Metrics, deployment_status
+from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ConfigRefusal, ReloadOutcome
+from dankserve.supervisor.status import Metrics, config_status, deployment_status
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
@@ -801,8 +802,14 @@ class Daemon:
         self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
         self.swap_groups = SwapGroups(self, deps.available_ram)
-        self.reload_error: dict[str, Any] | None = None
-        """The last reload's refusal (the running config stayed), None once a reload succeeds."""
+        self.config_loaded_at = time.time()
+        """When the running settings were read: at start (just before), then at each accepted reload."""
+        self.config_refusal: ConfigRefusal | None = None
+        """The last reload's refusal (the running config stayed), None once a reload is accepted."""
+        self._reloads = threading.Condition()
+        self._reloads_asked = 0
+        self._reloads_done = 0
+        self._last_reload: ReloadOutcome | None = None
         self.telemetry = Telemetry()
         self.observatory = Observatory(
             targets=self._serving_targets,
@@ -1007,8 +1014,20 @@ class Daemon:
         check_host_ram(plans, self.host)
 
     def request_reload(self) -> None:
+        """Reload at the main loop's next turn (SIGHUP: the handler must not wait)."""
         self._reload.set()
         self._changed.set()
+
+    def reload_and_wait(self, timeout: float) -> ReloadOutcome | None:
+        """Ask for a reload that reads the file after now and wait for its outcome (None: not done in time)."""
+        with self._reloads:
+            self._reloads_asked += 1
+            mine = self._reloads_asked
+        self.request_reload()
+        with self._reloads:
+            if not self._reloads.wait_for(lambda: self._reloads_done >= mine, timeout):
+                return None
+            return self._last_reload
 
     def _install_signals(self) -> dict[int, Any]:
         previous: dict[int, Any] = {}
@@ -1048,7 +1067,13 @@ class Daemon:
             self._changed.clear()
             if self._reload.is_set():
                 self._reload.clear()
-                self._apply_reload()
+                with self._reloads:
+                    asked = self._reloads_asked  # read before the file is: these requests are answered by it
+                outcome = self._apply_reload()
+                with self._reloads:
+                    self._reloads_done = max(self._reloads_done, asked)
+                    self._last_reload = outcome
+                    self._reloads.notify_all()
             with self._lock:
                 self._retiring = [w for w in self._retiring if w.alive]
             workers = self.snapshot()
@@ -1098,25 +1123,40 @@ class Daemon:
             except Exception as exc:
                 log.warning("launcher_remove_failed", deployment=name, error=str(exc))
 
-    def _apply_reload(self) -> None:
+    def _read_reload(self, now: float) -> Settings | ConfigRefusal:
+        """The config file's settings, checked like a start; or why they are refused."""
         from dankserve.settings import load_settings
 
         try:
             new = load_settings(self._config_path)
             self.check_fit(new)
         except Exception as exc:  # any failure keeps the running config and deployments
-            error = exc.render() if isinstance(exc, DankserveError) else f"internal error: {type(exc).__name__}: {exc}"
-            log.error("reload_rejected", error=error, keeping="the running configuration")
-            self.reload_error = {"error": error, "at": time.time()}
-            return
-        self.reload_error = None
+            if isinstance(exc, DankserveError):
+                return ConfigRefusal(now, exc.message, exc.fix)
+            return ConfigRefusal(now, f"internal error: {type(exc).__name__}: {exc}", None)
+        return new
+
+    def _apply_reload(self) -> ReloadOutcome:
+        now = time.time()
+        new = self._read_reload(now)
+        if isinstance(new, ConfigRefusal):
+            log.error("reload_rejected", error=new.error, fix=new.fix, keeping="the running configuration")
+            self.config_refusal = new
+            return ReloadOutcome(now, new)
+        self.config_refusal = None
+        self.config_loaded_at = now
         old = self.settings
         self.settings = new
+        restart: list[str] = []
+        start: list[str] = []
+        stop: list[str] = []
+        keep: list[str] = []
         for name, worker in self.snapshot().items():
             dep = new.deployments.get(name)
             if dep is None or not dep.enabled:
                 # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
                 log.info("reload_stop", deployment=name)
+                stop.append(name)
                 worker.request_stop()
                 with self._lock:
                     self.workers.pop(name, None)
@@ -1127,19 +1167,27 @@ class Daemon:
                     # server, awake or asleep, stays as it is.
                     log.info("reload_swap_settings", deployment=name, server="unchanged")
                     worker.use_settings(dep)
+                    keep.append(name)
                     continue
                 log.info("reload_replan", deployment=name)
                 if worker.alive:
+                    restart.append(name)
                     worker.request_replan(dep)
                 else:
+                    start.append(name)
                     self._start_worker(name, dep)
+            else:
+                keep.append(name)
         running = self.snapshot()
         groups = [new.deployments[n].swap_group for n, w in running.items() if w.alive and n in new.deployments]
         for name, dep in new.deployments.items():
             if name not in running and dep.enabled and not self.state.is_down(name):
                 asleep = swap.joins_asleep(dep.swap_group, groups)
                 log.info("reload_start", deployment=name, joins_asleep=asleep)
+                start.append(name)
                 self._start_worker(name, dep, join_asleep=asleep)
+        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep)
+        return ReloadOutcome(now, None, tuple(restart), tuple(start), tuple(stop), tuple(keep))
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -1148,8 +1196,12 @@ class Daemon:
         if command == "status":
             return {"ok": True, "status": self.status()}
         if command == "reload":
-            self.request_reload()
-            return {"ok": True}
+            outcome = self.reload_and_wait(RELOAD_WAIT_SECONDS)
+            if outcome is None:
+                return {"ok": False, "error": f"the reload did not finish within {RELOAD_WAIT_SECONDS:g} s"}
+            return {"ok": True, "reload": outcome.to_json()}
+        if command == "settings":
+            return {"ok": True, "settings": self.settings.model_dump(mode="json")}
         if command in ("sleep", "wake"):
             return self._swap_request(command, name)
         if command in ("up", "down"):
@@ -1215,14 +1267,15 @@ class Daemon:
         for name in sorted(self.settings.deployments):
             worker = workers.get(name)
             deployments.append(self._deployment_status(name, worker))
-        daemon: dict[str, Any] = {"running": True, "pid": os.getpid()}
-        warnings = []
-        if self.reload_error is not None:
-            daemon["reload_error"] = self.reload_error
-            warnings.append(
-                f"the last reload was refused, the running configuration stays: {self.reload_error['error']}"
-            )
-        return {"daemon": daemon, "deployments": deployments, "warnings": warnings}
+        from dankserve.settings import resolve_config_path
+
+        path = str(resolve_config_path(self._config_path)[0].absolute())
+        daemon: dict[str, Any] = {
+            "running": True,
+            "pid": os.getpid(),
+            "config": config_status(path, self.config_loaded_at, self.config_refusal),
+        }
+        return {"daemon": daemon, "deployments": deployments, "warnings": []}
 
     def _deployment_status(
         self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True

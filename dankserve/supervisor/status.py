@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
+from dankserve.supervisor.reloading import ConfigRefusal
 from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
 
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
@@ -166,3 +167,9 @@ def swap_json(dep: DeploymentSettings, machine: MachineState | None) -> dict[str
         "last_sleep_seconds": times.last_sleep_seconds if times is not None else None,
         "last_wake_seconds": times.last_wake_seconds if times is not None else None,
     }
+
+
+def config_status(path: str | None, loaded_at: float, refusal: ConfigRefusal | None) -> dict[str, Any]:
+    """The daemon's `config` entry: its file, when the running config was loaded (start or the last accepted
+    reload), and the last reload's refusal (None once a reload is accepted)."""
+    return {"path": path, "loaded_at": loaded_at, "refused": refusal.to_json() if refusal is not None else None}

@@ -43,3 +43,18 @@ def test_unreadable_file_is_invalid_input(tmp_path: Path) -> None:
     assert str(missing) in done.stderr.decode()
     assert "fix:" in done.stderr.decode()
     assert b"Traceback" not in done.stderr
+
+
+def test_a_file_that_is_not_a_vllm_log_exits_2_naming_it(tmp_path: Path) -> None:
+    """A file holding no vLLM boot line (a host name, an empty file, stdin of other text) is exit 2 naming it,
+    never facts of an implicit boot."""
+    other = tmp_path / "hostname"
+    other.write_text("gpu-host-1\n")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    for path in (other, empty):
+        done = run(str(path))
+        assert done.returncode == 2, done.stdout
+        assert f"{path} holds no vLLM boot" in done.stderr.decode() and b"boots_in_log" not in done.stdout
+    done = run("-", "--json", stdin=b"just some text\n")
+    assert done.returncode == 2 and b"standard input holds no vLLM boot" in done.stderr and done.stdout == b""

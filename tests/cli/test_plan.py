@@ -91,13 +91,58 @@ def test_example_config_plans_its_enabled_deployment(capsys: pytest.CaptureFixtu
     assert [p["deployment"] for p in json.loads(out)] == ["qwen3-30b"]
 
 
-def test_text_output_has_command_and_table(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The text form prints the full `vllm serve` command and a flag / value / why table."""
+def test_text_output_has_command_and_each_flag_with_its_reason(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text form prints the full `vllm serve` command, then each flag with its value and its reason beneath."""
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run(["plan", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
     assert code == ExitCode.OK
     assert "vllm serve Qwen/Qwen3-30B-A3B --tensor-parallel-size 1" in out
-    assert "flag" in out and "why" in out and "--gpu-memory-utilization" in out
+    lines = out.splitlines()
+    flag = next(i for i, line in enumerate(lines) if line.startswith("--gpu-memory-utilization "))
+    assert lines[flag + 1].startswith("      ") and lines[flag + 1].strip()
+
+
+def test_text_plan_reads_at_80_columns_and_names_what_runs_the_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 80 columns each flag and value share a line and its reason wraps beneath it to the width (a few lines, not
+    a 14-character column); a process deployment's header names the process, not a container image; a model whose
+    length is unknown says so once."""
+    monkeypatch.setenv("COLUMNS", "80")
+    model = tmp_path / "weights"
+    model.mkdir()
+    config = write_config(
+        tmp_path,
+        f'[deployments.a]\nmodel = "{model}"\nruntime = "process"\nexecutable = "/opt/vllm/bin/vllm"\n'
+        "[deployments.a.model_facts]\nparameter_bytes = 2000000000\n",
+    )
+    code, out, err = run(["--config", config, "plan", "--hardware", H100], capsys)
+    assert code == ExitCode.OK, err
+    lines = out.splitlines()
+    assert "process /opt/vllm/bin/vllm" in lines[0] and "vllm-openai" not in lines[0]
+    assert all(len(line) <= 80 for line in lines if " vllm serve " not in line), out
+    flags = [i for i, line in enumerate(lines) if line.startswith("--")]
+    assert "--gpu-memory-utilization" in out and flags
+    for start, end in zip(flags, [*flags[1:], len(lines)], strict=True):
+        reason = [line for line in lines[start + 1 : end] if line.startswith("      ")]
+        assert 1 <= len(reason) <= 5, lines[start:end]
+    assert "(the model's own)" not in out and "the model's own length, not known here" in out
+
+
+def test_a_local_model_path_that_does_not_exist_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --model /no/such/dir` (or ./relative) is exit 2 naming the path; a Hub id is not mistaken for one."""
+    missing = tmp_path / "no" / "such-model"
+    code, out, err = run(["plan", "--hardware", H100, "--model", str(missing)], capsys)
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert str(missing) in err and "does not exist" in err and "ORG/NAME" in err
+    code, _, err = run(["plan", "--hardware", H100, "--model", "./no-such-model/v1"], capsys)
+    assert code == ExitCode.INVALID_INPUT and "./no-such-model/v1" in err
+    code, _, err = run(["plan", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
+    assert code == ExitCode.OK, err
 
 
 @pytest.mark.parametrize(
@@ -107,6 +152,7 @@ def test_text_output_has_command_and_table(capsys: pytest.CaptureFixture[str], m
         ('[deployments.a]\nmodel = "o/a"\ngpus = [3]\n', [], "GPU 3"),
         ('[deployments.a]\nmodel = "o/a"\n', ["nope"], "no deployment named 'nope'"),
         ('[deployments.a]\nmodel = "o/a"\nflavour = 1\n', [], "unknown key"),
+        ('[deployments.a]\nmodel = "o/a"\nmax_num_seq = 64\n', [], "did you mean 'max_num_seqs'?"),
         ('[deployments.a]\nmodel = "o/a"\nattention_backend = "WARP_DRIVE"\n', [], "WARP_DRIVE"),
     ],
 )
@@ -233,3 +279,28 @@ def test_global_options_after_the_command(tmp_path: Path, capsys: pytest.Capture
     config = write_config(tmp_path, '[deployments.only]\nmodel = "o/a"\n')
     code, out, _ = run(["plan", "--json", "--hardware", H100, "--config", config, "--debug"], capsys)
     assert code == ExitCode.OK and [p["deployment"] for p in json.loads(out)] == ["only"]
+
+
+def test_five_small_deployments_on_auto_kv_offload_share_the_hosts_ram(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five deployments on the default kv_offload = "auto" on a 252 GiB host: each gets its share of the RAM the host
+    gives to offload (not 64 GiB each, 320 GiB in all, refused), and the reason says so."""
+    from dankserve.testing.config_file import write_config as write_toml
+    from tests.harness.daemon import MODEL_FACTS
+
+    monkeypatch.setenv("COLUMNS", "200")
+    deployments = {
+        f"d{i}": {"model": "test/tiny", "port": 18100 + i, "gpus": [i % 2], "gpu_memory_utilization": 0.3}
+        | {"model_facts": MODEL_FACTS}
+        for i in range(5)
+    }
+    config = write_toml(tmp_path / "five.toml", {"vllm_version": "0.33.0"}, deployments)
+    code, out, err = run(
+        ["--config", str(config), "plan", "--json", "--hardware", str(HOSTS / "h200x2-vm-real.json")], capsys
+    )
+    assert code == ExitCode.OK, err
+    plans = json.loads(out)
+    sizes = [next(f for f in p["flags"] if f["flag"] == "--kv-offloading-size") for p in plans]
+    assert [s["value"] for s in sizes] == ["44"] * 5
+    assert all("5 deployment(s) on auto share the 220.3 GiB" in s["reason"] for s in sizes)

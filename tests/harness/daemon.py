@@ -215,6 +215,20 @@ class RunningDaemon:
     def request(self, message: dict[str, Any]) -> dict[str, Any] | None:
         return control.request(control.socket_path(self.state_dir), message, timeout=120)
 
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run the real `dankserve --config CONFIG ARGS...` against this daemon (a person's terminal: no
+        NOTIFY_SOCKET, no DANKSERVE_CONFIG); its exit code and output."""
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
+        return subprocess.run(
+            [sys.executable, "-m", "dankserve", "--config", str(self.config), *args],
+            capture_output=True,
+            text=True,
+            env={**env, **self.extra_env},
+            cwd=REPO,
+            timeout=timeout,
+            check=False,
+        )
+
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)

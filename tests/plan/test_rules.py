@@ -98,6 +98,26 @@ def test_offload_non_decreasing_in_ram_and_within_available(total: int, more: in
     assert high * GIB <= available
 
 
+@given(
+    total=st.integers(min_value=1 * GIB, max_value=4096 * GIB),
+    sharers=st.integers(min_value=1, max_value=12),
+    fixed=st.lists(st.floats(min_value=0, max_value=512), max_size=3),
+)
+def test_auto_offloads_of_the_deployments_together_fit_the_host(total: int, sharers: int, fixed: list[float]) -> None:
+    """However many deployments are on auto (and whatever others set by hand), their auto amounts together stay
+    within the RAM the host gives to offload, less the amounts set by hand."""
+    share = rules.offload_share(total, [*(["auto"] * sharers), *fixed])
+    each = rules.kv_offload_gib(Memory(total_bytes=total, available_bytes=total), "auto", share).value or 0
+    assert sharers * each * GIB <= max(0, rules.host_ram_limit(total) - sum(int(f * GIB) for f in fixed))
+
+
+def test_auto_offload_off_when_the_share_is_under_a_gib() -> None:
+    """Too many deployments for the host's RAM: auto is off, and the reason says how the RAM is shared."""
+    share = rules.offload_share(64 * GIB, ["auto"] * 100)
+    decision = rules.kv_offload_gib(Memory(total_bytes=64 * GIB, available_bytes=64 * GIB), "auto", share)
+    assert decision.value is None and "100 deployment(s) on auto share" in decision.reason
+
+
 @pytest.mark.parametrize(
     ("version", "tp", "expected"),
     [

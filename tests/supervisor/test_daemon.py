@@ -166,6 +166,18 @@ def test_sighup_restarts_only_the_changed_deployment(tmp_path: Path) -> None:
         assert daemon.deployment("a")["boots"] == 1  # type: ignore[index]
 
 
+def test_five_small_deployments_on_auto_kv_offload_start_sharing_the_hosts_ram(tmp_path: Path) -> None:
+    """Five deployments on the default kv_offload = "auto" (252 GiB host): the daemon is not refused for RAM; each
+    server gets its share (--kv-offloading-size 44, not 64) and all five become ready."""
+    deployments = {f"d{i}": process_deployment(free_port(), gpus=[i % 2], gpu_memory_utilization=0.3) for i in range(5)}
+    with running_daemon(tmp_path, deployments) as daemon:
+        for name in deployments:
+            daemon.wait_for(name, ready)
+        for name in deployments:
+            argv = psutil.Process(server_pid(daemon, name)).cmdline()
+            assert argv[argv.index("--kv-offloading-size") + 1] == "44", argv
+
+
 def test_a_daemon_killed_with_9_is_replaced_by_one_that_adopts_the_server(tmp_path: Path) -> None:
     """After kill -9 of the daemon, the next daemon adopts the running server: no second server, no reboot."""
     deployments = {"chat": process_deployment(free_port())}

@@ -21,7 +21,7 @@ def _reload(daemon: Any, tmp_path: Path, deployments: dict[str, dict[str, Any]])
 def test_a_reload_that_would_over_commit_a_gpu_is_refused_and_the_running_configuration_kept(
     tmp_path: Path,
 ) -> None:
-    """Two members leaving their swap group would need 1.0 of one GPU: the reload is refused (reload_error names
+    """Two members leaving their swap group would need 1.0 of one GPU: the reload is refused (config_refusal names
     the GPU and the fix), nothing is started or stopped; put back in a group, the same pair is accepted."""
     world = make_world(tmp_path, dep={"gpus": [0], "gpu_memory_utilization": 0.5, "swap_group": "g"})
     daemon = world.daemon
@@ -31,12 +31,12 @@ def test_a_reload_that_would_over_commit_a_gpu_is_refused_and_the_running_config
 
     _reload(daemon, tmp_path, {"chat": _deployment(18000), "code": _deployment(18001)})
     assert daemon.settings is before and set(daemon.snapshot()) == {"chat"}
-    assert daemon.reload_error is not None
-    error = daemon.reload_error["error"]
+    assert daemon.config_refusal is not None
+    error = daemon.config_refusal.error
     assert "0.95" in error and "chat" in error and "code" in error, error
 
     _reload(
         daemon, tmp_path, {name: _deployment(port, swap_group="g") for name, port in (("chat", 18000), ("code", 18001))}
     )
-    assert daemon.reload_error is None and set(daemon.settings.deployments) == {"chat", "code"}
+    assert daemon.config_refusal is None and set(daemon.settings.deployments) == {"chat", "code"}
     daemon._stop_all()

@@ -1,0 +1,54 @@
+"""What a reload did, as `dankserve reload` and `dankserve status` report it. Pure data.
+
+A reload (SIGHUP, `systemctl reload`, `dankserve reload`) either is refused (the file does not
+validate, or the deployments would not fit together: the running config stays) or is accepted:
+then each deployment restarts (its server plans differently), starts (new, or enabled again),
+stops (removed or disabled) or keeps running (unchanged, or only its swap settings changed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+RELOAD_WAIT_SECONDS = 100.0
+"""How long a reload request waits for its answer (planning every deployment: the Hub may be slow)."""
+
+
+@dataclass(frozen=True)
+class ConfigRefusal:
+    """The config file a reload refused: when, why, and what to do."""
+
+    at: float
+    error: str
+    fix: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": self.at, "error": self.error, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    """One reload's answer: refused (with why), or accepted with what each deployment does."""
+
+    at: float
+    refusal: ConfigRefusal | None = None
+    restart: tuple[str, ...] = ()
+    start: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
+
+    @property
+    def accepted(self) -> bool:
+        return self.refusal is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "at": self.at,
+            "refused": self.refusal.to_json() if self.refusal is not None else None,
+            "restart": list(self.restart),
+            "start": list(self.start),
+            "stop": list(self.stop),
+            "keep": list(self.keep),
+        }

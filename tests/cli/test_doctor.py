@@ -1,0 +1,50 @@
+"""`dankserve doctor` through the real CLI (a subprocess): the recorded host it suggests is accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dankserve.testing.config_file import write_config
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+
+
+def doctor(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE")}
+    return subprocess.run(
+        [sys.executable, "-m", "dankserve", "--config", str(config), "doctor", "--json", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+
+
+def test_doctor_reads_the_recorded_host_of_hardware_or_dankserve_hardware(tmp_path: Path) -> None:
+    """`doctor --hardware FILE` and DANKSERVE_HARDWARE=FILE check the recorded host instead of the driver (the
+    fix doctor prints without a GPU suggests exactly these); a process deployment needs no Podman: exit 0."""
+    globals_ = {"state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path), "hf_cache_dir": str(tmp_path)}
+    config = write_config(tmp_path / "dankserve.toml", globals_, {"a": {"model": "o/m", "runtime": "process"}})
+    for done in (doctor(config, "--hardware", str(HOST)), doctor(config, env={"DANKSERVE_HARDWARE": str(HOST)})):
+        assert done.returncode == 0, done.stdout + done.stderr
+        checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+        assert checks["recorded host"]["verdict"] == "ok" and str(HOST) in checks["recorded host"]["detail"]
+        assert "nvidia driver" not in checks and "device nodes" not in checks
+
+
+def test_doctor_with_a_broken_recorded_host_fails_naming_the_file(tmp_path: Path) -> None:
+    """A --hardware file that is not a recorded host is a failed check naming the file: exit 3."""
+    globals_ = {"state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path), "hf_cache_dir": str(tmp_path)}
+    config = write_config(tmp_path / "dankserve.toml", globals_, {"a": {"model": "o/m", "runtime": "process"}})
+    broken = tmp_path / "host.json"
+    broken.write_text("{not json")
+    done = doctor(config, "--hardware", str(broken))
+    assert done.returncode == 3
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["recorded host"]["verdict"] == "fail" and str(broken) in checks["recorded host"]["detail"]
