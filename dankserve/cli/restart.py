@@ -19,7 +19,7 @@ def command(deployment: str, timeout: float | None) -> ExitCode:
     from dankserve import servicectl
     from dankserve.cli.up import _follow
 
-    settings = cli_context().load_settings()
+    settings = cli_context().daemon_settings().settings  # the running daemon's when the file is refused
     if deployment not in settings.deployments:
         known = ", ".join(sorted(settings.deployments)) or "none"
         raise InvalidInput(f"unknown deployment {deployment!r}", fix=f"configured deployments: {known}")

@@ -124,8 +124,8 @@ def terminal(tmp_path: Path) -> Iterator[tuple[Terminal, Path]]:
     try:
         yield term, config
     finally:
-        subprocess.run([str(BIN / "dankserve"), "--config", str(config), "down"], capture_output=True, timeout=60)
-        subprocess.run(["tmux", "-S", str(term.socket), "kill-server"], capture_output=True, timeout=10)
+        subprocess.run([str(BIN / "dankserve"), "--config", str(config), "down"], check=False, capture_output=True, timeout=60)
+        subprocess.run(["tmux", "-S", str(term.socket), "kill-server"], check=False, capture_output=True, timeout=10)
         term.socket.unlink(missing_ok=True)
 
 
