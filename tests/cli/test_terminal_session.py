@@ -63,7 +63,7 @@ class Terminal:
         """Type a command line, wait for its end; its exit code and what it printed."""
         self.count += 1
         marker = f"@@done {self.count} rc="
-        self.keys(f"{command}; echo \"{marker}$?\"", window)
+        self.keys(f'{command}; echo "{marker}$?"', window)
         deadline = time.monotonic() + timeout
         pattern = re.compile(re.escape(marker) + r"(\d+)\s*$", re.MULTILINE)
         while time.monotonic() < deadline:
@@ -124,7 +124,9 @@ def terminal(tmp_path: Path) -> Iterator[tuple[Terminal, Path]]:
     try:
         yield term, config
     finally:
-        subprocess.run([str(BIN / "dankserve"), "--config", str(config), "down"], check=False, capture_output=True, timeout=60)
+        subprocess.run(
+            [str(BIN / "dankserve"), "--config", str(config), "down"], check=False, capture_output=True, timeout=60
+        )
         subprocess.run(["tmux", "-S", str(term.socket), "kill-server"], check=False, capture_output=True, timeout=10)
         term.socket.unlink(missing_ok=True)
 
