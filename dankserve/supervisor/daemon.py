@@ -471,6 +471,9 @@ class DeploymentWorker:
                 return m.FreeMemoryRead(self._free_now(uuids, dep))
             case m.StartWorkload(overrides=overrides, vllm_version=version, launcher_id=launcher_id):
                 return self._start(dep, overrides, version, launcher_id)
+            case m.CheckPort():
+                holder = daemon.deps.check_port(dep.host, dep.port)
+                return m.PortFree() if holder is None else m.PortBusy(dep.port, holder)
             case m.StopServer() | m.WaitExit(server=int()):
                 return self._launcher_command(command, dep)
             case m.RemoveLauncher():
