@@ -1335,7 +1335,7 @@ def _on_free_memory(state: MachineState, event: FreeMemoryRead, now: float) -> S
 
 
 def _on_port_busy(state: MachineState, event: PortBusy, now: float) -> Step:
-    """The port is held: no boot, no failure counted; looked at again every PORT_RECHECK_SECONDS (said once per holder)."""
+    """The port is held: no boot, no failure; looked at again every PORT_RECHECK_SECONDS (said once per holder)."""
     recheck = now + PORT_RECHECK_SECONDS
     if state.stage is Stage.RETRY_WAIT and state.port_holder == event.holder:
         return replace(state, wake_at=recheck), ()

@@ -9,7 +9,7 @@ from dankserve.supervisor.health import probe_host_for
 
 
 def port_holder(host: str, port: int, timeout: float = 0.5) -> str | None:
-    """Who listens on `port` where the server will bind `host` ("pid 123 (python3 -m http.server 8000)"), or None when free.
+    """Who listens on `port` where the server will bind `host` ("pid 12 (python3 -m http.server 80)"), or None.
 
     A connection that is accepted means another server answers there: a new boot would fail to
     bind, or (worse) its /health would be answered by the other one.
