@@ -72,7 +72,7 @@ STATE_COLOURS: dict[str, str] = {
 def paint(text: str, state: str, enabled: bool) -> str:
     """`text` in the colour of `state` when colour is enabled."""
     colour = STATE_COLOURS.get(state)
-    return click.style(text, fg=colour, bold=state == "failed") if enabled and colour else text
+    return click.style(text, fg=colour, bold=True if state == "failed" else None) if enabled and colour else text
 
 
 def table(

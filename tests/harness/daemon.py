@@ -28,6 +28,8 @@ from dankserve.testing.config_file import write_config
 __all__ = [
     "Notifications",
     "RunningDaemon",
+    "daemon_globals",
+    "dankserve_cli",
     "free_port",
     "launcher_deployment",
     "process_deployment",
@@ -238,6 +240,21 @@ class RunningDaemon:
             return ""
 
 
+def daemon_globals(tmp_path: Path, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The global settings of a test daemon: its dirs under tmp_path, quick restarts and probes."""
+    return {
+        "state_dir": str(tmp_path / "state"),
+        "cache_dir": str(tmp_path / "cache"),
+        "hf_cache_dir": str(tmp_path / "hf"),
+        "vllm_version": "0.33.0",
+        "restart_backoff_initial_seconds": 0.2,
+        "restart_jitter_seconds": 0.1,
+        "health_interval_seconds": 1.0,
+        "stop_timeout_seconds": 10.0,
+        **(extra or {}),
+    }
+
+
 @contextlib.contextmanager
 def running_daemon(
     tmp_path: Path,
@@ -248,18 +265,7 @@ def running_daemon(
     extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningDaemon]:
     """Start a daemon for these deployments; stop it (and check it exits 0) afterwards."""
-    globals_ = {
-        "state_dir": str(tmp_path / "state"),
-        "cache_dir": str(tmp_path / "cache"),
-        "hf_cache_dir": str(tmp_path / "hf"),
-        "vllm_version": "0.33.0",
-        "restart_backoff_initial_seconds": 0.2,
-        "restart_jitter_seconds": 0.1,
-        "health_interval_seconds": 1.0,
-        "stop_timeout_seconds": 10.0,
-        **(extra_globals or {}),
-    }
-    config = write_config(tmp_path / "dankserve.toml", globals_, deployments)
+    config = write_config(tmp_path / "dankserve.toml", daemon_globals(tmp_path, extra_globals), deployments)
     hw = hardware or write_host(tmp_path / "host.json")
     notifications = Notifications(tmp_path / "notify.sock")
     notifications.start()
@@ -272,3 +278,14 @@ def running_daemon(
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop()
         notifications.close()
+
+
+def dankserve_cli(
+    config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The real `dankserve --config CONFIG ARGS...` in a subprocess, its output piped."""
+    full_env = {k: v for k, v in os.environ.items() if k != "DANKSERVE_CONFIG"}
+    argv = [sys.executable, "-m", "dankserve", "--config", str(config), *args]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, env={**full_env, **(env or {})}, cwd=REPO
+    )
