@@ -9,6 +9,7 @@ daemon killed with -9 reads "daemon not running; N servers still serving", not "
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -107,7 +108,7 @@ def _warnings(doc: dict[str, Any], now: float, recent_seconds: float) -> list[st
     return out
 
 
-def shown_state(dep: dict[str, Any]) -> str:
+def shown_state(dep: Mapping[str, Any]) -> str:
     """The state in one word or two: a boot's phase (and weights percent) while starting, else the state."""
     state, phase = str(dep["state"]), str(dep["phase"])
     if state in ("starting", "waking") and phase not in (state, "ready", "stopped"):

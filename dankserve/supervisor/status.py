@@ -123,6 +123,7 @@ def deployment_status(
     `unsupervised` what runs of it while no daemon does."""
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
+    state: str
     if machine is None:
         state = "down" if down else ("disabled" if not dep.enabled else (unsupervised or "stopped"))
         phase = "stopped"
