@@ -83,20 +83,21 @@ def test_exit_code_4_a_deployment_this_host_cannot_hold(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_exit_code_5_a_deployment_up_waited_for_failed(tmp_path: Path) -> None:
-    """A boot that fails for good (the model does not exist): `up` ends 5 naming it, not 4."""
-    failing = process_deployment(free_port(), env={"FAKE_VLLM_FAIL": "model_not_found"})
-    with configured(tmp_path, {"chat": failing}) as (config, host):
-        done = dankserve_cli(config, "up", "--hardware", str(host), "--timeout", "60")
-        assert done.returncode == ExitCode.DEPLOYMENT_FAILED, done.stdout + done.stderr
-        assert "chat: failed: " in done.stdout and "deployment(s) failed: chat" in done.stderr
-
-
-@pytest.mark.slow
-def test_exit_code_6_up_timed_out(tmp_path: Path) -> None:
-    """A boot that hangs: `up --timeout 3` ends 6 (the daemon keeps trying), not 3."""
-    hanging = process_deployment(free_port(), env={"FAKE_VLLM_FAIL": "hang"})
-    with configured(tmp_path, {"chat": hanging}) as (config, host):
-        done = dankserve_cli(config, "up", "--hardware", str(host), "--timeout", "3")
-        assert done.returncode == ExitCode.TIMED_OUT, done.stdout + done.stderr
-        assert "the daemon keeps trying" in done.stderr
+@pytest.mark.parametrize(
+    ("fail", "timeout", "code", "said"),
+    [
+        # A boot that fails for good (the model does not exist): 5 naming it, not 4.
+        ("model_not_found", "60", ExitCode.DEPLOYMENT_FAILED, "deployment(s) failed: chat"),
+        # A boot that hangs: --timeout runs out, 6 (the daemon keeps trying), not 3.
+        ("hang", "3", ExitCode.TIMED_OUT, "the daemon keeps trying"),
+    ],
+)
+def test_exit_code_5_a_deployment_failed_and_6_up_timed_out(
+    tmp_path: Path, fail: str, timeout: str, code: ExitCode, said: str
+) -> None:
+    """`up` ends 5 when a deployment it waited for failed, 6 when its --timeout ran out."""
+    deployment = process_deployment(free_port(), env={"FAKE_VLLM_FAIL": fail})
+    with configured(tmp_path, {"chat": deployment}) as (config, host):
+        done = dankserve_cli(config, "up", "--hardware", str(host), "--timeout", timeout)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert said in done.stderr
