@@ -38,7 +38,7 @@ test-fast: setup
 # be reviewed first), then starts every configured deployment and follows it until ready.
 CONFIG_FILE = $${DANKSERVE_CONFIG:-/etc/dankserve/dankserve.toml}
 up: setup
-	@$(BIN)/dankserve doctor || { echo "make up: stopped: fix the [fail] lines above, then run make up again (docs/OPERATIONS.md)" >&2; exit 3; }
+	@$(BIN)/dankserve doctor || { echo "make up: stopped: dankserve doctor exited $$?: fix the [fail] lines above, then run make up again (docs/OPERATIONS.md)" >&2; exit 3; }
 	@if [ "$$(id -u)" -eq 0 ] && [ -d /run/systemd/system ]; then \
 	  fresh=$$([ -e "$(CONFIG_FILE)" ] || echo yes); \
 	  $(BIN)/dankserve install || exit $$?; \
@@ -89,3 +89,4 @@ man: setup
 
 docs: setup
 	$(BIN)/python scripts/gen_config_reference.py
+	$(BIN)/python scripts/gen_exit_codes.py

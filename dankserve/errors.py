@@ -24,7 +24,9 @@ user what to do, and the exit code the CLI ends with::
     │       │                           a Podman outage: never counted as a failure of the deployment)
     │       ├── MemberUnreachable       a group member did not answer (or answered garbage)
     │       └── GroupNotFormed          Ray did not show every member in time
-    └── InfeasiblePlan                  exit 4: cannot run on this host as configured
+    ├── InfeasiblePlan                  exit 4: cannot run on this host as configured
+    ├── DeploymentFailed                exit 5: a deployment `up`/`wake` waited for failed (the daemon gave up)
+    └── TimedOut                        exit 6: `up --timeout` ran out before every deployment rested
 
 Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debug``.
 """
@@ -121,6 +123,18 @@ class InfeasiblePlan(DankserveError):
     """The deployment cannot run on this host as configured (exit 4)."""
 
     exit_code = ExitCode.INFEASIBLE
+
+
+class DeploymentFailed(DankserveError):
+    """A deployment the command waited for failed: the daemon gave up on it (exit 5)."""
+
+    exit_code = ExitCode.DEPLOYMENT_FAILED
+
+
+class TimedOut(DankserveError):
+    """The command's wait ran out before the deployments rested; the daemon keeps trying (exit 6)."""
+
+    exit_code = ExitCode.TIMED_OUT
 
 
 class ClusterUnreachable(EnvironmentUnusable):

@@ -107,7 +107,7 @@ def test_demo_runs_the_whole_flow_and_leaves_nothing_running(tmp_path: Path) -> 
     for command in ("$ dankserve plan demo", "$ dankserve up --timeout", "$ podman kill dankserve-demo"):
         assert command in out
     assert "$ dankserve status\n" in out and "$ dankserve down" in out and "dankserve stopped" in out
-    for phase in ("demo: loading", "demo: ready", "demo: serving at http://127.0.0.1:"):
+    for phase in ("demo: loading", "demo: ready", "demo: ready, serving at http://127.0.0.1:"):
         assert phase in out
     assert re.search(r"boot 1 \(cold\): ready in [0-9.]+ s; .*profiled by vLLM, then learned; compile cache miss", out)
     assert re.search(

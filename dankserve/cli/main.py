@@ -19,6 +19,7 @@ import click
 from dankserve.cli.context import CliContext
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
+from dankserve.exitcodes import summary as exit_summary
 
 # command name -> module under dankserve.cli (each module exposes `command`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -127,12 +128,11 @@ def _module_exists(module: str) -> bool:
 @click.version_option(package_name="dankserve")
 @click.pass_context
 def cli(ctx: click.Context, config: Path | None, debug: bool) -> None:
-    """dankserve: plan, start and keep the vLLM OpenAI server serving on this GPU host.
-
-    Exit codes: 0 success, 1 internal error, 2 invalid input, 3 environment not usable,
-    4 infeasible plan.
-    """
+    """dankserve: plan, start and keep the vLLM OpenAI server serving on this GPU host."""
     ctx.obj = CliContext(config=config, debug=debug)
+
+
+cli.help = f"{cli.help}\n\nExit codes (README's table says more): {exit_summary()}."
 
 
 def main(argv: list[str] | None = None) -> None:

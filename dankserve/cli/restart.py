@@ -17,13 +17,14 @@ from dankserve.exitcodes import ExitCode
 def command(deployment: str, timeout: float | None) -> ExitCode:
     """Restart DEPLOYMENT (down, then up, through the running daemon) and wait until it is ready."""
     from dankserve import servicectl
-    from dankserve.cli.up import _follow
+    from dankserve.cli.up import FollowedDaemon, _follow, _log_size
 
     settings = cli_context().daemon_settings().settings  # the running daemon's when the file is refused
     if deployment not in settings.deployments:
         known = ", ".join(sorted(settings.deployments)) or "none"
         raise InvalidInput(f"unknown deployment {deployment!r}", fix=f"configured deployments: {known}")
     state_dir = settings.state_dir
+    log_start = _log_size(state_dir)
     for step in ("down", "up"):
         # `down` is answered once the server has stopped; `up` at once (the boot is followed below).
         reply = servicectl.daemon_request(state_dir, {"command": step, "deployment": deployment})
@@ -36,4 +37,4 @@ def command(deployment: str, timeout: float | None) -> ExitCode:
             raise InvalidInput(str(reply.get("error")))
         if step == "down":
             click.echo(f"{deployment}: stopped; booting it again")
-    return _follow(state_dir, [deployment], None, timeout)
+    return _follow(FollowedDaemon(state_dir, None, False, log_start), [deployment], timeout)

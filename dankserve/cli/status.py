@@ -1,34 +1,72 @@
-"""`dankserve status [--json]`: the daemon and each deployment, whether or not the daemon runs."""
+"""`dankserve status [NAME] [--json]`: the daemon and each deployment, whether or not the daemon runs.
+
+Without NAME one row per deployment (state, model, port, uptime, boots, the last boot's seconds,
+where its KV-cache size came from, and why it is where it is); `status NAME` the details of one.
+Without a daemon the runtime is asked what still runs (and /health whether it answers), so a
+daemon killed with -9 reads "daemon not running; N servers still serving", not "stopped".
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.cli.render import format_bytes, print_json
-from dankserve.errors import ConfigError
+from dankserve.cli.options import complete_deployment
+from dankserve.cli.render import (
+    colour_enabled,
+    format_bytes,
+    format_duration,
+    paint,
+    print_json,
+    table,
+    terminal_width,
+)
+from dankserve.errors import ConfigError, DankserveError, InvalidInput
 from dankserve.exitcodes import ExitCode
-from dankserve.settings import Settings
+from dankserve.settings import DeploymentSettings, Settings
+from dankserve.supervisor.status import Unsupervised
 
 
 def offline_status(settings: Settings) -> dict[str, Any]:
-    """What status can say from the config and the state store while no daemon runs."""
+    """What status can say from the config, the state store and the runtime while no daemon runs."""
     from dankserve.supervisor.records import StateBook
     from dankserve.supervisor.status import deployment_status
 
     store = StateBook(settings.state_dir, persist=False)
-    deployments = [
-        deployment_status(name, dep, store.deployment(name), None, down=store.is_down(name))
-        for name, dep in sorted(settings.deployments.items())
-    ]
+    deployments = []
+    for name, dep in sorted(settings.deployments.items()):
+        down = store.is_down(name)
+        running = _still_running(settings, name, dep) if dep.enabled and not down else None
+        deployments.append(
+            deployment_status(
+                name, dep, store.deployment(name), None, down=down, unsupervised=running, wall_now=time.time()
+            )
+        )
+    serving = sum(1 for d in deployments if d["state"] == "serving")
     return {
-        "daemon": {"running": False, "pid": None},
+        "daemon": {"running": False, "pid": None, "servers_still_serving": serving},
         "deployments": deployments,
         "warnings": list(store.load_warnings),
     }
+
+
+def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Unsupervised | None:
+    """The deployment's server as it runs without a daemon: answering /health, running, or None (not found)."""
+    from dankserve.supervisor.assembly import runtime_factory
+    from dankserve.supervisor.health import check_health
+
+    try:
+        workload = runtime_factory(settings)(dep).find(name)
+    except DankserveError:  # the runtime cannot be asked (Podman down): nothing is known to run
+        return None
+    if workload is None or not workload.running:
+        return None
+    return "serving" if check_health(dep.host, dep.port, timeout=1.0).healthy else "running"
 
 
 def current_status(settings: Settings) -> dict[str, Any]:
@@ -106,6 +144,68 @@ def _warnings(doc: dict[str, Any], now: float, recent_seconds: float) -> list[st
     return out
 
 
+def shown_state(dep: Mapping[str, Any]) -> str:
+    """The state in one word or two: a boot's phase (and weights percent) while starting, else the state."""
+    state, phase = str(dep["state"]), str(dep["phase"])
+    if state in ("starting", "waking") and phase not in (state, "ready", "stopped"):
+        percent = dep.get("weights_percent")
+        return f"{phase} {percent}%" if percent is not None and phase in ("downloading", "loading") else phase
+    return state
+
+
+def daemon_line(doc: dict[str, Any]) -> str:
+    """The first line: whether the daemon runs, and what still serves when it does not."""
+    daemon = doc["daemon"]
+    if daemon["running"]:
+        return f"daemon: running (pid {daemon['pid']})"
+    serving = daemon.get("servers_still_serving") or 0
+    if serving:
+        servers = "1 server" if serving == 1 else f"{serving} servers"
+        return f"daemon not running; {servers} still serving (unsupervised: `dankserve up` adopts them)"
+    return "daemon not running"
+
+
+def _kv(dep: dict[str, Any]) -> str:
+    value = dep.get("kv_cache_memory_bytes")
+    if value is None:
+        return "-"
+    return f"{value / 2**30:.1f}G {dep.get('kv_cache_source') or ''}".rstrip()
+
+
+def _port(dep: dict[str, Any]) -> str:
+    return str(urlsplit(dep["endpoint"]).port or "-")
+
+
+def _last_boot_seconds(dep: dict[str, Any]) -> str:
+    last = dep.get("last_boot") or {}
+    return f"{last['seconds']:.1f}" if last.get("seconds") is not None else "-"
+
+
+HEADER = ("NAME", "STATE", "MODEL", "PORT", "UPTIME", "BOOTS", "BOOT s", "KV", "WHY")
+
+
+def table_lines(doc: dict[str, Any], *, colour: bool, width: int | None) -> list[str]:
+    """One row per deployment under HEADER."""
+    rows = [
+        (
+            (
+                dep["name"],
+                shown_state(dep),
+                dep["model"],
+                _port(dep),
+                format_duration(dep.get("uptime_seconds")),
+                str(dep["boots"]),
+                _last_boot_seconds(dep),
+                _kv(dep),
+                dep.get("why") or "",
+            ),
+            str(dep["state"]),
+        )
+        for dep in doc["deployments"]
+    ]
+    return table(HEADER, rows, colour=colour, width=width)
+
+
 def _observed(dep: dict[str, Any]) -> list[str]:
     """The lines of what the daemon counted and read (the numbers /metrics shows)."""
     lines = []
@@ -132,63 +232,87 @@ def _observed(dep: dict[str, Any]) -> list[str]:
     return lines
 
 
+def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
+    """Everything status knows of one deployment (`status NAME`); unknown values are left out."""
+    uptime = f", up {format_duration(dep['uptime_seconds'])}" if dep.get("uptime_seconds") is not None else ""
+    state = paint(shown_state(dep), str(dep["state"]), colour)
+    lines = [f"{dep['name']}: {state}{uptime}  {dep['endpoint']}"]
+    if dep.get("why"):
+        lines.append(f"  why: {dep['why']}")
+    model = [f"model {dep['model']}"]
+    if dep.get("runtime") == "process":
+        model.append("a process (runtime = process)")
+    elif dep.get("image"):
+        model.append(f"image {dep['image']}")
+    if dep.get("vllm_version"):
+        model.append(f"vLLM {dep['vllm_version']}")
+    lines.append("  " + "  ".join(model))
+    counts = [f"boots {dep['boots']}", f"restarts {dep['restarts']}"]
+    if dep.get("kv_cache_memory_bytes") is not None:
+        counts.append(f"KV cache {format_bytes(dep['kv_cache_memory_bytes'])} ({dep.get('kv_cache_source')})")
+    hit = dep.get("compile_cache_hit")
+    if hit is not None:
+        counts.append("compile cache hit" if hit else "compile cache miss")
+    lines.append("  " + "  ".join(counts))
+    lines += [f"  {line}" for line in _observed(dep)]
+    if dep.get("context_tokens"):
+        holds = ""
+        if dep.get("kv_cache_tokens") and dep.get("concurrency"):
+            holds = (
+                f"; the KV cache holds {dep['kv_cache_tokens']:,} tokens: {dep['concurrency']:.1f} "
+                "requests of full length at once"
+            )
+        lines.append(f"  context {dep['context_tokens']:,} tokens{holds}")
+    for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
+        note = f"  {member['message']}" if member.get("message") else ""
+        lines.append(f"  host {member['address']} ({member['role']}): {member['state']}{note}")
+    if dep.get("swap"):
+        lines.append(f"  {swap_line(dep['swap'])}")
+    for gpu in dep.get("gpus") or []:
+        lines.append(
+            f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "
+            f"{format_bytes(gpu['memory_total_bytes'])}"
+        )
+    if dep.get("last_failure"):
+        lines.append(f"  last failure: {dep['last_failure'].get('class')}: {dep['last_failure'].get('message')}")
+    return lines
+
+
 @click.command("status")
+@click.argument("name", required=False, shell_complete=complete_deployment)
 @click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
-def command(as_json: bool) -> ExitCode:
-    """Show the daemon and each deployment's state, boots, learned KV cache and GPU memory."""
+def command(name: str | None, as_json: bool) -> ExitCode:
+    """Show the daemon and one row per deployment; with NAME, everything about that deployment."""
     reached = cli_context().daemon_settings()
     settings = reached.settings
+    if name is not None and name not in settings.deployments:
+        known = ", ".join(sorted(settings.deployments)) or "none"
+        raise InvalidInput(f"unknown deployment {name!r}", fix=f"configured deployments: {known}")
     doc = current_status(settings)
     note_disk_config(doc, reached.refusal, time.time())
     doc["warnings"] = [
         *doc.get("warnings", []),
         *_warnings(doc, time.time(), settings.preemption_warning_interval_seconds),
     ]
+    if name is not None:
+        doc["deployments"] = [d for d in doc["deployments"] if d["name"] == name]
+        others = set(settings.deployments) - {name}
+        doc["warnings"] = [w for w in doc["warnings"] if w.split(":", 1)[0] not in others]
     if as_json:
         print_json(doc)
         return ExitCode.OK
-    daemon = doc["daemon"]
-    click.echo(f"daemon: {'running (pid ' + str(daemon['pid']) + ')' if daemon['running'] else 'not running'}")
-    for line in config_lines(daemon):
+    shown = {f"{d['name']}: failed: {d['why']}" for d in doc["deployments"] if d["state"] == "failed"}
+    colour = colour_enabled()
+    click.echo(daemon_line(doc))
+    for line in config_lines(doc["daemon"]):
         click.echo(line)
-    for dep in doc["deployments"]:
-        uptime = f", up {dep['uptime_seconds']:.0f}s" if dep.get("uptime_seconds") is not None else ""
-        percent = dep.get("weights_percent")
-        phase = (
-            f"{dep['phase']} {percent}%"
-            if percent is not None and dep["phase"] in ("downloading", "loading")
-            else dep["phase"]
-        )
-        click.echo(f"{dep['name']}: {dep['state']} ({phase}){uptime}  {dep['endpoint']}")
-        click.echo(f"  model {dep['model']}  image {dep['image']}  vLLM {dep.get('vllm_version') or '?'}")
-        learned = " (learned)" if dep.get("kv_cache_learned_used") else ""
-        click.echo(
-            f"  boots {dep['boots']}  restarts {dep['restarts']}  KV cache "
-            f"{format_bytes(dep.get('kv_cache_memory_bytes'))}{learned}  "
-            f"compile cache hit {dep.get('compile_cache_hit')}"
-        )
-        for line in _observed(dep):
-            click.echo(f"  {line}")
-        if dep.get("context_tokens"):
-            holds = ""
-            if dep.get("kv_cache_tokens") and dep.get("concurrency"):
-                holds = (
-                    f"; the KV cache holds {dep['kv_cache_tokens']:,} tokens: {dep['concurrency']:.1f} "
-                    "requests of full length at once"
-                )
-            click.echo(f"  context {dep['context_tokens']:,} tokens{holds}")
-        for member in dep.get("hosts") or []:  # a multi-host group: every host, the leader first
-            note = f"  {member['message']}" if member.get("message") else ""
-            click.echo(f"  host {member['address']} ({member['role']}): {member['state']}{note}")
-        if dep.get("swap"):
-            click.echo(f"  {swap_line(dep['swap'])}")
-        for gpu in dep.get("gpus") or []:
-            click.echo(
-                f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "
-                f"{format_bytes(gpu['memory_total_bytes'])}"
-            )
-        if dep.get("last_failure"):
-            click.echo(f"  last failure: {dep['last_failure'].get('class')}: {dep['last_failure'].get('message')}")
+    if name is not None:
+        for line in detail_lines(doc["deployments"][0], colour=colour):
+            click.echo(line)
+    elif doc["deployments"]:
+        for line in table_lines(doc, colour=colour, width=terminal_width()):
+            click.echo(line)
     for warning in doc["warnings"]:
-        click.echo(f"warning: {warning}", err=True)
+        if warning not in shown:  # a failure's message is the row's WHY already
+            click.echo(f"warning: {warning}", err=True)
     return ExitCode.OK

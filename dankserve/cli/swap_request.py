@@ -9,7 +9,7 @@ import click
 from dankserve.cli.context import cli_context
 from dankserve.cli.render import print_json
 from dankserve.cli.status import swap_line
-from dankserve.errors import EnvironmentUnusable, InfeasiblePlan, InvalidInput
+from dankserve.errors import DeploymentFailed, EnvironmentUnusable, InfeasiblePlan, InvalidInput, TimedOut
 from dankserve.exitcodes import ExitCode
 
 
@@ -38,6 +38,10 @@ def swap_request(command: Literal["sleep", "wake"], deployment: str, as_json: bo
         error = str(reply.get("error"))
         if "does not fit" in error:
             raise InfeasiblePlan(error, fix="pin fewer members of the group, or lower gpu_memory_utilization")
+        if " did not become " in error:
+            raise TimedOut(error, fix=f"the daemon keeps trying: follow it with `dankserve status {deployment}`")
+        if " is failed" in error:
+            raise DeploymentFailed(error, fix=f"`dankserve status {deployment}` and `dankserve logs {deployment}`")
         raise EnvironmentUnusable(error, fix="see `dankserve status` and `dankserve logs`")
     status: dict[str, Any] = reply.get("status") or {}
     if as_json:

@@ -1,16 +1,23 @@
-"""`dankserve up [DEPLOYMENT]`: start the service (or one deployment) and follow it until ready.
+"""`dankserve up [DEPLOYMENT]`: start the service (or one deployment) and follow it until it rests.
 
 With systemd and the unit installed it asks systemd; otherwise it starts the daemon in the
-background (pid file in the state dir). It then shows live phases until every deployment it
-started is ready or failed, and prints the endpoints. Running it again changes nothing.
+background (pid file in the state dir). It then prints each deployment's phase as it changes,
+with what it waits for and for how long (on a terminal also a progress line of the boots), until
+every deployment it follows rests (`supervisor.status.RESTING_STATES`: ready, asleep, failed,
+down, disabled), and ends with one line per deployment saying where it rests. Running it again
+changes nothing. Exit codes: 5 when one failed, 6 when --timeout ran out; when the daemon stops
+while starting, its own last error and exit code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +25,13 @@ import click
 
 from dankserve.cli.context import cli_context
 from dankserve.cli.options import complete_deployment, hardware_option
-from dankserve.errors import EnvironmentUnusable, InfeasiblePlan, InvalidInput
+from dankserve.cli.render import colour_enabled, format_duration, is_terminal, paint, terminal_width
+from dankserve.errors import DankserveError, DeploymentFailed, InvalidInput, TimedOut
 from dankserve.exitcodes import ExitCode
 
-SETTLED = ("ready", "failed", "down", "disabled")
+POLL_SECONDS = 0.2
+STILL_SECONDS = 15.0
+"""Piped output repeats an unchanged wait's line this often, with its time so far."""
 
 
 @click.command("up")
@@ -67,6 +77,7 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
 
     proc: subprocess.Popen[bytes] | None = None
     via_systemd = False
+    log_start = _log_size(state_dir)  # the daemon's own error is looked for in what follows
     pid = servicectl.daemon_pid(state_dir)
     if pid is not None:
         if deployment is not None:
@@ -87,76 +98,220 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         proc = servicectl.spawn_daemon(argv, state_dir, env)
         click.echo(f"started the dankserve daemon (pid {proc.pid}; log {state_dir / servicectl.DAEMON_LOG})")
     wanted = [deployment] if deployment else [n for n, d in settings.deployments.items() if d.enabled]
-    return _follow(settings.state_dir, wanted, proc, timeout, via_systemd)
+    return _follow(FollowedDaemon(state_dir, proc, via_systemd, log_start), wanted, timeout)
 
 
-def _follow(
-    state_dir: Path,
-    wanted: list[str],
-    proc: subprocess.Popen[bytes] | None,
-    timeout: float | None,
-    via_systemd: bool = False,
-) -> ExitCode:
-    """Print phase changes until every wanted deployment settles; the exit code that follows."""
+@dataclass(frozen=True)
+class FollowedDaemon:
+    """The daemon `up` follows: its state dir, the process `up` started (if it did), and where its log began."""
+
+    state_dir: Path
+    proc: subprocess.Popen[bytes] | None
+    via_systemd: bool
+    log_start: int
+
+
+def _follow(daemon: FollowedDaemon, wanted: list[str], timeout: float | None) -> ExitCode:
+    """Print phase changes until every wanted deployment rests; the exit code that follows."""
     from dankserve import servicectl
 
     deadline = None if timeout is None else time.monotonic() + timeout
-    shown: dict[str, str] = {}
+    view = FollowView(live=is_terminal(), colour=colour_enabled())
     answered = False
+    deployments: dict[str, dict[str, Any]] = {}
     while True:
-        if proc is not None and proc.poll() is not None:
-            _explain_daemon_exit(state_dir, proc.returncode)
-        reply = servicectl.daemon_request(state_dir, {"command": "status"}, timeout=5)
+        if daemon.proc is not None and daemon.proc.poll() is not None:
+            view.clear()
+            raise daemon_stopped(daemon, daemon.proc.returncode)
+        reply = servicectl.daemon_request(daemon.state_dir, {"command": "status"}, timeout=5)
         if reply and reply.get("ok"):
             answered = True
             deployments = {d["name"]: d for d in reply["status"]["deployments"] if d["name"] in wanted}
-            for name, dep in deployments.items():
-                line = _progress(dep)
-                if shown.get(name) != line:
-                    click.echo(line)
-                    shown[name] = line
-            if deployments and all(d["state"] in SETTLED for d in deployments.values()):
-                failed = [d for d in deployments.values() if d["state"] == "failed"]
+            view.show(deployments.values(), time.monotonic())
+            if deployments and all(d["rests"] for d in deployments.values()):
+                view.clear()
                 for dep in deployments.values():
-                    if dep["state"] == "ready":
-                        click.echo(f"{dep['name']}: serving at {dep['endpoint']}")
+                    click.echo(resting_line(dep, colour=view.colour))
+                failed = [name for name, d in deployments.items() if d["state"] == "failed"]
                 if failed:
-                    names = ", ".join(d["name"] for d in failed)
-                    raise InfeasiblePlan(
+                    names = ", ".join(failed)
+                    raise DeploymentFailed(
                         f"deployment(s) failed: {names}",
-                        fix="see `dankserve status` and `dankserve logs` for the cause and its fix",
+                        fix=f"`dankserve status {failed[0]}` and `dankserve logs {failed[0]}` show the cause; "
+                        f"fix it, then `dankserve up {failed[0]}`",
                     )
                 return ExitCode.OK
-        elif answered and servicectl.daemon_pid(state_dir) is None:
-            raise EnvironmentUnusable("the daemon stopped while starting", fix="see `dankserve logs`")
-        elif via_systemd and not answered and servicectl.unit_failed():
-            raise EnvironmentUnusable(
-                f"{servicectl.UNIT_NAME} failed to start",
-                fix=f"read why with `journalctl -u {servicectl.UNIT_NAME} -n 30`; `dankserve doctor` checks the host",
-            )
+        elif answered and servicectl.daemon_pid(daemon.state_dir) is None:
+            view.clear()
+            code = daemon.proc.wait(10) if daemon.proc is not None else None
+            raise daemon_stopped(daemon, code)
+        elif daemon.via_systemd and not answered and servicectl.unit_failed():
+            view.clear()
+            raise daemon_stopped(daemon, None)
         if deadline is not None and time.monotonic() > deadline:
-            raise EnvironmentUnusable(
-                "not ready before --timeout; the daemon keeps trying", fix="follow it with `dankserve status`"
+            view.clear()
+            waiting = [d for d in deployments.values() if not d["rests"]]
+            for dep in deployments.values():
+                click.echo(resting_line(dep, colour=view.colour) if dep["rests"] else phase_line(dep))
+            names = ", ".join(d["name"] for d in waiting) or "the daemon did not answer"
+            raise TimedOut(
+                f"not every deployment rests after --timeout {timeout:g}s ({names}); the daemon keeps trying",
+                fix="follow it with `dankserve status`, or run `dankserve up` again to wait on",
             )
-        time.sleep(0.2)
+        time.sleep(POLL_SECONDS)
 
 
-def _progress(dep: dict[str, Any]) -> str:
-    phase = dep["phase"]
-    extra = ""
-    if dep.get("message") and dep["state"] == "failed":
-        extra = f": {dep['message']}"
-    return f"{dep['name']}: {phase}{extra}"
+def shown_phase(dep: Mapping[str, Any]) -> str:
+    """A deployment's phase as `up` names it: the state once it rests, else the phase (with weights percent)."""
+    from dankserve.cli.status import shown_state
+
+    state = shown_state(dep)
+    if dep["rests"] or state != dep["state"]:
+        return state
+    return f"{state} ({dep['phase']})" if dep["phase"] not in (state, "stopped") else state
 
 
-def _explain_daemon_exit(state_dir: Path, code: int) -> None:
+def phase_line(dep: Mapping[str, Any]) -> str:
+    """One follow line: the phase, why it waits (if it does), and the seconds it has been in that phase."""
+    seconds = dep.get("phase_seconds")
+    took = f" [{format_duration(seconds)}]" if seconds is not None else ""
+    why = f": {dep['why']}" if dep.get("why") and not dep["rests"] else ""
+    return f"{dep['name']}: {shown_phase(dep)}{took}{why}"
+
+
+BOOT_STEPS = {
+    "downloading": "downloading weights",
+    "loading": "loading weights",
+    "compiling": "compiling (torch.compile)",
+    "profiling": "profiling memory",
+    "capturing": "capturing CUDA graphs",
+}
+
+
+def progress_line(deployments: Sequence[Mapping[str, Any]]) -> str:
+    """The terminal's progress line: each deployment still under way, its boot step and time so far."""
+    parts = []
+    for dep in deployments:
+        if dep["rests"]:
+            continue
+        phase = str(dep["phase"])
+        step = BOOT_STEPS.get(phase, phase)
+        percent = dep.get("weights_percent")
+        if percent is not None and phase in ("downloading", "loading"):
+            step += f" {percent}%"
+        if dep.get("waiting_for"):
+            step = "waiting"
+        parts.append(f"{dep['name']}: {step} {format_duration(dep.get('phase_seconds'))}")
+    return " | ".join(parts)
+
+
+def resting_line(dep: Mapping[str, Any], *, colour: bool = False) -> str:
+    """Where a deployment rests, in one line (the end of `up`)."""
+    state = paint(str(dep["state"]), str(dep["state"]), colour)
+    if dep["state"] == "ready":
+        return f"{dep['name']}: {state}, serving at {dep['endpoint']}"
+    return f"{dep['name']}: {state}" + (f": {dep['why']}" if dep.get("why") else "")
+
+
+@dataclass
+class FollowView:
+    """What `up` prints while it follows: a line per change (repeated every STILL_SECONDS when piped), and on a
+    terminal one progress line kept at the bottom, rewritten in place."""
+
+    live: bool
+    colour: bool
+    _shown: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _printed_at: dict[str, float] = field(default_factory=dict)
+    _drawn: bool = False
+
+    def show(self, deployments: Sequence[Mapping[str, Any]] | Any, now: float) -> None:
+        deployments = list(deployments)
+        for dep in deployments:
+            name = dep["name"]
+            key = (shown_phase(dep), str(dep.get("why") or ""))
+            repeat = not self.live and not dep["rests"] and now - self._printed_at.get(name, now) >= STILL_SECONDS
+            if self._shown.get(name) != key or repeat:
+                self.clear()
+                click.echo(phase_line(dep))
+                self._shown[name] = key
+                self._printed_at[name] = now
+        if self.live:
+            line = progress_line(deployments)
+            width = terminal_width() or 80
+            if line:
+                click.echo("\r\x1b[K" + line[: width - 1], nl=False)
+                self._drawn = True
+            else:
+                self.clear()
+
+    def clear(self) -> None:
+        if self._drawn:
+            click.echo("\r\x1b[K", nl=False)
+            self._drawn = False
+
+
+def _log_size(state_dir: Path) -> int:
     from dankserve import servicectl
-    from dankserve.errors import DankserveError
 
-    log_path = state_dir / servicectl.DAEMON_LOG
-    tail = ""
-    with contextlib.suppress(OSError):
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-5:])
-    error = DankserveError(f"the daemon exited with code {code}:\n{tail}", fix=f"see {log_path}")
-    error.exit_code = ExitCode(code) if code in tuple(ExitCode) else ExitCode.INTERNAL
-    raise error
+    try:
+        return (state_dir / servicectl.DAEMON_LOG).stat().st_size
+    except OSError:
+        return 0
+
+
+def last_error(text: str) -> str | None:
+    """The daemon's own last error in its output: the `error: ...` it printed on its way out (with its fix), else
+    its last error-level log line (JSON or console); None when it said none."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("error: "):
+            block = [lines[i].removeprefix("error: ")]
+            block += [line for line in lines[i + 1 :] if line.startswith("  ")]
+            return "\n".join(block)
+    for line in reversed(lines):
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
+                    rest = {k: v for k, v in entry.items() if k not in ("level", "timestamp", "logger")}
+                    return " ".join(f"{k}={v}" for k, v in rest.items())
+        elif "[error" in line or "[critical" in line:
+            return line.strip()
+    return None
+
+
+def _journal_text() -> str:
+    from dankserve import servicectl
+
+    done = subprocess.run(
+        ["journalctl", "--no-pager", "-o", "cat", "-n", "40", "-u", servicectl.UNIT_NAME],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout
+
+
+def daemon_stopped(daemon: FollowedDaemon, code: int | None) -> DankserveError:
+    """The error `up` ends with when the daemon stopped while it waited: the daemon's own last error and code."""
+    from dankserve import servicectl
+
+    log_path = daemon.state_dir / servicectl.DAEMON_LOG
+    text = ""
+    if daemon.via_systemd:
+        with contextlib.suppress(OSError):
+            text = _journal_text()
+        where = f"`journalctl -u {servicectl.UNIT_NAME} -n 30`"
+    else:
+        with contextlib.suppress(OSError), log_path.open("rb") as log:
+            log.seek(daemon.log_start)
+            text = log.read().decode(errors="replace")
+        where = f"{log_path} and `dankserve logs`"
+    said = last_error(text)
+    exited = f" with exit code {code}" if code is not None else ""
+    if said:  # the daemon's own words, with its own fix
+        error = DankserveError(f"the daemon stopped while starting{exited}: {said}\n  its whole output: {where}")
+    else:
+        error = DankserveError(f"the daemon stopped while starting{exited} and said no error", fix=f"read {where}")
+    error.exit_code = ExitCode(code) if code in tuple(ExitCode) and code != 0 else ExitCode.ENVIRONMENT
+    return error

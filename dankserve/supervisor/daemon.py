@@ -118,17 +118,33 @@ class GpuBootLocks:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        self._holders: dict[str, str] = {}
+        """Who holds each GPU's lock (a deployment's name), for `status` to say whom a boot waits for."""
 
-    def acquire(self, uuids: tuple[str, ...], cancelled: threading.Event) -> BootSlot | None:
-        """Hold every GPU's lock (sorted, so no deadlock); None if cancelled while waiting."""
+    def acquire(
+        self,
+        uuids: tuple[str, ...],
+        cancelled: threading.Event,
+        holder: str = "",
+        waits: Callable[[str, str], None] = lambda uuid, other: None,
+    ) -> BootSlot | None:
+        """Hold every GPU's lock (sorted, so no deadlock); None if cancelled while waiting.
+        `waits(uuid, other)` is told whenever the lock of GPU `uuid` is held by the boot of `other`."""
         taken: list[threading.Lock] = []
-        for lock in self._locks_of(uuids):
+        for uuid, lock in zip(sorted(set(uuids)), self._locks_of(uuids), strict=True):
             while not lock.acquire(timeout=0.2):
+                waits(uuid, self.holder_of(uuid) or "another boot")
                 if cancelled.is_set():
                     BootSlot(taken).release()
                     return None
             taken.append(lock)
+            with self._guard:
+                self._holders[uuid] = holder
         return BootSlot(taken)
+
+    def holder_of(self, uuid: str) -> str | None:
+        with self._guard:
+            return self._holders.get(uuid)
 
     def try_acquire(self, uuids: tuple[str, ...]) -> BootSlot | None:
         """Every GPU's lock if all are free now; else None (holding none)."""
@@ -252,6 +268,8 @@ class DeploymentWorker:
         daemon.telemetry.track(name)
         self._runtimes: dict[str, Runtime] = {}
         """The runtime of each workload seen: a reload may change the deployment's runtime, never an old workload's."""
+        self._waiting: str | None = None
+        self._phase_since = self.clock.monotonic()
 
     def _config(self, dep: DeploymentSettings) -> m.MachineConfig:
         return machine_config(self.daemon.settings, dep, download_weights=self.daemon.deps.fetch_weights is not None)
@@ -412,6 +430,8 @@ class DeploymentWorker:
             )
         with self.lock:
             self._machine = after
+            if after.phase is not before.phase:
+                self._phase_since = self.clock.monotonic()
         if after.phase is not before.phase:
             self.log.info("phase", phase=after.phase.value)
             self.daemon.phase_changed()
@@ -472,6 +492,9 @@ class DeploymentWorker:
                 return m.FreeMemoryRead(self._free_now(uuids, dep))
             case m.StartWorkload(overrides=overrides, vllm_version=version, launcher_id=launcher_id):
                 return self._start(dep, overrides, version, launcher_id)
+            case m.CheckPort():
+                holder = daemon.deps.check_port(dep.host, dep.port)
+                return m.PortFree() if holder is None else m.PortBusy(dep.port, holder)
             case m.StopServer() | m.WaitExit(server=int()):
                 return self._launcher_command(command, dep)
             case m.RemoveLauncher():
@@ -498,15 +521,41 @@ class DeploymentWorker:
         return None
 
     def _acquire_gpus(self, uuids: tuple[str, ...]) -> m.Event:
-        """The GPUs' boot slot, once a swap group member's boot has room (StopRequested when stopped meanwhile)."""
+        """The GPUs' boot slot, once a swap group member's boot has room (StopRequested when stopped meanwhile).
+
+        While it waits, `waiting_for` says for what (status and `up` show it)."""
         self._release()
-        if not self.daemon.swap_groups.admit_boot(self.name, uuids, self._stopping):
-            return m.StopRequested(keep_launcher=self._keep_launcher)
-        slot = self.daemon.gpu_locks.acquire(uuids, self._stopping)
+        try:
+            if not self.daemon.swap_groups.admit_boot(self.name, uuids, self._stopping, waits=self._waits_for):
+                return m.StopRequested(keep_launcher=self._keep_launcher)
+            gpu_index = {g.uuid: g.index for g in self.daemon.host.gpus}
+
+            def slot_waits(uuid: str, other: str) -> None:
+                self._waits_for(f"GPU {gpu_index.get(uuid, uuid)} boots one deployment at a time: {other} boots there")
+
+            slot = self.daemon.gpu_locks.acquire(uuids, self._stopping, holder=self.name, waits=slot_waits)
+        finally:
+            self._waits_for(None)
         if slot is None:
             return m.StopRequested(keep_launcher=self._keep_launcher)
         self._slot = slot
         return m.GpusAcquired()
+
+    def _waits_for(self, why: str | None) -> None:
+        with self.lock:
+            self._waiting = why
+
+    @property
+    def waiting_for(self) -> str | None:
+        """What the current boot waits for before it may take its GPUs (None: it does not wait)."""
+        with self.lock:
+            return self._waiting
+
+    @property
+    def phase_since(self) -> float:
+        """When (the worker's monotonic clock) the current phase began."""
+        with self.lock:
+            return self._phase_since
 
     def _launcher_command(self, command: m.StopServer | m.WaitExit, dep: DeploymentSettings) -> m.Event | None:
         """The commands about a launcher's server (issue 15)."""
@@ -721,8 +770,9 @@ class DeploymentWorker:
 
     def _record_boot(self, command: m.RecordBoot) -> None:
         state = self.daemon.state
-        state.record_boot(self.name, command.facts, command.kv_bytes, command.learned_used)
         boot = self.machine.boot
+        adopted = boot is not None and boot.adopted
+        state.record_boot(self.name, command.facts, command.kv_bytes, command.learned_used, adopted=adopted)
         if boot is not None and not boot.adopted:  # an adopted boot's start was not seen: no duration, no kind
             took = round((boot.ready_at or self.clock.monotonic()) - boot.started_at, 3)  # recorded as it turns ready
             kind = boot_kind(
@@ -1311,6 +1361,9 @@ class Daemon:
             hosts=self._hosts_status(name) if with_hosts else None,
             serving=None if sample is None else sample.as_json(),
             observed=self.telemetry.of(name),
+            waiting_for=worker.waiting_for if worker is not None else None,
+            phase_since=worker.phase_since if worker is not None else None,
+            wall_now=self.deps.clock.time(),
         )
 
     def _hosts_status(self, name: str) -> list[dict[str, Any]] | None:

@@ -47,6 +47,9 @@ MAX_IDLE_SECONDS = 1.0
 """The interpreter looks around (a Tick) at least this often while a workload runs."""
 FREE_MEMORY_RETRY_SECONDS = 0.5
 """How often free GPU memory is read again while waiting for a dead server's memory to come back."""
+PORT_RECHECK_SECONDS = 1.0
+"""How often a port another process holds is looked at again: the boot starts within this of its release."""
+"""How often free GPU memory is read again while waiting for a dead server's memory to come back."""
 EXIT_WAIT_SECONDS = 10.0
 """How long to wait for a workload to exit after its log ended or named a failure."""
 UNANSWERED_HEALTH_SECONDS = 30.0
@@ -322,6 +325,8 @@ class MachineState:
     compile_seconds: float | None = None
     swap: SwapTimes = SwapTimes()
     """Swap groups (issue 16): sleep level and timings."""
+    port_holder: str | None = None
+    """Who holds the deployment's port while RETRY_WAIT waits for it (CheckPort every PORT_RECHECK_SECONDS)."""
 
     @property
     def phase(self) -> Phase:
@@ -497,6 +502,11 @@ class PortBusy:
 
 
 @dataclass(frozen=True)
+class PortFree:
+    """Nothing listens on the deployment's port any more (the answer to CheckPort)."""
+
+
+@dataclass(frozen=True)
 class WorkloadStarted:
     workload_id: str
     boot: int
@@ -657,6 +667,7 @@ Event = (
     | GpusAcquired
     | FreeMemoryRead
     | PortBusy
+    | PortFree
     | WorkloadStarted
     | BootLog
     | LogEnded
@@ -744,6 +755,11 @@ class StartWorkload:
     launcher_id: str | None = None
     """Ask this running launcher for the server instead of starting a workload (answered by
     WorkloadStarted, LauncherLost or PortBusy)."""
+
+
+@dataclass(frozen=True)
+class CheckPort:
+    """Look whether another process still holds the deployment's port (answered by PortBusy or PortFree)."""
 
 
 @dataclass(frozen=True)
@@ -866,6 +882,7 @@ Command = (
     | ReleaseGpus
     | ReadFreeMemory
     | StartWorkload
+    | CheckPort
     | StopServer
     | RemoveLauncher
     | FollowLogs
@@ -966,6 +983,8 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.DECIDING, GpuTenants] = _allowed(Stage.BACKOFF, Stage.FAILED, Stage.ASLEEP, note="its server died asleep")
     t[Stage.BACKOFF, Tick] = _allowed(Stage.BACKOFF, *_RESTART)
     t[Stage.RETRY_WAIT, Tick] = _allowed(Stage.RETRY_WAIT, *_RESTART)
+    t[Stage.RETRY_WAIT, PortBusy] = _allowed(Stage.RETRY_WAIT, note="looks at the port again")
+    t[Stage.RETRY_WAIT, PortFree] = _allowed(*_RESTART)
     _swap_transitions(t)
     for stage in TERMINAL:
         for kind in EVENT_TYPES:
@@ -1017,7 +1036,7 @@ def step(state: MachineState, event: Event, now: float) -> Step:
 
 def _begin_boot(state: MachineState, now: float) -> Step:
     boot = Boot(started_at=now)
-    base = replace(state, boot=boot, pending=None, message=None, wake_at=None)
+    base = replace(state, boot=boot, pending=None, message=None, wake_at=None, port_holder=None)
     if state.config.download_weights:
         return replace(base, stage=Stage.DOWNLOADING), (EnsureWeights(),)
     return replace(base, stage=Stage.PULLING), (EnsureImage(),)
@@ -1099,6 +1118,8 @@ def _on_tick(state: MachineState, event: Tick, now: float) -> Step:
     if state.stage in (Stage.BACKOFF, Stage.RETRY_WAIT):
         if state.wake_at is not None and now < state.wake_at:
             return state, ()
+        if state.stage is Stage.RETRY_WAIT and state.port_holder is not None:
+            return replace(state, wake_at=now + PORT_RECHECK_SECONDS), (CheckPort(),)
         return _begin_boot(state, now)
     if state.stage is Stage.MEASURING:
         boot = state.boot
@@ -1314,7 +1335,26 @@ def _on_free_memory(state: MachineState, event: FreeMemoryRead, now: float) -> S
 
 
 def _on_port_busy(state: MachineState, event: PortBusy, now: float) -> Step:
-    return _retry_later(state, f"port {event.port} is in use by {event.holder}", now, cause="port_in_use")
+    """The port is held: no boot, no failure; looked at again every PORT_RECHECK_SECONDS (said once per holder)."""
+    recheck = now + PORT_RECHECK_SECONDS
+    if state.stage is Stage.RETRY_WAIT and state.port_holder == event.holder:
+        return replace(state, wake_at=recheck), ()
+    why = f"port {event.port} is in use by {event.holder}"
+    after = replace(
+        state,
+        stage=Stage.RETRY_WAIT,
+        port_holder=event.holder,
+        wake_at=recheck,
+        pending=None,
+        message=f"{why}; fix: stop that process, or give this deployment another `port` in the config; "
+        "it starts as soon as the port is free",
+    )
+    return after, (ReleaseGpus(), note("port_in_use", "warning", error=why, port=event.port))
+
+
+def _on_port_free(state: MachineState, event: PortFree, now: float) -> Step:
+    after, commands = _begin_boot(state, now)
+    return after, (note("port_free", port_holder=state.port_holder), *commands)
 
 
 def _on_workload_started(state: MachineState, event: WorkloadStarted, now: float) -> Step:
@@ -1677,6 +1717,7 @@ def _retry_later(state: MachineState, why: str, now: float, cause: str = "retry"
         retry_attempts=attempts,
         wake_at=now + delay,
         pending=None,
+        port_holder=None,
         message=f"{why}; retrying in {delay:.1f} s",
     )
     # A running workload is left alone: the next boot adopts it if it kept running, else replaces it.
@@ -1788,6 +1829,7 @@ _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     GpusAcquired: _on_gpus_acquired,
     FreeMemoryRead: _on_free_memory,
     PortBusy: _on_port_busy,
+    PortFree: _on_port_free,
     WorkloadStarted: _on_workload_started,
     BootLog: _on_boot_log,
     LogEnded: _on_log_ended,

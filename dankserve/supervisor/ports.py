@@ -9,7 +9,7 @@ from dankserve.supervisor.health import probe_host_for
 
 
 def port_holder(host: str, port: int, timeout: float = 0.5) -> str | None:
-    """Who listens on `port` where the server will bind `host` ("pid 123 (python3)"), or None when free.
+    """Who listens on `port` where the server will bind `host` ("pid 12 (python3 -m http.server 80)"), or None.
 
     A connection that is accepted means another server answers there: a new boot would fail to
     bind, or (worse) its /health would be answered by the other one.
@@ -30,6 +30,6 @@ def _listener(port: int) -> str | None:
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
                 with contextlib.suppress(psutil.Error):
                     proc = psutil.Process(conn.pid)
-                    return f"pid {conn.pid} ({proc.name()}: {' '.join(proc.cmdline())[:120]})"
+                    return f"pid {conn.pid} ({' '.join(proc.cmdline())[:120] or proc.name()})"
                 return f"pid {conn.pid}"
     return None

@@ -97,9 +97,15 @@ class StateBook:
     def record_failure(self, name: str, cause: str, message: str | None, at: float) -> None:
         self._change(name, lambda d: replace(d, last_failure=FailureRecord(cause, message, at)))
 
-    def record_boot(self, name: str, facts: BootFacts, kv_bytes: int | None, learned_used: bool) -> None:
+    def record_boot(
+        self, name: str, facts: BootFacts, kv_bytes: int | None, learned_used: bool, *, adopted: bool = False
+    ) -> None:
+        """Remember a boot that turned ready; `adopted` (a server an earlier daemon left serving) keeps the
+        time it first turned ready, so its uptime goes on."""
+        earlier = self.deployment(name).last_boot
+        kept = adopted and earlier is not None and earlier.ready
         summary = BootSummary(
-            at=time.time(),
+            at=earlier.at if kept and earlier is not None else time.time(),
             ready=facts.ready,
             vllm_version=facts.vllm_version,
             compile_cache_hit=facts.compile_cache_hit,

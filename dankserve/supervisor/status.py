@@ -1,18 +1,22 @@
 """One deployment's `dankserve status` document, built from its records. Pure.
 
 The daemon builds it from the machine's state and the state file's record; `dankserve status`
-without a daemon builds it from the record alone (`machine=None`). Both print the same fields
-with the same meanings: `state` is the machine's (`starting`, `ready`, `restarting`, `failed`,
-`stopped`) while it runs, else `down` (taken down with `dankserve down`), `disabled` (not
-enabled in the config) or `stopped`; values of the last boot come from this daemon's machine
-once it knows them, else from the state file's last boot.
+without a daemon builds it from the record alone (`machine=None`) and what it finds running.
+Both print the same fields with the same meanings: `state` is the machine's (`starting`,
+`ready`, `restarting`, `failed`, `stopped`, `falling_asleep`, `asleep`, `waking`) while it
+runs, else `down` (taken down with `dankserve down`), `disabled` (not enabled in the config),
+`serving` or `running` (no daemon, but its server still runs: healthy, or not answering
+/health) or `stopped`; values of the last boot come from this daemon's machine once it knows
+them, else from the state file's last boot. `rests` says whether the deployment rests where it
+is (`RESTING_STATES`): nothing moves until a request, a command or a config change; `why` says
+in one line why it is where it is, or what it waits for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
@@ -22,6 +26,16 @@ from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
     from dankserve.settings import DeploymentSettings
 
+RESTING_STAGES = frozenset({Stage.READY, Stage.ASLEEP, Stage.FAILED})
+"""The machine's stages a deployment rests in (IDLE and STOPPED are passing: a worker about to begin, or a
+daemon stopping)."""
+RESTING_STATES = frozenset({"ready", "asleep", "failed", "down", "disabled"})
+"""The `state`s a deployment rests in: those of RESTING_STAGES, and, without a machine, down and disabled.
+`dankserve up` waits until every deployment it follows rests."""
+
+Unsupervised = Literal["serving", "running"]
+"""No daemon, but the deployment's server still runs: it answers /health (serving) or not (running)."""
+
 STATUS_FIELDS = (
     "name",
     "state",
@@ -29,6 +43,7 @@ STATUS_FIELDS = (
     "endpoint",
     "model",
     "image",
+    "runtime",
     "vllm_version",
     "uptime_seconds",
     "boots",
@@ -48,6 +63,12 @@ STATUS_FIELDS = (
     "hosts",
     "serving",
     *OBSERVED_FIELDS,
+    "swap",
+    "rests",
+    "why",
+    "waiting_for",
+    "phase_seconds",
+    "kv_cache_source",
 )
 """The keys of every deployment's document, in order."""
 
@@ -89,22 +110,41 @@ def deployment_status(
     hosts: Sequence[Mapping[str, Any]] | None = None,
     serving: Mapping[str, Any] | None = None,
     observed: DeploymentTelemetry | None = None,
+    waiting_for: str | None = None,
+    phase_since: float | None = None,
+    wall_now: float | None = None,
+    unsupervised: Unsupervised | None = None,
 ) -> dict[str, Any]:
     """The status document of one deployment; `now` is the machine's clock (for the uptime).
 
     `serving` is vLLM's load as last read from its /metrics, `observed` this daemon's counts since
-    it started (the numbers /metrics exports; none without a daemon)."""
+    it started (the numbers /metrics exports; none without a daemon). `waiting_for` is what the
+    boot waits for (the worker's words), `phase_since` when (machine clock) the phase began,
+    `wall_now` the Unix time (an adopted server's uptime counts from when it first turned ready),
+    `unsupervised` what runs of it while no daemon does."""
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
+    state: str
     if machine is None:
-        state = "down" if down else ("disabled" if not dep.enabled else "stopped")
+        state = "down" if down else ("disabled" if not dep.enabled else (unsupervised or "stopped"))
         phase = "stopped"
     else:
         state, phase = machine.status, machine.phase.value
     booted = machine is not None and machine.kv_cache_memory_bytes is not None
     facts = machine.facts if machine is not None else None
-    ready_at = machine.boot.ready_at if machine is not None and machine.boot is not None else None
-    uptime = round(now - ready_at, 1) if machine is not None and machine.stage is Stage.READY and ready_at else None
+    boot = machine.boot if machine is not None else None
+    uptime = None
+    # An adopted server (or one no daemon supervises) has served since its boot first turned ready.
+    served_since = last.at if last is not None and last.ready and wall_now else None
+    if machine is not None and machine.stage is Stage.READY and boot is not None and boot.ready_at:
+        adopted = boot.adopted and wall_now and served_since
+        uptime = (
+            round(wall_now - served_since, 1)
+            if adopted and wall_now and served_since
+            else round(now - boot.ready_at, 1)
+        )
+    elif state == "serving" and wall_now and served_since:
+        uptime = round(wall_now - served_since, 1)
     kv_bytes = (
         machine.kv_cache_memory_bytes
         if booted and machine is not None
@@ -112,6 +152,8 @@ def deployment_status(
         or (learned[-1].kv_cache_memory_bytes if learned else None)
     )
     metrics = metrics or Metrics()
+    learned_used = machine.kv_cache_learned_used if machine is not None else bool(last and last.kv_cache_learned_used)
+    rests = machine.stage in RESTING_STAGES if machine is not None else state in RESTING_STATES
     return {
         "name": name,
         "state": state,
@@ -119,6 +161,7 @@ def deployment_status(
         "endpoint": f"http://{dep.host}:{dep.port}/v1",
         "model": dep.model,
         "image": dep.image,
+        "runtime": dep.runtime,
         "vllm_version": (machine.vllm_version if machine is not None else None)
         or (last.vllm_version if last else None),
         "uptime_seconds": uptime,
@@ -126,9 +169,7 @@ def deployment_status(
         "restarts": max(machine.restarts if machine else 0, record.restarts),
         "last_failure": failure_json(record.last_failure),
         "kv_cache_memory_bytes": kv_bytes,
-        "kv_cache_learned_used": machine.kv_cache_learned_used
-        if machine is not None
-        else bool(last and last.kv_cache_learned_used),
+        "kv_cache_learned_used": learned_used,
         "compile_cache_hit": machine.compile_cache_hit
         if machine is not None and machine.compile_cache_hit is not None
         else (last.compile_cache_hit if last else None),
@@ -150,7 +191,43 @@ def deployment_status(
         "serving": dict(serving) if serving is not None else None,
         **(observed or DeploymentTelemetry()).status_json(),
         "swap": swap_json(dep, machine),
+        "rests": rests,
+        "why": why(
+            name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure
+        ),
+        "waiting_for": waiting_for,
+        "phase_seconds": round(now - phase_since, 1) if phase_since is not None else None,
+        "kv_cache_source": ("learned" if learned_used else "profiled") if kv_bytes is not None else None,
     }
+
+
+def why(
+    name: str,
+    *,
+    dep: DeploymentSettings,
+    state: str,
+    machine: MachineState | None,
+    waiting_for: str | None,
+    last_failure: FailureRecord | None,
+) -> str | None:
+    """One line: why the deployment is where it is, or what it waits for (None: nothing to say)."""
+    message = machine.message if machine is not None else None
+    if waiting_for:
+        return f"waits: {waiting_for}"
+    if state == "down":
+        return f"taken down with `dankserve down`; `dankserve up {name}` starts it"
+    if state == "disabled":
+        return "enabled = false in the config"
+    if state in ("serving", "running"):
+        answers = "" if state == "serving" else " (/health does not answer)"
+        return f"unsupervised: no daemon runs{answers}; `dankserve up` adopts it"
+    if state == "asleep" and dep.swap_group is not None:
+        level = machine.swap.level if machine is not None else None
+        how = "stopped" if level == "stop" else f"level {level}"
+        return f"swap group {dep.swap_group}, asleep ({how}): its next request wakes it"
+    if state == "restarting" and not message and last_failure is not None:
+        return f"after {last_failure.cause}: {last_failure.message or 'see `dankserve logs`'}"
+    return message
 
 
 def swap_json(dep: DeploymentSettings, machine: MachineState | None) -> dict[str, Any] | None:

@@ -151,10 +151,16 @@ class SwapGroups:
         return None
 
     # -- boots ------------------------------------------------------------------------------------
-    def admit_boot(self, name: str, uuids: tuple[str, ...], cancelled: threading.Event) -> bool:
+    def admit_boot(
+        self,
+        name: str,
+        uuids: tuple[str, ...],
+        cancelled: threading.Event,
+        waits: Callable[[str], None] = lambda why: None,
+    ) -> bool:
         """Block until `name` may boot on `uuids`: its group's awake members fit beside it (others
         are put to sleep meanwhile) and, at start-up, the group's first boots come in order. False
-        when cancelled."""
+        when cancelled. `waits(why)` is told why while it waits (status shows it)."""
         group = self.group_of(name)
         if group is None:
             return True
@@ -175,6 +181,7 @@ class SwapGroups:
                         why = decision.reason
                     else:
                         why = decision.reason
+            waits(f"swap group {group}: {why}")
             if not announced:
                 log.info("swap_boot_waits", deployment=name, reason=why)
                 announced = True

@@ -22,6 +22,7 @@ from tests.harness.certs import HostCert, group_certs
 from tests.harness.daemon import (
     Notifications,
     RunningDaemon,
+    daemon_globals,
     free_port,
     process_deployment,
     write_config,
@@ -75,23 +76,15 @@ def make_daemon(
     root: Path, ns: netns.NsHost, deployments: dict[str, Any], token: Path, certs: dict[str, HostCert]
 ) -> NsDaemon:
     root.mkdir(parents=True, exist_ok=True)
-    globals_ = {
-        "state_dir": str(root / "state"),
-        "cache_dir": str(root / "cache"),
-        "hf_cache_dir": str(root / "hf"),
-        "vllm_version": "0.33.0",
-        "restart_backoff_initial_seconds": 0.5,
-        "restart_jitter_seconds": 0.1,
-        "health_interval_seconds": 1.0,
-        "stop_timeout_seconds": 10.0,
-        "max_failures_in_window": 10,
-        "cluster": {
-            "listen": f"{ns.address}:{API_PORT}",
-            "token_file": str(token),
-            "ray_port": RAY_PORT,
-            **certs[ns.address].settings(),
-        },
+    cluster = {
+        "listen": f"{ns.address}:{API_PORT}",
+        "token_file": str(token),
+        "ray_port": RAY_PORT,
+        **certs[ns.address].settings(),
     }
+    globals_ = daemon_globals(
+        root, {"restart_backoff_initial_seconds": 0.5, "max_failures_in_window": 10, "cluster": cluster}
+    )
     config = write_config(root / "dankserve.toml", globals_, deployments)
     notifications = Notifications(root / "notify.sock")
     notifications.start()

@@ -28,6 +28,7 @@ from dankserve.testing.config_file import write_config
 __all__ = [
     "Notifications",
     "RunningDaemon",
+    "daemon_globals",
     "dankserve_cli",
     "free_port",
     "launcher_deployment",
@@ -50,17 +51,6 @@ MODEL_FACTS = {
     "head_dim": 64,
     "max_position_embeddings": 8192,
 }
-
-
-def dankserve_cli(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`dankserve --config CONFIG ARGS...` as a user runs it; its exit code and output."""
-    return subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def free_port() -> int:
@@ -216,18 +206,8 @@ class RunningDaemon:
         return control.request(control.socket_path(self.state_dir), message, timeout=120)
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run the real `dankserve --config CONFIG ARGS...` against this daemon (a person's terminal: no
-        NOTIFY_SOCKET, no DANKSERVE_CONFIG); its exit code and output."""
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
-        return subprocess.run(
-            [sys.executable, "-m", "dankserve", "--config", str(self.config), *args],
-            capture_output=True,
-            text=True,
-            env={**env, **self.extra_env},
-            cwd=REPO,
-            timeout=timeout,
-            check=False,
-        )
+        """Run the real `dankserve --config CONFIG ARGS...` against this daemon; its exit code and output."""
+        return dankserve_cli(self.config, *args, env=self.extra_env, timeout=timeout)
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
@@ -266,6 +246,21 @@ class RunningDaemon:
             return ""
 
 
+def daemon_globals(tmp_path: Path, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The global settings of a test daemon: its dirs under tmp_path, quick restarts and probes."""
+    return {
+        "state_dir": str(tmp_path / "state"),
+        "cache_dir": str(tmp_path / "cache"),
+        "hf_cache_dir": str(tmp_path / "hf"),
+        "vllm_version": "0.33.0",
+        "restart_backoff_initial_seconds": 0.2,
+        "restart_jitter_seconds": 0.1,
+        "health_interval_seconds": 1.0,
+        "stop_timeout_seconds": 10.0,
+        **(extra or {}),
+    }
+
+
 @contextlib.contextmanager
 def running_daemon(
     tmp_path: Path,
@@ -279,18 +274,7 @@ def running_daemon(
 ) -> Iterator[RunningDaemon]:
     """Start a daemon for these deployments; stop it (and check it exits 0) afterwards. Its output goes
     to tmp_path/daemon.log, or (`log_in_state_dir`) where `dankserve up` puts a background daemon's."""
-    globals_ = {
-        "state_dir": str(tmp_path / "state"),
-        "cache_dir": str(tmp_path / "cache"),
-        "hf_cache_dir": str(tmp_path / "hf"),
-        "vllm_version": "0.33.0",
-        "restart_backoff_initial_seconds": 0.2,
-        "restart_jitter_seconds": 0.1,
-        "health_interval_seconds": 1.0,
-        "stop_timeout_seconds": 10.0,
-        **(extra_globals or {}),
-    }
-    config = write_config(tmp_path / "dankserve.toml", globals_, deployments)
+    config = write_config(tmp_path / "dankserve.toml", daemon_globals(tmp_path, extra_globals), deployments)
     hw = hardware or write_host(tmp_path / "host.json")
     notifications = Notifications(tmp_path / "notify.sock")
     notifications.start()
@@ -304,3 +288,15 @@ def running_daemon(
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop()
         notifications.close()
+
+
+def dankserve_cli(
+    config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The real `dankserve --config CONFIG ARGS...` in a subprocess, its output piped (a person's terminal:
+    no NOTIFY_SOCKET, no DANKSERVE_CONFIG)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
+    argv = [sys.executable, "-m", "dankserve", "--config", str(config), *args]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, env={**full_env, **(env or {})}, cwd=REPO
+    )

@@ -37,6 +37,7 @@ SAMPLES: dict[type[Any], Any] = {
     m.GpusAcquired: m.GpusAcquired(),
     m.FreeMemoryRead: m.FreeMemoryRead((80 * 2**30,)),
     m.PortBusy: m.PortBusy(8000, "pid 7 (python3)"),
+    m.PortFree: m.PortFree(),
     m.WorkloadStarted: m.WorkloadStarted("w2", 3),
     m.BootLog: m.BootLog(READY_FACTS, Phase.READY),
     m.LogEnded: m.LogEnded(),
@@ -186,6 +187,22 @@ def test_a_port_held_by_another_process_is_waited_for_without_counting_a_failure
     assert m.ReleaseGpus() in commands
 
 
+def test_a_held_port_is_looked_at_every_second_and_the_boot_begins_once_it_is_free() -> None:
+    """While the port is held the machine asks CheckPort every PORT_RECHECK_SECONDS (warning once per holder,
+    no growing backoff); PortFree begins the boot at once."""
+    after, commands = m.step(in_stage(m.Stage.STARTING), m.PortBusy(8000, "pid 7 (python3)"), 1.0)
+    assert after.wake_at == 1.0 + m.PORT_RECHECK_SECONDS
+    assert "fix: stop that process" in (after.message or "")
+    for n in range(2, 6):
+        after, commands = m.step(after, m.Tick(), after.wake_at or 0.0)
+        assert commands == (m.CheckPort(),)
+        after, commands = m.step(after, m.PortBusy(8000, "pid 7 (python3)"), float(n))
+        assert after.stage is m.Stage.RETRY_WAIT and commands == () and after.wake_at == n + m.PORT_RECHECK_SECONDS
+    after, _ = m.step(after, m.Tick(), after.wake_at or 0.0)
+    after, commands = m.step(after, m.PortFree(), 9.0)
+    assert after.stage is m.Stage.PULLING and after.port_holder is None and m.EnsureImage() in commands
+
+
 def test_a_runtime_outage_while_serving_keeps_serving() -> None:
     """While ready, an unreachable runtime is noted and asked again later; the deployment stays ready."""
     ready = with_boot(in_stage(m.Stage.READY), log_ended=True)
@@ -291,6 +308,7 @@ EVENTS = st.one_of(
     st.just(m.GpusAcquired()),
     st.builds(m.FreeMemoryRead, st.tuples(st.none() | st.integers(0, 2**40))),
     st.builds(m.PortBusy, st.just(8000), st.just("pid 1")),
+    st.just(m.PortFree()),
     st.builds(m.WorkloadStarted, st.just("w9"), st.integers(1, 100)),
     st.builds(m.BootLog, FACTS, st.none() | st.sampled_from(list(Phase))),
     st.just(m.LogEnded()),
@@ -379,6 +397,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.state.wake_at is not None
         self.now = max(self.now, self.state.wake_at)
         self.state, commands = m.step(self.state, m.Tick(), self.now)
+        if commands == (m.CheckPort(),):  # a held port is looked at again: it is free now
+            self.state, commands = m.step(self.state, m.PortFree(), self.now)
         assert self.state.stage in (m.Stage.DOWNLOADING, m.Stage.PULLING) and commands
 
     @invariant()

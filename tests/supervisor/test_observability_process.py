@@ -37,7 +37,7 @@ def test_rising_preemptions_are_warned_about_once_per_interval(tmp_path: Path) -
         assert 1 <= len(warnings) <= elapsed / 2 + 1
         assert all(PREEMPTION_ADVICE in w["advice"] for w in warnings)
         done = subprocess.run(
-            [sys.executable, "-m", "dankserve", "--config", str(daemon.config), "status"],
+            [sys.executable, "-m", "dankserve", "--config", str(daemon.config), "status", "chat"],
             capture_output=True,
             text=True,
             timeout=60,

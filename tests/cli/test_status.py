@@ -1,0 +1,75 @@
+"""`dankserve status` through the real CLI against a real daemon (the stand-in vLLM as a process)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.daemon import dankserve_cli, free_port, process_deployment, running_daemon
+from tests.harness.terminal import run_in_terminal
+
+pytestmark = pytest.mark.slow
+
+
+def _ready(d: dict[str, object]) -> bool:
+    return d["state"] == "ready"
+
+
+def test_status_is_a_row_per_deployment_with_details_under_its_name_and_colour_only_on_a_terminal(
+    tmp_path: Path,
+) -> None:
+    """Two deployments: a header and one row each (no `ready (ready)`, no None, no `?`); `status NAME` the details;
+    an unknown NAME exit 2; colour on a terminal, none piped or with NO_COLOR; `--json` keeps its shape."""
+    deployments = {"chat": process_deployment(free_port()), "embed": process_deployment(free_port(), gpus=[1])}
+    with running_daemon(tmp_path, deployments) as daemon:
+        daemon.wait_for("chat", _ready)
+        daemon.wait_for("embed", _ready)
+        done = dankserve_cli(daemon.config, "status")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert len(lines) == 4 and lines[0].startswith("daemon: running (pid ")
+        assert lines[1].split() == ["NAME", "STATE", "MODEL", "PORT", "UPTIME", "BOOTS", "BOOT", "s", "KV", "WHY"]
+        assert lines[2].split()[:4] == ["chat", "ready", "test/tiny", str(deployments["chat"]["port"])]
+        for bad in ("ready (ready)", "None", " ? ", "\x1b["):
+            assert bad not in done.stdout
+
+        one = dankserve_cli(daemon.config, "status", "chat")
+        assert one.returncode == 0 and "chat: ready, up " in one.stdout and "embed" not in one.stdout
+        assert "vLLM 0.33.0" in one.stdout and "compile cache" in one.stdout and "None" not in one.stdout
+        unknown = dankserve_cli(daemon.config, "status", "nosuch")
+        assert unknown.returncode == 2 and "unknown deployment 'nosuch'" in unknown.stderr
+
+        argv = [sys.executable, "-m", "dankserve", "--config", str(daemon.config), "status"]
+        coloured = run_in_terminal(argv, env={"DANKSERVE_CONFIG": ""})
+        assert coloured.returncode == 0 and "\x1b[32mready" in coloured.output
+        plain = run_in_terminal(argv, env={"DANKSERVE_CONFIG": "", "NO_COLOR": "1"})
+        assert plain.returncode == 0 and "\x1b[" not in plain.output and "ready" in plain.output
+
+        doc = json.loads(dankserve_cli(daemon.config, "status", "--json").stdout)
+        assert {"daemon", "deployments", "warnings"} <= set(doc) and len(doc["deployments"]) == 2
+        assert {"state", "phase", "endpoint", "uptime_seconds", "rests", "why"} <= set(doc["deployments"][0])
+
+
+def test_status_after_the_daemon_is_killed_says_how_many_servers_still_serve_and_uptime_survives_adoption(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the daemon: status says "daemon not running; 1 server still serving" with the row `serving`;
+    a new daemon adopts the server and its uptime goes on from before, not from the adoption."""
+    deployments = {"chat": process_deployment(free_port())}
+    with running_daemon(tmp_path, deployments) as daemon:
+        first = daemon.wait_for("chat", lambda d: _ready(d) and (d["uptime_seconds"] or 0) >= 2)
+        daemon.kill()
+        offline = dankserve_cli(daemon.config, "status")
+        assert offline.returncode == 0, offline.stderr
+        assert offline.stdout.startswith("daemon not running; 1 server still serving")
+        assert " serving " in offline.stdout.splitlines()[2] and "`dankserve up` adopts it" in offline.stdout
+        assert json.loads(dankserve_cli(daemon.config, "status", "--json").stdout)["deployments"][0]["state"] == (
+            "serving"
+        )
+    with running_daemon(tmp_path, deployments) as again:
+        adopted = again.wait_for("chat", _ready)
+        assert again.events_named("adopting"), "the server was adopted, not restarted"
+        assert adopted["uptime_seconds"] >= first["uptime_seconds"]
