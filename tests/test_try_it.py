@@ -54,7 +54,7 @@ def test_the_try_it_config_boots_serves_through_the_gateway_and_swaps_the_pair(t
     try:
         up = dankserve("up", "chat", "--timeout", "90")
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "chat: serving at http://127.0.0.1:" in up.stdout
+        assert "chat: ready, serving at http://127.0.0.1:" in up.stdout
         states = wait_for(dankserve, lambda s: s["alpha"] in ("ready", "asleep") and s["beta"] in ("ready", "asleep"))
         assert sorted([states["alpha"], states["beta"]]) == ["asleep", "ready"]
         asleep = "alpha" if states["alpha"] == "asleep" else "beta"

@@ -25,7 +25,7 @@ def test_restart_stops_the_server_and_boots_a_new_one_and_waits_until_ready(tmp_
         done = dankserve_cli(daemon.config, "restart", "chat", "--timeout", "60")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "chat: stopped; booting it again" in done.stdout
-        assert "chat: serving at http://" in done.stdout
+        assert "chat: ready, serving at http://" in done.stdout
         status = daemon.deployment("chat")
         assert status is not None and status["state"] == "ready" and status["boots"] == 2
         assert server_pid(daemon, "chat") != before and not alive(before)

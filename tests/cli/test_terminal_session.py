@@ -63,15 +63,16 @@ class Terminal:
         """Type a command line, wait for its end; its exit code and what it printed."""
         self.count += 1
         marker = f"@@done {self.count} rc="
-        self.keys(f'{command}; echo "{marker}$?"', window)
+        typed = f'echo "{marker}$?"'  # ends the typed line; the shell then prints the marker and the code
+        self.keys(f"{command}; {typed}", window)
         deadline = time.monotonic() + timeout
         pattern = re.compile(re.escape(marker) + r"(\d+)\s*$", re.MULTILINE)
         while time.monotonic() < deadline:
             text = self.screen(window)
             found = pattern.search(text)
             if found:
-                start = text.rfind(command[:40], 0, found.start())
-                output = text[text.find("\n", start) + 1 : found.start()] if start >= 0 else text[: found.start()]
+                start = text.rfind(typed, 0, found.start())
+                output = text[text.find("\n", start) + 1 : found.start()]
                 return int(found.group(1)), output
             time.sleep(0.2)
         raise AssertionError(f"`{command}` did not finish in {timeout}s; the screen:\n{self.screen(window)}")
@@ -148,7 +149,8 @@ def test_an_operator_session_at_a_terminal(terminal: tuple[Terminal, Path]) -> N
     term.wait_for(r"Application startup complete", "logs")
     rc, out = term.type("dankserve restart chat", timeout=120)
     assert rc == 0, out
-    followed = term.wait_for(r"(?s)restart.*chat.*ready", "logs", timeout=60)
+    # the daemon's lines of the new boot and the new server's own lines, followed as they came
+    followed = term.wait_for(r"(?s)started +boot=2 .*deployment=chat.*\bready\b.*deployment=chat", "logs", timeout=60)
     assert followed.count("Application startup complete") >= 2, followed
     term.interrupt("logs")
 
