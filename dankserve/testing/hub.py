@@ -477,12 +477,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not (head and hostile.head_without_size):
             self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
-        self.send_header("X-Repo-Commit", commit)
-        self.send_header("Content-Type", "application/octet-stream")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{hub_file.size}")
-        self.end_headers()
+        self._send_file_headers(status, etag, commit, f"bytes {start}-{end}/{hub_file.size}")
         if head:
             return
         try:
@@ -494,6 +489,15 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send_slowly(f, start, length, repo.bytes_per_second)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _send_file_headers(self, status: int, etag: str, commit: str, content_range: str) -> None:
+        """The headers every file answer ends with (Content-Range on a 206), then the blank line."""
+        self.send_header("ETag", etag)
+        self.send_header("X-Repo-Commit", commit)
+        self.send_header("Content-Type", "application/octet-stream")
+        if status == 206:
+            self.send_header("Content-Range", content_range)
+        self.end_headers()
 
     def _misbehave(
         self, wrong: Misbehaviour, hub_file: HubFile, *, start: int, length: int, status: int, etag: str, commit: str
@@ -512,12 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.send_header("ETag", etag)
-        self.send_header("X-Repo-Commit", commit)
-        self.send_header("Content-Type", "application/octet-stream")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{start + length - 1}/{hub_file.size}")
-        self.end_headers()
+        self._send_file_headers(status, etag, commit, f"bytes {start}-{start + length - 1}/{hub_file.size}")
         try:
             if wrong.stall_after is not None:
                 self.wfile.write(body[: wrong.stall_after])

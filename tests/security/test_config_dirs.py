@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from dankserve.testing.config_file import write_config
+from tests.harness.cli import RECORDED_HOST, run_dankserve
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 from tests.harness.users import LocalUser, unprivileged_user
 
-RECORDED_HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x1-vm.json"
 DEPLOYMENT = '[deployments.chat]\nmodel = "m"\n[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n'
 
 
@@ -89,19 +89,6 @@ REFUSED: list[tuple[str, Callable[[Path, LocalUser], Path], str]] = [
 ]
 
 
-def dankserve(path: Path, *command: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DANKSERVE_HARDWARE": str(RECORDED_HOST)}
-    env.pop("NOTIFY_SOCKET", None)
-    return subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(path), *command],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize(("case", "make", "expected"), REFUSED, ids=[c[0] for c in REFUSED])
 @pytest.mark.parametrize("command", [["plan"], ["run", "--hardware", str(RECORDED_HOST)]], ids=["plan", "run"])
 def test_a_config_another_user_can_swap_is_refused(
@@ -110,7 +97,7 @@ def test_a_config_another_user_can_swap_is_refused(
     """A root-owned 0600 config in (or reached through) a directory another user owns or may write: plan and
     the daemon exit 2 naming the directory and the fix."""
     user = unprivileged_user()
-    done = dankserve(make(tmp_path, user), *command)
+    done = run_dankserve(make(tmp_path, user), *command)
     assert done.returncode == 2, done.stdout + done.stderr
     assert expected.format(uid=user.uid) in done.stderr, done.stderr
     assert "swap the config" in done.stderr and "fix: chown root" in done.stderr
@@ -123,7 +110,7 @@ def test_a_sticky_dir_and_a_config_of_root_are_accepted(tmp_path: Path) -> None:
         pytest.skip("the sticky case needs the config owned by root")
     path = config_in(tmp_path / "sticky")
     path.parent.chmod(0o1777)
-    done = dankserve(path, "plan")
+    done = run_dankserve(path, "plan")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
