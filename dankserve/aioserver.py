@@ -70,11 +70,12 @@ class BodyTooLarge(Exception):
     """The request body is larger than the server accepts."""
 
 
-class _Throttled:
+class Throttled:
     """One log line per event name every LOG_EVERY_SECONDS at most, with the count since the last:
     a flood of bad peers must not flood the journal."""
 
-    def __init__(self) -> None:
+    def __init__(self, logger: Any = None) -> None:
+        self._log = log if logger is None else logger
         self._counts: dict[str, int] = {}
         self._logged_at: dict[str, float] = {}
 
@@ -82,7 +83,7 @@ class _Throttled:
         self._counts[event] = self._counts.get(event, 0) + 1
         now = time.monotonic()
         if now - self._logged_at.get(event, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
-            log.warning(event, count=self._counts[event], **fields)
+            self._log.warning(event, count=self._counts[event], **fields)
             self._counts[event] = 0
             self._logged_at[event] = now
 
@@ -151,7 +152,7 @@ class GuardedServer:
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.refused = 0
-        self._throttled = _Throttled()
+        self._throttled = Throttled()
         """Connections closed at once because max_connections were open (for tests and logs)."""
 
     @property

@@ -19,6 +19,8 @@ user what to do, and the exit code the CLI ends with::
     │   ├── MissingTool                 a system program dankserve needs is absent
     │   ├── DaemonResourcesExhausted    the daemon itself is out of file descriptors or memory
     │   ├── HubUnreachable              the Hub does not answer (or offline mode) and nothing is cached
+    │   │   └── HubAnswerRefused        it answered what dankserve will not write (a commit id or file
+    │   │                               name that is not a plain path, bytes that do not match the listing)
     │   ├── DiskSpaceShortfall          too little free disk for a model's weights
     │   └── ClusterUnreachable          a multi-host group cannot be reached or formed (retried like
     │       │                           a Podman outage: never counted as a failure of the deployment)
@@ -113,6 +115,12 @@ class ModelAccessDenied(InvalidInput):
 
 class HubUnreachable(EnvironmentUnusable):
     """The Hugging Face Hub cannot be reached (or offline mode is on) and the model is not cached."""
+
+
+class HubAnswerRefused(HubUnreachable):
+    """The Hub (or the mirror HF_ENDPOINT names) answered something dankserve does not write to disk:
+    a commit id that is not 40 hex digits, a file name or ETag that is not a plain relative path, a
+    file longer than or different from what the listing says. Treated like a Hub that does not answer."""
 
 
 class DiskSpaceShortfall(EnvironmentUnusable):

@@ -30,7 +30,7 @@ def spawn_detached(
     """Start `argv` in a new session (no terminal; its own process group), stdout and stderr to
     `log_path` (0600; appended to, or truncated), stdin from /dev/null (or the descriptor `stdin`,
     e.g. a start gate's pipe). OSError when it cannot run."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)  # never through a link
     fd = os.open(log_path, flags, 0o600)
     try:
         return subprocess.Popen(

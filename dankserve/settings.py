@@ -19,6 +19,7 @@ readable or writable by others.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
@@ -673,16 +674,92 @@ def secret_file_problem(mode: int) -> str | None:
     return None
 
 
-def _check_config_file(path: Path) -> None:
-    try:
-        info = path.stat()
-    except OSError:
-        return  # reading it reports the problem
-    problem = config_file_problem(info.st_mode, info.st_uid, os.geteuid())
+def config_dir_problem(mode: int, owner: int, entry_owner: int, me: int) -> str | None:
+    """Why a directory on the way to the config lets someone else swap what is read, or None.
+
+    Only root and the user running dankserve may own it or write it. A sticky directory (`/tmp`,
+    mode 1777) is the exception where others may write: there an entry can be renamed or removed
+    only by its owner, the directory's owner or root, so it is safe when all of those are root or
+    this user."""
+    if owner not in (0, me):
+        return f"is owned by uid {owner}, neither root nor the user running dankserve (uid {me})"
+    if mode & 0o022:
+        if mode & stat.S_ISVTX and entry_owner in (0, me):
+            return None
+        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "others")) if mode & bit)
+        return f"is writable by {who} (mode {stat.S_IMODE(mode):04o})"
+    return None
+
+
+MAX_SYMLINKS = 40
+"""As the kernel's lookup: more symlinks on the way to the config is a loop."""
+
+
+def _lookups(path: Path) -> tuple[list[tuple[str, os.stat_result, os.stat_result]], os.stat_result]:
+    """Each directory resolving `path` looks a name up in, with its lstat and the entry's; the file's lstat.
+
+    Symlinks are followed as the kernel follows them, so a link's directory counts as well as its
+    target's. Raises OSError when a step cannot be looked at."""
+    pending = [part for part in str(Path.cwd() / path).split("/") if part]
+    pending.reverse()
+    current = "/"
+    steps: list[tuple[str, os.stat_result, os.stat_result]] = []
+    links = 0
+    entry = os.lstat(current)  # the path "/" itself
+    while pending:
+        name = pending.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            entry = os.lstat(current)
+            continue
+        directory = os.lstat(current)
+        candidate = os.path.join(current, name)
+        entry = os.lstat(candidate)
+        steps.append((current, directory, entry))
+        if stat.S_ISLNK(entry.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                current = "/"
+            pending.extend(reversed([part for part in target.split("/") if part]))
+        else:
+            current = candidate
+    return steps, entry
+
+
+def _check_config_file(path: Path, opened: os.stat_result) -> None:
+    """The opened file's own owner and mode (fstat: what is read is what is checked), then every directory
+    on the way to it: a config someone else can change or swap decides what dankserve runs as root."""
+    me = os.geteuid()
+    problem = config_file_problem(opened.st_mode, opened.st_uid, me)
     if problem is not None:
         raise ConfigError(
             f"config file {path} {problem}: whoever can change it decides what dankserve runs as root",
             fix=f"chmod go-w {path} && chown root {path} (or your own user when you run dankserve yourself)",
+        )
+    try:
+        steps, found = _lookups(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"config file {path}: the directories on its way cannot be checked ({exc.strerror or exc})",
+            fix="keep the config where root (or the user running dankserve) can look up every directory",
+        ) from None
+    for directory, info, entry in steps:
+        problem = config_dir_problem(info.st_mode, info.st_uid, entry.st_uid, me)
+        if problem is not None:
+            raise ConfigError(
+                f"config file {path}: the directory {directory} on its way {problem}, so someone else can "
+                "swap the config for their own",
+                fix=f"chown root {directory} && chmod go-w {directory}, or keep the config in a directory only "
+                "root (or you) can write, such as /etc/dankserve",
+            )
+    if (found.st_dev, found.st_ino) != (opened.st_dev, opened.st_ino):
+        raise ConfigError(
+            f"config file {path} changed while it was read", fix="read it again once nothing is replacing it"
         )
 
 
@@ -741,10 +818,11 @@ that would cost seconds and hundreds of MB to parse."""
 
 
 def _read_config_text(path: Path) -> str | None:
-    """The file's text, or None when it does not exist; only a regular file of a sane size is read.
+    """The file's text, or None when it does not exist; only a safe regular file of a sane size is read.
 
-    Opened without blocking and checked before reading: a FIFO or a device would hang the reader
-    (and, on reload, the daemon's main loop)."""
+    Opened without blocking and checked before reading, on the descriptor read from: a FIFO or a
+    device would hang the reader (and, on reload, the daemon's main loop), and a check of the
+    path would not be of the file read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
@@ -756,6 +834,7 @@ def _read_config_text(path: Path) -> str | None:
                 f"config file {path} is not a regular file (a FIFO, device, socket or directory)",
                 fix="point --config or DANKSERVE_CONFIG at a regular TOML file",
             )
+        _check_config_file(path, info)
         if info.st_size > MAX_CONFIG_BYTES:
             raise ConfigError(
                 f"config file {path} is {info.st_size} bytes, more than the {MAX_CONFIG_BYTES} a config may hold",
@@ -784,7 +863,6 @@ def _holds_no_secret(path: Path) -> bool:
 
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:
     """The TOML file's tables, or {} when an unnamed default file is absent."""
-    _check_config_file(path)
     try:
         text = _read_config_text(path)
     except OSError as exc:

@@ -355,7 +355,8 @@ class StateStore:
 
     def _ensure_dir(self) -> None:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self.state_dir.stat().st_uid == os.geteuid():
+        info = self.state_dir.stat()
+        if info.st_uid == os.geteuid() and not info.st_mode & 0o022:  # never a shared dir (a link to /tmp)
             with contextlib.suppress(OSError):
                 self.state_dir.chmod(0o700)
 

@@ -10,6 +10,7 @@ from dankserve.errors import ConfigError
 from dankserve.settings import (
     MAX_CONFIG_BYTES,
     DeploymentSettings,
+    config_dir_problem,
     config_file_problem,
     is_loopback,
     load_settings,
@@ -121,6 +122,27 @@ def test_non_loopback_host_with_api_key_is_accepted(tmp_path: Path) -> None:
 def test_config_file_problem(mode: int, owner: int, problem: str | None) -> None:
     """A config file writable by group or others, or owned by another user than root or me, is untrusted."""
     found = config_file_problem(mode, owner, me=1000)
+    assert found == problem if problem is None else problem in (found or "")
+
+
+@pytest.mark.parametrize(
+    ("mode", "owner", "entry_owner", "problem"),
+    [
+        (0o040755, 0, 0, None),
+        (0o040700, 1000, 1000, None),  # the user running dankserve (me = 1000 below)
+        (0o041777, 0, 0, None),  # /tmp holding root's entry
+        (0o041777, 0, 1000, None),  # /tmp holding mine
+        (0o041777, 0, 4242, "writable by its group and others (mode 1777)"),  # /tmp holding another's
+        (0o041777, 4242, 0, "owned by uid 4242"),
+        (0o040777, 0, 0, "writable by its group and others (mode 0777)"),
+        (0o040775, 0, 0, "writable by its group (mode 0775)"),
+        (0o040755, 4242, 0, "owned by uid 4242"),
+    ],
+)
+def test_config_dir_problem(mode: int, owner: int, entry_owner: int, problem: str | None) -> None:
+    """A directory on the way to the config is safe when only root and I own and write it, or it is sticky
+    and root's or mine holding an entry of root or mine."""
+    found = config_dir_problem(mode, owner, entry_owner, me=1000)
     assert found == problem if problem is None else problem in (found or "")
 
 

@@ -8,6 +8,7 @@ whose model is a Hub id.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from dankserve.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from dankserve.hub.download import Progress
+    from dankserve.settings import DeploymentSettings, Settings
 
 LOG_INTERVAL_SECONDS = 5.0
 
@@ -33,9 +35,7 @@ LOG_INTERVAL_SECONDS = 5.0
 def command(deployment: str | None, model: str | None, revision: str | None, quiet: bool) -> ExitCode:
     """Download a model's weights into the HF cache (resumable, with progress)."""
     from dankserve.cli.plan import select_deployments
-    from dankserve.hub.access import hub_access, is_hub_id
-    from dankserve.hub.download import duration_text, size_text
-    from dankserve.hub.pull import pull
+    from dankserve.hub.access import is_hub_id
 
     settings = cli_context().load_settings()
     selected = select_deployments(settings, deployment, model)
@@ -46,23 +46,35 @@ def command(deployment: str | None, model: str | None, revision: str | None, qui
             f"nothing to pull: no selected deployment names a Hub model (ORG/NAME): {names}",
             fix="name a deployment whose model is a Hub id, or pass --model ORG/NAME",
         )
-    for name, dep in todo:
-        access = hub_access(settings.hf_cache_dir, settings.state_dir, name, dep.hf_token_file)
-        rev = revision or dep.revision
-        click.echo(f"{dep.model}{'@' + rev if rev else ''} -> {access.cache_dir}", err=True)
-        reporter = None if quiet else _Reporter(dep.model)
-        result = pull(access, dep.model, rev, reporter)
-        if reporter is not None:
-            reporter.close()
-        if result.fetched_files == 0:
-            click.echo(f"{dep.model}: complete already ({result.files} files, {size_text(result.total_bytes)})")
-        else:
-            rate = result.fetched_bytes / result.seconds if result.seconds > 0 else 0.0
-            click.echo(
-                f"{dep.model}: {result.fetched_files} of {result.files} files, {size_text(result.fetched_bytes)} "
-                f"in {duration_text(result.seconds)} ({size_text(rate)}/s); commit {result.commit[:12]}"
-            )
+    shell_umask = os.umask(0o077)  # the HF cache as private as the daemon keeps it, whatever the shell's umask
+    try:
+        for name, dep in todo:
+            _pull_one(name, dep, revision, quiet, settings)
+    finally:
+        os.umask(shell_umask)
     return ExitCode.OK
+
+
+def _pull_one(name: str, dep: DeploymentSettings, revision: str | None, quiet: bool, settings: Settings) -> None:
+    from dankserve.hub.access import hub_access
+    from dankserve.hub.download import duration_text, size_text
+    from dankserve.hub.pull import pull
+
+    access = hub_access(settings.hf_cache_dir, settings.state_dir, name, dep.hf_token_file)
+    rev = revision or dep.revision
+    click.echo(f"{dep.model}{'@' + rev if rev else ''} -> {access.cache_dir}", err=True)
+    reporter = None if quiet else _Reporter(dep.model)
+    result = pull(access, dep.model, rev, reporter)
+    if reporter is not None:
+        reporter.close()
+    if result.fetched_files == 0:
+        click.echo(f"{dep.model}: complete already ({result.files} files, {size_text(result.total_bytes)})")
+    else:
+        rate = result.fetched_bytes / result.seconds if result.seconds > 0 else 0.0
+        click.echo(
+            f"{dep.model}: {result.fetched_files} of {result.files} files, {size_text(result.fetched_bytes)} "
+            f"in {duration_text(result.seconds)} ({size_text(rate)}/s); commit {result.commit[:12]}"
+        )
 
 
 class _Reporter:

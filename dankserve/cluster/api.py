@@ -32,7 +32,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, read_body
+from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, Throttled, read_body
 from dankserve.errors import ConfigError, MemberUnreachable
 from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
@@ -130,6 +130,7 @@ class _Api:
         self.token = token
         self.handler = handler
         self.limits = limits
+        self.refusals = Throttled(log)  # a peer retrying with a wrong token must not flood the journal
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes)
@@ -138,7 +139,7 @@ class _Api:
 
     async def dispatch(self, request: web.Request) -> web.Response:
         if not token_matches(request.headers.get("Authorization"), self.token):
-            log.warning("cluster_request_refused", peer=request.remote, path=request.path)
+            self.refusals.note("cluster_request_refused", peer=request.remote, path=request.path)
             return _reply(401, {"ok": False, "error": "missing or wrong cluster token"})
         if (request.method, request.path) not in ENDPOINTS:
             return _reply(404, {"ok": False, "error": f"no endpoint {request.method} {request.path}"})

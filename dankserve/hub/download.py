@@ -25,6 +25,8 @@ class RemoteFile:
 
     path: str
     size: int
+    sha256: str | None = None
+    """What the Hub's listing gives for an LFS file: the bytes must hash to it."""
 
 
 def choose_files(files: Iterable[RemoteFile]) -> tuple[RemoteFile, ...]:

@@ -15,10 +15,12 @@ dir lets the daemon see a complete model without asking the Hub again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -27,8 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from dankserve.errors import DiskSpaceShortfall, HubUnreachable
+from dankserve.errors import ConfigError, DiskSpaceShortfall, HubAnswerRefused
 from dankserve.hub.access import HubAccess
+from dankserve.hub.answers import (
+    checked_commit,
+    etag_problem,
+    expected_size,
+    file_name_problem,
+    refusal,
+    sha256_problem,
+)
 from dankserve.hub.download import (
     DISK_MARGIN_BYTES,
     Progress,
@@ -41,6 +51,7 @@ from dankserve.hub.download import (
     size_text,
 )
 from dankserve.hub.remote import HUB_TIMEOUT_SECONDS, hub_errors, offline_error
+from dankserve.hub.transfer import disk_errors
 
 ProgressCallback = Callable[[Progress], None]
 PROGRESS_INTERVAL_SECONDS = 0.5
@@ -85,7 +96,7 @@ def free_bytes(path: Path) -> int:
 
 
 def survey(access: HubAccess, model: str, revision: str | None) -> tuple[str, PullPlan]:
-    """The commit and what is left to fetch of it."""
+    """The commit and what is left to fetch of it (every name, size and hash of the listing checked first)."""
     from huggingface_hub import HfApi, try_to_load_from_cache
 
     if access.offline:
@@ -93,8 +104,10 @@ def survey(access: HubAccess, model: str, revision: str | None) -> tuple[str, Pu
     api = HfApi(endpoint=access.endpoint, token=access.token)
     with hub_errors(access, model, revision):
         info = api.model_info(model, revision=revision, files_metadata=True, timeout=HUB_TIMEOUT_SECONDS)
-    commit = info.sha or (revision or "main")
-    listed = [RemoteFile(s.rfilename, s.size or 0) for s in info.siblings or ()]
+    commit = checked_commit(access.endpoint, model, revision, info.sha)
+    listed = [
+        listed_file(access, model, s.rfilename, s.size, s.lfs.sha256 if s.lfs else None) for s in info.siblings or ()
+    ]
     wanted = choose_files(listed)
     complete = []
     for f in wanted:
@@ -102,6 +115,22 @@ def survey(access: HubAccess, model: str, revision: str | None) -> tuple[str, Pu
         if isinstance(cached, str) and Path(cached).stat().st_size == f.size:
             complete.append(f.path)
     return commit, plan_pull(wanted, complete, partial_bytes(repo_folder(access, model)))
+
+
+def listed_file(access: HubAccess, model: str, name: str, size: int | None, sha256: str | None) -> RemoteFile:
+    """One entry of the repo's listing, when its name can be a path under the snapshot and it has a size."""
+    what = f"the file name {name[:200]!r}"
+    problem = file_name_problem(name)
+    if problem is None:
+        checked = expected_size(size, None)
+        if isinstance(checked, str):
+            problem = checked
+        else:
+            size = checked
+            problem = sha256_problem(sha256)
+    if problem is not None or size is None:
+        raise refusal(access.endpoint, model, what, problem or "no size")
+    return RemoteFile(name, size, sha256)
 
 
 def check_disk(access: HubAccess, model: str, plan: PullPlan) -> None:
@@ -130,9 +159,16 @@ def pull(
 
     disable_progress_bars()
     started = clock()
+    if revision is not None and (problem := file_name_problem(revision)) is not None:
+        raise ConfigError(
+            f"revision {revision[:200]!r} of {model} cannot name a ref in the HF cache: {problem}",
+            fix="set revision to a branch, tag or commit of the repo (e.g. main, v1.0, refs/pr/1)",
+        )
     commit, plan = survey(access, model, revision)
     check_disk(access, model, plan)
     folder = repo_folder(access, model)
+    with disk_errors(str(folder)):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     meter = ProgressMeter(plan.total_bytes)
     finished = [plan.complete_bytes]
     stop = threading.Event()
@@ -151,13 +187,14 @@ def pull(
     try:
         with hub_errors(access, model, revision):
             for f in plan.missing:
-                fetch_file(access, model, commit, f.path, folder)
+                fetch_file(access, model, commit, f, folder)
                 finished[0] += f.size
     finally:
         stop.set()
         thread.join()
     report()
-    write_ref(folder, revision or "main", commit)
+    with disk_errors("refs/" + (revision or "main")):
+        write_ref(folder, revision or "main", commit)
     remember_pull(access, model, revision, commit, {f.path: f.size for f in plan.wanted})
     return PullResult(
         model=model,
@@ -198,47 +235,113 @@ def remember_pull(access: HubAccess, model: str, revision: str | None, commit: s
         return  # the next boot asks the Hub again
 
 
-def fetch_file(access: HubAccess, model: str, commit: str, path: str, folder: Path) -> Path:
-    """One file into the cache layout, resuming its `.incomplete` blob; returns the snapshot path."""
+def fetch_file(access: HubAccess, model: str, commit: str, f: RemoteFile, folder: Path) -> Path:
+    """One file into the cache layout, resuming its `.incomplete` blob; returns the snapshot path.
+
+    The blob counts as complete only at the listed size and, for an LFS file, with the listed
+    sha256. Every directory is made (0700) below `folder` without following a symlink, and only
+    an entry of the snapshot itself is ever replaced.
+    """
     from filelock import FileLock
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils._headers import build_hf_headers
 
-    from dankserve.hub.transfer import download
+    from dankserve.hub.transfer import BlobWriter, download
 
-    url = hf_hub_url(model, path, revision=commit, endpoint=access.endpoint)
+    url = hf_hub_url(model, f.path, revision=commit, endpoint=access.endpoint)
     meta = get_hf_file_metadata(url, token=access.token)
-    etag = meta.etag or ""
-    if not etag or "/" in etag or etag.startswith("."):
-        raise HubUnreachable(
-            f"{access.endpoint} answered {path} of {model} without a usable ETag ({etag!r})",
-            fix="check that HF_ENDPOINT points at a Hugging Face Hub (or a mirror that keeps its headers)",
-        )
-    blobs = folder / "blobs"
-    blobs.mkdir(parents=True, exist_ok=True)
+    problem = etag_problem(meta.etag)
+    size = expected_size(f.size, meta.size)
+    if isinstance(size, str):
+        problem = problem or size
+    if problem is not None or isinstance(size, str):
+        raise refusal(access.endpoint, model, f"{f.path} (ETag {str(meta.etag)[:100]!r})", problem or "")
+    etag = str(meta.etag)
+    with disk_errors(f.path):
+        *parents, name = f.path.split("/")
+        blobs = dir_under(folder, "blobs")
+        pointer = dir_under(folder, "snapshots", commit, *parents) / name
     blob = blobs / etag
-    pointer = folder / "snapshots" / commit / path
-    with FileLock(str(blobs / f"{etag}.lock")):  # another pull of the same blob waits, then finds it done
-        if not (blob.is_file() and (meta.size is None or blob.stat().st_size == meta.size)):
+    with FileLock(str(blobs / f"{etag}.lock"), mode=0o600):  # another pull of the same blob waits, then finds it done
+        if not (_is_plain_file(blob) and blob.stat().st_size == size):
             partial = blobs / f"{etag}.incomplete"
             headers = build_hf_headers(token=access.token)
             if urlsplit(meta.location).netloc != urlsplit(url).netloc:
                 headers.pop("authorization", None)  # a CDN: the token stays with the Hub
-            with partial.open("ab") as out:
-                download(meta.location, out, headers=headers, expected_size=meta.size)
-            os.replace(partial, blob)
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    if pointer.is_symlink() or pointer.exists():
-        pointer.unlink()
-    pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+            with disk_errors(f.path):
+                fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "r+b") as out:
+                writer = BlobWriter(out, size=size, margin=DISK_MARGIN_BYTES, name=f"{model}/{f.path}")
+                try:
+                    download(meta.location, writer, headers=headers)
+                except HubAnswerRefused:
+                    partial.unlink(missing_ok=True)  # what a refused answer sent is not kept for a resume
+                    raise
+                digest = writer.digest.hexdigest()
+            if f.sha256 is not None and digest != f.sha256:
+                partial.unlink(missing_ok=True)
+                problem = f"their sha256 is {digest}, the listing's {f.sha256}"
+                raise refusal(access.endpoint, model, f"{size} bytes of {f.path}", problem)
+            with disk_errors(f.path):
+                os.replace(partial, blob)
+    with disk_errors(f.path):
+        _replace_entry(pointer)
+        pointer.symlink_to(os.path.relpath(blob, pointer.parent))
     return pointer
+
+
+def dir_under(base: Path, *segments: str) -> Path:
+    """`base/SEGMENT/...`, each directory made 0700 when absent; a symlink or a file on the way is refused.
+
+    The names come from the Hub's answer (checked to be plain segments); refusing symlinks keeps
+    whatever else sits in the cache from steering a write out of it."""
+    current = base
+    for segment in segments:
+        current = current / segment
+        with contextlib.suppress(FileExistsError):
+            current.mkdir(mode=0o700)
+        if not stat.S_ISDIR(current.lstat().st_mode):
+            raise HubAnswerRefused(
+                f"{current} in the HF cache is a symlink or a file where a directory belongs; dankserve does "
+                "not write through it",
+                fix=f"remove {current} (and check who else can write {base})",
+            )
+    return current
+
+
+def _is_plain_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _replace_entry(pointer: Path) -> None:
+    """Remove a snapshot entry before it is linked again; a directory there is refused, never emptied."""
+    try:
+        info = pointer.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise HubAnswerRefused(
+            f"{pointer} in the HF cache is a directory where the file belongs",
+            fix=f"remove {pointer}, then pull again",
+        )
+    pointer.unlink()
 
 
 def write_ref(folder: Path, revision: str, commit: str) -> None:
     """`refs/REVISION` -> commit, so the cache resolves the revision offline (not for a commit itself)."""
     if revision == commit:
         return
-    ref = folder / "refs" / revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    if not ref.is_file() or ref.read_text(encoding="utf-8").strip() != commit:
-        ref.write_text(commit, encoding="utf-8")
+    *parents, name = revision.split("/")
+    ref = dir_under(folder, "refs", *parents) / name
+    try:
+        if ref.read_text(encoding="utf-8").strip() == commit:
+            return
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=ref.parent, prefix=".ref-")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(commit)
+    os.replace(tmp, ref)

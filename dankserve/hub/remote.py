@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dankserve.errors import HubUnreachable, ModelAccessDenied, ModelNotFound
 from dankserve.hub.access import HubAccess
+from dankserve.hub.answers import checked_commit
 from dankserve.plan.models import bytes_of_parameters
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def fetch(access: HubAccess, model: str, revision: str | None) -> HubModel:
     api = HfApi(endpoint=access.endpoint, token=token)
     with hub_errors(access, model, revision):
         info = api.model_info(model, revision=revision, token=token, timeout=HUB_TIMEOUT_SECONDS)
-        commit = info.sha or (revision or "main")
+        commit = checked_commit(access.endpoint, model, revision, info.sha)
         names = {s.rfilename for s in info.siblings or ()}
         # into a scratch cache, not the HF cache: a snapshot holding only config.json would look like a
         # cached model (and huggingface_hub's get_safetensors_metadata would write to its default cache)

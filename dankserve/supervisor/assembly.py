@@ -97,8 +97,11 @@ def weights_fetcher(settings: Settings) -> WeightsFetcher:
 
 
 def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Path | None) -> Daemon:
-    """A daemon ready to run, after checking that every enabled deployment can be planned."""
+    """A daemon ready to run, after checking that its dirs are its own and every enabled deployment can be planned."""
     from dankserve.host.probe import load_host
+    from dankserve.supervisor.instance import check_daemon_dirs
+
+    check_daemon_dirs(settings.state_dir, {"cache_dir": settings.cache_dir, "hf_cache_dir": settings.hf_cache_dir})
 
     def host_loader() -> Host:
         return load_host(hardware_file, cache_dirs=[settings.cache_dir, settings.hf_cache_dir])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,46 @@ def use_private_umask() -> None:
 
     The unit sets UMask=0077; this does the same for a daemon started by `dankserve up`."""
     os.umask(0o077)
+
+
+def private_dir_problem(mode: int, owner: int, me: int) -> str | None:
+    """Why a directory the daemon keeps its own files in is not its own, or None when it is."""
+    if owner != me:
+        return f"is owned by uid {owner}, not by the user the daemon runs as (uid {me})"
+    if mode & 0o022:
+        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "others")) if mode & bit)
+        return f"is writable by {who} (mode {stat.S_IMODE(mode):04o})"
+    return None
+
+
+def check_private_dir(path: Path, key: str) -> None:
+    """Refuse (exit 3) a state or cache dir someone else owns or may write; an absent one is made later, 0700.
+
+    Whoever can write it can plant a symlink the daemon would write through (as root) or rename its
+    state. A symlink to the directory is followed: what is checked is where the files would go."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise EnvironmentUnusable(
+            f"{key} {path} cannot be checked: {exc.strerror or exc}",
+            fix=f"make {path} a directory the daemon's user can reach, or set {key} elsewhere",
+        ) from None
+    problem = private_dir_problem(info.st_mode, info.st_uid, os.geteuid())
+    if problem is not None:
+        raise EnvironmentUnusable(
+            f"{key} {path} {problem}: whoever can write it can redirect the daemon's writes or rename its files",
+            fix=f"chown {os.geteuid()} {path} && chmod 700 {path}, or set {key} to a directory of the daemon's own "
+            "(not a shared one such as /tmp)",
+        )
+
+
+def check_daemon_dirs(state_dir: Path, cache_dirs: dict[str, Path]) -> None:
+    """The state dir and the cache dirs (key -> path) are the daemon's own, or exit 3 naming the first that is not."""
+    check_private_dir(state_dir, "state_dir")
+    for key, path in cache_dirs.items():
+        check_private_dir(path, key)
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -62,7 +103,11 @@ def acquire(state_dir: Path) -> DaemonLock:
     """
     try:
         ensure_private_dir(state_dir)
-        fd = os.open(state_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise _unusable(state_dir, exc) from None
+    check_private_dir(state_dir, "state_dir")
+    try:
+        fd = os.open(state_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise _unusable(state_dir, exc) from None
     try:
@@ -77,8 +122,11 @@ def acquire(state_dir: Path) -> DaemonLock:
     pid_path = state_dir / PID_NAME
     tmp = pid_path.with_suffix(".tmp")
     try:
-        tmp.write_text(f"{os.getpid()}\n")
-        os.chmod(tmp, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a leftover (or a planted symlink) is removed, never written through
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(out, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
         tmp.replace(pid_path)
     except OSError as exc:
         with contextlib.suppress(OSError):

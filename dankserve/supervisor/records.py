@@ -19,6 +19,7 @@ import structlog
 from dankserve.bootlog import BootFacts
 from dankserve.errors import EnvironmentUnusable
 from dankserve.state import BootSummary, DeploymentState, FailureRecord, State, StateStore
+from dankserve.supervisor.instance import check_private_dir
 from dankserve.supervisor.learning import LearnedKv
 
 log = structlog.get_logger("dankserve")
@@ -32,6 +33,8 @@ class StateBook:
     disk changes and `load_warnings` says what was found."""
 
     def __init__(self, state_dir: Path, *, persist: bool = True) -> None:
+        if persist:  # it may move and write files there: only in a dir of this user's own
+            check_private_dir(state_dir, "state_dir")
         self._store = StateStore(state_dir)
         self._lock = threading.Lock()
         self._persist = persist

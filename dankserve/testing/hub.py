@@ -17,6 +17,11 @@ Errors carry the Hub's `X-Error-Code` (`RepoNotFound`, `RevisionNotFound`, `Entr
 `GatedRepo`), which huggingface_hub turns into its typed errors. A gated repo answers only a
 request with `Authorization: Bearer <token>`; a slow repo sends its files at a set byte rate.
 Every request is recorded (`requests`) so tests can see Range headers and counts.
+
+A repo's `misbehaviour` makes it a hostile Hub or mirror for the security tests: a commit id
+that is a path, ETags that are not names, HEADs without a size, bodies longer, shorter or other
+than the listing says, a stall, a redirect elsewhere. File names are the repo's to choose too
+(`add_file` takes any name: the bytes are stored under a hash of it).
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 DEFAULT_TOKEN = "hf_standin_token"
+STALL_SECONDS = 120.0
+"""How long a stalling answer (Misbehaviour.stall_after) keeps its connection open and silent."""
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1}
 
 
@@ -52,6 +59,28 @@ class HubFile:
 
 
 @dataclass
+class Misbehaviour:
+    """What a hostile Hub (or mirror) answers instead of the truth; every field off by default."""
+
+    commit: str | None = None
+    """The commit id it names (`sha`, `X-Repo-Commit`); requests for that revision reach the real commit."""
+    etag: str | None = None
+    """The ETag (and `X-Linked-Etag`) of every file."""
+    head_without_size: bool = False
+    """HEAD answers name no size (no `Content-Length`, no `X-Linked-Size`)."""
+    body_bytes: int | None = None
+    """A GET sends this many bytes (the file's, then filler) as a complete answer, whatever the file's size."""
+    length_header: bool = True
+    """With body_bytes: send a Content-Length (else none, and the connection closes after the body)."""
+    corrupt: bool = False
+    """A GET sends other bytes than the file's, of the same length (their sha256 is not the listed one)."""
+    stall_after: int | None = None
+    """A GET sends this many bytes of the file, then nothing, keeping the connection open."""
+    redirect_to: str | None = None
+    """Where an LFS file's resolve redirects instead of the CDN."""
+
+
+@dataclass
 class HubRepo:
     """A model repo: files at one commit, named revisions, access and speed."""
 
@@ -61,6 +90,11 @@ class HubRepo:
     revisions: dict[str, str] = field(default_factory=dict)
     gated: bool = False
     bytes_per_second: float | None = None
+    misbehaviour: Misbehaviour = field(default_factory=Misbehaviour)
+
+    @property
+    def answered_commit(self) -> str:
+        return self.misbehaviour.commit if self.misbehaviour.commit is not None else self.commit
 
 
 @dataclass(frozen=True)
@@ -142,8 +176,7 @@ class StandInHub:
             with target.open("wb") as out:
                 out.write(header)
                 out.truncate(len(header) + data_size)
-            # the data is zeros, so the header and size name the content (hashing a sparse 60 GB file would not do)
-            oid = hashlib.sha256(header + str(data_size).encode()).hexdigest()
+            oid = _zeros_sha256(header, data_size)
             self._register(repo_id, filename, target, lfs=True, digest=oid)
             weight_map.update(dict.fromkeys(group, filename))
             total += data_size
@@ -177,8 +210,11 @@ class StandInHub:
         return self._register(repo_id, path, target, lfs=True, digest=digest.hexdigest())
 
     def _file_path(self, repo_id: str, path: str) -> Path:
+        """Where a file's bytes are kept: under a hash of its name, which may be anything a hostile repo lists."""
         self.repos.setdefault(repo_id, HubRepo(repo_id, commit=_commit_of(repo_id)))
-        target = self.root / repo_id.replace("/", "--") / path
+        target = (
+            self.root / repo_id.replace("/", "--") / hashlib.sha1(path.encode("utf-8", "surrogatepass")).hexdigest()
+        )
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
@@ -232,7 +268,7 @@ class StandInHub:
 
     def resolve(self, repo: HubRepo, revision: str) -> str | None:
         """The commit a revision names, or None when the repo has no such revision."""
-        if revision in ("main", repo.commit):
+        if revision in ("main", repo.commit, repo.answered_commit):
             return repo.commit
         return repo.revisions.get(revision)
 
@@ -252,6 +288,18 @@ def _commit_of(repo_id: str) -> str:
     return hashlib.sha1(repo_id.encode()).hexdigest()
 
 
+HASHED_ZEROS_MAX = 64 << 20
+
+
+def _zeros_sha256(header: bytes, data_size: int) -> str:
+    """The listed sha256 of a safetensors file of `header` then zeros: the true one up to HASHED_ZEROS_MAX
+    bytes of data; beyond, one named by the header and size (hashing a sparse 60 GB file would not do), so
+    such weights serve planning, and a pull of them is refused by its sha256 check."""
+    if data_size <= HASHED_ZEROS_MAX:
+        return hashlib.sha256(header + bytes(data_size)).hexdigest()
+    return hashlib.sha256(header + str(data_size).encode()).hexdigest()
+
+
 def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -260,6 +308,7 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+# matched on the path as sent (a revision's '/' is %2F there), each part unquoted after
 API_MODEL = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
 API_TREE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
@@ -284,19 +333,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, *, head: bool) -> None:
         split = urlsplit(self.path)
-        path = unquote(split.path)
+        raw = split.path
         self.hub.record(
-            RecordedRequest(self.command, path, self.headers.get("Range"), self.headers.get("Authorization"))
+            RecordedRequest(self.command, unquote(raw), self.headers.get("Range"), self.headers.get("Authorization"))
         )
         query = parse_qs(split.query)
-        if match := API_TREE.match(path):
-            self._tree(match["repo"], match["rev"], match["path"] or "")
-        elif match := API_MODEL.match(path):
-            self._model_info(match["repo"], match["rev"] or "main", blobs=bool(query.get("blobs")))
-        elif match := RESOLVE.match(path):
-            self._resolve(match["repo"], match["rev"], match["path"], head=head)
-        elif match := CDN.match(path):
-            self._cdn(match["repo"], match["path"], head=head)
+
+        def part(match: re.Match[str], name: str) -> str:
+            return unquote(match[name] or "")
+
+        if match := API_TREE.match(raw):
+            self._tree(part(match, "repo"), part(match, "rev"), part(match, "path"))
+        elif match := API_MODEL.match(raw):
+            self._model_info(part(match, "repo"), part(match, "rev") or "main", blobs=bool(query.get("blobs")))
+        elif match := RESOLVE.match(raw):
+            self._resolve(part(match, "repo"), part(match, "rev"), part(match, "path"), head=head)
+        elif match := CDN.match(raw):
+            self._cdn(part(match, "repo"), part(match, "path"), head=head)
         else:
             self._error(404, "RepoNotFound", "Not Found")
 
@@ -311,11 +364,10 @@ class _Handler(BaseHTTPRequestHandler):
                 401, "GatedRepo", "Access to model is restricted. You must have access to it and be authenticated."
             )
             return None
-        commit = self.hub.resolve(repo, revision or "main")
-        if commit is None:
+        if self.hub.resolve(repo, revision or "main") is None:
             self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             return None
-        return repo, commit
+        return repo, repo.answered_commit
 
     # ------------------------------------------------------------------ routes
 
@@ -373,18 +425,20 @@ class _Handler(BaseHTTPRequestHandler):
         if hub_file is None:
             self._error(404, "EntryNotFound", f"{path} does not exist on {revision}", commit=commit)
             return
+        hostile = repo.misbehaviour
         if hub_file.sha256 is not None:  # LFS: the Hub redirects to its CDN, a different host
             host = self.headers.get("Host", "127.0.0.1").replace("127.0.0.1", "localhost")
             self.send_response(302)
-            self.send_header("Location", f"http://{host}/cdn/{repo_id}/{path}")
+            self.send_header("Location", hostile.redirect_to or f"http://{host}/cdn/{repo_id}/{quote(path)}")
             self.send_header("X-Repo-Commit", commit)
-            self.send_header("X-Linked-Etag", f'"{hub_file.sha256}"')
-            self.send_header("X-Linked-Size", str(hub_file.size))
-            self.send_header("ETag", f'"{hub_file.git_oid}"')
+            self.send_header("X-Linked-Etag", f'"{hostile.etag or hub_file.sha256}"')
+            if not hostile.head_without_size:
+                self.send_header("X-Linked-Size", str(hub_file.size))
+            self.send_header("ETag", f'"{hostile.etag or hub_file.git_oid}"')
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        self._file(repo, hub_file, commit, f'"{hub_file.git_oid}"', head=head)
+        self._file(repo, hub_file, commit, f'"{hostile.etag or hub_file.git_oid}"', head=head)
 
     def _cdn(self, repo_id: str, path: str, *, head: bool) -> None:
         repo = self.hub.repos.get(repo_id)
@@ -392,7 +446,7 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None or hub_file is None or hub_file.sha256 is None:
             self._error(404, "EntryNotFound", "no such object")
             return
-        self._file(repo, hub_file, repo.commit, f'"{hub_file.sha256}"', head=head)
+        self._file(repo, hub_file, repo.answered_commit, f'"{repo.misbehaviour.etag or hub_file.sha256}"', head=head)
 
     # ------------------------------------------------------------------ responses
 
@@ -415,15 +469,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             status = 206
         length = end - start + 1
+        hostile = repo.misbehaviour
+        if not head and (hostile.body_bytes is not None or hostile.corrupt or hostile.stall_after is not None):
+            self._misbehave(hostile, hub_file, start=start, length=length, status=status, etag=etag, commit=commit)
+            return
         self.send_response(status)
-        self.send_header("Content-Length", str(length))
+        if not (head and hostile.head_without_size):
+            self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
-        self.send_header("X-Repo-Commit", commit)
-        self.send_header("Content-Type", "application/octet-stream")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{hub_file.size}")
-        self.end_headers()
+        self._send_file_headers(status, etag, commit, f"bytes {start}-{end}/{hub_file.size}")
         if head:
             return
         try:
@@ -433,6 +487,45 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.sendfile(f, start, length)
                 else:
                     self._send_slowly(f, start, length, repo.bytes_per_second)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _send_file_headers(self, status: int, etag: str, commit: str, content_range: str) -> None:
+        """The headers every file answer ends with (Content-Range on a 206), then the blank line."""
+        self.send_header("ETag", etag)
+        self.send_header("X-Repo-Commit", commit)
+        self.send_header("Content-Type", "application/octet-stream")
+        if status == 206:
+            self.send_header("Content-Range", content_range)
+        self.end_headers()
+
+    def _misbehave(
+        self, wrong: Misbehaviour, hub_file: HubFile, *, start: int, length: int, status: int, etag: str, commit: str
+    ) -> None:
+        """A GET answered the hostile way its repo's misbehaviour says."""
+        with hub_file.data.open("rb") as f:
+            f.seek(start)
+            body = f.read(length)
+        if wrong.corrupt:
+            body = bytes(b ^ 0xFF for b in body)
+        if wrong.body_bytes is not None:
+            body = (body + b"x" * max(0, wrong.body_bytes - len(body)))[: wrong.body_bytes]
+        self.send_response(status)
+        if wrong.body_bytes is None or wrong.length_header:
+            self.send_header("Content-Length", str(len(body) if wrong.body_bytes is not None else length))
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self._send_file_headers(status, etag, commit, f"bytes {start}-{start + length - 1}/{hub_file.size}")
+        try:
+            if wrong.stall_after is not None:
+                self.wfile.write(body[: wrong.stall_after])
+                self.wfile.flush()
+                time.sleep(STALL_SECONDS)
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+            self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

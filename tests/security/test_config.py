@@ -7,14 +7,13 @@ own `_options`, a nesting bomb, a FIFO as the config."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-RECORDED_HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x1-vm.json"
+from tests.harness.cli import RECORDED_HOST, run_dankserve
+
 DEPLOYMENT = '[deployments.chat]\nmodel = "m"\n[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n'
 
 
@@ -106,17 +105,7 @@ def test_unsafe_configuration_exits_2_with_the_reason(
     """plan, status and the daemon itself refuse the unsafe configuration: exit 2, the reason and the fix."""
     if case == "foreign-owner" and os.geteuid() != 0:
         pytest.skip("giving a file to another user needs root")
-    path = make(tmp_path)
-    env = {**os.environ, "DANKSERVE_HARDWARE": str(RECORDED_HOST)}
-    env.pop("NOTIFY_SOCKET", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(path), *command],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    done = run_dankserve(make(tmp_path), *command)
     assert done.returncode == 2, done.stdout + done.stderr
     for fragment in expected:
         assert fragment in done.stderr, done.stderr

@@ -8,7 +8,6 @@ here, so without the unit's UMask=0077), with the stand-in as a process-runtime 
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import free_port, process_deployment, write_host
+from tests.harness.modes import modes_not_private
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +30,6 @@ def dankserve(config: Path, *args: str, env: dict[str, str]) -> subprocess.Compl
         timeout=120,
         check=False,
     )
-
-
-def modes_not_private(root: Path) -> list[str]:
-    """Every directory under root (root included) that is not 0700 and every file that is not 0600."""
-    wrong = []
-    for path in [root, *sorted(root.rglob("*"))]:
-        info = path.lstat()
-        if stat.S_ISLNK(info.st_mode):
-            continue
-        want = 0o700 if stat.S_ISDIR(info.st_mode) else 0o600
-        if stat.S_IMODE(info.st_mode) != want:
-            wrong.append(f"{path.relative_to(root.parent)} {stat.S_IMODE(info.st_mode):04o} (want {want:04o})")
-    return wrong
 
 
 def test_state_caches_socket_and_records_are_owner_only(tmp_path: Path) -> None:
