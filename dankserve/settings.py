@@ -908,8 +908,7 @@ def state_dir_despite_errors(config: Path | None = None, environ: Mapping[str, s
     default: Path = Settings.model_fields["state_dir"].default
     path, _ = resolve_config_path(config, env)
     try:
-        _check_config_file(path)
-        text = _read_config_text(path)
+        text = _read_config_text(path)  # checked on the descriptor it reads, as load_settings does
     except (ConfigError, OSError, UnicodeDecodeError):
         return default
     if text is None:
