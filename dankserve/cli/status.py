@@ -48,8 +48,9 @@ def offline_status(settings: Settings) -> dict[str, Any]:
             )
         )
     serving = sum(1 for d in deployments if d["state"] == "serving")
+    asleep = sum(1 for d in deployments if d["state"] == "asleep")
     return {
-        "daemon": {"running": False, "pid": None, "servers_still_serving": serving},
+        "daemon": {"running": False, "pid": None, "servers_still_serving": serving, "servers_still_asleep": asleep},
         "deployments": deployments,
         "warnings": list(store.load_warnings),
     }
@@ -66,7 +67,15 @@ def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Un
         return None
     if workload is None or not workload.running:
         return None
-    return "serving" if check_health(dep.host, dep.port, timeout=1.0).healthy else "running"
+    if not check_health(dep.host, dep.port, timeout=1.0).healthy:
+        return "running"
+    if dep.swap_group is not None:  # a member left asleep answers /health too: ask it
+        from dankserve.supervisor.liveness_probe import read_api_key
+        from dankserve.supervisor.sleep_mode import is_sleeping
+
+        if is_sleeping(dep.host, dep.port, read_api_key(dep.api_key_file), timeout=1.0):
+            return "asleep"
+    return "serving"
 
 
 def current_status(settings: Settings) -> dict[str, Any]:
@@ -159,9 +168,11 @@ def daemon_line(doc: dict[str, Any]) -> str:
     if daemon["running"]:
         return f"daemon: running (pid {daemon['pid']})"
     serving = daemon.get("servers_still_serving") or 0
-    if serving:
+    asleep = daemon.get("servers_still_asleep") or 0
+    if serving or asleep:
         servers = "1 server" if serving == 1 else f"{serving} servers"
-        return f"daemon not running; {servers} still serving (unsupervised: `dankserve up` adopts them)"
+        sleeping = f", {asleep} asleep" if asleep else ""
+        return f"daemon not running; {servers} still serving{sleeping} (unsupervised: `dankserve up` adopts them)"
     return "daemon not running"
 
 

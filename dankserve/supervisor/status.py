@@ -33,8 +33,9 @@ RESTING_STATES = frozenset({"ready", "asleep", "failed", "down", "disabled"})
 """The `state`s a deployment rests in: those of RESTING_STAGES, and, without a machine, down and disabled.
 `dankserve up` waits until every deployment it follows rests."""
 
-Unsupervised = Literal["serving", "running"]
-"""No daemon, but the deployment's server still runs: it answers /health (serving) or not (running)."""
+Unsupervised = Literal["serving", "asleep", "running"]
+"""No daemon, but the deployment's server still runs: it answers /health (serving; asleep when a swap
+group member's server says it sleeps) or not (running)."""
 
 STATUS_FIELDS = (
     "name",
@@ -218,8 +219,8 @@ def why(
         return f"taken down with `dankserve down`; `dankserve up {name}` starts it"
     if state == "disabled":
         return "enabled = false in the config"
-    if state in ("serving", "running"):
-        answers = "" if state == "serving" else " (/health does not answer)"
+    if machine is None and state in ("serving", "asleep", "running"):
+        answers = {"serving": "", "asleep": " (its server sleeps)", "running": " (/health does not answer)"}[state]
         return f"unsupervised: no daemon runs{answers}; `dankserve up` adopts it"
     if state == "asleep" and dep.swap_group is not None:
         level = machine.swap.level if machine is not None else None

@@ -73,3 +73,23 @@ def test_status_after_the_daemon_is_killed_says_how_many_servers_still_serve_and
         adopted = again.wait_for("chat", _ready)
         assert again.events_named("adopting"), "the server was adopted, not restarted"
         assert adopted["uptime_seconds"] >= first["uptime_seconds"]
+
+
+def test_status_after_the_daemon_is_killed_tells_a_sleeping_swap_member_from_a_serving_one(tmp_path: Path) -> None:
+    """kill -9 of the daemon of a swap pair: the awake member's row says serving, the sleeping one's asleep,
+    and the first line counts both ("1 server still serving, 1 asleep")."""
+    swap = {"swap_group": "g", "gpu_memory_utilization": 0.9}
+    deployments = {"chat": process_deployment(free_port(), **swap), "code": process_deployment(free_port(), **swap)}
+    with running_daemon(tmp_path, deployments) as daemon:
+        for name in deployments:
+            daemon.wait_for(name, lambda d: d["state"] in ("ready", "asleep"))
+        awake = next(d["name"] for d in daemon.status()["deployments"] if d["state"] == "ready")  # type: ignore[index]
+        daemon.kill()
+        offline = dankserve_cli(daemon.config, "status", "--json")
+        states = {d["name"]: d["state"] for d in json.loads(offline.stdout)["deployments"]}
+        assert states == {name: ("serving" if name == awake else "asleep") for name in deployments}
+        shown = dankserve_cli(daemon.config, "status").stdout
+        assert shown.startswith("daemon not running; 1 server still serving, 1 asleep"), shown
+        assert "(its server sleeps)" in shown
+    with running_daemon(tmp_path, deployments) as again:  # adopted as they were; stopped cleanly at the end
+        again.wait_for(awake, _ready)
