@@ -37,16 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dankserve.launcher import protocol
 
-MARKS = (
-    ("first_line", "(APIServer pid="),
-    ("engine", "Initializing a V1 LLM engine"),
-    ("load_start", "Loading model from scratch"),
-    ("weights_done", "Model loading took"),
-    ("compile_done", "torch.compile took"),
-    ("kv", "GPU KV cache size"),
-    ("graphs_done", "Graph capturing finished"),
-    ("engine_done", "init engine (profile, create kv cache, warmup model) took"),
-    ("api_up", "Application startup complete."),
+MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("first_line", ("(APIServer pid=",)),
+    ("engine", ("Initializing a V1 LLM engine",)),
+    # vLLM 0.26's V2 model runner, or the V1 runner's line (and the stand-in's)
+    ("load_start", ("Loading model from scratch", "Starting to load model")),
+    ("weights_done", ("Model loading took",)),
+    ("compile_done", ("torch.compile took",)),
+    ("kv", ("GPU KV cache size",)),
+    ("graphs_done", ("Graph capturing finished",)),
+    ("engine_done", ("init engine (profile, create kv cache, warmup model) took",)),
+    ("api_up", ("Application startup complete.",)),
 )
 PHASES = (
     ("to_server", "begin", "server"),
@@ -97,7 +98,7 @@ def marks(lines: list[tuple[float, str]]) -> dict[str, float]:
     found: dict[str, float] = {}
     for at, text in lines:
         for name, wanted in MARKS:
-            if name not in found and wanted in text:
+            if name not in found and any(w in text for w in wanted):
                 found[name] = at
     return found
 

@@ -58,9 +58,8 @@ RUNTIME = proof.RUNTIME
 """process (default) or podman: PROOF_RUNTIME, as for proof.py (PROOF_IMAGE names the vLLM image)."""
 MODEL = os.environ.get("LAUNCHER_MODEL_NAME") or Path(proof.MODEL).name
 """The model's name in each row (issue 28: several sizes in one results file)."""
-REQUESTS = False
-"""--requests: after every boot, the first request and a second one, timed (issue 28 item 4)."""
-SERVER_STAMPS: proof.LineWatch | None = None
+SERVER_STAMPS: list[proof.LineWatch] = []
+"""The stamped copy of the launcher's log (started by `cold`, after the state is wiped)."""
 
 
 def config_text(max_num_seqs: int | None = None) -> str:
@@ -89,8 +88,9 @@ def launcher() -> LauncherClient:
     return LauncherClient(proof.WORK / "state" / "launchers" / "tiny")
 
 
-def timed_boot(kind: str, action: Any) -> None:
-    """`action`, then the next ready boot: seconds from the action to ready, and what the launcher did."""
+def timed_boot(kind: str, action: Any, args: argparse.Namespace) -> None:
+    """`action`, then the next ready boot: seconds from the action to ready, and what the launcher did;
+    with --requests, then the first and second request to it."""
     boots = (proof.deployment_status() or {}).get("boots", 0)
     begun = time.time()
     action()
@@ -116,7 +116,7 @@ def timed_boot(kind: str, action: Any) -> None:
             "message": status.get("message"),
         }
     )
-    if REQUESTS:
+    if args.requests:
         request_pair(kind)
 
 
@@ -162,8 +162,7 @@ def step_cold(args: argparse.Namespace) -> None:
     for name in ("state", "cache"):
         shutil.rmtree(proof.WORK / name, ignore_errors=True)
     if RUNTIME == "process":  # the launcher's log, every server's lines in it, stamped as written
-        global SERVER_STAMPS
-        SERVER_STAMPS = proof.LineWatch(proof.server_log(), [], proof.WORK / "stamped-launcher.log")
+        SERVER_STAMPS.append(proof.LineWatch(proof.server_log(), [], proof.WORK / "stamped-launcher.log"))
     (proof.WORK / "dankserve.toml").write_text(config_text())
     # What the planner promises (KV tokens, concurrency), read later against what vLLM reports.
     plan = proof.dankserve("plan", "tiny", "--json")
@@ -179,7 +178,7 @@ def step_cold(args: argparse.Namespace) -> None:
         while proof.deployment_status() is None and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    timed_boot("cold", start)
+    timed_boot("cold", start, args)
 
 
 def kill_server() -> None:
@@ -195,7 +194,7 @@ def kill_server() -> None:
 def step_kill(args: argparse.Namespace) -> None:
     for _ in range(args.repeat):
         time.sleep(2)
-        timed_boot("launcher-kill", kill_server)
+        timed_boot("launcher-kill", kill_server, args)
 
 
 def down_up() -> None:
@@ -205,7 +204,7 @@ def down_up() -> None:
 
 def step_down_up(args: argparse.Namespace) -> None:
     for _ in range(args.repeat):
-        timed_boot("launcher-down-up", down_up)
+        timed_boot("launcher-down-up", down_up, args)
 
 
 def step_config_change(args: argparse.Namespace) -> None:
@@ -215,14 +214,14 @@ def step_config_change(args: argparse.Namespace) -> None:
             (proof.WORK / "dankserve.toml").write_text(config_text(seqs))
             proof.control({"command": "reload"})
 
-        timed_boot("launcher-config-change", reload)
+        timed_boot("launcher-config-change", reload, args)
 
 
 def step_fork_repeat(args: argparse.Namespace) -> None:
     # By down and up, not by kills: more than 5 kills within 900 s make the failure policy give up
     # (as it should; run C's sixth kill did), and a kill's restart waits out a growing backoff.
     for _ in range(args.forks):
-        timed_boot("fork-repeat", down_up)
+        timed_boot("fork-repeat", down_up, args)
 
 
 def completions(port: int = proof.PORT) -> list[dict[str, Any]]:
@@ -326,11 +325,9 @@ def step_manual_best(args: argparse.Namespace) -> None:
         label = f"manual_best_{number}"
         # Each boot's own log, stamped as it is written (the boot breakdown reads it).
         stamps = proof.LineWatch(proof.WORK / f"manual-{label}.log", [], proof.WORK / f"stamped-{label}.log")
-        pair: list[dict[str, Any]] = []
         try:
-            best = proof.manual_boot(
-                label, cache, learned_bytes(), None, while_up=(lambda: pair.extend(two_requests())) if REQUESTS else None
-            )
+            probe = two_requests if args.requests else None
+            best = proof.manual_boot(label, cache, learned_bytes(), None, while_up=probe)
         finally:
             stamps.stop()
         add_row(
@@ -341,8 +338,8 @@ def step_manual_best(args: argparse.Namespace) -> None:
                 "log": f"stamped-{label}.log",
             }
         )
-        if pair:
-            add_request_rows("manual-best", pair)
+        if best["while_up"]:
+            add_request_rows("manual-best", best["while_up"])
 
 
 def step_summary(args: argparse.Namespace) -> None:
@@ -379,8 +376,6 @@ def main() -> None:
     parser.add_argument("--forks", type=int, default=10)
     parser.add_argument("--requests", action="store_true", help="time the first and second request after each boot")
     args = parser.parse_args()
-    global REQUESTS
-    REQUESTS = args.requests
     proof.WORK.mkdir(parents=True, exist_ok=True)
     (proof.WORK / "dankserve.toml").write_text(config_text())
     names = list(STEPS) if args.steps == "all" else args.steps.split(",")

@@ -41,6 +41,7 @@
 #                      (make_qwen3.py, /tmp/qwen3-8b), then the JOBs as proc2 does, e.g.
 #     "python3 /tmp/tree/bench/real_vllm/launcher.py cold,launcher-kill,launcher-down-up,manual-best,summary --requests"
 #   bash .dev/on_gpu.sh jobs             follows them (a later call); $OUT as for proc2
+#   a JOB "bash .dev/on_gpu.sh memlog &" samples GPU and host memory into mem.txt (run I's swap-memory.txt)
 # .dev/on_gpu.sh is a copy of this file (the device call sends the coordinator's checkout).
 
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
@@ -143,6 +144,14 @@ scale2)
   echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
   shift
   start_jobs "$@"
+  ;;
+memlog)  # a JOB line "bash .dev/on_gpu.sh memlog &": every 0.5 s epoch, NVML MiB used, MemAvailable and Mlocked kB
+  mkdir -p /tmp/results
+  while true; do
+    echo "$(date +%s.%N) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits)" \
+      "$(awk '/MemAvailable|Mlocked/{printf "%s ", $2}' /proc/meminfo)"
+    sleep 0.5
+  done >> /tmp/results/mem.txt
   ;;
 proc1)
   t0=$(date +%s)
