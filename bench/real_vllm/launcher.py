@@ -56,6 +56,10 @@ RESULTS = Path(
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 RUNTIME = proof.RUNTIME
 """process (default) or podman: PROOF_RUNTIME, as for proof.py (PROOF_IMAGE names the vLLM image)."""
+MODEL = os.environ.get("LAUNCHER_MODEL_NAME") or Path(proof.MODEL).name
+"""The model's name in each row (issue 28: several sizes in one results file)."""
+SERVER_STAMPS: list[proof.LineWatch] = []
+"""The stamped copy of the launcher's log (started by `cold`, after the state is wiped)."""
 
 
 def config_text(max_num_seqs: int | None = None) -> str:
@@ -70,7 +74,8 @@ def rows() -> list[dict[str, Any]]:
 
 
 def add_row(row: dict[str, Any]) -> None:
-    data = [*rows(), {"runtime": RUNTIME, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}]
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    data = [*rows(), {"runtime": RUNTIME, "model": MODEL, "at": at, **row}]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
     out = os.environ.get("OUT")
@@ -83,19 +88,24 @@ def launcher() -> LauncherClient:
     return LauncherClient(proof.WORK / "state" / "launchers" / "tiny")
 
 
-def timed_boot(kind: str, action: Any) -> None:
-    """`action`, then the next ready boot: seconds from the action to ready, and what the launcher did."""
+def timed_boot(kind: str, action: Any, args: argparse.Namespace) -> None:
+    """`action`, then the next ready boot: seconds from the action to ready, and what the launcher did;
+    with --requests, then the first and second request to it."""
     boots = (proof.deployment_status() or {}).get("boots", 0)
     begun = time.time()
     action()
     status = proof.wait_status(lambda d: d["state"] == "ready" and d["boots"] > boots, 900)
-    seconds = time.time() - begun
+    ready = time.time()
+    seconds = ready - begun
     info = launcher().status()
     server = info.server
     add_row(
         {
             "kind": kind,
             "seconds": round(seconds, 2),
+            "began_at": round(begun, 3),
+            "ready_at": round(ready, 3),
+            "server": server.id if server else None,
             "mode": server.mode if server else None,
             "mode_reason": server.mode_reason if server else None,
             "import_seconds": info.import_seconds,
@@ -106,6 +116,44 @@ def timed_boot(kind: str, action: Any) -> None:
             "message": status.get("message"),
         }
     )
+    if args.requests:
+        request_pair(kind)
+
+
+def timed_request(port: int = proof.PORT) -> dict[str, Any]:
+    """One short greedy completion, timed from sending to its answer (the served model's name first)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("GET", "/v1/models")
+        model = json.loads(conn.getresponse().read())["data"][0]["id"]
+        body = json.dumps(proof.greedy_request(model, PROMPTS[0], 16))
+        sent = time.time()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        took = time.time() - sent
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise SystemExit(f"timed request: HTTP {response.status}: {answer}")
+    return {"seconds": round(took, 4), "sent_at": round(sent, 3), "tokens": answer["usage"]["completion_tokens"]}
+
+
+def two_requests() -> list[dict[str, Any]]:
+    """The first request to a server that has just become ready, then the same again."""
+    return [timed_request(), timed_request()]
+
+
+def add_request_rows(after: str, pair: list[dict[str, Any]]) -> None:
+    first, second = pair
+    add_row({"kind": "first-request", "after": after, **first})
+    ratio = round(first["seconds"] / second["seconds"], 2) if second["seconds"] > 0 else None
+    add_row({"kind": "second-request", "after": after, **second, "first_over_second": ratio})
+
+
+def request_pair(after: str) -> None:
+    """Rows first-request and second-request for the boot that has just become ready."""
+    add_request_rows(after, two_requests())
 
 
 def step_cold(args: argparse.Namespace) -> None:
@@ -113,7 +161,12 @@ def step_cold(args: argparse.Namespace) -> None:
 
     for name in ("state", "cache"):
         shutil.rmtree(proof.WORK / name, ignore_errors=True)
+    if RUNTIME == "process":  # the launcher's log, every server's lines in it, stamped as written
+        SERVER_STAMPS.append(proof.LineWatch(proof.server_log(), [], proof.WORK / "stamped-launcher.log"))
     (proof.WORK / "dankserve.toml").write_text(config_text())
+    # What the planner promises (KV tokens, concurrency), read later against what vLLM reports.
+    plan = proof.dankserve("plan", "tiny", "--json")
+    (proof.WORK / "plan-cold.json").write_text(plan.stdout + plan.stderr)
     argv = [sys.executable, "-m", "dankserve", "--config", str(proof.WORK / "dankserve.toml"), "run"]
     log = (proof.WORK / "daemon.log").open("ab")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -125,7 +178,7 @@ def step_cold(args: argparse.Namespace) -> None:
         while proof.deployment_status() is None and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    timed_boot("cold", start)
+    timed_boot("cold", start, args)
 
 
 def kill_server() -> None:
@@ -141,7 +194,7 @@ def kill_server() -> None:
 def step_kill(args: argparse.Namespace) -> None:
     for _ in range(args.repeat):
         time.sleep(2)
-        timed_boot("launcher-kill", kill_server)
+        timed_boot("launcher-kill", kill_server, args)
 
 
 def down_up() -> None:
@@ -151,7 +204,7 @@ def down_up() -> None:
 
 def step_down_up(args: argparse.Namespace) -> None:
     for _ in range(args.repeat):
-        timed_boot("launcher-down-up", down_up)
+        timed_boot("launcher-down-up", down_up, args)
 
 
 def step_config_change(args: argparse.Namespace) -> None:
@@ -161,14 +214,14 @@ def step_config_change(args: argparse.Namespace) -> None:
             (proof.WORK / "dankserve.toml").write_text(config_text(seqs))
             proof.control({"command": "reload"})
 
-        timed_boot("launcher-config-change", reload)
+        timed_boot("launcher-config-change", reload, args)
 
 
 def step_fork_repeat(args: argparse.Namespace) -> None:
     # By down and up, not by kills: more than 5 kills within 900 s make the failure policy give up
     # (as it should; run C's sixth kill did), and a kill's restart waits out a growing backoff.
     for _ in range(args.forks):
-        timed_boot("fork-repeat", down_up)
+        timed_boot("fork-repeat", down_up, args)
 
 
 def completions(port: int = proof.PORT) -> list[dict[str, Any]]:
@@ -266,11 +319,27 @@ def step_manual_best(args: argparse.Namespace) -> None:
     # The manual boots run the plan's argv by hand (proof.manual_boot reads it from plan.json).
     (proof.WORK / "plan.json").write_text(proof.dankserve("plan", "tiny", "--json").stdout)
     cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
-    for _ in range(args.repeat):
+    for number in range(1, args.repeat + 1):
         if RUNTIME == "podman":
             proof.podman("rm", "-f", proof.CONTAINER)
-        best = proof.manual_boot("manual_best", cache, learned_bytes(), None)
-        add_row({"kind": "manual-best", "seconds": best["start_to_health_seconds"]})
+        label = f"manual_best_{number}"
+        # Each boot's own log, stamped as it is written (the boot breakdown reads it).
+        stamps = proof.LineWatch(proof.WORK / f"manual-{label}.log", [], proof.WORK / f"stamped-{label}.log")
+        try:
+            probe = two_requests if args.requests else None
+            best = proof.manual_boot(label, cache, learned_bytes(), None, while_up=probe)
+        finally:
+            stamps.stop()
+        add_row(
+            {
+                "kind": "manual-best",
+                "seconds": best["start_to_health_seconds"],
+                "began_at": best["started_at"],
+                "log": f"stamped-{label}.log",
+            }
+        )
+        if best["while_up"]:
+            add_request_rows("manual-best", best["while_up"])
 
 
 def step_summary(args: argparse.Namespace) -> None:
@@ -305,6 +374,7 @@ def main() -> None:
     parser.add_argument("steps", help="comma-separated, or all: " + ",".join(STEPS))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--forks", type=int, default=10)
+    parser.add_argument("--requests", action="store_true", help="time the first and second request after each boot")
     args = parser.parse_args()
     proof.WORK.mkdir(parents=True, exist_ok=True)
     (proof.WORK / "dankserve.toml").write_text(config_text())

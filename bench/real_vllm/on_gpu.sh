@@ -34,6 +34,16 @@
 #                      Stop a stuck job by an anchored pattern (pkill -f '^python3 bench/real_vllm/launcher'):
 #                      an unanchored one matches the device call's own command line and kills it.
 #
+# Issue 28 (real model sizes), from the coordinator's checkout, the code under test carried as
+# .dev/tree.tar.xz (dankserve/ and bench/ of the branch) with dankserve's missing wheels in .dev/whl:
+#   bash .dev/on_gpu.sh scale1           (carry .vl1 .dev)  vLLM's first half, the env file
+#   bash .dev/on_gpu.sh scale2 JOB...    (carry .vl2 .dev)  second half, the Qwen3-8B-shaped model
+#                      (make_qwen3.py, /tmp/qwen3-8b), then the JOBs as proc2 does, e.g.
+#     "python3 /tmp/tree/bench/real_vllm/launcher.py cold,launcher-kill,launcher-down-up,manual-best,summary --requests"
+#   bash .dev/on_gpu.sh jobs             follows them (a later call); $OUT as for proc2
+#   a JOB "bash .dev/on_gpu.sh memlog &" samples GPU and host memory into mem.txt (run I's swap-memory.txt)
+# .dev/on_gpu.sh is a copy of this file (the device call sends the coordinator's checkout).
+
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
 # files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).
 set -uo pipefail
@@ -75,7 +85,8 @@ watch_jobs() {
   done
   tail -n 30 /tmp/jobs.log
   mkdir -p /tmp/out-extra /tmp/results
-  cp /tmp/jobs.log /tmp/launcher/*.log /tmp/swapbench/*.log /tmp/out-extra/ 2>/dev/null
+  cp /tmp/jobs.log /tmp/launcher/*.log /tmp/launcher/*.json /tmp/swapbench/*.log /tmp/out-extra/ 2>/dev/null
+  cp /tmp/launcher/state/processes/*.log /tmp/out-extra/ 2>/dev/null
   find /tmp/results -type f | while read -r f; do cp "$f" "$OUT/$(echo "${f#/tmp/results/}" | tr / -)"; done
   collect
 }
@@ -106,6 +117,42 @@ start_jobs() {  # each argument a shell command line, run in order in the backgr
 }
 
 case "${1:-}" in
+scale1)
+  t0=$(date +%s)
+  mkdir -p /tmp/tree && xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
+  cat > $ENVFILE <<ENV
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:/tmp/dsite:/tmp/tree VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
+export PROOF_MODEL=/tmp/qwen3-8b LAUNCHER_MODEL_NAME=qwen3-8b
+export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
+ENV
+  bash /tmp/tree/bench/real_vllm/install-on-gpu.sh 1
+  nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
+  df -h /tmp | tail -1; free -g | head -2
+  echo "scale1 took $(( $(date +%s) - t0 )) s"
+  ;;
+scale2)
+  . $ENVFILE
+  t0=$(date +%s)
+  rm -rf /tmp/tree && mkdir -p /tmp/tree && xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  NO_TINY=1 bash /tmp/tree/bench/real_vllm/install-on-gpu.sh 2 | tail -2
+  echo "vllm2 took $(( $(date +%s) - t0 )) s"
+  [ -f /tmp/qwen3-8b/config.json ] || python3 /tmp/tree/bench/real_vllm/make_qwen3.py /tmp/qwen3-8b 8b 2>&1 | tail -3
+  du -sh /tmp/qwen3-8b; df -h /tmp | tail -1
+  echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
+  shift
+  start_jobs "$@"
+  ;;
+memlog)  # a JOB line "bash .dev/on_gpu.sh memlog &": every 0.5 s epoch, NVML MiB used, MemAvailable and Mlocked kB
+  mkdir -p /tmp/results
+  while true; do
+    echo "$(date +%s.%N) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits)" \
+      "$(awk '/MemAvailable|Mlocked/{printf "%s ", $2}' /proc/meminfo)"
+    sleep 0.5
+  done >> /tmp/results/mem.txt
+  ;;
 proc1)
   t0=$(date +%s)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl

@@ -158,10 +158,12 @@ def healthy(port: int = PORT) -> bool:
 
 
 class LineWatch:
-    """Polls a log file and records when each watched text first appears (time.time())."""
+    """Polls a log file and records when each watched text first appears (time.time()); with `stamped`,
+    also copies every line there as `EPOCH<TAB>line` (vLLM's own stamps are whole seconds)."""
 
-    def __init__(self, path: Path, texts: list[str]) -> None:
+    def __init__(self, path: Path, texts: list[str], stamped: Path | None = None) -> None:
         self.path, self.texts, self.seen = path, texts, {}  # type: ignore[var-annotated]
+        self._stamped = stamped.open("a", encoding="utf-8") if stamped is not None else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -182,6 +184,9 @@ class LineWatch:
                 *lines, pending = pending.split(b"\n")
                 for raw in lines:
                     text = raw.decode("utf-8", "replace")
+                    if self._stamped is not None:
+                        self._stamped.write(f"{now:.3f}\t{text}\n")
+                        self._stamped.flush()
                     for wanted in self.texts:
                         if wanted in text and wanted not in self.seen:
                             self.seen[wanted] = now
@@ -447,8 +452,8 @@ def manual_boot(
         time.sleep(0.05)
     took = time.time() - start
     watch.stop()
+    probed = while_up() if while_up is not None else None  # first: it may time the first request
     done = completion()
-    probed = while_up() if while_up is not None else None
     if out is not None:
         shutil.copy(log_path, out / f"boot-{label}.log")
     if RUNTIME == "podman":
@@ -461,7 +466,12 @@ def manual_boot(
             os.killpg(proc.pid, signal.SIGKILL)
     wait_gpu_idle()
     serve_at = argv.index(IMAGE) + 1 if RUNTIME == "podman" else argv.index("serve") + 1
-    result = {"start_to_health_seconds": round(took, 2), "argv": argv[serve_at:], "completion": done}
+    result = {
+        "start_to_health_seconds": round(took, 2),
+        "started_at": round(start, 3),
+        "argv": argv[serve_at:],
+        "completion": done,
+    }
     record(label, result, out, seconds=round(took, 2))
     return {**result, "while_up": probed}
 

@@ -9,6 +9,8 @@ in /etc/cdi, rootful Podman with the stand-in image: `make fake-vllm-image`).
 
     .venv/bin/python bench/real_vllm/rehearse.py podman [STEPS] [launcher.py options]
     .venv/bin/python bench/real_vllm/rehearse.py process cold,greedy
+    REHEARSE_MODEL=qwen3-8b .venv/bin/python bench/real_vllm/rehearse.py process \
+        cold,launcher-kill,launcher-down-up,manual-best,summary --requests   (issue 28's run)
 
 STEPS defaults to `all`. The work directory is a fresh temporary one; its results (launcher.json),
 logs and the daemon's log stay there and are named at the end.
@@ -49,6 +51,34 @@ MODEL_CONFIG = {
     "torch_dtype": "bfloat16",
     "tie_word_embeddings": True,
 }
+# Issue 28's shapes (REHEARSE_MODEL=qwen3-8b|qwen3-14b), as make_qwen3.py builds them on the GPU machine.
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+MODEL_CONFIGS = {
+    "tinyllama": MODEL_CONFIG,
+    "qwen3-8b": {
+        **QWEN3,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+    },
+    "qwen3-14b": {
+        **QWEN3,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 40,
+    },
+}
 
 
 def podman_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | None:
@@ -75,9 +105,10 @@ def main() -> int:
         return 2
     runtime, steps, rest = sys.argv[1], (sys.argv[2:3] or ["all"])[0], sys.argv[3:]
     work = Path(tempfile.mkdtemp(prefix=f"rehearse-{runtime}-", dir="/var/tmp"))
-    model = work / "hf" / "tinyllama"
+    shape = os.environ.get("REHEARSE_MODEL", "tinyllama")
+    model = work / "hf" / shape
     model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIGS[shape]))
     knobs = {"FAKE_VLLM_TIME_SCALE": TIME_SCALE, "FAKE_VLLM_IMPORT_SECONDS": IMPORT_SECONDS}
     knobs["DANKSERVE_LAUNCHER_ENTRY"] = "fake_vllm.cli:main"
     knobs["DANKSERVE_LAUNCHER_PRELOAD"] = "fake_vllm.cli"
