@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import socket
 import ssl
@@ -64,6 +65,13 @@ class Limits:
     """From accept (or the end of the last response) to the end of the next request's headers."""
     body_timeout: float
     max_body_bytes: int
+
+
+def bearer_matches(header: str | None, key: str) -> bool:
+    """The Authorization header carries exactly `Bearer KEY` (constant-time comparison)."""
+    if header is None or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer ") :].encode(), key.encode())
 
 
 class BodyTooLarge(Exception):

@@ -524,6 +524,11 @@ class Settings(BaseSettings):
         description='Serve Prometheus metrics on HOST:PORT (e.g. "127.0.0.1:9400"); unset: no metrics endpoint. '
         "Beyond loopback anyone who can reach it reads the deployments' names, models and load.",
     )
+    metrics_api_key_file: Path | None = Field(
+        default=None,
+        description="File holding the key a scrape must send as `Authorization: Bearer KEY` (Prometheus' "
+        "`authorization: {credentials_file: ...}`), mode 0600; unset: /metrics answers anyone who reaches it.",
+    )
     serving_scrape_interval_seconds: float = Field(
         default=5.0,
         gt=0,

@@ -20,7 +20,6 @@ config names.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import ssl
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, read_body
+from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, bearer_matches, read_body
 from dankserve.errors import ConfigError, MemberUnreachable
 from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
@@ -56,13 +55,6 @@ def read_token(path: Path) -> str:
 def split_address(address: str, default_port: int) -> tuple[str, int]:
     """'HOST:PORT' (or 'HOST', or '[v6]:PORT') as (host, port)."""
     return split_listen(address, default_port)
-
-
-def token_matches(header: str | None, token: str) -> bool:
-    """The Authorization header carries exactly this token (constant-time comparison)."""
-    if header is None or not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
 
 
 @dataclass(frozen=True)
@@ -137,7 +129,7 @@ class _Api:
         return app
 
     async def dispatch(self, request: web.Request) -> web.Response:
-        if not token_matches(request.headers.get("Authorization"), self.token):
+        if not bearer_matches(request.headers.get("Authorization"), self.token):
             log.warning("cluster_request_refused", peer=request.remote, path=request.path)
             return _reply(401, {"ok": False, "error": "missing or wrong cluster token"})
         if (request.method, request.path) not in ENDPOINTS:

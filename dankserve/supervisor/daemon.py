@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import random
+import resource
 import signal
 import threading
 import time
@@ -73,6 +74,21 @@ WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], "m.W
 """fetch(name, dep, progress) -> None when the weights are in place, or WeightsFailed (permanent or not)."""
 
 __all__ = ["BootOverrides", "Daemon", "DaemonDeps", "DeploymentWorker", "Planner"]
+
+
+def raise_descriptor_limit() -> None:
+    """The soft RLIMIT_NOFILE raised to the hard limit: the unit sets LimitNOFILE, a shell's 1024 is
+    too few for the servers, Podman calls, probes and peers of a busy daemon."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("descriptor_limit_kept", soft=soft, hard=hard, error=str(exc))
+        return
+    log.info("descriptor_limit_raised", soft=soft, to=target)
 
 
 @dataclass(frozen=True)
@@ -866,6 +882,7 @@ class Daemon:
     def run(self) -> ExitCode:
         """Run until SIGTERM/SIGINT; the exit code for the process."""
         held = instance.acquire(self.settings.state_dir)
+        raise_descriptor_limit()
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
         previous = self._install_signals()
         close_services: Callable[[], None] = lambda: None  # noqa: E731
@@ -893,10 +910,10 @@ class Daemon:
             return ExitCode.OK
         finally:
             self.notifier.stopping()
+            close_metrics()  # first: the descriptors its peers hold are free for stopping the servers
             self.swap_groups.close()
             self._stop_all()
             close_services()
-            close_metrics()
             self.observatory.close()
             control.close()
             self.state.flush()
@@ -908,12 +925,21 @@ class Daemon:
     def _start_metrics(self) -> Callable[[], None]:
         """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
         from dankserve.metrics import MetricsServer
-        from dankserve.settings import is_loopback, parse_listen
+        from dankserve.settings import is_loopback, parse_listen, read_secret_file
 
         if self.settings.metrics_listen is None:
             return lambda: None
         address, port = parse_listen(self.settings.metrics_listen)
-        server = MetricsServer(address, port, self.metrics_snapshot)
+        key_file = self.settings.metrics_api_key_file
+        key = None
+        if key_file is not None:
+            key = read_secret_file(
+                key_file,
+                "metrics_api_key_file",
+                fix="write a long random key into it (e.g. `openssl rand -hex 32`), mode 0600, "
+                "or leave metrics_api_key_file unset",
+            )
+        server = MetricsServer(address, port, self.metrics_snapshot, key)
         try:
             server.start()
         except OSError as exc:
@@ -921,7 +947,7 @@ class Daemon:
                 f"cannot serve metrics on {self.settings.metrics_listen}: {exc.strerror or exc}",
                 fix="choose a free address and port in metrics_listen, or leave it unset for no metrics endpoint",
             ) from None
-        if not is_loopback(address):
+        if not is_loopback(address) and key is None:
             log.warning(
                 "metrics_exposed", listen=self.settings.metrics_listen, hint="anyone reaching it reads the metrics"
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -156,6 +157,8 @@ class RunningDaemon:
     notifications: Notifications
     proc: subprocess.Popen[bytes] | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    nofile: int | None = None
+    """The daemon's soft RLIMIT_NOFILE at start (None: this process's), e.g. a login shell's 1024."""
 
     def start(self) -> RunningDaemon:
         env = {
@@ -167,8 +170,21 @@ class RunningDaemon:
         env.pop("DANKSERVE_CONFIG", None)
         argv = [sys.executable, "-m", "dankserve", "--config", str(self.config), "run"]
         argv += ["--hardware", str(self.hardware), "--log-format", "json"]
+        soft = self.nofile
+
+        def limit() -> None:
+            if soft is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
         with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                preexec_fn=limit,  # noqa: PLW1509 (one setrlimit call, no lock taken)
+            )
         return self
 
     def status(self) -> dict[str, Any] | None:
@@ -246,6 +262,7 @@ def running_daemon(
     hardware: Path | None = None,
     extra_globals: Mapping[str, Any] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    nofile: int | None = None,
 ) -> Iterator[RunningDaemon]:
     """Start a daemon for these deployments; stop it (and check it exits 0) afterwards."""
     globals_ = {
@@ -264,7 +281,7 @@ def running_daemon(
     notifications = Notifications(tmp_path / "notify.sock")
     notifications.start()
     daemon = RunningDaemon(
-        config, hw, tmp_path / "state", tmp_path / "daemon.log", notifications, extra_env=extra_env or {}
+        config, hw, tmp_path / "state", tmp_path / "daemon.log", notifications, extra_env=extra_env or {}, nofile=nofile
     ).start()
     try:
         yield daemon
