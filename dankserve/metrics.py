@@ -37,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dankserve.aioserver import GuardedServer, Limits, bearer_matches
+from dankserve.aioserver import GuardedServer, Limits, bearer_matches, vouch
 from dankserve.host.gpu_memory import GpuMemory
 from dankserve.supervisor.lifecycle import Phase
 from dankserve.supervisor.serving import RELAYED, ServingSample, with_deployment
@@ -306,6 +306,7 @@ class MetricsServer:
                 text="missing or wrong key: send Authorization: Bearer KEY (metrics_api_key_file)\n",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        vouch(request)
         if request.path not in ("/metrics", "/"):
             return web.Response(status=404, text="not found: dankserve serves /metrics\n")
         # The snapshot reads the daemon's state under its locks: off the event loop.

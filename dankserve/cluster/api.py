@@ -31,7 +31,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, bearer_matches, read_body
+from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, bearer_matches, read_body, vouch
 from dankserve.errors import ConfigError, MemberUnreachable
 from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
@@ -132,6 +132,7 @@ class _Api:
         if not bearer_matches(request.headers.get("Authorization"), self.token):
             log.warning("cluster_request_refused", peer=request.remote, path=request.path)
             return _reply(401, {"ok": False, "error": "missing or wrong cluster token"})
+        vouch(request)
         if (request.method, request.path) not in ENDPOINTS:
             return _reply(404, {"ok": False, "error": f"no endpoint {request.method} {request.path}"})
         body: Any = {}
