@@ -71,6 +71,27 @@ def reject_bool_for_non_bool(model: type[BaseModel], value: Any, field_name: str
     return value
 
 
+def reject_nul(value: Any) -> Any:
+    """A NUL byte anywhere in a text value (or a table's key) is a config error: no program argument,
+    environment variable or path can carry one, so the server would never start."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError(
+                "holds a NUL byte (\\u0000), which no argument, environment variable or path can carry: remove it"
+            )
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            pending += list(item)
+    return value
+
+
+MAX_NAME_LENGTH = 63
+"""A deployment's name becomes container, file and DNS-label names (63 is a label's limit)."""
+
+
 class _Strict(BaseModel):
     """A settings section: unknown keys are errors, values are frozen once loaded, no NaN or
     infinity, no boolean standing in for a number."""
@@ -80,7 +101,7 @@ class _Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
-        return reject_bool_for_non_bool(cls, value, info.field_name)
+        return reject_nul(reject_bool_for_non_bool(cls, value, info.field_name))
 
 
 class SpeculativeSettings(_Strict):
@@ -564,7 +585,8 @@ class Settings(BaseSettings):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
-        return reject_bool_for_non_bool(cls, value, info.field_name)
+        value = reject_bool_for_non_bool(cls, value, info.field_name)
+        return value if isinstance(value, dict) else reject_nul(value)  # the sections check their own keys
 
     @field_validator("metrics_listen")
     @classmethod
@@ -579,6 +601,10 @@ class Settings(BaseSettings):
         for name in value:
             if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # ASCII: it becomes a container name
                 raise ValueError(f"deployment name {name!r} may hold only letters, digits, '-' and '_'")
+            if len(name) > MAX_NAME_LENGTH:  # it names files, a container and a pod: keep them all legal
+                raise ValueError(
+                    f"deployment name {name[:20]!r}... is {len(name)} characters long: at most {MAX_NAME_LENGTH}"
+                )
         return value
 
     @model_validator(mode="after")
