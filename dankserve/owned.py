@@ -54,6 +54,8 @@ CONTRACT_ENV: Mapping[str, str] = {
     "HF_TOKEN_PATH": "dankserve passes the token file (set hf_token_file)",
     "VLLM_HOST_IP": "dankserve decides the addresses (set host, or hosts for a group)",
     "VLLM_PORT": "dankserve decides the ports (set port)",
+    "VLLM_SERVER_DEV_MODE": "it opens /sleep, /wake_up and /collective_rpc to anyone who reaches the port, "
+    "without the key; dankserve turns it on itself for swap group members (sleep mode), on loopback only",
     "PATH": "it decides which programs the server runs (set executable for the process runtime)",
     "LD_PRELOAD": "it loads code into the server before vLLM",
     "LD_LIBRARY_PATH": "it replaces the libraries (CUDA, NCCL) the server loads",

@@ -39,7 +39,7 @@ from dankserve.errors import (
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
-from dankserve.plan.plan import SLEEP_MODE_FLAG
+from dankserve.plan.plan import SLEEP_MODE_FLAG, has_sleep_mode
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
@@ -503,7 +503,13 @@ class DeploymentWorker:
                 if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
                     self.log.warning("health_probe_not_sent", error=result.error)
                     return None
-                return m.HealthChecked(result.status, result.error)
+                # Dev mode's /sleep is open to anyone on loopback: a sleep dankserve did not ask for is noticed.
+                sleeping = (
+                    result.healthy
+                    and has_sleep_mode(dep)
+                    and daemon.deps.is_sleeping(dep.host, dep.port, _api_key(dep))
+                )
+                return m.HealthChecked(result.status, result.error, sleeping=bool(sleeping))
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
             case m.SleepServer() | m.WakeServer():
