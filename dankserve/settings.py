@@ -478,6 +478,20 @@ def default_hf_cache_dir(environ: Mapping[str, str]) -> Path:
     return DEFAULT_HF_CACHE_DIR
 
 
+def keyless_gateway_exposure(settings: Settings, name: str) -> str | None:
+    """Why deployment `name`'s key protects nothing (None: it does): a gateway without a key passes the key on
+    to it, so every local user reaches the deployment through the gateway's loopback address."""
+    gateway = settings.gateway
+    dep = settings.deployments.get(name)
+    if gateway is None or gateway.api_key_file is not None or dep is None or dep.api_key_file is None:
+        return None
+    return (
+        f"deployment {name!r} has an api_key_file, but the gateway at {gateway.listen} has none and passes the "
+        "deployment's key on: any local user reaches it through the gateway without a key; set [gateway] "
+        "api_key_file"
+    )
+
+
 def is_loopback(host: str) -> bool:
     """Whether the address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
