@@ -5,13 +5,11 @@ pass validation and crash six boots in a row."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.cli import dankserve
 from tests.security.test_config import DEPLOYMENT, RECORDED_HOST, config
 
 EXTRA = 'model = "m"\n'
@@ -32,16 +30,7 @@ def test_a_value_no_process_can_take_exits_2_at_validation(
 ) -> None:
     """plan and the daemon refuse the value before any boot: exit 2, the key and the reason, no traceback."""
     path = config(tmp_path, text)
-    env = {**os.environ, "DANKSERVE_HARDWARE": str(RECORDED_HOST)}
-    env.pop("NOTIFY_SOCKET", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(path), *command],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    done = dankserve(path, *command, env={"DANKSERVE_HARDWARE": str(RECORDED_HOST)}, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     for fragment in expected:
         assert fragment in done.stderr, done.stderr

@@ -9,15 +9,13 @@ now notices on its next health check, says so, and wakes the server.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.harness.cli import dankserve
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 from tests.security.test_config import DEPLOYMENT, RECORDED_HOST, config
 
@@ -30,15 +28,7 @@ def test_dev_mode_in_env_is_refused(tmp_path: Path, host: str) -> None:
     key.chmod(0o600)
     extra = f'host = "{host}"\napi_key_file = "{key}"\nenv = {{ VLLM_SERVER_DEV_MODE = "1" }}\n'
     path = config(tmp_path, DEPLOYMENT.replace('model = "m"\n', 'model = "m"\n' + extra))
-    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
-    done = subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(path), "run", "--hardware", str(RECORDED_HOST)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    done = dankserve(path, "run", "--hardware", str(RECORDED_HOST), timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "VLLM_SERVER_DEV_MODE" in done.stderr and "/collective_rpc" in done.stderr
     assert "Traceback" not in done.stderr

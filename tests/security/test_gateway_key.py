@@ -8,31 +8,17 @@ no key reaches the keyed server through the gateway. `plan`, `doctor` and the da
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.harness.cli import dankserve
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 from tests.security.test_config import RECORDED_HOST
 
 SAYS = "passes the deployment's key on"
-
-
-def dankserve(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
-    env["DANKSERVE_HARDWARE"] = str(RECORDED_HOST)
-    return subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+HARDWARE = {"DANKSERVE_HARDWARE": str(RECORDED_HOST)}
 
 
 @pytest.mark.slow
@@ -51,9 +37,9 @@ def test_a_keyless_gateway_in_front_of_a_keyed_deployment_is_reported(tmp_path: 
         assert reply.status_code == 200  # the exposure itself: no key asked of this client
         warned = daemon.events_named("gateway_passes_key")
         assert warned and SAYS in warned[0]["message"], daemon.log_tail()
-        plan = dankserve(daemon.config, "plan", "keyed")
+        plan = dankserve(daemon.config, "plan", "keyed", env=HARDWARE)
         assert plan.returncode == 0, plan.stderr
         assert SAYS in " ".join((plan.stdout + plan.stderr).split())
-        doctor = dankserve(daemon.config, "doctor", "--json")
+        doctor = dankserve(daemon.config, "doctor", "--json", env=HARDWARE)
         checks = json.loads(doctor.stdout)["checks"]
         assert any(c["name"] == "gateway key for keyed" and c["verdict"] == "warn" for c in checks), checks
