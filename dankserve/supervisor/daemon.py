@@ -76,6 +76,12 @@ WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], "m.W
 __all__ = ["BootOverrides", "Daemon", "DaemonDeps", "DeploymentWorker", "Planner"]
 
 
+STOP_COMMANDS = (m.StopWorkload, m.RemoveWorkload, m.StopServer, m.RemoveLauncher)
+STOP_RETRY_SECONDS = 10.0
+"""How long a stop refused for the daemon's own want of descriptors or memory is tried again."""
+STOP_RETRY_PAUSE_SECONDS = 0.2
+
+
 def raise_descriptor_limit() -> None:
     """The soft RLIMIT_NOFILE raised to the hard limit: the unit sets LimitNOFILE, a shell's 1024 is
     too few for the servers, Podman calls, probes and peers of a busy daemon."""
@@ -432,6 +438,21 @@ class DeploymentWorker:
             self.daemon.phase_changed()
 
     def _execute(self, command: m.Command) -> m.Event | None:
+        """The command's answer; a stop the daemon's own EMFILE/ENOMEM stops is tried again (a lost stop
+        leaves the server outliving the daemon), and one that never gets through is reported."""
+        deadline = time.monotonic() + STOP_RETRY_SECONDS
+        while True:
+            event = self._execute_once(command)
+            stopping = isinstance(command, STOP_COMMANDS)
+            if not (stopping and isinstance(event, m.RuntimeUnreachable) and event.own_resources):
+                return event
+            if time.monotonic() >= deadline:
+                self.log.error("stop_failed", error=event.message, command=type(command).__name__)
+                self.daemon.stop_failed(self.name)
+                return event
+            time.sleep(STOP_RETRY_PAUSE_SECONDS)
+
+    def _execute_once(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
         except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
@@ -440,7 +461,8 @@ class DeploymentWorker:
             own = resources_exhausted(exc)
             if own is not None:  # the daemon's own EMFILE/ENOMEM: never the deployment's fault, retried like an outage
                 self.log.warning("daemon_resources_exhausted", error=own.message)
-                return m.RuntimeUnreachable(own.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
+                clock_text = time.strftime("%H:%M:%S", time.localtime(self.clock.time()))
+                return m.RuntimeUnreachable(own.message, clock_text, own_resources=True)
             if isinstance(exc, DankserveError):
                 return m.Refused(exc.render())
             self.log.exception("cycle_error")  # a bug or an error of no known kind: the policy restarts with backoff
@@ -815,6 +837,8 @@ class Daemon:
         """Changed only under `_lock` (control thread, main thread); readers take `snapshot()`."""
         self._retiring: list[DeploymentWorker] = []
         """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
+        self._stops_failed: set[str] = set()
+        """Deployments whose server a stop could not reach (run exits 3 then)."""
         self.host: Host = deps.load_host()
         self._changed = threading.Event()
         self._stop = threading.Event()
@@ -886,7 +910,19 @@ class Daemon:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> ExitCode:
-        """Run until SIGTERM/SIGINT; the exit code for the process."""
+        """Run until SIGTERM/SIGINT; the exit code for the process (3 when a server could not be stopped)."""
+        code = self._run()
+        if self._stops_failed and code is ExitCode.OK:
+            log.error("servers_left_running", deployments=sorted(self._stops_failed))
+            return ExitCode.ENVIRONMENT
+        return code
+
+    def stop_failed(self, name: str) -> None:
+        """A worker could not stop its server (the daemon out of descriptors or memory throughout)."""
+        with self._lock:
+            self._stops_failed.add(name)
+
+    def _run(self) -> ExitCode:
         held = instance.acquire(self.settings.state_dir)
         raise_descriptor_limit()
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
@@ -1112,6 +1148,9 @@ class Daemon:
         deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
         for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
+        for worker in workers:
+            if worker.alive:  # still stopping at the deadline: its server may outlive the daemon
+                self.stop_failed(worker.name)
         # A worker that ended (stopped, or failed: its launcher idles on for `up`) stops nothing more itself.
         self._remove_idle_launchers({w.name for w in workers if w.alive})
 

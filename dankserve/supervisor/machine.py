@@ -571,6 +571,8 @@ class RuntimeUnreachable:
     message: str
     clock_text: str = ""
     """The wall-clock time as HH:MM:SS (for the message status shows)."""
+    own_resources: bool = False
+    """The daemon itself was out of descriptors or memory (not the runtime's fault either)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Security: the daemon's /metrics under a flood of idle connections from a local user (issue 26, finding 3).
+"""Security: the daemon's /metrics under a flood of idle connections from a local user, and SIGTERM while
+the daemon is out of descriptors (issue 26, finding 3).
 
 A real `dankserve run` with a soft descriptor limit of 1024 (a login shell's), the stand-in as a
 process-runtime server health-checked every 0.3 s, and 1100 connections to /metrics that never send
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -23,6 +25,7 @@ import psutil
 import pytest
 
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+from tests.harness.faults import descriptors_exhausted
 
 pytestmark = pytest.mark.slow
 
@@ -111,3 +114,34 @@ def test_a_metrics_key_is_required_when_set(tmp_path: Path) -> None:
         assert scrape(metrics, "wrong-key")[0] == 401
         status, body = scrape(metrics, "metrics-key-0123456789")
         assert status == 200 and 'dankserve_deployment_state{deployment="chat",state="ready"} 1.0' in body
+
+
+def test_sigterm_while_out_of_descriptors_still_stops_the_server(tmp_path: Path) -> None:
+    """SIGTERM while the daemon cannot open a descriptor: the stop is tried again and the server stopped once
+    descriptors are back (2 s later); exit 0. It used to exit 0 at once and leave the server running."""
+    with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "ready")
+        assert daemon.proc is not None
+        pid = server_pid(daemon)
+        with contextlib.suppress(psutil.Error), descriptors_exhausted(daemon.proc.pid):
+            daemon.signal(signal.SIGTERM)
+            time.sleep(2.0)
+        assert daemon.proc.wait(60) == 0, daemon.log_tail()
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_the_daemon_could_not_stop_is_an_exit_3(tmp_path: Path) -> None:
+    """Out of descriptors for good: SIGTERM ends in exit 3 and servers_left_running naming the deployment."""
+    with running_daemon(tmp_path, {"chat": process_deployment(free_port())}) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "ready")
+        assert daemon.proc is not None
+        pid = server_pid(daemon)
+        try:
+            with contextlib.suppress(psutil.Error), descriptors_exhausted(daemon.proc.pid):
+                daemon.signal(signal.SIGTERM)
+                assert daemon.proc.wait(60) == 3, daemon.log_tail()
+            left = daemon.events_named("servers_left_running")
+            assert left and left[0]["deployments"] == ["chat"], daemon.log_tail()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
