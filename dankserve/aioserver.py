@@ -10,13 +10,19 @@ nothing, or half a request. This module accepts connections itself, so it can:
   new ones at once beyond ``max_connections``, so file descriptors stay bounded;
 - give each connection ``header_timeout`` from accept (TLS handshake included) to the end of a
   request's headers, and again after each response (keep-alive); a sweeper closes the late;
-- leave body deadlines to handlers (``read_body``), which know when they read one.
+- leave body deadlines to handlers (``read_body``), which know when they read one;
+- hold at most ``max_untrusted_per_peer`` connections per peer address that no request has yet
+  authenticated on (a handler calls ``vouch(request)`` once the key or token matched), and, when
+  a cap is reached, make room by closing the oldest idle unauthenticated connection (of that peer,
+  or of all) rather than refusing: a keyless peer cannot fill the slots, and an authenticated
+  connection is never closed for a newcomer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import socket
 import ssl
@@ -64,6 +70,15 @@ class Limits:
     """From accept (or the end of the last response) to the end of the next request's headers."""
     body_timeout: float
     max_body_bytes: int
+    max_untrusted_per_peer: int = 8
+    """Open connections of one peer address on which no request has authenticated yet."""
+
+
+def bearer_matches(header: str | None, key: str) -> bool:
+    """The Authorization header carries exactly `Bearer KEY` (constant-time comparison)."""
+    if header is None or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer ") :].encode(), key.encode())
 
 
 class BodyTooLarge(Exception):
@@ -88,11 +103,52 @@ class Throttled:
             self._logged_at[event] = now
 
 
-@dataclass
-class _Connection:
+@dataclass(eq=False)
+class Connection:
+    """One accepted connection as the server tracks it."""
+
     sock: socket.socket
     idle_since: float
+    peer: str = ""
+    accepted_at: float = 0.0
     busy: int = 0
+    trusted: bool = False
+    """A request on it authenticated (vouch): never closed to make room for another."""
+
+
+_CONNECTION = web.RequestKey("dankserve.connection", Connection)
+"""The request's key for its Connection (set by the server's middleware, read by vouch)."""
+
+
+def vouch(request: web.Request) -> None:
+    """The request authenticated (its key or token matched): its connection no longer counts against its peer's
+    cap on unauthenticated connections, and is never closed to make room."""
+    conn = request.get(_CONNECTION)
+    if conn is not None:
+        conn.trusted = True
+
+
+def room_for(connections: list[Connection], peer: str, limits: Limits) -> tuple[bool, list[Connection]]:
+    """Whether a new connection from `peer` may open, and which idle unauthenticated ones to close for it: the
+    oldest of that peer's beyond its cap, then the oldest of anyone's when all slots are taken."""
+    closing: list[Connection] = []
+
+    def oldest_idle(candidates: list[Connection]) -> Connection | None:
+        idle = [c for c in candidates if not c.trusted and c.busy == 0 and c not in closing]
+        return min(idle, key=lambda c: c.accepted_at, default=None)
+
+    own = [c for c in connections if c.peer == peer and not c.trusted]
+    if len(own) >= limits.max_untrusted_per_peer:
+        victim = oldest_idle(own)
+        if victim is None:
+            return False, []
+        closing.append(victim)
+    if len(connections) - len(closing) >= limits.max_connections:
+        victim = oldest_idle(connections)
+        if victim is None:
+            return False, []
+        closing.append(victim)
+    return True, closing
 
 
 async def read_body(request: web.Request, limits: Limits) -> bytes:
@@ -145,15 +201,17 @@ class GuardedServer:
             raise
         self._listener.listen(1024)
         self._listener.setblocking(False)
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, Connection] = {}
         self._loop = _new_loop()
         self._started = threading.Event()
         self._stopping: asyncio.Event | None = None
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.refused = 0
+        """Connections closed at once: every slot (or every one of the peer's) busy (for tests and logs)."""
+        self.evicted = 0
+        """Idle unauthenticated connections closed to make room for a new one."""
         self._throttled = Throttled()
-        """Connections closed at once because max_connections were open (for tests and logs)."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -231,18 +289,26 @@ class GuardedServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                sock, _ = await loop.sock_accept(self._listener)
+                sock, address = await loop.sock_accept(self._listener)
             except OSError as exc:  # EMFILE and friends: wait instead of spinning
                 self._throttled.note(f"{self._name}_accept_failed", error=str(exc))
                 await asyncio.sleep(0.1)
                 continue
             self._prune()
-            if len(self._connections) >= self._limits.max_connections:
+            peer = str(address[0]) if isinstance(address, tuple) and address else ""
+            admit, closing = room_for(list(self._connections.values()), peer, self._limits)
+            if not admit:
                 self.refused += 1
                 sock.close()
-                self._throttled.note(f"{self._name}_connection_refused", open=len(self._connections))
+                self._throttled.note(f"{self._name}_connection_refused", open=len(self._connections), peer=peer)
                 continue
-            self._connections[sock.fileno()] = _Connection(sock, time.monotonic())
+            for victim in closing:
+                self.evicted += 1
+                del self._connections[victim.sock.fileno()]
+                _shut(victim.sock)
+                self._throttled.note(f"{self._name}_unauthenticated_closed", peer=victim.peer)
+            now = time.monotonic()
+            self._connections[sock.fileno()] = Connection(sock, now, peer=peer, accepted_at=now)
             task = asyncio.ensure_future(self._connect(server, sock))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -284,6 +350,7 @@ class GuardedServer:
         conn = self._connection_of(request)
         if conn is not None:
             conn.busy += 1
+            request[_CONNECTION] = conn
         try:
             return await handler(request)
         finally:
@@ -291,7 +358,7 @@ class GuardedServer:
                 conn.busy -= 1
                 conn.idle_since = time.monotonic()
 
-    def _connection_of(self, request: web.Request) -> _Connection | None:
+    def _connection_of(self, request: web.Request) -> Connection | None:
         transport = request.transport
         sock = transport.get_extra_info("socket") if transport is not None else None
         if sock is None:

@@ -3,7 +3,7 @@
 `families(snapshot)` turns one `MetricsSnapshot` (what the daemon knows at that moment, read
 from the same Telemetry and Observatory caches `dankserve status` reads) into metric families;
 it does no I/O, so a scrape costs only the formatting. `MetricsServer` serves them on
-`metrics_listen` (off when unset).
+`metrics_listen` (off when unset), behind `metrics_api_key_file` when set.
 
 Exported (every deployment-level series carries `deployment`):
 
@@ -27,19 +27,17 @@ Exported (every deployment-level series carries `deployment`):
 
 from __future__ import annotations
 
-import socket
-import threading
+import asyncio
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from aiohttp import web
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from dankserve.aioserver import GuardedServer, Limits, bearer_matches, vouch
 from dankserve.host.gpu_memory import GpuMemory
 from dankserve.supervisor.lifecycle import Phase
 from dankserve.supervisor.serving import RELAYED, ServingSample, with_deployment
@@ -269,57 +267,65 @@ class SnapshotCollector(Collector):
         yield from families(self._snapshot())
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not worth a log line each."""
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
+LIMITS = Limits(max_connections=64, header_timeout=10.0, body_timeout=10.0, max_body_bytes=64 * 1024)
+"""A scraper needs one connection at a time; the header deadline is the gateway's (10 s). Beyond the
+cap a connection is closed at once, so a flood of idle connections costs the daemon 64 descriptors."""
 
 
 class MetricsServer:
-    """/metrics over HTTP on `address`:`port`, in its own thread.
+    """/metrics over HTTP on `address`:`port`, on its own event loop (aioserver: a connection cap and
+    a header deadline, so idle peers cannot take the daemon's descriptors).
+
+    With `api_key`, a scrape must send `Authorization: Bearer KEY` (Prometheus' `authorization`
+    or `bearer_token_file`); 401 otherwise.
 
     Always the classic text format (0.0.4): prometheus-client's OpenMetrics answer to a
     Prometheus that asks for it escapes the colons of vLLM's names (`vllm:num_requests_waiting`
     would arrive as `vllm_num_requests_waiting`), and vLLM's dashboards use the colon names.
     """
 
-    def __init__(self, address: str, port: int, snapshot: Callable[[], MetricsSnapshot]) -> None:
+    def __init__(
+        self, address: str, port: int, snapshot: Callable[[], MetricsSnapshot], api_key: str | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot))
-        self._server: WSGIServer | None = None
+        self._server: GuardedServer | None = None
         self._address = address
         self._port = port
+        self._api_key = api_key
 
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if environ.get("PATH_INFO") not in ("/metrics", "/"):
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found: dankserve serves /metrics\n"]
-        body = generate_latest(self.registry)
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(body)))])
-        return [body]
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=LIMITS.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if self._api_key is not None and not bearer_matches(request.headers.get("Authorization"), self._api_key):
+            return web.Response(
+                status=401,
+                text="missing or wrong key: send Authorization: Bearer KEY (metrics_api_key_file)\n",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        vouch(request)
+        if request.path not in ("/metrics", "/"):
+            return web.Response(status=404, text="not found: dankserve serves /metrics\n")
+        # The snapshot reads the daemon's state under its locks: off the event loop.
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
     def start(self) -> None:
         """Listen; OSError when the address cannot be bound."""
-        server_class = _ThreadingServer6 if ":" in self._address else _ThreadingServer
-        self._server = make_server(self._address, self._port, self._app, server_class, _QuietHandler)
-        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
+        self._server = GuardedServer(self._app(), (self._address, self._port), LIMITS, name="metrics")
+        self._server.start()
 
     @property
     def port(self) -> int:
         assert self._server is not None
-        return int(self._server.server_port)
+        return self._server.address[1]
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
 

@@ -11,6 +11,7 @@ turns each problem into a ConfigError (exit 2).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 SECRET_FLAGS: Mapping[str, str] = {
@@ -53,6 +54,8 @@ CONTRACT_ENV: Mapping[str, str] = {
     "HF_TOKEN_PATH": "dankserve passes the token file (set hf_token_file)",
     "VLLM_HOST_IP": "dankserve decides the addresses (set host, or hosts for a group)",
     "VLLM_PORT": "dankserve decides the ports (set port)",
+    "VLLM_SERVER_DEV_MODE": "it opens /sleep, /wake_up and /collective_rpc to anyone who reaches the port, "
+    "without the key; dankserve turns it on itself for swap group members (sleep mode), on loopback only",
     "PATH": "it decides which programs the server runs (set executable for the process runtime)",
     "LD_PRELOAD": "it loads code into the server before vLLM",
     "LD_LIBRARY_PATH": "it replaces the libraries (CUDA, NCCL) the server loads",
@@ -109,7 +112,12 @@ def env_problems(env: Mapping[str, str]) -> list[str]:
     """Why each refused environment variable is refused (empty when every one may pass)."""
     problems = []
     for name in env:
-        if name in SECRET_ENV:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            problems.append(
+                f"env name {name!r} is not a variable name: letters, digits and '_', not starting with a digit "
+                "(an '=' or a NUL byte cannot be passed to a process)"
+            )
+        elif name in SECRET_ENV:
             problems.append(
                 f"env holds {name}: a secret in the environment shows in podman inspect and the process "
                 f"records; put it in a file (mode 0600) and set {SECRET_ENV[name]} instead"

@@ -72,6 +72,27 @@ def reject_bool_for_non_bool(model: type[BaseModel], value: Any, field_name: str
     return value
 
 
+def reject_nul(value: Any) -> Any:
+    """A NUL byte anywhere in a text value (or a table's key) is a config error: no program argument,
+    environment variable or path can carry one, so the server would never start."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError(
+                "holds a NUL byte (\\u0000), which no argument, environment variable or path can carry: remove it"
+            )
+        if isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, (list, tuple)):
+            pending += list(item)
+    return value
+
+
+MAX_NAME_LENGTH = 63
+"""A deployment's name becomes container, file and DNS-label names (63 is a label's limit)."""
+
+
 class _Strict(BaseModel):
     """A settings section: unknown keys are errors, values are frozen once loaded, no NaN or
     infinity, no boolean standing in for a number."""
@@ -81,7 +102,7 @@ class _Strict(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
-        return reject_bool_for_non_bool(cls, value, info.field_name)
+        return reject_nul(reject_bool_for_non_bool(cls, value, info.field_name))
 
 
 class SpeculativeSettings(_Strict):
@@ -459,6 +480,20 @@ def default_hf_cache_dir(environ: Mapping[str, str]) -> Path:
     return DEFAULT_HF_CACHE_DIR
 
 
+def keyless_gateway_exposure(settings: Settings, name: str) -> str | None:
+    """Why deployment `name`'s key protects nothing (None: it does): a gateway without a key passes the key on
+    to it, so every local user reaches the deployment through the gateway's loopback address."""
+    gateway = settings.gateway
+    dep = settings.deployments.get(name)
+    if gateway is None or gateway.api_key_file is not None or dep is None or dep.api_key_file is None:
+        return None
+    return (
+        f"deployment {name!r} has an api_key_file, but the gateway at {gateway.listen} has none and passes the "
+        "deployment's key on: any local user reaches it through the gateway without a key; set [gateway] "
+        "api_key_file"
+    )
+
+
 def is_loopback(host: str) -> bool:
     """Whether the address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
@@ -526,6 +561,11 @@ class Settings(BaseSettings):
         description='Serve Prometheus metrics on HOST:PORT (e.g. "127.0.0.1:9400"); unset: no metrics endpoint. '
         "Beyond loopback anyone who can reach it reads the deployments' names, models and load.",
     )
+    metrics_api_key_file: Path | None = Field(
+        default=None,
+        description="File holding the key a scrape must send as `Authorization: Bearer KEY` (Prometheus' "
+        "`authorization: {credentials_file: ...}`), mode 0600; unset: /metrics answers anyone who reaches it.",
+    )
     serving_scrape_interval_seconds: float = Field(
         default=5.0,
         gt=0,
@@ -561,7 +601,8 @@ class Settings(BaseSettings):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_non_bool(cls, value: Any, info: ValidationInfo) -> Any:
-        return reject_bool_for_non_bool(cls, value, info.field_name)
+        value = reject_bool_for_non_bool(cls, value, info.field_name)
+        return value if isinstance(value, dict) else reject_nul(value)  # the sections check their own keys
 
     @field_validator("metrics_listen")
     @classmethod
@@ -576,6 +617,10 @@ class Settings(BaseSettings):
         for name in value:
             if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # ASCII: it becomes a container name
                 raise ValueError(f"deployment name {name!r} may hold only letters, digits, '-' and '_'")
+            if len(name) > MAX_NAME_LENGTH:  # it names files, a container and a pod: keep them all legal
+                raise ValueError(
+                    f"deployment name {name[:20]!r}... is {len(name)} characters long: at most {MAX_NAME_LENGTH}"
+                )
         return value
 
     @model_validator(mode="after")

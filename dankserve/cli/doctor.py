@@ -14,6 +14,7 @@ from dankserve.cli.options import hardware_option
 from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
+from dankserve.settings import keyless_gateway_exposure
 
 
 @click.command("doctor")
@@ -60,6 +61,12 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
                 checks.append(doctor.Check(f"image for {name}", verdict, detail, fix))
         except DankserveError as exc:
             checks.append(doctor.Check("podman", "fail", exc.message, exc.fix))
+
+    for name in settings.deployments:
+        exposure = keyless_gateway_exposure(settings, name)
+        if exposure is not None:
+            fix = "write a key into a file (mode 0600), set [gateway] api_key_file to it; clients send it as a Bearer"
+            checks.append(doctor.Check(f"gateway key for {name}", "warn", exposure, fix))
 
     failed = [c for c in checks if c.verdict == "fail"]
     if as_json:

@@ -115,6 +115,7 @@ def plan_all(
     """
     from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
     from dankserve.planning import plan_one
+    from dankserve.settings import keyless_gateway_exposure
 
     plans: list[Plan] = []
     enabled: list[Plan] = []
@@ -126,6 +127,9 @@ def plan_all(
                 raise
             failed[name] = exc
             continue
+        exposure = keyless_gateway_exposure(settings, name)
+        if exposure is not None:
+            plan = _with_warning(plan, exposure)
         if not dep.enabled:
             plan = _with_warning(plan, "disabled in config (enabled = false): the daemon does not run it")
         else:

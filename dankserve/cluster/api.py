@@ -20,7 +20,6 @@ config names.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import ssl
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, Throttled, read_body
+from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, Throttled, bearer_matches, read_body, vouch
 from dankserve.errors import ConfigError, MemberUnreachable
 from dankserve.settings import ClusterSettings, read_secret_file, split_listen
 
@@ -56,13 +55,6 @@ def read_token(path: Path) -> str:
 def split_address(address: str, default_port: int) -> tuple[str, int]:
     """'HOST:PORT' (or 'HOST', or '[v6]:PORT') as (host, port)."""
     return split_listen(address, default_port)
-
-
-def token_matches(header: str | None, token: str) -> bool:
-    """The Authorization header carries exactly this token (constant-time comparison)."""
-    if header is None or not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
 
 
 @dataclass(frozen=True)
@@ -138,9 +130,10 @@ class _Api:
         return app
 
     async def dispatch(self, request: web.Request) -> web.Response:
-        if not token_matches(request.headers.get("Authorization"), self.token):
+        if not bearer_matches(request.headers.get("Authorization"), self.token):
             self.refusals.note("cluster_request_refused", peer=request.remote, path=request.path)
             return _reply(401, {"ok": False, "error": "missing or wrong cluster token"})
+        vouch(request)
         if (request.method, request.path) not in ENDPOINTS:
             return _reply(404, {"ok": False, "error": f"no endpoint {request.method} {request.path}"})
         body: Any = {}

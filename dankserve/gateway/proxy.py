@@ -19,7 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, Limits, read_body
+from dankserve.aioserver import BodyTooLarge, Limits, read_body, vouch
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.routing import (
     DEV_ROUTES,
@@ -132,6 +132,7 @@ class Gateway:
             return _json_error(404, f"{path} is not served by the gateway", "NotFoundError")
         if not self._authorized(request):
             return _json_error(401, "missing or wrong API key (Authorization: Bearer KEY)", "AuthenticationError")
+        vouch(request)
         if path == "/v1/models" and request.method == "GET":
             return web.json_response(models_document(model_entries(self._deployments()), self.started))
         if path.startswith("/v1/models/") and request.method == "GET":

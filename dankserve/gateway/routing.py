@@ -109,12 +109,17 @@ class RoutingError(Exception):
         self.document = error_document(status, message, kind, param)
 
 
+NESTED_TOO_DEEPLY = "the request body nests arrays or objects too deeply to be read"
+
+
 def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
     """Find the deployment a JSON body's `model` names; rewrite an alias to the served name."""
     try:
         document = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RoutingError(400, f"the request body is not JSON: {exc}", "BadRequestError") from None
+    except RecursionError:
+        raise RoutingError(400, NESTED_TOO_DEEPLY, "BadRequestError") from None
     if not isinstance(document, dict):
         raise RoutingError(400, "the request body must be a JSON object", "BadRequestError")
     model = document.get("model")
@@ -126,4 +131,7 @@ def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
     if model == route.served_name:
         return Routed(route, body)
     document["model"] = route.served_name
-    return Routed(route, json.dumps(document).encode())
+    try:
+        return Routed(route, json.dumps(document).encode())
+    except RecursionError:
+        raise RoutingError(400, NESTED_TOO_DEEPLY, "BadRequestError") from None

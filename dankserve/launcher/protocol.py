@@ -7,8 +7,8 @@ has `ok`; a refused request has `error` (a sentence). Operations:
 
 - `status`: the launcher (`version`, `pid`, `import`: pending | done | failed, `import_seconds`,
   `import_threads`, `cuda_initialized`) and its current `server` (or null).
-- `start` (`server_id`, `argv` after `vllm serve`, `env`, `env_files` {VAR: path read just
-  before the start}, `fingerprint`): start a server; refused while one runs. Waits for the
+- `start` (`server_id`, `argv` after `vllm serve`, `env`, `env_files` {VAR: path under
+  /run/secrets read just before the start}, `fingerprint`): start a server; refused while one runs. Waits for the
   pre-import to finish when a fork is possible. Answers the server. The server's environment is
   the launcher's own without the variables named in `SPEC_ENV_VAR` (the image's, the CDI
   spec's and Podman's stay, as in a plain container), then `env`.
@@ -16,6 +16,11 @@ has `ok`; a refused request has `error` (a sentence). Operations:
 - `stop` (`timeout`): SIGTERM to the server's process group, SIGKILL after `timeout`; answers
   the exited server.
 - `shutdown`: stop the server, then the launcher exits.
+
+Only what the daemon sends is accepted (`request_problem`): the socket is 0600 and a peer must be
+root or the launcher's own user; the request must arrive whole within READ_SECONDS; every field is
+checked (a `timeout` is a finite number of seconds, `env_files` name only Podman secrets). A
+refused request is answered with `ok: false` and changes nothing; the launcher and its server go on.
 
 A server is {`id`, `pid`, `mode`: fork | plain, `mode_reason`, `fingerprint`, `exited`,
 `exit_code` (negative: killed by that signal), `oom_killed`, `started_at` (Unix time)}.
@@ -42,6 +47,16 @@ SPEC_ENV_VAR = "DANKSERVE_LAUNCHER_SPEC_ENV"
 """Set by the runtime that starts the launcher: the names (comma-separated) of the variables it set
 for the deployment, which each `start` request gives anew (so a reload can drop one), or `*` when
 a request's `env` is the server's whole environment (the process runtime)."""
+
+READ_SECONDS = 2.0
+"""A request must arrive whole within this from accept (the daemon sends it at once): a slow drip is cut."""
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+"""The longest `timeout` a `wait` or `stop` may ask for."""
+SECRETS_DIR = "/run/secrets"
+"""Where the only files `env_files` may name live: the container's Podman secrets (runtime/podman.py)."""
+OPS = frozenset({"status", "start", "wait", "stop", "shutdown"})
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 PREFIX = "dankserve-launcher:"
 _STARTED = re.compile(r"^dankserve-launcher: server (\d+) started\b")
@@ -77,6 +92,47 @@ def decode(line: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("a message must be a JSON object")
     return value
+
+
+def request_problem(request: dict[str, Any], secrets_dir: str = SECRETS_DIR) -> str | None:
+    """Why a request is not one the daemon sends (None: it is): every field of the right type and range,
+    no NUL byte in what becomes an argument or a variable, `env_files` only directly in `secrets_dir`."""
+    op = request.get("op")
+    if op not in OPS:
+        return f"unknown op {op!r}"
+    if op in ("wait", "stop"):
+        timeout = request.get("timeout", 0.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            return f"timeout must be a number of seconds, not {type(timeout).__name__}"
+        if not 0.0 <= timeout <= MAX_TIMEOUT_SECONDS:  # NaN fails both comparisons
+            return f"timeout must be between 0 and {MAX_TIMEOUT_SECONDS:g} seconds, not {timeout!r}"
+    if op == "start":
+        return _start_problem(request, secrets_dir)
+    return None
+
+
+def _start_problem(request: dict[str, Any], secrets_dir: str) -> str | None:
+    server_id = request.get("server_id")
+    if isinstance(server_id, bool) or not isinstance(server_id, int) or server_id < 0:
+        return "server_id must be a non-negative integer"
+    argv = request.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(a, str) and "\x00" not in a for a in argv):
+        return "argv must be a list of strings without NUL bytes"
+    fingerprint = request.get("fingerprint")
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        return "fingerprint must be a string"
+    for key in ("env", "env_files"):
+        table = request.get(key, {})
+        if not isinstance(table, dict):
+            return f"{key} must be an object of strings"
+        for name, value in table.items():
+            if not _VAR_NAME.fullmatch(name) or not isinstance(value, str) or "\x00" in value:
+                return f"{key} holds {name!r}: names must be variable names and values strings without NUL bytes"
+    for name, path in request.get("env_files", {}).items():
+        directory, _, file = path.rpartition("/")
+        if directory != secrets_dir or not _SECRET_NAME.fullmatch(file):
+            return f"env_files.{name} = {path!r}: only a file directly under {secrets_dir} is read"
+    return None
 
 
 def started_line(server_id: int, mode: str, reason: str) -> str:

@@ -28,6 +28,7 @@ import platform
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -264,6 +265,8 @@ class Launcher:
     run_dir: Path
     entry: str
     preload: tuple[str, ...]
+    secrets_dir: str = protocol.SECRETS_DIR
+    """The only directory `env_files` may name a file in."""
     zygote_pid: int = 0
     zygote_in: Any = None
     zygote_out: Any = None
@@ -399,7 +402,7 @@ class Launcher:
             env.update({str(k): str(v) for k, v in dict(request.get("env") or {}).items()})
             server_id = int(request["server_id"])
             for var, path in dict(request.get("env_files") or {}).items():
-                env[str(var)] = Path(str(path)).read_text().strip()
+                env[str(var)] = read_secret(str(path))
         except OSError as exc:
             return {"ok": False, "error": f"cannot read a secret file: {exc.strerror} ({exc.filename})"}
         except (KeyError, TypeError, ValueError) as exc:
@@ -498,17 +501,19 @@ class Launcher:
             conn.close()
 
     def handle(self, conn: socket.socket) -> None:
-        conn.settimeout(2.0)
-        data = b""
+        """One request (a refused one changes nothing: the launcher and its server go on)."""
+        if not peer_allowed(conn):
+            self.answer(conn, {"ok": False, "error": "only root or the launcher's own user may ask"})
+            return
         try:
-            while b"\n" not in data and len(data) < protocol.MAX_MESSAGE_BYTES:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-            request = protocol.decode(data.split(b"\n", 1)[0])
-        except (OSError, ValueError) as exc:
+            request = protocol.decode(read_request(conn, time.monotonic() + protocol.READ_SECONDS))
+        except (OSError, ValueError) as exc:  # a slow drip ends in TimeoutError (an OSError)
             self.answer(conn, {"ok": False, "error": f"unreadable request: {exc}"})
+            return
+        problem = protocol.request_problem(request, self.secrets_dir)
+        if problem is not None:
+            log(f"request refused: {problem}")
+            self.answer(conn, {"ok": False, "error": f"malformed request: {problem}"})
             return
         conn.settimeout(None)
         op = request.get("op")
@@ -535,8 +540,6 @@ class Launcher:
         elif op == "shutdown":
             self.answer(conn, {"ok": True})
             self.stopping = True
-        else:
-            self.answer(conn, {"ok": False, "error": f"unknown op {op!r}"})
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -606,7 +609,11 @@ class Launcher:
                     ready, _, _ = select.select(fds, [], [], 0.1)
                     if listener in ready:
                         conn, _ = listener.accept()
-                        self.handle(conn)
+                        try:
+                            self.handle(conn)
+                        except Exception as exc:  # a request must never take the launcher and its server down
+                            log(f"request failed: {type(exc).__name__}: {exc}")
+                            self.answer(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
                 if self.zygote_out is not None:
                     self.read_zygote()
                 self.reap_plain()
@@ -616,6 +623,39 @@ class Launcher:
             with contextlib.suppress(OSError):
                 path.unlink()
         return 0
+
+
+def read_secret(path: str) -> str:
+    """A Podman secret's text; a symbolic link there is refused (the launcher may read as root)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, encoding="utf-8") as file:
+        return file.read(protocol.MAX_MESSAGE_BYTES).strip()
+
+
+def read_request(conn: socket.socket, deadline: float) -> bytes:
+    """The first line a peer sends, whole by `deadline` (TimeoutError otherwise) and at most MAX_MESSAGE_BYTES."""
+    data = b""
+    while b"\n" not in data and len(data) < protocol.MAX_MESSAGE_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the request did not arrive within {protocol.READ_SECONDS:g} s")
+        conn.settimeout(left)
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
+def peer_allowed(conn: socket.socket) -> bool:
+    """The peer is root or this launcher's user (SO_PEERCRED); the socket's mode says the same, this holds
+    even where a directory above it is opened wider."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    _, uid, _ = struct.unpack("3i", creds)
+    return uid in (0, os.getuid())
 
 
 def main(argv: Sequence[str]) -> int:
@@ -632,6 +672,9 @@ def main(argv: Sequence[str]) -> int:
         default=None,
         help="a module to import beforehand (repeatable; default: vLLM's OpenAI API server)",
     )
+    parser.add_argument(
+        "--secrets-dir", default=protocol.SECRETS_DIR, help="the only directory env_files may name (Podman's secrets)"
+    )
     args = parser.parse_args(list(argv))
     preload = tuple(args.preload) if args.preload is not None else _preload_from_env()
     sys.path[:0] = extra_paths()
@@ -641,7 +684,7 @@ def main(argv: Sequence[str]) -> int:
     except OSError as exc:
         print(f"{protocol.PREFIX} cannot use {run_dir}: {exc.strerror}", file=sys.stderr, flush=True)
         return 2
-    return Launcher(run_dir, args.entry, preload).serve()
+    return Launcher(run_dir, args.entry, preload, secrets_dir=args.secrets_dir.rstrip("/") or "/").serve()
 
 
 def extra_paths() -> list[str]:

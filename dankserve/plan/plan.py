@@ -145,11 +145,16 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 """vLLM serves /sleep, /wake_up, /is_sleeping only in dev mode: the server must stay on loopback."""
 
 
+def has_sleep_mode(deployment: DeploymentSettings) -> bool:
+    """A swap group member that sleeps through vLLM's sleep mode (and so runs in dev mode, on loopback)."""
+    return deployment.swap_group is not None and deployment.sleep_level != "stop"
+
+
 def sleep_mode_flags(
     flags: _Flags, deployment: DeploymentSettings, caps: VllmCapabilities
 ) -> tuple[dict[str, str], list[str]]:
     """A swap group's member gets vLLM's sleep mode and its dev-mode routes, where its release has them."""
-    if deployment.swap_group is None or deployment.sleep_level == "stop":
+    if not has_sleep_mode(deployment):
         return {}, []
     if not caps.has(SLEEP_MODE_FLAG):
         return {}, [

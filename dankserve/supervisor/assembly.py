@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import DeploymentSettings, Settings, keyless_gateway_exposure
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher, log
 
 if TYPE_CHECKING:
     from dankserve.cluster.context import ClusterContext
@@ -140,6 +140,10 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
     except BaseException:
         close_cluster()
         raise
+    for name in daemon.settings.deployments:
+        exposure = keyless_gateway_exposure(daemon.settings, name)
+        if exposure is not None:
+            log.warning("gateway_passes_key", deployment=name, message=exposure)
 
     def close() -> None:
         gateway.close()

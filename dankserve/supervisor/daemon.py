@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import random
+import resource
 import signal
 import threading
 import time
@@ -38,7 +39,7 @@ from dankserve.errors import (
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
-from dankserve.plan.plan import SLEEP_MODE_FLAG
+from dankserve.plan.plan import SLEEP_MODE_FLAG, has_sleep_mode
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
@@ -74,6 +75,27 @@ WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], "m.W
 """fetch(name, dep, progress) -> None when the weights are in place, or WeightsFailed (permanent or not)."""
 
 __all__ = ["BootOverrides", "Daemon", "DaemonDeps", "DeploymentWorker", "Planner"]
+
+
+STOP_COMMANDS = (m.StopWorkload, m.RemoveWorkload, m.StopServer, m.RemoveLauncher)
+STOP_RETRY_SECONDS = 10.0
+"""How long a stop refused for the daemon's own want of descriptors or memory is tried again."""
+STOP_RETRY_PAUSE_SECONDS = 0.2
+
+
+def raise_descriptor_limit() -> None:
+    """The soft RLIMIT_NOFILE raised to the hard limit: the unit sets LimitNOFILE, a shell's 1024 is
+    too few for the servers, Podman calls, probes and peers of a busy daemon."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("descriptor_limit_kept", soft=soft, hard=hard, error=str(exc))
+        return
+    log.info("descriptor_limit_raised", soft=soft, to=target)
 
 
 @dataclass(frozen=True)
@@ -437,6 +459,21 @@ class DeploymentWorker:
             self.daemon.phase_changed()
 
     def _execute(self, command: m.Command) -> m.Event | None:
+        """The command's answer; a stop the daemon's own EMFILE/ENOMEM stops is tried again (a lost stop
+        leaves the server outliving the daemon), and one that never gets through is reported."""
+        deadline = time.monotonic() + STOP_RETRY_SECONDS
+        while True:
+            event = self._execute_once(command)
+            stopping = isinstance(command, STOP_COMMANDS)
+            if not (stopping and isinstance(event, m.RuntimeUnreachable) and event.own_resources):
+                return event
+            if time.monotonic() >= deadline:
+                self.log.error("stop_failed", error=event.message, command=type(command).__name__)
+                self.daemon.stop_failed(self.name)
+                return event
+            time.sleep(STOP_RETRY_PAUSE_SECONDS)
+
+    def _execute_once(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
         except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
@@ -445,11 +482,26 @@ class DeploymentWorker:
             own = resources_exhausted(exc)
             if own is not None:  # the daemon's own EMFILE/ENOMEM: never the deployment's fault, retried like an outage
                 self.log.warning("daemon_resources_exhausted", error=own.message)
-                return m.RuntimeUnreachable(own.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
+                clock_text = time.strftime("%H:%M:%S", time.localtime(self.clock.time()))
+                return m.RuntimeUnreachable(own.message, clock_text, own_resources=True)
             if isinstance(exc, DankserveError):
                 return m.Refused(exc.render())
             self.log.exception("cycle_error")  # a bug or an error of no known kind: the policy restarts with backoff
             return m.Crashed(f"{type(exc).__name__}: {exc}")
+
+    def _probe_health(self, dep: DeploymentSettings, timeout: float) -> m.Event | None:
+        """/health of the server, and whether a sleep-mode server sleeps (None: no verdict, probed again)."""
+        if self.daemon.deps.health is not None:
+            return self.daemon.deps.health(dep.host, dep.port, timeout)
+        result = check_health(dep.host, dep.port, timeout=timeout)
+        if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
+            self.log.warning("health_probe_not_sent", error=result.error)
+            return None
+        # Dev mode's /sleep is open to anyone on loopback: a sleep dankserve did not ask for is noticed.
+        sleeping = (
+            result.healthy and has_sleep_mode(dep) and self.daemon.deps.is_sleeping(dep.host, dep.port, _api_key(dep))
+        )
+        return m.HealthChecked(result.status, result.error, sleeping=bool(sleeping))
 
     def _run_command(self, command: m.Command) -> m.Event | None:
         daemon = self.daemon
@@ -505,13 +557,7 @@ class DeploymentWorker:
                 ended = self._runtime_of(wid, dep).wait(wid, timeout=timeout)
                 return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
             case m.ProbeHealth(timeout=timeout):
-                if daemon.deps.health is not None:
-                    return daemon.deps.health(dep.host, dep.port, timeout)
-                result = check_health(dep.host, dep.port, timeout=timeout)
-                if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
-                    self.log.warning("health_probe_not_sent", error=result.error)
-                    return None
-                return m.HealthChecked(result.status, result.error)
+                return self._probe_health(dep, timeout)
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
             case m.SleepServer() | m.WakeServer():
@@ -844,6 +890,8 @@ class Daemon:
         """Changed only under `_lock` (control thread, main thread); readers take `snapshot()`."""
         self._retiring: list[DeploymentWorker] = []
         """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
+        self._stops_failed: set[str] = set()
+        """Deployments whose server a stop could not reach (run exits 3 then)."""
         self.host: Host = deps.load_host()
         self._changed = threading.Event()
         self._stop = threading.Event()
@@ -921,8 +969,21 @@ class Daemon:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def run(self) -> ExitCode:
-        """Run until SIGTERM/SIGINT; the exit code for the process."""
+        """Run until SIGTERM/SIGINT; the exit code for the process (3 when a server could not be stopped)."""
+        code = self._run()
+        if self._stops_failed and code is ExitCode.OK:
+            log.error("servers_left_running", deployments=sorted(self._stops_failed))
+            return ExitCode.ENVIRONMENT
+        return code
+
+    def stop_failed(self, name: str) -> None:
+        """A worker could not stop its server (the daemon out of descriptors or memory throughout)."""
+        with self._lock:
+            self._stops_failed.add(name)
+
+    def _run(self) -> ExitCode:
         held = instance.acquire(self.settings.state_dir)
+        raise_descriptor_limit()
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
         previous = self._install_signals()
         close_services: Callable[[], None] = lambda: None  # noqa: E731
@@ -950,10 +1011,10 @@ class Daemon:
             return ExitCode.OK
         finally:
             self.notifier.stopping()
+            close_metrics()  # first: the descriptors its peers hold are free for stopping the servers
             self.swap_groups.close()
             self._stop_all()
             close_services()
-            close_metrics()
             self.observatory.close()
             control.close()
             self.state.flush()
@@ -965,12 +1026,21 @@ class Daemon:
     def _start_metrics(self) -> Callable[[], None]:
         """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
         from dankserve.metrics import MetricsServer
-        from dankserve.settings import is_loopback, parse_listen
+        from dankserve.settings import is_loopback, parse_listen, read_secret_file
 
         if self.settings.metrics_listen is None:
             return lambda: None
         address, port = parse_listen(self.settings.metrics_listen)
-        server = MetricsServer(address, port, self.metrics_snapshot)
+        key_file = self.settings.metrics_api_key_file
+        key = None
+        if key_file is not None:
+            key = read_secret_file(
+                key_file,
+                "metrics_api_key_file",
+                fix="write a long random key into it (e.g. `openssl rand -hex 32`), mode 0600, "
+                "or leave metrics_api_key_file unset",
+            )
+        server = MetricsServer(address, port, self.metrics_snapshot, key)
         try:
             server.start()
         except OSError as exc:
@@ -978,7 +1048,7 @@ class Daemon:
                 f"cannot serve metrics on {self.settings.metrics_listen}: {exc.strerror or exc}",
                 fix="choose a free address and port in metrics_listen, or leave it unset for no metrics endpoint",
             ) from None
-        if not is_loopback(address):
+        if not is_loopback(address) and key is None:
             log.warning(
                 "metrics_exposed", listen=self.settings.metrics_listen, hint="anyone reaching it reads the metrics"
             )
@@ -1155,6 +1225,9 @@ class Daemon:
         deadline = time.monotonic() + self.settings.stop_timeout_seconds + 15
         for worker in workers:
             worker.join(max(0.1, deadline - time.monotonic()))
+        for worker in workers:
+            if worker.alive:  # still stopping at the deadline: its server may outlive the daemon
+                self.stop_failed(worker.name)
         # A worker that ended (stopped, or failed: its launcher idles on for `up`) stops nothing more itself.
         self._remove_idle_launchers({w.name for w in workers if w.alive})
 

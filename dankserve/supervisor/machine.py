@@ -547,6 +547,8 @@ class StillRunning:
 class HealthChecked:
     status: int | None
     error: str | None = None
+    sleeping: bool = False
+    """/is_sleeping said the server sleeps (asked of a swap group member with sleep mode only)."""
 
 
 @dataclass(frozen=True)
@@ -579,6 +581,8 @@ class RuntimeUnreachable:
     message: str
     clock_text: str = ""
     """The wall-clock time as HH:MM:SS (for the message status shows)."""
+    own_resources: bool = False
+    """The daemon itself was out of descriptors or memory (not the runtime's fault either)."""
 
 
 @dataclass(frozen=True)
@@ -972,7 +976,9 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
         t[stage, Exited] = _allowed(*_ON_FAILURE)
         t[stage, StillRunning] = _allowed(stage)
         t[stage, HealthChecked] = (
-            _allowed(Stage.READY, *_ON_FAILURE) if stage == Stage.READY else _allowed(Stage.BOOTING, Stage.READY)
+            _allowed(Stage.READY, Stage.WAKING, *_ON_FAILURE)
+            if stage == Stage.READY
+            else _allowed(Stage.BOOTING, Stage.READY)
         )
         t[stage, Tick] = _allowed(stage, *_ON_FAILURE)
         t[stage, RuntimeUnreachable] = _allowed(stage, note="follows on; the server is still probed")
@@ -1502,6 +1508,8 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
             *_woke_by_boot(state, now),
             ReleaseGpus(),
         )
+    if event.status == 200 and event.sleeping:
+        return _slept_unasked(state, now)
     if event.status == 200:
         return replace(state, boot=replace(boot, unhealthy=0)), ()
     unhealthy = boot.unhealthy + 1
@@ -1515,6 +1523,24 @@ def _on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         )
         return after, (warn, *commands)
     return state, (warn,)
+
+
+SLEPT_UNASKED = "the server was put to sleep without dankserve asking (a POST /sleep on its loopback port): woken again"
+
+
+def _slept_unasked(state: MachineState, now: float) -> Step:
+    """A ready server that says it sleeps was slept by someone else: said, and woken (level unknown: the
+    staged level-2 wake, which reloads the weights, serves both levels). Its GPU memory was never given
+    to another member (the daemon held it awake), so the wake has room."""
+    boot = state.boot
+    assert boot is not None
+    swap = replace(state.swap, level="2", since=now, wake_wanted=False)
+    after = replace(state, stage=Stage.WAKING, swap=swap, wake_at=None, message=SLEPT_UNASKED)
+    return after, (
+        note("slept_unasked", "warning", message=SLEPT_UNASKED),
+        note("waking", sleep_level="2"),
+        WakeServer(boot.workload_id or "", "2"),
+    )
 
 
 def _on_liveness(state: MachineState, event: LivenessFailed, now: float) -> Step:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from dankserve.aioserver import bearer_matches
 from dankserve.cluster.api import (
     ClusterClient,
     ClusterServer,
     read_token,
     split_address,
-    token_matches,
 )
 from dankserve.errors import ConfigError, MemberUnreachable
 from tests.harness.certs import HostCert, group_certs
@@ -169,11 +169,11 @@ def test_split_address(text: str, expected: tuple[str, int]) -> None:
     assert split_address(text, 7390) == expected
 
 
-def test_token_matches_only_bearer() -> None:
+def test_bearer_matches_only_bearer() -> None:
     """Only 'Bearer TOKEN' with the exact token matches."""
-    assert token_matches(f"Bearer {TOKEN}", TOKEN)
-    assert not token_matches(None, TOKEN)
-    assert not token_matches(f"bearer {TOKEN}", TOKEN)
+    assert bearer_matches(f"Bearer {TOKEN}", TOKEN)
+    assert not bearer_matches(None, TOKEN)
+    assert not bearer_matches(f"bearer {TOKEN}", TOKEN)
 
 
 def test_read_token(tmp_path: Path) -> None:

@@ -259,6 +259,15 @@ def test_body_limits(gateway_for: Callable[..., RunningGateway], caplog: pytest.
     assert all(record.exc_info is None for record in caplog.records)
 
 
+def test_a_deeply_nested_body_is_a_400(gateway_for: Callable[..., RunningGateway]) -> None:
+    """A JSON body nested 100,000 deep (under max_request_bytes) is the client's error, 400, not a 500."""
+    gateway = gateway_for(two_models())
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"model": "small", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):
+        reply = httpx.post(gateway.url + "/v1/chat/completions", content=body, timeout=30)
+        assert reply.status_code == 400, reply.text
+        assert "nests" in reply.json()["error"]["message"]
+
+
 def test_closing_the_gateway_ends_open_streams_promptly(
     gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn]
 ) -> None:

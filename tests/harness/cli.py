@@ -1,24 +1,34 @@
-"""The real `dankserve` command line in a subprocess, as a user runs it."""
+"""The real `dankserve` CLI in a subprocess, as a user runs it (no NOTIFY_SOCKET, no DANKSERVE_CONFIG)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-RECORDED_HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x1-vm.json"
+REPO = Path(__file__).resolve().parents[2]
+RECORDED_HOST = REPO / "tests" / "hosts" / "h200x1-vm.json"
 
 
-def run_dankserve(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`dankserve --config CONFIG ARGS...` on the recorded one-GPU host, its output captured; never raises on exit."""
-    env = {**os.environ, "DANKSERVE_HARDWARE": str(RECORDED_HOST)}
-    env.pop("NOTIFY_SOCKET", None)
+def dankserve_cli(
+    config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m dankserve --config CONFIG ARGS...` with this process's environment plus `env`; its exit code and
+    output (never raises on the exit code)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
     return subprocess.run(
         [sys.executable, "-m", "dankserve", "--config", str(config), *args],
         capture_output=True,
         text=True,
-        env=env,
+        env={**base, **(env or {})},
+        cwd=REPO,
         timeout=timeout,
         check=False,
     )
+
+
+def run_dankserve(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`dankserve --config CONFIG ARGS...` on the recorded one-GPU host."""
+    return dankserve_cli(config, *args, env={"DANKSERVE_HARDWARE": str(RECORDED_HOST)}, timeout=timeout)

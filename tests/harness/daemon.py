@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 from dankserve import control
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
+from tests.harness.cli import dankserve_cli
 
 __all__ = [
     "Notifications",
@@ -159,6 +161,8 @@ class RunningDaemon:
     proc: subprocess.Popen[bytes] | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     log_format: str = "json"
+    nofile: int | None = None
+    """The daemon's soft RLIMIT_NOFILE at start (None: this process's), e.g. a login shell's 1024."""
 
     def start(self) -> RunningDaemon:
         env = {
@@ -171,8 +175,21 @@ class RunningDaemon:
         argv = [sys.executable, "-m", "dankserve", "--config", str(self.config), "run"]
         argv += ["--hardware", str(self.hardware), "--log-format", self.log_format]
         self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        soft = self.nofile
+
+        def limit() -> None:
+            if soft is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
         with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                preexec_fn=limit,  # noqa: PLW1509 (one setrlimit call, no lock taken)
+            )
         return self
 
     def status(self) -> dict[str, Any] | None:
@@ -271,6 +288,7 @@ def running_daemon(
     extra_env: Mapping[str, str] | None = None,
     log_format: str = "json",
     log_in_state_dir: bool = False,
+    nofile: int | None = None,
 ) -> Iterator[RunningDaemon]:
     """Start a daemon for these deployments; stop it (and check it exits 0) afterwards. Its output goes
     to tmp_path/daemon.log, or (`log_in_state_dir`) where `dankserve up` puts a background daemon's."""
@@ -280,7 +298,14 @@ def running_daemon(
     notifications.start()
     log_path = tmp_path / "state" / "daemon.log" if log_in_state_dir else tmp_path / "daemon.log"
     daemon = RunningDaemon(
-        config, hw, tmp_path / "state", log_path, notifications, extra_env=extra_env or {}, log_format=log_format
+        config,
+        hw,
+        tmp_path / "state",
+        log_path,
+        notifications,
+        extra_env=extra_env or {},
+        log_format=log_format,
+        nofile=nofile,
     ).start()
     try:
         yield daemon
@@ -288,15 +313,3 @@ def running_daemon(
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.stop()
         notifications.close()
-
-
-def dankserve_cli(
-    config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """The real `dankserve --config CONFIG ARGS...` in a subprocess, its output piped (a person's terminal:
-    no NOTIFY_SOCKET, no DANKSERVE_CONFIG)."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
-    argv = [sys.executable, "-m", "dankserve", "--config", str(config), *args]
-    return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, check=False, env={**full_env, **(env or {})}, cwd=REPO
-    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,3 +58,53 @@ def test_a_socket_path_longer_than_a_unix_address_is_reached_through_its_directo
     assert Path(path).exists()
     with protocol.socket_address("/run/x.sock") as short:
         assert short == "/run/x.sock"
+
+
+GOOD_START = {
+    "op": "start",
+    "server_id": 1,
+    "argv": ["m"],
+    "env": {"A": "1"},
+    "env_files": {"K": "/run/secrets/api_key"},
+}
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"op": "status"},
+        {"op": "wait", "timeout": 5},
+        {"op": "stop", "timeout": 0.5},
+        {"op": "shutdown"},
+        GOOD_START,
+        {**GOOD_START, "fingerprint": "abc"},
+    ],
+)
+def test_what_the_daemon_sends_is_accepted(request_: dict[str, Any]) -> None:
+    """Every request shape the daemon sends passes."""
+    assert protocol.request_problem(request_) is None
+
+
+@pytest.mark.parametrize(
+    ("request_", "problem"),
+    [
+        ({"op": "fly"}, "unknown op"),
+        ({"op": "wait", "timeout": "x"}, "number"),
+        ({"op": "wait", "timeout": True}, "number"),
+        ({"op": "wait", "timeout": float("nan")}, "between"),
+        ({"op": "stop", "timeout": float("inf")}, "between"),
+        ({"op": "stop", "timeout": -1}, "between"),
+        ({**GOOD_START, "server_id": "1"}, "server_id"),
+        ({**GOOD_START, "argv": "m"}, "argv"),
+        ({**GOOD_START, "argv": ["a\x00b"]}, "argv"),
+        ({**GOOD_START, "env": {"=X": "1"}}, "env"),
+        ({**GOOD_START, "env": {"A": 1}}, "env"),
+        ({**GOOD_START, "env_files": {"K": "/etc/shadow"}}, "/run/secrets"),
+        ({**GOOD_START, "env_files": {"K": "/run/secrets/../../etc/shadow"}}, "/run/secrets"),
+        ({**GOOD_START, "fingerprint": 3}, "fingerprint"),
+    ],
+)
+def test_anything_else_is_refused_with_the_reason(request_: dict[str, Any], problem: str) -> None:
+    """A field of another type, range or place is refused, naming it."""
+    found = protocol.request_problem(request_)
+    assert found is not None and problem in found

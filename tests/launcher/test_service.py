@@ -76,7 +76,7 @@ def launched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fi
     log = tmp_path / "launcher.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(MAIN), "--run-dir", str(tmp_path / "run")],
+            [sys.executable, str(MAIN), "--run-dir", str(tmp_path / "run"), "--secrets-dir", str(tmp_path)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -89,8 +89,8 @@ def test_a_swap_group_sleeps_and_wakes_its_members_through_the_gateway(
     deployments = {
         a: _member(vllm_image, "ma", model_facts={**MODEL_FACTS, "parameter_bytes": BIG_WEIGHTS}),
         b: _member(vllm_image, "mb", idle_sleep_seconds=2),
-        # Dev mode off: /is_sleeping answers 404, so this member sleeps by being stopped.
-        c: _member(vllm_image, "mc", env={"FAKE_VLLM_TIME_SCALE": "0.02", "VLLM_SERVER_DEV_MODE": "0"}),
+        # No dev-mode routes: /is_sleeping answers 404, so this member sleeps by being stopped.
+        c: _member(vllm_image, "mc", env={"FAKE_VLLM_TIME_SCALE": "0.02", "FAKE_VLLM_NO_DEV_MODE": "1"}),
     }
     gateway_port = free_port()
     url = f"http://127.0.0.1:{gateway_port}/v1/chat/completions"

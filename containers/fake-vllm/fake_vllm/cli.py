@@ -200,7 +200,8 @@ def serve(
         num_gpu_blocks=max(0, memory.limiting_rank.available_kv) // (16 * memory.kv_bytes_per_token_rank),
         started=int(time.time()),
         token_seconds=knobs.token_seconds,
-        dev_mode=_truthy_int(env.get("VLLM_SERVER_DEV_MODE")),
+        # FAKE_VLLM_NO_DEV_MODE: a build without the dev-mode routes, whatever VLLM_SERVER_DEV_MODE says.
+        dev_mode=_truthy_int(env.get("VLLM_SERVER_DEV_MODE")) and not _truthy_int(env.get("FAKE_VLLM_NO_DEV_MODE")),
         sleep_seconds=knobs.sleep_seconds,
         wake_seconds=knobs.wake_seconds,
         reload_seconds=knobs.reload_seconds,
