@@ -37,6 +37,12 @@ OWNED_FLAGS: Mapping[str, str] = {
 flags that have a setting, such as `-tp` or `--gpu-memory-utilization`, are taken into that setting
 by the planner instead: plan/extra_args.py.)"""
 
+OPAQUE_FLAGS: Mapping[str, str] = {
+    "--config": "vLLM reads more flags from that YAML file, where dankserve cannot check them (a --host or "
+    "--api-key there would pass every refusal above): put the flags in extra_args, or their settings in the config",
+}
+"""Flags that would hide other flags from dankserve's checks, and why they are refused."""
+
 SECRET_ENV: Mapping[str, str] = {
     "VLLM_API_KEY": "api_key_file",
     "HF_TOKEN": "hf_token_file",
@@ -101,6 +107,10 @@ def extra_args_problems(args: Iterable[str]) -> list[str]:
                 f"extra_args holds {name}: a secret on the command line shows in ps, podman inspect and the "
                 f"plan; put it in a file (mode 0600) and set {secret_key} instead"
             )
+            continue
+        opaque = OPAQUE_FLAGS.get(name)
+        if opaque is not None:
+            problems.append(f"extra_args holds {name}: {opaque}")
             continue
         key = _owner(name, OWNED_FLAGS)
         if key is not None:
