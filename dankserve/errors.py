@@ -13,7 +13,7 @@ user what to do, and the exit code the CLI ends with::
     ├── EnvironmentUnusable             exit 3
     │   ├── NvmlUnavailable             no NVIDIA driver / NVML library, or no GPU
     │   ├── PodmanUnreachable           the Podman REST API does not answer
-    │   ├── PodmanRequestFailed         Podman answered but refused a request (port in use, ...)
+    │   ├── PodmanRequestFailed         a Podman request failed: refused (port in use, ...) or not answered in time
     │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
     │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
     │   ├── MissingTool                 a system program dankserve needs is absent
@@ -90,7 +90,7 @@ class PodmanUnreachable(EnvironmentUnusable):
 
 
 class PodmanRequestFailed(EnvironmentUnusable):
-    """Podman answered a request with an error (after retrying the transient ones)."""
+    """A Podman request failed: Podman refused it (after retrying the transient errors) or did not answer in time."""
 
 
 class ImageUnavailable(EnvironmentUnusable):

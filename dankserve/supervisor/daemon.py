@@ -6,7 +6,8 @@ A worker feeds events into `machine.step` and runs the commands it returns: plan
 starting and stopping workloads, following their logs, probing /health, recording boots and
 failures. Every decision (adopt or replace, reuse learned bytes, ready or not, restart or give
 up) is the machine's. The main thread handles signals (SIGTERM/SIGINT stop, SIGHUP reload),
-systemd notifications and the control socket.
+reloads and systemd notifications (the main loop); the control socket is served on its own
+thread (`control.ControlServer`), which hands each request to `Daemon.handle_request`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from dankserve.plan.plan import SLEEP_MODE_FLAG
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
+from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, launching, learning, sleep_mode, swap
 from dankserve.supervisor import machine as m
@@ -802,12 +804,7 @@ class DeploymentWorker:
 
 def _api_key(dep: DeploymentSettings) -> str | None:
     """The server's API key (sent to its sleep-mode routes too); None without one or when unreadable."""
-    if dep.api_key_file is None:
-        return None
-    try:
-        return dep.api_key_file.read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
+    return read_key_now(dep.api_key_file)
 
 
 _INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)

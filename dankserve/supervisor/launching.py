@@ -1,6 +1,6 @@
 """The interpreter's side of the launcher (issue 15): what the worker asks a deployment's launcher.
 
-The machine decides (supervisor/machine.py: `StopServer`, `StartWorkload.launcher_id`,
+The machine decides (supervisor/machine/: `StopServer`, `StartWorkload.launcher_id`,
 `LauncherLost`, `LauncherFound`); this module only talks to the launcher's socket
 (runtime/launcher_client.py) and the runtime, and turns answers into the machine's events.
 """

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
 from dankserve.supervisor.reloading import ConfigRefusal
-from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
+from dankserve.supervisor.telemetry import DeploymentTelemetry
 
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
     from dankserve.settings import DeploymentSettings
@@ -35,42 +35,6 @@ RESTING_STATES = frozenset({"ready", "asleep", "failed", "down", "disabled"})
 
 Unsupervised = Literal["serving", "running"]
 """No daemon, but the deployment's server still runs: it answers /health (serving) or not (running)."""
-
-STATUS_FIELDS = (
-    "name",
-    "state",
-    "phase",
-    "endpoint",
-    "model",
-    "image",
-    "runtime",
-    "vllm_version",
-    "uptime_seconds",
-    "boots",
-    "restarts",
-    "last_failure",
-    "kv_cache_memory_bytes",
-    "kv_cache_learned_used",
-    "compile_cache_hit",
-    "weights_percent",
-    "context_tokens",
-    "kv_cache_tokens",
-    "concurrency",
-    "gpus",
-    "kv_cache_usage_perc",
-    "preemptions",
-    "message",
-    "hosts",
-    "serving",
-    *OBSERVED_FIELDS,
-    "swap",
-    "rests",
-    "why",
-    "waiting_for",
-    "phase_seconds",
-    "kv_cache_source",
-)
-"""The keys of every deployment's document, in order."""
 
 
 @dataclass(frozen=True)
