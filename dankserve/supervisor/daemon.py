@@ -681,7 +681,6 @@ class DeploymentWorker:
                 spec = workload_spec(plan, dep, daemon.settings, 0) if dep.launcher else None
                 run_dir = launcher_run_dir(daemon.settings, self.name)
                 existing = launching.found_launcher(found, run_dir, spec, plan.fingerprint)
-        adoptable = getattr(runtime, "adoptable", None)
         sleeping = None
         server_runs = existing is not None and existing.running
         if existing is not None and existing.launcher is not None:
@@ -699,7 +698,7 @@ class DeploymentWorker:
             planned_utilization=_flag_float(plan.argv, "--gpu-memory-utilization"),
             band_top=daemon.utilization_band_top(uuids),
             existing=existing,
-            adoptable=adoptable() if callable(adoptable) else True,
+            adoptable=runtime.adoptable(),
             sleeping=sleeping,
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
             remembered_moving=m.SWAP_MOVES.get(moving or ""),
@@ -743,9 +742,8 @@ class DeploymentWorker:
         self._follower += 1
         self._following = workload_id
         runtime = self._runtime_of(workload_id, dep)
-        watch = getattr(runtime, "watch_members", None)
-        if callable(watch):  # a multi-host group reports a lost member as an event
-            watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
+        # A multi-host group reports a lost member as an event (a single workload has none).
+        runtime.watch_members(lambda reason: self._inbox.put(m.MemberLost(reason)))
         LogPump(
             runtime,
             workload_id,
