@@ -39,7 +39,6 @@ from dankserve.errors import (
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
 from dankserve.host.model import Host
-from dankserve.plan.plan import SLEEP_MODE_FLAG
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
@@ -648,13 +647,12 @@ class DeploymentWorker:
             self.log.warning("plan_warning", warning=warning)
         uuids = plan.gpu_uuids
         if dep.swap_group is not None:
-            weights = plan.extra.get("weights_bytes")
             daemon.swap_groups.record_plan(
                 self.name,
                 PlanFacts(
-                    utilization=plan.gpu_memory_utilization or 0.9,
-                    weights_bytes=weights if isinstance(weights, int) else None,
-                    sleep_mode=SLEEP_MODE_FLAG in plan.argv,
+                    utilization=plan.gpu_memory_utilization,
+                    weights_bytes=plan.weights_bytes,
+                    sleep_mode=plan.sleep_mode,
                 ),
             )
         boot_key = learning.boot_fingerprint(
@@ -695,7 +693,7 @@ class DeploymentWorker:
             boot_key=boot_key,
             learned=daemon.state.learned(self.name, boot_key),
             vllm_version=version or plan.vllm_version,
-            planned_utilization=_flag_float(plan.argv, "--gpu-memory-utilization"),
+            planned_utilization=plan.gpu_memory_utilization,
             band_top=daemon.utilization_band_top(uuids),
             existing=existing,
             adoptable=runtime.adoptable(),
@@ -812,17 +810,6 @@ _INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLear
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:
     by_uuid = {g.uuid: g for g in host.gpus}
     return [by_uuid[u] for u in uuids if u in by_uuid]
-
-
-def _flag_float(argv: tuple[str, ...], flag: str) -> float | None:
-    if flag in argv:
-        index = argv.index(flag)
-        if index + 1 < len(argv):
-            try:
-                return float(argv[index + 1])
-            except ValueError:
-                return None
-    return None
 
 
 class Daemon:

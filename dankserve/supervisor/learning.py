@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dankserve.bootlog.facts import BootFacts
+from dankserve.plan.serve_args import spelled, split_options
 from dankserve.state import LearnedKv
 
 FREE_MEMORY_GUARD_PERCENT = 99
@@ -107,24 +108,15 @@ class MemoryFlags:
     def from_argv(cls, argv: Sequence[str]) -> MemoryFlags:
         """The memory flags of a `vllm serve` argv (the last occurrence wins, as in argparse)."""
         values: dict[str, Any] = {}
-        index = 0
-        while index < len(argv):
-            token = argv[index]
-            name, has_value, inline = token.partition("=")
-            if name.startswith("--"):
-                name = "--" + name[2:].replace("_", "-")
-            if name.startswith("-O") and len(name) > 2 and not name.startswith("--") and not has_value:
+        for option in split_options(argv)[1]:
+            name = spelled(option.name)
+            if name.startswith("-O") and len(name) > 2 and not name.startswith("--") and "=" not in option.tokens[0]:
                 values["compilation_config"] = name[2:]  # argparse's attached short value: -O3
             elif name in _SWITCHES:
                 key, value = _SWITCHES[name]
                 values[key] = value
-            elif name in _FLAG_FIELDS:
-                if has_value:
-                    values[_FLAG_FIELDS[name]] = inline
-                elif index + 1 < len(argv):
-                    values[_FLAG_FIELDS[name]] = argv[index + 1]
-                    index += 1
-            index += 1
+            elif name in _FLAG_FIELDS and option.values:
+                values[_FLAG_FIELDS[name]] = option.values[0]
         return cls(**values)
 
 

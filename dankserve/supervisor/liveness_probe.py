@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from dankserve.plan.serve_args import option_value
 from dankserve.secret_files import read_key_now
 from dankserve.supervisor import liveness
 from dankserve.supervisor.health import BackgroundProbe, token_probe
@@ -20,13 +21,8 @@ log = structlog.get_logger("dankserve")
 
 
 def served_model_name(argv: tuple[str, ...], model: str) -> str:
-    """The name the server answers to: the first --served-model-name (either spelling), else the model."""
-    for index, arg in enumerate(argv):
-        if arg == "--served-model-name" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--served-model-name="):
-            return arg.split("=", 1)[1]
-    return model
+    """The name the server answers to: the (first name of the) --served-model-name vLLM reads, else the model."""
+    return option_value(argv, "--served-model-name") or model
 
 
 class LivenessMonitor:

@@ -23,6 +23,7 @@ import structlog
 
 from dankserve.plan.catalogue import capabilities
 from dankserve.plan.plan import SLEEP_MODE_FLAG
+from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
 from dankserve.supervisor import swap
 from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait
@@ -332,7 +333,11 @@ class SwapGroups:
                 continue
             machine = worker.machine
             facts = self._facts.get(name)
-            utilization = facts.utilization if facts is not None else (deps[name].gpu_memory_utilization or 0.9)
+            if facts is not None:
+                utilization = facts.utilization
+            else:  # not planned yet: its setting, else what vLLM takes without one
+                setting = deps[name].gpu_memory_utilization
+                utilization = setting if setting is not None else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
             gpus = frozenset(target_gpus if name == target else machine.gpu_uuids)
             state = MemberState.ASLEEP if name == target else self._member_state(name, machine.stage)
             out.append(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dankserve.errors import ConfigError
-from dankserve.plan.extra_args import absorb, split_options
+from dankserve.plan.extra_args import absorb
+from dankserve.plan.serve_args import split_options
 from dankserve.settings import DeploymentSettings
 
 
