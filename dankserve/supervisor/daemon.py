@@ -38,7 +38,7 @@ from dankserve.errors import (
 )
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
-from dankserve.host.model import Host
+from dankserve.host.model import GpuIdentity, Host
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
@@ -64,7 +64,7 @@ from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 if TYPE_CHECKING:
-    from dankserve.metrics import MetricsSnapshot
+    from dankserve.supervisor.metrics import MetricsSnapshot
 
 log = structlog.get_logger("dankserve")
 
@@ -89,7 +89,7 @@ class DaemonDeps:
     """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
     describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None
     """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
-    follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[learning.GpuIdentity, int]]] | None = None
+    follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[GpuIdentity, int]]] | None = None
     """A group's followers' GPUs (identity, free bytes now) for boot learning; with strict=True a follower that
     does not answer raises, otherwise it is left out (so learned bytes are not reused)."""
     clock: Clock = field(default_factory=SystemClock)
@@ -660,7 +660,7 @@ class DeploymentWorker:
             model=dep.model,
             revision=dep.revision,
             gpus=[
-                *(learning.GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
+                *(GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
                 *(identity for identity, _ in self._follower_gpus(dep, strict=True)),
             ],
             flags=learning.MemoryFlags.from_argv(plan.argv),
@@ -786,7 +786,7 @@ class DeploymentWorker:
                 state.remember_learned(self.name, command.boot_key, learned)
                 self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
 
-    def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[learning.GpuIdentity, int]]:
+    def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[GpuIdentity, int]]:
         """A group's followers' GPUs (none for a single host)."""
         found = self.daemon.deps.follower_gpus
         return found(self.name, dep, strict) if found is not None and dep.hosts else ()
@@ -946,8 +946,8 @@ class Daemon:
 
     def _start_metrics(self) -> Callable[[], None]:
         """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
-        from dankserve.metrics import MetricsServer
         from dankserve.settings import is_loopback, parse_listen
+        from dankserve.supervisor.metrics import MetricsServer
 
         if self.settings.metrics_listen is None:
             return lambda: None
@@ -969,7 +969,7 @@ class Daemon:
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         """What /metrics shows now: the same documents, telemetry and readings status reads."""
-        from dankserve.metrics import DeploymentFacts, MetricsSnapshot
+        from dankserve.supervisor.metrics import DeploymentFacts, MetricsSnapshot
 
         facts = []
         workers = self.snapshot()

@@ -26,20 +26,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dankserve.bootlog.facts import BootFacts
+from dankserve.host.model import GpuIdentity
 from dankserve.plan.serve_args import spelled, split_options
 from dankserve.state import LearnedKv
 
 FREE_MEMORY_GUARD_PERCENT = 99
 """Reuse learned bytes only with at least this share of the recorded free memory on each GPU."""
 FINGERPRINT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class GpuIdentity:
-    """What of an assigned GPU decides the KV bytes: its model and its total memory."""
-
-    name: str
-    memory_total_bytes: int
 
 
 # argv flag (either spelling) -> MemoryFlags field; `store_true` switches are in _SWITCHES.
