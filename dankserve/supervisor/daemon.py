@@ -22,18 +22,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
 from dankserve.bootlog import BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import (
-    ClusterUnreachable,
     DankserveError,
     EnvironmentUnusable,
     HubUnreachable,
-    PodmanUnreachable,
     resources_exhausted,
 )
 from dankserve.exitcodes import ExitCode
@@ -44,7 +42,7 @@ from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, launching, learning, sleep_mode, swap
+from dankserve.supervisor import instance, launching, learning, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.health import check_health
@@ -56,7 +54,7 @@ from dankserve.supervisor.observatory import Observatory, ServingTarget
 from dankserve.supervisor.policy import FailureCause, RestartSettings
 from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ConfigRefusal, ReloadOutcome
+from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import Metrics, config_status, deployment_status
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
@@ -440,9 +438,9 @@ class DeploymentWorker:
     def _execute(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
-        except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
-            return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
         except Exception as exc:
+            if isinstance(exc, DankserveError) and exc.transient:  # Podman, the Hub or a group not answering now
+                return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
             own = resources_exhausted(exc)
             if own is not None:  # the daemon's own EMFILE/ENOMEM: never the deployment's fault, retried like an outage
                 self.log.warning("daemon_resources_exhausted", error=own.message)
@@ -1032,7 +1030,7 @@ class Daemon:
         A follower of a multi-host group that is not up yet is not an error here: its worker retries with
         backoff. Neither is a Hub that does not answer for a model not yet cached (the network may come up
         later): its worker downloads first, or plans again later."""
-        from dankserve.errors import HubUnreachable, MemberUnreachable
+        from dankserve.errors import MemberUnreachable
         from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
 
         enabled = [(name, dep) for name, dep in settings.deployments.items() if dep.enabled]
@@ -1223,51 +1221,35 @@ class Daemon:
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        command = request.get("command")
-        name = request.get("deployment")
-        if command == "status":
-            return {"ok": True, "status": self.status()}
-        if command == "reload":
-            outcome = self.reload_and_wait(RELOAD_WAIT_SECONDS)
-            if outcome is None:
-                return {"ok": False, "error": f"the reload did not finish within {RELOAD_WAIT_SECONDS:g} s"}
-            return {"ok": True, "reload": outcome.to_json()}
-        if command == "settings":
-            return {"ok": True, "settings": self.settings.model_dump(mode="json")}
-        if command in ("sleep", "wake"):
-            return self._swap_request(command, name)
-        if command in ("up", "down"):
-            if not isinstance(name, str) or name not in self.settings.deployments:
-                known = ", ".join(sorted(self.settings.deployments)) or "none"
-                return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
-            if command == "down":
-                with self._lock:
-                    self.state.set_down(name, True)
-                    worker = self.workers.pop(name, None)
-                if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
-                    worker.request_stop(keep_launcher=True)
-                    worker.join(self.settings.stop_timeout_seconds + 15)
-                return {"ok": True}
-            with self._lock:
-                self.state.set_down(name, False)
-                existing = self.workers.get(name)
-                if existing is None or not existing.alive:
-                    self._start_worker(name, self.settings.deployments[name])
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown command {command!r}"}
+        """A control request's answer (`supervisor.requests`' verb table)."""
+        return requests.answer(self, request)
 
-    def _swap_request(self, command: str, name: object) -> dict[str, Any]:
+    def take_down(self, name: str) -> None:
+        """`dankserve down NAME`: remembered as down; returns once its worker stopped."""
+        with self._lock:
+            self.state.set_down(name, True)
+            worker = self.workers.pop(name, None)
+        if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
+            worker.request_stop(keep_launcher=True)
+            worker.join(self.settings.stop_timeout_seconds + 15)
+
+    def bring_up(self, name: str) -> None:
+        """`dankserve up NAME`: no longer down; its worker started unless one runs."""
+        with self._lock:
+            self.state.set_down(name, False)
+            existing = self.workers.get(name)
+            if existing is None or not existing.alive:
+                self._start_worker(name, self.settings.deployments[name])
+
+    def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
-        if not isinstance(name, str) or name not in self.settings.deployments:
-            known = ", ".join(sorted(self.settings.deployments)) or "none"
-            return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
         dep = self.settings.deployments[name]
         if dep.swap_group is None:
             return {"ok": False, "error": f"deployment {name!r} is in no swap group: set swap_group to let it sleep"}
         worker = self.snapshot().get(name)
         if worker is None:
             return {"ok": False, "error": f"deployment {name!r} is not running (`dankserve up {name}` starts it)"}
-        if command == "sleep":
+        if verb == "sleep":
             error = self.swap_groups.sleep(name, "by hand (`dankserve sleep`)")
             goal, wait = m.Stage.ASLEEP, sleep_mode.SLEEP_TIMEOUT_SECONDS
         else:

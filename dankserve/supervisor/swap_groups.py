@@ -358,11 +358,7 @@ class SwapGroups:
                 continue
             machine = worker.machine
             facts = self._facts.get(name)
-            if facts is not None:
-                utilization = facts.utilization
-            else:  # not planned yet: its setting, else what vLLM takes without one
-                setting = deps[name].gpu_memory_utilization
-                utilization = setting if setting is not None else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+            utilization = _utilization(facts, deps[name].gpu_memory_utilization)
             gpus = frozenset(target_gpus if name == target else machine.gpu_uuids)
             state = MemberState.ASLEEP if name == target else self._member_state(name, machine.stage)
             out.append(
@@ -388,3 +384,10 @@ class SwapGroups:
         if stage is m.Stage.ASLEEP:
             return MemberState.ASLEEP
         return MemberState.STOPPED
+
+
+def _utilization(facts: PlanFacts | None, setting: float | None) -> float:
+    """A member's share of its GPUs: its plan's; not planned yet, its setting, else what vLLM takes without one."""
+    if facts is not None:
+        return facts.utilization
+    return setting if setting is not None else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION

@@ -77,12 +77,14 @@ class PodmanSession:
             return PodmanRequestFailed(
                 f"Podman at {self.url} refused to {what}: {exc.explanation or exc}",
                 fix="read the reason above; `podman ps -a` and the Podman service's log tell more",
+                transient=exc.status_code >= 500,  # its own failure, still there after the retries: tried later
             )
         cause = exc.__cause__ if isinstance(exc, APIError) and exc.__cause__ is not None else exc
         if isinstance(cause, Timeout):
             return PodmanRequestFailed(
                 f"Podman at {self.url} did not answer in time ({what})",
                 fix="check the Podman service (`systemctl status podman.socket podman.service`)",
+                transient=True,  # busy, paused or restarting: the request is tried again later
             )
         return PodmanUnreachable(f"the Podman API at {self.url} is unreachable ({what})", fix=PODMAN_SOCKET_FIX)
 

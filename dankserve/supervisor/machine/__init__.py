@@ -3,9 +3,10 @@
 The worker thread (`supervisor.daemon.DeploymentWorker`) is only an interpreter: it runs the
 commands through the runtime, the state store and NVML, and turns what happens (a command's
 result, a log line, a health answer, a timer, a stop or reload request) into events. Every
-decision lives in this package and in the pure pieces it calls: `policy.decide` and `policy.next_restart`
-(failures and restarts), `learning.decide_kv_reuse` (the learned-bytes guard) and
-`lifecycle.advance_boot_phase` (boot phases only move forward). `now` is the interpreter's
+decision lives in this package and in the pure pieces it calls: `policy.restart_or_give_up`
+(whether a failure, an unavailable service or a refusal boots again, and when),
+`learning.decide_kv_reuse` (the learned-bytes guard) and `lifecycle.advance_boot_phase` (boot
+phases only move forward). `now` is the interpreter's
 monotonic clock in seconds; nothing here reads a clock, a file or a socket.
 
 `TRANSITIONS` declares, for every stage and event type, whether the event is allowed (and the

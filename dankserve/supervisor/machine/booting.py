@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from dankserve.state import LearnedKv
-from dankserve.supervisor import learning
+from dankserve.supervisor import learning, policy
 from dankserve.supervisor.lifecycle import Phase
 from dankserve.supervisor.machine.commands import (
     AcquireGpus,
@@ -128,7 +128,8 @@ def on_weights_ready(state: MachineState, event: WeightsReady, now: float) -> St
 def on_weights_failed(state: MachineState, event: WeightsFailed, now: float) -> Step:
     if event.permanent:  # no such model or revision, or gated without a token: a configuration error
         cause = FailureCause.MODEL_NOT_FOUND
-        after, commands = fail(state, event.message, cause.value)
+        verdict = policy.restart_or_give_up(policy.Refusal(event.message), now, state.config.restart)
+        after, commands = fail(state, verdict.reason, cause.value)
         after = replace(after, last_failure=LastFailure(cause.value, event.message, now))
         return after, (RecordFailure(cause.value, event.message), *commands)
     return retry_later(state, event.message, now)

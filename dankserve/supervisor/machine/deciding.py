@@ -1,4 +1,5 @@
-"""The handler that decides after a failure, once NVML said who else holds the GPUs."""
+"""The handler that decides after a failure, once NVML said who else holds the GPUs: restart, remediate,
+or give up, as `policy.restart_or_give_up` says."""
 
 from __future__ import annotations
 
@@ -51,8 +52,13 @@ def on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
         # Unknown is not "none": an OOM with unknown tenants waits, it does not drop the learned bytes.
         other_gpu_processes=event.other_processes is not False,
     )
-    decision = policy.decide(failure.cause, context)
     failures = (*state.failures, now)
+    draw = event.draw
+    verdict = policy.restart_or_give_up(
+        policy.BootFailed(failure.cause, context, failures), now, config.restart, lambda a, b: a + (b - a) * draw
+    )
+    decision = verdict.decision
+    assert decision is not None  # a boot failure always has its row of the table
     state = replace(
         state,
         failures=failures,
@@ -70,8 +76,8 @@ def on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
             decision=decision.reason,
         ),
     ]
-    if decision.outcome == "config_error":
-        after, more = fail(state, decision.reason, failure.cause.value)
+    if verdict.kind == "give_up" and verdict.restart is None:  # the table's verdict: a configuration error
+        after, more = fail(state, verdict.reason, failure.cause.value)
         return after, (*commands, *more)
     if decision.overrides:
         remediated = state.remediated
@@ -82,25 +88,18 @@ def on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
     if decision.drop_learned_kv and boot is not None and boot.boot_key is not None:
         commands.append(ForgetLearned(boot.boot_key))
         state = replace(state, relearned=True)
-    restart = policy.next_restart(
-        failures,
-        now,
-        config.restart,
-        lambda a, b: a + (b - a) * event.draw,
-        immediate=not decision.backoff,
-    )
-    if restart.kind == "failed":
-        after, more = fail(state, restart.reason, failure.cause.value)
+    if verdict.kind == "give_up":  # the restart window's verdict: too many failures
+        after, more = fail(state, verdict.reason, failure.cause.value)
         return after, (*commands, *more)
     if failure.asleep:
         swap = replace(state.swap, level="stop", since=None, wake_wanted=False)
         after = replace(state, stage=Stage.ASLEEP, boot=None, swap=swap, wake_at=None)
         return after, (*commands, note("asleep_until_woken", reason="its server died while asleep"))
     state = replace(
-        state, stage=Stage.BACKOFF, restarts=state.restarts + 1, wake_at=restart.not_before, retry_attempts=0
+        state, stage=Stage.BACKOFF, restarts=state.restarts + 1, wake_at=now + verdict.delay_seconds, retry_attempts=0
     )
     return state, (
         *commands,
         RecordRestart(),
-        note("restart_scheduled", delay_seconds=round(restart.delay_seconds, 2), reason=restart.reason),
+        note("restart_scheduled", delay_seconds=round(verdict.delay_seconds, 2), reason=verdict.reason),
     )

@@ -79,8 +79,9 @@ def fail(state: MachineState, message: str, cause: str | None) -> Step:
 
 
 def retry_later(state: MachineState, why: str, now: float, cause: str = "retry") -> Step:
+    """Something the boot needs did not answer: wait (`policy.restart_or_give_up`'s retry), no failure counted."""
     attempts = state.retry_attempts + 1
-    delay = policy.outage_retry_delay(attempts, state.config.restart)
+    delay = policy.restart_or_give_up(policy.Unavailable(attempts), now, state.config.restart).delay_seconds
     after = replace(
         state,
         stage=Stage.RETRY_WAIT,

@@ -248,15 +248,15 @@ def on_unreachable(state: MachineState, event: RuntimeUnreachable, now: float) -
             message = f"Podman unreachable since {event.clock_text}: {event.message}"
             outage = Outage(since=now, attempts=0, next_try=now)
         attempts = outage.attempts + 1
-        outage = replace(
-            outage, attempts=attempts, next_try=now + policy.outage_retry_delay(attempts, state.config.restart)
-        )
+        retry = policy.restart_or_give_up(policy.Unavailable(attempts), now, state.config.restart)
+        outage = replace(outage, attempts=attempts, next_try=now + retry.delay_seconds)
         return replace(state, boot=replace(boot, outage=outage), message=message), tuple(commands)
     return retry_later(state, event.message, now, cause="runtime_unreachable")
 
 
 def on_refused(state: MachineState, event: Refused, now: float) -> Step:
-    after, commands = fail(state, event.message, None)
+    verdict = policy.restart_or_give_up(policy.Refusal(event.message), now, state.config.restart)
+    after, commands = fail(state, verdict.reason, None)
     return after, (ReleaseGpus(), *commands)
 
 
