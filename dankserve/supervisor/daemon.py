@@ -45,10 +45,12 @@ from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import instance, launching, learning, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
+from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
 from dankserve.supervisor.health import check_health
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, all_settled, status_line
 from dankserve.supervisor.liveness import LivenessSettings
 from dankserve.supervisor.liveness_probe import LivenessMonitor, served_model_name
+from dankserve.supervisor.log_pump import Inbox, Line, LogPump
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observatory import Observatory, ServingTarget
 from dankserve.supervisor.policy import FailureCause, RestartSettings
@@ -108,119 +110,6 @@ class DaemonDeps:
     """The host's available RAM now (level 1 pins the weights there)."""
     is_sleeping: Callable[[str, int, str | None], bool | None] = sleep_mode.is_sleeping
     """Whether the server on (host, port) sleeps (None: no answer): a member an earlier daemon left running."""
-
-
-class GpuBootLocks:
-    """Serialises boots that share a GPU: vLLM's memory profiling fails when another process
-    frees or takes memory on the same GPU meanwhile."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
-        self._holders: dict[str, str] = {}
-        """Who holds each GPU's lock (a deployment's name), for `status` to say whom a boot waits for."""
-
-    def acquire(
-        self,
-        uuids: tuple[str, ...],
-        cancelled: threading.Event,
-        holder: str = "",
-        waits: Callable[[str, str], None] = lambda uuid, other: None,
-    ) -> BootSlot | None:
-        """Hold every GPU's lock (sorted, so no deadlock); None if cancelled while waiting.
-        `waits(uuid, other)` is told whenever the lock of GPU `uuid` is held by the boot of `other`."""
-        taken: list[threading.Lock] = []
-        for uuid, lock in zip(sorted(set(uuids)), self._locks_of(uuids), strict=True):
-            while not lock.acquire(timeout=0.2):
-                waits(uuid, self.holder_of(uuid) or "another boot")
-                if cancelled.is_set():
-                    BootSlot(taken).release()
-                    return None
-            taken.append(lock)
-            with self._guard:
-                self._holders[uuid] = holder
-        return BootSlot(taken)
-
-    def holder_of(self, uuid: str) -> str | None:
-        with self._guard:
-            return self._holders.get(uuid)
-
-    def try_acquire(self, uuids: tuple[str, ...]) -> BootSlot | None:
-        """Every GPU's lock if all are free now; else None (holding none)."""
-        taken: list[threading.Lock] = []
-        for lock in self._locks_of(uuids):
-            if not lock.acquire(blocking=False):
-                BootSlot(taken).release()
-                return None
-            taken.append(lock)
-        return BootSlot(taken)
-
-    def _locks_of(self, uuids: tuple[str, ...]) -> list[threading.Lock]:
-        with self._guard:
-            return [self._locks.setdefault(u, threading.Lock()) for u in sorted(set(uuids))]
-
-
-class BootSlot:
-    """The right to boot on some GPUs; released once the boot is ready or over."""
-
-    def __init__(self, locks: list[threading.Lock]) -> None:
-        self._locks = locks
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            for lock in reversed(self._locks):
-                lock.release()
-
-
-@dataclass(frozen=True)
-class _Line:
-    """A log line (None: the stream ended) of the follower numbered `follower`."""
-
-    follower: int
-    text: str | None
-
-
-Inbox = queue.Queue["m.Event | _Line"]
-
-
-class LogPump:
-    """Follows a workload's log in a thread into the worker's inbox, then None when the stream ends
-    (the workload exited, or the runtime went away: the machine asks the runtime which)."""
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        workload_id: str,
-        inbox: Inbox,
-        *,
-        number: int,
-        name: str,
-        logger: Any,
-        skip: int = 0,
-        server: int | None = None,
-    ) -> None:
-        self._runtime = runtime
-        self._server = server
-        self._workload_id = workload_id
-        self._inbox = inbox
-        self._number = number
-        self._skip = skip
-        self._log = logger
-        threading.Thread(target=self._pump, name=f"logs-{name}", daemon=True).start()
-
-    def _pump(self) -> None:
-        seen = 0
-        try:
-            for line in launching.server_log(self._runtime.logs(self._workload_id, follow=True), self._server):
-                seen += 1
-                if seen > self._skip:  # a stream opened again replays the log from its start
-                    self._inbox.put(_Line(self._number, line))
-        except Exception as exc:
-            self._log.warning("log_stream_error", error=str(exc))
-        finally:
-            self._inbox.put(_Line(self._number, None))
 
 
 def machine_config(settings: Settings, dep: DeploymentSettings, *, download_weights: bool = False) -> m.MachineConfig:
@@ -331,7 +220,7 @@ class DeploymentWorker:
             item = self.clock.wait(self._inbox, timeout)
             if item is None:
                 self._feed(m.Tick())
-            elif isinstance(item, _Line):
+            elif isinstance(item, Line):
                 self._on_line(item)
             else:
                 self._feed(item)
@@ -373,7 +262,7 @@ class DeploymentWorker:
             wall=self.clock.time,
         )
 
-    def _on_line(self, item: _Line) -> None:
+    def _on_line(self, item: Line) -> None:
         if item.follower != self._follower:
             return  # a follower of an earlier workload, or of a stream opened again
         if item.text is None:
