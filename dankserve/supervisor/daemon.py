@@ -920,17 +920,17 @@ class Daemon:
         backoff. Neither is a Hub that does not answer for a model not yet cached (the network may come up
         later): its worker downloads first, or plans again later."""
         from dankserve.errors import MemberUnreachable
-        from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
+        from dankserve.plan.checks import check_fit_together
 
-        enabled = [(name, dep) for name, dep in settings.deployments.items() if dep.enabled]
         plans = []
-        for name, dep in enabled:
+        for name, dep in settings.deployments.items():
+            if not dep.enabled:
+                continue
             try:
                 plans.append(self.deps.planner(name, dep, self.host, BootOverrides(), None))
             except (MemberUnreachable, HubUnreachable):
                 continue
-        check_gpu_sharing(plans, swap_memberships(enabled))
-        check_host_ram(plans, self.host)
+        check_fit_together(plans, settings.deployments.items(), self.host)
 
     def request_reload(self) -> None:
         """Reload at the main loop's next turn (SIGHUP: the handler must not wait)."""
