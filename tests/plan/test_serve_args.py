@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from dankserve.plan.plan import host_ram_bytes
 from dankserve.plan.rules import GIB
-from dankserve.plan.serve_args import option_number, option_value, spelled
+from dankserve.plan.serve_args import option_number, option_value, spelled, split_options
 from dankserve.supervisor.learning import MemoryFlags
 from dankserve.supervisor.liveness_probe import served_model_name
 
 ARGV = ("org/m", "--max_model_len", "8192", "--served-model-name=a", "--max-model-len=4096", "--served-model-name", "b")
+
+
+def test_split_keeps_values_with_their_option() -> None:
+    """`--x=v`, `--x v`, switches and several values each stay with their option."""
+    leading, options = split_options(["pos", "--a=1", "--b", "2", "--c", "--d", "x", "y"])
+    assert leading == ["pos"]
+    assert [(o.name, o.values) for o in options] == [("--a", ("1",)), ("--b", ("2",)), ("--c", ()), ("--d", ("x", "y"))]
 
 
 def test_the_last_occurrence_wins_in_either_spelling() -> None:
