@@ -35,7 +35,7 @@ from dankserve.supervisor.status import Unsupervised
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config, the state store and the runtime while no daemon runs."""
     from dankserve.supervisor.records import StateBook
-    from dankserve.supervisor.status import deployment_status
+    from dankserve.supervisor.status import deployment_view
 
     store = StateBook(settings.state_dir, persist=False)
     deployments = []
@@ -43,9 +43,9 @@ def offline_status(settings: Settings) -> dict[str, Any]:
         down = store.is_down(name)
         running = _still_running(settings, name, dep) if dep.enabled and not down else None
         deployments.append(
-            deployment_status(
+            deployment_view(
                 name, dep, store.deployment(name), None, down=down, unsupervised=running, wall_now=time.time()
-            )
+            ).to_json()
         )
     serving = sum(1 for d in deployments if d["state"] == "serving")
     return {

@@ -57,7 +57,7 @@ from dankserve.supervisor.policy import FailureCause, RestartSettings
 from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
-from dankserve.supervisor.status import Metrics, config_status, deployment_status
+from dankserve.supervisor.status import DeploymentView, Metrics, config_status, deployment_view
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
@@ -861,21 +861,20 @@ class Daemon:
         facts = []
         workers = self.snapshot()
         for name in sorted(self.settings.deployments):
-            doc = self._deployment_status(name, workers.get(name), with_hosts=False)
-            ready = doc["uptime_seconds"]
+            view = self._deployment_view(name, workers.get(name), with_hosts=False)
             facts.append(
                 DeploymentFacts(
-                    name=doc["name"],
-                    state=doc["state"],
-                    phase=doc["phase"],
-                    model=doc["model"],
-                    image=doc["image"],
-                    vllm_version=doc["vllm_version"],
-                    kv_cache_memory_bytes=doc["kv_cache_memory_bytes"],
-                    kv_cache_learned_used=bool(doc["kv_cache_learned_used"]),
-                    ready_seconds=None if ready is None else float(ready),
-                    swap_group=doc["swap"]["group"] if doc.get("swap") else None,
-                    sleep_level=doc["swap"]["level"] if doc.get("swap") else None,
+                    name=view.name,
+                    state=view.state,
+                    phase=view.phase,
+                    model=view.model,
+                    image=view.image,
+                    vllm_version=view.vllm_version,
+                    kv_cache_memory_bytes=view.kv_cache_memory_bytes,
+                    kv_cache_learned_used=view.kv_cache_learned_used,
+                    ready_seconds=view.uptime_seconds,
+                    swap_group=view.swap_group,
+                    sleep_level=view.sleep_level,
                 )
             )
         return MetricsSnapshot(
@@ -1183,6 +1182,12 @@ class Daemon:
     def _deployment_status(
         self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True
     ) -> dict[str, Any]:
+        return self._deployment_view(name, worker, with_hosts=with_hosts).to_json()
+
+    def _deployment_view(
+        self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True
+    ) -> DeploymentView:
+        """The deployment as status and /metrics show it."""
         dep = self.settings.deployments[name]
         record = self.state.deployment(name)
         machine = worker.machine if worker is not None else None
@@ -1202,7 +1207,7 @@ class Daemon:
         if sample is not None:
             preemptions = sample.preemptions_total
             metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
-        return deployment_status(
+        return deployment_view(
             name,
             dep,
             record,
