@@ -90,3 +90,4 @@ man: setup
 docs: setup
 	$(BIN)/python scripts/gen_config_reference.py
 	$(BIN)/python scripts/gen_exit_codes.py
+	$(BIN)/python scripts/gen_state_table.py --write docs/ARCHITECTURE.md

@@ -13,7 +13,8 @@ user what to do, and the exit code the CLI ends with::
     ├── EnvironmentUnusable             exit 3
     │   ├── NvmlUnavailable             no NVIDIA driver / NVML library, or no GPU
     │   ├── PodmanUnreachable           the Podman REST API does not answer
-    │   ├── PodmanRequestFailed         Podman answered but refused a request (port in use, ...)
+    │   ├── PodmanRequestFailed         a Podman request refused (port in use, ...); transient when Podman
+    │   │                               failed it (5xx) or did not answer in time
     │   ├── ImageUnavailable            the image is absent and the pull policy or the pull failed
     │   ├── GpuPassthroughUnavailable   an assigned GPU has neither a CDI entry nor a device node
     │   ├── MissingTool                 a system program dankserve needs is absent
@@ -30,7 +31,8 @@ user what to do, and the exit code the CLI ends with::
     ├── DeploymentFailed                exit 5: a deployment `up`/`wake` waited for failed (the daemon gave up)
     └── TimedOut                        exit 6: `up --timeout` ran out before every deployment rested
 
-Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debug``.
+Anything else escaping to the CLI is a bug: exit 1, traceback only with ``--debug``. `transient` says
+which errors the supervisor waits out (the Unreachable ones, and a Podman request not answered).
 """
 
 from __future__ import annotations
@@ -44,11 +46,18 @@ class DankserveError(Exception):
     """Base of every error dankserve reports to a user."""
 
     exit_code: ExitCode = ExitCode.INTERNAL
+    transient: bool = False
+    """Worth trying again later: the fault is one that passes by itself (a service or a host that does not
+    answer now), not the deployment's or the configuration's. The supervisor waits and tries again, counting
+    no failure; anything else fails the deployment. httpx groups its exceptions by what the caller can do
+    the same way (`TransportError`). A class sets it for all of its errors; `transient=` for one."""
 
-    def __init__(self, message: str, *, fix: str | None = None) -> None:
+    def __init__(self, message: str, *, fix: str | None = None, transient: bool | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
+        if transient is not None:
+            self.transient = transient
 
     def render(self) -> str:
         """The text the CLI prints: the message, then the fix on its own line."""
@@ -88,9 +97,12 @@ class NvmlUnavailable(EnvironmentUnusable):
 class PodmanUnreachable(EnvironmentUnusable):
     """The Podman REST API at the configured URL does not answer."""
 
+    transient = True
+
 
 class PodmanRequestFailed(EnvironmentUnusable):
-    """Podman answered a request with an error (after retrying the transient ones)."""
+    """A Podman request failed: Podman refused it (4xx: not transient), failed it (5xx after the retries) or did
+    not answer in time (both transient: the service is busy, paused or restarting)."""
 
 
 class ImageUnavailable(EnvironmentUnusable):
@@ -115,6 +127,8 @@ class ModelAccessDenied(InvalidInput):
 
 class HubUnreachable(EnvironmentUnusable):
     """The Hugging Face Hub cannot be reached (or offline mode is on) and the model is not cached."""
+
+    transient = True
 
 
 class HubAnswerRefused(HubUnreachable):
@@ -147,6 +161,8 @@ class TimedOut(DankserveError):
 
 class ClusterUnreachable(EnvironmentUnusable):
     """A multi-host group could not be reached or formed; the daemon retries it with backoff."""
+
+    transient = True
 
 
 class MemberUnreachable(ClusterUnreachable):

@@ -1,7 +1,9 @@
 """Reading a secret from its file (an API key, the Hugging Face token, a cluster token).
 
-One reader for every secret so that all refuse alike: a file that is missing, not a regular
-file, or holds nothing but whitespace is a ConfigError (exit 2). An empty key is no key: a
+One reader for every secret file so that all refuse alike: a file that is missing, not a regular
+file, or holds nothing but whitespace is a ConfigError (exit 2). `read_key_now` is the same reader
+for a deployment's API key read again while the daemon runs (its sleep routes, the liveness probe,
+the gateway's upstream key), where a key that cannot be read now is no key. An empty key is no key: a
 server given one would run unauthenticated (vLLM treats an empty `VLLM_API_KEY` as unset)
 while the configuration claims it is protected.
 """
@@ -47,3 +49,16 @@ def read_secret(path: Path, what: str) -> bytes:
             fix=f"write the secret into {path}",
         )
     return value
+
+
+def read_key_now(path: Path | None, what: str = "api_key") -> str | None:
+    """The key in `path` as `read_secret` reads it, or None: no file set, or it cannot be read now.
+
+    For a server already started with the key (its boot refused an unreadable one): a rotated key
+    is read again, and a file gone or broken meanwhile makes the request go without one."""
+    if path is None:
+        return None
+    try:
+        return read_secret(path, what).decode("utf-8")
+    except (ConfigError, UnicodeDecodeError):
+        return None

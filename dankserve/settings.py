@@ -128,7 +128,7 @@ class CpuOffloadSettings(_Strict):
     )
 
 
-class ModelFacts(_Strict):
+class ModelFactsSettings(_Strict):
     """Model facts declared by hand, used when the HF cache does not hold the model's files."""
 
     parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
@@ -300,7 +300,7 @@ class DeploymentSettings(_Strict):
         default=False,
         description="Opt-in: run the container privileged (SYS_ADMIN, apparmor=unconfined). Warned about.",
     )
-    model_facts: ModelFacts | None = Field(
+    model_facts: ModelFactsSettings | None = Field(
         default=None,
         description="Declared model facts: they override what the HF cache or the Hub says; with them "
         "declared and the model not cached, the Hub is not asked.",

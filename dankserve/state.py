@@ -33,8 +33,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dankserve.supervisor.learning import LearnedKv, keep_first
-
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
 
@@ -95,6 +93,56 @@ class BootSummary:
     compile_seconds: float | None = None
     kv_cache_memory_bytes: int | None = None
     kv_cache_learned_used: bool = False
+
+
+@dataclass(frozen=True)
+class LearnedKv:
+    """KV bytes learned from a profiled boot, and the free memory that boot started with."""
+
+    kv_cache_memory_bytes: int
+    baseline_free_bytes: tuple[int, ...]
+    """NVML free memory per assigned GPU (assignment order) just before the learning boot."""
+    learned_at: float
+    """Unix time."""
+    vllm_version: str | None = None
+    kv_cache_tokens: int | None = None
+    """The profiled boot's `GPU KV cache size: N tokens` (None: not read, or learned before it was kept)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "baseline_free_bytes": list(self.baseline_free_bytes),
+            "learned_at": self.learned_at,
+            "vllm_version": self.vllm_version,
+            "kv_cache_tokens": self.kv_cache_tokens,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LearnedKv:
+        """Read `to_json()`'s form; raises ValueError/TypeError/KeyError when it is not that."""
+        kv = data["kv_cache_memory_bytes"]
+        baseline = data["baseline_free_bytes"]
+        if not isinstance(kv, int) or kv <= 0 or not isinstance(baseline, list):
+            raise ValueError(f"not a learned KV entry: {dict(data)!r}")
+        if not all(isinstance(value, int) and value >= 0 for value in baseline):
+            raise ValueError(f"baseline_free_bytes must be non-negative integers: {baseline!r}")
+        version = data.get("vllm_version")
+        tokens = data.get("kv_cache_tokens")
+        return cls(
+            kv,
+            tuple(baseline),
+            float(data["learned_at"]),
+            None if version is None else str(version),
+            tokens if isinstance(tokens, int) and tokens > 0 else None,
+        )
+
+
+def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> LearnedKv | None:
+    """The learned value to store: the first one stays; a later boot's suggestion never replaces it.
+
+    The store's write rule for learned bytes (until `forget`); why the first is kept, and what
+    learned bytes mean for a boot, is the supervisor's (`supervisor.learning`)."""
+    return existing if existing is not None else candidate
 
 
 @dataclass(frozen=True)

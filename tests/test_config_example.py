@@ -12,7 +12,7 @@ from dankserve.settings import (
     CpuOffloadSettings,
     DeploymentSettings,
     GatewaySettings,
-    ModelFacts,
+    ModelFactsSettings,
     Settings,
     SpeculativeSettings,
     load_settings,
@@ -36,7 +36,7 @@ def test_example_shows_every_key() -> None:
         ("deployment", DeploymentSettings),
         ("speculative", SpeculativeSettings),
         ("cpu_offload", CpuOffloadSettings),
-        ("model_facts", ModelFacts),
+        ("model_facts", ModelFactsSettings),
         ("cluster", ClusterSettings),
         ("gateway", GatewaySettings),
     ]

@@ -1,4 +1,4 @@
-"""Tests for dankserve.errors: which errors are the daemon's own (out of descriptors or memory)."""
+"""Tests for dankserve.errors: which errors are the daemon's own (out of descriptors or memory), which are transient."""
 
 from __future__ import annotations
 
@@ -6,7 +6,19 @@ import errno
 
 import pytest
 
-from dankserve.errors import DaemonResourcesExhausted, PodmanUnreachable, resources_exhausted
+from dankserve.errors import (
+    ClusterUnreachable,
+    ConfigError,
+    DaemonResourcesExhausted,
+    DankserveError,
+    GroupNotFormed,
+    HubAnswerRefused,
+    HubUnreachable,
+    ImageUnavailable,
+    PodmanRequestFailed,
+    PodmanUnreachable,
+    resources_exhausted,
+)
 
 
 def _raised_from(cause: BaseException) -> RuntimeError:
@@ -39,3 +51,22 @@ def test_own_resource_errors_are_recognised(exc: BaseException, own: bool) -> No
     assert (found is not None) is own
     if found is not None:
         assert isinstance(found, DaemonResourcesExhausted) and "retrying" in found.message
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (PodmanUnreachable("podman"), True),
+        (HubUnreachable("hub"), True),
+        (HubAnswerRefused("hub"), True),
+        (ClusterUnreachable("group"), True),
+        (GroupNotFormed("ray"), True),
+        (PodmanRequestFailed("did not answer in time", transient=True), True),
+        (PodmanRequestFailed("refused: port in use"), False),
+        (ImageUnavailable("absent"), False),
+        (ConfigError("bad value"), False),
+    ],
+)
+def test_errors_say_whether_they_are_transient(error: DankserveError, transient: bool) -> None:
+    """The Unreachable errors and a Podman request not answered are transient (waited out); the rest are not."""
+    assert error.transient is transient

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dankserve.metrics import EXPORTED
+from dankserve.supervisor.metrics import EXPORTED
 from dankserve.supervisor.serving import RELAYED
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "dankserve.json"

@@ -9,7 +9,7 @@ import pytest
 
 from dankserve.errors import ConfigError
 from dankserve.exitcodes import ExitCode
-from dankserve.secret_files import read_secret
+from dankserve.secret_files import read_key_now, read_secret
 
 
 @pytest.mark.parametrize(("content", "value"), [(b"tok\n", b"tok"), (b"tok\r\n\n", b"tok"), (b" a b \n", b"a b")])
@@ -44,3 +44,15 @@ def test_a_directory_is_refused(tmp_path: Path) -> None:
     """A directory named as a secret file is refused as not a regular file."""
     with pytest.raises(ConfigError, match="not a regular file"):
         read_secret(tmp_path, "api_key")
+
+
+def test_a_key_read_while_running_is_none_when_it_cannot_be_read_now(tmp_path: Path) -> None:
+    """read_key_now: the key as read_secret reads it; none set, missing, empty or a FIFO is no key (never blocks)."""
+    (tmp_path / "k").write_bytes(b" k3y \n")
+    (tmp_path / "empty").write_bytes(b"\n")
+    os.mkfifo(tmp_path / "fifo")
+    assert read_key_now(tmp_path / "k") == "k3y"
+    assert read_key_now(None) is None
+    assert read_key_now(tmp_path / "absent") is None
+    assert read_key_now(tmp_path / "empty") is None
+    assert read_key_now(tmp_path / "fifo") is None

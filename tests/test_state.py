@@ -16,13 +16,13 @@ from dankserve.state import (
     BootSummary,
     DeploymentState,
     FailureRecord,
+    LearnedKv,
     State,
     StateCorrupt,
     StateStore,
     state_from_json,
     state_to_json,
 )
-from dankserve.supervisor.learning import LearnedKv
 
 GIB = 2**30
 LEARNED = LearnedKv(132530194268, (139 * GIB,), 1_764_000_000.0, "0.33.0")

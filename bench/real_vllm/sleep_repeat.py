@@ -1,7 +1,7 @@
 """Sleep mode's calls sent twice on real vLLM: is a repeat harmless, as dankserve's adoption assumes?
 
 A daemon killed with -9 in the middle of a sleep or a wake is followed by one that sends the same
-call again (dankserve/supervisor/machine.py, `unfinished_swap`): a second `/sleep` of a sleeping
+call again (dankserve/supervisor/machine/booting.py, `unfinished_swap`): a second `/sleep` of a sleeping
 server, a `/wake_up` of awake memory, a second `wake_up?tags=weights` of a staged level-2 wake. This
 boots `vllm serve MODEL --enable-sleep-mode` (VLLM_SERVER_DEV_MODE=1) and sends each call twice,
 recording its HTTP status, its seconds, `/is_sleeping` and the GPU memory in use after it, and

@@ -219,14 +219,12 @@ class ServerLog:
         return None
 
     def history(self, now: datetime) -> list[TimedLine]:
-        from dankserve.runtime.base import timed_output
-
         current = self._current()
         if current is None:
             return []
         workload_id, label, _ = current
         with contextlib.suppress(DankserveError, OSError):
-            stored, texts = _unzip(list(timed_output(self.runtime, workload_id, follow=False)))
+            stored, texts = _unzip(list(self.runtime.timed_logs(workload_id, follow=False)))
             self._seen[workload_id] = len(texts)
             return server_lines(label, texts, now, stored, self.deployment)
         return []
@@ -234,8 +232,6 @@ class ServerLog:
     def follow(self, emit: Emit) -> None:
         """Print each new line of the deployment's server as it comes; when that server ends, go on with
         the next one the daemon starts (new workload id), from its first line."""
-        from dankserve.runtime.base import timed_output
-
         while True:
             current = self._current()
             if current is None or (current[0] in self._ended and not current[2]):
@@ -245,7 +241,7 @@ class ServerLog:
             skip = self._seen.get(workload_id, 0)
             count = 0
             with contextlib.suppress(DankserveError, OSError):
-                for at, text in timed_output(self.runtime, workload_id, follow=True):
+                for at, text in self.runtime.timed_logs(workload_id, follow=True):
                     count += 1
                     if count > skip:
                         stamp = at.astimezone() if at is not None else datetime.now().astimezone()

@@ -113,7 +113,7 @@ def plan_all(
 
     With `failed`, a deployment whose plan fails is recorded there (for --json) instead of raising.
     """
-    from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
+    from dankserve.plan.checks import check_fit_together
     from dankserve.planning import plan_one
     from dankserve.settings import keyless_gateway_exposure
 
@@ -144,11 +144,7 @@ def plan_all(
             others.append(plan_one(settings, name, dep, host, vllm_version=vllm_version))
         except DankserveError as exc:
             plans = [_with_warning(p, f"not checked against deployment {name!r}: {exc.message}") for p in plans]
-    together = [*enabled, *others]
-    swap = swap_memberships((n, d) for n, d in settings.deployments.items() if d.enabled)
-    check_gpu_sharing(together, swap, involving=chosen)
-    if any(p.deployment in chosen for p in together):
-        check_host_ram(together, host)
+    check_fit_together([*enabled, *others], settings.deployments.items(), host, involving=chosen)
     return plans
 
 

@@ -35,7 +35,7 @@ from dankserve.supervisor.status import Unsupervised
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config, the state store and the runtime while no daemon runs."""
     from dankserve.supervisor.records import StateBook
-    from dankserve.supervisor.status import deployment_status
+    from dankserve.supervisor.status import deployment_view
 
     store = StateBook(settings.state_dir, persist=False)
     deployments = []
@@ -43,9 +43,9 @@ def offline_status(settings: Settings) -> dict[str, Any]:
         down = store.is_down(name)
         running = _still_running(settings, name, dep) if dep.enabled and not down else None
         deployments.append(
-            deployment_status(
+            deployment_view(
                 name, dep, store.deployment(name), None, down=down, unsupervised=running, wall_now=time.time()
-            )
+            ).to_json()
         )
     serving = sum(1 for d in deployments if d["state"] == "serving")
     asleep = sum(1 for d in deployments if d["state"] == "asleep")
@@ -70,10 +70,10 @@ def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Un
     if not check_health(dep.host, dep.port, timeout=1.0).healthy:
         return "running"
     if dep.swap_group is not None:  # a member left asleep answers /health too: ask it
-        from dankserve.supervisor.liveness_probe import read_api_key
+        from dankserve.secret_files import read_key_now
         from dankserve.supervisor.sleep_mode import is_sleeping
 
-        if is_sleeping(dep.host, dep.port, read_api_key(dep.api_key_file), timeout=1.0):
+        if is_sleeping(dep.host, dep.port, read_key_now(dep.api_key_file), timeout=1.0):
             return "asleep"
     return "serving"
 

@@ -4,8 +4,8 @@ the members' hardware for the planner, and the hosts shown by `status`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from dankserve.cluster.api import (
     ClusterClient,
@@ -21,15 +21,12 @@ from dankserve.cluster.group import GroupConfig, GroupRuntime
 from dankserve.cluster.per_host import follower_gpus
 from dankserve.cluster.ray_node import ray_executable
 from dankserve.errors import ConfigError, EnvironmentUnusable, MemberUnreachable
-from dankserve.host.model import Host
+from dankserve.host.gpu_memory import GpuMemory
+from dankserve.host.model import GpuIdentity, Host
 from dankserve.plan.cluster import LEADER, GroupMember
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor.learning import GpuIdentity
-
-if TYPE_CHECKING:
-    from dankserve.supervisor.daemon import Daemon
 
 API_PORT = 7390
 
@@ -123,8 +120,12 @@ class ClusterContext:
         return [{"address": a, "role": "follower", "state": "unknown", "message": None} for a in dep.hosts]
 
     # -- follower -------------------------------------------------------------------------------
-    def start_api(self, daemon: Daemon) -> Callable[[], None]:
-        """Serve the cluster API when [cluster] is configured; the function that stops it."""
+    def start_api(
+        self, host: Callable[[], Host], gpu_memory: Callable[[tuple[str, ...]], Mapping[str, GpuMemory]]
+    ) -> Callable[[], None]:
+        """Serve the cluster API when [cluster] is configured; the function that stops it.
+
+        `host` is the daemon's host now, `gpu_memory` its live readings (what a leader asks a follower)."""
         cluster = self.settings.cluster
         if cluster is None:
             return lambda: None
@@ -132,8 +133,8 @@ class ClusterContext:
         service = FollowerService(
             cluster,
             settings.state_dir,
-            lambda: daemon.host,
-            gpu_memory=daemon.gpu_memory,
+            host,
+            gpu_memory=gpu_memory,
             cache_root=lambda deployment: compile_cache_dir(settings, deployment),
         )
         service.remove_stale()

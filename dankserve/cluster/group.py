@@ -67,7 +67,7 @@ class GroupConfig:
     """This host's compile cache dir of a deployment (VLLM_CACHE_ROOT of the head's workers)."""
 
 
-class GroupRuntime:
+class GroupRuntime(Runtime):
     """A Runtime for a multi-host deployment (implements dankserve.runtime.base.Runtime)."""
 
     def __init__(self, inner: Runtime, config: GroupConfig) -> None:

@@ -23,9 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dankserve.host.model import Host
+from dankserve.host.model import GpuIdentity, Host
 from dankserve.plan import checks
-from dankserve.supervisor.learning import GpuIdentity
 
 NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 HOST_LOCAL_VARIABLES = ("VLLM_CACHE_ROOT",)

@@ -8,6 +8,7 @@ ignored and missing optional ones are null, so older and newer files both load.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -171,3 +172,12 @@ class Host(_Record):
             if (isinstance(ref, int) and gpu.index == ref) or gpu.uuid == str(ref) or str(gpu.index) == str(ref):
                 return gpu
         return None
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What of a GPU decides the KV bytes learned on it: its model and its total memory (this host's or a
+    follower's: the boot fingerprint of supervisor.learning, the per-host learning of cluster)."""
+
+    name: str
+    memory_total_bytes: int

@@ -336,3 +336,19 @@ def check_host_ram(plans: Sequence[Plan], host: Host) -> None:
         fix='set kv_offload (GiB, or "off") in the deployments so they add up to at most '
         f"{int(limit / 2**30)} GiB, or reduce cpu_offload",
     )
+
+
+def check_fit_together(
+    plans: Sequence[Plan],
+    deployments: Iterable[tuple[str, DeploymentSettings]],
+    host: Host,
+    involving: Collection[str] | None = None,
+) -> None:
+    """The fit check of deployments that run together (the daemon's preflight and reloads, `dankserve plan`):
+    their GPUs shared within 0.95, a swap group counting what may be awake at once (`deployments`: the
+    enabled ones, for their groups), and CPU offload within the host's RAM. `involving`: only a conflict
+    that one of these deployments takes part in is an error. Raises the user error."""
+    enabled = [(name, dep) for name, dep in deployments if dep.enabled]
+    check_gpu_sharing(plans, swap_memberships(enabled), involving=involving)
+    if involving is None or any(p.deployment in involving for p in plans):
+        check_host_ram(plans, host)

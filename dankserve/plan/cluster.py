@@ -23,7 +23,7 @@ from dankserve.plan import checks
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts
 from dankserve.plan.plan import plan_deployment
-from dankserve.plan.types import FlagChoice, Plan
+from dankserve.plan.types import FlagChoice, GroupPlan, Plan
 from dankserve.settings import DeploymentSettings
 
 GROUP_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--distributed-executor-backend")
@@ -182,12 +182,5 @@ def with_group_flags(
         argv=argv,
         flags=tuple(flags),
         fingerprint=fingerprint,
-        extra={
-            **leader.extra,
-            "group": {
-                "followers": list(followers),
-                "tensor_parallel_size": shape.tensor_parallel_size,
-                "pipeline_parallel_size": shape.pipeline_parallel_size,
-            },
-        },
+        group=GroupPlan(tuple(followers), shape.tensor_parallel_size, shape.pipeline_parallel_size),
     )

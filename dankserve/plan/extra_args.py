@@ -9,17 +9,15 @@ settings' own validation before this runs.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from dankserve.errors import ConfigError
+from dankserve.plan.serve_args import split_options
 from dankserve.settings import DeploymentSettings
-
-OPTION = re.compile(r"^-{1,2}[A-Za-z]")
 
 
 def _int(value: str) -> int:
@@ -52,37 +50,6 @@ SETTING_FLAGS: dict[str, tuple[str, Callable[[str], Any] | None]] = {
     "--enforce-eager": ("enforce_eager", None),
 }
 CANONICAL = {"-tp": "--tensor-parallel-size"}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of extra_args with its value tokens."""
-
-    name: str
-    values: tuple[str, ...]
-    tokens: tuple[str, ...]
-
-
-def split_options(args: Sequence[str]) -> tuple[list[str], list[Option]]:
-    """Leading positional tokens, then each option with the values that follow it."""
-    leading: list[str] = []
-    options: list[Option] = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if not OPTION.match(token):
-            leading.append(token)
-            i += 1
-            continue
-        name, eq, inline = token.partition("=")
-        values: list[str] = [inline] if eq else []
-        j = i + 1
-        while not eq and j < len(args) and not OPTION.match(args[j]):
-            values.append(args[j])
-            j += 1
-        options.append(Option(name, tuple(values), tuple(args[i:j])))
-        i = j
-    return leading, options
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dankserve.settings import ModelFacts as DeclaredModelFacts
+from dankserve.settings import ModelFactsSettings
 
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
 
@@ -152,7 +152,7 @@ def weights_bytes(index: Mapping[str, Any] | None, safetensors_sizes: tuple[int,
     return sum(safetensors_sizes) if safetensors_sizes else None
 
 
-def declared_facts(model: str, declared: DeclaredModelFacts) -> ModelFacts:
+def declared_facts(model: str, declared: ModelFactsSettings) -> ModelFacts:
     """Facts written in the deployment's `model_facts` table."""
     return ModelFacts(
         model=model,
@@ -251,7 +251,7 @@ def facts_from_files(model: str, files: ModelFiles) -> ModelFacts:
     )
 
 
-def model_facts(model: str, declared: DeclaredModelFacts | None, files: ModelFiles | None) -> ModelFacts:
+def model_facts(model: str, declared: ModelFactsSettings | None, files: ModelFiles | None) -> ModelFacts:
     """All known facts of a deployment's model, from its cached files and its declared values."""
     found = facts_from_files(model, files) if files is not None else None
     return merge_facts(found, declared_facts(model, declared) if declared is not None else None, model)

@@ -21,6 +21,7 @@ from dankserve.plan import checks, extra_args, families, gpu_choice, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
+from dankserve.plan.serve_args import option_number
 from dankserve.plan.types import FlagChoice, Plan
 from dankserve.settings import CpuOffloadSettings, DeploymentSettings
 
@@ -125,8 +126,9 @@ def plan_deployment(
         tensor_parallel_size=sizing.tensor_parallel.value,
         numa_bind=numa_bind,
         fingerprint=fingerprint(name, deployment, host, caps, model, gpus=sizing.gpus, vllm_cache_root=vllm_cache_root),
-        extra={"model_facts_source": model.source, "weights_bytes": model.parameter_bytes},
         gpu_memory_utilization=sizing.utilisation.value,
+        weights_bytes=model.parameter_bytes,
+        sleep_mode=SLEEP_MODE_FLAG in argv,
         max_model_len=sizing.context.value,
         kv_cache_dtype=sizing.kv_cache_dtype.value,
         capacity=rules.capacity(
@@ -185,17 +187,10 @@ def _replace_from_extra(choices: list[FlagChoice], replaced: frozenset[str]) -> 
 
 def host_ram_bytes(argv: Sequence[str], tensor_parallel_size: int) -> int:
     """Host RAM the server pins besides its process: CPU KV offload (a total; `--swap-space` is per
-    GPU) and offloaded weights (`--cpu-offload-gb` is per GPU), read from the final argv."""
-    total = 0.0
-    for i, token in enumerate(argv[:-1]):
-        try:
-            value = float(argv[i + 1])
-        except ValueError:
-            continue
-        if token == "--kv-offloading-size":
-            total += value * GIB
-        elif token in ("--swap-space", "--cpu-offload-gb"):
-            total += value * GIB * tensor_parallel_size
+    GPU) and offloaded weights (`--cpu-offload-gb` is per GPU), read from the final argv as vLLM reads it."""
+    total = (option_number(argv, "--kv-offloading-size") or 0.0) * GIB
+    for per_gpu in ("--swap-space", "--cpu-offload-gb"):
+        total += (option_number(argv, per_gpu) or 0.0) * GIB * tensor_parallel_size
     return int(total)
 
 

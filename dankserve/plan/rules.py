@@ -92,6 +92,11 @@ def smallest_gpu(gpus: Sequence[Gpu]) -> Gpu:
     return min(gpus, key=lambda g: (g.memory_total_bytes, tuple(g.compute_capability), g.index))
 
 
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""What vLLM takes without `--gpu-memory-utilization` (its EngineArgs default): the share counted for a
+swap group member before its first plan says its own."""
+
+
 def gpu_memory_utilization(gpus: Sequence[Gpu], configured: float | None) -> Decision[float]:
     """`--gpu-memory-utilization` before any fit is known: the config's value, else the band's lowest point."""
     if configured is not None:

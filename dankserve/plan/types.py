@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -66,6 +66,15 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class GroupPlan:
+    """How a multi-host group splits the model: its followers and the parallel sizes."""
+
+    followers: tuple[str, ...]
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """How to run one deployment: everything the runtime needs, nothing it must work out."""
 
@@ -86,9 +95,15 @@ class Plan:
     """The plan binds workers to NUMA nodes (the container then needs SYS_NICE and numactl)."""
     fingerprint: str
     """Hash of config and totals (never of live free memory): equal plans, equal fingerprints."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    gpu_memory_utilization: float | None = None
-    """The fraction of each assigned GPU this deployment may use (for the GPU-sharing check)."""
+    gpu_memory_utilization: float
+    """The fraction of each assigned GPU this deployment may use (`--gpu-memory-utilization`; the GPU-sharing
+    check, swap groups' room, the policy's remediation band)."""
+    weights_bytes: int | None = None
+    """The model's weights on disk (None: unknown), what a level-1 sleep keeps in host RAM."""
+    sleep_mode: bool = False
+    """The argv enables vLLM's sleep mode (`--enable-sleep-mode`: a swap group member whose release has it)."""
+    group: GroupPlan | None = None
+    """A multi-host group's shape (None: one host)."""
     max_model_len: str | None = None
     """The planned `--max-model-len` value (None: the model's own length)."""
     kv_cache_dtype: str | None = None

@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol
+
+from dankserve.errors import EnvironmentUnusable
 
 PullPolicy = Literal["missing", "always", "never"]
 
@@ -204,7 +206,10 @@ class ExitEvent:
 
 
 class Runtime(Protocol):
-    """What the supervisor may ask of a runtime. Implementations: Podman, plain process."""
+    """What the supervisor may ask of a runtime. Implementations (Podman, plain process, a multi-host
+    group, the test fake) subclass it: the required methods have no body; the optional capabilities
+    below have a default an implementation overrides when it has the capability (httpx's
+    `BaseTransport` declares `close` with a default the same way), so no caller probes for them."""
 
     def ensure_image(
         self, image: str, pull: PullPolicy, progress: Callable[[PullProgress], None] | None = None
@@ -245,24 +250,33 @@ class Runtime(Protocol):
         """The workload now, or None when it no longer exists."""
         ...
 
-
-@runtime_checkable
-class TimedLogs(Protocol):
-    """A runtime whose log store keeps each line's time (Podman's k8s-file log does; a process's plain
-    log file does not)."""
+    # -- optional capabilities, with their defaults -------------------------------------------
 
     def timed_logs(self, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
-        """The workload's lines, each with the time it was written (None where unknown), following if asked."""
-        ...
+        """The workload's lines, each with the time it was written (None where unknown), following if asked.
 
+        Default: `logs` without times. Podman's k8s-file log keeps each line's time; a process's plain
+        log file does not."""
+        for line in self.logs(workload_id, follow):
+            yield None, line
 
-def timed_output(runtime: Runtime, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
-    """The workload's lines with their write times where the runtime keeps them, else with None."""
-    if isinstance(runtime, TimedLogs):
-        yield from runtime.timed_logs(workload_id, follow)
-        return
-    for line in runtime.logs(workload_id, follow):
-        yield None, line
+    def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
+        """What this runtime's launcher needs to start a server of `spec` (issue 15).
+
+        Default: this runtime cannot run the launcher (a `launcher = true` deployment is refused)."""
+        raise EnvironmentUnusable(
+            f"deployment {spec.deployment!r}: this runtime cannot run the launcher", fix="set launcher = false"
+        )
+
+    def adoptable(self) -> bool:
+        """Whether a running workload found at start-up may be adopted. Default: yes (a multi-host group
+        only while it watches its members)."""
+        return True
+
+    def watch_members(self, on_lost: Callable[[str], None]) -> None:
+        """Report a lost member of a multi-host group to `on_lost(reason)`. Default: a single workload
+        has no members, nothing to report."""
+        return None
 
 
 def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from dankserve.runtime.base import (
     LaunchRequest,
     PullPolicy,
     PullProgress,
+    Runtime,
     Workload,
     WorkloadSpec,
     container_fingerprint,
@@ -158,7 +159,7 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-class ProcessRuntime:
+class ProcessRuntime(Runtime):
     """Runs vLLM servers as process groups, remembered under `directory`."""
 
     def __init__(self, directory: Path, gpu_release: Callable[[tuple[str, ...], float], None] | None = None) -> None:

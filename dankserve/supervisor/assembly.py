@@ -128,12 +128,12 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
 
 def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None]:
     """The cluster API (with [cluster]) and the gateway (with [gateway]); the function that stops them."""
-    close_cluster = cluster.start_api(daemon)
+    close_cluster = cluster.start_api(lambda: daemon.host, daemon.gpu_memory)
     gateway_settings = daemon.settings.gateway
     if gateway_settings is None:
         return close_cluster
-    from dankserve.gateway.daemon_link import DaemonSupervisor
     from dankserve.gateway.service import start_gateway
+    from dankserve.supervisor.gateway_link import DaemonSupervisor
 
     try:
         gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, DaemonSupervisor(daemon))

@@ -6,7 +6,8 @@ A worker feeds events into `machine.step` and runs the commands it returns: plan
 starting and stopping workloads, following their logs, probing /health, recording boots and
 failures. Every decision (adopt or replace, reuse learned bytes, ready or not, restart or give
 up) is the machine's. The main thread handles signals (SIGTERM/SIGINT stop, SIGHUP reload),
-systemd notifications and the control socket.
+reloads and systemd notifications (the main loop); the control socket is served on its own
+thread (`control.ControlServer`), which hands each request to `Daemon.handle_request`.
 """
 
 from __future__ import annotations
@@ -22,49 +23,50 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
 from dankserve.bootlog import BootLogReader, PhaseChanged
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import (
-    ClusterUnreachable,
     DankserveError,
     EnvironmentUnusable,
     HubUnreachable,
-    PodmanUnreachable,
     resources_exhausted,
 )
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
-from dankserve.host.model import Host
-from dankserve.plan.plan import SLEEP_MODE_FLAG, has_sleep_mode
+from dankserve.host.model import GpuIdentity, Host
+from dankserve.plan.plan import has_sleep_mode
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
+from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, launching, learning, sleep_mode, swap
+from dankserve.supervisor import instance, launching, learning, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
+from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
 from dankserve.supervisor.health import check_health
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase, all_settled, status_line
 from dankserve.supervisor.liveness import LivenessSettings
 from dankserve.supervisor.liveness_probe import LivenessMonitor, served_model_name
+from dankserve.supervisor.log_pump import Inbox, Line, LogPump
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observatory import Observatory, ServingTarget
 from dankserve.supervisor.policy import FailureCause, RestartSettings
 from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ConfigRefusal, ReloadOutcome
-from dankserve.supervisor.status import Metrics, config_status, deployment_status
+from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
+from dankserve.supervisor.status import DeploymentView, Metrics, config_status, deployment_view
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 if TYPE_CHECKING:
-    from dankserve.metrics import MetricsSnapshot
+    from dankserve.supervisor.metrics import MetricsSnapshot
 
 log = structlog.get_logger("dankserve")
 
@@ -110,7 +112,7 @@ class DaemonDeps:
     """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
     describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None
     """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
-    follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[learning.GpuIdentity, int]]] | None = None
+    follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[GpuIdentity, int]]] | None = None
     """A group's followers' GPUs (identity, free bytes now) for boot learning; with strict=True a follower that
     does not answer raises, otherwise it is left out (so learned bytes are not reused)."""
     clock: Clock = field(default_factory=SystemClock)
@@ -131,119 +133,6 @@ class DaemonDeps:
     """The host's available RAM now (level 1 pins the weights there)."""
     is_sleeping: Callable[[str, int, str | None], bool | None] = sleep_mode.is_sleeping
     """Whether the server on (host, port) sleeps (None: no answer): a member an earlier daemon left running."""
-
-
-class GpuBootLocks:
-    """Serialises boots that share a GPU: vLLM's memory profiling fails when another process
-    frees or takes memory on the same GPU meanwhile."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
-        self._holders: dict[str, str] = {}
-        """Who holds each GPU's lock (a deployment's name), for `status` to say whom a boot waits for."""
-
-    def acquire(
-        self,
-        uuids: tuple[str, ...],
-        cancelled: threading.Event,
-        holder: str = "",
-        waits: Callable[[str, str], None] = lambda uuid, other: None,
-    ) -> BootSlot | None:
-        """Hold every GPU's lock (sorted, so no deadlock); None if cancelled while waiting.
-        `waits(uuid, other)` is told whenever the lock of GPU `uuid` is held by the boot of `other`."""
-        taken: list[threading.Lock] = []
-        for uuid, lock in zip(sorted(set(uuids)), self._locks_of(uuids), strict=True):
-            while not lock.acquire(timeout=0.2):
-                waits(uuid, self.holder_of(uuid) or "another boot")
-                if cancelled.is_set():
-                    BootSlot(taken).release()
-                    return None
-            taken.append(lock)
-            with self._guard:
-                self._holders[uuid] = holder
-        return BootSlot(taken)
-
-    def holder_of(self, uuid: str) -> str | None:
-        with self._guard:
-            return self._holders.get(uuid)
-
-    def try_acquire(self, uuids: tuple[str, ...]) -> BootSlot | None:
-        """Every GPU's lock if all are free now; else None (holding none)."""
-        taken: list[threading.Lock] = []
-        for lock in self._locks_of(uuids):
-            if not lock.acquire(blocking=False):
-                BootSlot(taken).release()
-                return None
-            taken.append(lock)
-        return BootSlot(taken)
-
-    def _locks_of(self, uuids: tuple[str, ...]) -> list[threading.Lock]:
-        with self._guard:
-            return [self._locks.setdefault(u, threading.Lock()) for u in sorted(set(uuids))]
-
-
-class BootSlot:
-    """The right to boot on some GPUs; released once the boot is ready or over."""
-
-    def __init__(self, locks: list[threading.Lock]) -> None:
-        self._locks = locks
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            for lock in reversed(self._locks):
-                lock.release()
-
-
-@dataclass(frozen=True)
-class _Line:
-    """A log line (None: the stream ended) of the follower numbered `follower`."""
-
-    follower: int
-    text: str | None
-
-
-Inbox = queue.Queue["m.Event | _Line"]
-
-
-class LogPump:
-    """Follows a workload's log in a thread into the worker's inbox, then None when the stream ends
-    (the workload exited, or the runtime went away: the machine asks the runtime which)."""
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        workload_id: str,
-        inbox: Inbox,
-        *,
-        number: int,
-        name: str,
-        logger: Any,
-        skip: int = 0,
-        server: int | None = None,
-    ) -> None:
-        self._runtime = runtime
-        self._server = server
-        self._workload_id = workload_id
-        self._inbox = inbox
-        self._number = number
-        self._skip = skip
-        self._log = logger
-        threading.Thread(target=self._pump, name=f"logs-{name}", daemon=True).start()
-
-    def _pump(self) -> None:
-        seen = 0
-        try:
-            for line in launching.server_log(self._runtime.logs(self._workload_id, follow=True), self._server):
-                seen += 1
-                if seen > self._skip:  # a stream opened again replays the log from its start
-                    self._inbox.put(_Line(self._number, line))
-        except Exception as exc:
-            self._log.warning("log_stream_error", error=str(exc))
-        finally:
-            self._inbox.put(_Line(self._number, None))
 
 
 def machine_config(settings: Settings, dep: DeploymentSettings, *, download_weights: bool = False) -> m.MachineConfig:
@@ -354,7 +243,7 @@ class DeploymentWorker:
             item = self.clock.wait(self._inbox, timeout)
             if item is None:
                 self._feed(m.Tick())
-            elif isinstance(item, _Line):
+            elif isinstance(item, Line):
                 self._on_line(item)
             else:
                 self._feed(item)
@@ -396,7 +285,7 @@ class DeploymentWorker:
             wall=self.clock.time,
         )
 
-    def _on_line(self, item: _Line) -> None:
+    def _on_line(self, item: Line) -> None:
         if item.follower != self._follower:
             return  # a follower of an earlier workload, or of a stream opened again
         if item.text is None:
@@ -476,9 +365,9 @@ class DeploymentWorker:
     def _execute_once(self, command: m.Command) -> m.Event | None:
         try:
             return self._run_command(command)
-        except (PodmanUnreachable, ClusterUnreachable, HubUnreachable) as exc:
-            return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
         except Exception as exc:
+            if isinstance(exc, DankserveError) and exc.transient:  # Podman, the Hub or a group not answering now
+                return m.RuntimeUnreachable(exc.message, time.strftime("%H:%M:%S", time.localtime(self.clock.time())))
             own = resources_exhausted(exc)
             if own is not None:  # the daemon's own EMFILE/ENOMEM: never the deployment's fault, retried like an outage
                 self.log.warning("daemon_resources_exhausted", error=own.message)
@@ -692,13 +581,12 @@ class DeploymentWorker:
             self.log.warning("plan_warning", warning=warning)
         uuids = plan.gpu_uuids
         if dep.swap_group is not None:
-            weights = plan.extra.get("weights_bytes")
             daemon.swap_groups.record_plan(
                 self.name,
                 PlanFacts(
-                    utilization=plan.gpu_memory_utilization or 0.9,
-                    weights_bytes=weights if isinstance(weights, int) else None,
-                    sleep_mode=SLEEP_MODE_FLAG in plan.argv,
+                    utilization=plan.gpu_memory_utilization,
+                    weights_bytes=plan.weights_bytes,
+                    sleep_mode=plan.sleep_mode,
                 ),
             )
         boot_key = learning.boot_fingerprint(
@@ -706,7 +594,7 @@ class DeploymentWorker:
             model=dep.model,
             revision=dep.revision,
             gpus=[
-                *(learning.GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
+                *(GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
                 *(identity for identity, _ in self._follower_gpus(dep, strict=True)),
             ],
             flags=learning.MemoryFlags.from_argv(plan.argv),
@@ -725,7 +613,6 @@ class DeploymentWorker:
                 spec = workload_spec(plan, dep, daemon.settings, 0) if dep.launcher else None
                 run_dir = launcher_run_dir(daemon.settings, self.name)
                 existing = launching.found_launcher(found, run_dir, spec, plan.fingerprint)
-        adoptable = getattr(runtime, "adoptable", None)
         sleeping = None
         server_runs = existing is not None and existing.running
         if existing is not None and existing.launcher is not None:
@@ -740,10 +627,10 @@ class DeploymentWorker:
             boot_key=boot_key,
             learned=daemon.state.learned(self.name, boot_key),
             vllm_version=version or plan.vllm_version,
-            planned_utilization=_flag_float(plan.argv, "--gpu-memory-utilization"),
+            planned_utilization=plan.gpu_memory_utilization,
             band_top=daemon.utilization_band_top(uuids),
             existing=existing,
-            adoptable=adoptable() if callable(adoptable) else True,
+            adoptable=runtime.adoptable(),
             sleeping=sleeping,
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
             remembered_moving=m.SWAP_MOVES.get(moving or ""),
@@ -787,9 +674,8 @@ class DeploymentWorker:
         self._follower += 1
         self._following = workload_id
         runtime = self._runtime_of(workload_id, dep)
-        watch = getattr(runtime, "watch_members", None)
-        if callable(watch):  # a multi-host group reports a lost member as an event
-            watch(lambda reason: self._inbox.put(m.MemberLost(reason)))
+        # A multi-host group reports a lost member as an event (a single workload has none).
+        runtime.watch_members(lambda reason: self._inbox.put(m.MemberLost(reason)))
         LogPump(
             runtime,
             workload_id,
@@ -834,7 +720,7 @@ class DeploymentWorker:
                 state.remember_learned(self.name, command.boot_key, learned)
                 self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
 
-    def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[learning.GpuIdentity, int]]:
+    def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[GpuIdentity, int]]:
         """A group's followers' GPUs (none for a single host)."""
         found = self.daemon.deps.follower_gpus
         return found(self.name, dep, strict) if found is not None and dep.hosts else ()
@@ -848,12 +734,7 @@ class DeploymentWorker:
 
 def _api_key(dep: DeploymentSettings) -> str | None:
     """The server's API key (sent to its sleep-mode routes too); None without one or when unreadable."""
-    if dep.api_key_file is None:
-        return None
-    try:
-        return dep.api_key_file.read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
+    return read_key_now(dep.api_key_file)
 
 
 _INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)
@@ -863,17 +744,6 @@ _INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLear
 def _assigned(host: Host, uuids: tuple[str, ...]) -> list[Any]:
     by_uuid = {g.uuid: g for g in host.gpus}
     return [by_uuid[u] for u in uuids if u in by_uuid]
-
-
-def _flag_float(argv: tuple[str, ...], flag: str) -> float | None:
-    if flag in argv:
-        index = argv.index(flag)
-        if index + 1 < len(argv):
-            try:
-                return float(argv[index + 1])
-            except ValueError:
-                return None
-    return None
 
 
 class Daemon:
@@ -1025,8 +895,8 @@ class Daemon:
 
     def _start_metrics(self) -> Callable[[], None]:
         """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
-        from dankserve.metrics import MetricsServer
         from dankserve.settings import is_loopback, parse_listen, read_secret_file
+        from dankserve.supervisor.metrics import MetricsServer
 
         if self.settings.metrics_listen is None:
             return lambda: None
@@ -1057,26 +927,25 @@ class Daemon:
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         """What /metrics shows now: the same documents, telemetry and readings status reads."""
-        from dankserve.metrics import DeploymentFacts, MetricsSnapshot
+        from dankserve.supervisor.metrics import DeploymentFacts, MetricsSnapshot
 
         facts = []
         workers = self.snapshot()
         for name in sorted(self.settings.deployments):
-            doc = self._deployment_status(name, workers.get(name), with_hosts=False)
-            ready = doc["uptime_seconds"]
+            view = self._deployment_view(name, workers.get(name), with_hosts=False)
             facts.append(
                 DeploymentFacts(
-                    name=doc["name"],
-                    state=doc["state"],
-                    phase=doc["phase"],
-                    model=doc["model"],
-                    image=doc["image"],
-                    vllm_version=doc["vllm_version"],
-                    kv_cache_memory_bytes=doc["kv_cache_memory_bytes"],
-                    kv_cache_learned_used=bool(doc["kv_cache_learned_used"]),
-                    ready_seconds=None if ready is None else float(ready),
-                    swap_group=doc["swap"]["group"] if doc.get("swap") else None,
-                    sleep_level=doc["swap"]["level"] if doc.get("swap") else None,
+                    name=view.name,
+                    state=view.state,
+                    phase=view.phase,
+                    model=view.model,
+                    image=view.image,
+                    vllm_version=view.vllm_version,
+                    kv_cache_memory_bytes=view.kv_cache_memory_bytes,
+                    kv_cache_learned_used=view.kv_cache_learned_used,
+                    ready_seconds=view.uptime_seconds,
+                    swap_group=view.swap_group,
+                    sleep_level=view.sleep_level,
                 )
             )
         return MetricsSnapshot(
@@ -1120,18 +989,18 @@ class Daemon:
         A follower of a multi-host group that is not up yet is not an error here: its worker retries with
         backoff. Neither is a Hub that does not answer for a model not yet cached (the network may come up
         later): its worker downloads first, or plans again later."""
-        from dankserve.errors import HubUnreachable, MemberUnreachable
-        from dankserve.plan.checks import check_gpu_sharing, check_host_ram, swap_memberships
+        from dankserve.errors import MemberUnreachable
+        from dankserve.plan.checks import check_fit_together
 
-        enabled = [(name, dep) for name, dep in settings.deployments.items() if dep.enabled]
         plans = []
-        for name, dep in enabled:
+        for name, dep in settings.deployments.items():
+            if not dep.enabled:
+                continue
             try:
                 plans.append(self.deps.planner(name, dep, self.host, BootOverrides(), None))
             except (MemberUnreachable, HubUnreachable):
                 continue
-        check_gpu_sharing(plans, swap_memberships(enabled))
-        check_host_ram(plans, self.host)
+        check_fit_together(plans, settings.deployments.items(), self.host)
 
     def request_reload(self) -> None:
         """Reload at the main loop's next turn (SIGHUP: the handler must not wait)."""
@@ -1314,51 +1183,35 @@ class Daemon:
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        command = request.get("command")
-        name = request.get("deployment")
-        if command == "status":
-            return {"ok": True, "status": self.status()}
-        if command == "reload":
-            outcome = self.reload_and_wait(RELOAD_WAIT_SECONDS)
-            if outcome is None:
-                return {"ok": False, "error": f"the reload did not finish within {RELOAD_WAIT_SECONDS:g} s"}
-            return {"ok": True, "reload": outcome.to_json()}
-        if command == "settings":
-            return {"ok": True, "settings": self.settings.model_dump(mode="json")}
-        if command in ("sleep", "wake"):
-            return self._swap_request(command, name)
-        if command in ("up", "down"):
-            if not isinstance(name, str) or name not in self.settings.deployments:
-                known = ", ".join(sorted(self.settings.deployments)) or "none"
-                return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
-            if command == "down":
-                with self._lock:
-                    self.state.set_down(name, True)
-                    worker = self.workers.pop(name, None)
-                if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
-                    worker.request_stop(keep_launcher=True)
-                    worker.join(self.settings.stop_timeout_seconds + 15)
-                return {"ok": True}
-            with self._lock:
-                self.state.set_down(name, False)
-                existing = self.workers.get(name)
-                if existing is None or not existing.alive:
-                    self._start_worker(name, self.settings.deployments[name])
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown command {command!r}"}
+        """A control request's answer (`supervisor.requests`' verb table)."""
+        return requests.answer(self, request)
 
-    def _swap_request(self, command: str, name: object) -> dict[str, Any]:
+    def take_down(self, name: str) -> None:
+        """`dankserve down NAME`: remembered as down; returns once its worker stopped."""
+        with self._lock:
+            self.state.set_down(name, True)
+            worker = self.workers.pop(name, None)
+        if worker is not None:  # waited for (the CLI's `down` returns once stopped), outside the lock
+            worker.request_stop(keep_launcher=True)
+            worker.join(self.settings.stop_timeout_seconds + 15)
+
+    def bring_up(self, name: str) -> None:
+        """`dankserve up NAME`: no longer down; its worker started unless one runs."""
+        with self._lock:
+            self.state.set_down(name, False)
+            existing = self.workers.get(name)
+            if existing is None or not existing.alive:
+                self._start_worker(name, self.settings.deployments[name])
+
+    def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
-        if not isinstance(name, str) or name not in self.settings.deployments:
-            known = ", ".join(sorted(self.settings.deployments)) or "none"
-            return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
         dep = self.settings.deployments[name]
         if dep.swap_group is None:
             return {"ok": False, "error": f"deployment {name!r} is in no swap group: set swap_group to let it sleep"}
         worker = self.snapshot().get(name)
         if worker is None:
             return {"ok": False, "error": f"deployment {name!r} is not running (`dankserve up {name}` starts it)"}
-        if command == "sleep":
+        if verb == "sleep":
             error = self.swap_groups.sleep(name, "by hand (`dankserve sleep`)")
             goal, wait = m.Stage.ASLEEP, sleep_mode.SLEEP_TIMEOUT_SECONDS
         else:
@@ -1403,6 +1256,12 @@ class Daemon:
     def _deployment_status(
         self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True
     ) -> dict[str, Any]:
+        return self._deployment_view(name, worker, with_hosts=with_hosts).to_json()
+
+    def _deployment_view(
+        self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True
+    ) -> DeploymentView:
+        """The deployment as status and /metrics show it."""
         dep = self.settings.deployments[name]
         record = self.state.deployment(name)
         machine = worker.machine if worker is not None else None
@@ -1422,7 +1281,7 @@ class Daemon:
         if sample is not None:
             preemptions = sample.preemptions_total
             metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
-        return deployment_status(
+        return deployment_view(
             name,
             dep,
             record,

@@ -1,6 +1,6 @@
 """The interpreter's side of the launcher (issue 15): what the worker asks a deployment's launcher.
 
-The machine decides (supervisor/machine.py: `StopServer`, `StartWorkload.launcher_id`,
+The machine decides (supervisor/machine/: `StopServer`, `StartWorkload.launcher_id`,
 `LauncherLost`, `LauncherFound`); this module only talks to the launcher's socket
 (runtime/launcher_client.py) and the runtime, and turns answers into the machine's events.
 """
@@ -10,14 +10,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
 from dankserve.errors import EnvironmentUnusable
 from dankserve.launcher import protocol
 from dankserve.runtime.base import (
     LABEL_CONTAINER_FINGERPRINT,
     LABEL_LAUNCHER,
-    LaunchRequest,
     Runtime,
     Workload,
     WorkloadSpec,
@@ -28,10 +26,6 @@ from dankserve.supervisor import machine as m
 
 LISTEN_TIMEOUT_SECONDS = 60.0
 """How long a new launcher workload may take to open its socket (a container start, Python's start)."""
-
-
-class LaunchingRuntime(Protocol):
-    def launch_request(self, spec: WorkloadSpec) -> LaunchRequest: ...
 
 
 def is_launcher(workload: Workload) -> bool:
@@ -68,7 +62,7 @@ def start_server(
 ) -> m.WorkloadStarted | m.LauncherLost:
     """Ask the launcher `workload_id` for server number `boot` of `spec` (`new`: it was just started)."""
     client = LauncherClient(run_dir)
-    request = _request(runtime, spec)
+    request = runtime.launch_request(spec)
     try:
         if new:
             client.wait_listening(LISTEN_TIMEOUT_SECONDS)
@@ -85,17 +79,6 @@ def start_server(
             raise EnvironmentUnusable(f"the launcher refused the server: {exc}", fix="see `dankserve logs`") from None
         return m.LauncherLost(f"it refused the server: {exc}")
     return m.WorkloadStarted(workload_id, boot, server=server.id)
-
-
-def _request(runtime: Runtime, spec: WorkloadSpec) -> LaunchRequest:
-    build = getattr(runtime, "launch_request", None)
-    if not callable(build):
-        raise EnvironmentUnusable(
-            f"deployment {spec.deployment!r}: this runtime cannot run the launcher", fix="set launcher = false"
-        )
-    request = build(spec)
-    assert isinstance(request, LaunchRequest)
-    return request
 
 
 def stop_server(run_dir: Path, timeout: float) -> None:

@@ -6,7 +6,8 @@ free GPU memory NVML showed just before that boot, under a fingerprint of everyt
 decides those bytes. A later boot with the same fingerprint passes `--kv-cache-memory-bytes`
 (skipping vLLM's memory profiling, the slow and fragile part of a boot) only when every
 assigned GPU has at least 99 % of the recorded free memory now: a pinned KV size with less
-free memory would run out of memory mid-request. The first learned value is kept: vLLM's
+free memory would run out of memory mid-request. The first learned value is kept (the state
+store's `LearnedKv` record is written once per fingerprint, `state.keep_first`): vLLM's
 suggestion drifts a little between identical boots (FACTS.md), and chasing it would change
 the compile cache key of older vLLM versions and gain nothing.
 
@@ -20,23 +21,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dankserve.bootlog.facts import BootFacts
+from dankserve.host.model import GpuIdentity
+from dankserve.plan.serve_args import spelled, split_options
+from dankserve.state import LearnedKv
 
 FREE_MEMORY_GUARD_PERCENT = 99
 """Reuse learned bytes only with at least this share of the recorded free memory on each GPU."""
 FINGERPRINT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class GpuIdentity:
-    """What of an assigned GPU decides the KV bytes: its model and its total memory."""
-
-    name: str
-    memory_total_bytes: int
 
 
 # argv flag (either spelling) -> MemoryFlags field; `store_true` switches are in _SWITCHES.
@@ -105,24 +101,15 @@ class MemoryFlags:
     def from_argv(cls, argv: Sequence[str]) -> MemoryFlags:
         """The memory flags of a `vllm serve` argv (the last occurrence wins, as in argparse)."""
         values: dict[str, Any] = {}
-        index = 0
-        while index < len(argv):
-            token = argv[index]
-            name, has_value, inline = token.partition("=")
-            if name.startswith("--"):
-                name = "--" + name[2:].replace("_", "-")
-            if name.startswith("-O") and len(name) > 2 and not name.startswith("--") and not has_value:
+        for option in split_options(argv)[1]:
+            name = spelled(option.name)
+            if name.startswith("-O") and len(name) > 2 and not name.startswith("--") and "=" not in option.tokens[0]:
                 values["compilation_config"] = name[2:]  # argparse's attached short value: -O3
             elif name in _SWITCHES:
                 key, value = _SWITCHES[name]
                 values[key] = value
-            elif name in _FLAG_FIELDS:
-                if has_value:
-                    values[_FLAG_FIELDS[name]] = inline
-                elif index + 1 < len(argv):
-                    values[_FLAG_FIELDS[name]] = argv[index + 1]
-                    index += 1
-            index += 1
+            elif name in _FLAG_FIELDS and option.values:
+                values[_FLAG_FIELDS[name]] = option.values[0]
         return cls(**values)
 
 
@@ -149,48 +136,6 @@ def boot_fingerprint(
     }
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return "kv1-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class LearnedKv:
-    """KV bytes learned from a profiled boot, and the free memory that boot started with."""
-
-    kv_cache_memory_bytes: int
-    baseline_free_bytes: tuple[int, ...]
-    """NVML free memory per assigned GPU (assignment order) just before the learning boot."""
-    learned_at: float
-    """Unix time."""
-    vllm_version: str | None = None
-    kv_cache_tokens: int | None = None
-    """The profiled boot's `GPU KV cache size: N tokens` (None: not read, or learned before it was kept)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "baseline_free_bytes": list(self.baseline_free_bytes),
-            "learned_at": self.learned_at,
-            "vllm_version": self.vllm_version,
-            "kv_cache_tokens": self.kv_cache_tokens,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LearnedKv:
-        """Read `to_json()`'s form; raises ValueError/TypeError/KeyError when it is not that."""
-        kv = data["kv_cache_memory_bytes"]
-        baseline = data["baseline_free_bytes"]
-        if not isinstance(kv, int) or kv <= 0 or not isinstance(baseline, list):
-            raise ValueError(f"not a learned KV entry: {dict(data)!r}")
-        if not all(isinstance(value, int) and value >= 0 for value in baseline):
-            raise ValueError(f"baseline_free_bytes must be non-negative integers: {baseline!r}")
-        version = data.get("vllm_version")
-        tokens = data.get("kv_cache_tokens")
-        return cls(
-            kv,
-            tuple(baseline),
-            float(data["learned_at"]),
-            None if version is None else str(version),
-            tokens if isinstance(tokens, int) and tokens > 0 else None,
-        )
 
 
 @dataclass(frozen=True)
@@ -275,8 +220,3 @@ def kv_shrink_warning(learned: LearnedKv | None, tokens_now: int | None) -> str 
         "affected), or raise gpu_memory_utilization by that much of a GPU's memory (a changed utilisation "
         "learns again)"
     )
-
-
-def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> LearnedKv | None:
-    """The learned value to store: the first one stays; a later boot's suggestion never replaces it."""
-    return existing if existing is not None else candidate

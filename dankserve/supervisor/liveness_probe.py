@@ -10,6 +10,8 @@ from pathlib import Path
 
 import structlog
 
+from dankserve.plan.serve_args import option_value
+from dankserve.secret_files import read_key_now
 from dankserve.supervisor import liveness
 from dankserve.supervisor.health import BackgroundProbe, token_probe
 from dankserve.supervisor.serving import ServingSample
@@ -19,23 +21,8 @@ log = structlog.get_logger("dankserve")
 
 
 def served_model_name(argv: tuple[str, ...], model: str) -> str:
-    """The name the server answers to: the first --served-model-name (either spelling), else the model."""
-    for index, arg in enumerate(argv):
-        if arg == "--served-model-name" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--served-model-name="):
-            return arg.split("=", 1)[1]
-    return model
-
-
-def read_api_key(path: Path | None) -> str | None:
-    """The server's API key for the probe (None: no key, or the file cannot be read now)."""
-    if path is None:
-        return None
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
+    """The name the server answers to: the (first name of the) --served-model-name vLLM reads, else the model."""
+    return option_value(argv, "--served-model-name") or model
 
 
 class LivenessMonitor:
@@ -68,7 +55,7 @@ class LivenessMonitor:
         self._probe: BackgroundProbe | None = None
 
         def probe() -> str | None:
-            return token_probe(host, port, model, read_api_key(api_key_file), timeout)
+            return token_probe(host, port, model, read_key_now(api_key_file), timeout)
 
         self._run_probe = probe
 

@@ -386,6 +386,77 @@ def next_restart(
     )
 
 
+# --- restart or give up ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BootFailed:
+    """A boot failed (or its server died): `history` holds every failure time in the window, this one last."""
+
+    cause: FailureCause
+    context: FailureContext
+    history: Sequence[float]
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Something the deployment needs did not answer (Podman, the Hub, a group's members): a transient
+    error (`errors.DankserveError.transient`), the `attempts`-th in a row. Never the deployment's fault."""
+
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A command was refused for a reason only a person can fix (the configuration, the host)."""
+
+    message: str
+
+
+Trouble = BootFailed | Unavailable | Refusal
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What becomes of a deployment in trouble: it boots again after `delay_seconds`, a failure counted
+    (`restart`) or none (`retry`), or it gives up (`give_up`: failed until `dankserve up` or a config change)."""
+
+    kind: Literal["restart", "retry", "give_up"]
+    delay_seconds: float
+    reason: str
+    decision: PolicyDecision | None = None
+    """A boot failure's row of the policy table (its action, remediation, learned bytes dropped)."""
+    restart: RestartDecision | None = None
+    """A boot failure's place in the restart window (None: the table gave up first)."""
+
+
+def restart_or_give_up(
+    trouble: Trouble,
+    now: float,
+    settings: RestartSettings,
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> Verdict:
+    """The one decision whether a deployment boots again, and when, or gives up.
+
+    A boot failure goes by the policy table (`decide`: a configuration error gives up) and then the restart
+    window (`next_restart`: too many failures give up; a remediation restarts at once). An unavailable
+    service is waited out with the outage backoff and counts no failure. A refusal gives up."""
+    match trouble:
+        case Unavailable(attempts=attempts):
+            delay = outage_retry_delay(attempts, settings, uniform)
+            return Verdict("retry", delay, f"retrying in {delay:.1f} s")
+        case Refusal(message=message):
+            return Verdict("give_up", 0.0, message)
+        case BootFailed(cause=cause, context=context, history=history):
+            decision = decide(cause, context)
+            if decision.outcome == "config_error":
+                return Verdict("give_up", 0.0, decision.reason, decision)
+            restart = next_restart(history, now, settings, uniform, immediate=not decision.backoff)
+            if restart.kind == "failed":
+                return Verdict("give_up", 0.0, restart.reason, decision, restart)
+            return Verdict("restart", restart.delay_seconds, restart.reason, decision, restart)
+
+
 # --- docs -------------------------------------------------------------------------------------------
 
 

@@ -18,9 +18,8 @@ import structlog
 
 from dankserve.bootlog import BootFacts
 from dankserve.errors import EnvironmentUnusable
-from dankserve.state import BootSummary, DeploymentState, FailureRecord, State, StateStore
+from dankserve.state import BootSummary, DeploymentState, FailureRecord, LearnedKv, State, StateStore
 from dankserve.supervisor.instance import check_private_dir
-from dankserve.supervisor.learning import LearnedKv
 
 log = structlog.get_logger("dankserve")
 

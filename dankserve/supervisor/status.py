@@ -15,13 +15,13 @@ in one line why it is where it is, or what it waits for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
 from dankserve.supervisor.reloading import ConfigRefusal
-from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
+from dankserve.supervisor.telemetry import DeploymentTelemetry
 
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
     from dankserve.settings import DeploymentSettings
@@ -36,42 +36,6 @@ RESTING_STATES = frozenset({"ready", "asleep", "failed", "down", "disabled"})
 Unsupervised = Literal["serving", "asleep", "running"]
 """No daemon, but the deployment's server still runs: it answers /health (serving; asleep when a swap
 group member's server says it sleeps) or not (running)."""
-
-STATUS_FIELDS = (
-    "name",
-    "state",
-    "phase",
-    "endpoint",
-    "model",
-    "image",
-    "runtime",
-    "vllm_version",
-    "uptime_seconds",
-    "boots",
-    "restarts",
-    "last_failure",
-    "kv_cache_memory_bytes",
-    "kv_cache_learned_used",
-    "compile_cache_hit",
-    "weights_percent",
-    "context_tokens",
-    "kv_cache_tokens",
-    "concurrency",
-    "gpus",
-    "kv_cache_usage_perc",
-    "preemptions",
-    "message",
-    "hosts",
-    "serving",
-    *OBSERVED_FIELDS,
-    "swap",
-    "rests",
-    "why",
-    "waiting_for",
-    "phase_seconds",
-    "kv_cache_source",
-)
-"""The keys of every deployment's document, in order."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +62,69 @@ def configured_hosts(dep: DeploymentSettings) -> list[dict[str, Any]]:
     ]
 
 
-def deployment_status(
+@dataclass(frozen=True)
+class DeploymentView:
+    """One deployment as the daemon shows it, built once (`deployment_view`): `dankserve status` renders it
+    (`to_json`, the document's keys in order) and /metrics reads its fields."""
+
+    name: str
+    state: str
+    phase: str
+    endpoint: str
+    model: str
+    image: str
+    runtime: str
+    vllm_version: str | None
+    uptime_seconds: float | None
+    boots: int
+    restarts: int
+    last_failure: dict[str, Any] | None
+    kv_cache_memory_bytes: int | None
+    kv_cache_learned_used: bool
+    compile_cache_hit: bool | None
+    weights_percent: int | None
+    context_tokens: int | None
+    kv_cache_tokens: int | None
+    concurrency: float | None
+    gpus: tuple[dict[str, Any], ...]
+    kv_cache_usage_perc: float | None
+    preemptions: int | None
+    message: str | None
+    hosts: tuple[dict[str, Any], ...]
+    serving: dict[str, Any] | None
+    observed: DeploymentTelemetry
+    """This daemon's counts since it started (the numbers /metrics exports)."""
+    swap: dict[str, Any] | None
+    rests: bool
+    why: str | None
+    waiting_for: str | None
+    phase_seconds: float | None
+    kv_cache_source: str | None
+
+    @property
+    def swap_group(self) -> str | None:
+        return self.swap["group"] if self.swap else None
+
+    @property
+    def sleep_level(self) -> str | None:
+        return self.swap["level"] if self.swap else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `status --json` document of the deployment."""
+        doc: dict[str, Any] = {}
+        for name in _DOCUMENT_FIELDS:
+            if name == "observed":
+                doc.update(self.observed.status_json())
+            else:
+                value = getattr(self, name)
+                doc[name] = list(value) if isinstance(value, tuple) else value
+        return doc
+
+
+_DOCUMENT_FIELDS = tuple(f.name for f in fields(DeploymentView))
+
+
+def deployment_view(
     name: str,
     dep: DeploymentSettings,
     record: DeploymentState,
@@ -115,8 +141,9 @@ def deployment_status(
     phase_since: float | None = None,
     wall_now: float | None = None,
     unsupervised: Unsupervised | None = None,
-) -> dict[str, Any]:
-    """The status document of one deployment; `now` is the machine's clock (for the uptime).
+) -> DeploymentView:
+    """One deployment as status shows it (`to_json`: its document) and /metrics reads it; `now` is the
+    machine's clock (for the uptime).
 
     `serving` is vLLM's load as last read from its /metrics, `observed` this daemon's counts since
     it started (the numbers /metrics exports; none without a daemon). `waiting_for` is what the
@@ -155,51 +182,46 @@ def deployment_status(
     metrics = metrics or Metrics()
     learned_used = machine.kv_cache_learned_used if machine is not None else bool(last and last.kv_cache_learned_used)
     rests = machine.stage in RESTING_STAGES if machine is not None else state in RESTING_STATES
-    return {
-        "name": name,
-        "state": state,
-        "phase": phase,
-        "endpoint": f"http://{dep.host}:{dep.port}/v1",
-        "model": dep.model,
-        "image": dep.image,
-        "runtime": dep.runtime,
-        "vllm_version": (machine.vllm_version if machine is not None else None)
-        or (last.vllm_version if last else None),
-        "uptime_seconds": uptime,
-        "boots": max(machine.boots if machine else 0, record.boots),
-        "restarts": max(machine.restarts if machine else 0, record.restarts),
-        "last_failure": failure_json(record.last_failure),
-        "kv_cache_memory_bytes": kv_bytes,
-        "kv_cache_learned_used": learned_used,
-        "compile_cache_hit": machine.compile_cache_hit
+    return DeploymentView(
+        name=name,
+        state=state,
+        phase=phase,
+        endpoint=f"http://{dep.host}:{dep.port}/v1",
+        model=dep.model,
+        image=dep.image,
+        runtime=dep.runtime,
+        vllm_version=(machine.vllm_version if machine is not None else None) or (last.vllm_version if last else None),
+        uptime_seconds=uptime,
+        boots=max(machine.boots if machine else 0, record.boots),
+        restarts=max(machine.restarts if machine else 0, record.restarts),
+        last_failure=failure_json(record.last_failure),
+        kv_cache_memory_bytes=kv_bytes,
+        kv_cache_learned_used=learned_used,
+        compile_cache_hit=machine.compile_cache_hit
         if machine is not None and machine.compile_cache_hit is not None
         else (last.compile_cache_hit if last else None),
-        "weights_percent": machine.weights_percent if machine is not None else None,
+        weights_percent=machine.weights_percent if machine is not None else None,
         # what this boot's KV cache holds, in vLLM's own words (its log): the context each request
         # may use, the tokens in all, and how many requests of full length fit at once
-        "context_tokens": facts.max_model_len if facts else None,
-        "kv_cache_tokens": facts.gpu_kv_cache_tokens if facts else None,
-        "concurrency": facts.max_concurrency if facts else None,
-        "gpus": [dict(g) for g in gpus],
-        "kv_cache_usage_perc": metrics.kv_cache_usage_perc
+        context_tokens=facts.max_model_len if facts else None,
+        kv_cache_tokens=facts.gpu_kv_cache_tokens if facts else None,
+        concurrency=facts.max_concurrency if facts else None,
+        gpus=tuple(dict(g) for g in gpus),
+        kv_cache_usage_perc=metrics.kv_cache_usage_perc
         if metrics.kv_cache_usage_perc is not None
         else (facts.kv_cache_usage_perc if facts else None),
-        "preemptions": metrics.preemptions
-        if metrics.preemptions is not None
-        else (facts.preemptions if facts else None),
-        "message": machine.message if machine is not None else None,
-        "hosts": [dict(h) for h in hosts] if hosts is not None else configured_hosts(dep),
-        "serving": dict(serving) if serving is not None else None,
-        **(observed or DeploymentTelemetry()).status_json(),
-        "swap": swap_json(dep, machine),
-        "rests": rests,
-        "why": why(
-            name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure
-        ),
-        "waiting_for": waiting_for,
-        "phase_seconds": round(now - phase_since, 1) if phase_since is not None else None,
-        "kv_cache_source": ("learned" if learned_used else "profiled") if kv_bytes is not None else None,
-    }
+        preemptions=metrics.preemptions if metrics.preemptions is not None else (facts.preemptions if facts else None),
+        message=machine.message if machine is not None else None,
+        hosts=tuple(dict(h) for h in hosts) if hosts is not None else tuple(configured_hosts(dep)),
+        serving=dict(serving) if serving is not None else None,
+        observed=observed or DeploymentTelemetry(),
+        swap=swap_json(dep, machine),
+        rests=rests,
+        why=why(name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure),
+        waiting_for=waiting_for,
+        phase_seconds=round(now - phase_since, 1) if phase_since is not None else None,
+        kv_cache_source=("learned" if learned_used else "profiled") if kv_bytes is not None else None,
+    )
 
 
 def why(

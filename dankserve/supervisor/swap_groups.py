@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from dankserve.plan.catalogue import capabilities
 from dankserve.plan.plan import SLEEP_MODE_FLAG
+from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
 from dankserve.supervisor import swap
 from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait
 
 if TYPE_CHECKING:
-    from dankserve.supervisor.daemon import Daemon, DeploymentWorker
+    from dankserve.settings import Settings
+    from dankserve.supervisor.records import StateBook
 
 log = structlog.get_logger("dankserve.swap")
 
@@ -58,10 +60,34 @@ class PlanFacts:
     """The plan passes --enable-sleep-mode (the release has it: the catalogue)."""
 
 
+class SwapMember(Protocol):
+    """What swap groups read of a deployment's worker, and send it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def machine(self) -> m.MachineState: ...
+
+    def feed(self, event: m.Event) -> None: ...
+
+
+class SwapFleet(Protocol):
+    """What swap groups read of the daemon: the settings it runs with, its workers, who is taken down."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def state(self) -> StateBook: ...
+
+    def snapshot(self) -> Mapping[str, SwapMember]: ...
+
+
 class SwapGroups:
     """Coordinates the members of every swap group of one daemon."""
 
-    def __init__(self, daemon: Daemon, available_ram: Callable[[], int | None]) -> None:
+    def __init__(self, daemon: SwapFleet, available_ram: Callable[[], int | None]) -> None:
         self._daemon = daemon
         self._available_ram = available_ram
         self._lock = threading.RLock()
@@ -235,7 +261,7 @@ class SwapGroups:
                 self._serve_wakes(group, now)
                 self._idle_sleep(group, now)
 
-    def _first_ready(self, name: str, worker: DeploymentWorker, group: str) -> None:
+    def _first_ready(self, name: str, worker: SwapMember, group: str) -> None:
         self._booted.add(name)
         members = self._member_names(group)
         asked = name in self._wanted
@@ -280,7 +306,7 @@ class SwapGroups:
                 self._sleep_member(name, f"idle for {limits[name]:g} s")
 
     # -- acting -----------------------------------------------------------------------------------
-    def _wake_member(self, name: str, worker: DeploymentWorker, now: float) -> None:
+    def _wake_member(self, name: str, worker: SwapMember, now: float) -> None:
         self._wanted.discard(name)
         self._last_used[name] = now
         log.info("swap_wake", deployment=name, level=worker.machine.swap.level)
@@ -291,7 +317,7 @@ class SwapGroups:
         if worker is not None and worker.machine.stage is m.Stage.READY:
             self._put_to_sleep(worker, reason)
 
-    def _put_to_sleep(self, worker: DeploymentWorker, reason: str) -> None:
+    def _put_to_sleep(self, worker: SwapMember, reason: str) -> None:
         choice = self.sleep_level(worker.name, worker.machine)
         log.info("swap_sleep", deployment=worker.name, level=choice.level.value, reason=reason, why=choice.reason)
         worker.feed(m.SleepRequested(choice.level.value, reason))
@@ -332,7 +358,7 @@ class SwapGroups:
                 continue
             machine = worker.machine
             facts = self._facts.get(name)
-            utilization = facts.utilization if facts is not None else (deps[name].gpu_memory_utilization or 0.9)
+            utilization = _utilization(facts, deps[name].gpu_memory_utilization)
             gpus = frozenset(target_gpus if name == target else machine.gpu_uuids)
             state = MemberState.ASLEEP if name == target else self._member_state(name, machine.stage)
             out.append(
@@ -358,3 +384,10 @@ class SwapGroups:
         if stage is m.Stage.ASLEEP:
             return MemberState.ASLEEP
         return MemberState.STOPPED
+
+
+def _utilization(facts: PlanFacts | None, setting: float | None) -> float:
+    """A member's share of its GPUs: its plan's; not planned yet, its setting, else what vLLM takes without one."""
+    if facts is not None:
+        return facts.utilization
+    return setting if setting is not None else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION

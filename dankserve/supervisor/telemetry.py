@@ -1,7 +1,7 @@
 """The supervisor's own counts since the daemon started: boots by kind, restarts and failures
 by cause, boot durations, compile-cache hits, liveness probes, preemption warnings.
 
-One owner of these numbers: the daemon's /metrics (dankserve.metrics) and `dankserve status`
+One owner of these numbers: the daemon's /metrics (supervisor.metrics) and `dankserve status`
 both read `Telemetry.snapshot()`. Counters live in memory (Prometheus expects a counter to
 restart from zero with the process); the lifetime totals status shows stay in state.json.
 """

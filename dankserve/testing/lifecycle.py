@@ -27,6 +27,7 @@ from dankserve.runtime.base import (
     ImageInfo,
     PullPolicy,
     PullProgress,
+    Runtime,
     Workload,
     WorkloadSpec,
     workload_name,
@@ -85,7 +86,7 @@ class _Running:
     exit_code: int | None = None
 
 
-class FakeRuntime:
+class FakeRuntime(Runtime):
     """A Runtime whose workloads are scripted; records every call as (method, argument) in `calls`."""
 
     def __init__(self, handler: Handler | None = None, *, vllm_version: str = "0.8.5") -> None:

@@ -15,7 +15,9 @@ from dankserve.cluster.per_host import (
     node_env,
     non_carry_over,
 )
-from dankserve.supervisor.learning import GpuIdentity, LearnedKv, MemoryFlags, boot_fingerprint, decide_kv_reuse
+from dankserve.host.model import GpuIdentity
+from dankserve.state import LearnedKv
+from dankserve.supervisor.learning import MemoryFlags, boot_fingerprint, decide_kv_reuse
 from tests.plan.builders import GIB, gpu, host
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -17,7 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from dankserve.settings import CpuOffloadSettings, DeploymentSettings, ModelFacts, Settings, SpeculativeSettings
+from dankserve.settings import CpuOffloadSettings, DeploymentSettings, ModelFactsSettings, Settings, SpeculativeSettings
 from dankserve.testing.config_file import TomlRaw, config_text
 
 Raw = TomlRaw
@@ -49,7 +49,7 @@ def render(config: Config) -> str:
     return config_text(config.globals_, config.deployments)
 
 
-NESTED = {"model_facts": ModelFacts, "speculative": SpeculativeSettings, "cpu_offload": CpuOffloadSettings}
+NESTED = {"model_facts": ModelFactsSettings, "speculative": SpeculativeSettings, "cpu_offload": CpuOffloadSettings}
 
 # --- the valid base --------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 uses it too); re-exported here under the names the tests and benchmarks import, plus a service
 the fault-injection tests stop and start."""
 
+import os
 import signal
 import subprocess
 import time
@@ -77,6 +78,16 @@ class RestartableService:
             if self._process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"podman system service did not come up:\n{self.log.read_text()[-2000:]}")
             time.sleep(0.1)
+
+    def pause(self) -> None:
+        """SIGSTOP the service: its socket still accepts connections, and no request is answered (a hung Podman)."""
+        assert self._process is not None
+        os.killpg(self._process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the service: it answers again, the requests that waited first."""
+        if self._process is not None and self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGCONT)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the service (SIGTERM: graceful; SIGKILL: gone at once) and remove its socket."""

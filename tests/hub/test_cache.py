@@ -9,7 +9,7 @@ import pytest
 
 from dankserve.hub.cache import read_model_files, snapshot_dir
 from dankserve.plan.models import model_facts
-from dankserve.settings import ModelFacts as DeclaredModelFacts
+from dankserve.settings import ModelFactsSettings
 from tests.plan.test_models import QWEN3_MOE_CONFIG
 
 
@@ -74,7 +74,7 @@ def test_container_paths_map_into_the_hf_cache(tmp_path: Path) -> None:
 
 def test_uncached_model_uses_declared_facts(tmp_path: Path) -> None:
     """A model absent from the cache takes the facts declared in the config."""
-    declared = DeclaredModelFacts(parameter_bytes=123, num_attention_heads=8, head_dim=64)
+    declared = ModelFactsSettings(parameter_bytes=123, num_attention_heads=8, head_dim=64)
     facts = model_facts("org/absent", declared, read_model_files(tmp_path, "org/absent", None))
     assert (facts.parameter_bytes, facts.num_attention_heads, facts.source) == (123, 8, "declared in config")
     assert "num_key_value_heads" in facts.missing

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dankserve.hub.weights import WeightsFetcher, wants_download
-from dankserve.settings import DeploymentSettings, ModelFacts, Settings
+from dankserve.settings import DeploymentSettings, ModelFactsSettings, Settings
 from dankserve.testing.hub import StandInHub
 from tests.harness.hub import small_repo
 
@@ -27,7 +27,7 @@ MIB = 1 << 20
 def test_wants_download(model: str, download: bool | None, facts: bool, expected: bool) -> None:
     """Hub ids download unless model_facts are declared or download = false; paths never."""
     dep = DeploymentSettings(
-        model=model, download=download, model_facts=ModelFacts(parameter_bytes=1) if facts else None
+        model=model, download=download, model_facts=ModelFactsSettings(parameter_bytes=1) if facts else None
     )
     assert wants_download(dep) is expected
 
@@ -54,6 +54,6 @@ def test_fetcher_does_nothing_for_declared_facts(tmp_path: Path) -> None:
     seen: list[int] = []
     settings = Settings(state_dir=tmp_path / "state", hf_cache_dir=tmp_path / "hf")
     WeightsFetcher(settings)(
-        "d", DeploymentSettings(model="o/a", model_facts=ModelFacts(parameter_bytes=1)), seen.append
+        "d", DeploymentSettings(model="o/a", model_facts=ModelFactsSettings(parameter_bytes=1)), seen.append
     )
     assert seen == []

@@ -54,7 +54,7 @@ def test_group_shape_flags(hosts: int, gpus: int, model: ModelFacts, tp: str, pp
     assert flag(plan.argv, "--tensor-parallel-size") == tp
     assert flag(plan.argv, "--pipeline-parallel-size") == pp
     assert flag(plan.argv, "--distributed-executor-backend") == "ray"
-    assert plan.extra["group"]["pipeline_parallel_size"] == int(pp)
+    assert plan.group is not None and plan.group.pipeline_parallel_size == int(pp)
 
 
 def test_extra_args_stay_last() -> None:

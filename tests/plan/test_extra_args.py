@@ -1,19 +1,12 @@
-"""Tests for dankserve.plan.extra_args: splitting extra_args and turning setting-backed flags into settings."""
+"""Tests for dankserve.plan.extra_args: turning setting-backed flags of extra_args into settings."""
 
 from __future__ import annotations
 
 import pytest
 
 from dankserve.errors import ConfigError
-from dankserve.plan.extra_args import absorb, split_options
+from dankserve.plan.extra_args import absorb
 from dankserve.settings import DeploymentSettings
-
-
-def test_split_keeps_values_with_their_option() -> None:
-    """`--x=v`, `--x v`, switches and several values each stay with their option."""
-    leading, options = split_options(["pos", "--a=1", "--b", "2", "--c", "--d", "x", "y"])
-    assert leading == ["pos"]
-    assert [(o.name, o.values) for o in options] == [("--a", ("1",)), ("--b", ("2",)), ("--c", ()), ("--d", ("x", "y"))]
 
 
 def test_absorb_moves_setting_flags_and_keeps_the_rest() -> None:

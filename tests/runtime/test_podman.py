@@ -66,7 +66,7 @@ from dankserve.runtime.podman import (
 )
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import busybox_vllm_image, pull_test_image
-from tests.harness.podman_service import PodmanEnv
+from tests.harness.podman_service import PodmanEnv, RestartableService
 
 SpecFactory = Callable[..., WorkloadSpec]
 GPU0 = GpuRef(index=0, uuid="GPU-aaaa")
@@ -1001,6 +1001,25 @@ def test_harness_leaves_host_config_alone(podman_env: PodmanEnv) -> None:
     info = json.loads(podman_env.podman("info", "--format", "json").stdout)
     assert info["store"]["graphRoot"] != "/var/lib/containers/storage"
     assert info["host"]["ociRuntime"]["name"] == "runc"
+
+
+def test_a_paused_service_fails_a_request_as_transient(podman_env: PodmanEnv, tmp_path: Path) -> None:
+    """Podman paused (SIGSTOP) past the request timeout: the request fails as transient (waited out, never a
+    failure of the deployment); resumed (SIGCONT), it answers again."""
+    service = RestartableService(podman_env, tmp_path / "paused-podman")
+    service.start()
+    try:
+        runtime = PodmanRuntime(service.url, request_timeout=1.0, attempts=1)
+        service.pause()
+        with pytest.raises(PodmanRequestFailed, match="did not answer in time") as info:
+            runtime.find("paused")
+        assert info.value.transient
+        service.resume()
+        assert runtime.find("paused") is None
+        runtime.close()
+    finally:
+        service.resume()
+        service.stop()
 
 
 def test_network_backend_is_read_from_the_service(podman_env: PodmanEnv, podman_runtime: PodmanRuntime) -> None:

@@ -19,6 +19,12 @@ from tests.harness.podman_service import PodmanEnv, RestartableService
 pytestmark = pytest.mark.slow
 
 
+def stand_in_host(tmp_path: Path, gpus: StandInGpus) -> Path:
+    """The recorded host of the stand-in GPUs, and the HF cache directory the daemon's config names."""
+    (tmp_path / "hf").mkdir()
+    return write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+
+
 @pytest.fixture
 def service(podman_env: PodmanEnv, tmp_path: Path) -> Iterator[RestartableService]:
     started = RestartableService(podman_env, tmp_path / "outage-podman")
@@ -38,8 +44,7 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
 ) -> None:
     """With the Podman service killed the server keeps answering and the deployment stays ready; once it is back
     the daemon follows the same container again, and a container that died meanwhile is replaced."""
-    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
-    (tmp_path / "hf").mkdir()
+    host = stand_in_host(tmp_path, gpus)
     port = free_port()
     globals_ = {"podman_url": service.url, "restart_backoff_max_seconds": 1.0}
     dep = container_deployment(vllm_image, port, gpus=[0])
@@ -62,4 +67,32 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         service.start()
         daemon.wait_for(deployment, ready_after(first["boots"]), timeout=120)
         assert boot_reached("ready", after=first["boots"])(daemon.deployment(deployment) or {})
+        assert daemon.stop() == 0
+
+
+PAUSE_SECONDS = 70.0
+"""Longer than the daemon's Podman request timeout (60 s): the request waiting on the paused service fails."""
+
+
+def test_a_paused_podman_service_in_a_boot_and_a_stop_is_waited_out(
+    *, tmp_path: Path, gpus: StandInGpus, vllm_image: str, deployment: str, service: RestartableService
+) -> None:
+    """Podman paused (SIGSTOP) while a boot asks for its image, and while a restart stops the server: the request
+    that outlives the timeout is transient, so the deployment waits (never `failed`); once Podman is resumed
+    (SIGCONT) it is ready again (regression: a Podman timeout failed the deployment for good)."""
+    host = stand_in_host(tmp_path, gpus)
+    globals_ = {"podman_url": service.url, "restart_backoff_max_seconds": 1.0, "stop_timeout_seconds": 2.0}
+    dep = container_deployment(vllm_image, free_port(), gpus=[0])
+    with running_daemon(tmp_path, {deployment: dep}, hardware=host, extra_globals=globals_) as daemon:
+        boots = daemon.wait_for(deployment, is_ready, timeout=120)["boots"]
+        assert daemon.cli("down", deployment).returncode == 0
+        for move in ("up", "restart"):  # a boot asking for the image; a stop of the ready server
+            service.pause()
+            try:
+                daemon.cli(move, deployment, "--timeout", "2")
+                time.sleep(PAUSE_SECONDS)
+                assert daemon.deployment(deployment)["state"] != "failed"  # type: ignore[index]
+            finally:
+                service.resume()
+            boots = daemon.wait_for(deployment, ready_after(boots), timeout=180)["boots"]
         assert daemon.stop() == 0

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from dankserve.bootlog import BootFacts, FailureClass, read_boot_facts
+from dankserve.host.model import GpuIdentity
+from dankserve.state import LearnedKv, keep_first
 from dankserve.supervisor.learning import (
-    GpuIdentity,
-    LearnedKv,
     MemoryFlags,
     boot_fingerprint,
     decide_kv_reuse,
-    keep_first,
     kv_shrink_warning,
     learn_from_boot,
 )

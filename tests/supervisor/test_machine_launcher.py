@@ -6,8 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 from dankserve.bootlog.facts import BootFacts
+from dankserve.state import LearnedKv
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.learning import LearnedKv
 from dankserve.supervisor.policy import FailureCause
 from tests.supervisor.test_machine import CONFIG, LEARNED, in_stage, with_boot
 

@@ -13,15 +13,19 @@ from tenacity import RetryCallState, wait_exponential_jitter
 from dankserve.bootlog import FailureClass
 from dankserve.supervisor.policy import (
     FAILURE_POLICY,
+    BootFailed,
     FailureCause,
     FailureContext,
     PolicyAction,
+    Refusal,
     RestartSettings,
+    Unavailable,
     backoff_delay,
     decide,
     next_restart,
     outage_retry_delay,
     render_policy_markdown,
+    restart_or_give_up,
 )
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "failure-policy.md"
@@ -234,6 +238,24 @@ def test_immediate_restart_still_counts() -> None:
     assert next_restart([1.0, 2.0], 2.0, SETTINGS, full_jitter, immediate=True).delay_seconds == 0.0
     full = [float(i) for i in range(6)]
     assert next_restart(full, 5.0, SETTINGS, no_jitter, immediate=True).kind == "failed"
+
+
+def test_one_function_decides_restart_retry_or_give_up() -> None:
+    """restart_or_give_up: a boot failure by the table then the window, an unavailable service waited out
+    uncounted, a refusal given up; a configuration error gives up before the window is asked."""
+    crash = BootFailed(FailureCause.CRASH, FailureContext(message="x"), [100.0])
+    assert restart_or_give_up(crash, 100.0, SETTINGS, full_jitter).kind == "restart"
+    window = BootFailed(FailureCause.CRASH, FailureContext(), [float(i) for i in range(6)])
+    given_up = restart_or_give_up(window, 5.0, SETTINGS, no_jitter)
+    assert given_up.kind == "give_up" and given_up.restart is not None and "failures within" in given_up.reason
+    config = restart_or_give_up(BootFailed(FailureCause.BAD_ARGUMENT, FailureContext(), [1.0]), 1.0, SETTINGS)
+    assert config.kind == "give_up" and config.restart is None
+    retry = restart_or_give_up(Unavailable(2), 0.0, SETTINGS, no_jitter)
+    assert (retry.kind, retry.delay_seconds) == ("retry", outage_retry_delay(2, SETTINGS, no_jitter))
+    assert restart_or_give_up(Refusal("port in use"), 0.0, SETTINGS) == restart_or_give_up(
+        Refusal("port in use"), 9.0, SETTINGS
+    )
+    assert restart_or_give_up(Refusal("port in use"), 0.0, SETTINGS).kind == "give_up"
 
 
 def test_settings_keys() -> None:

@@ -1,4 +1,4 @@
-"""Tests for dankserve.metrics: the exposition of one snapshot, served over HTTP, linted by promtool."""
+"""Tests for dankserve.supervisor.metrics: the exposition of one snapshot, served over HTTP, linted by promtool."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from dankserve.host.gpu_memory import GpuMemory
-from dankserve.metrics import EXPORTED, DeploymentFacts, MetricsServer, MetricsSnapshot, SnapshotCollector
+from dankserve.supervisor.metrics import EXPORTED, DeploymentFacts, MetricsServer, MetricsSnapshot, SnapshotCollector
 from dankserve.supervisor.serving import RELAYED, parse_serving
 from dankserve.supervisor.telemetry import Telemetry
 from tests.supervisor.test_serving import TEXT

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dankserve.gateway.backends import Availability, Backend
+from dankserve.secret_files import read_key_now
 from dankserve.supervisor.lifecycle import Phase
 
 if TYPE_CHECKING:
@@ -66,10 +67,6 @@ class DaemonSupervisor:
             return None  # the server could not have started either: its boot reports it
         cached = self._keys.get(path)
         if cached is None or cached[0] != changed:
-            try:
-                key = path.read_text(encoding="utf-8").strip() or None
-            except (OSError, UnicodeDecodeError):
-                key = None
-            cached = (changed, key)
+            cached = (changed, read_key_now(path))
             self._keys[path] = cached
         return cached[1]

@@ -1,0 +1,121 @@
+"""`PodmanRuntime`: the Runtime over a Podman service, made of the session and its managers
+(podman-py's client and its `containers`/`images` managers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from dankserve.runtime.base import (
+    ExitEvent,
+    ImageInfo,
+    LaunchRequest,
+    PullPolicy,
+    PullProgress,
+    Runtime,
+    Workload,
+    WorkloadSpec,
+)
+from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
+from dankserve.runtime.podman.containers import ContainerManager
+from dankserve.runtime.podman.images import ImageManager
+from dankserve.runtime.podman.session import PodmanSession
+from dankserve.runtime.podman.spec import JOURNAL_SOCKET, launch_request
+from dankserve.runtime.podman.streams import LogStreams
+from dankserve.runtime.podman.versions import VersionCache
+
+
+class PodmanRuntime(Runtime):
+    """The Runtime implementation over a Podman service (`podman system service`).
+
+    Connects on construction: an unreachable service is PodmanUnreachable (exit 3). Transient
+    failures (connection, 5xx) are retried a few times with a short backoff; 4xx are not.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cache_dir: Path | None = None,
+        cdi_dirs: Sequence[Path] = DEFAULT_CDI_DIRS,
+        dev_root: Path = Path("/dev"),
+        journal_socket: Path = JOURNAL_SOCKET,
+        request_timeout: float = 60.0,
+        attempts: int = 3,
+        version_timeout: float = 120.0,
+    ) -> None:
+        self.url = url
+        self._journal_socket = journal_socket
+        self._session = PodmanSession(url, request_timeout=request_timeout, attempts=attempts)
+        self._containers = ContainerManager(self._session, cdi_dirs=cdi_dirs, dev_root=dev_root)
+        self._streams = LogStreams(self._session)
+        self._images = ImageManager(
+            self._session,
+            VersionCache(cache_dir / "vllm-versions.json" if cache_dir is not None else None),
+            version_timeout=version_timeout,
+            containers=self._containers,
+            streams=self._streams,
+        )
+
+    def network_backend(self) -> str | None:
+        """The service's network backend (`cni` or `netavark`), None when it does not say."""
+        return self._session.network_backend()
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        self._session.close()
+
+    def image_present(self, image: str) -> bool:
+        """The image is in local storage (no pull)."""
+        return self._images.present(image)
+
+    def ensure_image(
+        self, image: str, pull: PullPolicy, progress: Callable[[PullProgress], None] | None = None
+    ) -> ImageInfo:
+        """Make the image present per the pull policy; its digest and vLLM version."""
+        return self._images.ensure(image, pull, progress)
+
+    def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
+        """What this runtime's launcher needs to start a server of `spec` (issue 15)."""
+        return launch_request(spec)
+
+    def start(self, spec: WorkloadSpec) -> Workload:
+        """Create and start the deployment's container; one that exists is refused (the supervisor replaces)."""
+        return self._containers.start(spec)
+
+    def find(self, deployment: str) -> Workload | None:
+        """The deployment's container, running or not, if dankserve manages one."""
+        return self._containers.find(deployment)
+
+    def stop(self, workload_id: str, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds (podman stop); a stopped or gone one is fine."""
+        self._containers.stop(workload_id, timeout)
+
+    def remove(self, workload_id: str) -> None:
+        """Remove the container (forcibly) and its deployment's secrets; a gone one is fine."""
+        self._containers.remove(workload_id)
+
+    def logs(self, workload_id: str, follow: bool = False) -> Iterator[str]:
+        """The container's stdout and stderr as lines; following until it exits if asked."""
+        return self._streams.logs(workload_id, follow)
+
+    def timed_logs(self, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
+        """The container's lines, each with the time conmon wrote it where its k8s-file log is read here."""
+        return self._streams.timed_logs(workload_id, follow)
+
+    def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
+        """Block until the container exits (its ExitEvent) or the timeout passes (None)."""
+        return self._containers.wait(workload_id, timeout)
+
+    def events(self, since: float | None = None, until: float | None = None) -> Iterator[ExitEvent]:
+        """Exits of dankserve's containers as they happen (from `since`, until `until` if given)."""
+        return self._streams.events(since, until)
+
+    def list_workloads(self) -> list[Workload]:
+        """Every container dankserve manages, running or not."""
+        return self._containers.list_workloads()
+
+    def inspect(self, workload_id: str) -> Workload | None:
+        """The container now, or None when it no longer exists."""
+        return self._containers.inspect(workload_id)

@@ -1,0 +1,155 @@
+"""The container create request of a workload spec (pure): entrypoint, environment, mounts, secrets, ports."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dankserve.launcher import protocol
+from dankserve.runtime.base import (
+    CONTAINER_HF_HOME,
+    CONTAINER_LAUNCHER_DIR,
+    CONTAINER_LAUNCHER_RUN,
+    CONTAINER_VLLM_CACHE_ROOT,
+    LABEL_CONTAINER_FINGERPRINT,
+    LABEL_DEPLOYMENT,
+    LABEL_LAUNCHER,
+    LABEL_MANAGED,
+    LaunchRequest,
+    SecretFile,
+    WorkloadSpec,
+    container_fingerprint,
+    with_bind_address,
+    workload_name,
+)
+from dankserve.runtime.podman.cdi import GpuPassthrough
+
+JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+HF_CACHE_TARGET = CONTAINER_HF_HOME
+"""Where the HF cache is mounted (the supervisor passes it as a `Mount`)."""
+SECRETS_DIR = "/run/secrets"
+
+
+def secret_is_path(secret: SecretFile) -> bool:
+    """True when vLLM learns of the secret through a variable naming its file (HF_TOKEN_PATH)."""
+    return secret.env_var.endswith(("_PATH", "_FILE"))
+
+
+def secret_name(deployment: str, secret: str) -> str:
+    """The Podman secret of a deployment's secret (the `.` cannot occur in deployment names)."""
+    return f"{workload_name(deployment)}.{secret}"
+
+
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def serve_entrypoint(secrets: Sequence[SecretFile]) -> list[str]:
+    """`vllm serve`, or a shell wrapper that reads value secrets from their files just before exec.
+
+    The wrapper keeps a value out of `podman inspect` and argv; `set -e` makes an unreadable
+    or missing file stop the container rather than start vLLM without its key.
+    """
+    values = [s for s in secrets if not secret_is_path(s)]
+    if not values:
+        return ["vllm", "serve"]
+    parts = ["set -e"]
+    for s in values:
+        if not _SHELL_NAME.fullmatch(s.env_var) or not _FILE_NAME.fullmatch(s.name):
+            raise ValueError(f"secret {s.name!r} -> {s.env_var!r}: not a plain file or variable name")
+        parts.append(f'{s.env_var}="$(cat {SECRETS_DIR}/{s.name})"')
+        parts.append(f"export {s.env_var}")
+    parts.append('exec vllm serve "$@"')
+    return ["sh", "-c", "; ".join(parts), "sh"]
+
+
+def container_env(spec: WorkloadSpec) -> dict[str, str]:
+    """The container's environment: the plan's, the compile cache's location, secrets given as paths."""
+    env = dict(spec.env)
+    if spec.cache_dir is not None:
+        env.setdefault("VLLM_CACHE_ROOT", CONTAINER_VLLM_CACHE_ROOT)
+    for s in spec.secrets:
+        if secret_is_path(s):
+            env[s.env_var] = f"{SECRETS_DIR}/{s.name}"
+    return env
+
+
+def launch_request(spec: WorkloadSpec) -> LaunchRequest:
+    """What the container's launcher needs for a server of `spec`: value secrets are read from their files
+    by the launcher itself, as the `sh -c` wrapper does for a plain container."""
+    files = {s.env_var: f"{SECRETS_DIR}/{s.name}" for s in spec.secrets if not secret_is_path(s)}
+    return LaunchRequest(server_argv(spec), container_env(spec), files)
+
+
+def server_argv(spec: WorkloadSpec) -> tuple[str, ...]:
+    """The argv after `vllm serve`: on the host's network the server binds the deployment's address itself."""
+    return with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else tuple(spec.argv)
+
+
+def container_create_kwargs(
+    spec: WorkloadSpec, *, gpu: GpuPassthrough, journald: bool, secret_ids: Mapping[str, str]
+) -> dict[str, Any]:
+    """The keyword arguments of podman-py's `containers.create` for a workload spec.
+
+    `secret_ids` maps each SecretFile name to the Podman secret created for it.
+    """
+    env = container_env(spec)
+    mounts: list[dict[str, Any]] = [
+        {"type": "bind", "source": str(m.source), "target": m.target, "read_only": m.read_only} for m in spec.mounts
+    ]
+    if spec.cache_dir is not None:
+        mounts.append(
+            {"type": "bind", "source": str(spec.cache_dir), "target": env["VLLM_CACHE_ROOT"], "read_only": False}
+        )
+    secrets = []
+    for s in spec.secrets:
+        if not _FILE_NAME.fullmatch(s.name):
+            raise ValueError(f"secret name {s.name!r} is not a plain file name")
+        secrets.append({"source": secret_ids[s.name], "target": s.name})
+    labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.deployment}
+    entrypoint, command = serve_entrypoint(spec.secrets), list(server_argv(spec))
+    if spec.launcher is not None:
+        # The image's own Python runs the launcher (stdlib only), mounted read-only; servers come from its socket.
+        entrypoint = ["python3", f"{CONTAINER_LAUNCHER_DIR}/__main__.py", "--run-dir", CONTAINER_LAUNCHER_RUN]
+        command = []
+        mounts.append(
+            {"type": "bind", "source": str(spec.launcher.source), "target": CONTAINER_LAUNCHER_DIR, "read_only": True}
+        )
+        mounts.append(
+            {"type": "bind", "source": str(spec.launcher.run_dir), "target": CONTAINER_LAUNCHER_RUN, "read_only": False}
+        )
+        labels[LABEL_LAUNCHER] = "true"
+        labels[LABEL_CONTAINER_FINGERPRINT] = container_fingerprint(spec)
+        # Each server gets the spec's env anew; the rest (the image's, CDI's, Podman's) the launcher passes on.
+        env[protocol.SPEC_ENV_VAR] = ",".join(sorted(env))
+    kwargs: dict[str, Any] = {
+        "name": workload_name(spec.deployment),
+        "entrypoint": entrypoint,
+        "command": command,
+        "environment": env,
+        "labels": labels,
+        "mounts": mounts,
+        "devices": list(gpu.devices),
+        "secrets": secrets,
+    }
+    if spec.host_network:
+        kwargs["network_mode"] = "host"
+    else:
+        kwargs["ports"] = {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)}
+    if spec.shm_size is None:
+        kwargs["ipc_mode"] = "host"
+    else:
+        kwargs["shm_size"] = spec.shm_size
+    caps = []
+    if spec.numa_bind:
+        caps.append("SYS_NICE")
+    if spec.privileged:
+        caps.append("SYS_ADMIN")
+        kwargs["apparmor_profile"] = "unconfined"
+    if caps:
+        kwargs["cap_add"] = caps
+    if journald:
+        kwargs["log_config"] = {"Type": "journald"}
+    return kwargs

@@ -1,0 +1,107 @@
+"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `sleep`
+and `wake`, each answered by one function of the running daemon.
+
+The daemon is read through `Answering`, what a request may ask of it; `answer` looks the verb up, and
+an unknown verb or deployment is said, never raised."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ReloadOutcome
+
+if TYPE_CHECKING:
+    from dankserve.settings import Settings
+
+Answer = dict[str, Any]
+
+
+class Answering(Protocol):
+    """What the control requests ask of the running daemon."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def reload_and_wait(self, timeout: float) -> ReloadOutcome | None: ...
+
+    def take_down(self, name: str) -> None: ...
+
+    def bring_up(self, name: str) -> None: ...
+
+    def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> Answer: ...
+
+
+def _status(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    return {"ok": True, "status": daemon.status()}
+
+
+def _reload(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    outcome = daemon.reload_and_wait(RELOAD_WAIT_SECONDS)
+    if outcome is None:
+        return {"ok": False, "error": f"the reload did not finish within {RELOAD_WAIT_SECONDS:g} s"}
+    return {"ok": True, "reload": outcome.to_json()}
+
+
+def _settings(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    return {"ok": True, "settings": daemon.settings.model_dump(mode="json")}
+
+
+def _unknown_deployment(daemon: Answering, name: object) -> Answer | None:
+    if isinstance(name, str) and name in daemon.settings.deployments:
+        return None
+    known = ", ".join(sorted(daemon.settings.deployments)) or "none"
+    return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
+
+
+def _down(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    """Answered once the deployment's worker stopped (the CLI's `down` returns then)."""
+    name = request.get("deployment")
+    unknown = _unknown_deployment(daemon, name)
+    if unknown is not None:
+        return unknown
+    daemon.take_down(str(name))
+    return {"ok": True}
+
+
+def _up(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    name = request.get("deployment")
+    unknown = _unknown_deployment(daemon, name)
+    if unknown is not None:
+        return unknown
+    daemon.bring_up(str(name))
+    return {"ok": True}
+
+
+def _swap(verb: Literal["sleep", "wake"]) -> Callable[[Answering, Mapping[str, Any]], Answer]:
+    def swap(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+        """Answered once asleep or ready (or given up)."""
+        name = request.get("deployment")
+        unknown = _unknown_deployment(daemon, name)
+        if unknown is not None:
+            return unknown
+        return daemon.swap_and_wait(verb, str(name))
+
+    return swap
+
+
+VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {
+    "status": _status,
+    "reload": _reload,
+    "settings": _settings,
+    "up": _up,
+    "down": _down,
+    "sleep": _swap("sleep"),
+    "wake": _swap("wake"),
+}
+
+
+def answer(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    """The answer to one control request."""
+    command = request.get("command")
+    verb = VERBS.get(command) if isinstance(command, str) else None
+    if verb is None:
+        return {"ok": False, "error": f"unknown command {command!r}"}
+    return verb(daemon, request)
