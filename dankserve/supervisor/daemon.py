@@ -874,7 +874,7 @@ class Daemon:
             self.swap_groups.start()
             self._claim_running_boots(starting)
             for name, dep in starting.items():
-                self._start_worker(name, dep)
+                self._start_worker(name, dep, unless_running=True)
             if not self.snapshot():
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
@@ -1038,11 +1038,18 @@ class Daemon:
         with self._lock:
             return dict(self.workers)
 
-    def _start_worker(self, name: str, dep: DeploymentSettings, *, join_asleep: bool = False) -> None:
+    def _start_worker(
+        self, name: str, dep: DeploymentSettings, *, join_asleep: bool = False, unless_running: bool = False
+    ) -> None:
+        """A worker for the deployment; `unless_running`: none when one already runs it (the start-up loop
+        races `dankserve up NAME`, answered on the control socket meanwhile: two workers booted two servers)."""
         worker = DeploymentWorker(name, dep, self, join_asleep=join_asleep)
         with self._lock:
+            existing = self.workers.get(name)
+            if unless_running and existing is not None and existing.alive:
+                return
             self.workers[name] = worker
-        worker.start()
+            worker.start()  # under the lock: a worker others can see is alive
 
     def _main_loop(self) -> None:
         watchdog = watchdog_interval()

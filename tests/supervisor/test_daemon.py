@@ -232,6 +232,23 @@ def test_down_stays_down_across_daemon_restarts_until_up(tmp_path: Path) -> None
         daemon.wait_for("chat", ready)
 
 
+def test_up_asked_while_the_daemon_starts_gives_one_worker_and_one_server(tmp_path: Path) -> None:
+    """`up NAME` answered on the control socket before the start-up loop reaches NAME (taken down before):
+    one worker, one server, ready; never a second boot that finds the port held by the first."""
+    from dankserve.supervisor.records import StateBook
+
+    StateBook(tmp_path / "state").set_down("chat", True)
+    deployments = {"chat": process_deployment(free_port())}
+    with running_daemon(tmp_path, deployments, extra_globals={"metrics_listen": f"127.0.0.1:{free_port()}"}) as d:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and d.request({"command": "up", "deployment": "chat"}) is None:
+            time.sleep(0.005)  # as soon as the control socket answers, before or while the workers start
+        d.wait_for("chat", ready)
+        time.sleep(2)  # a second worker would boot again now and find the port held
+        assert [e["boot"] for e in d.events_named("started")] == [1], d.log_tail()
+        assert not d.events_named("port_in_use") and d.deployment("chat")["state"] == "ready"  # type: ignore[index]
+
+
 def test_learned_bytes_wait_for_freed_memory_and_are_refused_while_others_hold_it(tmp_path: Path) -> None:
     """A restart waits for a dead server's memory to come back; while another tenant holds it, vLLM profiles."""
     from tests.harness.daemon import write_host
