@@ -15,7 +15,8 @@ File form (schema 1)::
                               "last_boot": {BootSummary} | null, "down": false,
                               "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"],
                               "asleep": "1" | "2" | "stop" | null,
-                              "swapping": "falling_asleep" | "waking" | null}},
+                              "swapping": "falling_asleep" | "waking" | null,
+                              "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]}}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.supervisor.learning import LearnedKv, keep_first
+from dankserve.supervisor.prediction import timings_from_json, timings_json
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
@@ -119,6 +121,9 @@ class DeploymentState:
     swapping: str | None = None
     """The sleep or wake under way at the level `asleep` names ("falling_asleep", "waking"), recorded
     before it is sent: a daemon following one killed meanwhile sends it again."""
+    timings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Seconds the last boots (cold, warm), wakes and sleeps took, latest last: the predictions'
+    history (supervisor.prediction)."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -204,6 +209,7 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             # A level this release does not know is as good as none: the server is asked (/is_sleeping).
             asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
             swapping=moving if (moving := _optional(data, "swapping", str)) in ("falling_asleep", "waking") else None,
+            timings=timings_from_json(data.get("timings")),
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
@@ -266,6 +272,7 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
         "remediated": list(deployment.remediated),
         "asleep": deployment.asleep,
         "swapping": deployment.swapping,
+        "timings": timings_json(deployment.timings),
     }
 
 

@@ -1,8 +1,9 @@
 """The daemon's side of the gateway's Supervisor protocol: each deployment's phase and address.
 
-Reads only what the workers already publish (their machine state) and the settings; it decides
-nothing. `wake`, `touched` and `released` go to the daemon's swap groups (a deployment outside
-one that is booting or restarting gets ready on its own).
+Reads only what the workers already publish (their machine state), the settings, the swap groups'
+draining and bound, and the boot and wake history (predicted ready seconds); it decides nothing.
+`wake`, `touched` and `released` go to the daemon's swap groups (a deployment outside one that is
+booting or restarting gets ready on its own).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dankserve.gateway.backends import Availability, Backend
+from dankserve.supervisor import prediction
 from dankserve.supervisor.lifecycle import Phase
 
 if TYPE_CHECKING:
@@ -36,16 +38,35 @@ class DaemonSupervisor:
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
         machine = worker.machine
         phase, message = machine.phase, machine.message
+        swaps = daemon.swap_groups
         if phase is Phase.READY:
-            return Backend(Availability.READY, dep.host, dep.port, key)
-        refused = daemon.swap_groups.refused(deployment)
+            for_whom = swaps.draining(deployment)
+            if for_whom is None:
+                return Backend(Availability.READY, dep.host, dep.port, key, state="serving", ready_in=0.0)
+            why = f"finishing its requests before a swap to {for_whom}"
+            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="draining")
+        refused = swaps.refused(deployment)
         if refused is not None:
-            return Backend(Availability.OFF, dep.host, dep.port, key, refused)
+            return Backend(Availability.OFF, dep.host, dep.port, key, refused, state=machine.status)
+        predicted = prediction.predict(daemon.state.deployment(deployment).timings)
+        now = daemon.deps.clock.monotonic()
         if phase is Phase.ASLEEP:
-            return Backend(Availability.ASLEEP, dep.host, dep.port, key, "asleep")
+            held = swaps.held_for(deployment)
+            wake = predicted.wake
+            ready_in = None if wake is None else round(wake + (held or 0.0), 3)
+            return Backend(
+                Availability.ASLEEP, dep.host, dep.port, key, "asleep", state="asleep", ready_in=ready_in, held_for=held
+            )
         if phase in (Phase.FAILED, Phase.STOPPED):
-            return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value)
-        return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value)
+            return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value, state=machine.status)
+        if machine.swap.since is not None:  # a wake (or a sleep a wake follows)
+            ready_in = prediction.remaining(predicted.wake, now - machine.swap.since)
+            state = "waking"
+        else:
+            began = machine.boot.started_at if machine.boot is not None else worker.phase_since
+            ready_in = prediction.remaining(predicted.boot(), now - began)
+            state = machine.status
+        return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
         self._daemon.swap_groups.wake(deployment)  # booting and restarting ones get ready by themselves

@@ -21,6 +21,7 @@ from dankserve.errors import EnvironmentUnusable
 from dankserve.state import BootSummary, DeploymentState, FailureRecord, State, StateStore
 from dankserve.supervisor.instance import check_private_dir
 from dankserve.supervisor.learning import LearnedKv
+from dankserve.supervisor.prediction import remembered
 
 log = structlog.get_logger("dankserve")
 
@@ -117,6 +118,10 @@ class StateBook:
             kv_cache_learned_used=learned_used,
         )
         self._change(name, lambda d: replace(d, last_boot=summary))
+
+    def record_timing(self, name: str, kind: str, seconds: float) -> None:
+        """Remember how long a boot, wake or sleep took (the predictions' history)."""
+        self._change(name, lambda d: replace(d, timings=remembered(d.timings, kind, seconds)))
 
     def remember_learned(self, name: str, fingerprint: str, learned: LearnedKv) -> None:
         self._change(name, lambda d: d.remember(fingerprint, learned))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
+from dankserve.supervisor.prediction import predict
 from dankserve.supervisor.reloading import ConfigRefusal
 from dankserve.supervisor.telemetry import OBSERVED_FIELDS, DeploymentTelemetry
 
@@ -192,6 +193,7 @@ def deployment_status(
         "serving": dict(serving) if serving is not None else None,
         **(observed or DeploymentTelemetry()).status_json(),
         "swap": swap_json(dep, machine),
+        "predicted": predict(record.timings).to_json(),
         "rests": rests,
         "why": why(
             name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure
