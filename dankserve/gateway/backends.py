@@ -38,7 +38,7 @@ class Backend:
     message: str | None = None
     """Why it is not ready, for the 503's message."""
     state: str | None = None
-    """What it does, in a word clients see (/v1/models, loading comments): serving, asleep, waking,
+    """What it does, in a word clients see (/v1/models, loading comments): ready, asleep, waking,
     starting, restarting, draining (finishing its requests before a swap away from it), ..."""
     ready_in: float | None = None
     """Predicted seconds until it is ready (0 when ready; None: no history to predict from)."""

@@ -42,7 +42,7 @@ class DaemonSupervisor:
         if phase is Phase.READY:
             for_whom = swaps.draining(deployment)
             if for_whom is None:
-                return Backend(Availability.READY, dep.host, dep.port, key, state="serving", ready_in=0.0)
+                return Backend(Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0)
             why = f"finishing its requests before a swap to {for_whom}"
             return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="draining")
         refused = swaps.refused(deployment)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from dankserve.gateway import proxy
 from dankserve.gateway.backends import Availability
@@ -34,7 +35,7 @@ def test_a_streamed_request_that_waits_gets_loading_comments_that_the_openai_cli
     gateway = gateway_for(two_models())
     gateway.supervisor.set("a", Availability.READY, a.port)
     client = _client(gateway)
-    messages = CHAT["messages"]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
     def streamed() -> str:
         chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, stream=True)
@@ -118,11 +119,11 @@ def test_a_request_for_a_draining_member_waits_and_wakes_it_once_it_fell_asleep(
 def test_models_carry_each_deployments_state_and_ready_seconds(gateway_for: Callable[..., RunningGateway]) -> None:
     """Extra fields per entry: the state and predicted ready seconds (0 when ready); the openai client keeps them."""
     gateway = gateway_for(two_models())
-    gateway.supervisor.set("a", Availability.READY, state="serving")
+    gateway.supervisor.set("a", Availability.READY, state="ready")
     gateway.supervisor.set("b", Availability.ASLEEP, state="asleep", ready_in=0.9)
     listed = {m["id"]: m for m in httpx.get(gateway.url + "/v1/models", timeout=5).json()["data"]}
-    assert (listed["tiny"]["state"], listed["tiny"]["ready_seconds"]) == ("serving", 0.0)
-    assert (listed["small"]["state"], listed["org/other"]["state"]) == ("serving", "asleep")
+    assert (listed["tiny"]["state"], listed["tiny"]["ready_seconds"]) == ("ready", 0.0)
+    assert (listed["small"]["state"], listed["org/other"]["state"]) == ("ready", "asleep")
     assert listed["org/other"]["ready_seconds"] == 0.9
     models = {m.id: m for m in _client(gateway).models.list()}
     assert (models["org/other"].model_extra or {})["ready_seconds"] == 0.9
