@@ -196,10 +196,7 @@ class GatewaySettings(_Strict):
         default=120.0, gt=0, le=MAX_SECONDS, description="A waiting request gets 503 after this long."
     )
     retry_after_seconds: int = Field(
-        default=5,
-        ge=1,
-        le=3600,
-        description="The Retry-After a 503 carries when nothing predicts the wait (no boot or wake history yet).",
+        default=5, ge=1, le=3600, description="A 503's Retry-After when no boot or wake history predicts the wait."
     )
     max_swaps_per_minute: int = Field(
         default=12,

@@ -52,20 +52,23 @@ class DaemonSupervisor:
         now = daemon.deps.clock.monotonic()
         if phase is Phase.ASLEEP:
             held = swaps.held_for(deployment)
-            wake = predicted.wake
-            ready_in = None if wake is None else round(wake + (held or 0.0), 3)
+            wake = None if predicted.wake is None else round(predicted.wake + (held or 0.0), 3)
             return Backend(
-                Availability.ASLEEP, dep.host, dep.port, key, "asleep", state="asleep", ready_in=ready_in, held_for=held
+                Availability.ASLEEP, dep.host, dep.port, key, "asleep", state="asleep", ready_in=wake, held_for=held
             )
         if phase in (Phase.FAILED, Phase.STOPPED):
             return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value, state=machine.status)
-        if machine.swap.since is not None:  # a wake (or a sleep a wake follows)
-            ready_in = prediction.remaining(predicted.wake, now - machine.swap.since)
-            state = "waking"
+        state = machine.status
+        since = machine.swap.since if machine.swap.since is not None else now
+        ready_in: float | None = None
+        if phase is Phase.FALLING_ASLEEP:  # asleep first, then woken (once the swap it makes room for is done)
+            left = prediction.remaining(predicted.sleep, now - since)
+            ready_in = None if left is None or predicted.wake is None else round(left + predicted.wake, 3)
+        elif state == "waking":
+            ready_in = prediction.remaining(predicted.wake, now - since)
         else:
             began = machine.boot.started_at if machine.boot is not None else worker.phase_since
             ready_in = prediction.remaining(predicted.boot(), now - began)
-            state = machine.status
         return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:

@@ -99,9 +99,7 @@ class LoadingStream:
 
     async def fail(self, document: Mapping[str, Any]) -> web.StreamResponse:
         assert self.response is not None
-        await self.response.write(b"data: " + json.dumps(document).encode() + b"\n\n")
-        await self.response.write_eof()
-        return self.response
+        return await _end_with_event(self.response, json.dumps(document))
 
 
 def _json_error(status: int, message: str, kind: str, param: str | None = None, **headers: str) -> web.Response:
@@ -206,9 +204,7 @@ class Gateway:
         self._supervisor.touched(name)
         try:
             begun = loading.response if loading is not None else None
-            if begun is not None:
-                return await self._forward_into(request, name, backend, routed.body, begun)
-            return await self._forward(request, name, backend, routed.body)
+            return await self._forward(request, name, backend, routed.body, begun)
         finally:
             self._supervisor.released(name)  # a member busy with requests is never put to sleep
 
@@ -262,10 +258,11 @@ class Gateway:
         finally:
             self._waiting[name] -= 1
 
-    async def _forward_into(
-        self, request: web.Request, name: str, backend: Backend, body: bytes, begun: web.StreamResponse
+    async def _forward(
+        self, request: web.Request, name: str, backend: Backend, body: bytes, begun: web.StreamResponse | None = None
     ) -> web.StreamResponse:
-        """Pass a streamed request on into the SSE answer its loading comments began (its status already sent)."""
+        """Pass the request on and stream the answer back; `begun`: the SSE answer its loading comments
+        began (status sent), into which the server's events go, or its error as one event."""
         assert self._session is not None
         try:
             upstream = await self._session.request(
@@ -273,45 +270,23 @@ class Gateway:
             )
         except aiohttp.ClientError as exc:
             log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
-            document = error_document(502, f"deployment {name!r} did not answer: {exc}", "BadGatewayError")
-            await begun.write(b"data: " + json.dumps(document).encode() + b"\n\n")
-            await begun.write_eof()
-            return begun
+            message = f"deployment {name!r} did not answer: {exc}"
+            if begun is not None:
+                return await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
+            return _json_error(502, message, "BadGatewayError")
         try:
-            if upstream.status != 200:  # an error document (JSON): the one event of the stream
+            response = (
+                begun
+                if begun is not None
+                else web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=_passed(upstream))
+            )
+            if begun is None:
+                if upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                await response.prepare(request)
+            elif upstream.status != 200:  # an error document (JSON): the one event of the stream
                 text = await upstream.content.read(1 << 16)
-                await begun.write(b"data: " + b" ".join(text.split(b"\n")) + b"\n\n")
-            else:
-                async for chunk in upstream.content.iter_any():
-                    await begun.write(chunk)
-            await begun.write_eof()
-            return begun
-        except aiohttp.ClientError as exc:
-            upstream.close()
-            log.info("gateway_stream_ended", deployment=name, error=str(exc) or type(exc).__name__)
-            if request.transport is not None:
-                request.transport.close()
-            return begun
-        except BaseException:
-            upstream.close()  # the client left: vLLM sees the abort
-            raise
-        finally:
-            upstream.release()
-
-    async def _forward(self, request: web.Request, name: str, backend: Backend, body: bytes) -> web.StreamResponse:
-        assert self._session is not None
-        try:
-            upstream = await self._session.request(
-                request.method, _url(request, backend), data=body, headers=_headers(request, backend)
-            )
-        except aiohttp.ClientError as exc:
-            log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
-            return _json_error(502, f"deployment {name!r} did not answer: {exc}", "BadGatewayError")
-        try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=_passed(upstream))
-            if upstream.content_length is not None:
-                response.content_length = upstream.content_length
-            await response.prepare(request)
+                return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()
@@ -330,6 +305,13 @@ class Gateway:
             raise
         finally:
             upstream.release()
+
+
+async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:
+    """End a begun SSE answer with one `data:` event (an error document)."""
+    await response.write(f"data: {data}\n\n".encode())
+    await response.write_eof()
+    return response
 
 
 def _check_held(name: str, backend: Backend, left: float) -> None:
