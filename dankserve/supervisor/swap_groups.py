@@ -83,6 +83,8 @@ class SwapGroups:
         """Wanted members held by their group's swap bound: when (monotonic) the next swap may begin."""
         self._draining: dict[str, str] = {}
         """Awake members finishing their requests before a swap to another (the member it is for)."""
+        self._boot_drains: dict[str, tuple[str, ...]] = {}
+        """The same for a boot waiting in `admit_boot` (a wake by booting): booting member -> busy members."""
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,7 +133,8 @@ class SwapGroups:
     def draining(self, name: str) -> str | None:
         """The member a swap away from awake `name` is for, while `name` finishes its requests (new ones wait)."""
         with self._lock:
-            return self._draining.get(name)
+            found = self._draining.get(name)
+            return found or next((boot for boot, busy in self._boot_drains.items() if name in busy), None)
 
     def held_for(self, name: str) -> float | None:
         """Seconds until the swap bound lets a wake of `name` begin (None: not held)."""
@@ -184,28 +187,32 @@ class SwapGroups:
         if group is None:
             return True
         announced = False
-        while not cancelled.is_set() and not self._stop.is_set():
+        try:
+            while not cancelled.is_set() and not self._stop.is_set():
+                with self._lock:
+                    why = self._boot_waits_for(name, group)
+                    if why is None:
+                        members = self._members(group, target=name, target_gpus=uuids)
+                        decision = swap.make_room(members, name)
+                        self._boot_drains[name] = swap.draining(decision, members)
+                        if isinstance(decision, Swap):
+                            if not decision.sleep:
+                                self._admitted.add(name)
+                                return True
+                            for sleeper in decision.sleep:
+                                self._sleep_member(sleeper, f"make room for {name}'s boot")
+                            why = "members falling asleep: " + ", ".join(decision.sleep)
+                        else:
+                            why = decision.reason
+                waits(f"swap group {group}: {why}")
+                if not announced:
+                    log.info("swap_boot_waits", deployment=name, reason=why)
+                    announced = True
+                self._changed.wait(LOOK_SECONDS)
+            return False
+        finally:
             with self._lock:
-                why = self._boot_waits_for(name, group)
-                if why is None:
-                    decision = swap.make_room(self._members(group, target=name, target_gpus=uuids), name)
-                    if isinstance(decision, Swap):
-                        if not decision.sleep:
-                            self._admitted.add(name)
-                            return True
-                        for sleeper in decision.sleep:
-                            self._sleep_member(sleeper, f"make room for {name}'s boot")
-                        why = "members falling asleep: " + ", ".join(decision.sleep)
-                    elif isinstance(decision, Wait):
-                        why = decision.reason
-                    else:
-                        why = decision.reason
-            waits(f"swap group {group}: {why}")
-            if not announced:
-                log.info("swap_boot_waits", deployment=name, reason=why)
-                announced = True
-            self._changed.wait(LOOK_SECONDS)
-        return False
+                self._boot_drains.pop(name, None)
 
     def _boot_waits_for(self, name: str, group: str) -> str | None:
         """At start-up: one first boot at a time, and the group's first member after the others."""

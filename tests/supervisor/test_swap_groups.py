@@ -212,3 +212,21 @@ def test_the_swap_bound_holds_a_wake_until_the_group_may_swap_again() -> None:
     held = groups.held_for("a")
     assert held is not None and 50 < held <= 60
     assert daemon.workers["b"].fed == [m.WakeRequested()] and groups.draining("b") is None
+
+
+def test_a_boot_waiting_for_a_busy_member_drains_it_too() -> None:
+    """A wake by booting (or a restart) waits in admit_boot for the busy awake member, which drains meanwhile."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    groups.touched("a")
+    cancelled = threading.Event()
+    admitted: list[bool] = []
+    boot = threading.Thread(target=lambda: admitted.append(groups.admit_boot("b", ("GPU-0",), cancelled)))
+    boot.start()
+    deadline = time.monotonic() + 10
+    while groups.draining("a") is None:
+        assert time.monotonic() < deadline, "a never drained"
+        time.sleep(0.01)
+    assert groups.draining("a") == "b" and daemon.workers["a"].fed == []
+    cancelled.set()
+    boot.join(10)
+    assert admitted == [False] and groups.draining("a") is None
