@@ -1,5 +1,6 @@
 """Swap groups' decisions (issue 16), pure: which members sleep so another can wake, which have
-been idle too long, and how deep a member sleeps.
+been idle too long, how deep a member sleeps, which busy members drain for a wake, and when the
+group's bound on swaps per minute lets the next swap begin (issue 29).
 
 Deployments of one swap group share GPUs with utilisations that sum above the 0.95 budget; at
 any time the awake ones fit. Nothing here talks to vLLM or reads a clock: the supervisor hands
