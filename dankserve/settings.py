@@ -195,7 +195,16 @@ class GatewaySettings(_Strict):
     queue_timeout_seconds: float = Field(
         default=120.0, gt=0, le=MAX_SECONDS, description="A waiting request gets 503 after this long."
     )
-    retry_after_seconds: int = Field(default=5, ge=1, le=3600, description="The Retry-After a 503 carries.")
+    retry_after_seconds: int = Field(
+        default=5, ge=1, le=3600, description="A 503's Retry-After when no boot or wake history predicts the wait."
+    )
+    max_swaps_per_minute: int = Field(
+        default=12,
+        ge=1,
+        le=10_000,
+        description="Swaps (a wake that puts others to sleep) each swap group may begin per minute; requests "
+        "beyond it wait for the next allowed swap, or get 503 + Retry-After when that is past queue_timeout_seconds.",
+    )
     max_request_bytes: int = Field(
         default=32 * 1024 * 1024, ge=1024, le=1 << 31, description="Largest request body accepted (413 beyond)."
     )

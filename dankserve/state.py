@@ -15,7 +15,8 @@ File form (schema 1)::
                               "last_boot": {BootSummary} | null, "down": false,
                               "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"],
                               "asleep": "1" | "2" | "stop" | null,
-                              "swapping": "falling_asleep" | "waking" | null}},
+                              "swapping": "falling_asleep" | "waking" | null,
+                              "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]}}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -28,13 +29,41 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
+
+TIMING_KINDS: tuple[str, ...] = ("cold", "warm", "wake", "sleep")
+"""`cold`: a boot without compile cache; `warm`: any faster boot (compile cache, learned KV bytes,
+the launcher); `wake`: a swap group member woken (at its level, a boot for `stop`); `sleep`: one
+put to sleep (an awake member's sleep comes before another's wake)."""
+
+KEPT = 10
+"""Timings kept per kind (the oldest go first)."""
+
+
+def timings_json(timings: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+    return {kind: list(values) for kind, values in sorted(timings.items()) if values}
+
+
+def timings_from_json(data: Any) -> dict[str, tuple[float, ...]]:
+    """What state.json holds (unknown kinds and values that are no non-negative numbers are dropped)."""
+    if not isinstance(data, dict):
+        return {}
+    out: dict[str, tuple[float, ...]] = {}
+    for kind, values in data.items():
+        if kind not in TIMING_KINDS or not isinstance(values, list):
+            continue
+        kept = tuple(
+            float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e7
+        )
+        if kept:
+            out[kind] = kept[-KEPT:]
+    return out
 
 
 class StateCorrupt(ValueError):
@@ -167,6 +196,9 @@ class DeploymentState:
     swapping: str | None = None
     """The sleep or wake under way at the level `asleep` names ("falling_asleep", "waking"), recorded
     before it is sent: a daemon following one killed meanwhile sends it again."""
+    timings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Seconds the last boots (cold, warm), wakes and sleeps took, latest last: the predictions'
+    history (supervisor.prediction)."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -252,6 +284,7 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             # A level this release does not know is as good as none: the server is asked (/is_sleeping).
             asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
             swapping=moving if (moving := _optional(data, "swapping", str)) in ("falling_asleep", "waking") else None,
+            timings=timings_from_json(data.get("timings")),
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
@@ -314,6 +347,7 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
         "remediated": list(deployment.remediated),
         "asleep": deployment.asleep,
         "swapping": deployment.swapping,
+        "timings": timings_json(deployment.timings),
     }
 
 

@@ -48,6 +48,7 @@ def populated() -> State:
         remediated=("max_len_too_large",),
         asleep="1",
         swapping="waking",
+        timings={"cold": (41.2,), "warm": (12.0, 11.8), "wake": (0.9,)},
     )
     return State(deployments={"chat": chat, "code": DeploymentState()}, image_versions={"sha256:abc": "0.33.0"})
 

@@ -141,6 +141,16 @@ def swap_line(swap: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def predicted_line(predicted: Mapping[str, Any]) -> str | None:
+    """The predicted cold boot, warm boot and wake seconds (from its history), or None without any."""
+    parts = [
+        f"{kind} {predicted[f'{kind}_seconds']:.2f} s"
+        for kind in ("cold", "warm", "wake")
+        if predicted.get(f"{kind}_seconds") is not None
+    ]
+    return "predicted: " + ", ".join(parts) if parts else None
+
+
 def _warnings(doc: dict[str, Any], now: float, recent_seconds: float) -> list[str]:
     out = []
     for dep in doc["deployments"]:
@@ -279,6 +289,9 @@ def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
         lines.append(f"  host {member['address']} ({member['role']}): {member['state']}{note}")
     if dep.get("swap"):
         lines.append(f"  {swap_line(dep['swap'])}")
+    predicted = predicted_line(dep.get("predicted") or {})
+    if predicted:
+        lines.append(f"  {predicted}")
     for gpu in dep.get("gpus") or []:
         lines.append(
             f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "

@@ -1,8 +1,9 @@
 """What the gateway asks the supervisor: is a deployment ready, where does it listen, wake it.
 
 The gateway never decides a deployment's lifecycle: it reads an `Availability` and, for one
-that is not ready, calls `wake` (today a deployment is only ever booting, restarting or ready;
-swap groups answer `ASLEEP` and start a wake there). `touched` tells the supervisor a request
+that is not ready, calls `wake` (swap groups answer `ASLEEP` and start a wake there; an awake
+member finishing its requests before a swap away from it answers `PENDING`, state `draining`).
+Predicted ready seconds come with it (from the boot and wake history). `touched` tells the supervisor a request
 went to a deployment, so least-recently-used and idle-sleep choices can follow the traffic.
 Every method is called from the gateway's event loop: each must return at once (no I/O).
 """
@@ -36,6 +37,13 @@ class Backend:
     """The key the server wants (read by the supervisor from api_key_file), sent upstream."""
     message: str | None = None
     """Why it is not ready, for the 503's message."""
+    state: str | None = None
+    """What it does, in a word clients see (/v1/models, loading comments): ready, asleep, waking,
+    starting, restarting, draining (finishing its requests before a swap away from it), ..."""
+    ready_in: float | None = None
+    """Predicted seconds until it is ready (0 when ready; None: no history to predict from)."""
+    held_for: float | None = None
+    """Seconds until its swap group's bound (`max_swaps_per_minute`) lets its wake begin (None: not held)."""
 
 
 class Supervisor(Protocol):

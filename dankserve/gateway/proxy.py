@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,11 +25,14 @@ from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.routing import (
     DEV_ROUTES,
     ROUTED_BY_MODEL,
+    Readiness,
     Route,
     RoutingError,
     error_document,
+    loading_comment,
     model_entries,
     models_document,
+    retry_after,
     route_body,
     route_table,
 )
@@ -38,6 +42,8 @@ log = structlog.get_logger("dankserve.gateway")
 
 POLL_SECONDS = 0.02
 """How often a queued request looks at its deployment again (a dict read under a lock)."""
+LOADING_COMMENT_SECONDS = 3.0
+"""How often a waiting streamed request gets its loading comment again."""
 
 HOP_BY_HOP = frozenset(
     {
@@ -64,7 +70,36 @@ class QueuePolicy:
 
 
 class Unavailable(Exception):
-    """The deployment cannot take the request now: 503 with Retry-After."""
+    """The deployment cannot take the request now: 503 with Retry-After (the predicted wait, when known)."""
+
+    def __init__(self, message: str, ready_in: float | None = None) -> None:
+        super().__init__(message)
+        self.ready_in = ready_in
+
+
+class LoadingStream:
+    """A streamed request's SSE answer, begun while it waits so that loading comments reach the client.
+
+    Once begun, the status is 200: what goes wrong later (the wait times out, the server answers an
+    error) is one SSE `data:` event in OpenAI's error shape, which OpenAI clients raise as an error."""
+
+    def __init__(self, request: web.Request, model: str) -> None:
+        self._request = request
+        self._model = model
+        self.response: web.StreamResponse | None = None
+
+    async def announce(self, backend: Backend) -> None:
+        if self.response is None:
+            self.response = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await self.response.prepare(self._request)
+        held = backend.held_for is not None and backend.held_for > 0
+        await self.response.write(loading_comment(self._model, backend.state, backend.ready_in, held))
+
+    async def fail(self, document: Mapping[str, Any]) -> web.StreamResponse:
+        assert self.response is not None
+        return await _end_with_event(self.response, json.dumps(document))
 
 
 def _json_error(status: int, message: str, kind: str, param: str | None = None, **headers: str) -> web.Response:
@@ -134,10 +169,10 @@ class Gateway:
             return _json_error(401, "missing or wrong API key (Authorization: Bearer KEY)", "AuthenticationError")
         vouch(request)
         if path == "/v1/models" and request.method == "GET":
-            return web.json_response(models_document(model_entries(self._deployments()), self.started))
+            return web.json_response(self._models())
         if path.startswith("/v1/models/") and request.method == "GET":
             wanted = path.removeprefix("/v1/models/")
-            listed = models_document(model_entries(self._deployments()), self.started)["data"]
+            listed = self._models()["data"]
             found = [entry for entry in listed if entry["id"] == wanted]
             if found:
                 return web.json_response(found[0])
@@ -157,62 +192,101 @@ class Gateway:
         except RoutingError as exc:
             return web.json_response(exc.document, status=exc.status)
         name = routed.route.deployment
+        loading = LoadingStream(request, routed.route.served_name) if routed.streamed else None
         try:
-            backend = await self._ready(name)
+            backend = await self._ready(name, loading)
         except Unavailable as exc:
             log.info("gateway_unavailable", deployment=name, reason=str(exc))
-            return _json_error(
-                503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(self._queue.retry_after)}
-            )
+            if loading is not None and loading.response is not None:
+                return await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
+            wait = retry_after(exc.ready_in, self._queue.retry_after)
+            return _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
         self._supervisor.touched(name)
         try:
-            return await self._forward(request, name, backend, routed.body)
+            begun = loading.response if loading is not None else None
+            return await self._forward(request, name, backend, routed.body, begun)
         finally:
             self._supervisor.released(name)  # a member busy with requests is never put to sleep
 
-    async def _ready(self, name: str) -> Backend:
-        """The deployment's backend once ready; waits in its bounded queue meanwhile (Unavailable otherwise)."""
+    def _models(self) -> dict[str, Any]:
+        entries = model_entries(self._deployments())
+        readiness = {}
+        for deployment in dict.fromkeys(e.deployment for e in entries):
+            backend = self._supervisor.backend(deployment)
+            ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
+            readiness[deployment] = Readiness(backend.state or backend.availability.value, ready_in)
+        return models_document(entries, self.started, readiness)
+
+    async def _ready(self, name: str, loading: LoadingStream | None = None) -> Backend:
+        """The deployment's backend once ready; waits in its bounded queue meanwhile (Unavailable otherwise).
+
+        A wait never outlasts queue_timeout_seconds: one held by the swap bound past it is refused at once.
+        A streamed request's `loading` gets a comment at once and every LOADING_COMMENT_SECONDS."""
         backend = self._supervisor.backend(name)
         if backend.availability is Availability.READY:
             return backend
         if backend.availability is Availability.OFF:
             raise Unavailable(f"deployment {name!r} is not running: {backend.message or 'stopped'}")
         if self._waiting.get(name, 0) >= self._queue.size:
-            raise Unavailable(f"deployment {name!r} is not ready and {self._queue.size} requests already wait for it")
+            raise Unavailable(
+                f"deployment {name!r} is not ready and {self._queue.size} requests already wait for it",
+                backend.ready_in,
+            )
         self._waiting[name] = self._waiting.get(name, 0) + 1
         try:
             self._supervisor.wake(name)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self._queue.timeout
+            announce_at = loop.time()
             while True:
+                _check_held(name, backend, deadline - loop.time())
+                if loading is not None and loop.time() >= announce_at:
+                    await loading.announce(backend)
+                    announce_at = loop.time() + LOADING_COMMENT_SECONDS
                 await asyncio.sleep(POLL_SECONDS)
-                backend = self._supervisor.backend(name)
+                before, backend = backend, self._supervisor.backend(name)
                 if backend.availability is Availability.READY:
                     return backend
                 if backend.availability is Availability.OFF:
                     raise Unavailable(f"deployment {name!r} did not become ready: {backend.message or 'stopped'}")
+                if backend.availability is Availability.ASLEEP and before.availability is not Availability.ASLEEP:
+                    self._supervisor.wake(name)  # it fell asleep meanwhile (a swap away from it): wake it again
                 if loop.time() >= deadline:
-                    raise Unavailable(f"deployment {name!r} not ready within {self._queue.timeout:g}s")
+                    raise Unavailable(
+                        f"deployment {name!r} not ready within {self._queue.timeout:g}s", backend.ready_in
+                    )
         finally:
             self._waiting[name] -= 1
 
-    async def _forward(self, request: web.Request, name: str, backend: Backend, body: bytes) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, name: str, backend: Backend, body: bytes, begun: web.StreamResponse | None = None
+    ) -> web.StreamResponse:
+        """Pass the request on and stream the answer back; `begun`: the SSE answer its loading comments
+        began (status sent), into which the server's events go, or its error as one event."""
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        if backend.api_key is not None:
-            headers["Authorization"] = f"Bearer {backend.api_key}"
-        host = f"[{backend.host}]" if ":" in backend.host else backend.host
-        url = f"http://{host}:{backend.port}{request.path_qs}"
         try:
-            upstream = await self._session.request(request.method, url, data=body, headers=headers)
+            upstream = await self._session.request(
+                request.method, _url(request, backend), data=body, headers=_headers(request, backend)
+            )
         except aiohttp.ClientError as exc:
             log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
-            return _json_error(502, f"deployment {name!r} did not answer: {exc}", "BadGatewayError")
+            message = f"deployment {name!r} did not answer: {exc}"
+            if begun is not None:
+                return await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
+            return _json_error(502, message, "BadGatewayError")
         try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=_passed(upstream))
-            if upstream.content_length is not None:
-                response.content_length = upstream.content_length
-            await response.prepare(request)
+            response = (
+                begun
+                if begun is not None
+                else web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=_passed(upstream))
+            )
+            if begun is None:
+                if upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                await response.prepare(request)
+            elif upstream.status != 200:  # an error document (JSON): the one event of the stream
+                text = await upstream.content.read(1 << 16)
+                return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
             await response.write_eof()
@@ -231,6 +305,36 @@ class Gateway:
             raise
         finally:
             upstream.release()
+
+
+async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:
+    """End a begun SSE answer with one `data:` event (an error document)."""
+    await response.write(f"data: {data}\n\n".encode())
+    await response.write_eof()
+    return response
+
+
+def _check_held(name: str, backend: Backend, left: float) -> None:
+    """Unavailable when the swap bound holds the wake past what is left of the request's wait."""
+    held = backend.held_for
+    if held is not None and held > 0 and (backend.ready_in or held) > left:
+        raise Unavailable(
+            f"deployment {name!r} waits for its swap group's next allowed swap (max_swaps_per_minute) in "
+            f"{held:.0f} s, past the {left:.0f} s this request may still wait",
+            backend.ready_in if backend.ready_in is not None else held,
+        )
+
+
+def _headers(request: web.Request, backend: Backend) -> dict[str, str]:
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    if backend.api_key is not None:
+        headers["Authorization"] = f"Bearer {backend.api_key}"
+    return headers
+
+
+def _url(request: web.Request, backend: Backend) -> str:
+    host = f"[{backend.host}]" if ":" in backend.host else backend.host
+    return f"http://{host}:{backend.port}{request.path_qs}"
 
 
 def _passed(upstream: aiohttp.ClientResponse) -> dict[str, Any]:

@@ -8,6 +8,7 @@ checks the `model` field against the names it serves.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,15 +77,55 @@ def route_table(deployments: Mapping[str, DeploymentSettings]) -> dict[str, Rout
     return {e.id: Route(e.deployment, e.served_name) for e in model_entries(deployments)}
 
 
-def models_document(entries: list[ModelEntry], created: int) -> dict[str, Any]:
-    """The /v1/models answer (OpenAI's list of model objects)."""
-    return {
-        "object": "list",
-        "data": [
-            {"id": e.id, "object": "model", "created": created, "owned_by": "dankserve", "root": e.served_name}
-            for e in entries
-        ],
-    }
+@dataclass(frozen=True)
+class Readiness:
+    """A deployment's state and predicted seconds until ready, as /v1/models shows them."""
+
+    state: str
+    ready_seconds: float | None
+
+
+def models_document(
+    entries: list[ModelEntry], created: int, readiness: Mapping[str, Readiness] | None = None
+) -> dict[str, Any]:
+    """The /v1/models answer (OpenAI's list of model objects), each with its deployment's `state` and
+    `ready_seconds` (extra fields: OpenAI clients keep or ignore them)."""
+    data = []
+    for e in entries:
+        entry: dict[str, Any] = {
+            "id": e.id,
+            "object": "model",
+            "created": created,
+            "owned_by": "dankserve",
+            "root": e.served_name,
+        }
+        ready = (readiness or {}).get(e.deployment)
+        if ready is not None:
+            entry["state"] = ready.state
+            entry["ready_seconds"] = ready.ready_seconds
+        data.append(entry)
+    return {"object": "list", "data": data}
+
+
+def loading_comment(model: str, state: str | None, ready_in: float | None, held: bool = False) -> bytes:
+    """The SSE comment a streamed request gets while it waits (clients skip lines that begin with ':')."""
+    if held:
+        doing = f"waiting for the next swap its group allows, then waking {model}"
+    elif state in ("asleep", "waking"):
+        doing = f"waking {model}"
+    elif state == "draining":
+        doing = f"{model} finishes its requests before a swap; waiting for its next turn"
+    else:
+        doing = f"starting {model}"
+    about = f", about {ready_in:.1f} s" if ready_in is not None else ""
+    return f": dankserve: {doing}{about}\n\n".encode()
+
+
+def retry_after(seconds: float | None, default: int) -> int:
+    """A 503's Retry-After: the predicted seconds until ready, rounded up (at least 1); `default` without one."""
+    if seconds is None:
+        return default
+    return max(1, math.ceil(seconds))
 
 
 def error_document(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
@@ -98,6 +139,8 @@ class Routed:
 
     route: Route
     body: bytes
+    streamed: bool = False
+    """The body asks for a stream (`"stream": true`): the answer is SSE."""
 
 
 class RoutingError(Exception):
@@ -128,10 +171,11 @@ def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
     route = table.get(model)
     if route is None:
         raise RoutingError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    streamed = document.get("stream") is True
     if model == route.served_name:
-        return Routed(route, body)
+        return Routed(route, body, streamed)
     document["model"] = route.served_name
     try:
-        return Routed(route, json.dumps(document).encode())
+        return Routed(route, json.dumps(document).encode(), streamed)
     except RecursionError:
         raise RoutingError(400, NESTED_TOO_DEEPLY, "BadRequestError") from None

@@ -44,7 +44,7 @@ from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, launching, learning, requests, sleep_mode, swap
+from dankserve.supervisor import instance, launching, learning, prediction, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
@@ -334,6 +334,7 @@ class DeploymentWorker:
             took = done.last_sleep_seconds if done.last_kind == "sleep" else done.last_wake_seconds
             if took is not None:
                 self.daemon.telemetry.swapped(self.name, done.last_kind, took)
+                self._timed(done.last_kind, took)
         record = after.sleep_record
         if record != before.sleep_record:  # written before status shows it (and /sleep is sent), to outlive a kill -9
             self.daemon.state.set_asleep(
@@ -713,12 +714,22 @@ class DeploymentWorker:
                 wake=self.machine.swap.since is not None,  # a swap group member woken by booting
             )
             self.daemon.telemetry.booted(self.name, kind, took, command.facts.compile_cache_hit)
+            if kind != "wake":  # a wake by booting is timed as the wake it is (_publish)
+                self._timed(prediction.timing_kind(kind), took)
         self.daemon.observatory.poke()
         if command.baseline and command.boot_key is not None:
             learned = learning.learn_from_boot(command.facts, command.baseline, self.clock.time())
             if learned is not None and state.learned(self.name, command.boot_key) is None:
                 state.remember_learned(self.name, command.boot_key, learned)
                 self.log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
+
+    def _timed(self, kind: str, seconds: float) -> None:
+        """A boot, wake or sleep took `seconds`: compared with its prediction (before it joins the history)."""
+        expected = prediction.predict(self.daemon.state.deployment(self.name).timings).of(kind)
+        if kind != "sleep" and prediction.slower_than_predicted(seconds, expected):
+            self.log.warning("slower_than_predicted", kind=kind, seconds=seconds, predicted_seconds=expected)
+            self.daemon.telemetry.slower_than_predicted(self.name, kind)
+        self.daemon.state.record_timing(self.name, kind, seconds)
 
     def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[GpuIdentity, int]]:
         """A group's followers' GPUs (none for a single host)."""

@@ -1,8 +1,9 @@
 """The daemon's side of the gateway's Supervisor protocol: each deployment's phase and address.
 
-Reads only what the workers already publish (their machine state) and the settings; it decides
-nothing. `wake`, `touched` and `released` go to the daemon's swap groups (a deployment outside
-one that is booting or restarting gets ready on its own).
+Reads only what the workers already publish (their machine state), the settings, the swap groups'
+draining and bound, and the boot and wake history (predicted ready seconds); it decides nothing.
+`wake`, `touched` and `released` go to the daemon's swap groups (a deployment outside one that is
+booting or restarting gets ready on its own).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.secret_files import read_key_now
+from dankserve.supervisor import prediction
 from dankserve.supervisor.lifecycle import Phase
 
 if TYPE_CHECKING:
@@ -37,16 +39,38 @@ class DaemonSupervisor:
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
         machine = worker.machine
         phase, message = machine.phase, machine.message
+        swaps = daemon.swap_groups
         if phase is Phase.READY:
-            return Backend(Availability.READY, dep.host, dep.port, key)
-        refused = daemon.swap_groups.refused(deployment)
+            for_whom = swaps.draining(deployment)
+            if for_whom is None:
+                return Backend(Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0)
+            why = f"finishing its requests before a swap to {for_whom}"
+            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="draining")
+        refused = swaps.refused(deployment)
         if refused is not None:
-            return Backend(Availability.OFF, dep.host, dep.port, key, refused)
+            return Backend(Availability.OFF, dep.host, dep.port, key, refused, state=machine.status)
+        predicted = prediction.predict(daemon.state.deployment(deployment).timings)
+        now = daemon.deps.clock.monotonic()
         if phase is Phase.ASLEEP:
-            return Backend(Availability.ASLEEP, dep.host, dep.port, key, "asleep")
+            held = swaps.held_for(deployment)
+            wake = None if predicted.wake is None else round(predicted.wake + (held or 0.0), 3)
+            return Backend(
+                Availability.ASLEEP, dep.host, dep.port, key, "asleep", state="asleep", ready_in=wake, held_for=held
+            )
         if phase in (Phase.FAILED, Phase.STOPPED):
-            return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value)
-        return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value)
+            return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value, state=machine.status)
+        state = machine.status
+        since = machine.swap.since if machine.swap.since is not None else now
+        ready_in: float | None = None
+        if phase is Phase.FALLING_ASLEEP:  # asleep first, then woken (once the swap it makes room for is done)
+            left = prediction.remaining(predicted.sleep, now - since)
+            ready_in = None if left is None or predicted.wake is None else round(left + predicted.wake, 3)
+        elif state == "waking":
+            ready_in = prediction.remaining(predicted.wake, now - since)
+        else:
+            began = machine.boot.started_at if machine.boot is not None else worker.phase_since
+            ready_in = prediction.remaining(predicted.boot(), now - began)
+        return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
         self._daemon.swap_groups.wake(deployment)  # booting and restarting ones get ready by themselves

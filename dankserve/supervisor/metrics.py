@@ -16,6 +16,7 @@ Exported (every deployment-level series carries `deployment`):
 - `dankserve_kv_cache_memory_bytes`, `dankserve_kv_cache_learned_used` (0/1)
 - `dankserve_compile_cache_hits_total`, `dankserve_compile_cache_misses_total`
 - `dankserve_liveness_probes_total{result}`, `dankserve_preemption_warnings_total`
+- `dankserve_slower_than_predicted_total{kind}`: boots (cold, warm) and wakes over twice their prediction
 - `dankserve_serving_scrape_ok` (0/1: the server's /metrics was read in the last round)
 - `dankserve_gpu_memory_used_bytes{gpu,uuid}`, `dankserve_gpu_memory_total_bytes{gpu,uuid}`
 - vLLM's own families (`serving.RELAYED`, e.g. `vllm:num_requests_waiting`,
@@ -159,9 +160,16 @@ def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Me
     preemption_warnings = CounterMetricFamily(
         "dankserve_preemption_warnings_total", "Warnings about rising preemptions.", labels=["deployment"]
     )
+    slower = CounterMetricFamily(
+        "dankserve_slower_than_predicted_total",
+        "Boots and wakes that took more than twice their predicted seconds, by kind (cold, warm, wake).",
+        labels=["deployment", "kind"],
+    )
     for name, t in sorted(telemetry.items()):
         for kind, count in t.boots.items():
             boots.add_metric([name, kind], float(count))
+        for kind, count in t.slower_than_predicted.items():
+            slower.add_metric([name, kind], float(count))
         for kind, histogram in t.boot_seconds.items():
             buckets = [
                 (_le(bound), float(count)) for bound, count in zip(histogram.buckets, histogram.counts, strict=True)
@@ -177,7 +185,7 @@ def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Me
         probes.add_metric([name, "ok"], float(t.probes_ok))
         probes.add_metric([name, "failed"], float(t.probes_failed))
         preemption_warnings.add_metric([name], float(t.preemption_warnings))
-    return [boots, durations, restarts, failures, hits, misses, probes, preemption_warnings]
+    return [boots, durations, restarts, failures, hits, misses, probes, preemption_warnings, slower]
 
 
 def _le(bound: float) -> str:
@@ -245,6 +253,7 @@ EXPORTED: frozenset[str] = frozenset(
         "dankserve_compile_cache_misses_total",
         "dankserve_liveness_probes_total",
         "dankserve_preemption_warnings_total",
+        "dankserve_slower_than_predicted_total",
         "dankserve_serving_scrape_ok",
         "dankserve_gpu_memory_used_bytes",
         "dankserve_gpu_memory_total_bytes",

@@ -20,6 +20,7 @@ from dankserve.bootlog import BootFacts
 from dankserve.errors import EnvironmentUnusable
 from dankserve.state import BootSummary, DeploymentState, FailureRecord, LearnedKv, State, StateStore
 from dankserve.supervisor.instance import check_private_dir
+from dankserve.supervisor.prediction import remembered
 
 log = structlog.get_logger("dankserve")
 
@@ -116,6 +117,10 @@ class StateBook:
             kv_cache_learned_used=learned_used,
         )
         self._change(name, lambda d: replace(d, last_boot=summary))
+
+    def record_timing(self, name: str, kind: str, seconds: float) -> None:
+        """Remember how long a boot, wake or sleep took (the predictions' history)."""
+        self._change(name, lambda d: replace(d, timings=remembered(d.timings, kind, seconds)))
 
     def remember_learned(self, name: str, fingerprint: str, learned: LearnedKv) -> None:
         self._change(name, lambda d: d.remember(fingerprint, learned))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dankserve.state import DeploymentState, FailureRecord
 from dankserve.supervisor.machine import MachineState, Stage
+from dankserve.supervisor.prediction import predict
 from dankserve.supervisor.reloading import ConfigRefusal
 from dankserve.supervisor.telemetry import DeploymentTelemetry
 
@@ -95,6 +96,8 @@ class DeploymentView:
     observed: DeploymentTelemetry
     """This daemon's counts since it started (the numbers /metrics exports)."""
     swap: dict[str, Any] | None
+    predicted: dict[str, Any]
+    """Cold, warm and wake seconds predicted from the deployment's history (supervisor/prediction.py)."""
     rests: bool
     why: str | None
     waiting_for: str | None
@@ -216,6 +219,7 @@ def deployment_view(
         serving=dict(serving) if serving is not None else None,
         observed=observed or DeploymentTelemetry(),
         swap=swap_json(dep, machine),
+        predicted=predict(record.timings).to_json(),
         rests=rests,
         why=why(name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure),
         waiting_for=waiting_for,

@@ -1,5 +1,6 @@
 """Swap groups' decisions (issue 16), pure: which members sleep so another can wake, which have
-been idle too long, and how deep a member sleeps.
+been idle too long, how deep a member sleeps, which busy members drain for a wake, and when the
+group's bound on swaps per minute lets the next swap begin (issue 29).
 
 Deployments of one swap group share GPUs with utilisations that sum above the 0.95 budget; at
 any time the awake ones fit. Nothing here talks to vLLM or reads a clock: the supervisor hands
@@ -67,6 +68,8 @@ class Wait:
     """Room will come when busy members finish (or sleeping ones are asleep): ask again then."""
 
     reason: str
+    waits_for: tuple[str, ...] = ()
+    """The members it waits for (busy with requests, waking, or falling asleep)."""
 
 
 @dataclass(frozen=True)
@@ -126,13 +129,44 @@ def make_room(members: Sequence[Member], waking: str) -> Swap | Wait | CannotFit
     later = _greedy(members, target, sharing)
     if later is not None:
         waiting = [name for name in later if name not in {m.name for m in idle}]
-        return Wait(f"{waking} waits for {', '.join(waiting)} (busy with requests, waking, or falling asleep)")
+        return Wait(
+            f"{waking} waits for {', '.join(waiting)} (busy with requests, waking, or falling asleep)", tuple(waiting)
+        )
     full = _overfull(members, target, frozenset(m.name for m in sharing))
     pinned = sorted(m.name for m in members if m.pinned and m.state in HOLDING and m.gpus & set(full))
     return CannotFit(
         f"{waking} ({target.utilization:g}) does not fit on {', '.join(full)} beside "
         + (f"pinned {', '.join(pinned)}" if pinned else "the members that stay awake")
     )
+
+
+SWAP_WINDOW_SECONDS = 60.0
+"""`max_swaps_per_minute` counts the swaps begun within this many seconds."""
+
+
+def recent_swaps(begun: Sequence[float], now: float) -> tuple[float, ...]:
+    """The swap starts still inside the window (oldest first)."""
+    return tuple(sorted(at for at in begun if now - at < SWAP_WINDOW_SECONDS))
+
+
+def next_swap_at(begun: Sequence[float], now: float, per_minute: int | None) -> float | None:
+    """When the group's next swap may begin under its bound: None for now (or no bound), else the moment
+    the oldest swap of a full window leaves it. A swap here is a wake that puts others to sleep."""
+    if per_minute is None:
+        return None
+    window = recent_swaps(begun, now)
+    if len(window) < per_minute:
+        return None
+    return window[-per_minute] + SWAP_WINDOW_SECONDS
+
+
+def draining(decision: Swap | Wait | CannotFit, members: Sequence[Member]) -> tuple[str, ...]:
+    """The awake members a wake waits for to finish their requests: those that arrive meanwhile wait
+    (for the member's next turn) rather than keep it busy, so the swap comes (arrivals earlier are served)."""
+    if not isinstance(decision, Wait):
+        return ()
+    awake = {m.name for m in members if m.state is MemberState.AWAKE and m.in_flight > 0}
+    return tuple(name for name in decision.waits_for if name in awake)
 
 
 def idle_sleepers(members: Sequence[Member], idle_seconds: Mapping[str, float | None], now: float) -> list[str]:

@@ -101,6 +101,16 @@ class SwapGroups:
         self._admitted: set[str] = set()
         """Members let past `admit_boot` whose boot has not yet taken its GPU memory (they count as holding)."""
         self._facts: dict[str, PlanFacts] = {}
+        self._swaps: dict[str, tuple[float, ...]] = {}
+        """Each group's swap starts within the last minute (`max_swaps_per_minute`)."""
+        self._swapping_to: set[str] = set()
+        """Wanted members whose swap has begun (counted once)."""
+        self._held: dict[str, float] = {}
+        """Wanted members held by their group's swap bound: when (monotonic) the next swap may begin."""
+        self._draining: dict[str, str] = {}
+        """Awake members finishing their requests before a swap to another (the member it is for)."""
+        self._boot_drains: dict[str, tuple[str, ...]] = {}
+        """The same for a boot waiting in `admit_boot` (a wake by booting): booting member -> busy members."""
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -146,6 +156,18 @@ class SwapGroups:
             self._refused.pop(name, None)
         self._changed.set()
 
+    def draining(self, name: str) -> str | None:
+        """The member a swap away from awake `name` is for, while `name` finishes its requests (new ones wait)."""
+        with self._lock:
+            found = self._draining.get(name)
+            return found or next((boot for boot, busy in self._boot_drains.items() if name in busy), None)
+
+    def held_for(self, name: str) -> float | None:
+        """Seconds until the swap bound lets a wake of `name` begin (None: not held)."""
+        with self._lock:
+            at = self._held.get(name)
+        return None if at is None else max(0.0, at - time.monotonic())
+
     def refused(self, name: str) -> str | None:
         """Why the last wake of `name` cannot happen (the gateway answers 503 with it), or None."""
         with self._lock:
@@ -172,7 +194,7 @@ class SwapGroups:
         if stage is not m.Stage.READY:
             return f"deployment {name!r} is {worker.machine.status}: only a ready deployment can be put to sleep"
         with self._lock:
-            self._wanted.discard(name)
+            self._unwant(name)
         self._put_to_sleep(worker, reason)
         return None
 
@@ -191,28 +213,32 @@ class SwapGroups:
         if group is None:
             return True
         announced = False
-        while not cancelled.is_set() and not self._stop.is_set():
+        try:
+            while not cancelled.is_set() and not self._stop.is_set():
+                with self._lock:
+                    why = self._boot_waits_for(name, group)
+                    if why is None:
+                        members = self._members(group, target=name, target_gpus=uuids)
+                        decision = swap.make_room(members, name)
+                        self._boot_drains[name] = swap.draining(decision, members)
+                        if isinstance(decision, Swap):
+                            if not decision.sleep:
+                                self._admitted.add(name)
+                                return True
+                            for sleeper in decision.sleep:
+                                self._sleep_member(sleeper, f"make room for {name}'s boot")
+                            why = "members falling asleep: " + ", ".join(decision.sleep)
+                        else:
+                            why = decision.reason
+                waits(f"swap group {group}: {why}")
+                if not announced:
+                    log.info("swap_boot_waits", deployment=name, reason=why)
+                    announced = True
+                self._changed.wait(LOOK_SECONDS)
+            return False
+        finally:
             with self._lock:
-                why = self._boot_waits_for(name, group)
-                if why is None:
-                    decision = swap.make_room(self._members(group, target=name, target_gpus=uuids), name)
-                    if isinstance(decision, Swap):
-                        if not decision.sleep:
-                            self._admitted.add(name)
-                            return True
-                        for sleeper in decision.sleep:
-                            self._sleep_member(sleeper, f"make room for {name}'s boot")
-                        why = "members falling asleep: " + ", ".join(decision.sleep)
-                    elif isinstance(decision, Wait):
-                        why = decision.reason
-                    else:
-                        why = decision.reason
-            waits(f"swap group {group}: {why}")
-            if not announced:
-                log.info("swap_boot_waits", deployment=name, reason=why)
-                announced = True
-            self._changed.wait(LOOK_SECONDS)
-        return False
+                self._boot_drains.pop(name, None)
 
     def _boot_waits_for(self, name: str, group: str) -> str | None:
         """At start-up: one first boot at a time, and the group's first member after the others."""
@@ -273,30 +299,62 @@ class SwapGroups:
 
     def _serve_wakes(self, group: str, now: float) -> None:
         workers = self._daemon.snapshot()
-        for name in [n for n in self._member_names(group) if n in self._wanted]:
+        names = self._member_names(group)
+        for gone in [n for n in self._draining if n in names]:
+            del self._draining[gone]  # found again below while its swap still waits for it
+        for name in [n for n in names if n in self._wanted]:
             worker = workers.get(name)
             if worker is None:
-                self._wanted.discard(name)
+                self._unwant(name)
                 continue
             state = worker.machine
             if state.stage in (m.Stage.FALLING_ASLEEP, m.Stage.DECIDING):
                 continue  # woken once asleep (deciding: a server that died asleep stays asleep, by stop)
             if state.stage is not m.Stage.ASLEEP:
-                self._wanted.discard(name)  # ready already, or booting / restarting on its own
+                self._unwant(name)  # ready already, or booting / restarting on its own
                 continue
+            members = self._members(group)
+            decision = swap.make_room(members, name)
+            if self._held_by_bound(group, name, decision, now):
+                continue
+            for busy in swap.draining(decision, members):
+                self._draining[busy] = name
             if state.swap.level == "stop":  # a boot: admit_boot makes the room
                 self._wake_member(name, worker, now)
                 continue
-            decision = swap.make_room(self._members(group), name)
             if isinstance(decision, Swap):
                 if not decision.sleep:
                     self._wake_member(name, worker, now)
                 for sleeper in decision.sleep:
                     self._sleep_member(sleeper, f"make room for {name}")
             elif isinstance(decision, CannotFit):
-                self._wanted.discard(name)
+                self._unwant(name)
                 self._refused[name] = (decision.reason, now)
                 log.error("swap_cannot_fit", deployment=name, reason=decision.reason)
+
+    def _held_by_bound(self, group: str, name: str, decision: Swap | Wait | CannotFit, now: float) -> bool:
+        """Whether the group's swap bound holds this wake back; a swap that begins (others must sleep) is counted."""
+        swaps = (isinstance(decision, Swap) and decision.sleep) or isinstance(decision, Wait)
+        if not swaps or name in self._swapping_to:
+            return False
+        gateway = self._daemon.settings.gateway
+        bound = gateway.max_swaps_per_minute if gateway is not None else None
+        begun = swap.recent_swaps(self._swaps.get(group, ()), now)
+        at = swap.next_swap_at(begun, now, bound)
+        if at is not None:
+            if name not in self._held:
+                log.info("swap_held", deployment=name, swap_group=group, per_minute=bound, seconds=round(at - now, 1))
+            self._held[name] = at
+            return True
+        self._held.pop(name, None)
+        self._swaps[group] = (*begun, now)
+        self._swapping_to.add(name)
+        return False
+
+    def _unwant(self, name: str) -> None:
+        self._wanted.discard(name)
+        self._swapping_to.discard(name)
+        self._held.pop(name, None)
 
     def _idle_sleep(self, group: str, now: float) -> None:
         deps = self._daemon.settings.deployments
@@ -307,7 +365,7 @@ class SwapGroups:
 
     # -- acting -----------------------------------------------------------------------------------
     def _wake_member(self, name: str, worker: SwapMember, now: float) -> None:
-        self._wanted.discard(name)
+        self._unwant(name)
         self._last_used[name] = now
         log.info("swap_wake", deployment=name, level=worker.machine.swap.level)
         worker.feed(m.WakeRequested())

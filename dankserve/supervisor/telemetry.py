@@ -95,6 +95,10 @@ class DeploymentTelemetry:
         )
     )
     """Swap groups: how long each sleep and wake took."""
+    slower_than_predicted: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType(dict.fromkeys(("cold", "warm", "wake"), 0))
+    )
+    """Boots (cold, warm) and wakes that took more than twice their prediction (supervisor.prediction)."""
 
     def status_json(self) -> dict[str, Any]:
         """What `status --json` shows of these numbers."""
@@ -177,6 +181,12 @@ class Telemetry:
             self._change(
                 name, swap_seconds=MappingProxyType({**now.swap_seconds, direction: histogram.observe(seconds)})
             )
+
+    def slower_than_predicted(self, name: str, kind: str) -> None:
+        """A boot or wake of `kind` (prediction.timing_kind) took more than twice its prediction."""
+        with self._lock:
+            now = self._by_name.get(name) or DeploymentTelemetry()
+            self._change(name, slower_than_predicted=_bump(now.slower_than_predicted, kind))
 
     def preemption_warned(self, name: str, at: float, message: str, new_preemptions: int) -> None:
         with self._lock:

@@ -109,8 +109,13 @@ class TableSupervisor:
     def released(self, deployment: str) -> None:
         self.releases.append(deployment)
 
-    def set(self, deployment: str, availability: Availability, port: int = 0, api_key: str | None = None) -> None:
-        self.backends[deployment] = Backend(availability, "127.0.0.1", port, api_key, message=availability.value)
+    def set(
+        self, deployment: str, availability: Availability, port: int = 0, api_key: str | None = None, **more: Any
+    ) -> None:
+        """`more`: Backend's other fields (state, ready_in, held_for)."""
+        self.backends[deployment] = Backend(
+            availability, "127.0.0.1", port, api_key, message=more.pop("message", availability.value), **more
+        )
 
 
 @dataclass

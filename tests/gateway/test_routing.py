@@ -8,10 +8,13 @@ import pytest
 
 from dankserve.gateway.routing import (
     ModelEntry,
+    Readiness,
     Route,
     RoutingError,
+    loading_comment,
     model_entries,
     models_document,
+    retry_after,
     route_body,
     route_table,
 )
@@ -84,3 +87,27 @@ def test_routing_errors(body: bytes, status: int, text: str) -> None:
     error = caught.value.document["error"]
     assert text in error["message"]
     assert error["code"] == status
+
+
+def test_models_document_carries_each_deployments_state_and_ready_seconds() -> None:
+    """Extra fields from the readiness given: every name of a deployment shows its state and ready seconds."""
+    readiness = {"chat": Readiness("asleep", 0.9), "embed": Readiness("ready", 0.0)}
+    data = models_document(model_entries(DEPLOYMENTS), created=1, readiness=readiness)["data"]
+    assert [(e["id"], e["state"], e["ready_seconds"]) for e in data] == [
+        ("chat", "asleep", 0.9),
+        ("gpt-4o", "asleep", 0.9),
+        ("org/embed", "ready", 0.0),
+    ]
+
+
+def test_loading_comments_say_what_the_request_waits_for() -> None:
+    """An SSE comment line (a blank line after it), with the predicted seconds when known."""
+    assert loading_comment("model-b", "asleep", 0.9) == b": dankserve: waking model-b, about 0.9 s\n\n"
+    assert loading_comment("qwen3", "starting", None) == b": dankserve: starting qwen3\n\n"
+    assert b"finishes its requests before a swap" in loading_comment("a", "draining", None)
+    assert b"next swap its group allows" in loading_comment("b", "asleep", 51.0, held=True)
+
+
+def test_retry_after_is_the_prediction_rounded_up() -> None:
+    """At least 1 s; the configured value without a prediction."""
+    assert [retry_after(12.3, 5), retry_after(0.2, 5), retry_after(None, 5)] == [13, 1, 5]

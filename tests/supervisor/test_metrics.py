@@ -24,6 +24,7 @@ def snapshot() -> MetricsSnapshot:
     telemetry.booted("chat", "cold", 42.0, compile_cache_hit=False)
     telemetry.restarted("chat", "engine_hung")
     telemetry.swapped("nap", "sleep", 0.22)
+    telemetry.slower_than_predicted("nap", "wake")
     deployments = (
         DeploymentFacts("chat", "ready", "ready", "org/m", "img:1", "0.33.0", 1 << 30, True, 12.0),
         DeploymentFacts("code", "down", "stopped", "org/c", "img:1"),
@@ -71,6 +72,8 @@ def test_state_phase_and_counts_per_deployment() -> None:
     assert got[("dankserve_boot_duration_seconds_sum", (("deployment", "chat"), ("kind", "cold")))] == 42.0
     assert got[("dankserve_kv_cache_learned_used", (("deployment", "chat"),))] == 1.0
     assert got[("dankserve_gpu_memory_used_bytes", (("gpu", "0"), ("uuid", "GPU-a")))] == float(70 << 30)
+    assert got[("dankserve_slower_than_predicted_total", (("deployment", "nap"), ("kind", "wake")))] == 1.0
+    assert got[("dankserve_slower_than_predicted_total", (("deployment", "chat"), ("kind", "cold")))] == 0.0
 
 
 def test_vllm_metrics_are_relayed_with_the_deployment() -> None:

@@ -11,9 +11,12 @@ from dankserve.supervisor.swap import (
     SleepLevel,
     Swap,
     Wait,
+    draining,
     idle_sleepers,
     joins_asleep,
     make_room,
+    next_swap_at,
+    recent_swaps,
     sleep_level,
     sleeps_after_first_boot,
 )
@@ -179,3 +182,26 @@ def test_a_change_of_what_only_swapping_reads_plans_the_same_server() -> None:
     assert server_unchanged(
         stopping, DeploymentSettings.model_validate({**base, "sleep_level": "stop", "pinned": True})
     )
+
+
+def test_the_swap_bound_lets_swaps_begin_until_a_minute_holds_its_count() -> None:
+    """Two per minute: a third waits until the oldest of the last two leaves the window; no bound never waits."""
+    assert next_swap_at((), 100.0, 2) is None
+    assert next_swap_at((90.0,), 100.0, 2) is None
+    assert next_swap_at((50.0, 90.0, 95.0), 100.0, 2) == 150.0
+    assert next_swap_at((30.0, 35.0), 100.0, 2) is None, "both left the window"
+    assert next_swap_at((90.0, 95.0, 99.0), 100.0, None) is None
+    assert recent_swaps((95.0, 30.0, 90.0), 100.0) == (90.0, 95.0)
+
+
+def test_a_wake_waiting_for_busy_awake_members_drains_only_them() -> None:
+    """The awake member busy with requests drains; one still waking is waited for but not drained."""
+    members = [
+        Member("a", G0, 0.5, A, 1.0, in_flight=2),
+        Member("b", G0, 0.45, W, 2.0),
+        Member("c", G0, 0.9, S, 0.0),
+    ]
+    decision = make_room(members, "c")
+    assert isinstance(decision, Wait) and set(decision.waits_for) == {"a", "b"}
+    assert draining(decision, members) == ("a",)
+    assert draining(Swap(("a",)), members) == ()

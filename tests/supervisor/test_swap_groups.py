@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dankserve.settings import Settings
+from dankserve.settings import GatewaySettings, Settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.policy import RestartSettings
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
@@ -177,3 +177,56 @@ def test_a_member_that_joined_asleep_is_booted_on_its_wake_and_its_boot_makes_ro
     groups.poke()
     admitted.join(5)
     assert not admitted.is_alive()
+
+
+def test_an_awake_member_busy_when_a_wake_comes_drains_until_its_requests_end() -> None:
+    """Its requests in flight finish (it is not put to sleep meanwhile); it counts as draining for the wake,
+    so the gateway holds requests for it that arrive later; once idle it sleeps and no longer drains."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    groups.touched("a")
+    groups.wake("b")
+    groups._look()
+    assert groups.draining("a") == "b" and daemon.workers["a"].fed == []
+    groups.released("a")
+    groups._look()
+    assert [type(e) for e in daemon.workers["a"].fed] == [m.SleepRequested]
+    assert groups.draining("a") is None
+
+
+def test_the_swap_bound_holds_a_wake_until_the_group_may_swap_again() -> None:
+    """max_swaps_per_minute = 1: the first swap begins; a swap back within the minute is held (nothing sleeps,
+    the awake member keeps serving and does not drain) and the time to wait is told."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    daemon.settings = daemon.settings.model_copy(update={"gateway": GatewaySettings(max_swaps_per_minute=1)})
+    groups.wake("b")
+    groups._look()
+    assert [type(e) for e in daemon.workers["a"].fed] == [m.SleepRequested] and groups.held_for("b") is None
+    asleep = m.MachineState(CONFIG, stage=m.Stage.ASLEEP, gpu_uuids=("GPU-0",), swap=m.SwapTimes(level="1"))
+    daemon.workers["a"].machine = asleep
+    groups._look()
+    assert daemon.workers["b"].fed == [m.WakeRequested()]
+    daemon.workers["b"].machine = m.MachineState(CONFIG, stage=m.Stage.READY, gpu_uuids=("GPU-0",))
+    groups.touched("b")
+    groups.wake("a")
+    groups._look()
+    held = groups.held_for("a")
+    assert held is not None and 50 < held <= 60
+    assert daemon.workers["b"].fed == [m.WakeRequested()] and groups.draining("b") is None
+
+
+def test_a_boot_waiting_for_a_busy_member_drains_it_too() -> None:
+    """A wake by booting (or a restart) waits in admit_boot for the busy awake member, which drains meanwhile."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.9, {}), "b": (m.Stage.ASLEEP, 0.9, {})})
+    groups.touched("a")
+    cancelled = threading.Event()
+    admitted: list[bool] = []
+    boot = threading.Thread(target=lambda: admitted.append(groups.admit_boot("b", ("GPU-0",), cancelled)))
+    boot.start()
+    deadline = time.monotonic() + 10
+    while groups.draining("a") is None:
+        assert time.monotonic() < deadline, "a never drained"
+        time.sleep(0.01)
+    assert groups.draining("a") == "b" and daemon.workers["a"].fed == []
+    cancelled.set()
+    boot.join(10)
+    assert admitted == [False] and groups.draining("a") is None

@@ -1,0 +1,111 @@
+"""Swaps a client can see and trust (issue 29), through a real daemon (subprocess) and its gateway in front
+of the stand-in run by the process runtime: predicted wake seconds from the recorded history (status, the
+loading comments, /v1/models, Retry-After), slower_than_predicted, requests for the awake member that
+arrive while a swap away from it waits, and the bound on swaps per minute."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+
+pytestmark = pytest.mark.slow
+
+MEMBER = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g", "sleep_level": "1"}
+
+
+def _seed_wake_history(state_dir: Path, name: str, seconds: float) -> None:
+    """A state file from an earlier daemon whose record of `name` holds one wake of `seconds`."""
+    state_dir.mkdir(mode=0o700)
+    path = state_dir / "state.json"
+    path.write_text(json.dumps({"schema_version": 1, "deployments": {name: {"timings": {"wake": [seconds]}}}}))
+    path.chmod(0o600)
+
+
+def _post(url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2) -> None:
+    body = {"model": model, "prompt": "hi", "max_tokens": max_tokens}
+    reply = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    done[key] = (reply.status_code, time.monotonic())
+
+
+def _asleep(daemon: RunningDaemon, name: str) -> dict[str, Any]:
+    return daemon.wait_for(name, lambda d: d["state"] == "asleep", timeout=60)
+
+
+def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemon(tmp_path: Path) -> None:
+    """b wakes in 1.5 s where its history said 0.2: logged and counted as slower than predicted. A request for
+    the awake a that arrives while b's wake waits for a's request in flight is served after b's (a drains,
+    not kept busy); status and /v1/models show b's predicted wake; a streamed request for b gets
+    `: dankserve: waking mb, about N s`; the group's fourth swap within a minute (max_swaps_per_minute = 3)
+    is refused at once with a Retry-After past the held wait."""
+    gateway, metrics = free_port(), free_port()
+    url = f"http://127.0.0.1:{gateway}"
+    deployments = {
+        "a": process_deployment(free_port(), served_model_name="ma", env={"FAKE_VLLM_TOKEN_SECONDS": "0.1"}, **MEMBER),
+        "b": process_deployment(free_port(), served_model_name="mb", env={"FAKE_VLLM_WAKE_SECONDS": "1.5"}, **MEMBER),
+    }
+    _seed_wake_history(tmp_path / "state", "b", 0.2)
+    settings = {
+        "gateway": {"listen": f"127.0.0.1:{gateway}", "queue_timeout_seconds": 20, "max_swaps_per_minute": 3},
+        "metrics_listen": f"127.0.0.1:{metrics}",
+    }
+    with running_daemon(tmp_path, deployments, extra_globals=settings) as daemon:
+        daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
+        _asleep(daemon, "b")
+
+        # Swaps 1 and 2: a busy when b's request comes; a's next request waits for its next turn.
+        done: dict[str, tuple[int, float]] = {}
+        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20))
+        long_a.start()
+        time.sleep(0.5)
+        for_b = threading.Thread(target=_post, args=(url, "mb", done, "b"))
+        for_b.start()
+        time.sleep(0.5)
+        late_a = threading.Thread(target=_post, args=(url, "ma", done, "late a"))
+        late_a.start()
+        for thread in (long_a, for_b, late_a):
+            thread.join(60)
+        assert {key: status for key, (status, _) in done.items()} == {"long a": 200, "b": 200, "late a": 200}
+        assert done["long a"][1] < done["b"][1] < done["late a"][1], "a served what came first, then drained"
+        slower = daemon.events_named("slower_than_predicted")
+        assert [(e["deployment"], e["kind"], e["predicted_seconds"]) for e in slower] == [("b", "wake", 0.2)]
+        scraped = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).text
+        assert 'dankserve_slower_than_predicted_total{deployment="b",kind="wake"} 1.0' in scraped
+
+        # b asleep again with two wakes recorded (0.2 s seeded, ~1.5 s now): its prediction is their median.
+        shown = _asleep(daemon, "b")
+        predicted = shown["predicted"]["wake_seconds"]
+        assert predicted is not None and 0.8 < predicted < 1.0
+        listed = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]}
+        assert listed["mb"]["state"] == "asleep" and listed["mb"]["ready_seconds"] == pytest.approx(predicted)
+        assert (listed["ma"]["state"], listed["ma"]["ready_seconds"]) == ("ready", 0.0)
+        text = daemon.cli("status", "b")
+        assert text.returncode == 0 and re.search(rf"predicted: cold [\d.]+ s, wake {predicted:.2f} s", text.stdout)
+
+        # Swap 3, streamed: the loading comment says what it waits for and how long it should take.
+        body = {"model": "mb", "prompt": "hi", "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as reply:
+            lines = [line for line in reply.iter_lines() if line]
+        assert re.fullmatch(r": dankserve: waking mb, about \d+\.\d s", lines[0]), lines
+        assert lines[-1] == "data: [DONE]"
+
+        # Swap 4 within the minute: held by the bound past queue_timeout_seconds, refused at once.
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model="ma", prompt="hi", max_tokens=2)
+        assert time.monotonic() - started < 5
+        assert refused.value.status_code == 503 and "max_swaps_per_minute" in refused.value.message
+        assert 20 < int(refused.value.response.headers["Retry-After"]) <= 62
+        shown_b = daemon.deployment("b")
+        assert shown_b is not None and shown_b["state"] == "ready", "b stays awake, serving"
+        assert client.completions.create(model="mb", prompt="hi", max_tokens=2).choices
