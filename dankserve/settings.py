@@ -370,6 +370,13 @@ class DeploymentSettings(_Strict):
         description="swap groups: auto (level 1 when available RAM holds the weights, else 2), or always 1, 2, "
         "or stop (stop and boot again; no sleep mode).",
     )
+    sleep_check_margin_bytes: int = Field(
+        default=512 << 20,
+        ge=0,
+        le=1 << 40,
+        description="swap groups: after a sleep, NVML must show the server's processes holding at most the CUDA "
+        "context (1 GiB) plus this on each GPU; more marks the level unsafe and the server is stopped instead.",
+    )
 
     @field_validator("gpus")
     @classmethod

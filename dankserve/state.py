@@ -16,7 +16,10 @@ File form (schema 1)::
                               "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"],
                               "asleep": "1" | "2" | "stop" | null,
                               "swapping": "falling_asleep" | "waking" | null,
-                              "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]}}},
+                              "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]},
+                              "unsafe_sleep": [{"level": "1", "vllm_version": "0.26.0", "model": "m",
+                                                "reason": "...", "at": 1764680000.0}],
+                              "canaries": {"kv1-…": [791, 3681, 13]}}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -175,6 +178,24 @@ def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> Learn
 
 
 @dataclass(frozen=True)
+class UnsafeSleep:
+    """A sleep level that failed its check (memory not freed, or a wake answering other tokens) for one
+    vLLM version and model (issue 29): later sleeps of the deployment take the next safe way."""
+
+    level: str
+    vllm_version: str | None
+    model: str
+    reason: str
+    at: float
+
+
+CANARY_TOKENS_KEPT = 64
+"""The most canary token ids kept per fingerprint (a hostile server's answer is cut there)."""
+CANARIES_KEPT = 8
+"""Fingerprints kept per deployment (one per configuration; the oldest go first)."""
+
+
+@dataclass(frozen=True)
 class DeploymentState:
     """What the daemon remembers of one deployment across its own restarts."""
 
@@ -199,6 +220,11 @@ class DeploymentState:
     timings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     """Seconds the last boots (cold, warm), wakes and sleeps took, latest last: the predictions'
     history (supervisor.prediction)."""
+    unsafe_sleep: tuple[UnsafeSleep, ...] = ()
+    """Sleep levels that failed their check, each for the vLLM version and model it failed with."""
+    canaries: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Greedy token ids of the canary prompt by configuration (boot key), taken before the first sleep:
+    every wake must answer the same."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -285,9 +311,30 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
             swapping=moving if (moving := _optional(data, "swapping", str)) in ("falling_asleep", "waking") else None,
             timings=timings_from_json(data.get("timings")),
+            unsafe_sleep=tuple(_unsafe_from_json(entry) for entry in _optional(data, "unsafe_sleep", list) or ()),
+            canaries={
+                str(key): tuple(int(i) for i in ids[:CANARY_TOKENS_KEPT])
+                for key, ids in list((_optional(data, "canaries", dict) or {}).items())[-CANARIES_KEPT:]
+                if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+            },
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
+
+
+def _unsafe_from_json(data: Any) -> UnsafeSleep:
+    if not isinstance(data, dict):
+        raise StateCorrupt(f"unsafe_sleep entry {data!r} is not an object")
+    level = _optional(data, "level", str)
+    if level not in ("1", "2"):
+        raise StateCorrupt(f"unsafe_sleep level {level!r} is not 1 or 2")
+    return UnsafeSleep(
+        level=level,
+        vllm_version=_optional(data, "vllm_version", str),
+        model=str(_optional(data, "model", str) or ""),
+        reason=str(_optional(data, "reason", str) or "")[:500],
+        at=float(_optional(data, "at", int, float) or 0.0),
+    )
 
 
 def state_from_json(text: str) -> State:
@@ -348,6 +395,11 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
         "asleep": deployment.asleep,
         "swapping": deployment.swapping,
         "timings": timings_json(deployment.timings),
+        "unsafe_sleep": [
+            {"level": u.level, "vllm_version": u.vllm_version, "model": u.model, "reason": u.reason, "at": u.at}
+            for u in deployment.unsafe_sleep
+        ],
+        "canaries": {key: list(ids) for key, ids in deployment.canaries.items()},
     }
 
 

@@ -138,6 +138,9 @@ def swap_line(swap: dict[str, Any]) -> str:
         timings.append(f"wake {swap['last_wake_seconds']:.2f} s")
     if timings:
         parts.append(f"last swap (level {swap.get('last_level') or '?'}): " + ", ".join(timings))
+    unsafe = sorted({str(u.get("level")) for u in swap.get("unsafe_levels") or () if isinstance(u, dict)})
+    if unsafe:
+        parts.append(f"level {', '.join(unsafe)} unsafe here (failed its check): sleeps the next safe way")
     return "; ".join(parts)
 
 

@@ -37,6 +37,7 @@ from dankserve.errors import (
 )
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml, wait_dead_processes_released
+from dankserve.host.gpu_processes import held_bytes, stand_in_dir
 from dankserve.host.model import GpuIdentity, Host
 from dankserve.plan.plan import has_sleep_mode
 from dankserve.plan.types import Plan
@@ -44,7 +45,7 @@ from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, launching, learning, prediction, requests, sleep_mode, swap
+from dankserve.supervisor import instance, launching, learning, prediction, requests, sleep_mode, swap, swap_verify
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
@@ -61,6 +62,7 @@ from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import DeploymentView, Metrics, config_status, deployment_view
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
+from dankserve.supervisor.swap_verify import workload_pids
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
@@ -133,6 +135,10 @@ class DaemonDeps:
     """The host's available RAM now (level 1 pins the weights there)."""
     is_sleeping: Callable[[str, int, str | None], bool | None] = sleep_mode.is_sleeping
     """Whether the server on (host, port) sleeps (None: no answer): a member an earlier daemon left running."""
+    canary: swap_verify.Canary = swap_verify.canary_ids
+    """The greedy token ids of the canary prompt from (host, port, key, model): every wake is checked by it."""
+    gpu_held: swap_verify.HeldBytes | None = None
+    """Bytes given pids hold on given GPUs (None: NVML, or the stand-in's records beside the hardware file)."""
 
 
 def machine_config(settings: Settings, dep: DeploymentSettings, *, download_weights: bool = False) -> m.MachineConfig:
@@ -452,6 +458,9 @@ class DeploymentWorker:
                 return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
+            case m.MarkSleepUnsafe(level=level, reason=reason):
+                daemon.telemetry.swap_check_failed(self.name, "wake" if "canary" in reason else "sleep")
+                daemon.swap_verifier.mark_unsafe(self.name, dep.model, self.machine.vllm_version, level, reason)
             case _:
                 self._record(command)
         return None
@@ -544,11 +553,13 @@ class DeploymentWorker:
     def _swap(self, dep: DeploymentSettings, command: m.SleepServer | m.WakeServer) -> m.Event:
         """Sleep at level 1 or 2 through vLLM's route, or (`stop`) stop and remove the server; or wake it."""
         deps = self.daemon.deps
+        workload_id, level, key = command.workload_id, command.level, _api_key(dep)
+        runtime = self._runtime_of(workload_id, dep)
+        target = swap_verify.swap_target(self.name, dep, self.machine, key, lambda: workload_pids(runtime, workload_id))
         if isinstance(command, m.WakeServer):
-            return deps.wake_server(dep.host, dep.port, _api_key(dep), command.level)
-        workload_id, level = command.workload_id, command.level
+            return self.daemon.swap_verifier.wake(target, lambda: deps.wake_server(dep.host, dep.port, key, level))
         if level != "stop":
-            return deps.sleep_server(dep.host, dep.port, _api_key(dep), level)
+            return self.daemon.swap_verifier.sleep(target, lambda: deps.sleep_server(dep.host, dep.port, key, level))
         started = self.clock.monotonic()
         self._unfollow(workload_id)
         if command.server is not None:  # the launcher stays: the wake asks it for a new server
@@ -748,7 +759,10 @@ def _api_key(dep: DeploymentSettings) -> str | None:
     return read_key_now(dep.api_key_file)
 
 
-_INSTANT = (m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus)
+_INSTANT = (
+    *(m.Note, m.RecordFailure, m.RecordRestart, m.RecordBoot, m.ForgetLearned, m.SetRemediation, m.ReleaseGpus),
+    m.MarkSleepUnsafe,
+)
 """Commands that never wait and never answer: run before the new state is published."""
 
 
@@ -781,6 +795,8 @@ class Daemon:
         self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
         self.swap_groups = SwapGroups(self, deps.available_ram)
+        held = deps.gpu_held or (lambda pids, uuids: held_bytes(pids, uuids, stand_in_dir(deps.hardware_file)))
+        self.swap_verifier = swap_verify.SwapVerifier(self.state, deps.canary, held)
         self.config_loaded_at = time.time()
         """When the running settings were read: at start (just before), then at each accepted reload."""
         self.config_refusal: ConfigRefusal | None = None

@@ -17,6 +17,8 @@ Exported (every deployment-level series carries `deployment`):
 - `dankserve_compile_cache_hits_total`, `dankserve_compile_cache_misses_total`
 - `dankserve_liveness_probes_total{result}`, `dankserve_preemption_warnings_total`
 - `dankserve_slower_than_predicted_total{kind}`: boots (cold, warm) and wakes over twice their prediction
+- `dankserve_swap_check_failures_total{check}`: sleeps NVML showed still holding memory (`sleep`),
+  wakes whose canary answered other tokens (`wake`); each marks its level unsafe (issue 29)
 - `dankserve_serving_scrape_ok` (0/1: the server's /metrics was read in the last round)
 - `dankserve_gpu_memory_used_bytes{gpu,uuid}`, `dankserve_gpu_memory_total_bytes{gpu,uuid}`
 - vLLM's own families (`serving.RELAYED`, e.g. `vllm:num_requests_waiting`,
@@ -165,7 +167,14 @@ def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Me
         "Boots and wakes that took more than twice their predicted seconds, by kind (cold, warm, wake).",
         labels=["deployment", "kind"],
     )
+    checks = CounterMetricFamily(
+        "dankserve_swap_check_failures_total",
+        "Sleeps still holding GPU memory (sleep) and wakes answering other tokens (wake); each marks its level unsafe.",
+        labels=["deployment", "check"],
+    )
     for name, t in sorted(telemetry.items()):
+        for check, count in t.swap_checks_failed.items():
+            checks.add_metric([name, check], float(count))
         for kind, count in t.boots.items():
             boots.add_metric([name, kind], float(count))
         for kind, count in t.slower_than_predicted.items():
@@ -185,7 +194,7 @@ def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Me
         probes.add_metric([name, "ok"], float(t.probes_ok))
         probes.add_metric([name, "failed"], float(t.probes_failed))
         preemption_warnings.add_metric([name], float(t.preemption_warnings))
-    return [boots, durations, restarts, failures, hits, misses, probes, preemption_warnings, slower]
+    return [boots, durations, restarts, failures, hits, misses, probes, preemption_warnings, slower, checks]
 
 
 def _le(bound: float) -> str:
@@ -254,6 +263,7 @@ EXPORTED: frozenset[str] = frozenset(
         "dankserve_liveness_probes_total",
         "dankserve_preemption_warnings_total",
         "dankserve_slower_than_predicted_total",
+        "dankserve_swap_check_failures_total",
         "dankserve_serving_scrape_ok",
         "dankserve_gpu_memory_used_bytes",
         "dankserve_gpu_memory_total_bytes",

@@ -18,7 +18,17 @@ import structlog
 
 from dankserve.bootlog import BootFacts
 from dankserve.errors import EnvironmentUnusable
-from dankserve.state import BootSummary, DeploymentState, FailureRecord, LearnedKv, State, StateStore
+from dankserve.state import (
+    CANARIES_KEPT,
+    CANARY_TOKENS_KEPT,
+    BootSummary,
+    DeploymentState,
+    FailureRecord,
+    LearnedKv,
+    State,
+    StateStore,
+    UnsafeSleep,
+)
 from dankserve.supervisor.instance import check_private_dir
 from dankserve.supervisor.prediction import remembered
 
@@ -138,3 +148,27 @@ class StateBook:
 
     def set_remediation(self, name: str, overrides: dict[str, int | float | str], remediated: tuple[str, ...]) -> None:
         self._change(name, lambda d: replace(d, overrides=overrides, remediated=remediated))
+
+    def mark_sleep_unsafe(self, name: str, unsafe: UnsafeSleep) -> None:
+        """Remember a level that failed its check (one record per level, version and model: the latest)."""
+
+        def change(d: DeploymentState) -> DeploymentState:
+            kept = tuple(
+                u
+                for u in d.unsafe_sleep
+                if (u.level, u.vllm_version, u.model) != (unsafe.level, unsafe.vllm_version, unsafe.model)
+            )
+            return replace(d, unsafe_sleep=(*kept, unsafe))
+
+        self._change(name, change)
+
+    def remember_canary(self, name: str, key: str, ids: tuple[int, ...]) -> None:
+        """The canary's token ids for a configuration (the first kept; the oldest configurations go first)."""
+
+        def change(d: DeploymentState) -> DeploymentState:
+            if key in d.canaries:
+                return d
+            kept = list(d.canaries.items())[-(CANARIES_KEPT - 1) :]
+            return replace(d, canaries={**dict(kept), key: ids[:CANARY_TOKENS_KEPT]})
+
+        self._change(name, change)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from dankserve.state import DeploymentState, FailureRecord
+from dankserve.state import DeploymentState, FailureRecord, UnsafeSleep
 from dankserve.supervisor.machine import MachineState, Stage
 from dankserve.supervisor.prediction import predict
 from dankserve.supervisor.reloading import ConfigRefusal
@@ -218,7 +218,7 @@ def deployment_view(
         hosts=tuple(dict(h) for h in hosts) if hosts is not None else tuple(configured_hosts(dep)),
         serving=dict(serving) if serving is not None else None,
         observed=observed or DeploymentTelemetry(),
-        swap=swap_json(dep, machine),
+        swap=swap_json(dep, machine, record.unsafe_sleep),
         predicted=predict(record.timings).to_json(),
         rests=rests,
         why=why(name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure),
@@ -257,8 +257,11 @@ def why(
     return message
 
 
-def swap_json(dep: DeploymentSettings, machine: MachineState | None) -> dict[str, Any] | None:
-    """A swap group member's group, sleep level and last swap's timings (None outside a group)."""
+def swap_json(
+    dep: DeploymentSettings, machine: MachineState | None, unsafe: Sequence[UnsafeSleep] = ()
+) -> dict[str, Any] | None:
+    """A swap group member's group, sleep level, last swap's timings and the levels marked unsafe (None
+    outside a group)."""
     if dep.swap_group is None:
         return None
     times = machine.swap if machine is not None else None
@@ -270,6 +273,10 @@ def swap_json(dep: DeploymentSettings, machine: MachineState | None) -> dict[str
         "last_level": times.last_level if times is not None else None,
         "last_sleep_seconds": times.last_sleep_seconds if times is not None else None,
         "last_wake_seconds": times.last_wake_seconds if times is not None else None,
+        "unsafe_levels": [
+            {"level": u.level, "vllm_version": u.vllm_version, "model": u.model, "reason": u.reason, "at": u.at}
+            for u in unsafe
+        ],
     }
 
 

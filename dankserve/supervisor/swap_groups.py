@@ -27,6 +27,7 @@ from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
 from dankserve.supervisor import swap
 from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait
+from dankserve.supervisor.swap_checks import safe_choice
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings
@@ -376,7 +377,7 @@ class SwapGroups:
             self._put_to_sleep(worker, reason)
 
     def _put_to_sleep(self, worker: SwapMember, reason: str) -> None:
-        choice = self.sleep_level(worker.name, worker.machine)
+        choice = safe_choice(self._daemon, worker.name, worker.machine, self.sleep_level(worker.name, worker.machine))
         log.info("swap_sleep", deployment=worker.name, level=choice.level.value, reason=reason, why=choice.reason)
         worker.feed(m.SleepRequested(choice.level.value, reason))
 

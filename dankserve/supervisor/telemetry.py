@@ -99,6 +99,10 @@ class DeploymentTelemetry:
         default_factory=lambda: MappingProxyType(dict.fromkeys(("cold", "warm", "wake"), 0))
     )
     """Boots (cold, warm) and wakes that took more than twice their prediction (supervisor.prediction)."""
+    swap_checks_failed: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType(dict.fromkeys(("sleep", "wake"), 0))
+    )
+    """Sleeps NVML showed still holding memory (`sleep`), wakes whose canary answered other tokens (`wake`)."""
 
     def status_json(self) -> dict[str, Any]:
         """What `status --json` shows of these numbers."""
@@ -187,6 +191,12 @@ class Telemetry:
         with self._lock:
             now = self._by_name.get(name) or DeploymentTelemetry()
             self._change(name, slower_than_predicted=_bump(now.slower_than_predicted, kind))
+
+    def swap_check_failed(self, name: str, check: str) -> None:
+        """A sleep (`check` sleep) or wake (wake) failed its verification (supervisor.swap_checks)."""
+        with self._lock:
+            now = self._by_name.get(name) or DeploymentTelemetry()
+            self._change(name, swap_checks_failed=_bump(now.swap_checks_failed, check))
 
     def preemption_warned(self, name: str, at: float, message: str, new_preemptions: int) -> None:
         with self._lock:

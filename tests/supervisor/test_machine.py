@@ -56,6 +56,8 @@ SAMPLES: dict[type[Any], Any] = {
     m.SleepRequested: m.SleepRequested("1", "make room for b"),
     m.FellAsleep: m.FellAsleep(0.22),
     m.SleepUnsupported: m.SleepUnsupported("/is_sleeping 404"),
+    m.SleepKeptMemory: m.SleepKeptMemory(20 << 30, "asleep, yet its processes still hold 20.00 GiB"),
+    m.WokeWrong: m.WokeWrong("the canary completion answered other tokens"),
     m.SleepFailed: m.SleepFailed("HTTP 500"),
     m.WakeRequested: m.WakeRequested(),
     m.WokeUp: m.WokeUp(0.2),

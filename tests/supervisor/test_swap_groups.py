@@ -11,6 +11,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pytest
+
+from dankserve.state import DeploymentState, UnsafeSleep
 from dankserve.settings import GatewaySettings, Settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.policy import RestartSettings
@@ -29,9 +32,15 @@ class Worker:
         self.fed.append(event)
 
 
+@dataclass
 class State:
+    records: dict[str, DeploymentState] = field(default_factory=dict)
+
     def is_down(self, name: str) -> bool:
         return False
+
+    def deployment(self, name: str) -> DeploymentState:
+        return self.records.get(name) or DeploymentState()
 
 
 @dataclass
@@ -230,3 +239,26 @@ def test_a_boot_waiting_for_a_busy_member_drains_it_too() -> None:
     cancelled.set()
     boot.join(10)
     assert admitted == [False] and groups.draining("a") is None
+
+
+@pytest.mark.parametrize(
+    ("unsafe", "level"),
+    [((), "1"), (("1",), "2"), (("1", "2"), "stop"), (("2",), "1")],
+)
+def test_a_member_sleeps_the_next_safe_way_when_its_level_is_marked_unsafe(unsafe: tuple[str, ...], level: str) -> None:
+    """Levels the state file marks unsafe for the member's vLLM and model are skipped: 1, then 2, then stop."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.5, {}), "b": (m.Stage.READY, 0.4, {})})
+    records = tuple(UnsafeSleep(u, None, "m", "kept its memory", 0.0) for u in unsafe)
+    daemon.state.records["a"] = DeploymentState(unsafe_sleep=records)
+    assert groups.sleep("a", "by hand") is None
+    (event,) = daemon.workers["a"].fed
+    assert isinstance(event, m.SleepRequested) and event.level == level
+
+
+def test_a_level_unsafe_for_another_model_or_release_is_still_used() -> None:
+    """An unsafe mark holds for its vLLM version and model only."""
+    groups, daemon = world({"a": (m.Stage.READY, 0.5, {})})
+    daemon.state.records["a"] = DeploymentState(unsafe_sleep=(UnsafeSleep("1", "0.26.0", "test/a", "x", 0.0),))
+    assert groups.sleep("a", "by hand") is None
+    (event,) = daemon.workers["a"].fed
+    assert isinstance(event, m.SleepRequested) and event.level == "1"

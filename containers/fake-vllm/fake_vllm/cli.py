@@ -207,6 +207,10 @@ def serve(
         reload_seconds=knobs.reload_seconds,
         sleep_freed_bytes=sleep_freed(memory),
         asleep_used_bytes=asleep_used(memory),
+        own_asleep_bytes=asleep_used(memory) - (memory.ranks[0].total - memory.ranks[0].init_free),
+        nvml_dir=knobs.nvml_dir,
+        sleep_keeps_memory=knobs.sleep_keeps_memory,
+        wake_tokens_differ=knobs.wake_tokens_differ,
     )
     state = EngineState()
     server = FakeVllmHTTPServer((host, config.port), facts, state, output)

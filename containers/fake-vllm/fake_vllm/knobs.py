@@ -67,6 +67,13 @@ class Knobs:
     """FAKE_VLLM_RELOAD_SECONDS: collective_rpc reload_weights after a level-2 sleep (staged wake: 0.74 s in all)."""
     shutdown_seconds: float = 0.0
     """FAKE_VLLM_SHUTDOWN_SECONDS: how long the engine's teardown takes after SIGTERM (HTTP already closed)."""
+    nvml_dir: str | None = None
+    """FAKE_VLLM_NVML_DIR: keep this process's GPU memory there as NVML would list it (nvml_record.py)."""
+    sleep_keeps_memory: bool = False
+    """FAKE_VLLM_SLEEP_KEEPS_MEMORY: /sleep answers and /is_sleeping says true, but the memory stays held
+    (vllm issue 32714: a sleep freeing a fraction of it)."""
+    wake_tokens_differ: bool = False
+    """FAKE_VLLM_WAKE_TOKENS_DIFFER: after any wake, completions answer other token ids (vllm issue 29341)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -137,4 +144,7 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         wake_seconds=_number(env, "FAKE_VLLM_WAKE_SECONDS", 0.2) or 0.0,
         reload_seconds=_number(env, "FAKE_VLLM_RELOAD_SECONDS", 0.5) or 0.0,
         shutdown_seconds=_number(env, "FAKE_VLLM_SHUTDOWN_SECONDS", 0.0) or 0.0,
+        nvml_dir=env.get("FAKE_VLLM_NVML_DIR", "").strip() or None,
+        sleep_keeps_memory=_flag(env, "FAKE_VLLM_SLEEP_KEEPS_MEMORY"),
+        wake_tokens_differ=_flag(env, "FAKE_VLLM_WAKE_TOKENS_DIFFER"),
     )

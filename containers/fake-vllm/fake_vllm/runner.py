@@ -14,6 +14,7 @@ from . import failures as fail
 from . import messages as msg
 from .boot_plan import Action, Event, Exit, Hang, Log, Raw, Ready, Sleep, Uvicorn
 from .knobs import Knobs
+from .nvml_record import remove_record
 from .output import Output
 from .serve_config import ServeConfig
 from .server import EngineState, FakeVllmHTTPServer
@@ -175,6 +176,7 @@ class Runner:
         output.uvicorn("Waiting for application shutdown.")
         # The lifespan's end shuts the engine client down: the process lives on with its port closed.
         time.sleep(self.context.knobs.shutdown_seconds)
+        remove_record(self.context.knobs.nvml_dir)  # the engine's memory is freed with it
         output.uvicorn("Application shutdown complete.")
         output.uvicorn(f"Finished server process [{output.api_pid}]")
 

@@ -28,6 +28,7 @@ from . import VLLM_VERSION
 from . import messages as msg
 from .logfmt import access_message
 from .messages import ENGINE_DEAD_CLIENT_MESSAGE
+from .nvml_record import write_record
 from .output import Output
 from .serve_config import ServeConfig
 
@@ -64,6 +65,8 @@ class EngineState:
     sleep_level: int = 0
     weights_stale: bool = False
     """Woken from level 2 without reload_weights: the weights are garbage (completions decode to nothing)."""
+    woken: bool = False
+    """Woken at least once since the boot (FAKE_VLLM_WAKE_TOKENS_DIFFER answers other ids from then on)."""
     ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
     ttft_sum: float = 0.0
     ttft_count: int = 0
@@ -88,6 +91,15 @@ class ServerFacts:
     """GPU memory (rank 0) a sleep frees, at either level."""
     asleep_used_bytes: int = 0
     """GPU memory (rank 0) still in use while asleep (CUDA context, graphs, NCCL)."""
+    own_asleep_bytes: int = 0
+    """What this process itself holds asleep (asleep_used_bytes less other processes' memory)."""
+    nvml_dir: str | None = None
+    sleep_keeps_memory: bool = False
+    wake_tokens_differ: bool = False
+
+    @property
+    def own_awake_bytes(self) -> int:
+        return self.own_asleep_bytes + self.sleep_freed_bytes
 
 
 def _approximate_tokens(text: str) -> int:
@@ -190,6 +202,7 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
 
     def listen(self) -> None:
         self.server_activate()
+        write_record(self.facts.nvml_dir, self.facts.own_awake_bytes)
 
 
 class RequestHandler(BaseHTTPRequestHandler):
@@ -362,6 +375,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             state.sleep_level = level
             state.weights_stale = False
         output.log(msg.SLEEP_FREED, (facts.sleep_freed_bytes / GIB, facts.asleep_used_bytes / GIB))
+        # FAKE_VLLM_SLEEP_KEEPS_MEMORY: the log and /is_sleeping say asleep, NVML says otherwise.
+        write_record(facts.nvml_dir, facts.own_awake_bytes if facts.sleep_keeps_memory else facts.own_asleep_bytes)
         output.log(msg.FELL_ASLEEP, (time.monotonic() - started,))
         self._send(200, b"")
 
@@ -391,6 +406,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             state.sleeping_tags -= waking
             if not state.sleeping_tags:
                 state.sleep_level = 0
+                state.woken = True
+        if "weights" in waking or "kv_cache" in waking:
+            write_record(facts.nvml_dir, facts.own_awake_bytes)
         output.log(msg.WOKE_UP, (time.monotonic() - started, sorted(waking)))
         self._send(200, b"")
 
@@ -480,7 +498,10 @@ class RequestHandler(BaseHTTPRequestHandler):
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
         if request.get("return_token_ids") is True:  # vLLM's extra field (0.10.2+): the choice's token ids
-            choice["token_ids"] = [] if stale else completion_token_ids(max_tokens)
+            ids = [] if stale else completion_token_ids(max_tokens)
+            with state.lock:
+                differ = facts.wake_tokens_differ and state.woken
+            choice["token_ids"] = [i + 1 for i in ids] if differ else ids
         response: dict[str, object] = {
             "id": request_id,
             "object": "chat.completion" if chat else "text_completion",

@@ -192,6 +192,15 @@ class WakeServer:
     level: SleepLevel
 
 
+@dataclass(frozen=True)
+class MarkSleepUnsafe:
+    """Swap groups: remember that `level` failed its check for this vLLM version and model (state.json);
+    later sleeps of the member take the next safe way (1, then 2, then stop)."""
+
+    level: SleepLevel
+    reason: str
+
+
 Command = (
     EnsureWeights
     | EnsureImage
@@ -217,6 +226,7 @@ Command = (
     | Note
     | SleepServer
     | WakeServer
+    | MarkSleepUnsafe
 )
 
 

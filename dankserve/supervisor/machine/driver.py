@@ -50,6 +50,7 @@ from dankserve.supervisor.machine.events import (
     Refused,
     RuntimeUnreachable,
     SleepFailed,
+    SleepKeptMemory,
     SleepRequested,
     SleepUnsupported,
     StillRunning,
@@ -61,6 +62,7 @@ from dankserve.supervisor.machine.events import (
     WeightsProgress,
     WeightsReady,
     WokeUp,
+    WokeWrong,
     WorkloadStarted,
 )
 from dankserve.supervisor.machine.outcomes import (
@@ -84,11 +86,13 @@ from dankserve.supervisor.machine.state import (
 )
 from dankserve.supervisor.machine.swapping import (
     on_fell_asleep,
+    on_sleep_kept_memory,
     on_sleep_requested,
     on_sleep_unsupported,
     on_swap_failed,
     on_wake_requested,
     on_woke_up,
+    on_woke_wrong,
 )
 from dankserve.supervisor.machine.transitions import (
     TRANSITIONS,
@@ -125,8 +129,10 @@ _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     FellAsleep: on_fell_asleep,
     SleepUnsupported: on_sleep_unsupported,
     SleepFailed: on_swap_failed,
+    SleepKeptMemory: on_sleep_kept_memory,
     WakeRequested: on_wake_requested,
     WokeUp: on_woke_up,
+    WokeWrong: on_woke_wrong,
     WakeFailed: on_swap_failed,
 }
 

@@ -280,6 +280,15 @@ class SleepFailed:
 
 
 @dataclass(frozen=True)
+class SleepKeptMemory:
+    """/sleep answered, yet NVML shows the server's processes still holding their memory (issue 29):
+    the level is marked unsafe and the server stopped instead."""
+
+    held_bytes: int
+    message: str
+
+
+@dataclass(frozen=True)
 class WakeRequested:
     """A request (or `dankserve wake`) needs the sleeping server: wake it."""
 
@@ -289,6 +298,14 @@ class WokeUp:
     """/wake_up (and for level 2 reload_weights) answered: serving again after `seconds`."""
 
     seconds: float
+
+
+@dataclass(frozen=True)
+class WokeWrong:
+    """The wake answered, but the canary completion's greedy token ids differ from the fingerprint taken
+    before the first sleep (issue 29): the level is marked unsafe, the server stopped and booted again."""
+
+    message: str
 
 
 @dataclass(frozen=True)
@@ -329,8 +346,10 @@ Event = (
     | FellAsleep
     | SleepUnsupported
     | SleepFailed
+    | SleepKeptMemory
     | WakeRequested
     | WokeUp
+    | WokeWrong
     | WakeFailed
 )
 EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)

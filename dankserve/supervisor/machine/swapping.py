@@ -7,6 +7,7 @@ from typing import Literal
 
 from dankserve.supervisor.machine.commands import (
     Command,
+    MarkSleepUnsafe,
     ReleaseGpus,
     SleepServer,
     WakeServer,
@@ -15,11 +16,13 @@ from dankserve.supervisor.machine.commands import (
 from dankserve.supervisor.machine.events import (
     FellAsleep,
     SleepFailed,
+    SleepKeptMemory,
     SleepRequested,
     SleepUnsupported,
     WakeFailed,
     WakeRequested,
     WokeUp,
+    WokeWrong,
 )
 from dankserve.supervisor.machine.outcomes import (
     Step,
@@ -93,6 +96,30 @@ def on_sleep_unsupported(state: MachineState, event: SleepUnsupported, now: floa
     return replace(state, swap=swap), (
         note("sleep_unsupported", "warning", reason=event.reason),
         SleepServer(state.workload_id or "", "stop", server=state.boot.server if state.boot is not None else None),
+    )
+
+
+def on_sleep_kept_memory(state: MachineState, event: SleepKeptMemory, now: float) -> Step:
+    """A sleep NVML does not believe: the level is marked unsafe and the server stopped instead (issue 29)."""
+    level = state.swap.level or "1"
+    server = state.boot.server if state.boot is not None else None
+    return replace(state, swap=replace(state.swap, level="stop")), (
+        note("sleep_kept_memory", "error", sleep_level=level, held_bytes=event.held_bytes, reason=event.message),
+        MarkSleepUnsafe(level, event.message),
+        SleepServer(state.workload_id or "", "stop", server=server),
+    )
+
+
+def on_woke_wrong(state: MachineState, event: WokeWrong, now: float) -> Step:
+    """A wake whose canary answers other tokens: never served; the level is marked unsafe, the server is
+    stopped and booted again (the wake is still wanted, so the stop's FellAsleep boots it)."""
+    level = state.swap.level or "1"
+    server = state.boot.server if state.boot is not None else None
+    swap = replace(state.swap, level="stop", wake_wanted=True, since=now)
+    return replace(state, stage=Stage.FALLING_ASLEEP, swap=swap, wake_at=None), (
+        note("woke_wrong", "error", sleep_level=level, reason=event.message),
+        MarkSleepUnsafe(level, event.message),
+        SleepServer(state.workload_id or "", "stop", server=server),
     )
 
 

@@ -33,6 +33,7 @@ from dankserve.supervisor.machine.events import (
     Refused,
     RuntimeUnreachable,
     SleepFailed,
+    SleepKeptMemory,
     SleepRequested,
     SleepUnsupported,
     StillRunning,
@@ -44,6 +45,7 @@ from dankserve.supervisor.machine.events import (
     WeightsProgress,
     WeightsReady,
     WokeUp,
+    WokeWrong,
     WorkloadStarted,
 )
 from dankserve.supervisor.machine.stages import (
@@ -153,10 +155,12 @@ def _swap_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
     t[Stage.FALLING_ASLEEP, FellAsleep] = _allowed(Stage.ASLEEP, Stage.WAKING, *_RESTART, note="a wake was asked")
     t[Stage.FALLING_ASLEEP, SleepUnsupported] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")
     t[Stage.FALLING_ASLEEP, SleepFailed] = _allowed(*_ON_FAILURE)
+    t[Stage.FALLING_ASLEEP, SleepKeptMemory] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")
     t[Stage.ASLEEP, WakeRequested] = _allowed(Stage.WAKING, *_RESTART, note="stop: boots")
     t[Stage.ASLEEP, Reconfigured] = _allowed(*_RECONFIGURE, Stage.ASLEEP, note="a swap member stays asleep, by stop")
     t[Stage.WAKING, WokeUp] = _allowed(Stage.READY)
     t[Stage.WAKING, WakeFailed] = _allowed(*_ON_FAILURE)
+    t[Stage.WAKING, WokeWrong] = _allowed(Stage.FALLING_ASLEEP, note="stopped, then booted")
     for stage in SLEEP_STAGES:
         # The server still runs (unless stopped to sleep): it may die meanwhile.
         t[stage, LogEnded] = _allowed(stage)

@@ -1,0 +1,99 @@
+"""GPU memory held by given processes (issue 29: is a sleeping server's memory really freed?).
+
+On a GPU host NVML lists each compute process with its used memory (`nvmlDeviceGetComputeRunningProcesses`,
+host pids). On a machine without GPUs that drives the run from a recorded host file (tests, the
+demo), the stand-in vLLM writes the same reading as one small JSON file per process into the
+directory beside that file, `<hardware file>.processes/` (`FAKE_VLLM_NVML_DIR`, docs/stand-in-vllm.md):
+`{"pid": N, "pid_namespace": "pid:[…]", "used_bytes": N}`, the pid as the process sees it (inside a
+container its own namespace's). A host pid is matched to it through `/proc/PID/ns/pid` and the
+last `NSpid` of `/proc/PID/status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from dankserve.host.gpu_memory import _with_nvml
+
+RECORD_BYTES = 4096
+"""The largest stand-in record read (it is a few dozen bytes)."""
+
+
+def stand_in_dir(hardware_file: Path | None) -> Path | None:
+    """The stand-in's per-process readings for a run from a recorded host (None: a real host, NVML)."""
+    return None if hardware_file is None else hardware_file.with_name(hardware_file.name + ".processes")
+
+
+def process_tree(root: int | None) -> list[int]:
+    """The pid and every descendant's (vLLM's engine core and workers are children of its API server)."""
+    if root is None:
+        return []
+    import psutil
+
+    try:
+        parent = psutil.Process(root)
+        return [root, *(child.pid for child in parent.children(recursive=True))]
+    except psutil.Error:
+        return [root]
+
+
+def held_bytes(pids: Collection[int], uuids: Sequence[str], stand_in: Path | None) -> dict[str, int] | None:
+    """Bytes these processes hold on each of these GPUs; None when it cannot be read (no NVML, no record)."""
+    if not pids or not uuids:
+        return None
+    if stand_in is not None:
+        return _stand_in_held(pids, uuids, stand_in)
+    return _nvml_held(pids, uuids)
+
+
+def _nvml_held(pids: Collection[int], uuids: Sequence[str]) -> dict[str, int] | None:
+    wanted = set(pids)
+
+    def read(nvml: Any) -> dict[str, int] | None:
+        out: dict[str, int] = {}
+        for uuid in uuids:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            total = 0
+            for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if int(process.pid) in wanted:
+                    used = process.usedGpuMemory
+                    if used is None:  # NVML_VALUE_NOT_AVAILABLE (e.g. no permission): nothing to judge by
+                        return None
+                    total += int(used)
+            out[uuid] = total
+        return out
+
+    return _with_nvml(read)
+
+
+def _namespace_pid(pid: int) -> tuple[str, int] | None:
+    """(pid namespace, the pid inside it) of a host pid."""
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+        for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace").splitlines():
+            if line.startswith("NSpid:"):
+                return namespace, int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _stand_in_held(pids: Collection[int], uuids: Sequence[str], directory: Path) -> dict[str, int] | None:
+    records: dict[tuple[str, int], int] = {}
+    with contextlib.suppress(OSError):
+        for path in directory.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                with path.open("rb") as handle:
+                    data = json.loads(handle.read(RECORD_BYTES))
+                if isinstance(data, dict) and all(isinstance(data.get(k), int) for k in ("pid", "used_bytes")):
+                    records[str(data.get("pid_namespace")), int(data["pid"])] = max(0, int(data["used_bytes"]))
+    found = [records[key] for pid in pids if (key := _namespace_pid(pid)) is not None and key in records]
+    if not found:
+        return None
+    # The stand-in's figure is its rank 0's: the same on each of its GPUs.
+    return dict.fromkeys(uuids, sum(found))
