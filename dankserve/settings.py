@@ -370,6 +370,13 @@ class DeploymentSettings(_Strict):
         description="swap groups: auto (level 1 when available RAM holds the weights, else 2), or always 1, 2, "
         "or stop (stop and boot again; no sleep mode).",
     )
+    min_awake_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="swap groups: once awake, not put to sleep to make room for another for this long (stops "
+        "thrash); idle sleep and `dankserve sleep` still may.",
+    )
     sleep_check_margin_bytes: int = Field(
         default=512 << 20,
         ge=0,
@@ -452,6 +459,12 @@ class DeploymentSettings(_Strict):
                 f"swap_group = {self.swap_group!r} with host = {self.host!r}: a member runs with vLLM's dev-mode "
                 "routes (/sleep, /collective_rpc ...) that must never be reachable beyond this machine; "
                 'set host = "127.0.0.1" and reach it through the [gateway]'
+            )
+        if self.swap_group == "auto" and self.gpu_memory_utilization is not None:
+            raise ValueError(
+                f'swap_group = "auto" with gpu_memory_utilization = {self.gpu_memory_utilization}: an auto group is '
+                "planned from each member's bytes; remove gpu_memory_utilization, or name the group "
+                '(swap_group = "NAME") to keep the hand-set share'
             )
         if self.pinned and self.idle_sleep_seconds is not None:
             raise ValueError(

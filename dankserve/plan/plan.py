@@ -361,6 +361,8 @@ def _utilisation_by_fit(
         what += f" + KV for one {length:,}-token request {rules.gib(kv)}"
         if isinstance(deployment.max_model_len, int):
             required = desired
+    if deployment.swap_group == "auto":  # grouped by fit: plan just the bytes it needs
+        return rules.utilisation_for_bytes(assigned, required, desired, what)
     return rules.utilisation_by_fit(assigned, required, desired, what)
 
 

@@ -114,6 +114,22 @@ def _round_up(fraction: float) -> float:
     return math.ceil(fraction * 100 - 1e-9) / 100
 
 
+AUTO_GROUP_MIN_UTILISATION = 0.05
+"""The least share an `auto` swap group member plans (the CUDA context, graphs and a little KV)."""
+
+
+def utilisation_for_bytes(gpus: Sequence[Gpu], required: int, desired: int, desired_what: str) -> Decision[float]:
+    """A `swap_group = "auto"` member's share: just what holds `desired` bytes per GPU (rounded up to a
+    hundredth), below the band too, so small members are awake together; at most the band's top."""
+    gpu = smallest_gpu(gpus)
+    row = utilisation_row(gpu)
+    memory = gpu.memory_total_bytes
+    value = max(AUTO_GROUP_MIN_UTILISATION, _round_up(desired / memory))
+    if value <= row.top:
+        return Decision(value, f'swap_group = "auto": {value:.2f}, what holds {desired_what} ({gib(desired)})')
+    return utilisation_by_fit(gpus, required, desired, desired_what)
+
+
 def utilisation_by_fit(gpus: Sequence[Gpu], required: int, desired: int, desired_what: str) -> Decision[float]:
     """The lowest point of the recommended band that holds `desired` bytes per GPU (weights, reserve
     and one request's KV cache at the wanted context), else the band's top.

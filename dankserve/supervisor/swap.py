@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from dankserve.supervisor.swap_fit import eviction_order, resident
+
 if TYPE_CHECKING:
     from dankserve.settings import DeploymentSettings
 
@@ -54,6 +56,10 @@ class Member:
     """Requests it is answering now: a member with any is never put to sleep (they would fail)."""
     pinned: bool = False
     """Never put to sleep to make room for another (idle sleep neither)."""
+    wake_cost_seconds: float | None = None
+    """What bringing it back would cost (its predicted wake, or boot when it sleeps by stop; None: no history)."""
+    resident_until: float = 0.0
+    """Its `min_awake_seconds` end (monotonic): not put to sleep to make room before then (swap_fit)."""
 
 
 @dataclass(frozen=True)
@@ -105,32 +111,36 @@ def _greedy(members: Sequence[Member], target: Member, candidates: Sequence[Memb
     return None if _overfull(members, target, frozenset(chosen)) else chosen
 
 
-def make_room(members: Sequence[Member], waking: str) -> Swap | Wait | CannotFit:
+def make_room(members: Sequence[Member], waking: str, now: float | None = None) -> Swap | Wait | CannotFit:
     """What must sleep so that `waking` fits on its GPUs beside the members that stay awake.
 
-    Sleepers are awake members sharing an over-full GPU with it, never pinned ones, least
-    recently used first. When only members busy with requests (or still waking, or already
-    falling asleep) could make room, the answer is to wait; when not even they could (pinned
-    members, or its own size), it cannot fit. A member already awake or waking needs no room.
+    Sleepers are awake members sharing an over-full GPU with it, never pinned ones; without `now`
+    least recently used first, with it the cheapest to bring back per idle second first, and none
+    inside its minimum residency (swap_fit). When only members busy with requests (or still waking,
+    or already falling asleep, or resident) could make room, the answer is to wait; when not even
+    they could (pinned members, or its own size), it cannot fit. A member already awake or waking
+    needs no room.
     """
     target = next(m for m in members if m.name == waking)
     if target.state in (MemberState.AWAKE, MemberState.WAKING):
         return Swap(())
     if target.utilization > GPU_BUDGET + 1e-9:
         return CannotFit(f"{waking} alone uses {target.utilization:g} of its GPUs, more than {GPU_BUDGET}")
-    sharing = sorted(
-        (m for m in members if m.name != waking and m.state in HOLDING and m.gpus & target.gpus and not m.pinned),
-        key=lambda m: (m.last_used, m.name),
+    sharing = eviction_order(
+        [m for m in members if m.name != waking and m.state in HOLDING and m.gpus & target.gpus and not m.pinned],
+        now,
     )
-    idle = [m for m in sharing if m.state is MemberState.AWAKE and m.in_flight == 0]
-    now = _greedy(members, target, idle)
-    if now is not None:
-        return Swap(tuple(now))
+    idle = [m for m in sharing if m.state is MemberState.AWAKE and m.in_flight == 0 and not resident(m, now)]
+    at_once = _greedy(members, target, idle)
+    if at_once is not None:
+        return Swap(tuple(at_once))
     later = _greedy(members, target, sharing)
     if later is not None:
         waiting = [name for name in later if name not in {m.name for m in idle}]
         return Wait(
-            f"{waking} waits for {', '.join(waiting)} (busy with requests, waking, or falling asleep)", tuple(waiting)
+            f"{waking} waits for {', '.join(waiting)} (busy with requests, waking, falling asleep, or awake for "
+            "less than min_awake_seconds)",
+            tuple(waiting),
         )
     full = _overfull(members, target, frozenset(m.name for m in sharing))
     pinned = sorted(m.name for m in members if m.pinned and m.state in HOLDING and m.gpus & set(full))

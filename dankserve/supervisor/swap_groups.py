@@ -25,9 +25,10 @@ from dankserve.plan.catalogue import capabilities
 from dankserve.plan.plan import SLEEP_MODE_FLAG
 from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
-from dankserve.supervisor import swap
+from dankserve.supervisor import swap, swap_fit
 from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait
 from dankserve.supervisor.swap_checks import safe_choice
+from dankserve.supervisor.swap_fit import fit_facts
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings
@@ -220,7 +221,7 @@ class SwapGroups:
                     why = self._boot_waits_for(name, group)
                     if why is None:
                         members = self._members(group, target=name, target_gpus=uuids)
-                        decision = swap.make_room(members, name)
+                        decision = swap.make_room(members, name, time.monotonic())
                         self._boot_drains[name] = swap.draining(decision, members)
                         if isinstance(decision, Swap):
                             if not decision.sleep:
@@ -295,7 +296,10 @@ class SwapGroups:
         state = worker.machine
         # A server adopted from an earlier daemon (killed with -9) was the awake one: it stays awake.
         adopted = state.boot is not None and state.boot.adopted
-        if state.stage is m.Stage.READY and swap.sleeps_after_first_boot(name, members) and not asked and not adopted:
+        first = swap.sleeps_after_first_boot(name, members) and swap_fit.sleeps_after_first_boot(
+            self._daemon.settings.deployments.get(name)
+        )
+        if state.stage is m.Stage.READY and first and not asked and not adopted:
             self._put_to_sleep(worker, f"first boot done; {members[0]} is the group's awake member")
 
     def _serve_wakes(self, group: str, now: float) -> None:
@@ -315,7 +319,7 @@ class SwapGroups:
                 self._unwant(name)  # ready already, or booting / restarting on its own
                 continue
             members = self._members(group)
-            decision = swap.make_room(members, name)
+            decision = swap.make_room(members, name, now)
             if self._held_by_bound(group, name, decision, now):
                 continue
             for busy in swap.draining(decision, members):
@@ -429,6 +433,7 @@ class SwapGroups:
                     self._last_used.get(name, 0.0),
                     self._in_flight.get(name, 0),
                     deps[name].pinned,
+                    *fit_facts(machine, deps[name], self._daemon.state.deployment(name)),
                 )
             )
         return out
