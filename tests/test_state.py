@@ -20,6 +20,7 @@ from dankserve.state import (
     State,
     StateCorrupt,
     StateStore,
+    UnsafeSleep,
     state_from_json,
     state_to_json,
 )
@@ -49,6 +50,8 @@ def populated() -> State:
         asleep="1",
         swapping="waking",
         timings={"cold": (41.2,), "warm": (12.0, 11.8), "wake": (0.9,)},
+        unsafe_sleep=(UnsafeSleep("1", "0.26.0", "m", "asleep, yet its processes still hold 20 GiB", 1_764_000_300.0),),
+        canaries={"kv1-abc": (791, 3681, 13)},
     )
     return State(deployments={"chat": chat, "code": DeploymentState()}, image_versions={"sha256:abc": "0.33.0"})
 
@@ -74,6 +77,25 @@ def test_an_unknown_or_missing_swap_move_loads_as_none() -> None:
     del data["deployments"]["code"]["swapping"]
     loaded = state_from_json(json.dumps(data))
     assert loaded.deployment("chat").swapping is None and loaded.deployment("code").swapping is None
+
+
+def test_hostile_canaries_and_unsafe_levels_are_bounded_or_refused() -> None:
+    """Canary ids that are not integers are dropped, long ones cut; an unsafe level that is not 1 or 2 is damage."""
+    data = json.loads(state_to_json(populated()))
+    data["deployments"]["chat"]["canaries"] = {"a": [1, "x"], "b": list(range(500)), "c": [True]}
+    loaded = state_from_json(json.dumps(data)).deployment("chat")
+    assert set(loaded.canaries) == {"b"} and len(loaded.canaries["b"]) == 64
+    data["deployments"]["chat"]["unsafe_sleep"] = [{"level": "stop", "model": "m"}]
+    with pytest.raises(StateCorrupt, match="unsafe_sleep level"):
+        state_from_json(json.dumps(data))
+
+
+def test_a_file_from_before_the_checks_loads_without_them() -> None:
+    """No unsafe_sleep or canaries (an older file): none."""
+    data = json.loads(state_to_json(populated()))
+    del data["deployments"]["chat"]["unsafe_sleep"], data["deployments"]["chat"]["canaries"]
+    loaded = state_from_json(json.dumps(data)).deployment("chat")
+    assert loaded.unsafe_sleep == () and loaded.canaries == {}
 
 
 def test_save_then_load(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ history, or its boot seconds when it sleeps by stopping: prediction.py) and when
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dankserve.supervisor.prediction import predict
 
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from dankserve.settings import DeploymentSettings
     from dankserve.state import DeploymentState
     from dankserve.supervisor.machine import MachineState
-    from dankserve.supervisor.swap import Member
 
 AUTO_GROUP = "auto"
 """The swap_group that asks the daemon to group members by fit (one per set of shared GPUs)."""
@@ -27,19 +26,35 @@ UNKNOWN_COST_SECONDS = 1.0
 """The cost assumed for a member without history (a first wake): as dear as a typical level-1 wake."""
 
 
-def resident(member: Member, now: float | None) -> bool:
+class Evictable(Protocol):
+    """What the eviction rules read of a member (swap.Member)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def last_used(self) -> float: ...
+    @property
+    def wake_cost_seconds(self) -> float | None: ...
+    @property
+    def resident_until(self) -> float: ...
+
+
+M = TypeVar("M", bound=Evictable)
+
+
+def resident(member: Evictable, now: float | None) -> bool:
     """Still inside its minimum residency: not put to sleep to make room yet."""
     return now is not None and member.resident_until > now
 
 
-def eviction_order(candidates: Sequence[Member], now: float | None) -> list[Member]:
+def eviction_order(candidates: Sequence[M], now: float | None) -> list[M]:
     """Who makes room first: the member cheapest to bring back per second it has been idle (a
     GreedyDual-like rule: an expensive member used a moment ago stays; a cheap, long idle one goes).
     Without a clock (or costs) this is least recently used first, as before."""
     if now is None:
         return sorted(candidates, key=lambda m: (m.last_used, m.name))
 
-    def key(m: Member) -> tuple[float, float, str]:
+    def key(m: M) -> tuple[float, float, str]:
         idle = max(0.0, now - m.last_used)
         cost = m.wake_cost_seconds if m.wake_cost_seconds is not None else UNKNOWN_COST_SECONDS
         return (cost / (idle + 1.0), m.last_used, m.name)
