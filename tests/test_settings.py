@@ -251,7 +251,7 @@ def test_deployment_names_are_plain_ascii(tmp_path: Path, name: str) -> None:
         ('swap_group = "g"\nidle_sleep_seconds = 0', "greater than 0"),
         ('swap_group = "auto"\ngpu_memory_utilization = 0.5', "an auto group is planned from each member"),
         ('swap_group = "g"\nmin_awake_seconds = 0', "greater than 0"),
-        ('swap_group = "g"\nsleep_check_margin_bytes = -1', "greater than or equal to 0"),
+        ('swap_group = "g"\nsleep_check_margin_bytes = -1', "at least 0"),
     ],
 )
 def test_swap_group_settings_are_checked(tmp_path: Path, fields: str, message: str) -> None:
