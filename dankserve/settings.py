@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
+from dankserve.lora_adapters import adapters_problem
 from dankserve.owned import env_problems, extra_args_problems
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
@@ -350,6 +351,11 @@ class DeploymentSettings(_Strict):
     aliases: list[str] = Field(
         default_factory=list, description="More names the gateway routes to this deployment (rewritten to its name)."
     )
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters served by name on this model: name = an absolute directory or a Hub repo "
+        "ORG/NAME (fetched by `dankserve pull`). Each name is a model name of its own (docs/planner.md, LoRA).",
+    )
     swap_group: str | None = Field(
         default=None,
         min_length=1,
@@ -450,6 +456,13 @@ class DeploymentSettings(_Strict):
             raise ValueError(
                 "pinned and idle_sleep_seconds are both set: a pinned member never sleeps; remove one of them"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_are_servable(self) -> DeploymentSettings:
+        problem = adapters_problem(self.adapters, [self.served_model_name or self.model, *self.aliases])
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -667,12 +680,12 @@ class Settings(BaseSettings):
             return self
         owner: dict[str, str] = {}
         for name, dep in self.deployments.items():
-            names = [dep.served_model_name or dep.model, *dep.aliases]
+            names = [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]
             for model in names:
                 if owner.get(model, name) != name:
                     raise ValueError(
                         f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
-                        "give each a distinct served_model_name or alias"
+                        "give each a distinct served_model_name, alias or adapter name"
                     )
                 owner[model] = name
             if not is_loopback(dep.host):

@@ -44,7 +44,7 @@ from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import instance, launching, learning, prediction, requests, sleep_mode, swap
+from dankserve.supervisor import adapters, instance, launching, learning, prediction, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
@@ -1172,6 +1172,13 @@ class Daemon:
                     self.workers.pop(name, None)
                     self._retiring.append(worker)
             elif dep != (before := old.deployments.get(name)):
+                ready = worker.alive and worker.machine.stage is m.Stage.READY
+                if before is not None and adapters.reload_in_place(
+                    name, before, dep, ready=ready, hf_cache_dir=new.hf_cache_dir, api_key=_api_key(dep)
+                ):
+                    worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
+                    keep.append(name)
+                    continue
                 if worker.alive and before is not None and swap.server_unchanged(before, dep):
                     # Only what the swap coordinator reads changed (it reads the new settings): the
                     # server, awake or asleep, stays as it is.

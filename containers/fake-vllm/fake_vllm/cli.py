@@ -12,10 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import VLLM_VERSION, compile_cache, imports
+from . import messages as msg
 from .boot_plan import STAND_IN_PREFIX, BootInputs, CacheStatus, build_boot_plan
 from .catalogue import CatalogueError, build_parser, load_catalogue, non_default_args, prepare_argv
 from .knobs import DEFAULT_COLD_BOOT_SECONDS, REAL_COLD_BOOT_SECONDS, KnobError, Knobs, parse_knobs
 from .logfmt import use_colour
+from .lora import LoraRegistry, parse_lora_modules
 from .memory import MemoryInputs, asleep_used, plan_memory, sleep_freed
 from .output import Output
 from .runner import Runner, ServeContext, install_signal_handlers
@@ -207,7 +209,14 @@ def serve(
         reload_seconds=knobs.reload_seconds,
         sleep_freed_bytes=sleep_freed(memory),
         asleep_used_bytes=asleep_used(memory),
+        lora=LoraRegistry(config.enable_lora, config.max_lora_rank),
+        lora_runtime_updating=env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"),
     )
+    failed = load_static_loras(facts.lora, config, output)
+    if failed is not None:
+        return failed
+    if facts.lora_runtime_updating:
+        output.log(msg.LORA_RUNTIME_UPDATING)
     state = EngineState()
     server = FakeVllmHTTPServer((host, config.port), facts, state, output)
     context = ServeContext(
@@ -223,6 +232,19 @@ def serve(
         keep_alive_on_engine_death=_truthy_int(env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")),
     )
     return Runner(context).run(build_boot_plan(inputs))
+
+
+def load_static_loras(registry: LoraRegistry, config: ServeConfig, output: Output) -> int | None:
+    """`--lora-modules`, loaded before the server answers (init_static_loras): one failing stops the server."""
+    modules = parse_lora_modules(config.lora_modules)
+    assert not isinstance(modules, str)  # main() refused it already
+    for module in modules:
+        status, message, _ = registry.load(module.name, module.path)
+        if status != 200:
+            output.write("stderr", f"ValueError: {message}\n")
+            return 1
+        output.log(msg.LORA_LOADED, (module.name, module.path))
+    return None
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -269,6 +291,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             key = compile_cache.compile_cache_key(config, knobs.gpu_name, environment)
             run_workers(group, world_size, environment, key.backend_hash, key.aot_hash)
     imports.start_engine_core(environment)
+    modules = parse_lora_modules(config.lora_modules)
+    if isinstance(modules, str):
+        print(f"vllm serve: error: {modules}", file=sys.stderr)  # argparse's parser.error: exit 2
+        return 2
     return serve(
         config, knobs, environment, non_default, prepared.model_flag_used, kv_cache_dtypes=catalogue.kv_cache_dtypes
     )
