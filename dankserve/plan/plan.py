@@ -152,7 +152,7 @@ def plan_deployment(
             max_num_seqs,
         ),
         host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value) + lora_plan.host_bytes,
-        lora_mounts=tuple((a.host_dir, lora.container_dir(a.name)) for a in adapters if a.host_dir is not None),
+        lora_mounts=tuple((a.host_dir, a.server_path) for a in adapters if a.host_dir is not None),
     )
 
 
