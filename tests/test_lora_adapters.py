@@ -48,5 +48,5 @@ def test_adapter_names_collide_with_other_deployments_at_the_gateway() -> None:
         "a": {"model": "org/a", "port": 8001, "aliases": ["chat"]},
         "b": {"model": "org/b", "port": 8002, "adapters": {"chat": "org/chat-lora"}},
     }
-    with pytest.raises(ValidationError, match="both answer to model 'chat'.*adapter name"):
-        Settings(gateway={"listen": "127.0.0.1:9000"}, deployments=deployments)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"both answer to model 'chat'.*adapter name"):
+        Settings(gateway={"listen": "127.0.0.1:9000"}, deployments=deployments)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dankserve.plan.models import ModelFacts
-from dankserve.plan.rules import Decision, gib
+from dankserve.plan.rules import GIB, Decision, gib
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """`--max-lora-rank`'s choices in vLLM 0.26 (vllm/config/lora.py MaxLoRARanks)."""
@@ -95,6 +95,11 @@ def parse_adapter_config(name: str, raw: bytes) -> tuple[int, tuple[str, ...]]:
 # --------------------------------------------------------------------------- rules
 
 
+def size(value: int) -> str:
+    """Bytes as GiB, or MiB below one GiB (a small model's slots)."""
+    return gib(value) if value >= GIB else f"{value / (1 << 20):.1f} MiB"
+
+
 def max_lora_rank(adapters: Sequence[AdapterFacts]) -> Decision[int]:
     """The smallest rank vLLM accepts that holds every adapter's rank (slots are sized by it)."""
     top = max(a.rank for a in adapters)
@@ -153,7 +158,7 @@ def lora_slot_bytes(model: ModelFacts, slots: int, rank: int) -> Decision[int] |
     return Decision(
         total,
         f"{slots} slot{'s' if slots > 1 else ''} x rank {rank} x (in + out) of q/k/v, o, gate/up, down x "
-        f"{model.num_hidden_layers} layers x {element} bytes = {gib(total)} preallocated",
+        f"{model.num_hidden_layers} layers x {element} bytes = {size(total)} preallocated",
     )
 
 
