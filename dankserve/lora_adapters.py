@@ -61,8 +61,10 @@ def parse_source(name: str, value: str) -> AdapterSource:
     )
 
 
-def adapters_problem(adapters: dict[str, str], own_names: list[str]) -> str | None:
+def adapters_problem(adapters: dict[str, str], own_names: list[str], *, multi_host: bool = False) -> str | None:
     """Why a deployment's adapters cannot be served beside its own names (served name, aliases), or None."""
+    if adapters and multi_host:
+        return "adapters on a multi-host deployment (hosts): not supported yet; remove adapters or hosts"
     if len(adapters) > MAX_ADAPTERS:
         return f"{len(adapters)} adapters: at most {MAX_ADAPTERS} per deployment"
     for name, value in adapters.items():

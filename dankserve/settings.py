@@ -460,7 +460,8 @@ class DeploymentSettings(_Strict):
 
     @model_validator(mode="after")
     def _adapters_are_servable(self) -> DeploymentSettings:
-        problem = adapters_problem(self.adapters, [self.served_model_name or self.model, *self.aliases])
+        own = [self.served_model_name or self.model, *self.aliases]
+        problem = adapters_problem(self.adapters, own, multi_host=bool(self.hosts))
         if problem is not None:
             raise ValueError(problem)
         return self

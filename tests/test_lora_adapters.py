@@ -40,6 +40,10 @@ def test_a_deployment_validates_its_adapters() -> None:
         DeploymentSettings(model="org/base", adapters={"sql": "sql"})
     with pytest.raises(ValidationError, match="the deployment itself answers to"):
         DeploymentSettings(model="org/base", aliases=["fast"], adapters={"fast": "org/x"})
+    with pytest.raises(ValidationError, match="multi-host"):
+        DeploymentSettings(model="org/base", hosts=["gpu2:7390"], adapters={"a": "org/x"})
+    with pytest.raises(ValidationError, match="at most 64"):
+        DeploymentSettings(model="org/base", adapters={f"a{i}": "org/x" for i in range(65)})
 
 
 def test_adapter_names_collide_with_other_deployments_at_the_gateway() -> None:

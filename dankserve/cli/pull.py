@@ -37,6 +37,7 @@ def command(deployment: str | None, model: str | None, revision: str | None, qui
     """Download a model's weights into the HF cache (resumable, with progress)."""
     from dankserve.cli.plan import select_deployments
     from dankserve.hub.access import is_hub_id
+    from dankserve.hub.weights import hub_adapters
 
     settings = cli_context().load_settings()
     selected = select_deployments(settings, deployment, model)
@@ -57,14 +58,6 @@ def command(deployment: str | None, model: str | None, revision: str | None, qui
     finally:
         os.umask(shell_umask)
     return ExitCode.OK
-
-
-def hub_adapters(dep: DeploymentSettings) -> list[str]:
-    """The Hub repos of a deployment's LoRA adapters (local directories are not pulled)."""
-    from dankserve.lora_adapters import parse_source
-
-    sources = (parse_source(name, value) for name, value in dep.adapters.items())
-    return list(dict.fromkeys(s.location for s in sources if s.kind == "hub"))
 
 
 def _pull_one(name: str, dep: DeploymentSettings, revision: str | None, quiet: bool, settings: Settings) -> None:
