@@ -51,6 +51,7 @@ UNIT_MODE = 0o644
     "(for a unit written for another host).",
 )
 def command(
+    *,
     format_: str,
     deployment: str,
     output: Path | None,

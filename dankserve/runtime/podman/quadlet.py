@@ -27,17 +27,102 @@ from dankserve.runtime.podman.cdi import GpuPassthrough
 from dankserve.runtime.podman.spec import container_create_kwargs
 
 QUADLET_CONTAINER_KEYS: frozenset[str] = frozenset(
-    """AddCapability AddDevice AddHost Annotation AppArmor AutoUpdate CgroupsMode ContainerName
-    ContainersConfModule DNS DNSOption DNSSearch DropCapability Environment EnvironmentFile EnvironmentHost
-    Entrypoint Exec ExposeHostPort GIDMap GlobalArgs Group GroupAdd HealthCmd HealthInterval HealthOnFailure
-    HealthLogDestination HealthMaxLogCount HealthMaxLogSize HealthRetries HealthStartPeriod HealthStartupCmd
-    HealthStartupInterval HealthStartupRetries HealthStartupSuccess HealthStartupTimeout HealthTimeout HostName
-    HttpProxy IP6 IP Image Label LogDriver LogOpt Mask Memory Mount Network NetworkAlias NoNewPrivileges Notify
-    PidsLimit Pod PodmanArgs PublishPort Pull ReadOnly ReadOnlyTmpfs ReloadCmd ReloadSignal RemapGid RemapUid
-    RemapUidSize RemapUsers Retry RetryDelay Rootfs RunInit SeccompProfile Secret SecurityLabelDisable
-    SecurityLabelFileType SecurityLabelLevel SecurityLabelNested SecurityLabelType ServiceName ShmSize
-    StopSignal StartWithPod StopTimeout SubGIDMap SubUIDMap Sysctl Timezone Tmpfs UIDMap Ulimit Unmask User
-    UserNS VolatileTmp Volume WorkingDir""".split()
+    [
+        "AddCapability",
+        "AddDevice",
+        "AddHost",
+        "Annotation",
+        "AppArmor",
+        "AutoUpdate",
+        "CgroupsMode",
+        "ContainerName",
+        "ContainersConfModule",
+        "DNS",
+        "DNSOption",
+        "DNSSearch",
+        "DropCapability",
+        "Environment",
+        "EnvironmentFile",
+        "EnvironmentHost",
+        "Entrypoint",
+        "Exec",
+        "ExposeHostPort",
+        "GIDMap",
+        "GlobalArgs",
+        "Group",
+        "GroupAdd",
+        "HealthCmd",
+        "HealthInterval",
+        "HealthOnFailure",
+        "HealthLogDestination",
+        "HealthMaxLogCount",
+        "HealthMaxLogSize",
+        "HealthRetries",
+        "HealthStartPeriod",
+        "HealthStartupCmd",
+        "HealthStartupInterval",
+        "HealthStartupRetries",
+        "HealthStartupSuccess",
+        "HealthStartupTimeout",
+        "HealthTimeout",
+        "HostName",
+        "HttpProxy",
+        "IP6",
+        "IP",
+        "Image",
+        "Label",
+        "LogDriver",
+        "LogOpt",
+        "Mask",
+        "Memory",
+        "Mount",
+        "Network",
+        "NetworkAlias",
+        "NoNewPrivileges",
+        "Notify",
+        "PidsLimit",
+        "Pod",
+        "PodmanArgs",
+        "PublishPort",
+        "Pull",
+        "ReadOnly",
+        "ReadOnlyTmpfs",
+        "ReloadCmd",
+        "ReloadSignal",
+        "RemapGid",
+        "RemapUid",
+        "RemapUidSize",
+        "RemapUsers",
+        "Retry",
+        "RetryDelay",
+        "Rootfs",
+        "RunInit",
+        "SeccompProfile",
+        "Secret",
+        "SecurityLabelDisable",
+        "SecurityLabelFileType",
+        "SecurityLabelLevel",
+        "SecurityLabelNested",
+        "SecurityLabelType",
+        "ServiceName",
+        "ShmSize",
+        "StopSignal",
+        "StartWithPod",
+        "StopTimeout",
+        "SubGIDMap",
+        "SubUIDMap",
+        "Sysctl",
+        "Timezone",
+        "Tmpfs",
+        "UIDMap",
+        "Ulimit",
+        "Unmask",
+        "User",
+        "UserNS",
+        "VolatileTmp",
+        "Volume",
+        "WorkingDir",
+    ]
 )
 """The keys of a `[Container]` section: Podman 5.8.2's pkg/systemd/quadlet/quadlet.go
 (groupsInfo[ContainerGroup].SupportedKeys); Quadlet refuses a unit with any other."""
@@ -122,9 +207,9 @@ class ContainerUnit:
 
 
 def exported_secret_name(deployment: str, secret: str) -> str:
-    """The Podman secret a unit uses: not the runtime's `dankserve-NAME.SECRET`, which dankserve replaces
-    and removes with its container, so a running dankserve never deletes the unit's secret."""
-    return f"{workload_name(deployment)}-quadlet-{secret}"
+    """The Podman secret a unit uses: `dankserve-NAME-SECRET`, not the runtime's `dankserve-NAME.SECRET`
+    (dankserve replaces and removes those with its container), so dankserve never deletes the unit's."""
+    return f"{workload_name(deployment)}-{secret}"
 
 
 def container_unit(spec: WorkloadSpec, gpu: GpuPassthrough, *, stop_timeout: float) -> ContainerUnit:
@@ -323,9 +408,11 @@ def render_unit(unit: ContainerUnit, *, description: str, notes: Sequence[str] =
     for note in notes:
         lines += _comment(note)
     if unit.secrets:
-        lines += _comment("Secrets are not in this file: create each Podman secret from its file before the start:")
-        for name, path in sorted(unit.secrets.items()):
-            lines += _comment(f"  podman secret create {shlex.quote(name)} {shlex.quote(str(path))}")
+        lines += _comment(
+            "Secrets are not in this file (Secret= names Podman secrets, mounted under /run/secrets):"
+            " create each from its file before the first start, without the trailing newline as dankserve reads it:"
+        )
+        lines += _comment("\n".join(f"  {secret_create_command(n, p)}" for n, p in sorted(unit.secrets.items())))
     lines += ["", "[Unit]", f"Description={one_line(description)}", "Wants=network-online.target"]
     lines += ["After=network-online.target", "", "[Container]"]
     for entry in unit.entries:
@@ -337,6 +424,11 @@ def render_unit(unit: ContainerUnit, *, description: str, notes: Sequence[str] =
     lines += ["Restart=on-failure", "RestartSec=10", "TimeoutStartSec=900", "", "[Install]"]
     lines += ["WantedBy=multi-user.target default.target", ""]
     return "\n".join(lines)
+
+
+def secret_create_command(name: str, path: Path) -> str:
+    """The shell line creating a unit's Podman secret from its file (trailing newlines dropped)."""
+    return f'printf %s "$(cat {shlex.quote(str(path))})" | podman secret create {shlex.quote(name)} -'
 
 
 def unit_file_stem(deployment: str) -> str:
