@@ -7,7 +7,6 @@ extractFirstWord, unitfile.go's Lookup/LookupAllArgs/LookupAllStrv) and systemd'
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -153,7 +152,3 @@ def normalised_options(argv: list[str]) -> list[str]:
             out.append(word)
     return out
 
-
-def shell_line(argv: list[str]) -> str:
-    """The argv as one shell line (for failure messages)."""
-    return shlex.join(argv)

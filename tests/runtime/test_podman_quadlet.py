@@ -47,8 +47,8 @@ from dankserve.runtime.podman.quadlet import (
     quote_arg,
     raw_value,
     render_unit,
-    secret_create_command,
     request_entries,
+    secret_create_command,
     unknown_keys,
 )
 from tests.harness.gpus import StandInGpus
