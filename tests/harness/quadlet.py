@@ -77,15 +77,17 @@ def _unescape(value: str, i: int) -> tuple[int, str]:
     raise AssertionError(f"an escape Quadlet would refuse: \\{c} in {value!r}")
 
 
-def systemd_unescape(word: str) -> str:
-    """`%%` and `$$` back to one character; a lone `%` or `$` would be expanded by systemd: an error here."""
+def systemd_unescape(word: str, *, strict: bool = True) -> str:
+    """`%%` and `$$` back to one character; a lone `%` or `$` would be expanded by systemd: an error here
+    (`strict`), else kept (the generator's own `%t/%N.cid`)."""
     out: list[str] = []
     i = 0
     while i < len(word):
         c = word[i]
-        if c in "%$":
-            assert word[i + 1 : i + 2] == c, f"systemd would expand {word[i : i + 2]!r} in {word!r}"
+        if c in "%$" and word[i + 1 : i + 2] == c:
             i += 1
+        elif c in "%$":
+            assert not strict, f"systemd would expand {word[i : i + 2]!r} in {word!r}"
         out.append(c)
         i += 1
     return "".join(out)
@@ -118,12 +120,22 @@ QUADLET_PATHS = (Path("/usr/libexec/podman/quadlet"), Path("/usr/lib/podman/quad
 
 
 def quadlet_generator() -> Path | None:
-    """Podman's Quadlet generator where this host has one (Podman 4.4 and later), else None."""
+    """Podman's Quadlet generator where this host has one (Podman 4.4 and later; $DANKSERVE_TEST_QUADLET names
+    one unpacked from a newer podman package), else None."""
+    named = os.environ.get("DANKSERVE_TEST_QUADLET")
+    if named:
+        return Path(named)
     for path in QUADLET_PATHS:
         if path.is_file() and os.access(path, os.X_OK):
             return path
     found = shutil.which("quadlet")
     return Path(found) if found else None
+
+
+def generator_version(generator: Path) -> tuple[int, ...]:
+    """`quadlet -version` as numbers (5.4.2 -> (5, 4, 2))."""
+    done = subprocess.run([str(generator), "-version"], capture_output=True, text=True, check=True, timeout=30)
+    return tuple(int(p) for p in done.stdout.strip().split("-")[0].split(".") if p.isdigit())
 
 
 def generated_exec_start(generator: Path, unit_dir: Path) -> list[str]:
@@ -139,16 +151,34 @@ def generated_exec_start(generator: Path, unit_dir: Path) -> list[str]:
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("ExecStart=")]
     assert len(lines) == 1, done.stdout
-    return [systemd_unescape(w) for w in split_args(lines[0].removeprefix("ExecStart="))]
+    words = split_args(lines[0].removeprefix("ExecStart="))
+    return [systemd_unescape(w, strict=not w.startswith("--cidfile=")) for w in words]  # its own %t/%N.cid
+
+
+GENERATOR_OPTIONS = {"--cidfile": 1, "--cgroups": 1, "--sdnotify": 1, "--replace": 0, "--rm": 0, "-d": 0}
+"""What Quadlet's generator adds to every `podman run` for systemd (option -> how many values follow)."""
+
+
+def without_generator_options(argv: list[str]) -> list[str]:
+    """A normalised argv less the generator's own options (those of GENERATOR_OPTIONS, wherever they are)."""
+    out: list[str] = []
+    skip = 0
+    for word in argv:
+        if skip:
+            skip -= 1
+        elif word in GENERATOR_OPTIONS:
+            skip = GENERATOR_OPTIONS[word]
+        else:
+            out.append(word)
+    return out
 
 
 def normalised_options(argv: list[str]) -> list[str]:
     """`--opt=value` as `--opt value`, so two renderings of the same options compare equal."""
     out: list[str] = []
     for word in argv:
-        if word.startswith("--") and "=" in word and not word.startswith("--entrypoint="):
+        if word.startswith("--") and "=" in word:
             out += word.split("=", 1)
         else:
             out.append(word)
     return out
-

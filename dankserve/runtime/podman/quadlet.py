@@ -27,36 +27,29 @@ from dankserve.runtime.podman.cdi import GpuPassthrough
 from dankserve.runtime.podman.spec import container_create_kwargs
 
 QUADLET_CONTAINER_KEYS: frozenset[str] = frozenset(
-    [
+    {
         "AddCapability",
         "AddDevice",
-        "AddHost",
         "Annotation",
-        "AppArmor",
         "AutoUpdate",
-        "CgroupsMode",
         "ContainerName",
         "ContainersConfModule",
         "DNS",
         "DNSOption",
         "DNSSearch",
         "DropCapability",
+        "Entrypoint",
         "Environment",
         "EnvironmentFile",
         "EnvironmentHost",
-        "Entrypoint",
         "Exec",
         "ExposeHostPort",
         "GIDMap",
         "GlobalArgs",
         "Group",
-        "GroupAdd",
         "HealthCmd",
         "HealthInterval",
         "HealthOnFailure",
-        "HealthLogDestination",
-        "HealthMaxLogCount",
-        "HealthMaxLogSize",
         "HealthRetries",
         "HealthStartPeriod",
         "HealthStartupCmd",
@@ -66,18 +59,14 @@ QUADLET_CONTAINER_KEYS: frozenset[str] = frozenset(
         "HealthStartupTimeout",
         "HealthTimeout",
         "HostName",
-        "HttpProxy",
-        "IP6",
         "IP",
+        "IP6",
         "Image",
         "Label",
         "LogDriver",
-        "LogOpt",
         "Mask",
-        "Memory",
         "Mount",
         "Network",
-        "NetworkAlias",
         "NoNewPrivileges",
         "Notify",
         "PidsLimit",
@@ -87,14 +76,10 @@ QUADLET_CONTAINER_KEYS: frozenset[str] = frozenset(
         "Pull",
         "ReadOnly",
         "ReadOnlyTmpfs",
-        "ReloadCmd",
-        "ReloadSignal",
         "RemapGid",
         "RemapUid",
         "RemapUidSize",
         "RemapUsers",
-        "Retry",
-        "RetryDelay",
         "Rootfs",
         "RunInit",
         "SeccompProfile",
@@ -104,10 +89,7 @@ QUADLET_CONTAINER_KEYS: frozenset[str] = frozenset(
         "SecurityLabelLevel",
         "SecurityLabelNested",
         "SecurityLabelType",
-        "ServiceName",
         "ShmSize",
-        "StopSignal",
-        "StartWithPod",
         "StopTimeout",
         "SubGIDMap",
         "SubUIDMap",
@@ -122,13 +104,15 @@ QUADLET_CONTAINER_KEYS: frozenset[str] = frozenset(
         "VolatileTmp",
         "Volume",
         "WorkingDir",
-    ]
+    }
 )
-"""The keys of a `[Container]` section: Podman 5.8.2's pkg/systemd/quadlet/quadlet.go
-(groupsInfo[ContainerGroup].SupportedKeys); Quadlet refuses a unit with any other."""
+"""The keys of a `[Container]` section that every Podman 5 accepts: Podman 5.0.0's
+pkg/systemd/quadlet/quadlet.go (supportedContainerKeys), each of them still in 5.8.2's
+(groupsInfo[ContainerGroup].SupportedKeys). Quadlet refuses a unit with any other key; later keys
+(AppArmor= of 5.8, Memory=, ...) would shut out 5.0 to 5.7."""
 
 SYSTEMD_KEYS: Mapping[str, frozenset[str]] = {
-    "Unit": frozenset({"Description", "Documentation", "Wants", "After"}),
+    "Unit": frozenset({"Description"}),
     "Service": frozenset({"Restart", "RestartSec", "TimeoutStartSec"}),
     "Install": frozenset({"WantedBy"}),
 }
@@ -148,7 +132,6 @@ KEY_SYNTAX: Mapping[str, Syntax] = {
     "Network": "raw",
     "PublishPort": "raw",
     "ShmSize": "raw",
-    "AppArmor": "raw",
     "LogDriver": "raw",
     "StopTimeout": "raw",
     # args: split like a systemd command line, quotes and C escapes (LookupLastArgs / LookupAllArgs)
@@ -280,7 +263,8 @@ def request_entries(kwargs: Mapping[str, Any]) -> list[Entry]:
         out.append(Entry("ShmSize", (str(kwargs["shm_size"]),)))
     out += [Entry("AddCapability", (str(c),)) for c in kwargs.get("cap_add") or ()]
     if kwargs.get("apparmor_profile") is not None:
-        out.append(Entry("AppArmor", (str(kwargs["apparmor_profile"]),)))
+        why = "AppArmor= came with Podman 5.8; this unit runs on 5.0 and later"
+        out.append(Entry("PodmanArgs", (f"--security-opt=apparmor={kwargs['apparmor_profile']}",), why))
     if kwargs.get("log_config") is not None:
         out.append(Entry("LogDriver", (str(kwargs["log_config"]["Type"]).lower(),)))
     return out
@@ -312,8 +296,6 @@ def podman_run_args(unit: ContainerUnit) -> list[str]:
             options.append(f"--entrypoint={words[0]}")
         elif key == "PodmanArgs":
             options += words
-        elif key == "AppArmor":
-            options += ["--security-opt", f"apparmor={words[0]}"]
         elif key == "AddCapability":
             options += [PODMAN_OPTION[key], words[0].lower()]
         else:
@@ -413,8 +395,8 @@ def render_unit(unit: ContainerUnit, *, description: str, notes: Sequence[str] =
             " create each from its file before the first start, without the trailing newline as dankserve reads it:"
         )
         lines += _comment("\n".join(f"  {secret_create_command(n, p)}" for n, p in sorted(unit.secrets.items())))
-    lines += ["", "[Unit]", f"Description={one_line(description)}", "Wants=network-online.target"]
-    lines += ["After=network-online.target", "", "[Container]"]
+    # Quadlet itself adds Wants= and After=network-online.target to a system unit.
+    lines += ["", "[Unit]", f"Description={one_line(description)}", "", "[Container]"]
     for entry in unit.entries:
         if entry.comment:
             lines += _comment(entry.comment)
