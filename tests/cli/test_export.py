@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
 from dankserve.runtime.podman.quadlet import emitted_keys, unknown_keys
-from tests.harness.cli import RECORDED_HOST
+from tests.harness.cli import RECORDED_HOST, run_in_process
 from tests.harness.quadlet import read_entries
 
 FACTS = (
@@ -42,12 +41,7 @@ def config(tmp_path: Path, extra: str = "") -> str:
     return str(path)
 
 
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(args)
-    out, err = capsys.readouterr()
-    code = done.value.code
-    return (code if isinstance(code, int) else 1), out, err
+run = run_in_process
 
 
 def exported(cfg: str, *more: str) -> list[str]:
