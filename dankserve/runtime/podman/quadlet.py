@@ -3,10 +3,11 @@
 Both are read off the one create request the runtime sends (`spec.container_create_kwargs`): the
 same entrypoint, argv, environment, mounts, devices, secrets, ports, labels, IPC and capabilities.
 Each request field becomes `Entry`s (a Quadlet key and its words); the unit text quotes every
-entry the way Quadlet reads that key (podman-systemd.unit(5) and pkg/systemd/quadlet of Podman
-5.8.2), and `podman_run_args` turns the entries into the arguments Quadlet's generator gives
-`podman run` for them. `%` and `$` are doubled everywhere: Quadlet copies the values into the
-service's ExecStart, where systemd expands specifiers and variables.
+entry the way Quadlet reads that key (podman-systemd.unit(5), pkg/systemd/parser and
+pkg/systemd/quadlet of Podman 5.0 to 5.8) and uses only keys every Podman 5 knows;
+`podman_run_args` turns the entries into the arguments Quadlet's generator gives `podman run`
+for them. `%` and `$` are doubled everywhere: Quadlet copies the values into the service's
+ExecStart, where systemd expands specifiers and variables.
 """
 
 from __future__ import annotations
