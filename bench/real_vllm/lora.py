@@ -28,11 +28,9 @@ OUT/lora-vllm.log.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -43,14 +41,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.real_vllm import proof
+from bench.real_vllm import proof, sleep_repeat
 
 MODEL = os.environ.get("LORA_MODEL", "/tmp/tinyllama")
 COMMAND = shlex.split(os.environ.get("LORA_VLLM", "")) or [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 FAKE = os.environ.get("LORA_FAKE") == "1"
 PROMPTS = ("The capital of France is", "def fibonacci(n):")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-BOOT_TIMEOUT = 600.0
 TINY_CONFIG = {  # make_tiny_llama.py's shape, for a rehearsal without the model
     "model_type": "llama",
     "hidden_size": 2048,
@@ -112,27 +109,7 @@ def boot(port: int, lora_argv: list[str], log_path: Path) -> subprocess.Popen[by
     argv = [*COMMAND, "serve", MODEL, "--gpu-memory-utilization", "0.5", "--max-model-len", "4096"]
     argv += ["--attention-backend", "TRITON_ATTN", "--host", "127.0.0.1", "--port", str(port), *lora_argv]
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + BOOT_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"vLLM exited with {proc.returncode}; see {log_path}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        time.sleep(0.5)
-    raise SystemExit(f"vLLM not healthy within {BOOT_TIMEOUT:.0f} s; see {log_path}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+    return sleep_repeat.serve(argv, env, port, log_path)
 
 
 def token_ids(client: httpx.Client, model: str) -> tuple[int, list[list[int]]]:
@@ -155,7 +132,7 @@ def run(out: Path) -> dict[str, Any]:
     dirs = {"a1": build_adapter(out / "adapter-a1", 16, 1), "a2": build_adapter(out / "adapter-a2", 8, 2)}
     build_seconds = round(time.monotonic() - started, 1)
     lora_argv, estimate = planned_flags({"a1": dirs["a1"]})
-    port = _free_port()
+    port = sleep_repeat.free_port()
     proc = boot(port, lora_argv, out / "lora-vllm.log")
     boot_seconds = round(time.monotonic() - started - build_seconds, 1)
     rows: list[dict[str, Any]] = []
@@ -186,7 +163,7 @@ def run(out: Path) -> dict[str, Any]:
             rows.append({"step": "unload a1", "status": 200 if unloaded else 0})
             rows.append({"step": "a1 after unload", "status": token_ids(client, "a1")[0]})
     finally:
-        stop(proc)
+        sleep_repeat.stop(proc)
     differ = bool(base and a1 and a2) and base not in (a1, a2) and a1 != a2
     return {
         "model": MODEL,
@@ -203,15 +180,6 @@ def run(out: Path) -> dict[str, Any]:
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fake": FAKE,
     }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def main() -> None:

@@ -10,7 +10,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, process_deployment, running_daemon, write_host
+from dankserve.runtime.base import workload_name
+from tests.harness.daemon import (
+    RunningDaemon,
+    container_deployment,
+    free_port,
+    process_deployment,
+    running_daemon,
+    write_host,
+)
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
 
@@ -106,17 +114,7 @@ def test_a_local_adapter_is_mounted_into_the_container_and_served_through_the_ga
     """On real Podman: the adapter directory is mounted read-only, the server loads it at boot, and the gateway
     routes the adapter's name to it (different token ids than the base)."""
     sql = adapter_dir(tmp_path / "sql")
-    dep: dict[str, Any] = {
-        "model": "test/tiny",
-        "served_model_name": "tiny",
-        "image": vllm_image,
-        "pull": "never",
-        "port": free_port(),
-        "gpus": [0],
-        "env": {"FAKE_VLLM_TIME_SCALE": "0.02"},
-        "model_facts": MODEL_FACTS,
-        "adapters": {"sql": sql},
-    }
+    dep = container_deployment(vllm_image, free_port(), served_model_name="tiny", gpus=[0], adapters={"sql": sql})
     gateway_port = free_port()
     gateway = f"http://127.0.0.1:{gateway_port}"
     host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
@@ -126,13 +124,7 @@ def test_a_local_adapter_is_mounted_into_the_container_and_served_through_the_ga
         assert models(gateway) == {"tiny": None, "sql": "tiny"}
         (base_status, base_ids), (sql_status, sql_ids) = ids(gateway, "tiny"), ids(gateway, "sql")
         assert (base_status, sql_status) == (200, 200) and sql_ids != base_ids
-        inspect = json.loads(podman_env.podman("inspect", deployment_container(daemon, deployment)).stdout)
+        inspect = json.loads(podman_env.podman("inspect", workload_name(deployment)).stdout)
         mounts = {m["Destination"]: m for m in inspect[0]["Mounts"]}
         lora_mount = next(m for d, m in mounts.items() if d.startswith("/dankserve/adapters/sql-"))
         assert lora_mount["Source"] == sql and lora_mount["RW"] is False
-
-
-def deployment_container(daemon: RunningDaemon, deployment: str) -> str:
-    from dankserve.runtime.base import workload_name
-
-    return workload_name(deployment)
