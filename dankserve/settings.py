@@ -143,6 +143,8 @@ class ModelFactsSettings(_Strict):
     dtype_bytes: int | None = Field(
         default=None, gt=0, description="Bytes per KV element of the model dtype (2 for bf16)."
     )
+    hidden_size: int | None = Field(default=None, gt=0, description="With intermediate_size: sizes LoRA slots.")
+    intermediate_size: int | None = Field(default=None, gt=0)
 
 
 class ClusterSettings(_Strict):

@@ -170,6 +170,8 @@ def declared_facts(model: str, declared: ModelFactsSettings) -> ModelFacts:
         moe=declared.moe,
         quantization=declared.quantization,
         dtype_bytes=declared.dtype_bytes,
+        hidden_size=declared.hidden_size,
+        intermediate_size=declared.intermediate_size,
         source="declared in config",
     )
 

@@ -574,6 +574,20 @@ def placement_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
         flags.add("--port", str(deployment.port), "process runtime: the server listens on the port itself", "port")
 
 
+def _settings_payload(deployment: DeploymentSettings) -> dict[str, Any]:
+    """The settings as the fingerprint hashes them: LoRA's keys only when set, so a server planned before
+    they existed keeps its fingerprint (and is adopted, not replaced, after an upgrade)."""
+    dumped = deployment.model_dump(mode="json")
+    if not dumped["adapters"]:
+        del dumped["adapters"]
+    facts = dumped.get("model_facts")
+    if isinstance(facts, dict):
+        for key in LORA_ONLY_FACTS:
+            if facts.get(key) is None:
+                facts.pop(key, None)
+    return dumped
+
+
 def fingerprint(
     name: str,
     deployment: DeploymentSettings,
@@ -591,7 +605,7 @@ def fingerprint(
     """
     payload = {
         "deployment": name,
-        "settings": deployment.model_dump(mode="json"),
+        "settings": _settings_payload(deployment),
         "vllm": caps.version,
         "vllm_cache_root": vllm_cache_root,
         "gpus": [

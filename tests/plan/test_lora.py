@@ -138,3 +138,16 @@ def test_unknown_model_sizes_are_warned_about() -> None:
     facts = replace(LLAMA_1B, hidden_size=None)
     planned = plan_deployment("d", dep, host(), caps("0.26.0"), facts, adapters=[adapter("sql", 8)])
     assert any("LoRA slot memory not estimated" in w for w in planned.warnings)
+
+
+def test_fingerprints_of_deployments_without_adapters_are_as_before_lora() -> None:
+    """Without adapters the fingerprint hashes no LoRA key (servers planned before LoRA are still adopted);
+    adapters change it."""
+    from dankserve.plan.plan import _settings_payload
+
+    plain = DeploymentSettings(model="test/llama-1b")
+    assert "adapters" not in _settings_payload(plain)
+    with_lora = plain.model_copy(update={"adapters": {"sql": "/srv/sql"}})
+    a = plan_deployment("d", plain, host(), caps("0.26.0"), LLAMA_1B)
+    b = plan_deployment("d", with_lora, host(), caps("0.26.0"), LLAMA_1B, adapters=[adapter("sql", 8)])
+    assert a.fingerprint != b.fingerprint
