@@ -15,7 +15,11 @@ a1=DIR` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, then:
 Verdict: every adapter's ids differ from the base's and from each other's, and a repeat of a
 request gives the same ids (greedy is deterministic).
 
-  python3 bench/real_vllm/lora.py [--out DIR]
+  python3 bench/real_vllm/lora.py [--out DIR] [--adapters DIR]
+
+On the GPU machine (bench/real_vllm/on_gpu.sh, process runtime): `on_gpu.sh proc1` (carry .vl1
+.dev), then `on_gpu.sh proc2 "python3 bench/real_vllm/lora.py"` (carry .vl2; about 3 min: the
+model build, two adapter builds, one boot); `on_gpu.sh jobs` follows it if the call ends first.
 
 Environment: LORA_MODEL (default /tmp/tinyllama, make_tiny_llama.py's model), LORA_VLLM (the
 command before `serve`; default this Python's `-m vllm.entrypoints.cli.main`). Rehearsal without a
@@ -123,13 +127,13 @@ def token_ids(client: httpx.Client, model: str) -> tuple[int, list[list[int]]]:
     return 200, out
 
 
-def run(out: Path) -> dict[str, Any]:
+def run(out: Path, adapters: Path) -> dict[str, Any]:
     from dankserve.settings import DeploymentSettings
     from dankserve.supervisor.adapters import AdapterChanges, apply
 
     ensure_model_config()
     started = time.monotonic()
-    dirs = {"a1": build_adapter(out / "adapter-a1", 16, 1), "a2": build_adapter(out / "adapter-a2", 8, 2)}
+    dirs = {"a1": build_adapter(adapters / "a1", 16, 1), "a2": build_adapter(adapters / "a2", 8, 2)}
     build_seconds = round(time.monotonic() - started, 1)
     lora_argv, estimate = planned_flags({"a1": dirs["a1"]})
     port = sleep_repeat.free_port()
@@ -185,9 +189,10 @@ def run(out: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/results"))
+    parser.add_argument("--adapters", type=Path, default=Path("/tmp/lora-adapters"), help="where the adapters go")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run(args.out)
+    result = run(args.out, args.adapters)
     (args.out / "lora.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"adapters built in {result['adapter_build_seconds']} s; boot {result['boot_seconds']} s")
     print("planned: " + " ".join(result["lora_argv"]))
