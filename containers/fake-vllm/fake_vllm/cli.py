@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import VLLM_VERSION, compile_cache, imports
-from . import messages as msg
 from .boot_plan import STAND_IN_PREFIX, BootInputs, CacheStatus, build_boot_plan
 from .catalogue import CatalogueError, build_parser, load_catalogue, non_default_args, prepare_argv
 from .knobs import DEFAULT_COLD_BOOT_SECONDS, REAL_COLD_BOOT_SECONDS, KnobError, Knobs, parse_knobs
@@ -171,7 +170,11 @@ def serve(
         and config.max_model_len > knobs.model_max_len
         and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() not in ("1", "true")
     )
+    lora = LoraRegistry(config.enable_lora, config.max_lora_rank)
+    runtime_updating = env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
     inputs = BootInputs(
+        lora_loads=load_static_loras(lora, config),
+        lora_runtime_updating=runtime_updating,
         config=config,
         memory=memory,
         durations=durations,
@@ -209,14 +212,9 @@ def serve(
         reload_seconds=knobs.reload_seconds,
         sleep_freed_bytes=sleep_freed(memory),
         asleep_used_bytes=asleep_used(memory),
-        lora=LoraRegistry(config.enable_lora, config.max_lora_rank),
-        lora_runtime_updating=env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"),
+        lora=lora,
+        lora_runtime_updating=runtime_updating,
     )
-    failed = load_static_loras(facts.lora, config, output)
-    if failed is not None:
-        return failed
-    if facts.lora_runtime_updating:
-        output.log(msg.LORA_RUNTIME_UPDATING)
     state = EngineState()
     server = FakeVllmHTTPServer((host, config.port), facts, state, output)
     context = ServeContext(
@@ -234,17 +232,18 @@ def serve(
     return Runner(context).run(build_boot_plan(inputs))
 
 
-def load_static_loras(registry: LoraRegistry, config: ServeConfig, output: Output) -> int | None:
-    """`--lora-modules`, loaded before the server answers (init_static_loras): one failing stops the server."""
+def load_static_loras(registry: LoraRegistry, config: ServeConfig) -> tuple[tuple[str, str, str | None], ...]:
+    """`--lora-modules` loaded into the registry (init_static_loras): (name, path, error) each, up to the first
+    that fails (it stops the server)."""
     modules = parse_lora_modules(config.lora_modules)
     assert not isinstance(modules, str)  # main() refused it already
+    loads: list[tuple[str, str, str | None]] = []
     for module in modules:
         status, message, _ = registry.load(module.name, module.path)
+        loads.append((module.name, module.path, None if status == 200 else message))
         if status != 200:
-            output.write("stderr", f"ValueError: {message}\n")
-            return 1
-        output.log(msg.LORA_LOADED, (module.name, module.path))
-    return None
+            break
+    return tuple(loads)
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
