@@ -33,6 +33,7 @@ from dankserve.settings import DeploymentSettings, Settings, resolve_config_path
 from dankserve.supervisor import instance, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
+from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import Fleet
 from dankserve.supervisor.gpu_slots import GpuBootLocks
@@ -48,7 +49,6 @@ from dankserve.supervisor.status import config_status
 from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.telemetry import Telemetry
 from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
-from dankserve.supervisor.worker.services import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 log = structlog.get_logger("dankserve")
@@ -71,6 +71,23 @@ def raise_descriptor_limit() -> None:
         log.warning("descriptor_limit_kept", soft=soft, hard=hard, error=str(exc))
         return
     log.info("descriptor_limit_raised", soft=soft, to=target)
+
+
+def install_signals(stop: Callable[[], None], reload: Callable[[], None]) -> dict[int, Any]:
+    """SIGTERM and SIGINT stop, SIGHUP reloads (only on the main thread); the handlers they replace."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        stop()
+
+    def on_hup(signum: int, frame: FrameType | None) -> None:
+        reload()
+
+    for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup)):
+        previous[sig] = signal.signal(sig, handler)
+    return previous
 
 
 @dataclass(frozen=True)
@@ -192,7 +209,7 @@ class Daemon:
         held = instance.acquire(self.settings.state_dir)
         raise_descriptor_limit()
         control = ControlServer(socket_path(self.settings.state_dir), self.handle_request)
-        previous = self._install_signals()
+        previous = install_signals(self.request_stop, self.request_reload)
         close_services: Callable[[], None] = lambda: None  # noqa: E731
         close_metrics: Callable[[], None] = lambda: None  # noqa: E731
         try:
@@ -211,7 +228,7 @@ class Daemon:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
             self.swap_groups.start()
-            self._claim_running_boots(starting)
+            self.gpus.claim_running_boots(starting, self.deps.runtime_for, self.deps.planner, self.state)
             for name, dep in starting.items():
                 self._start_worker(name, dep, unless_running=True)
             if not self.fleet.snapshot():
@@ -235,40 +252,6 @@ class Daemon:
     def _stop_all(self) -> None:
         """Every worker stopped (`Fleet.stop_all`), and the idle launchers removed."""
         self.fleet.stop_all(self.settings.stop_timeout_seconds + 15, self.stop_failed, self.deps.runtime_for)
-
-    def _claim_running_boots(self, deployments: Mapping[str, DeploymentSettings]) -> None:
-        """Before any worker starts: give each workload an earlier daemon left running its GPUs' boot slot.
-
-        Its worker adopts it and keeps the slot until it is ready, so no other deployment on those
-        GPUs starts booting meanwhile (workers start in no fixed order; this runs before all of them).
-        Anything that fails here is left to the worker, which looks again.
-        """
-        for name, dep in deployments.items():
-            try:
-                existing = self.deps.runtime_for(dep).find(name)
-                if existing is None or not existing.running:
-                    continue
-                overrides = BootOverrides.from_remediation(self.state.deployment(name).overrides)
-                uuids = self.deps.planner(name, dep, self.host, overrides, None).gpu_uuids
-            except Exception as exc:
-                log.warning("claim_skipped", deployment=name, error=str(exc))
-                continue
-            self.gpus.claim(name, uuids)
-
-    def _install_signals(self) -> dict[int, Any]:
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return previous
-
-        def on_stop(signum: int, frame: FrameType | None) -> None:
-            self.request_stop()
-
-        def on_hup(signum: int, frame: FrameType | None) -> None:
-            self.request_reload()
-
-        for sig, handler in ((signal.SIGTERM, on_stop), (signal.SIGINT, on_stop), (signal.SIGHUP, on_hup)):
-            previous[sig] = signal.signal(sig, handler)
-        return previous
 
     def _start_worker(
         self, name: str, dep: DeploymentSettings, *, join_asleep: bool = False, unless_running: bool = False

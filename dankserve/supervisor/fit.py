@@ -8,8 +8,8 @@ from dankserve.errors import HubUnreachable, MemberUnreachable
 from dankserve.host.model import Host
 from dankserve.plan.checks import check_fit_together
 from dankserve.settings import Settings
+from dankserve.supervisor.edges import Planner
 from dankserve.supervisor.machine import BootOverrides
-from dankserve.supervisor.worker.services import Planner
 
 
 def check_fit(planner: Planner, host: Host, settings: Settings) -> None:

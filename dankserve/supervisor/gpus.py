@@ -5,12 +5,22 @@ for the workloads an earlier daemon left running."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import structlog
 
 from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml
 from dankserve.host.model import Host
 from dankserve.plan.rules import smallest_gpu, utilisation_row
+from dankserve.runtime.base import Runtime
+from dankserve.settings import DeploymentSettings
+from dankserve.supervisor.edges import Planner
 from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
+from dankserve.supervisor.machine import BootOverrides
+from dankserve.supervisor.records import StateBook
+
+log = structlog.get_logger("dankserve")
 
 
 class HostGpus:
@@ -29,6 +39,31 @@ class HostGpus:
         if slot is not None:
             with self._lock:
                 self._claimed[name] = slot
+
+    def claim_running_boots(
+        self,
+        deployments: Mapping[str, DeploymentSettings],
+        runtime_for: Callable[[DeploymentSettings], Runtime],
+        planner: Planner,
+        state: StateBook,
+    ) -> None:
+        """Before any worker starts: give each workload an earlier daemon left running its GPUs' boot slot.
+
+        Its worker adopts it and keeps the slot until it is ready, so no other deployment on those
+        GPUs starts booting meanwhile (workers start in no fixed order; this runs before all of them).
+        Anything that fails here is left to the worker, which looks again.
+        """
+        for name, dep in deployments.items():
+            try:
+                existing = runtime_for(dep).find(name)
+                if existing is None or not existing.running:
+                    continue
+                overrides = BootOverrides.from_remediation(state.deployment(name).overrides)
+                uuids = planner(name, dep, self.host, overrides, None).gpu_uuids
+            except Exception as exc:
+                log.warning("claim_skipped", deployment=name, error=str(exc))
+                continue
+            self.claim(name, uuids)
 
     def take_claimed_slot(self, name: str) -> BootSlot | None:
         """The boot slot claimed at start-up for the deployment's running workload (once), if any."""

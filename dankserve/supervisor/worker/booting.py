@@ -21,7 +21,7 @@ from dankserve.supervisor import launching, learning
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.gpu_slots import BootSlot
 from dankserve.supervisor.machine import BootOverrides
-from dankserve.supervisor.swap_groups import PlanFacts
+from dankserve.supervisor.swap_roster import PlanFacts
 from dankserve.supervisor.worker.services import WorkerServices
 from dankserve.supervisor.worker.workloads import WorkloadRuntimes
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec

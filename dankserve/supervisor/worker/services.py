@@ -8,16 +8,12 @@ build a worker from a `WorkerServices` of fakes, and new wiring is one field her
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from dankserve.host.model import GpuIdentity, Host
-from dankserve.plan.types import Plan
-from dankserve.runtime.base import Runtime
-from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor import machine as m
-from dankserve.supervisor.machine import BootOverrides
+from dankserve.settings import Settings
+from dankserve.supervisor.edges import WorkerEdges
 
 if TYPE_CHECKING:
     import threading
@@ -26,47 +22,8 @@ if TYPE_CHECKING:
     from dankserve.supervisor.gpus import HostGpus
     from dankserve.supervisor.observatory import Observatory
     from dankserve.supervisor.records import StateBook
-    from dankserve.supervisor.swap_groups import PlanFacts
+    from dankserve.supervisor.swap_roster import PlanFacts
     from dankserve.supervisor.telemetry import Telemetry
-
-Planner = Callable[[str, DeploymentSettings, Host, BootOverrides, str | None], Plan]
-RuntimeFactory = Callable[[DeploymentSettings], Runtime]
-WeightsFetcher = Callable[[str, DeploymentSettings, Callable[[int], None]], "m.WeightsFailed | None"]
-"""fetch(name, dep, progress) -> None when the weights are in place, or WeightsFailed (permanent or not)."""
-
-
-class WorkerEdges(Protocol):
-    """The world a worker's commands reach (the daemon's `DaemonDeps` is one)."""
-
-    @property
-    def planner(self) -> Planner: ...
-
-    @property
-    def runtime_for(self) -> RuntimeFactory: ...
-
-    @property
-    def fetch_weights(self) -> WeightsFetcher | None: ...
-
-    @property
-    def check_port(self) -> Callable[[str, int], str | None]: ...
-
-    @property
-    def health(self) -> Callable[[str, int, float], m.HealthChecked] | None: ...
-
-    @property
-    def draw(self) -> Callable[[], float]: ...
-
-    @property
-    def follower_gpus(self) -> Callable[[str, DeploymentSettings, bool], Sequence[tuple[GpuIdentity, int]]] | None: ...
-
-    @property
-    def sleep_server(self) -> Callable[[str, int, str | None, m.SleepLevel], m.Event]: ...
-
-    @property
-    def wake_server(self) -> Callable[[str, int, str | None, m.SleepLevel], m.Event]: ...
-
-    @property
-    def is_sleeping(self) -> Callable[[str, int, str | None], bool | None]: ...
 
 
 class BootAdmission(Protocol):
