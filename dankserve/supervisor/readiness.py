@@ -6,12 +6,12 @@ ended for good."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import structlog
 
+from dankserve.supervisor import machine as m
 from dankserve.supervisor.lifecycle import Phase, all_settled, status_line
-from dankserve.supervisor.worker import DeploymentWorker
-from dankserve.systemd.notify import SystemdNotifier
 
 log = structlog.get_logger("dankserve")
 
@@ -20,10 +20,35 @@ EXTEND_SECONDS = 60
 EXTEND_EVERY_SECONDS = 20.0
 
 
+class Notifier(Protocol):
+    """What is sent to systemd (`systemd.notify.SystemdNotifier`); each answers whether it was sent."""
+
+    def status(self, text: str) -> bool: ...
+
+    def ready(self, status: str | None = None) -> bool: ...
+
+    def extend_timeout(self, usec: int) -> bool: ...
+
+    def watchdog(self) -> bool: ...
+
+
+class Reporting(Protocol):
+    """What is read of a deployment's worker (`worker.DeploymentWorker`)."""
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def machine(self) -> m.MachineState: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+
 class Readiness:
     """The daemon's notifications to systemd, one `report` per main-loop turn."""
 
-    def __init__(self, notifier: SystemdNotifier, watchdog: float | None) -> None:
+    def __init__(self, notifier: Notifier, watchdog: float | None) -> None:
         self._notify = notifier
         self._watchdog = watchdog
         self._next_watchdog = 0.0
@@ -35,7 +60,7 @@ class Readiness:
         """How long the main loop may wait before the next turn (the watchdog's next ping bounds it)."""
         return 0.25 if self._watchdog is None else max(0.0, min(0.25, self._next_watchdog - now))
 
-    def report(self, workers: Mapping[str, DeploymentWorker], now: float) -> None:
+    def report(self, workers: Mapping[str, Reporting], now: float) -> None:
         notify = self._notify
         phases = {name: w.phase for name, w in workers.items()}
         percents = {name: w.machine.weights_percent for name, w in workers.items()}
