@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
 
 MAX_ADAPTERS = 64
 """Adapters one deployment may name: each is a served name and a load at boot."""
@@ -78,3 +80,29 @@ def adapters_problem(adapters: dict[str, str], own_names: list[str], *, multi_ho
             )
         parse_source(name, value)
     return None
+
+
+class LoraAdaptersTable(BaseModel):
+    """The `[deployments.NAME.adapters]` key, a base of DeploymentSettings (its section's rules come from there)."""
+
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters served by name on this model: name = an absolute directory or a Hub repo "
+        "ORG/NAME (fetched by `dankserve pull`). Each name is a model name of its own (docs/planner.md, LoRA).",
+    )
+
+    @model_validator(mode="after")
+    def _adapters_are_servable(self) -> Any:
+        # The deployment's own names, read from the settings class this is a base of.
+        own = [getattr(self, "served_model_name", None) or getattr(self, "model", ""), *getattr(self, "aliases", [])]
+        problem = adapters_problem(self.adapters, own, multi_host=bool(getattr(self, "hosts", [])))
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+class LoraModelSizes(BaseModel):
+    """The model sizes only the LoRA slot estimate reads, a base of the declared `model_facts`."""
+
+    hidden_size: int | None = Field(default=None, gt=0, description="With intermediate_size: sizes LoRA slots.")
+    intermediate_size: int | None = Field(default=None, gt=0)

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
-from dankserve.lora_adapters import adapters_problem
+from dankserve.lora_adapters import LoraAdaptersTable, LoraModelSizes
 from dankserve.owned import env_problems, extra_args_problems
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
@@ -129,7 +129,7 @@ class CpuOffloadSettings(_Strict):
     )
 
 
-class ModelFactsSettings(_Strict):
+class ModelFactsSettings(LoraModelSizes, _Strict):
     """Model facts declared by hand, used when the HF cache does not hold the model's files."""
 
     parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
@@ -143,8 +143,6 @@ class ModelFactsSettings(_Strict):
     dtype_bytes: int | None = Field(
         default=None, gt=0, description="Bytes per KV element of the model dtype (2 for bf16)."
     )
-    hidden_size: int | None = Field(default=None, gt=0, description="With intermediate_size: sizes LoRA slots.")
-    intermediate_size: int | None = Field(default=None, gt=0)
 
 
 class ClusterSettings(_Strict):
@@ -259,7 +257,7 @@ def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
     return host, int(port_text) if port_text.isdigit() else -1
 
 
-class DeploymentSettings(_Strict):
+class DeploymentSettings(LoraAdaptersTable, _Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
     model: str = Field(min_length=1, description="HF model id (ORG/NAME) or a path inside the HF cache.")
@@ -352,11 +350,6 @@ class DeploymentSettings(_Strict):
     )
     aliases: list[str] = Field(
         default_factory=list, description="More names the gateway routes to this deployment (rewritten to its name)."
-    )
-    adapters: dict[str, str] = Field(
-        default_factory=dict,
-        description="LoRA adapters served by name on this model: name = an absolute directory or a Hub repo "
-        "ORG/NAME (fetched by `dankserve pull`). Each name is a model name of its own (docs/planner.md, LoRA).",
     )
     swap_group: str | None = Field(
         default=None,
@@ -458,14 +451,6 @@ class DeploymentSettings(_Strict):
             raise ValueError(
                 "pinned and idle_sleep_seconds are both set: a pinned member never sleeps; remove one of them"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _adapters_are_servable(self) -> DeploymentSettings:
-        own = [self.served_model_name or self.model, *self.aliases]
-        problem = adapters_problem(self.adapters, own, multi_host=bool(self.hosts))
-        if problem is not None:
-            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -683,8 +668,7 @@ class Settings(BaseSettings):
             return self
         owner: dict[str, str] = {}
         for name, dep in self.deployments.items():
-            names = [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]
-            for model in names:
+            for model in [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]:
                 if owner.get(model, name) != name:
                     raise ValueError(
                         f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.containers.test_fake_vllm import MODEL, StartServer, base_env, http, run_to_exit, serve
+from tests.containers.test_fake_vllm import MODEL, StartServer, base_env, free_port, http, run_to_exit, serve
 
 __all__ = ["serve"]  # the fixture, used by name
 
@@ -47,7 +47,7 @@ def test_a_static_adapter_that_fails_to_load_stops_the_server(tmp_path: Path) ->
         (["--lora-modules", f"a={wide}"], "LoRA is not enabled. Use --enable-lora to enable LoRA."),
     ]
     for args, message in cases:
-        done = run_to_exit(["serve", MODEL, *args], base_env(tmp_path))
+        done = run_to_exit(["serve", MODEL, "--port", str(free_port()), *args], base_env(tmp_path))
         assert done.returncode == 1 and message in done.stderr, done.stderr
 
 
