@@ -33,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
+from dankserve.lora_adapters import LoraAdaptersTable, LoraModelSizes
+from dankserve.swap_settings import SwapFitSettings
 from dankserve.owned import env_problems, extra_args_problems
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
@@ -128,7 +130,7 @@ class CpuOffloadSettings(_Strict):
     )
 
 
-class ModelFactsSettings(_Strict):
+class ModelFactsSettings(LoraModelSizes, _Strict):
     """Model facts declared by hand, used when the HF cache does not hold the model's files."""
 
     parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
@@ -256,7 +258,7 @@ def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
     return host, int(port_text) if port_text.isdigit() else -1
 
 
-class DeploymentSettings(_Strict):
+class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
     model: str = Field(min_length=1, description="HF model id (ORG/NAME) or a path inside the HF cache.")
@@ -370,21 +372,6 @@ class DeploymentSettings(_Strict):
         description="swap groups: auto (level 1 when available RAM holds the weights, else 2), or always 1, 2, "
         "or stop (stop and boot again; no sleep mode).",
     )
-    min_awake_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_SECONDS,
-        description="swap groups: once awake, not put to sleep to make room for another for this long (stops "
-        "thrash); idle sleep and `dankserve sleep` still may.",
-    )
-    sleep_check_margin_bytes: int = Field(
-        default=512 << 20,
-        ge=0,
-        le=1 << 40,
-        description="swap groups: after a sleep, NVML must show the server's processes holding at most the CUDA "
-        "context (1 GiB) plus this on each GPU; more marks the level unsafe and the server is stopped instead.",
-    )
-
     @field_validator("gpus")
     @classmethod
     def _gpus_unique(cls, value: list[int | str] | None) -> list[int | str] | None:
@@ -459,12 +446,6 @@ class DeploymentSettings(_Strict):
                 f"swap_group = {self.swap_group!r} with host = {self.host!r}: a member runs with vLLM's dev-mode "
                 "routes (/sleep, /collective_rpc ...) that must never be reachable beyond this machine; "
                 'set host = "127.0.0.1" and reach it through the [gateway]'
-            )
-        if self.swap_group == "auto" and self.gpu_memory_utilization is not None:
-            raise ValueError(
-                f'swap_group = "auto" with gpu_memory_utilization = {self.gpu_memory_utilization}: an auto group is '
-                "planned from each member's bytes; remove gpu_memory_utilization, or name the group "
-                '(swap_group = "NAME") to keep the hand-set share'
             )
         if self.pinned and self.idle_sleep_seconds is not None:
             raise ValueError(
@@ -687,12 +668,11 @@ class Settings(BaseSettings):
             return self
         owner: dict[str, str] = {}
         for name, dep in self.deployments.items():
-            names = [dep.served_model_name or dep.model, *dep.aliases]
-            for model in names:
+            for model in [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]:
                 if owner.get(model, name) != name:
                     raise ValueError(
                         f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
-                        "give each a distinct served_model_name or alias"
+                        "give each a distinct served_model_name, alias or adapter name"
                     )
                 owner[model] = name
             if not is_loopback(dep.host):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from dankserve.supervisor.prediction import predict
 
 if TYPE_CHECKING:
-    from dankserve.settings import DeploymentSettings
+    from dankserve.settings import DeploymentSettings, Settings
     from dankserve.state import DeploymentState
     from dankserve.supervisor.machine import MachineState
 
@@ -79,9 +79,10 @@ def resident_until(machine: MachineState, min_awake_seconds: float | None) -> fl
     return 0.0 if since is None else since + min_awake_seconds
 
 
-def sleeps_after_first_boot(dep: DeploymentSettings | None) -> bool:
+def sleeps_after_first_boot(settings: Settings, name: str) -> bool:
     """Whether start-up puts the member to sleep once its first boot is done: not in an `auto` group,
     whose members stay awake while they fit (a later boot or wake makes room as it needs)."""
+    dep = settings.deployments.get(name)
     return dep is None or dep.swap_group != AUTO_GROUP
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from dankserve.state import DeploymentState, UnsafeSleep
 from dankserve.settings import GatewaySettings, Settings
+from dankserve.state import DeploymentState, UnsafeSleep
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.policy import RestartSettings
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
