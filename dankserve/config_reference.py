@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -14,7 +15,7 @@ from dankserve.settings import DeploymentSettings, Settings
 
 HEADER = """# Configuration reference
 
-Generated from `dankserve/settings.py` by `make docs`; do not edit by hand.
+Generated from the settings model (`dankserve/settings/`) by `make docs`; do not edit by hand.
 
 The file is TOML: `--config FILE`, else `$DANKSERVE_CONFIG`, else `/etc/dankserve/dankserve.toml`.
 Every key can also be set through the environment as `DANKSERVE_<KEY>`, nested keys joined
@@ -25,9 +26,9 @@ with `__` (`DANKSERVE_DEPLOYMENTS__CHAT__PORT=8001`). Unknown keys are errors (e
 
 def _type_name(info: FieldInfo) -> str:
     text = str(info.annotation).replace("typing.", "").replace("pathlib.", "")
-    for noise in ("<class '", "'>", "dankserve.settings."):
+    for noise in ("<class '", "'>"):
         text = text.replace(noise, "")
-    return text
+    return re.sub(r"dankserve\.settings\.(?:\w+\.)?", "", text)
 
 
 def _default(info: FieldInfo) -> str:
