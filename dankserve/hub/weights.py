@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dankserve.hub.access import hub_access, is_hub_id
 from dankserve.hub.download import Progress
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source
 
 PercentCallback = Callable[[int], None]
 
@@ -31,14 +31,16 @@ def wants_download(dep: DeploymentSettings) -> bool:
 class WeightsFetcher:
     """Fetches a deployment's weights; raises DankserveError (InvalidInput: permanent)."""
 
-    settings: Settings
+    settings: Settings | SettingsSource
+    """The daemon's source (each download reads the settings of its moment), or fixed settings."""
 
     def __call__(self, name: str, dep: DeploymentSettings, progress: PercentCallback) -> None:
         from dankserve.hub.pull import complete_locally, pull
 
         if not wants_download(dep):
             return
-        access = hub_access(self.settings.hf_cache_dir, self.settings.state_dir, name, dep.hf_token_file)
+        settings = as_source(self.settings).current()
+        access = hub_access(settings.hf_cache_dir, settings.state_dir, name, dep.hf_token_file)
         if complete_locally(access, dep.model, dep.revision):
             progress(100)
             return

@@ -32,6 +32,7 @@ from dankserve.settings.files import (
     check_secret_files,
     config_dir_problem,
     config_file_problem,
+    load_reload,
     load_settings,
     read_config_file,
     read_secret_file,
@@ -40,6 +41,7 @@ from dankserve.settings.files import (
     state_dir_despite_errors,
 )
 from dankserve.settings.model import DEFAULT_HF_CACHE_DIR, Settings, default_hf_cache_dir, keyless_gateway_exposure
+from dankserve.settings.reloading import ON_RELOAD, OnReload, ReloadEffects, global_keys, reload_effects
 from dankserve.settings.sections import (
     ClusterSettings,
     CpuOffloadSettings,
@@ -47,6 +49,7 @@ from dankserve.settings.sections import (
     ModelFactsSettings,
     SpeculativeSettings,
 )
+from dankserve.settings.source import SettingsSource, as_source
 from dankserve.settings.values import MAX_GIB, MAX_SECONDS, check_address, is_loopback, parse_listen, split_listen
 
 __all__ = [
@@ -57,27 +60,35 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_GIB",
     "MAX_SECONDS",
+    "ON_RELOAD",
     "ClusterSettings",
     "CpuOffloadSettings",
     "DeploymentSettings",
     "GatewaySettings",
     "ModelFactsSettings",
+    "OnReload",
     "Profile",
     "PullPolicy",
+    "ReloadEffects",
     "RuntimeKind",
     "Settings",
+    "SettingsSource",
     "SpeculativeSettings",
+    "as_source",
     "check_address",
     "check_secret_files",
     "config_dir_problem",
     "config_file_problem",
     "default_hf_cache_dir",
+    "global_keys",
     "is_loopback",
     "keyless_gateway_exposure",
+    "load_reload",
     "load_settings",
     "parse_listen",
     "read_config_file",
     "read_secret_file",
+    "reload_effects",
     "resolve_config_path",
     "secret_file_problem",
     "split_listen",

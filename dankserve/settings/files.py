@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from dankserve.errors import ConfigError
 from dankserve.settings.model import Settings
+from dankserve.settings.reloading import ReloadEffects, reload_effects
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
 CONFIG_ENV = "DANKSERVE_CONFIG"
@@ -335,3 +336,27 @@ def load_settings(config: Path | None = None, environ: Mapping[str, str] | None 
         ) from None
     check_secret_files(settings)
     return settings
+
+
+def load_reload(running: Settings, config: Path | None = None) -> ReloadEffects:
+    """The config file read again for a reload: what the daemon runs with after it (`reload_effects`).
+
+    A ConfigError, as for a start, when the file does not validate, or when its deployments do not
+    fit the global keys kept at their running values until a restart (a deployment given the port of
+    a gateway the file moved, which keeps listening until the restart)."""
+    effects = reload_effects(running, load_settings(config))
+    if not effects.needs_restart:
+        return effects
+    try:
+        Settings.model_validate(effects.settings.model_dump())
+    except ValidationError as exc:
+        from dankserve.config_errors import describe
+
+        kept = ", ".join(effects.needs_restart)
+        problems = "; ".join(p.line for p in describe(Settings, exc.errors()))
+        raise ConfigError(
+            f"the file's deployments do not fit the running {kept} (kept until the daemon restarts): {problems}",
+            fix=f"restart the daemon to apply the new {kept} (`systemctl restart dankserve`), "
+            "or change the deployments to fit the running values",
+        ) from None
+    return effects
