@@ -3,7 +3,8 @@
 Accepted: one line per deployment (restarts, starts, stops or keeps running), then the changed global keys
 applied, and those that keep their running values until the daemon restarts ("restart the daemon to apply:
 ..."). Refused (the file does not validate, or the deployments would not fit together): the reason, exit 2;
-the daemon keeps running the config it loaded before. `systemctl reload dankserve` (SIGHUP) does the same without waiting for the answer.
+the daemon keeps running the config it loaded before. `systemctl reload dankserve` (SIGHUP) does the same
+without waiting for the answer.
 """
 
 from __future__ import annotations
