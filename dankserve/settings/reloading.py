@@ -32,7 +32,7 @@ def _restart(why: str) -> OnReload:
     return OnReload(False, why)
 
 
-_LIFECYCLE = "each deployment's lifecycle holds it from its start (restart the daemon; running servers are adopted)"
+_LIFECYCLE = "each deployment's lifecycle (timers, restart budget) holds it from the deployment's start"
 
 ON_RELOAD: Mapping[str, OnReload] = {
     "podman_url": _restart("the Podman client is made once, at start"),
