@@ -140,7 +140,7 @@ class ClusterContext:
             settings.state_dir,
             host,
             gpu_memory=gpu_memory,
-            cache_root=lambda deployment: compile_cache_dir(settings, deployment),
+            cache_root=lambda deployment: compile_cache_dir(self.settings, deployment),
         )
         service.remove_stale()
         address = split_address(cluster.listen, API_PORT)

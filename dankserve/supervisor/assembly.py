@@ -108,12 +108,14 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
 
     check_daemon_dirs(settings.state_dir, {"cache_dir": settings.cache_dir, "hf_cache_dir": settings.hf_cache_dir})
 
+    source = SettingsSource(settings)  # the one holder: every part below and the daemon read it
+
     def host_loader() -> Host:
-        return load_host(hardware_file, cache_dirs=[settings.cache_dir, settings.hf_cache_dir])
+        now = source.current()
+        return load_host(hardware_file, cache_dirs=[now.cache_dir, now.hf_cache_dir])
 
     from dankserve.cluster.context import ClusterContext
 
-    source = SettingsSource(settings)  # the one holder: every part below and the daemon read it
     cluster = ClusterContext(source)
     runtimes = runtime_factory(source, cluster)
     planner = make_planner(source, cluster)
