@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from dankserve.lora_adapters import LoraAdaptersTable
 from dankserve.owned import env_problems, extra_args_problems
 from dankserve.settings.sections import CpuOffloadSettings, ModelFactsSettings, SpeculativeSettings
 from dankserve.settings.values import MAX_SECONDS, _Strict, check_address, is_loopback
@@ -19,7 +20,7 @@ RuntimeKind = Literal["podman", "process"]
 Profile = Literal["throughput", "latency"]
 
 
-class DeploymentSettings(_Strict):
+class DeploymentSettings(LoraAdaptersTable, _Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
     model: str = Field(min_length=1, description="HF model id (ORG/NAME) or a path inside the HF cache.")

@@ -208,12 +208,11 @@ class Settings(BaseSettings):
             return self
         owner: dict[str, str] = {}
         for name, dep in self.deployments.items():
-            names = [dep.served_model_name or dep.model, *dep.aliases]
-            for model in names:
+            for model in [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]:
                 if owner.get(model, name) != name:
                     raise ValueError(
                         f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
-                        "give each a distinct served_model_name or alias"
+                        "give each a distinct served_model_name, alias or adapter name"
                     )
                 owner[model] = name
             if not is_loopback(dep.host):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
+from dankserve.lora_adapters import LoraModelSizes
 from dankserve.settings.values import MAX_GIB, MAX_SECONDS, _Strict, check_address, is_loopback, split_listen
 
 
@@ -32,7 +33,7 @@ class CpuOffloadSettings(_Strict):
     )
 
 
-class ModelFactsSettings(_Strict):
+class ModelFactsSettings(LoraModelSizes, _Strict):
     """Model facts declared by hand, used when the HF cache does not hold the model's files."""
 
     parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
