@@ -268,8 +268,8 @@ def joins_asleep(group: str | None, running_groups: Iterable[str | None]) -> boo
     return group is not None and group in set(running_groups)
 
 
-_COORDINATOR_SETTINGS = ("pinned", "idle_sleep_seconds")
-"""Read by the swap coordinator only, never by the plan: a change of them needs no new server."""
+_COORDINATOR_SETTINGS = ("pinned", "idle_sleep_seconds", "min_awake_seconds", "sleep_check_margin_bytes")
+"""Read by the swap coordinator and the swap checks only, never by the plan: a change of them needs no new server."""
 
 
 def server_unchanged(old: DeploymentSettings, new: DeploymentSettings) -> bool:

@@ -1,5 +1,4 @@
-"""The swap checks' and `auto` groups' keys of a deployment (issue 29), a base of DeploymentSettings
-(kept out of settings.py, which is over its size limit)."""
+"""The swap checks' and `auto` groups' keys of a deployment (issue 29), a base of DeploymentSettings."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-MAX_SECONDS = 7 * 24 * 3600.0
+from dankserve.settings.values import MAX_SECONDS
 
 
 class SwapFitSettings(BaseModel):
@@ -35,7 +34,7 @@ class SwapFitSettings(BaseModel):
         if getattr(self, "swap_group", None) == "auto" and share is not None:
             raise ValueError(
                 f'swap_group = "auto" with gpu_memory_utilization = {share}: an auto group is planned from each '
-                "member's bytes; remove gpu_memory_utilization, or name the group (swap_group = \"NAME\") to keep "
+                'member\'s bytes; remove gpu_memory_utilization, or name the group (swap_group = "NAME") to keep '
                 "the hand-set share"
             )
         return self
