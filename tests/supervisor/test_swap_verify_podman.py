@@ -5,7 +5,6 @@ stopped and booted. Each marks its level unsafe."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,35 +12,20 @@ import httpx
 import pytest
 
 from dankserve.runtime.base import CONTAINER_HF_HOME, workload_name
-from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.daemon import RunningDaemon, free_port, running_daemon, write_host
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
+from tests.supervisor.test_swap_podman import _member as swap_member
+from tests.supervisor.test_swap_podman import members
+
+__all__ = ["members"]  # the fixture: three member names, their containers removed after
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
 
-@pytest.fixture
-def members(podman_env: PodmanEnv, deployment: str) -> Iterator[tuple[str, str]]:
-    names = (f"{deployment}-a", f"{deployment}-b")
-    yield names
-    for name in names:
-        podman_env.podman("rm", "-f", "-t", "0", workload_name(name), check=False)
-
-
 def _member(image: str, model: str, **env: str) -> dict[str, Any]:
-    return {
-        "model": f"test/{model}",
-        "served_model_name": model,
-        "image": image,
-        "pull": "never",
-        "port": free_port(),
-        "gpus": [0],
-        "gpu_memory_utilization": 0.9,
-        "swap_group": "g",
-        "sleep_level": "1",
-        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", **env},
-        "model_facts": MODEL_FACTS,
-    }
+    """test_swap_podman's member at sleep_level 1, with these stand-in knobs."""
+    return swap_member(image, model, sleep_level="1", env={"FAKE_VLLM_TIME_SCALE": "0.02", **env})
 
 
 def _unsafe(daemon: RunningDaemon, name: str) -> list[str]:
@@ -56,11 +40,11 @@ def _complete(url: str, model: str) -> int:
 
 
 def test_a_container_whose_sleep_keeps_its_memory_is_stopped_instead(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: tuple[str, str]
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
 ) -> None:
     """b's level-1 sleep at start-up answers but its process keeps its bytes: b's container is stopped,
     level 1 marked unsafe; woken by a boot, b answers; a's sleep frees its memory and passes."""
-    a, b = members
+    a, b, _ = members
     (tmp_path / "hf").mkdir()
     host = write_host(tmp_path / "hf" / "host.json", uuids=[g.uuid for g in gpus.gpus])
     records = f"{CONTAINER_HF_HOME}/host.json.processes"  # the same directory, as the container sees it
@@ -84,11 +68,11 @@ def test_a_container_whose_sleep_keeps_its_memory_is_stopped_instead(
 
 
 def test_a_container_woken_to_other_tokens_is_stopped_and_booted(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: tuple[str, str]
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
 ) -> None:
     """a's wake answers other token ids than its fingerprint: a new container boots, level 1 is unsafe, and
     the request that woke it is answered."""
-    a, b = members
+    a, b, _ = members
     host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
     deployments = {a: _member(vllm_image, "ma", FAKE_VLLM_WAKE_TOKENS_DIFFER="1"), b: _member(vllm_image, "mb")}
     gateway = free_port()
