@@ -97,8 +97,7 @@ def test_a_wake_that_answers_other_tokens_is_restarted_by_stop_and_boot(tmp_path
         assert boots is not None
 
         assert _complete(url, "ma").status_code == 200  # a's wake answers other tokens: stop and boot
-        ready = daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
-        assert ready["boots"] == boots["boots"] + 1
+        daemon.wait_for("a", lambda d: d["state"] == "ready" and d["boots"] == boots["boots"] + 1, timeout=60)
         (wrong,) = daemon.events_named("woke_wrong")
         assert wrong["sleep_level"] == "1" and "other tokens" in wrong["reason"]
         assert _unsafe(daemon, "a") == ["1"]
