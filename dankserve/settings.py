@@ -186,6 +186,19 @@ class GatewaySettings(_Strict):
     api_key_file: Path | None = Field(
         default=None, description="File holding the key clients send as `Authorization: Bearer KEY` (mode 0600)."
     )
+    keys_dir: Path | None = Field(
+        default=None,
+        description="Directory (root's, mode 0700) of client keys, one NAME.toml each: key or key_file, models "
+        "globs, requests_per_minute, tokens_per_minute, max_concurrent, priority (docs/GATEWAY.md). "
+        "api_key_file's key is the one named `default`.",
+    )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Requests passed to each deployment at once; more wait in its queue (key priority first). "
+        "Unset: the deployment's --max-num-seqs.",
+    )
     queue_size: int = Field(
         default=64,
         ge=0,
@@ -226,11 +239,11 @@ class GatewaySettings(_Strict):
     @model_validator(mode="after")
     def _exposed_gateway_needs_a_key(self) -> GatewaySettings:
         host, _ = split_listen(self.listen)
-        if not is_loopback(host) and self.api_key_file is None:
+        if not is_loopback(host) and self.api_key_file is None and self.keys_dir is None:
             raise ValueError(
-                f"listen = {self.listen!r} is not a loopback address and no api_key_file is set: anyone who can "
-                "reach that address could use every deployment. Set api_key_file to a file (mode 0600) holding "
-                'the key, or listen on "127.0.0.1:PORT"'
+                f"listen = {self.listen!r} is not a loopback address and no api_key_file or keys_dir is set: anyone "
+                "who can reach that address could use every deployment. Set api_key_file to a file (mode 0600) "
+                'holding the key (or keys_dir), or listen on "127.0.0.1:PORT"'
             )
         return self
 

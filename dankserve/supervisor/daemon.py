@@ -66,6 +66,7 @@ from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 if TYPE_CHECKING:
+    from dankserve.gateway.usage import Counts
     from dankserve.supervisor.metrics import MetricsSnapshot
 
 log = structlog.get_logger("dankserve")
@@ -156,6 +157,7 @@ class DeploymentWorker:
         self._join_asleep = join_asleep  # a swap member added by a reload to a running group: no first boot
         self.dep = dep
         self.daemon = daemon
+        self.max_num_seqs: int | None = None  # the last plan's --max-num-seqs: the gateway's cap for it
         self.lock = threading.Lock()
         self.clock = daemon.deps.clock
         remembered = daemon.state.deployment(name)
@@ -598,8 +600,10 @@ class DeploymentWorker:
                 *(GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
                 *(identity for identity, _ in self._follower_gpus(dep, strict=True)),
             ],
-            flags=learning.MemoryFlags.from_argv(plan.argv),
+            flags=(flags := learning.MemoryFlags.from_argv(plan.argv)),
         )
+        seqs = flags.max_num_seqs
+        self.max_num_seqs = int(seqs) if seqs is not None and seqs.isdigit() else None
         # A boot an earlier daemon left running holds its GPUs' slot (claimed at start-up) until ready.
         claimed = daemon.take_claimed_slot(self.name)
         if claimed is not None:
@@ -784,6 +788,7 @@ class Daemon:
         self.config_loaded_at = time.time()
         """When the running settings were read: at start (just before), then at each accepted reload."""
         self.config_refusal: ConfigRefusal | None = None
+        self.gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] = dict  # the gateway's, once it runs
         """The last reload's refusal (the running config stayed), None once a reload is accepted."""
         self._reloads = threading.Condition()
         self._reloads_asked = 0
@@ -965,6 +970,7 @@ class Daemon:
             serving=self.observatory.samples(),
             scrape_ok=self.observatory.scrape_ok(),
             gpus=self.observatory.gpus(),
+            gateway=self.gateway_usage(),
         )
 
     def _claim_running_boots(self, deployments: Mapping[str, DeploymentSettings]) -> None:
