@@ -57,7 +57,7 @@ def test_a_key_file_open_to_others_is_refused(tmp_path: Path, mode: int) -> None
     """A key file its group or others may read or write: refused with the path."""
     directory = keys_dir(tmp_path, alice=f'key = "{SECRET}"')
     (directory / "alice.toml").chmod(mode)
-    with pytest.raises(ConfigError, match="alice.toml is open to its group or others"):
+    with pytest.raises(ConfigError, match=r"alice\.toml is open to its group or others"):
         read_keys(directory, None)
 
 
@@ -131,7 +131,7 @@ def test_duplicates_and_the_default_name_are_refused(tmp_path: Path) -> None:
     single = tmp_path / "single.key"
     single.write_text(SECRET)
     single.chmod(0o600)
-    with pytest.raises(ConfigError, match="default.toml"):
+    with pytest.raises(ConfigError, match=r"default\.toml"):
         read_keys(directory, single)
 
 

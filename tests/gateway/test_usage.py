@@ -15,16 +15,16 @@ from dankserve.gateway.usage_store import load_usage, read_usage, write_usage
 HOUR = 3600.0
 
 
-def record(usage: Usage, key: str, model: str, code: int, now: float, prompt: int = 0, completion: int = 0) -> None:
+def record(usage: Usage, key: str, model: str, code: int, now: float, *, prompt: int = 0, completion: int = 0) -> None:
     usage.record((key, model), code, prompt=prompt, completion=completion, estimated=False, now=now)
 
 
 def test_totals_and_since() -> None:
     """Totals add up per key and model; since() takes the hours from the one holding the start."""
     usage = Usage()
-    record(usage, "alice", "qwen", 200, 10 * HOUR, 5, 7)
+    record(usage, "alice", "qwen", 200, 10 * HOUR, prompt=5, completion=7)
     record(usage, "alice", "qwen", 429, 12 * HOUR + 5)
-    record(usage, "bob", "qwen", 200, 12 * HOUR + 9, 1, 1)
+    record(usage, "bob", "qwen", 200, 12 * HOUR + 9, prompt=1, completion=1)
     totals = usage.since(None)
     assert totals[("alice", "qwen")].requests == {200: 1, 429: 1}
     assert totals[("alice", "qwen")].prompt_tokens == 5 and totals[("alice", "qwen")].completion_tokens == 7
@@ -52,7 +52,7 @@ def test_old_hours_and_too_many_rows_are_dropped(monkeypatch: pytest.MonkeyPatch
 def test_the_file_round_trips_atomically_with_mode_0600(tmp_path: Path) -> None:
     """Written and read back the same; the file is 0600 and no temporary is left."""
     usage = Usage()
-    record(usage, "alice", "qwen", 200, 100 * HOUR, 3, 4)
+    record(usage, "alice", "qwen", 200, 100 * HOUR, prompt=3, completion=4)
     path = tmp_path / "gateway-usage.json"
     write_usage(path, usage.to_json())
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
