@@ -187,17 +187,10 @@ class GatewaySettings(_Strict):
         default=None, description="File holding the key clients send as `Authorization: Bearer KEY` (mode 0600)."
     )
     keys_dir: Path | None = Field(
-        default=None,
-        description="Directory (root's, mode 0700) of client keys, one NAME.toml each: key or key_file, models "
-        "globs, requests_per_minute, tokens_per_minute, max_concurrent, priority (docs/GATEWAY.md). "
-        "api_key_file's key is the one named `default`.",
+        default=None, description="Directory (mode 0700) of client keys, one NAME.toml each (docs/GATEWAY.md, Keys)."
     )
     max_in_flight: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description="Requests passed to each deployment at once; more wait in its queue (key priority first). "
-        "Unset: the deployment's --max-num-seqs.",
+        default=None, ge=1, le=100_000, description="Requests passed to each deployment at once; unset: --max-num-seqs."
     )
     queue_size: int = Field(
         default=64,
@@ -862,21 +855,6 @@ def check_secret_files(settings: Settings) -> None:
                 "and an empty key is no key (the server would run without one)",
                 fix=f"write the secret into {path}",
             )
-
-
-def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
-    """A secret's text (secret_files.read_secret: a regular, non-empty file), UTF-8 and at least min_length long."""
-    from dankserve.secret_files import read_secret
-
-    try:
-        secret = read_secret(path, what).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"the {what} file {path} is not UTF-8 text", fix=fix) from None
-    if len(secret) < min_length:
-        raise ConfigError(
-            f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
-        )
-    return secret
 
 
 MAX_CONFIG_BYTES = 1024 * 1024

@@ -911,7 +911,8 @@ class Daemon:
 
     def _start_metrics(self) -> Callable[[], None]:
         """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
-        from dankserve.settings import is_loopback, parse_listen, read_secret_file
+        from dankserve.secret_files import read_secret_file
+        from dankserve.settings import is_loopback, parse_listen
         from dankserve.supervisor.metrics import MetricsServer
 
         if self.settings.metrics_listen is None:
