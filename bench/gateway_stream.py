@@ -250,7 +250,9 @@ def summarise(
                 for d, g in zip(rounds[f"{pattern}/direct"], rounds[f"{pattern}/{mode}"], strict=True)
             )
             name = pattern if mode == "gateway" else f"{pattern}/{mode}"
+            cpu = [r[f"{mode}_cpu_s"] / max(1, r["completed"]) * 1000 for r in rounds[f"{pattern}/{mode}"]]
             summary[name] = {
+                "cpu_ms_per_stream": round(statistics.median(cpu), 2),
                 "added_ttfb_p50_ms": round(through["ttfb_p50_ms"] - direct["ttfb_p50_ms"], 2),
                 "added_ttfb_p50_ms_paired": round(paired, 2),
                 "throughput_ratio": round(through["streams_per_s"] / direct["streams_per_s"], 3),
@@ -289,7 +291,8 @@ def summarise(
         print(
             f"{name}: added latency to first byte (p50) {figures['added_ttfb_p50_ms']:.2f} ms "
             f"(paired by round {figures['added_ttfb_p50_ms_paired']:.2f} ms; target <= 1 ms); "
-            f"throughput {figures['throughput_ratio']:.3f}x (>= 0.95x)"
+            f"throughput {figures['throughput_ratio']:.3f}x (>= 0.95x); "
+            f"{figures['cpu_ms_per_stream']:.2f} ms of the gateway's CPU per stream"
         )
     for mode, added in alone_added.items():
         print(f"one client at a time, {mode}: {added:.2f} ms added to the first byte (p50)")
