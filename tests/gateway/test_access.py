@@ -116,6 +116,16 @@ def test_header_tricks(
                 + body
             )
             assert client.recv(4096).split(b"\r\n")[0].endswith(b" 401 Unauthorized"), headers
+    for raw in ("Bearer sk-älice-0123456789".encode(), b"Bearer \xff\xfe" + b"k" * 20, b"Bearer " + b"a" * 7000):
+        with socket.create_connection(gateway.server.address) as client:
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                + raw
+                + f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            status = client.recv(4096).split(b"\r\n")[0]
+            assert status.endswith((b" 401 Unauthorized", b" 400 Bad Request")), (raw[:20], status)
 
 
 def test_the_key_never_reaches_the_server_logs_or_metrics(
