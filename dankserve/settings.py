@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
+from dankserve.lora_adapters import LoraAdaptersTable, LoraModelSizes
 from dankserve.owned import env_problems, extra_args_problems
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
@@ -128,7 +129,7 @@ class CpuOffloadSettings(_Strict):
     )
 
 
-class ModelFactsSettings(_Strict):
+class ModelFactsSettings(LoraModelSizes, _Strict):
     """Model facts declared by hand, used when the HF cache does not hold the model's files."""
 
     parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
@@ -262,7 +263,7 @@ def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
     return host, int(port_text) if port_text.isdigit() else -1
 
 
-class DeploymentSettings(_Strict):
+class DeploymentSettings(LoraAdaptersTable, _Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
     model: str = Field(min_length=1, description="HF model id (ORG/NAME) or a path inside the HF cache.")
@@ -673,12 +674,11 @@ class Settings(BaseSettings):
             return self
         owner: dict[str, str] = {}
         for name, dep in self.deployments.items():
-            names = [dep.served_model_name or dep.model, *dep.aliases]
-            for model in names:
+            for model in [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]:
                 if owner.get(model, name) != name:
                     raise ValueError(
                         f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
-                        "give each a distinct served_model_name or alias"
+                        "give each a distinct served_model_name, alias or adapter name"
                     )
                 owner[model] = name
             if not is_loopback(dep.host):

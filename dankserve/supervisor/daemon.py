@@ -29,8 +29,9 @@ from dankserve.control import ControlServer, socket_path
 from dankserve.errors import DankserveError, EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
 from dankserve.host.model import GpuIdentity, Host
+from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings, resolve_config_path
-from dankserve.supervisor import instance, requests, sleep_mode, swap
+from dankserve.supervisor import adapters, instance, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
@@ -335,6 +336,18 @@ class Daemon:
                 stop.append(name)
                 self.fleet.retire(name)
             elif dep != (before := old.deployments.get(name)):
+                ready = worker.alive and worker.machine.stage is m.Stage.READY
+                if before is not None and adapters.reload_in_place(
+                    name,
+                    before,
+                    dep,
+                    ready=ready,
+                    hf_cache_dir=new.hf_cache_dir,
+                    api_key=read_key_now(dep.api_key_file),
+                ):
+                    worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
+                    keep.append(name)
+                    continue
                 if worker.alive and before is not None and swap.server_unchanged(before, dep):
                     # Only what the swap coordinator reads changed (it reads the new settings): the
                     # server, awake or asleep, stays as it is.
