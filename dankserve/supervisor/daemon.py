@@ -36,7 +36,6 @@ from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import Fleet
-from dankserve.supervisor.gpu_slots import GpuBootLocks
 from dankserve.supervisor.gpus import HostGpus
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observatory import Observatory
@@ -164,11 +163,6 @@ class Daemon:
             describe_hosts=deps.describe_hosts,
         )
         self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
-
-    @property
-    def gpu_locks(self) -> GpuBootLocks:
-        """The GPUs' boot slots (`HostGpus.slots`)."""
-        return self.gpus.slots
 
     def worker_services(self) -> WorkerServices:
         """What this daemon's workers are handed (the edges as `deps` says now)."""
@@ -328,7 +322,7 @@ class Daemon:
                 # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
                 log.info("reload_stop", deployment=name)
                 stop.append(name)
-                self.fleet.retire(name)
+                self.fleet.retire(worker)
             elif dep != (before := old.deployments.get(name)):
                 if worker.alive and before is not None and swap.server_unchanged(before, dep):
                     # Only what the swap coordinator reads changed (it reads the new settings): the
