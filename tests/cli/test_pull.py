@@ -64,6 +64,15 @@ def test_pull_of_a_local_path_is_refused(capsys: pytest.CaptureFixture[str]) -> 
     assert code == ExitCode.INVALID_INPUT and "nothing to pull" in err
 
 
+def test_pull_without_a_config_names_the_absent_file_and_its_own_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No config file and no --model: exit 2 naming the absent default file, the fix naming `dankserve pull NAME`."""
+    code, _, err = run(["pull"], capsys)
+    assert code == ExitCode.INVALID_INPUT and f"there is no config file at {tmp_path / 'absent.toml'}" in err
+    assert "dankserve pull NAME" in err and "dankserve plan NAME" not in err
+
+
 def test_pull_is_listed_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
     """`dankserve --help` lists pull."""
     code, out, _ = run(["--help"], capsys)
