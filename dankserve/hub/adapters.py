@@ -19,6 +19,8 @@ from dankserve.settings import DeploymentSettings
 
 ADAPTER_CONFIG = "adapter_config.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+"""The files vLLM 0.26's LoRAModel.from_local_checkpoint loads; without one: "DIR doesn't contain tensors"."""
 
 
 def adapter_dir(hf_cache_dir: Path, deployment: str, name: str, value: str) -> Path:
@@ -91,6 +93,13 @@ def adapter_facts(hf_cache_dir: Path, deployment: str, dep: DeploymentSettings) 
                 f"deployments.{deployment}.adapters.{name}: {exc}",
                 fix="point the adapter at a PEFT LoRA adapter vLLM can load (r, lora_alpha, target_modules)",
             ) from None
+        if not any((path / weights).is_file() for weights in ADAPTER_WEIGHTS):
+            raise ConfigError(
+                f"deployments.{deployment}.adapters.{name} = {value!r}: no {' or '.join(ADAPTER_WEIGHTS)} in {path}"
+                " (vLLM would refuse it: it doesn't contain tensors)",
+                fix="point the adapter at the directory PEFT's save_pretrained wrote (adapter_config.json and"
+                " adapter_model.safetensors)",
+            )
         size = weights_bytes(path)
         local = parse_source(name, value).kind == "path"
         if dep.runtime == "process":

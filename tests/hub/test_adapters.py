@@ -38,7 +38,7 @@ def test_a_local_adapter_is_read_and_mounted_in_a_container(tmp_path: Path) -> N
 
 
 def test_missing_and_hostile_adapter_directories_are_config_errors(tmp_path: Path) -> None:
-    """No directory, no adapter_config.json, a FIFO or a broken config: exit 2 naming the adapter and the fix."""
+    """No directory, no adapter_config.json, a FIFO, no weights or a broken config: exit 2 naming it and the fix."""
     dep = DeploymentSettings(model="org/base", adapters={"sql": str(tmp_path / "absent")})
     with pytest.raises(ConfigError, match=r"adapters\.sql.*no such directory"):
         adapter_facts(tmp_path, "d", dep)
@@ -53,6 +53,11 @@ def test_missing_and_hostile_adapter_directories_are_config_errors(tmp_path: Pat
     os.mkfifo(fifo / "adapter_config.json")
     with pytest.raises(ConfigError, match=r"^deployments\.d\.adapters\.sql: .* not a regular file"):
         adapter_facts(tmp_path, "d", dep.model_copy(update={"adapters": {"sql": str(fifo)}}))
+    unweighted = local_adapter(tmp_path / "unweighted")
+    (unweighted / "adapter_model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"adapters\.sql = .*: no adapter_model\.safetensors or .* in ") as refused:
+        adapter_facts(tmp_path, "d", dep.model_copy(update={"adapters": {"sql": str(unweighted)}}))
+    assert refused.value.fix is not None and "save_pretrained" in refused.value.fix
     broken = local_adapter(tmp_path / "broken")
     (broken / "adapter_config.json").write_text('{"r": -1}')
     with pytest.raises(ConfigError, match="rank r = -1") as refused:
