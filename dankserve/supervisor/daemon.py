@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -30,7 +30,14 @@ from dankserve.errors import DankserveError, EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
 from dankserve.host.model import GpuIdentity, Host
 from dankserve.secret_files import read_key_now
-from dankserve.settings import DeploymentSettings, Settings, resolve_config_path
+from dankserve.settings import (
+    DeploymentSettings,
+    ReloadEffects,
+    Settings,
+    SettingsSource,
+    as_source,
+    resolve_config_path,
+)
 from dankserve.supervisor import adapters, instance, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
@@ -51,6 +58,9 @@ from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.telemetry import Telemetry
 from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
+
+if TYPE_CHECKING:
+    from dankserve.gateway.usage import Counts
 
 log = structlog.get_logger("dankserve")
 
@@ -129,8 +139,10 @@ class DaemonDeps:
 class Daemon:
     """Supervises every enabled deployment until told to stop."""
 
-    def __init__(self, settings: Settings, deps: DaemonDeps, config_path: Path | None = None) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings | SettingsSource, deps: DaemonDeps, config_path: Path | None = None) -> None:
+        self.source = as_source(settings)
+        """The one holder of the running settings: every part of the daemon reads them through it."""
+        settings = self.source.current()
         self._config_path = config_path
         self.deps = deps
         self.state = StateBook(settings.state_dir)
@@ -147,6 +159,7 @@ class Daemon:
         self.config_loaded_at = time.time()
         """When the running settings were read: at start (just before), then at each accepted reload."""
         self.config_refusal: ConfigRefusal | None = None
+        self.gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] = dict  # set once the gateway runs
         """The last reload's refusal (the running config stayed), None once a reload is accepted."""
         self.telemetry = Telemetry()
         self.observatory = Observatory(
@@ -165,6 +178,11 @@ class Daemon:
             describe_hosts=deps.describe_hosts,
         )
         self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
+
+    @property
+    def settings(self) -> Settings:
+        """The running settings now (`source.current()`)."""
+        return self.source.current()
 
     @property
     def gpu_locks(self) -> GpuBootLocks:
@@ -223,7 +241,8 @@ class Daemon:
                 ) from None
             self.observatory.start()
             close_metrics = start_metrics(
-                self.settings, lambda: metrics_snapshot(self.fleet, self.telemetry, self.observatory)
+                self.settings,
+                lambda: metrics_snapshot(self.fleet, self.telemetry, self.observatory, self.gateway_usage),
             )
             if self.deps.services is not None:
                 close_services = self.deps.services(self)
@@ -295,13 +314,13 @@ class Daemon:
         self.request_reload()
         return self._reloads.wait(mine, timeout)
 
-    def _read_reload(self, now: float) -> Settings | ConfigRefusal:
-        """The config file's settings, checked like a start; or why they are refused."""
-        from dankserve.settings import load_settings
+    def _read_reload(self, now: float) -> ReloadEffects | ConfigRefusal:
+        """The config file's effect on the running settings, checked like a start; or why it is refused."""
+        from dankserve.settings import load_reload
 
         try:
-            new = load_settings(self._config_path)
-            self.check_fit(new)
+            new = load_reload(self.settings, self._config_path)
+            self.check_fit(new.settings)
         except Exception as exc:  # any failure keeps the running config and deployments
             if isinstance(exc, DankserveError):
                 return ConfigRefusal(now, exc.message, exc.fix)
@@ -310,15 +329,17 @@ class Daemon:
 
     def _apply_reload(self) -> ReloadOutcome:
         now = time.time()
-        new = self._read_reload(now)
-        if isinstance(new, ConfigRefusal):
-            log.error("reload_rejected", error=new.error, fix=new.fix, keeping="the running configuration")
-            self.config_refusal = new
-            return ReloadOutcome(now, new)
+        effects = self._read_reload(now)
+        if isinstance(effects, ConfigRefusal):
+            log.error("reload_rejected", error=effects.error, fix=effects.fix, keeping="the running configuration")
+            self.config_refusal = effects
+            return ReloadOutcome(now, effects)
         self.config_refusal = None
         self.config_loaded_at = now
-        old = self.settings
-        self.settings = new
+        old, new = self.settings, effects.settings
+        self.source.accept(effects)
+        if effects.needs_restart:
+            log.warning("reload_needs_restart", keys=list(effects.needs_restart), keeping="their running values")
         restart: list[str] = []
         start: list[str] = []
         stop: list[str] = []
@@ -367,8 +388,10 @@ class Daemon:
                 log.info("reload_start", deployment=name, joins_asleep=asleep)
                 start.append(name)
                 self._start_worker(name, dep, join_asleep=asleep)
-        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep)
-        return ReloadOutcome(now, None, tuple(restart), tuple(start), tuple(stop), tuple(keep))
+        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(effects.applied))
+        return ReloadOutcome(
+            now, None, tuple(restart), tuple(start), tuple(stop), tuple(keep), effects.applied, effects.needs_restart
+        )
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -398,6 +421,6 @@ class Daemon:
         daemon: dict[str, Any] = {
             "running": True,
             "pid": os.getpid(),
-            "config": config_status(path, self.config_loaded_at, self.config_refusal),
+            "config": config_status(path, self.config_loaded_at, self.config_refusal, self.source.needs_restart()),
         }
         return {"daemon": daemon, "deployments": deployments, "warnings": []}
