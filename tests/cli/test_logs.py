@@ -95,13 +95,7 @@ def test_logs_show_the_daemons_lines_when_podman_is_unreachable(tmp_path: Path) 
     (tmp_path / "state" / "daemon.log").write_text(
         "2026-12-02 14:11:40.313 [error    ] daemon_failed                  error='no usable NVIDIA GPU' exit_code=3\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "dankserve", "--config", str(config), "logs"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = dankserve_cli(config, "logs", timeout=60)
     assert done.returncode == 0, done.stderr
     assert "daemon_failed" in done.stdout and "no usable NVIDIA GPU" in done.stdout
     assert "warning: chat: its server's lines are left out: " in done.stderr and "Podman" in done.stderr
