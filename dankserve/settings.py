@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from dankserve.errors import ConfigError
 from dankserve.owned import env_problems, extra_args_problems
+from dankserve.settings_upgrade import UpgradeSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
 DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
@@ -564,6 +565,9 @@ class Settings(BaseSettings):
     )
     gateway: GatewaySettings | None = Field(
         default=None, description="One OpenAI endpoint for every deployment, routed by model name."
+    )
+    upgrade: UpgradeSettings = Field(
+        default_factory=UpgradeSettings, description="How `dankserve upgrade` judges a new image; auto-update."
     )
     metrics_listen: str | None = Field(
         default=None,

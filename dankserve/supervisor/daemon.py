@@ -62,6 +62,7 @@ from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import DeploymentView, Metrics, config_status, deployment_view
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
+from dankserve.supervisor.upgrades import Upgrades
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
@@ -781,6 +782,8 @@ class Daemon:
         self._lock = threading.RLock()
         self._claimed_slots: dict[str, BootSlot] = {}
         self.swap_groups = SwapGroups(self, deps.available_ram)
+        self.upgrades = Upgrades(self)
+        self.settings = self.upgrades.settings_for(settings)  # an upgrade's image where one switched
         self.config_loaded_at = time.time()
         """When the running settings were read: at start (just before), then at each accepted reload."""
         self.config_refusal: ConfigRefusal | None = None
@@ -883,9 +886,12 @@ class Daemon:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
             self.swap_groups.start()
+            self.upgrades.recover_before_workers()  # an earlier daemon's trial server goes first
+            starting = {n: self.settings.deployments[n] for n in starting}
             self._claim_running_boots(starting)
             for name, dep in starting.items():
                 self._start_worker(name, dep, unless_running=True)
+            self.upgrades.resume_after_workers()
             if not self.snapshot():
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
@@ -1155,6 +1161,7 @@ class Daemon:
             return ReloadOutcome(now, new)
         self.config_refusal = None
         self.config_loaded_at = now
+        new = self.upgrades.settings_for(new)
         old = self.settings
         self.settings = new
         restart: list[str] = []

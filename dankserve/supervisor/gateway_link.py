@@ -40,6 +40,10 @@ class DaemonSupervisor:
         machine = worker.machine
         phase, message = machine.phase, machine.message
         swaps = daemon.swap_groups
+        upgrading = daemon.upgrades.gated(deployment)
+        if upgrading is not None:  # the old server makes room or the new one is tried: requests wait
+            why = f"upgrading to {upgrading.new_image} ({upgrading.step.value.replace('_', ' ')})"
+            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="upgrading")
         if phase is Phase.READY:
             for_whom = swaps.draining(deployment)
             if for_whom is None:
@@ -73,6 +77,8 @@ class DaemonSupervisor:
         return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
+        if self._daemon.upgrades.gated(deployment) is not None:
+            return  # the upgrade wakes the old server itself when it rolls back
         self._daemon.swap_groups.wake(deployment)  # booting and restarting ones get ready by themselves
 
     def touched(self, deployment: str) -> None:

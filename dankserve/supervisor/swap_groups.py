@@ -147,6 +147,11 @@ class SwapGroups:
             self._last_used[name] = time.monotonic()
             self._in_flight[name] = max(0, self._in_flight.get(name, 0) - 1)
 
+    def in_flight(self, name: str) -> int:
+        """Requests the gateway sent to `name` that have not ended."""
+        with self._lock:
+            return self._in_flight.get(name, 0)
+
     def wake(self, name: str) -> None:
         """Make `name` ready (from the gateway's loop or the control socket: returns at once)."""
         if self.group_of(name) is None:
