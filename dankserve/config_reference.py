@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings_upgrade import UpgradeSettings
 
 HEADER = """# Configuration reference
 
@@ -25,7 +26,7 @@ with `__` (`DANKSERVE_DEPLOYMENTS__CHAT__PORT=8001`). Unknown keys are errors (e
 
 def _type_name(info: FieldInfo) -> str:
     text = str(info.annotation).replace("typing.", "").replace("pathlib.", "")
-    for noise in ("<class '", "'>", "dankserve.settings."):
+    for noise in ("<class '", "'>", "dankserve.settings_upgrade.", "dankserve.settings."):
         text = text.replace(noise, "")
     return text
 
@@ -37,6 +38,8 @@ def _default(info: FieldInfo) -> str:
         value = info.default
     if value is None:
         return "unset"
+    if isinstance(value, BaseModel):
+        return "its table's defaults"
     if hasattr(value, "as_posix"):
         return f"`{value.as_posix()}`"
     if str(value) == "PydanticUndefined":
@@ -59,6 +62,8 @@ def render_reference() -> str:
     """The whole Markdown document."""
     lines = [HEADER, "## Global keys", ""]
     lines += _table(Settings, "")
+    lines += ["", "## `[upgrade]`", "", (UpgradeSettings.__doc__ or "").strip(), ""]
+    lines += _table(UpgradeSettings, "")
     lines += ["", "## `[deployments.NAME]`", "", "NAME: letters, digits, `-` and `_`.", ""]
     lines += _table(DeploymentSettings, "")
     for field_name in ("speculative", "cpu_offload", "model_facts"):

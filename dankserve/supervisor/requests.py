@@ -21,7 +21,9 @@ Answer = dict[str, Any]
 class UpgradeRequests(Protocol):
     """What `upgrade` and `rollback` ask of the daemon's upgrades (supervisor/upgrades.py)."""
 
-    def start(self, name: str, image: str | None, pull: PullPolicy = "missing") -> str | None: ...
+    def start(
+        self, name: str, image: str | None, pull: PullPolicy = "missing", *, if_newer: bool = False
+    ) -> str | None: ...
 
     def rollback(self, name: str) -> str | None: ...
 
@@ -111,7 +113,7 @@ def _upgrade(daemon: Answering, request: Mapping[str, Any]) -> Answer:
     pull = request.get("pull", "missing")
     if pull not in ("missing", "always", "never"):
         return {"ok": False, "error": f"pull {pull!r} is not missing, always or never"}
-    error = daemon.upgrades.start(str(name), image, pull)
+    error = daemon.upgrades.start(str(name), image, pull, if_newer=request.get("if_newer") is True)
     return {"ok": False, "error": error} if error is not None else {"ok": True}
 
 

@@ -90,8 +90,12 @@ class Upgrades:
         self._daemon.state.set_upgrade(state.deployment, state.to_record())
 
     # -- requests ----------------------------------------------------------------------------------
-    def start(self, name: str, image: str | None, pull: PullPolicy = "missing") -> str | None:
-        """Begin an upgrade of `name` to `image` (None: the configured image, pulled again); why not, or None."""
+    def start(
+        self, name: str, image: str | None, pull: PullPolicy = "missing", *, if_newer: bool = False
+    ) -> str | None:
+        """Begin an upgrade of `name` to `image` (None: the image it runs, per `pull`); why not, or None.
+
+        `if_newer` (auto-update): only when the image's digest differs from the one the server runs."""
         daemon = self._daemon
         dep = daemon.settings.deployments[name]
         worker = daemon.snapshot().get(name)
@@ -103,13 +107,22 @@ class Upgrades:
         if dep.launcher or dep.hosts:
             return f"deployment {name!r} runs a launcher or several hosts: upgrades try one server beside another"
         target = image or dep.image
+        if image is None and not if_newer:
+            pull = "always"
         with self._lock:
             if name in self._threads and self._threads[name].is_alive():
                 return f"an upgrade of {name!r} is already under way"
             state, actions = begin(
-                name, dep.image, target, time.time(), old_version=worker.machine.vllm_version, limits=self.limits()
+                name,
+                dep.image,
+                target,
+                time.time(),
+                old_version=worker.machine.vllm_version,
+                limits=self.limits(),
+                old_digest=worker.machine.image_digest,
+                if_newer=if_newer,
             )
-            edge = DaemonUpgradeEdge(daemon, name, "always" if image is None else pull)
+            edge = DaemonUpgradeEdge(daemon, name, pull)
             thread = threading.Thread(
                 target=self._drive, args=(state, actions, edge), name=f"upgrade-{name}", daemon=True
             )

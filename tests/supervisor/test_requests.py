@@ -37,7 +37,7 @@ class Recording:
     def upgrades(self) -> Recording:
         return self
 
-    def start(self, name: str, image: str | None, pull: str = "missing") -> str | None:
+    def start(self, name: str, image: str | None, pull: str = "missing", *, if_newer: bool = False) -> str | None:
         self.asked.append(("upgrade", f"{name} {image} {pull}"))
         return None if name == "chat" else "no"
 

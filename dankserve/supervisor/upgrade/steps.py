@@ -53,6 +53,10 @@ class UpgradeState:
     report: dict[str, Any] = field(default_factory=dict)
     limits: Limits = DEFAULT_LIMITS
     old_measurement: Measurement | None = None
+    old_digest: str | None = None
+    """The digest of the image the old server runs (None: not known)."""
+    if_newer: bool = False
+    """Auto-update: the pulled image's digest equal to the old one's ends the upgrade (up to date)."""
 
     def at(self, step: Step, **changes: Any) -> UpgradeState:
         return replace(self, step=step, **changes)

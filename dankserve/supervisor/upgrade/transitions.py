@@ -50,9 +50,20 @@ def begin(
     *,
     old_version: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    old_digest: str | None = None,
+    if_newer: bool = False,
 ) -> Outcome:
-    """A new upgrade: pull first."""
-    state = UpgradeState(deployment, old_image, new_image, now, old_version=old_version, limits=limits)
+    """A new upgrade: pull first. `if_newer` (auto-update): only when the pulled digest differs from `old_digest`."""
+    state = UpgradeState(
+        deployment,
+        old_image,
+        new_image,
+        now,
+        old_version=old_version,
+        limits=limits,
+        old_digest=old_digest,
+        if_newer=if_newer,
+    )
     return state, (Pull(new_image),)
 
 
@@ -97,6 +108,10 @@ def advance(state: UpgradeState, event: Event) -> Outcome:
         if isinstance(event, PullProgressed):
             return state.at(step, pull_percent=event.percent), ()
         if isinstance(event, Pulled):
+            if state.if_newer and event.digest is not None and event.digest == state.old_digest:
+                return state.at(
+                    Step.REFUSED, pull_percent=None, reason=f"up to date: {state.new_image} is {event.digest}"
+                ), ()
             return state.at(Step.READING_VERSION, pull_percent=None), (ReadVersion(state.new_image),)
         if isinstance(event, PullFailed):
             return state.at(Step.REFUSED, reason=f"pulling {state.new_image} failed: {event.reason}"), ()

@@ -171,3 +171,12 @@ def test_the_record_round_trips_through_state_json_form() -> None:
         "1",
         "w-new",
     )
+
+
+def test_an_auto_update_finding_the_same_digest_ends_up_to_date() -> None:
+    """if_newer: the pulled digest equal to the running one refuses as up to date; another digest goes on."""
+    state, _ = begin("chat", "img", "img", 0.0, old_digest="sha256:a", if_newer=True)
+    same, actions = advance(state, Pulled("sha256:a"))
+    assert same.step is Step.REFUSED and (same.reason or "").startswith("up to date") and actions == ()
+    newer, _ = advance(state, Pulled("sha256:b"))
+    assert newer.step is Step.READING_VERSION
