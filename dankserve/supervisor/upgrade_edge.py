@@ -269,13 +269,20 @@ class DaemonUpgradeEdge:
         return NewStopped()
 
     def restore_old(self, room: str | None) -> OldRestored:
+        """The old server serves again: woken when asleep (a daemon just started may first adopt it
+        asleep), booted by its worker when stopped; returns once it is ready or its worker gave up."""
         worker = self._worker()
         if worker is None:
-            return OldRestored()  # a daemon starting: its worker boots (or adopts) the old server itself
-        if worker.machine.stage is m.Stage.ASLEEP:
-            worker.feed(m.WakeRequested())
-        self._wait(
-            lambda: worker.machine.stage is m.Stage.READY or not worker.alive,
-            self._daemon.settings.boot_timeout_seconds,
-        )
+            return OldRestored()  # taken down meanwhile: `up` boots it
+        woken = False
+
+        def serving() -> bool:
+            nonlocal woken
+            stage = worker.machine.stage
+            if stage is m.Stage.ASLEEP and not woken:
+                worker.feed(m.WakeRequested())
+                woken = True
+            return stage is m.Stage.READY or stage in m.TERMINAL or not worker.alive
+
+        self._wait(serving, self._daemon.settings.boot_timeout_seconds)
         return OldRestored()

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import structlog
 
+from dankserve.errors import DankserveError
 from dankserve.runtime.base import PullPolicy
 from dankserve.settings import Settings
 from dankserve.state import UpgradeRecord
@@ -192,7 +193,11 @@ class Upgrades:
             edge = DaemonUpgradeEdge(daemon, name)
             now = [a for a in actions if not isinstance(a, RestoreOld)]
             later = [a for a in actions if isinstance(a, RestoreOld)]
-            state = drive(state, now, edge, self._record)
+            try:
+                state = drive(state, now, edge, self._record)
+            except DankserveError as exc:  # Podman unreachable: the trial is looked for again next start
+                log.error("upgrade_recovery_failed", deployment=name, error=exc.message)
+                continue
             self._after_start.extend((name, a) for a in later)
             if state.step is Step.SWITCHED:
                 daemon.settings = self.settings_for(daemon.settings)

@@ -5,6 +5,7 @@ each ending switched or rolled back, with every request sent through the gateway
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from dankserve.runtime.base import workload_name
 from dankserve.supervisor.upgrade_edge import trial_name
 from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.faults import ContainerWatch, containers_of
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import stand_in_release
 from tests.harness.podman_service import PodmanEnv
@@ -38,6 +40,7 @@ def releases(podman_env: PodmanEnv, vllm_image: str) -> dict[str, str]:
         ),
         "slower": stand_in_release(podman_env, vllm_image, "0.34.2", {"FAKE_VLLM_TOKEN_SECONDS": "0.02"}),
         "broken": stand_in_release(podman_env, vllm_image, "0.34.3", {**DECODE, "FAKE_VLLM_FAIL": "oom_load"}),
+        "slow": stand_in_release(podman_env, vllm_image, "0.34.9", SLOW_STEPS),
     }
 
 
@@ -191,3 +194,45 @@ def test_a_regressing_release_is_rolled_back_and_the_old_server_serves(
         assert "rolling_back" in _steps(daemon)
         assert _trial_gone(podman_env, name)
         traffic.check_accounted()
+
+
+SLOW_STEPS = {**DECODE, "FAKE_VLLM_BOOT_SECONDS": "8", "FAKE_VLLM_SLEEP_SECONDS": "2"}
+"""A new release slow to boot, over a sleep that takes its time: each step lasts long enough to be hit."""
+
+
+def _wait_for_step(daemon: RunningDaemon, step: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if step in _steps(daemon):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached; steps {_steps(daemon)}\n{daemon.log_tail()}")
+
+
+@pytest.mark.parametrize("step", ["pulling", "making_room", "booting", "checking", "switching"])
+def test_a_daemon_killed_at_any_step_leaves_what_the_next_one_finishes_or_undoes(
+    tmp_path: Path, rig: Rig, releases: dict[str, str], step: str
+) -> None:
+    """kill -9 of the daemon during each step: the next daemon removes the trial server before any boot,
+    ends the upgrade switched (a switch under way) or rolled back, and serves; at no time two containers
+    of the deployment beside the trial, at the end one container and no trial."""
+    name, podman_env = rig.name, rig.podman_env
+    daemon_cm, _ = _daemon(tmp_path, rig, releases["old"], swap=True)
+    with daemon_cm as daemon, ContainerWatch(podman_env, (name, trial_name(name))) as watch:
+        daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
+        started = daemon.cli("upgrade", name, "--image", releases["slow"], "--timeout", "1", timeout=60)
+        assert started.returncode in (0, 5, 6), started.stderr
+        _wait_for_step(daemon, step)
+        daemon.kill()
+        daemon.start()
+        ready = daemon.wait_for(
+            name, lambda d: d["state"] == "ready" and d["upgrade"]["step"] in ("switched", "rolled_back"), timeout=240
+        )
+        expected = "0.34.9" if ready["upgrade"]["step"] == "switched" else "0.33.0"
+        assert ready["vllm_version"] == expected
+        if step in ("pulling", "making_room", "booting"):  # (checking may have become switching by the kill)
+            assert ready["upgrade"]["step"] == "rolled_back"
+            assert daemon.events_named("upgrade_recovering")
+        assert _trial_gone(podman_env, name)
+        assert len(containers_of(podman_env, name)) == 1
+    assert not [b for b in watch.breaches if trial_name(name) not in b], watch.breaches
