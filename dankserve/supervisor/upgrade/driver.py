@@ -100,10 +100,15 @@ def drive(
     log.info("upgrade_step", deployment=state.deployment, step=state.step.value, image=state.new_image)
     pending: deque[Action] = deque(actions)
 
+    logged = -10.0
+
     def progress(percent: float) -> None:
-        nonlocal state
+        nonlocal state, logged
         state, _ = advance(state, PullProgressed(percent))
         record(state)
+        if percent >= logged + 10 or percent >= 100 > logged:  # the log every 10 %, status every report
+            logged = percent
+            log.info("upgrade_pull", deployment=state.deployment, image=state.new_image, percent=percent)
 
     while pending:
         action = pending.popleft()

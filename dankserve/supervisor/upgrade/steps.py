@@ -66,7 +66,10 @@ class UpgradeState:
         return self.step in TERMINAL
 
     def to_record(self) -> UpgradeRecord:
-        """The state.json form (the pull's percentage is not kept: a daemon that follows pulls again)."""
+        """The state.json form (status shows it; the pull's percentage under report while pulling)."""
+        report = dict(self.report)
+        if self.step is Step.PULLING and self.pull_percent is not None:
+            report["pull_percent"] = self.pull_percent
         return UpgradeRecord(
             step=self.step.value,
             old_image=self.old_image,
@@ -77,7 +80,7 @@ class UpgradeState:
             room=self.room,
             new_workload=self.new_workload,
             reason=self.reason,
-            report=dict(self.report),
+            report=report,
         )
 
     @classmethod

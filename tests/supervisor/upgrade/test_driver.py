@@ -99,6 +99,7 @@ def test_a_good_upgrade_runs_every_step_and_switches() -> None:
         "stop_old",
     ]
     assert [s.pull_percent for s in recorded if s.pull_percent is not None] == [50.0]
+    assert [s.to_record().report.get("pull_percent") for s in recorded[:2]] == [None, 50.0], "status shows it"
 
 
 def test_each_step_is_recorded_before_its_action_runs() -> None:
