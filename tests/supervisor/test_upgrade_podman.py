@@ -24,7 +24,7 @@ from tests.harness.podman_service import PodmanEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
-DECODE = {"FAKE_VLLM_TOKEN_SECONDS": "0.004"}
+DECODE = {"FAKE_VLLM_TOKEN_SECONDS": "0.01"}
 """Streamed tokens spaced out, so the fixed request's decode rate can be timed."""
 
 
@@ -38,7 +38,7 @@ def releases(podman_env: PodmanEnv, vllm_image: str) -> dict[str, str]:
         "smaller": stand_in_release(
             podman_env, vllm_image, "0.34.1", {**DECODE, "FAKE_VLLM_KV_BYTES_PER_TOKEN": "20480"}
         ),
-        "slower": stand_in_release(podman_env, vllm_image, "0.34.2", {"FAKE_VLLM_TOKEN_SECONDS": "0.02"}),
+        "slower": stand_in_release(podman_env, vllm_image, "0.34.2", {"FAKE_VLLM_TOKEN_SECONDS": "0.04"}),
         "broken": stand_in_release(podman_env, vllm_image, "0.34.3", {**DECODE, "FAKE_VLLM_FAIL": "oom_load"}),
         "slow": stand_in_release(podman_env, vllm_image, "0.34.9", SLOW_STEPS),
     }
