@@ -33,8 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from dankserve.errors import ConfigError
+from dankserve.lora_adapters import LoraAdaptersTable, LoraModelSizes
 from dankserve.owned import env_problems, extra_args_problems
-from dankserve.settings_upgrade import UpgradeSettings
+from dankserve.settings_upgrade import UpgradeTable
 
 DEFAULT_CONFIG_PATH = Path("/etc/dankserve/dankserve.toml")
 DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
@@ -129,7 +130,7 @@ class CpuOffloadSettings(_Strict):
     )
 
 
-class ModelFactsSettings(_Strict):
+class ModelFactsSettings(LoraModelSizes, _Strict):
     """Model facts declared by hand, used when the HF cache does not hold the model's files."""
 
     parameter_bytes: int | None = Field(default=None, gt=0, description="Total bytes of the weights.")
@@ -257,7 +258,7 @@ def split_listen(address: str, default_port: int = 0) -> tuple[str, int]:
     return host, int(port_text) if port_text.isdigit() else -1
 
 
-class DeploymentSettings(_Strict):
+class DeploymentSettings(LoraAdaptersTable, _Strict):
     """One served model: a ``[deployments.NAME]`` table."""
 
     model: str = Field(min_length=1, description="HF model id (ORG/NAME) or a path inside the HF cache.")
@@ -300,8 +301,7 @@ class DeploymentSettings(_Strict):
     cpu_offload: CpuOffloadSettings | None = None
     kv_offload: float | Literal["auto", "off"] = Field(
         default="auto",
-        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM, shared among the deployments "
-        "on auto), or off.",
+        description="CPU KV-cache offload in GiB (total over TP ranks), auto (by RAM, shared on auto), or off.",
     )
     profile: Profile = Field(default="throughput", description="Tune batching for throughput or latency.")
     numa_bind: bool | None = Field(default=None, description="Unset: bind when the host has several NUMA nodes.")
@@ -514,7 +514,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Settings(BaseSettings):
+class Settings(UpgradeTable, BaseSettings):
     """Global settings and the deployments."""
 
     model_config = SettingsConfigDict(
@@ -565,9 +565,6 @@ class Settings(BaseSettings):
     )
     gateway: GatewaySettings | None = Field(
         default=None, description="One OpenAI endpoint for every deployment, routed by model name."
-    )
-    upgrade: UpgradeSettings = Field(
-        default_factory=UpgradeSettings, description="How `dankserve upgrade` judges a new image; auto-update."
     )
     metrics_listen: str | None = Field(
         default=None,
@@ -671,12 +668,11 @@ class Settings(BaseSettings):
             return self
         owner: dict[str, str] = {}
         for name, dep in self.deployments.items():
-            names = [dep.served_model_name or dep.model, *dep.aliases]
-            for model in names:
+            for model in [dep.served_model_name or dep.model, *dep.aliases, *dep.adapters]:
                 if owner.get(model, name) != name:
                     raise ValueError(
                         f"deployments {owner[model]!r} and {name!r} both answer to model {model!r} at the gateway: "
-                        "give each a distinct served_model_name or alias"
+                        "give each a distinct served_model_name, alias or adapter name"
                     )
                 owner[model] = name
             if not is_loopback(dep.host):

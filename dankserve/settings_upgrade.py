@@ -35,3 +35,11 @@ class UpgradeSettings(BaseModel):
         description="An upgrade rolls back when the new server decodes the fixed request more than this many "
         "percent slower than the old one.",
     )
+
+
+class UpgradeTable(BaseModel):
+    """The `[upgrade]` key of the global settings, a base of `Settings` (kept out of settings.py)."""
+
+    upgrade: UpgradeSettings = Field(
+        default_factory=UpgradeSettings, description="How `dankserve upgrade` judges a new image; auto-update."
+    )

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollback": ("rollback", "Go back to the image before the last upgrade (a warm boot)."),
     "logs": ("logs", "Show daemon and container logs together."),
     "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),
+    "export": ("export", "Print a deployment as a Podman Quadlet .container unit, for plain systemd."),
     "install": ("install", "Install the systemd unit and the example config."),
     "doctor": ("doctor", "Check what a GPU host needs: Podman, driver, CDI, disk, image."),
 }

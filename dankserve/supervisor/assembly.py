@@ -128,7 +128,7 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
 
 def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None]:
     """The cluster API (with [cluster]) and the gateway (with [gateway]); the function that stops them."""
-    close_cluster = cluster.start_api(lambda: daemon.host, daemon.gpu_memory)
+    close_cluster = cluster.start_api(lambda: daemon.host, daemon.gpus.memory)
     gateway_settings = daemon.settings.gateway
     if gateway_settings is None:
         return close_cluster
@@ -136,7 +136,8 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
     from dankserve.supervisor.gateway_link import DaemonSupervisor
 
     try:
-        gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, DaemonSupervisor(daemon))
+        supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)
+        gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, supervisor)
     except BaseException:
         close_cluster()
         raise

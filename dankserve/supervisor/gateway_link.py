@@ -9,7 +9,7 @@ booting or restarting gets ready on its own).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.secret_files import read_key_now
@@ -17,30 +17,41 @@ from dankserve.supervisor import prediction
 from dankserve.supervisor.lifecycle import Phase
 
 if TYPE_CHECKING:
-    from dankserve.supervisor.daemon import Daemon
+    from dankserve.supervisor.fleet import Fleet
+    from dankserve.supervisor.swap_groups import SwapGroups
+    from dankserve.supervisor.upgrade import UpgradeState
+
+
+class UpgradeGate(Protocol):
+    """The daemon's upgrades (supervisor/upgrades.py): a deployment whose old server does not serve."""
+
+    def gated(self, name: str) -> UpgradeState | None: ...
 
 
 class DaemonSupervisor:
-    """Implements gateway.backends.Supervisor over a running Daemon."""
+    """Implements gateway.backends.Supervisor over a running daemon's fleet, swap groups and upgrades
+    (a deployment being upgraded queues its requests while its old server does not serve)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, fleet: Fleet, swaps: SwapGroups, upgrades: UpgradeGate | None = None) -> None:
+        self._fleet = fleet
+        self._swaps = swaps
+        self._upgrades = upgrades
         self._keys: dict[Path, tuple[int, str | None]] = {}
 
     def backend(self, deployment: str) -> Backend:
-        daemon = self._daemon
-        dep = daemon.settings.deployments.get(deployment)
+        fleet = self._fleet
+        dep = fleet.settings.deployments.get(deployment)
         if dep is None or not dep.enabled:
             return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
         key = self._key(dep.api_key_file)
-        worker = daemon.snapshot().get(deployment)
+        worker = fleet.get(deployment)
         if worker is None:
-            why = "taken down (`dankserve up NAME` starts it)" if daemon.state.is_down(deployment) else "stopped"
+            why = "taken down (`dankserve up NAME` starts it)" if fleet.state.is_down(deployment) else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
         machine = worker.machine
         phase, message = machine.phase, machine.message
-        swaps = daemon.swap_groups
-        upgrading = daemon.upgrades.gated(deployment)
+        swaps = self._swaps
+        upgrading = self._upgrades.gated(deployment) if self._upgrades is not None else None
         if upgrading is not None:  # the old server makes room or the new one is tried: requests wait
             why = f"upgrading to {upgrading.new_image} ({upgrading.step.value.replace('_', ' ')})"
             return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="upgrading")
@@ -53,8 +64,8 @@ class DaemonSupervisor:
         refused = swaps.refused(deployment)
         if refused is not None:
             return Backend(Availability.OFF, dep.host, dep.port, key, refused, state=machine.status)
-        predicted = prediction.predict(daemon.state.deployment(deployment).timings)
-        now = daemon.deps.clock.monotonic()
+        predicted = prediction.predict(fleet.state.deployment(deployment).timings)
+        now = fleet.clock.monotonic()
         if phase is Phase.ASLEEP:
             held = swaps.held_for(deployment)
             wake = None if predicted.wake is None else round(predicted.wake + (held or 0.0), 3)
@@ -77,15 +88,15 @@ class DaemonSupervisor:
         return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
-        if self._daemon.upgrades.gated(deployment) is not None:
+        if self._upgrades is not None and self._upgrades.gated(deployment) is not None:
             return  # the upgrade wakes the old server itself when it rolls back
-        self._daemon.swap_groups.wake(deployment)  # booting and restarting ones get ready by themselves
+        self._swaps.wake(deployment)  # booting and restarting ones get ready by themselves
 
     def touched(self, deployment: str) -> None:
-        self._daemon.swap_groups.touched(deployment)
+        self._swaps.touched(deployment)
 
     def released(self, deployment: str) -> None:
-        self._daemon.swap_groups.released(deployment)
+        self._swaps.released(deployment)
 
     def _key(self, path: Path | None) -> str | None:
         """The deployment's key, read again when its file changes (a rotated key reaches the next boot too)."""

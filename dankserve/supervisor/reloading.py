@@ -3,7 +3,8 @@
 A reload (SIGHUP, `systemctl reload`, `dankserve reload`) either is refused (the file does not
 validate, or the deployments would not fit together: the running config stays) or is accepted:
 then each deployment restarts (its server plans differently), starts (new, or enabled again),
-stops (removed or disabled) or keeps running (unchanged, or only its swap settings changed).
+stops (removed or disabled) or keeps running (unchanged, only its swap settings changed, or only
+its LoRA adapters, loaded and unloaded in place by `supervisor.adapters`).
 """
 
 from __future__ import annotations

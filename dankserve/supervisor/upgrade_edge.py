@@ -73,6 +73,12 @@ class UpgradeDeps(Protocol):
     def runtime_for(self) -> Callable[[DeploymentSettings], Runtime]: ...
 
 
+class UpgradeWorkers(Protocol):
+    """The daemon's workers (`fleet.Fleet`)."""
+
+    def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
+
+
 class UpgradeFleet(Protocol):
     """What an upgrade reads of the daemon; `settings` it also replaces (an upgrade's image)."""
 
@@ -90,7 +96,8 @@ class UpgradeFleet(Protocol):
     @property
     def swap_groups(self) -> SwapGroups: ...
 
-    def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
+    @property
+    def fleet(self) -> UpgradeWorkers: ...
 
 
 log = structlog.get_logger("dankserve.upgrade")
@@ -135,7 +142,7 @@ class DaemonUpgradeEdge:
         return self._daemon.deps.runtime_for(self._dep)
 
     def _worker(self) -> UpgradeWorker | None:
-        return self._daemon.snapshot().get(self._name)
+        return self._daemon.fleet.snapshot().get(self._name)
 
     def _new_dep(self, image: str) -> DeploymentSettings:
         return self._dep.model_copy(update={"image": image})

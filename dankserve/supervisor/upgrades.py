@@ -99,7 +99,7 @@ class Upgrades:
         `if_newer` (auto-update): only when the image's digest differs from the one the server runs."""
         daemon = self._daemon
         dep = daemon.settings.deployments[name]
-        worker = daemon.snapshot().get(name)
+        worker = daemon.fleet.snapshot().get(name)
         if worker is None or worker.machine.stage is not m.Stage.READY:
             now = worker.machine.status if worker is not None else "not running"
             return f"deployment {name!r} is {now}: only a serving deployment is upgraded"
@@ -153,7 +153,7 @@ class Upgrades:
         """The worker boots the image the deployment now runs."""
         daemon = self._daemon
         daemon.settings = self.settings_for(daemon.settings)
-        worker = daemon.snapshot().get(name)
+        worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
             worker.request_replan(daemon.settings.deployments[name])
             if daemon.settings.deployments[name].swap_group is not None:
@@ -172,7 +172,7 @@ class Upgrades:
         daemon.state.set_upgrade(name, replace(record, step="rolled_back", reason="rolled back by hand"))
         dep = daemon.settings.deployments[name].model_copy(update={"image": record.old_image})
         daemon.settings = daemon.settings.model_copy(update={"deployments": {**daemon.settings.deployments, name: dep}})
-        worker = daemon.snapshot().get(name)
+        worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
             worker.request_replan(dep)
         return None

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
+from tests.harness.cli import run_in_process
 from tests.plan.builders import PLAN_JSON_KEYS
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -26,12 +26,7 @@ def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_envi
         monkeypatch.delenv(name, raising=False)
 
 
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(args)
-    out, err = capsys.readouterr()
-    code = done.value.code
-    return (code if isinstance(code, int) else 1), out, err
+run = run_in_process
 
 
 def write_config(tmp_path: Path, text: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.daemon import DeploymentWorker
+from dankserve.supervisor.worker import DeploymentWorker
 from tests.supervisor.test_worker import World, make_world, ready, wait_for
 
 SWAP = {"swap_group": "g", "gpu_memory_utilization": 0.9}
