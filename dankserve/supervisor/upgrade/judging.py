@@ -61,8 +61,30 @@ def flags_gone(argv: Iterable[str], accepted: Collection[str]) -> tuple[str, ...
     return tuple(gone)
 
 
-def _change_percent(old: float, new: float) -> float:
-    return (new - old) / old * 100.0
+@dataclass(frozen=True)
+class _Figure:
+    """One figure judged by how much worse the new server's is (KV tokens, decode tokens/s)."""
+
+    key: str
+    worse: str
+    unit: str
+    missing: str
+
+    def judge(self, old: Measurement, new: Measurement, limits: Limits, report: dict[str, Any]) -> str | None:
+        """Why the new value is a regression (None: it is not, or the old one is unknown); its change reported."""
+        kv = self.key == "kv"
+        before = old.kv_cache_tokens if kv else old.decode_tokens_per_second
+        after = new.kv_cache_tokens if kv else new.decode_tokens_per_second
+        limit = limits.kv_shrink_percent if kv else limits.decode_slowdown_percent
+        if not before:
+            return None
+        if not after:
+            return self.missing
+        change = (after - before) / before * 100.0
+        report[f"{self.key}_change_percent"] = round(change, 2)
+        if -change <= limit:
+            return None
+        return f"{self.worse} {-change:.1f} % ({before:g} -> {after:g} {self.unit}; the limit is {limit:g} %)"
 
 
 def judge(old: Measurement, new: Measurement, limits: Limits) -> Verdict:
@@ -73,28 +95,13 @@ def judge(old: Measurement, new: Measurement, limits: Limits) -> Verdict:
     never judged: a new release may change kernels and with them a token at a tie."""
     reasons: list[str] = []
     report: dict[str, Any] = {"old": old.to_json(), "new": new.to_json()}
-    if old.kv_cache_tokens:
-        if new.kv_cache_tokens is None:
-            reasons.append("the new server's KV cache size was not read from its boot log")
-        else:
-            change = _change_percent(old.kv_cache_tokens, new.kv_cache_tokens)
-            report["kv_change_percent"] = round(change, 2)
-            if -change > limits.kv_shrink_percent:
-                reasons.append(
-                    f"KV cache shrank {-change:.1f} % ({old.kv_cache_tokens} -> {new.kv_cache_tokens} tokens; "
-                    f"the limit is {limits.kv_shrink_percent:g} %)"
-                )
-    if old.decode_tokens_per_second:
-        if not new.decode_tokens_per_second:
-            reasons.append("the new server gave no decode throughput on the fixed request")
-        else:
-            change = _change_percent(old.decode_tokens_per_second, new.decode_tokens_per_second)
-            report["decode_change_percent"] = round(change, 2)
-            if -change > limits.decode_slowdown_percent:
-                reasons.append(
-                    f"decode is {-change:.1f} % slower ({old.decode_tokens_per_second:.1f} -> "
-                    f"{new.decode_tokens_per_second:.1f} tokens/s; the limit is {limits.decode_slowdown_percent:g} %)"
-                )
+    for figure in (
+        _Figure("kv", "KV cache shrank", "tokens", "the new server's KV cache size was not read from its boot log"),
+        _Figure("decode", "decode is slower by", "tokens/s", "the new server gave no decode throughput on the request"),
+    ):
+        reason = figure.judge(old, new, limits, report)
+        if reason is not None:
+            reasons.append(reason)
     if old.greedy_ids and new.greedy_ids:
         report["greedy_ids_equal"] = old.greedy_ids == new.greedy_ids
         if old.greedy_ids != new.greedy_ids:

@@ -28,7 +28,7 @@ def test_kv_shrunk_beyond_the_limit_rolls_back_naming_the_figures() -> None:
     """A 10 % smaller KV cache under a 5 % limit is a regression, the message names both sizes."""
     verdict = judge(OLD, Measurement(90_000, 50.0, (1, 2, 3)), Limits())
     assert not verdict.switch
-    assert "KV cache shrank 10.0 %" in verdict.reasons[0] and "90000" in verdict.reasons[0]
+    assert verdict.reasons == ("KV cache shrank 10.0 % (100000 -> 90000 tokens; the limit is 5 %)",)
 
 
 def test_kv_shrunk_within_the_limit_switches() -> None:
