@@ -236,3 +236,34 @@ def test_a_daemon_killed_at_any_step_leaves_what_the_next_one_finishes_or_undoes
         assert _trial_gone(podman_env, name)
         assert len(containers_of(podman_env, name)) == 1
     assert not [b for b in watch.breaches if trial_name(name) not in b], watch.breaches
+
+
+def test_auto_update_local_upgrades_only_when_the_local_image_changed(
+    tmp_path: Path, rig: Rig, releases: dict[str, str]
+) -> None:
+    """auto_update = "local": `upgrade --auto` finds the image up to date (nothing restarts); once the
+    reference names a newer local build it is tried and switched to."""
+    name, podman_env = rig.name, rig.podman_env
+    moving = f"localhost/dankserve-test-moving:{podman_env.session}"
+    podman_env.podman("tag", releases["old"], moving)
+    try:
+        gateway = free_port()
+        host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in rig.gpus.gpus])
+        globals_ = {
+            "podman_url": podman_env.url,
+            "gateway": {"listen": f"127.0.0.1:{gateway}"},
+            "upgrade": {"auto_update": "local"},
+        }
+        deployments = {name: _deployment(moving, swap=True)}
+        with running_daemon(tmp_path, deployments, hardware=host, extra_globals=globals_) as daemon:
+            first = daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
+            same = daemon.cli("upgrade", "--auto", "--timeout", "300", timeout=320)
+            assert same.returncode == 0 and f"{name}: up to date" in same.stdout, same.stdout + same.stderr
+            assert daemon.deployment(name)["boots"] == first["boots"]  # type: ignore[index]
+            podman_env.podman("tag", releases["good"], moving)
+            newer = daemon.cli("upgrade", "--auto", "--timeout", "300", timeout=320)
+            assert newer.returncode == 0 and "now runs" in newer.stdout, newer.stdout + newer.stderr
+            daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.34.0", timeout=180)
+            assert _trial_gone(podman_env, name)
+    finally:
+        podman_env.podman("rmi", moving, check=False)
