@@ -267,3 +267,25 @@ def test_auto_update_local_upgrades_only_when_the_local_image_changed(
             assert _trial_gone(podman_env, name)
     finally:
         podman_env.podman("rmi", moving, check=False)
+
+
+def test_a_release_without_a_planned_flag_is_refused_before_the_old_server_is_touched(
+    tmp_path: Path, rig: Rig, releases: dict[str, str]
+) -> None:
+    """extra_args plans --disable-chunked-prefill, which vLLM 0.26 does not know: the upgrade to an image
+    reporting 0.26.0 is refused (exit 2) naming the flag; the old server never stopped serving."""
+    name, podman_env = rig.name, rig.podman_env
+    older = stand_in_release(podman_env, releases["old"], "0.26.0")
+    gateway = free_port()
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in rig.gpus.gpus])
+    globals_ = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    dep = {**_deployment(releases["old"], swap=False), "extra_args": ["--disable-chunked-prefill"]}
+    with running_daemon(tmp_path, {name: dep}, hardware=host, extra_globals=globals_) as daemon:
+        daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
+        done = daemon.cli("upgrade", name, "--image", older, "--timeout", "300", timeout=320)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "--disable-chunked-prefill" in done.stderr and "0.26.0" in done.stderr
+        after = daemon.deployment(name)
+        assert after is not None and after["state"] == "ready" and after["boots"] == 1
+        assert after["upgrade"]["step"] == "refused" and "making_room" not in _steps(daemon)
+        assert _trial_gone(podman_env, name)
