@@ -160,6 +160,7 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
             "switching",
         ]
         ready = daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.34.0", timeout=180)
+        assert ready["compile_cache_hit"] is True, "the trial filled 0.34.0's compile cache"
         assert ready["upgrade"]["step"] == "switched" and ready["upgrade"]["room"] in ("1", "stop")
         assert ready["image"] == releases["good"]
         assert _trial_gone(podman_env, name)
@@ -169,6 +170,8 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
         assert back.returncode == 0, back.stdout + back.stderr
         again = daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.33.0", timeout=180)
         assert again["upgrade"]["step"] == "rolled_back" and again["image"] == releases["old"]
+        # warm: 0.33.0's compile cache and learned KV bytes were kept while 0.34.0 ran
+        assert again["compile_cache_hit"] is True and again["kv_cache_learned_used"] is True
 
 
 @pytest.mark.parametrize(
