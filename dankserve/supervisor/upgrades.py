@@ -168,6 +168,11 @@ class Upgrades:
             return f"an upgrade of {name!r} is under way: it rolls back by itself on a regression"
         if record is None or record.step != "switched":
             return f"deployment {name!r} has no switched upgrade to roll back"
+        if record.old_image == record.new_image:
+            return (
+                f"the upgrade of {name!r} kept the reference {record.old_image} (a moving tag): what it named before "
+                "is no longer reachable by it; set image to the previous release's tag or digest and reload"
+            )
         log.info("upgrade_rollback", deployment=name, image=record.old_image, leaving=record.new_image)
         daemon.state.set_upgrade(name, replace(record, step="rolled_back", reason="rolled back by hand"))
         dep = daemon.settings.deployments[name].model_copy(update={"image": record.old_image})
