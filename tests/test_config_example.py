@@ -17,7 +17,7 @@ from dankserve.settings import (
     SpeculativeSettings,
     load_settings,
 )
-from dankserve.settings_upgrade import UpgradeSettings
+from dankserve.settings.upgrade import UpgradeSettings
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "dankserve.toml"
 

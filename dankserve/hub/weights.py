@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from dankserve.hub.access import hub_access, is_hub_id
 from dankserve.hub.download import Progress
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source
 
 PercentCallback = Callable[[int], None]
 
@@ -41,12 +41,14 @@ def hub_adapters(dep: DeploymentSettings) -> list[str]:
 class WeightsFetcher:
     """Fetches a deployment's weights; raises DankserveError (InvalidInput: permanent)."""
 
-    settings: Settings
+    settings: Settings | SettingsSource
+    """The daemon's source (each download reads the settings of its moment), or fixed settings."""
 
     def __call__(self, name: str, dep: DeploymentSettings, progress: PercentCallback) -> None:
         from dankserve.hub.pull import complete_locally, pull
 
-        access = hub_access(self.settings.hf_cache_dir, self.settings.state_dir, name, dep.hf_token_file)
+        settings = as_source(self.settings).current()
+        access = hub_access(settings.hf_cache_dir, settings.state_dir, name, dep.hf_token_file)
         if dep.download is not False:
             for repo in hub_adapters(dep):  # small: fetched first, without progress of their own
                 if not complete_locally(access, repo, None):

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -30,7 +30,14 @@ from dankserve.errors import DankserveError, EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
 from dankserve.host.model import GpuIdentity, Host
 from dankserve.secret_files import read_key_now
-from dankserve.settings import DeploymentSettings, Settings, resolve_config_path
+from dankserve.settings import (
+    DeploymentSettings,
+    ReloadEffects,
+    Settings,
+    SettingsSource,
+    as_source,
+    resolve_config_path,
+)
 from dankserve.supervisor import adapters, instance, requests, sleep_mode, swap
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
@@ -130,8 +137,10 @@ class DaemonDeps:
 class Daemon:
     """Supervises every enabled deployment until told to stop."""
 
-    def __init__(self, settings: Settings, deps: DaemonDeps, config_path: Path | None = None) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings | SettingsSource, deps: DaemonDeps, config_path: Path | None = None) -> None:
+        self.source = as_source(settings)
+        """The one holder of the running settings: every part of the daemon reads them through it."""
+        settings = self.source.current()
         self._config_path = config_path
         self.deps = deps
         self.state = StateBook(settings.state_dir)
@@ -167,7 +176,12 @@ class Daemon:
         )
         self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
         self.upgrades = Upgrades(self)
-        self.settings = self.upgrades.settings_for(settings)  # an upgrade's image where one switched
+        self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
+
+    @property
+    def settings(self) -> Settings:
+        """The running settings now (`source.current()`)."""
+        return self.source.current()
 
     @property
     def gpu_locks(self) -> GpuBootLocks:
@@ -301,13 +315,13 @@ class Daemon:
         self.request_reload()
         return self._reloads.wait(mine, timeout)
 
-    def _read_reload(self, now: float) -> Settings | ConfigRefusal:
-        """The config file's settings, checked like a start; or why they are refused."""
-        from dankserve.settings import load_settings
+    def _read_reload(self, now: float) -> ReloadEffects | ConfigRefusal:
+        """The config file's effect on the running settings, checked like a start; or why it is refused."""
+        from dankserve.settings import load_reload
 
         try:
-            new = load_settings(self._config_path)
-            self.check_fit(new)
+            new = load_reload(self.settings, self._config_path)
+            self.check_fit(new.settings)
         except Exception as exc:  # any failure keeps the running config and deployments
             if isinstance(exc, DankserveError):
                 return ConfigRefusal(now, exc.message, exc.fix)
@@ -316,16 +330,18 @@ class Daemon:
 
     def _apply_reload(self) -> ReloadOutcome:
         now = time.time()
-        new = self._read_reload(now)
-        if isinstance(new, ConfigRefusal):
-            log.error("reload_rejected", error=new.error, fix=new.fix, keeping="the running configuration")
-            self.config_refusal = new
-            return ReloadOutcome(now, new)
+        effects = self._read_reload(now)
+        if isinstance(effects, ConfigRefusal):
+            log.error("reload_rejected", error=effects.error, fix=effects.fix, keeping="the running configuration")
+            self.config_refusal = effects
+            return ReloadOutcome(now, effects)
         self.config_refusal = None
         self.config_loaded_at = now
-        new = self.upgrades.settings_for(new)
-        old = self.settings
-        self.settings = new
+        effects = replace(effects, settings=self.upgrades.settings_for(effects.settings))  # a switched image
+        old, new = self.settings, effects.settings
+        self.source.accept(effects)
+        if effects.needs_restart:
+            log.warning("reload_needs_restart", keys=list(effects.needs_restart), keeping="their running values")
         restart: list[str] = []
         start: list[str] = []
         stop: list[str] = []
@@ -374,8 +390,10 @@ class Daemon:
                 log.info("reload_start", deployment=name, joins_asleep=asleep)
                 start.append(name)
                 self._start_worker(name, dep, join_asleep=asleep)
-        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep)
-        return ReloadOutcome(now, None, tuple(restart), tuple(start), tuple(stop), tuple(keep))
+        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(effects.applied))
+        return ReloadOutcome(
+            now, None, tuple(restart), tuple(start), tuple(stop), tuple(keep), effects.applied, effects.needs_restart
+        )
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -405,6 +423,6 @@ class Daemon:
         daemon: dict[str, Any] = {
             "running": True,
             "pid": os.getpid(),
-            "config": config_status(path, self.config_loaded_at, self.config_refusal),
+            "config": config_status(path, self.config_loaded_at, self.config_refusal, self.source.needs_restart()),
         }
         return {"daemon": daemon, "deployments": deployments, "warnings": []}

@@ -295,7 +295,15 @@ def swap_view(dep: DeploymentSettings, machine: MachineState | None) -> SwapView
     )
 
 
-def config_status(path: str | None, loaded_at: float, refusal: ConfigRefusal | None) -> dict[str, Any]:
+def config_status(
+    path: str | None, loaded_at: float, refusal: ConfigRefusal | None, needs_restart: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The daemon's `config` entry: its file, when the running config was loaded (start or the last accepted
-    reload), and the last reload's refusal (None once a reload is accepted)."""
-    return {"path": path, "loaded_at": loaded_at, "refused": refusal.to_json() if refusal is not None else None}
+    reload), the last reload's refusal (None once a reload is accepted), and the global keys the file changed
+    that keep their running values until the daemon restarts."""
+    return {
+        "path": path,
+        "loaded_at": loaded_at,
+        "refused": refusal.to_json() if refusal is not None else None,
+        "needs_restart": list(needs_restart),
+    }

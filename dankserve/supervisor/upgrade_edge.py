@@ -79,10 +79,20 @@ class UpgradeWorkers(Protocol):
     def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
 
 
-class UpgradeFleet(Protocol):
-    """What an upgrade reads of the daemon; `settings` it also replaces (an upgrade's image)."""
+class SettingsHolder(Protocol):
+    """The daemon's `SettingsSource`: an upgrade's switch or rollback replaces the running settings."""
 
-    settings: Settings
+    def replace(self, settings: Settings) -> None: ...
+
+
+class UpgradeFleet(Protocol):
+    """What an upgrade reads of the daemon, and `source`, where it replaces the settings (an upgrade's image)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def source(self) -> SettingsHolder: ...
 
     @property
     def state(self) -> StateBook: ...

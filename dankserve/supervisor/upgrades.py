@@ -152,7 +152,7 @@ class Upgrades:
     def _replan(self, name: str) -> None:
         """The worker boots the image the deployment now runs."""
         daemon = self._daemon
-        daemon.settings = self.settings_for(daemon.settings)
+        daemon.source.replace(self.settings_for(daemon.settings))
         worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
             worker.request_replan(daemon.settings.deployments[name])
@@ -176,7 +176,9 @@ class Upgrades:
         log.info("upgrade_rollback", deployment=name, image=record.old_image, leaving=record.new_image)
         daemon.state.set_upgrade(name, replace(record, step="rolled_back", reason="rolled back by hand"))
         dep = daemon.settings.deployments[name].model_copy(update={"image": record.old_image})
-        daemon.settings = daemon.settings.model_copy(update={"deployments": {**daemon.settings.deployments, name: dep}})
+        daemon.source.replace(
+            daemon.settings.model_copy(update={"deployments": {**daemon.settings.deployments, name: dep}})
+        )
         worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
             worker.request_replan(dep)
@@ -205,7 +207,7 @@ class Upgrades:
                 continue
             self._after_start.extend((name, a) for a in later)
             if state.step is Step.SWITCHED:
-                daemon.settings = self.settings_for(daemon.settings)
+                daemon.source.replace(self.settings_for(daemon.settings))
         with self._lock:
             for name in [n for n, s in self._running.items() if s.done]:
                 self._running.pop(name)

@@ -21,7 +21,7 @@ H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
 def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_environment: dict[str, str]) -> None:
     """No config file unless a test names one, whatever this machine has in /etc; the models come
     from the stand-in Hub."""
-    monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    monkeypatch.setattr("dankserve.settings.files.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
         monkeypatch.delenv(name, raising=False)
 

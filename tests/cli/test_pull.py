@@ -16,7 +16,7 @@ MIB = 1 << 20
 
 @pytest.fixture(autouse=True)
 def _environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_environment: dict[str, str]) -> None:
-    monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    monkeypatch.setattr("dankserve.settings.files.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     monkeypatch.delenv("DANKSERVE_CONFIG", raising=False)
 
 

@@ -1,4 +1,5 @@
-"""The `[upgrade]` table: how `dankserve upgrade` judges a new vLLM image, and the daily auto-update."""
+"""The `[upgrade]` table (a base of `Settings`): how `dankserve upgrade` judges a new vLLM image; the
+daily auto-update."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class UpgradeSettings(BaseModel):
 
 
 class UpgradeTable(BaseModel):
-    """The `[upgrade]` key of the global settings, a base of `Settings` (kept out of settings.py)."""
+    """The `[upgrade]` key of the global settings, a base of `Settings`."""
 
     upgrade: UpgradeSettings = Field(
         default_factory=UpgradeSettings, description="How `dankserve upgrade` judges a new image; auto-update."
