@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dankserve.settings import Settings
+from dankserve.settings.source import SettingsSource
 from dankserve.state import UpgradeRecord
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.upgrades import Upgrades, serving_image, with_serving_images
@@ -51,13 +52,16 @@ class _Daemon:
     """Only what `Upgrades.rollback` reads: settings, the state book, the fleet."""
 
     def __init__(self, tmp_path: Path, upgrade: UpgradeRecord | None) -> None:
-        self.settings = Settings.model_validate(
-            {"deployments": {"a": {"model": "m", "image": "img:old", "port": 8001}}}
-        )
+        settings = Settings.model_validate({"deployments": {"a": {"model": "m", "image": "img:old", "port": 8001}}})
+        self.source = SettingsSource(settings)
         self.state = StateBook(tmp_path, persist=False)
         if upgrade is not None:
             self.state.set_upgrade("a", upgrade)
         self.fleet = _Fleet()
+
+    @property
+    def settings(self) -> Settings:
+        return self.source.current()
 
 
 def _rollback(tmp_path: Path, upgrade: UpgradeRecord | None) -> tuple[str | None, _Daemon]:
