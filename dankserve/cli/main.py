@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upgrade": ("upgrade", "Try a new vLLM image beside the old server; switch, or roll back on a regression."),
     "rollback": ("rollback", "Go back to the image before the last upgrade (a warm boot)."),
     "logs": ("logs", "Show daemon and container logs together."),
+    "usage": ("usage", "Show requests and tokens per gateway key and model (kept across restarts)."),
     "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),
     "export": ("export", "Print a deployment as a Podman Quadlet .container unit, for plain systemd."),
     "install": ("install", "Install the systemd unit and the example config."),

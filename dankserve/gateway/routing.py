@@ -149,6 +149,8 @@ class Routed:
     body: bytes
     streamed: bool = False
     """The body asks for a stream (`"stream": true`): the answer is SSE."""
+    model: str = ""
+    """The model name the request sent (what key scopes and usage go by)."""
 
 
 class RoutingError(Exception):
@@ -181,9 +183,9 @@ def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
         raise RoutingError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     streamed = document.get("stream") is True
     if model == route.served_name:
-        return Routed(route, body, streamed)
+        return Routed(route, body, streamed, model)
     document["model"] = route.served_name
     try:
-        return Routed(route, json.dumps(document).encode(), streamed)
+        return Routed(route, json.dumps(document).encode(), streamed, model)
     except RecursionError:
         raise RoutingError(400, NESTED_TOO_DEEPLY, "BadRequestError") from None

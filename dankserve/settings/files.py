@@ -173,21 +173,6 @@ def check_secret_files(settings: Settings) -> None:
             )
 
 
-def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
-    """A secret's text (secret_files.read_secret: a regular, non-empty file), UTF-8 and at least min_length long."""
-    from dankserve.secret_files import read_secret
-
-    try:
-        secret = read_secret(path, what).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"the {what} file {path} is not UTF-8 text", fix=fix) from None
-    if len(secret) < min_length:
-        raise ConfigError(
-            f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
-        )
-    return secret
-
-
 MAX_CONFIG_BYTES = 1024 * 1024
 """The largest config file read: a real one is a few KiB; a bigger one is a mistake or an attack
 that would cost seconds and hundreds of MB to parse."""

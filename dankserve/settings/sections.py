@@ -91,6 +91,12 @@ class GatewaySettings(_Strict):
     api_key_file: Path | None = Field(
         default=None, description="File holding the key clients send as `Authorization: Bearer KEY` (mode 0600)."
     )
+    keys_dir: Path | None = Field(
+        default=None, description="Directory (mode 0700) of client keys, one NAME.toml each (docs/GATEWAY.md, Keys)."
+    )
+    max_in_flight: int | None = Field(
+        default=None, ge=1, le=100_000, description="Requests passed to each deployment at once; unset: --max-num-seqs."
+    )
     queue_size: int = Field(
         default=64,
         ge=0,
@@ -131,10 +137,10 @@ class GatewaySettings(_Strict):
     @model_validator(mode="after")
     def _exposed_gateway_needs_a_key(self) -> GatewaySettings:
         host, _ = split_listen(self.listen)
-        if not is_loopback(host) and self.api_key_file is None:
+        if not is_loopback(host) and self.api_key_file is None and self.keys_dir is None:
             raise ValueError(
-                f"listen = {self.listen!r} is not a loopback address and no api_key_file is set: anyone who can "
-                "reach that address could use every deployment. Set api_key_file to a file (mode 0600) holding "
-                'the key, or listen on "127.0.0.1:PORT"'
+                f"listen = {self.listen!r} is not a loopback address and no api_key_file or keys_dir is set: anyone "
+                "who can reach that address could use every deployment. Set api_key_file to a file (mode 0600) "
+                'holding the key (or keys_dir), or listen on "127.0.0.1:PORT"'
             )
         return self

@@ -141,11 +141,19 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
     if gateway_settings is None:
         return close_cluster
     from dankserve.gateway.service import start_gateway
+    from dankserve.gateway.usage_store import usage_path
     from dankserve.supervisor.gateway_link import DaemonSupervisor
 
     try:
         supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)
-        gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, supervisor)
+        gateway, access = start_gateway(
+            gateway_settings,
+            lambda: daemon.settings.deployments,
+            supervisor,
+            current=lambda: daemon.settings.gateway,
+            usage_file=usage_path(daemon.settings.state_dir),
+        )
+        daemon.gateway_usage = access.totals  # /metrics: requests and tokens per key
     except BaseException:
         close_cluster()
         raise

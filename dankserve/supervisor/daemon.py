@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -59,6 +59,9 @@ from dankserve.supervisor.telemetry import Telemetry
 from dankserve.supervisor.upgrades import Upgrades
 from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
+
+if TYPE_CHECKING:
+    from dankserve.gateway.usage import Counts
 
 log = structlog.get_logger("dankserve")
 
@@ -157,6 +160,7 @@ class Daemon:
         self.config_loaded_at = time.time()
         """When the running settings were read: at start (just before), then at each accepted reload."""
         self.config_refusal: ConfigRefusal | None = None
+        self.gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] = dict  # set once the gateway runs
         """The last reload's refusal (the running config stayed), None once a reload is accepted."""
         self.telemetry = Telemetry()
         self.observatory = Observatory(
@@ -240,7 +244,8 @@ class Daemon:
                 ) from None
             self.observatory.start()
             close_metrics = start_metrics(
-                self.settings, lambda: metrics_snapshot(self.fleet, self.telemetry, self.observatory)
+                self.settings,
+                lambda: metrics_snapshot(self.fleet, self.telemetry, self.observatory, self.gateway_usage),
             )
             if self.deps.services is not None:
                 close_services = self.deps.services(self)

@@ -58,7 +58,10 @@ class DaemonSupervisor:
         if phase is Phase.READY:
             for_whom = swaps.draining(deployment)
             if for_whom is None:
-                return Backend(Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0)
+                cap = worker.max_num_seqs
+                return Backend(
+                    Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0, max_in_flight=cap
+                )
             why = f"finishing its requests before a swap to {for_whom}"
             return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="draining")
         refused = swaps.refused(deployment)

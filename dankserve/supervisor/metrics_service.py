@@ -4,12 +4,14 @@ telemetry and the observatory's cached readings (what `dankserve status` reads t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
 from dankserve.errors import EnvironmentUnusable
-from dankserve.settings import Settings, is_loopback, parse_listen, read_secret_file
+from dankserve.gateway.usage import Counts
+from dankserve.secret_files import read_secret_file
+from dankserve.settings import Settings, is_loopback, parse_listen
 from dankserve.supervisor.fleet import Fleet
 from dankserve.supervisor.metrics import DeploymentFacts, MetricsServer, MetricsSnapshot
 from dankserve.supervisor.observatory import Observatory
@@ -36,14 +38,20 @@ def deployment_facts(view: DeploymentView) -> DeploymentFacts:
     )
 
 
-def metrics_snapshot(fleet: Fleet, telemetry: Telemetry, observatory: Observatory) -> MetricsSnapshot:
-    """What /metrics shows now: the same views, telemetry and readings status reads."""
+def metrics_snapshot(
+    fleet: Fleet,
+    telemetry: Telemetry,
+    observatory: Observatory,
+    gateway: Callable[[], Mapping[tuple[str, str], Counts]] = dict,
+) -> MetricsSnapshot:
+    """What /metrics shows now: the same views, telemetry and readings status reads; the gateway's counters."""
     return MetricsSnapshot(
         deployments=tuple(deployment_facts(view) for view in fleet.views(with_hosts=False)),
         telemetry=telemetry.snapshot(),
         serving=observatory.samples(),
         scrape_ok=observatory.scrape_ok(),
         gpus=observatory.gpus(),
+        gateway=gateway(),
     )
 
 

@@ -543,7 +543,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             "usage": usage,
         }
         if request.get("stream") is True:
-            self._stream(response, chat, text)
+            options = request.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            self._stream(response, chat, text, include_usage)
         else:
             self._json(200, response)
 
@@ -568,9 +570,10 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         return True
 
-    def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
+    def _stream(self, response: dict[str, object], chat: bool, text: str, include_usage: bool = False) -> None:
         """Server-sent events: the text (in one event, or a token per event with
-        FAKE_VLLM_TOKEN_SECONDS), a finishing event, then [DONE]. A client that goes away
+        FAKE_VLLM_TOKEN_SECONDS), a finishing event, with `stream_options.include_usage` one more
+        with no choices and the usage (as vLLM's serving_chat sends it), then [DONE]. A client that goes away
         aborts the request, as vLLM does (counted as finished_reason="abort"). Chunked and kept
         alive as uvicorn sends a streaming response (HTTP/1.0 clients: until the connection closes)."""
         chunked = self.request_version == "HTTP/1.1"
@@ -590,6 +593,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         pieces = _tokens(text) if delay > 0 else [text]
         events = [_chunk(response, chat, piece, None) for piece in pieces]
         events.append(_chunk(response, chat, "", "length"))
+        if include_usage:
+            events.append({**_chunk(response, chat, "", None), "choices": [], "usage": response["usage"]})
         state = self.server.state
         with state.lock:
             state.running += 1

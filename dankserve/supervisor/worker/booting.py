@@ -55,6 +55,8 @@ class Boots:
         self._log = logger
         self._slot: BootSlot | None = None
         self._waiting: str | None = None
+        self.max_num_seqs: int | None = None
+        """The last plan's --max-num-seqs: the gateway's default cap of requests in flight to it."""
         self._lock = threading.Lock()
 
     @property
@@ -133,8 +135,10 @@ class Boots:
                 *(GpuIdentity(g.name, g.memory_total_bytes) for g in _assigned(host, uuids)),
                 *(identity for identity, _ in self._follower_gpus(dep, strict=True)),
             ],
-            flags=learning.MemoryFlags.from_argv(plan.argv),
+            flags=(flags := learning.MemoryFlags.from_argv(plan.argv)),
         )
+        seqs = flags.max_num_seqs
+        self.max_num_seqs = int(seqs) if seqs is not None and seqs.isdigit() else None
         # A boot an earlier daemon left running holds its GPUs' slot (claimed at start-up) until ready.
         claimed = services.gpus.take_claimed_slot(name)
         if claimed is not None:

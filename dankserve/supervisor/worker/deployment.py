@@ -141,6 +141,11 @@ class DeploymentWorker:
         return None
 
     @property
+    def max_num_seqs(self) -> int | None:
+        """The last plan's --max-num-seqs (None before a plan, or none in it)."""
+        return self._commands.boots.max_num_seqs
+
+    @property
     def waiting_for(self) -> str | None:
         """What the current boot waits for before it may take its GPUs (None: it does not wait)."""
         return self._commands.boots.waiting_for
