@@ -44,7 +44,6 @@ from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import Fleet
-from dankserve.supervisor.gpu_slots import GpuBootLocks
 from dankserve.supervisor.gpus import HostGpus
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observatory import Observatory
@@ -186,11 +185,6 @@ class Daemon:
     def settings(self) -> Settings:
         """The running settings now (`source.current()`)."""
         return self.source.current()
-
-    @property
-    def gpu_locks(self) -> GpuBootLocks:
-        """The GPUs' boot slots (`HostGpus.slots`)."""
-        return self.gpus.slots
 
     def worker_services(self) -> WorkerServices:
         """What this daemon's workers are handed (the edges as `deps` says now)."""
@@ -357,7 +351,7 @@ class Daemon:
                 # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
                 log.info("reload_stop", deployment=name)
                 stop.append(name)
-                self.fleet.retire(name)
+                self.fleet.retire(worker)
             elif dep != (before := old.deployments.get(name)):
                 ready = worker.alive and worker.machine.stage is m.Stage.READY
                 if before is not None and adapters.reload_in_place(
