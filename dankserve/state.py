@@ -16,7 +16,8 @@ File form (schema 1)::
                               "overrides": {"max_model_len": 34480}, "remediated": ["max_len_too_large"],
                               "asleep": "1" | "2" | "stop" | null,
                               "swapping": "falling_asleep" | "waking" | null,
-                              "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]}}},
+                              "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]},
+                              "upgrade": {UpgradeRecord} | null}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -174,6 +175,85 @@ def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> Learn
     return existing if existing is not None else candidate
 
 
+UPGRADE_STEPS: tuple[str, ...] = (
+    "pulling",
+    "reading_version",
+    "replanning",
+    "making_room",
+    "booting",
+    "checking",
+    "switching",
+    "rolling_back",
+    "switched",
+    "rolled_back",
+    "refused",
+)
+"""An upgrade's steps as state.json names them (supervisor.upgrade.steps owns what they mean)."""
+
+
+@dataclass(frozen=True)
+class UpgradeRecord:
+    """A deployment's last upgrade (or rollback): where it stands and which images it moves between.
+
+    Recorded before each step is taken, so a daemon following one killed with -9 finishes or undoes it."""
+
+    step: str
+    old_image: str
+    new_image: str
+    started_at: float
+    old_version: str | None = None
+    new_version: str | None = None
+    room: str | None = None
+    """How the old server made room: "1" (asleep at level 1) or "stop"; None: not yet."""
+    new_workload: str | None = None
+    """The new server's workload id once started (stopped and removed when the upgrade is undone)."""
+    reason: str | None = None
+    """Why it was refused or rolled back; what the checks found when it switched."""
+    report: Mapping[str, Any] = field(default_factory=dict)
+    """The checks' figures (KV bytes, decode tokens/s, greedy ids equal) for status."""
+
+    @property
+    def serving_image(self) -> str:
+        """The image the deployment runs: the new one once switched, else the old one."""
+        return self.new_image if self.step == "switched" else self.old_image
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "old_image": self.old_image,
+            "new_image": self.new_image,
+            "started_at": self.started_at,
+            "old_version": self.old_version,
+            "new_version": self.new_version,
+            "room": self.room,
+            "new_workload": self.new_workload,
+            "reason": self.reason,
+            "report": dict(self.report),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> UpgradeRecord:
+        """Read `to_json()`'s form; StateCorrupt when it is not that."""
+        if not isinstance(data, dict):
+            raise StateCorrupt("upgrade is not an object")
+        step, old, new = data.get("step"), data.get("old_image"), data.get("new_image")
+        if step not in UPGRADE_STEPS or not isinstance(old, str) or not isinstance(new, str):
+            raise StateCorrupt(f"not an upgrade record: step {step!r}")
+        room = _optional(data, "room", str)
+        return cls(
+            step=step,
+            old_image=old,
+            new_image=new,
+            started_at=float(_optional(data, "started_at", int, float) or 0.0),
+            old_version=_optional(data, "old_version", str),
+            new_version=_optional(data, "new_version", str),
+            room=room if room in ("1", "stop") else None,
+            new_workload=_optional(data, "new_workload", str),
+            reason=_optional(data, "reason", str),
+            report=dict(_optional(data, "report", dict) or {}),
+        )
+
+
 @dataclass(frozen=True)
 class DeploymentState:
     """What the daemon remembers of one deployment across its own restarts."""
@@ -199,6 +279,8 @@ class DeploymentState:
     timings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     """Seconds the last boots (cold, warm), wakes and sleeps took, latest last: the predictions'
     history (supervisor.prediction)."""
+    upgrade: UpgradeRecord | None = None
+    """The last `dankserve upgrade` or `rollback` (its image overrides the configured one once switched)."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -285,6 +367,7 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
             swapping=moving if (moving := _optional(data, "swapping", str)) in ("falling_asleep", "waking") else None,
             timings=timings_from_json(data.get("timings")),
+            upgrade=None if data.get("upgrade") is None else UpgradeRecord.from_json(data["upgrade"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
@@ -348,6 +431,7 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
         "asleep": deployment.asleep,
         "swapping": deployment.swapping,
         "timings": timings_json(deployment.timings),
+        "upgrade": None if deployment.upgrade is None else deployment.upgrade.to_json(),
     }
 
 

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,6 +55,7 @@ from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import config_status
 from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.upgrades import Upgrades
 from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
@@ -177,6 +178,8 @@ class Daemon:
             describe_hosts=deps.describe_hosts,
         )
         self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
+        self.upgrades = Upgrades(self)
+        self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
 
     @property
     def settings(self) -> Settings:
@@ -242,9 +245,12 @@ class Daemon:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
             self.swap_groups.start()
+            self.upgrades.recover_before_workers()  # an earlier daemon's trial server goes first
+            starting = {n: self.settings.deployments[n] for n in starting}
             self.gpus.claim_running_boots(starting, self.deps.runtime_for, self.deps.planner, self.state)
             for name, dep in starting.items():
                 self._start_worker(name, dep, unless_running=True)
+            self.upgrades.resume_after_workers()
             if not self.fleet.snapshot():
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
@@ -330,6 +336,7 @@ class Daemon:
             return ReloadOutcome(now, effects)
         self.config_refusal = None
         self.config_loaded_at = now
+        effects = replace(effects, settings=self.upgrades.settings_for(effects.settings))  # a switched image
         old, new = self.settings, effects.settings
         self.source.accept(effects)
         if effects.needs_restart:
