@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from dankserve.settings import ON_RELOAD, DeploymentSettings, Settings
+from dankserve.settings.upgrade import UpgradeSettings
 
 HEADER = """# Configuration reference
 
@@ -50,6 +51,8 @@ def _default(info: FieldInfo) -> str:
         value = info.default
     if value is None:
         return "unset"
+    if isinstance(value, BaseModel):
+        return "its table's defaults"
     if hasattr(value, "as_posix"):
         return f"`{value.as_posix()}`"
     if str(value) == "PydanticUndefined":
@@ -81,6 +84,8 @@ def render_reference() -> str:
     """The whole Markdown document."""
     lines = [HEADER, "## Global keys", "", RELOAD_NOTE, ""]
     lines += _table(Settings, "", reload_column=True)
+    lines += ["", "## `[upgrade]`", "", (UpgradeSettings.__doc__ or "").strip(), ""]
+    lines += _table(UpgradeSettings, "")
     lines += ["", "## `[deployments.NAME]`", "", "NAME: letters, digits, `-` and `_`.", DEPLOYMENTS_NOTE, ""]
     lines += _table(DeploymentSettings, "")
     for field_name in ("speculative", "cpu_offload", "model_facts"):

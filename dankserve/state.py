@@ -19,7 +19,8 @@ File form (schema 1)::
                               "timings": {"cold": [41.2], "warm": [12.0, 11.8], "wake": [0.9]},
                               "unsafe_sleep": [{"level": "1", "vllm_version": "0.26.0", "model": "m",
                                                 "reason": "...", "at": 1764680000.0}],
-                              "canaries": {"kv1-…": [791, 3681, 13]}}},
+                              "canaries": {"kv1-…": [791, 3681, 13]},
+                              "upgrade": {UpgradeRecord} | null}},
      "image_versions": {"sha256:…": "0.33.0"}}
 """
 
@@ -177,6 +178,85 @@ def keep_first(existing: LearnedKv | None, candidate: LearnedKv | None) -> Learn
     return existing if existing is not None else candidate
 
 
+UPGRADE_STEPS: tuple[str, ...] = (
+    "pulling",
+    "reading_version",
+    "replanning",
+    "making_room",
+    "booting",
+    "checking",
+    "switching",
+    "rolling_back",
+    "switched",
+    "rolled_back",
+    "refused",
+)
+"""An upgrade's steps as state.json names them (supervisor.upgrade.steps owns what they mean)."""
+
+
+@dataclass(frozen=True)
+class UpgradeRecord:
+    """A deployment's last upgrade (or rollback): where it stands and which images it moves between.
+
+    Recorded before each step is taken, so a daemon following one killed with -9 finishes or undoes it."""
+
+    step: str
+    old_image: str
+    new_image: str
+    started_at: float
+    old_version: str | None = None
+    new_version: str | None = None
+    room: str | None = None
+    """How the old server made room: "1" (asleep at level 1) or "stop"; None: not yet."""
+    new_workload: str | None = None
+    """The new server's workload id once started (stopped and removed when the upgrade is undone)."""
+    reason: str | None = None
+    """Why it was refused or rolled back; what the checks found when it switched."""
+    report: Mapping[str, Any] = field(default_factory=dict)
+    """The checks' figures (KV bytes, decode tokens/s, greedy ids equal) for status."""
+
+    @property
+    def serving_image(self) -> str:
+        """The image the deployment runs: the new one once switched, else the old one."""
+        return self.new_image if self.step == "switched" else self.old_image
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "old_image": self.old_image,
+            "new_image": self.new_image,
+            "started_at": self.started_at,
+            "old_version": self.old_version,
+            "new_version": self.new_version,
+            "room": self.room,
+            "new_workload": self.new_workload,
+            "reason": self.reason,
+            "report": dict(self.report),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> UpgradeRecord:
+        """Read `to_json()`'s form; StateCorrupt when it is not that."""
+        if not isinstance(data, dict):
+            raise StateCorrupt("upgrade is not an object")
+        step, old, new = data.get("step"), data.get("old_image"), data.get("new_image")
+        if step not in UPGRADE_STEPS or not isinstance(old, str) or not isinstance(new, str):
+            raise StateCorrupt(f"not an upgrade record: step {step!r}")
+        room = _optional(data, "room", str)
+        return cls(
+            step=step,
+            old_image=old,
+            new_image=new,
+            started_at=float(_optional(data, "started_at", int, float) or 0.0),
+            old_version=_optional(data, "old_version", str),
+            new_version=_optional(data, "new_version", str),
+            room=room if room in ("1", "stop") else None,
+            new_workload=_optional(data, "new_workload", str),
+            reason=_optional(data, "reason", str),
+            report=dict(_optional(data, "report", dict) or {}),
+        )
+
+
 @dataclass(frozen=True)
 class UnsafeSleep:
     """A sleep level that failed its check (memory not freed, or a wake answering other tokens) for one
@@ -225,6 +305,8 @@ class DeploymentState:
     canaries: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """Greedy token ids of the canary prompt by configuration (boot key), taken before the first sleep:
     every wake must answer the same."""
+    upgrade: UpgradeRecord | None = None
+    """The last `dankserve upgrade` or `rollback` (its image overrides the configured one once switched)."""
 
     def learned(self, fingerprint: str) -> LearnedKv | None:
         return self.learned_kv.get(fingerprint)
@@ -317,6 +399,7 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
                 for key, ids in list((_optional(data, "canaries", dict) or {}).items())[-CANARIES_KEPT:]
                 if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
             },
+            upgrade=None if data.get("upgrade") is None else UpgradeRecord.from_json(data["upgrade"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise StateCorrupt(f"deployment {name!r}: {exc}") from None
@@ -400,6 +483,7 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
             for u in deployment.unsafe_sleep
         ],
         "canaries": {key: list(ids) for key, ids in deployment.canaries.items()},
+        "upgrade": None if deployment.upgrade is None else deployment.upgrade.to_json(),
     }
 
 

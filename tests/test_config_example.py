@@ -17,6 +17,7 @@ from dankserve.settings import (
     SpeculativeSettings,
     load_settings,
 )
+from dankserve.settings.upgrade import UpgradeSettings
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "dankserve.toml"
 
@@ -39,6 +40,7 @@ def test_example_shows_every_key() -> None:
         ("model_facts", ModelFactsSettings),
         ("cluster", ClusterSettings),
         ("gateway", GatewaySettings),
+        ("upgrade", UpgradeSettings),
     ]
     missing = []
     for section, model in sections:

@@ -256,3 +256,26 @@ def test_full_disk_keeps_old_file(small_tmpfs: Path) -> None:
     assert len(warnings) == 1 and "full" in warnings[0]
     assert list((small_tmpfs / "state").glob(".state.json.*")) == []
     assert StateStore(small_tmpfs / "state").load().state == populated()
+
+
+def test_an_upgrade_record_round_trips_and_an_old_file_without_one_reads() -> None:
+    """The upgrade record survives state.json; a file without the key has none (schema 1 kept)."""
+    from dankserve.state import DeploymentState, State, UpgradeRecord, state_from_json, state_to_json
+
+    record = UpgradeRecord("booting", "img:old", "img:new", 1.0, "0.26.0", "0.27.0", "1", "w", None, {"a": 1})
+    state = State(deployments={"chat": DeploymentState(upgrade=record)})
+    assert state_from_json(state_to_json(state)).deployment("chat").upgrade == record
+    old = '{"schema_version": 1, "deployments": {"chat": {"boots": 1}}}'
+    assert state_from_json(old).deployment("chat").upgrade is None
+
+
+def test_a_damaged_upgrade_record_is_corrupt_state() -> None:
+    """An unknown step is damage, named."""
+    import pytest
+
+    from dankserve.state import StateCorrupt, state_from_json
+
+    upgrade = '{"step": "x", "old_image": "a", "new_image": "b"}'
+    text = '{"schema_version": 1, "deployments": {"chat": {"upgrade": ' + upgrade + "}}}"
+    with pytest.raises(StateCorrupt, match="not an upgrade record"):
+        state_from_json(text)

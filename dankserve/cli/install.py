@@ -13,16 +13,35 @@ from dankserve.cli.context import cli_context
 from dankserve.errors import EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
 
-UNIT_TEMPLATE = Path(__file__).resolve().parents[2] / "units" / "dankserve.service"
-EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "dankserve.toml"
+CHECKOUT = Path(__file__).resolve().parents[2]
+SHARED = Path(sys.prefix) / "share" / "dankserve"
+"""Where a plain `pip install .` puts the units and the example (pyproject's data-files): no checkout there."""
+
+
+def shipped(checkout_file: Path, shared: Path = SHARED) -> Path:
+    """A file of the checkout (units/, config/), else the copy the package installed under share/dankserve."""
+    return checkout_file if checkout_file.is_file() else shared / checkout_file.name
+
+
+UNIT_TEMPLATE = shipped(CHECKOUT / "units" / "dankserve.service")
+AUTO_UPDATE_UNITS = tuple(
+    shipped(CHECKOUT / "units" / name) for name in ("dankserve-auto-update.service", "dankserve-auto-update.timer")
+)
+"""The daily `dankserve upgrade --auto` (the [upgrade] auto_update setting says whether it does anything)."""
+AUTO_UPDATE_TIMER = "dankserve-auto-update.timer"
+EXAMPLE_CONFIG = shipped(CHECKOUT / "config" / "dankserve.toml")
 MAN_DIR = Path("/usr/local/share/man/man1")
 
 
 def render_unit(template: str, executable: str) -> str:
-    """The unit with ExecStart pointing at this installation's dankserve."""
+    """The unit with ExecStart pointing at this installation's dankserve (its arguments kept)."""
     out = []
     for line in template.splitlines():
-        out.append(f"ExecStart={executable} run" if line.startswith("ExecStart=") else line)
+        if line.startswith("ExecStart="):
+            arguments = line.split(None, 1)[1] if " " in line else "run"
+            out.append(f"ExecStart={executable} {arguments}")
+        else:
+            out.append(line)
     return "\n".join(out) + "\n"
 
 
@@ -63,8 +82,8 @@ def dankserve_executable() -> str:
 )
 @click.option("--no-enable", is_flag=True, help="Write the files only; do not run systemctl.")
 def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: bool) -> ExitCode:
-    """Install dankserve.service, the man pages, and /etc/dankserve/dankserve.toml (kept if present), then
-    enable the unit."""
+    """Install dankserve.service, the daily dankserve-auto-update.timer, the man pages, and
+    /etc/dankserve/dankserve.toml (kept if present), then enable the unit and the timer."""
     from dankserve import servicectl
     from dankserve.cli.main import cli
     from dankserve.cli.manpages import pages
@@ -73,9 +92,19 @@ def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: b
     ctx = cli_context()
     unit_path = unit_dir / servicectl.UNIT_NAME
     unit_dir.mkdir(parents=True, exist_ok=True)
+    if not UNIT_TEMPLATE.is_file():
+        raise EnvironmentUnusable(
+            f"the unit template is missing: {UNIT_TEMPLATE} (this installation of dankserve is incomplete)",
+            fix="reinstall dankserve (`pip install .` from the checkout, or `make setup`)",
+        )
     unit_path.write_text(render_unit(UNIT_TEMPLATE.read_text(), dankserve_executable()))
     os.chmod(unit_path, 0o644)
     click.echo(f"wrote {unit_path}")
+    for template in AUTO_UPDATE_UNITS:
+        path = unit_dir / template.name
+        path.write_text(render_unit(template.read_text(), dankserve_executable()))
+        os.chmod(path, 0o644)
+        click.echo(f"wrote {path}")
     man_dir.mkdir(parents=True, exist_ok=True)
     for name, text in pages(cli).items():
         (man_dir / name).write_text(text)
@@ -97,5 +126,7 @@ def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: b
         return ExitCode.OK
     servicectl.systemctl("daemon-reload")
     servicectl.systemctl("enable", servicectl.UNIT_NAME)
+    servicectl.systemctl("enable", "--now", AUTO_UPDATE_TIMER)  # does nothing while auto_update = "off"
     click.echo(f"enabled {servicectl.UNIT_NAME}; start it with `dankserve up`")
+    click.echo(f'enabled {AUTO_UPDATE_TIMER} (daily; [upgrade] auto_update = "off" until set)')
     return ExitCode.OK

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reload": ("reload", "Make the running daemon re-read its config; say what restarts and what keeps running."),
     "sleep": ("sleep", "Put a swap group member to sleep now (vLLM's sleep mode)."),
     "wake": ("wake", "Wake a sleeping swap group member and wait until it is ready."),
+    "upgrade": ("upgrade", "Try a new vLLM image beside the old server; switch, or roll back on a regression."),
+    "rollback": ("rollback", "Go back to the image before the last upgrade (a warm boot)."),
     "logs": ("logs", "Show daemon and container logs together."),
     "usage": ("usage", "Show requests and tokens per gateway key and model (kept across restarts)."),
     "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),

@@ -69,9 +69,11 @@ def _pull_one(name: str, dep: DeploymentSettings, revision: str | None, quiet: b
     rev = revision or dep.revision
     click.echo(f"{dep.model}{'@' + rev if rev else ''} -> {access.cache_dir}", err=True)
     reporter = None if quiet else _Reporter(dep.model)
-    result = pull(access, dep.model, rev, reporter)
-    if reporter is not None:
-        reporter.close()
+    try:
+        result = pull(access, dep.model, rev, reporter)
+    finally:  # a failed pull's error starts its own line, not the end of the progress line
+        if reporter is not None:
+            reporter.close()
     if result.fetched_files == 0:
         click.echo(f"{dep.model}: complete already ({result.files} files, {size_text(result.total_bytes)})")
     else:
@@ -107,3 +109,5 @@ class _Reporter:
     def close(self) -> None:
         if self.tty and self.shown:
             sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.shown = False

@@ -119,8 +119,9 @@ def config_lines(daemon: dict[str, Any]) -> list[str]:
         f"the config on disk was refused at {_clock(refused['at'])}: {error}; "
         f"running the config loaded at {_clock(config['loaded_at'])}"
     ]
-    if disk.get("valid"):
-        lines.append("  the file validates now: `dankserve reload` applies it")
+    if disk.get("valid"):  # its keys only: the daemon's refusal may be its plan's (an adapter, the fit)
+        line = "  the file's keys are valid now: `dankserve reload` applies it, unless what it plans is refused again"
+        lines.append(line + (f" (fix: {refused['fix']})" if refused.get("fix") else ""))
     elif refused.get("fix"):
         lines.append(f"  fix: {refused['fix']}, then `dankserve reload`")
     return [*lines, *waiting]

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from dankserve.settings.deployment import DeploymentSettings
 from dankserve.settings.sections import ClusterSettings, GatewaySettings
+from dankserve.settings.upgrade import UpgradeTable
 from dankserve.settings.values import (
     MAX_NAME_LENGTH,
     MAX_SECONDS,
@@ -54,7 +55,7 @@ def keyless_gateway_exposure(settings: Settings, name: str) -> str | None:
     )
 
 
-class Settings(BaseSettings):
+class Settings(UpgradeTable, BaseSettings):
     """Global settings and the deployments."""
 
     model_config = SettingsConfigDict(

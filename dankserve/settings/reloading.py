@@ -40,6 +40,7 @@ ON_RELOAD: Mapping[str, OnReload] = {
     "cache_dir": _restart("checked to be the daemon's own at start; running servers mount their caches from it"),
     "hf_cache_dir": _restart("checked to be the daemon's own at start; running servers mount it"),
     "vllm_version": _applied("the next plan of each deployment (its next boot) reads it"),
+    "upgrade": _applied("the next `dankserve upgrade` (or the timer's) reads it"),
     "restart_backoff_initial_seconds": _restart(_LIFECYCLE),
     "restart_backoff_max_seconds": _restart(_LIFECYCLE),
     "restart_backoff_multiplier": _restart(_LIFECYCLE),

@@ -145,7 +145,7 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
     from dankserve.supervisor.gateway_link import DaemonSupervisor
 
     try:
-        supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups)
+        supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)
         gateway, access = start_gateway(
             gateway_settings,
             lambda: daemon.settings.deployments,

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,7 +45,6 @@ from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import Fleet
-from dankserve.supervisor.gpu_slots import GpuBootLocks
 from dankserve.supervisor.gpus import HostGpus
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observatory import Observatory
@@ -57,6 +56,7 @@ from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import config_status
 from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.upgrades import Upgrades
 from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
@@ -185,16 +185,13 @@ class Daemon:
         self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
         held = deps.gpu_held or (lambda pids, uuids: held_bytes(pids, uuids, stand_in_dir(deps.hardware_file)))
         self.swap_verifier = swap_verify.SwapVerifier(self.state, deps.canary, held)
+        self.upgrades = Upgrades(self)
+        self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
 
     @property
     def settings(self) -> Settings:
         """The running settings now (`source.current()`)."""
         return self.source.current()
-
-    @property
-    def gpu_locks(self) -> GpuBootLocks:
-        """The GPUs' boot slots (`HostGpus.slots`)."""
-        return self.gpus.slots
 
     def worker_services(self) -> WorkerServices:
         """What this daemon's workers are handed (the edges as `deps` says now)."""
@@ -256,9 +253,12 @@ class Daemon:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
             self.swap_groups.start()
+            self.upgrades.recover_before_workers()  # an earlier daemon's trial server goes first
+            starting = {n: self.settings.deployments[n] for n in starting}
             self.gpus.claim_running_boots(starting, self.deps.runtime_for, self.deps.planner, self.state)
             for name, dep in starting.items():
                 self._start_worker(name, dep, unless_running=True)
+            self.upgrades.resume_after_workers()
             if not self.fleet.snapshot():
                 log.info("no_deployments", hint="configure [deployments.NAME] or `dankserve up NAME`")
             self._main_loop()
@@ -344,6 +344,7 @@ class Daemon:
             return ReloadOutcome(now, effects)
         self.config_refusal = None
         self.config_loaded_at = now
+        effects = replace(effects, settings=self.upgrades.settings_for(effects.settings))  # a switched image
         old, new = self.settings, effects.settings
         self.source.accept(effects)
         if effects.needs_restart:
@@ -358,7 +359,7 @@ class Daemon:
                 # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
                 log.info("reload_stop", deployment=name)
                 stop.append(name)
-                self.fleet.retire(name)
+                self.fleet.retire(worker)
             elif dep != (before := old.deployments.get(name)):
                 ready = worker.alive and worker.machine.stage is m.Stage.READY
                 if before is not None and adapters.reload_in_place(

@@ -81,14 +81,11 @@ class Fleet:
             self._workers[worker.name] = worker
             worker.start()  # under the lock: a worker others can see is alive
 
-    def retire(self, name: str) -> None:
-        """The deployment's worker is told to stop and leaves the fleet; it is reaped once it ended."""
-        worker = self.get(name)
-        if worker is None:
-            return
+    def retire(self, worker: DeploymentWorker) -> None:
+        """`worker` is told to stop and leaves the fleet; it is reaped once it ended (never waited for here)."""
         worker.request_stop()
         with self._lock:
-            self._workers.pop(name, None)
+            self._workers.pop(worker.name, None)
             self._retiring.append(worker)
 
     def reap(self) -> None:

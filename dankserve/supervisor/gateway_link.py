@@ -9,7 +9,7 @@ booting or restarting gets ready on its own).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.secret_files import read_key_now
@@ -19,14 +19,23 @@ from dankserve.supervisor.lifecycle import Phase
 if TYPE_CHECKING:
     from dankserve.supervisor.fleet import Fleet
     from dankserve.supervisor.swap_groups import SwapGroups
+    from dankserve.supervisor.upgrade import UpgradeState
+
+
+class UpgradeGate(Protocol):
+    """The daemon's upgrades (supervisor/upgrades.py): a deployment whose old server does not serve."""
+
+    def gated(self, name: str) -> UpgradeState | None: ...
 
 
 class DaemonSupervisor:
-    """Implements gateway.backends.Supervisor over a running daemon's fleet and swap groups."""
+    """Implements gateway.backends.Supervisor over a running daemon's fleet, swap groups and upgrades
+    (a deployment being upgraded queues its requests while its old server does not serve)."""
 
-    def __init__(self, fleet: Fleet, swaps: SwapGroups) -> None:
+    def __init__(self, fleet: Fleet, swaps: SwapGroups, upgrades: UpgradeGate | None = None) -> None:
         self._fleet = fleet
         self._swaps = swaps
+        self._upgrades = upgrades
         self._keys: dict[Path, tuple[int, str | None]] = {}
 
     def backend(self, deployment: str) -> Backend:
@@ -42,6 +51,10 @@ class DaemonSupervisor:
         machine = worker.machine
         phase, message = machine.phase, machine.message
         swaps = self._swaps
+        upgrading = self._upgrades.gated(deployment) if self._upgrades is not None else None
+        if upgrading is not None:  # the old server makes room or the new one is tried: requests wait
+            why = f"upgrading to {upgrading.new_image} ({upgrading.step.value.replace('_', ' ')})"
+            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="upgrading")
         if phase is Phase.READY:
             for_whom = swaps.draining(deployment)
             if for_whom is None:
@@ -78,6 +91,8 @@ class DaemonSupervisor:
         return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
+        if self._upgrades is not None and self._upgrades.gated(deployment) is not None:
+            return  # the upgrade wakes the old server itself when it rolls back
         self._swaps.wake(deployment)  # booting and restarting ones get ready by themselves
 
     def touched(self, deployment: str) -> None:

@@ -28,6 +28,7 @@ from dankserve.state import (
     State,
     StateStore,
     UnsafeSleep,
+    UpgradeRecord,
 )
 from dankserve.supervisor.instance import check_private_dir
 from dankserve.supervisor.prediction import remembered
@@ -145,6 +146,9 @@ class StateBook:
         kept = self.deployment(name)
         if (kept.asleep, kept.swapping) != (level, moving):
             self._change(name, lambda d: replace(d, asleep=level, swapping=moving))
+
+    def set_upgrade(self, name: str, upgrade: UpgradeRecord | None) -> None:
+        self._change(name, lambda d: replace(d, upgrade=upgrade))
 
     def set_remediation(self, name: str, overrides: dict[str, int | float | str], remediated: tuple[str, ...]) -> None:
         self._change(name, lambda d: replace(d, overrides=overrides, remediated=remediated))

@@ -1,5 +1,5 @@
-"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `sleep`
-and `wake`, each answered by one function of the running daemon.
+"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `sleep`,
+`wake`, `upgrade` and `rollback`, each answered by one function of the running daemon.
 
 The daemon is read through `Answering`, what a request may ask of it; `answer` looks the verb up, and
 an unknown verb or deployment is said, never raised."""
@@ -15,11 +15,22 @@ from dankserve.supervisor import sleep_mode
 from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ReloadOutcome
 
 if TYPE_CHECKING:
+    from dankserve.runtime.base import PullPolicy
     from dankserve.settings import Settings
     from dankserve.supervisor.fleet import Fleet
     from dankserve.supervisor.swap_groups import SwapGroups
 
 Answer = dict[str, Any]
+
+
+class UpgradeRequests(Protocol):
+    """What `upgrade` and `rollback` ask of the daemon's upgrades (supervisor/upgrades.py)."""
+
+    def start(
+        self, name: str, image: str | None, pull: PullPolicy = "missing", *, if_newer: bool = False
+    ) -> str | None: ...
+
+    def rollback(self, name: str) -> str | None: ...
 
 
 class Answering(Protocol):
@@ -37,6 +48,9 @@ class Answering(Protocol):
     def bring_up(self, name: str) -> None: ...
 
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> Answer: ...
+
+    @property
+    def upgrades(self) -> UpgradeRequests: ...
 
 
 def _status(daemon: Answering, request: Mapping[str, Any]) -> Answer:
@@ -92,6 +106,32 @@ def _swap(verb: Literal["sleep", "wake"]) -> Callable[[Answering, Mapping[str, A
     return swap
 
 
+def _upgrade(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    """Answered once the upgrade began (its steps show in `status`); or why it cannot."""
+    name = request.get("deployment")
+    unknown = _unknown_deployment(daemon, name)
+    if unknown is not None:
+        return unknown
+    image = request.get("image")
+    if image is not None and (not isinstance(image, str) or not image.strip() or len(image) > 1024):
+        return {"ok": False, "error": f"not an image reference: {image!r}"}
+    pull = request.get("pull", "missing")
+    if pull not in ("missing", "always", "never"):
+        return {"ok": False, "error": f"pull {pull!r} is not missing, always or never"}
+    error = daemon.upgrades.start(str(name), image, pull, if_newer=request.get("if_newer") is True)
+    return {"ok": False, "error": error} if error is not None else {"ok": True}
+
+
+def _rollback(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    """Answered once the worker was told to boot the previous image (follow it in `status`)."""
+    name = request.get("deployment")
+    unknown = _unknown_deployment(daemon, name)
+    if unknown is not None:
+        return unknown
+    error = daemon.upgrades.rollback(str(name))
+    return {"ok": False, "error": error} if error is not None else {"ok": True}
+
+
 def sleep_or_wake(fleet: Fleet, swaps: SwapGroups, verb: Literal["sleep", "wake"], name: str) -> Answer:
     """`dankserve sleep NAME` / `dankserve wake NAME` (the daemon's `swap_and_wait`): answered once asleep
     or ready (or given up)."""
@@ -133,6 +173,8 @@ VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {
     "down": _down,
     "sleep": _swap("sleep"),
     "wake": _swap("wake"),
+    "upgrade": _upgrade,
+    "rollback": _rollback,
 }
 
 

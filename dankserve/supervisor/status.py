@@ -103,6 +103,8 @@ class DeploymentView:
     waiting_for: str | None
     phase_seconds: float | None
     kv_cache_source: str | None
+    upgrade: dict[str, Any] | None = None
+    """The last `dankserve upgrade` or `rollback` as state.json records it (supervisor/upgrade/)."""
 
     @property
     def swap_group(self) -> str | None:
@@ -194,6 +196,7 @@ def deployment_view(
         endpoint=f"http://{dep.host}:{dep.port}/v1",
         model=dep.model,
         image=dep.image,
+        upgrade=None if record.upgrade is None else record.upgrade.to_json(),
         runtime=dep.runtime,
         vllm_version=(machine.vllm_version if machine is not None else None) or (last.vllm_version if last else None),
         uptime_seconds=uptime,

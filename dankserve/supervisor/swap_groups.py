@@ -97,6 +97,10 @@ class SwapGroups:
         """A request to `name` ended."""
         self._roster.released(name, time.monotonic())
 
+    def in_flight(self, name: str) -> int:
+        """Requests the gateway sent to `name` that have not ended."""
+        return self._roster.in_flight(name)
+
     def wake(self, name: str) -> None:
         """Make `name` ready (from the gateway's loop or the control socket: returns at once)."""
         if self.group_of(name) is None:

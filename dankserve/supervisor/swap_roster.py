@@ -112,6 +112,11 @@ class Roster:
             self._last_used[name] = now
             self._in_flight[name] = max(0, self._in_flight.get(name, 0) - 1)
 
+    def in_flight(self, name: str) -> int:
+        """Requests sent to `name` that have not ended."""
+        with self._lock:
+            return self._in_flight.get(name, 0)
+
     def used(self, name: str, now: float, *, unless_known: bool = False) -> None:
         """`name` counts as used at `now` (woken; or, `unless_known`, ready with no use recorded yet)."""
         with self._lock:

@@ -43,7 +43,9 @@ def complete(words: str, env_extra: dict[str, str] | None = None) -> list[str]:
     return [line.split(",", 1)[1] for line in done.stdout.splitlines() if line.startswith("plain,")]
 
 
-@pytest.mark.parametrize("command", ["up", "down", "logs", "sleep", "wake", "plan", "pull", "restart"])
+@pytest.mark.parametrize(
+    "command", ["up", "down", "logs", "sleep", "wake", "plan", "pull", "restart", "upgrade", "rollback"]
+)
 def test_deployment_names_complete_from_the_config_even_when_it_does_not_validate(tmp_path: Path, command: str) -> None:
     """`dankserve COMMAND <TAB>` offers the config's deployment names (with --config before or after the command,
     or $DANKSERVE_CONFIG), also from a config with an invalid value, and nothing from an unreadable one."""

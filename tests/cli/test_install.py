@@ -93,3 +93,36 @@ def test_install_writes_a_man_page_for_every_command(tmp_path: Path) -> None:
         for param in command_.params:
             if isinstance(param, click.Option):
                 assert param.opts[-1].replace("-", "\\-") in page, (name, param.opts)
+
+
+def test_without_a_checkout_the_unit_and_example_come_from_the_packages_share_dir(tmp_path: Path) -> None:
+    """A plain `pip install .` has no units/ or config/ beside the package: their copies under share/dankserve."""
+    from dankserve.cli.install import shipped
+
+    shared = tmp_path / "share"
+    assert shipped(tmp_path / "absent" / "units" / "dankserve.service", shared) == shared / "dankserve.service"
+    assert shipped(UNIT_TEMPLATE, shared) == UNIT_TEMPLATE  # the checkout's own file first
+
+
+def test_install_writes_the_daily_auto_update_timer_and_its_service(tmp_path: Path) -> None:
+    """The timer fires daily with a randomized delay (as podman-auto-update.timer); its service runs this
+    installation's `dankserve upgrade --auto`."""
+    unit = _installed_unit(tmp_path)
+    timer = (unit.parent / "dankserve-auto-update.timer").read_text()
+    service = (unit.parent / "dankserve-auto-update.service").read_text()
+    assert "OnCalendar=daily\n" in timer and re.search(r"^RandomizedDelaySec=\d+$", timer, re.MULTILINE)
+    assert f"ExecStart={dankserve_executable()} upgrade --auto\n" in service
+
+
+@needs_analyze
+def test_installed_auto_update_units_verify_silently(tmp_path: Path) -> None:
+    """systemd-analyze verify prints nothing for the timer and its service."""
+    unit = _installed_unit(tmp_path)
+    names = ("dankserve-auto-update.timer", "dankserve-auto-update.service")
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *(str(unit.parent / n) for n in names)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.stdout.strip() == "" and done.stderr.strip() == "", done.stdout + done.stderr

@@ -162,10 +162,11 @@ def test_invalid_input_exits_2(
     assert out == ""
 
 
-def test_no_deployment_and_no_model_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    """With no config and no --model there is nothing to plan: exit 2."""
+def test_no_deployment_and_no_model_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With no config and no --model there is nothing to plan: exit 2, naming the default file that is absent."""
     code, _, err = run(["plan", "--hardware", H100], capsys)
     assert code == ExitCode.INVALID_INPUT and "no deployments are configured" in err
+    assert f"(there is no config file at {tmp_path / 'absent.toml'})" in err
 
 
 def test_malformed_hardware_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,3 +108,20 @@ def pull_test_image(env: PodmanEnv, registry: str, name: str, size_bytes: int = 
 def stand_in_image(env: PodmanEnv) -> str:
     """The faithful vLLM stand-in (containers/, `make fake-vllm-image`), built into the test storage."""
     return build_stand_in_image(env)
+
+
+def stand_in_release(env: PodmanEnv, base: str, version: str, knobs: dict[str, str] | None = None) -> str:
+    """Another "release" of the stand-in: `base` with FAKE_VLLM_VERSION (what `vllm --version`, the log
+    and the compile cache's key say) and stand-in knobs baked in as image ENV (a smaller KV cache, a
+    slower decode, a failing boot); built offline, tagged by its content; its ref."""
+    settings = {"FAKE_VLLM_VERSION": version, **(knobs or {})}
+    lines = [f"FROM {base}", *(f"ENV {key}={value}" for key, value in sorted(settings.items()))]
+    containerfile = "\n".join(lines) + "\n"
+    base_id = env.podman("image", "inspect", "--format", "{{.Id}}", base).stdout.strip()
+    digest = hashlib.sha256((base_id + containerfile).encode()).hexdigest()[:12]
+    reference = f"localhost/dankserve-test-release:{version}-{digest}"
+    if env.podman("image", "exists", reference, check=False).returncode != 0:
+        with tempfile.TemporaryDirectory() as context:
+            (Path(context) / "Containerfile").write_text(containerfile)
+            env.podman("build", "--quiet", "--pull=never", "--network=none", "--tag", reference, context)
+    return reference

@@ -38,18 +38,26 @@ def test_a_local_adapter_is_read_and_mounted_in_a_container(tmp_path: Path) -> N
 
 
 def test_missing_and_hostile_adapter_directories_are_config_errors(tmp_path: Path) -> None:
-    """No directory, no adapter_config.json, a FIFO or a broken config: exit 2 naming the adapter and the fix."""
+    """No directory, no adapter_config.json, a FIFO, no weights or a broken config: exit 2 naming it and the fix."""
     dep = DeploymentSettings(model="org/base", adapters={"sql": str(tmp_path / "absent")})
     with pytest.raises(ConfigError, match=r"adapters\.sql.*no such directory"):
         adapter_facts(tmp_path, "d", dep)
+    (tmp_path / "file").write_text("{}")
+    with pytest.raises(ConfigError, match=r"adapters\.sql = .*: a file, not a directory"):
+        adapter_facts(tmp_path, "d", dep.model_copy(update={"adapters": {"sql": str(tmp_path / "file")}}))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match=r"^deployments\.d\.adapters\.sql: cannot read"):
         adapter_facts(tmp_path, "d", dep.model_copy(update={"adapters": {"sql": str(tmp_path / "empty")}}))
     fifo = tmp_path / "fifo"
     fifo.mkdir()
     os.mkfifo(fifo / "adapter_config.json")
-    with pytest.raises(ConfigError, match="not a regular file"):
+    with pytest.raises(ConfigError, match=r"^deployments\.d\.adapters\.sql: .* not a regular file"):
         adapter_facts(tmp_path, "d", dep.model_copy(update={"adapters": {"sql": str(fifo)}}))
+    unweighted = local_adapter(tmp_path / "unweighted")
+    (unweighted / "adapter_model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"adapters\.sql = .*: no adapter_model\.safetensors or .* in ") as refused:
+        adapter_facts(tmp_path, "d", dep.model_copy(update={"adapters": {"sql": str(unweighted)}}))
+    assert refused.value.fix is not None and "save_pretrained" in refused.value.fix
     broken = local_adapter(tmp_path / "broken")
     (broken / "adapter_config.json").write_text('{"r": -1}')
     with pytest.raises(ConfigError, match="rank r = -1") as refused:
@@ -58,11 +66,12 @@ def test_missing_and_hostile_adapter_directories_are_config_errors(tmp_path: Pat
 
 
 def test_a_hub_adapter_needs_a_pull(tmp_path: Path) -> None:
-    """A Hub adapter not in the HF cache: the fix is `dankserve pull DEPLOYMENT`."""
+    """A Hub adapter not in the HF cache: fix: `dankserve pull DEPLOYMENT`, or an absolute path if it meant one."""
     dep = DeploymentSettings(model="org/base", adapters={"sql": "org/sql-lora"})
     with pytest.raises(ConfigError, match="not in the HF cache") as refused:
         adapter_facts(tmp_path, "d", dep)
-    assert refused.value.fix == "run `dankserve pull d` (it fetches the model and its adapters)"
+    assert refused.value.fix is not None and refused.value.fix.startswith("run `dankserve pull d` (it fetches")
+    assert "give its absolute path (ORG/NAME is read as a Hub repo)" in refused.value.fix
 
 
 def test_pull_fetches_a_deployments_hub_adapters(

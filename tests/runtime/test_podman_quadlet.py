@@ -156,6 +156,13 @@ def test_secrets_are_named_not_inlined(tmp_path: Path) -> None:
     assert exported_secret_name("chat", "api_key") != "dankserve-chat.api_key"  # dankserve removes its own
 
 
+def test_the_header_names_the_file_the_service_name_comes_from(tmp_path: Path) -> None:
+    """`systemctl start dankserve-chat` works only for a file saved as dankserve-chat.container: the header says so."""
+    text = render_unit(container_unit(full_spec(tmp_path), CDI0, stop_timeout=1), description="d")
+    assert "Save it as /etc/containers/systemd/dankserve-chat.container" in text.replace("\n# ", " ")
+    assert "`systemctl start dankserve-chat`" in text.replace("\n# ", " ")
+
+
 def test_a_launcher_workload_is_exported_as_plain_vllm_serve(tmp_path: Path) -> None:
     """The launcher is dankserve's: the unit runs `vllm serve` with the argv itself."""
     spec = full_spec(tmp_path, secrets=(), launcher=LauncherSpec(tmp_path / "l", tmp_path / "run"))

@@ -18,6 +18,7 @@ from dankserve.settings import (
     load_reload,
     reload_effects,
 )
+from dankserve.settings.upgrade import UpgradeSettings
 from dankserve.testing.config_file import write_config
 
 GLOBAL_KEYS = [name for name in Settings.model_fields if name != "deployments"]
@@ -28,6 +29,7 @@ OTHER_VALUE: dict[str, Any] = {
     "cache_dir": Path("/srv/dankserve/cache"),
     "hf_cache_dir": Path("/srv/dankserve/hf"),
     "vllm_version": "0.30.0",
+    "upgrade": UpgradeSettings(auto_update="registry", kv_shrink_percent=2.0),
     "restart_backoff_initial_seconds": 7.0,
     "restart_backoff_max_seconds": 70.0,
     "restart_backoff_multiplier": 3.0,

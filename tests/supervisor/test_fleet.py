@@ -43,7 +43,7 @@ def test_down_up_and_retire_change_the_workers_and_the_views(tmp_path: Path) -> 
     assert worker is not None and worker.alive and not fleet.state.is_down("chat")
     wait_for(worker, ready)
     assert fleet.views()[0].state == "ready" and fleet.serving_targets()[0].name == "chat"
-    fleet.retire("chat")
+    fleet.retire(worker)
     assert fleet.snapshot() == {}
     assert worker.join(10)
     fleet.reap()

@@ -33,10 +33,23 @@ class Recording:
         self.asked.append((verb, name))
         return {"ok": True}
 
+    @property
+    def upgrades(self) -> Recording:
+        return self
+
+    def start(self, name: str, image: str | None, pull: str = "missing", *, if_newer: bool = False) -> str | None:
+        self.asked.append(("upgrade", f"{name} {image} {pull}"))
+        return None if name == "chat" else "no"
+
+    def rollback(self, name: str) -> str | None:
+        self.asked.append(("rollback", name))
+        return "deployment 'chat' has no switched upgrade to roll back"
+
 
 def test_every_verb_the_cli_sends_is_in_the_table() -> None:
-    """status, reload, settings, up, down, sleep and wake each have their answer; another verb is refused."""
-    assert set(VERBS) == {"status", "reload", "settings", "up", "down", "sleep", "wake"}
+    """status, reload, settings, up, down, sleep, wake, upgrade and rollback each have their answer; another verb
+    is refused."""
+    assert set(VERBS) == {"status", "reload", "settings", "up", "down", "sleep", "wake", "upgrade", "rollback"}
     assert answer(Recording(), {"command": "bogus"}) == {"ok": False, "error": "unknown command 'bogus'"}
 
 
@@ -49,3 +62,16 @@ def test_a_deployment_verb_names_a_configured_deployment() -> None:
         assert refused == {"ok": False, "error": "unknown deployment 'nope' (configured: chat)"}
     assert daemon.asked == [("up", "chat"), ("down", "chat"), ("sleep", "chat"), ("wake", "chat")]
     assert answer(daemon, {"command": "reload"})["ok"] is False
+
+
+def test_upgrade_and_rollback_reach_the_daemon_and_refuse_bad_input() -> None:
+    """An image that is no string or a pull policy not known is refused before the daemon; its refusal is said."""
+    daemon = Recording()
+    assert answer(daemon, {"command": "upgrade", "deployment": "chat", "image": "img:new"}) == {"ok": True}
+    assert daemon.asked == [("upgrade", "chat img:new missing")]
+    assert not answer(daemon, {"command": "upgrade", "deployment": "chat", "image": 7})["ok"]
+    assert not answer(daemon, {"command": "upgrade", "deployment": "chat", "image": " "})["ok"]
+    assert not answer(daemon, {"command": "upgrade", "deployment": "chat", "pull": "sometimes"})["ok"]
+    assert not answer(daemon, {"command": "upgrade", "deployment": "nope"})["ok"]
+    refused = answer(daemon, {"command": "rollback", "deployment": "chat"})
+    assert refused == {"ok": False, "error": "deployment 'chat' has no switched upgrade to roll back"}

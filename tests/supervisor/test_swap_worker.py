@@ -112,7 +112,7 @@ def test_a_stop_while_waiting_for_gpu_room_keeps_the_launcher_only_for_down(
     """A member blocked before its boot (GPUs busy), then stopped: `down` keeps its launcher, SIGTERM removes it."""
     world = make_world(tmp_path, dep={**SWAP, "launcher": True})
     uuids = tuple(g.uuid for g in world.daemon.host.gpus)
-    held = world.daemon.gpu_locks.acquire(uuids, threading.Event())
+    held = world.daemon.gpus.slots.acquire(uuids, threading.Event())
     assert held is not None
     try:
         worker = world.worker()

@@ -6,4 +6,9 @@ reuses a torch.compile cache directory, serves the OpenAI-style endpoints, and f
 with vLLM's own error lines. Pure standard library: it runs in a Debian image with only python3.
 """
 
-VLLM_VERSION = "0.33.0"
+import os
+
+VLLM_VERSION = os.environ.get("FAKE_VLLM_VERSION", "").strip() or "0.33.0"
+"""The release it claims to be (`--version`, its log, /version, the compile cache's key):
+FAKE_VLLM_VERSION stands in for another build of the image (an upgrade's new release); the
+flags it accepts stay 0.33's."""

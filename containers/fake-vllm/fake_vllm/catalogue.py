@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, cast
 
+from . import VLLM_VERSION
+
 Kind = Literal["value", "switch", "list", "bool_optional"]
 KINDS: Final = ("value", "switch", "list", "bool_optional")
 
@@ -321,7 +323,7 @@ def _add_flag(parser: argparse.ArgumentParser, spec: FlagSpec, taken: set[str]) 
 def build_parser(catalogue: Catalogue) -> tuple[argparse.ArgumentParser, ServeArgumentParser]:
     """The `vllm` parser and its `serve` subparser, with every catalogue flag on `serve`."""
     top = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
-    top.add_argument("-v", "--version", action="version", version=catalogue.vllm_version)
+    top.add_argument("-v", "--version", action="version", version=VLLM_VERSION)
     subparsers = top.add_subparsers(required=False, dest="subparser", parser_class=ServeArgumentParser)
     serve: ServeArgumentParser | None = None
     for name in SUBCOMMANDS:

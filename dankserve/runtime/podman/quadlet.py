@@ -384,9 +384,9 @@ def render_unit(unit: ContainerUnit, *, description: str, notes: Sequence[str] =
     """The `.container` file: header comments, [Unit], [Container], [Service], [Install]."""
     lines = _comment(f"Podman Quadlet unit of dankserve deployment {unit.deployment!r} (`dankserve export quadlet`).")
     lines += _comment(
-        f"Needs Podman {MINIMUM_PODMAN} or later. Put it in /etc/containers/systemd/ (or"
-        " ~/.config/containers/systemd/), then `systemctl daemon-reload` and"
-        f" `systemctl start {unit_file_stem(unit.deployment)}`."
+        f"Needs Podman {MINIMUM_PODMAN} or later. Save it as /etc/containers/systemd/{unit_file_stem(unit.deployment)}"
+        ".container (or under ~/.config/containers/systemd/; the file's name is the service's), then"
+        f" `systemctl daemon-reload` and `systemctl start {unit_file_stem(unit.deployment)}`."
     )
     for note in notes:
         lines += _comment(note)

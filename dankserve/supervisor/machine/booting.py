@@ -137,7 +137,8 @@ def on_weights_failed(state: MachineState, event: WeightsFailed, now: float) -> 
 
 def on_image_ready(state: MachineState, event: ImageReady, now: float) -> Step:
     version = event.vllm_version or state.vllm_version
-    return replace(state, stage=Stage.PLANNING, vllm_version=version), (
+    digest = event.digest or state.image_digest
+    return replace(state, stage=Stage.PLANNING, vllm_version=version, image_digest=digest), (
         PlanBoot(state.overrides, event.vllm_version, event.digest),
     )
 

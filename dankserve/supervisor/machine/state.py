@@ -180,6 +180,8 @@ class MachineState:
     """When the interpreter feeds a Tick (None: not before something else happens)."""
     # What status keeps showing between boots.
     vllm_version: str | None = None
+    image_digest: str | None = None
+    """The digest of the image the last boot ran (an upgrade's auto-update compares it with the local one)."""
     gpu_uuids: tuple[str, ...] = ()
     kv_cache_memory_bytes: int | None = None
     kv_cache_learned_used: bool = False

@@ -1,0 +1,305 @@
+"""The daemon's side of an upgrade (`supervisor.upgrade.driver.UpgradeEdge`): pulls through the runtime,
+plans through the daemon's planner, makes room through the deployment's worker (sleep level 1 or stop),
+boots the new server as a trial workload beside it on a port of its own, and measures both.
+
+The trial is the deployment's workload under the name `NAME.upgrade` (`trial_name`): a daemon that
+follows one killed with -9 finds it by that name and removes it before any server boots."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Protocol
+
+import structlog
+
+from dankserve.bootlog.reader import BootLogReader
+from dankserve.errors import DankserveError
+from dankserve.host.model import Host
+from dankserve.plan.catalogue import capabilities
+from dankserve.plan.types import Plan
+from dankserve.planning import compile_cache_dir
+from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
+from dankserve.secret_files import read_key_now
+from dankserve.settings import DeploymentSettings, Settings
+from dankserve.supervisor import machine as m
+from dankserve.supervisor import swap
+from dankserve.supervisor.health import check_health
+from dankserve.supervisor.records import StateBook
+from dankserve.supervisor.swap_groups import SwapGroups
+from dankserve.supervisor.upgrade import (
+    Measured,
+    Measurement,
+    NewBooted,
+    NewFailed,
+    NewStopped,
+    OldMeasured,
+    OldRestored,
+    OldStopped,
+    Pulled,
+    PullFailed,
+    Replanned,
+    RoomMade,
+    VersionRead,
+    flags_gone,
+)
+from dankserve.supervisor.upgrade_probe import ProbeFailed, measure
+from dankserve.supervisor.workload import workload_spec
+
+
+class UpgradeWorker(Protocol):
+    """What an upgrade reads of a deployment's worker, and asks of it."""
+
+    @property
+    def machine(self) -> m.MachineState: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def feed(self, event: m.Event) -> None: ...
+
+    def request_replan(self, dep: DeploymentSettings) -> None: ...
+
+
+class UpgradeDeps(Protocol):
+    """The daemon's planner and runtimes (`DaemonDeps`)."""
+
+    @property
+    def planner(self) -> Callable[[str, DeploymentSettings, Host, m.BootOverrides, str | None], Plan]: ...
+
+    @property
+    def runtime_for(self) -> Callable[[DeploymentSettings], Runtime]: ...
+
+
+class UpgradeWorkers(Protocol):
+    """The daemon's workers (`fleet.Fleet`)."""
+
+    def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
+
+
+class SettingsHolder(Protocol):
+    """The daemon's `SettingsSource`: an upgrade's switch or rollback replaces the running settings."""
+
+    def replace(self, settings: Settings) -> None: ...
+
+
+class UpgradeFleet(Protocol):
+    """What an upgrade reads of the daemon, and `source`, where it replaces the settings (an upgrade's image)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def source(self) -> SettingsHolder: ...
+
+    @property
+    def state(self) -> StateBook: ...
+
+    @property
+    def host(self) -> Host: ...
+
+    @property
+    def deps(self) -> UpgradeDeps: ...
+
+    @property
+    def swap_groups(self) -> SwapGroups: ...
+
+    @property
+    def fleet(self) -> UpgradeWorkers: ...
+
+
+log = structlog.get_logger("dankserve.upgrade")
+
+DRAIN_SECONDS = 30.0
+"""How long making room waits for the old server's requests in flight (the gateway sends no new ones)."""
+POLL_SECONDS = 0.25
+
+
+def trial_name(deployment: str) -> str:
+    """The trial server's deployment name (its workload and container name derive from it)."""
+    return f"{deployment}.upgrade"
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now, for the trial server."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host if host not in ("0.0.0.0", "::") else "", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class DaemonUpgradeEdge:
+    """One upgrade's actions on the running daemon."""
+
+    def __init__(self, daemon: UpgradeFleet, name: str, pull: PullPolicy = "missing") -> None:
+        self._daemon = daemon
+        self._name = name
+        self._pull = pull
+        self._version: str | None = None
+        self._digest: str | None = None
+        self._plan: Plan | None = None
+        self._port: int | None = None
+
+    # -- what is read ------------------------------------------------------------------------------
+    @property
+    def _dep(self) -> DeploymentSettings:
+        return self._daemon.settings.deployments[self._name]
+
+    def _runtime(self) -> Runtime:
+        return self._daemon.deps.runtime_for(self._dep)
+
+    def _worker(self) -> UpgradeWorker | None:
+        return self._daemon.fleet.snapshot().get(self._name)
+
+    def _new_dep(self, image: str) -> DeploymentSettings:
+        return self._dep.model_copy(update={"image": image})
+
+    def _wait(self, done: Callable[[], bool], seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if done():
+                return True
+            time.sleep(POLL_SECONDS)
+        return done()
+
+    def _measure(self, port: int, kv_tokens: int | None) -> Measurement:
+        dep = self._dep
+        key = read_key_now(dep.api_key_file) if dep.api_key_file is not None else None
+        return measure(dep.host, port, dep.served_model_name or dep.model, key, kv_cache_tokens=kv_tokens)
+
+    # -- the actions -------------------------------------------------------------------------------
+    def pull(self, image: str, progress: Callable[[float], None]) -> Pulled | PullFailed:
+        def report(event: PullProgress) -> None:
+            if event.total_bytes and event.current_bytes is not None:
+                progress(round(min(100.0, 100.0 * event.current_bytes / event.total_bytes), 1))
+
+        try:
+            info = self._runtime().ensure_image(image, self._pull, report)
+        except DankserveError as exc:
+            return PullFailed(exc.message)
+        self._version = info.vllm_version or self._daemon.settings.vllm_version
+        self._digest = info.digest
+        return Pulled(info.digest)
+
+    def read_version(self, image: str) -> VersionRead:
+        return VersionRead(self._version)
+
+    def replan(self, image: str, version: str | None) -> Replanned:
+        try:
+            plan = self._daemon.deps.planner(
+                self._name, self._new_dep(image), self._daemon.host, m.BootOverrides(), version
+            )
+        except DankserveError as exc:
+            return Replanned((), exc.message)
+        self._plan = plan
+        caps = capabilities(version)
+        return Replanned(flags_gone(plan.argv, caps.flags))
+
+    def measure_old(self) -> OldMeasured:
+        worker = self._worker()
+        boot = worker.machine.boot if worker is not None else None
+        kv = boot.facts.gpu_kv_cache_tokens if boot is not None else None
+        try:
+            return OldMeasured(self._measure(self._dep.port, kv))
+        except ProbeFailed as exc:
+            log.warning("upgrade_old_not_measured", deployment=self._name, error=str(exc))
+            return OldMeasured(Measurement(kv, None))
+
+    def make_room(self) -> RoomMade:
+        daemon, name = self._daemon, self._name
+        self._wait(lambda: daemon.swap_groups.in_flight(name) == 0, DRAIN_SECONDS)
+        worker = self._worker()
+        if worker is None or worker.machine.stage is not m.Stage.READY:
+            return RoomMade("stop", "the old server was not serving")
+        level: m.SleepLevel = "stop"
+        why = "it is in no swap group (no sleep mode): stopped, booted again on rollback"
+        if self._dep.swap_group is not None:
+            choice = daemon.swap_groups.sleep_level(name, worker.machine)
+            why = choice.reason
+            if choice.level is swap.SleepLevel.LEVEL_1:
+                level = "1"
+        worker.feed(m.SleepRequested(level, "upgrade: making room for the new server"))
+        self._wait(
+            lambda: worker.machine.stage is m.Stage.ASLEEP or not worker.alive,
+            daemon.settings.stop_timeout_seconds + 30,
+        )
+        return RoomMade("1" if level == "1" else "stop", why)
+
+    def boot_new(self, image: str, version: str | None) -> NewBooted | NewFailed:
+        daemon, dep = self._daemon, self._dep
+        plan = self._plan
+        if plan is None:
+            return NewFailed("no plan for the new image")
+        port = free_port(dep.host)
+        self._port = port
+        compile_cache_dir(daemon.settings, self._name).mkdir(parents=True, exist_ok=True, mode=0o700)
+        spec = workload_spec(plan, self._new_dep(image), daemon.settings, 0)
+        spec = replace(spec, deployment=trial_name(self._name), port=port, pull="never", launcher=None)
+        runtime = self._runtime()
+        try:
+            workload = runtime.start(spec)
+        except DankserveError as exc:
+            return NewFailed(exc.message)
+        started = time.monotonic()
+        while time.monotonic() - started < daemon.settings.boot_timeout_seconds:
+            found = runtime.inspect(workload.id)
+            if found is None or not found.running:
+                tail = list(runtime.logs(workload.id))[-3:]
+                code = found.exit_code if found is not None else None
+                return NewFailed(f"exited with {code}: {' | '.join(tail)[-400:]}", workload.id)
+            if check_health(dep.host, port).healthy:
+                return NewBooted(workload.id)
+            time.sleep(POLL_SECONDS)
+        return NewFailed(f"not ready within {daemon.settings.boot_timeout_seconds:g} s", workload.id)
+
+    def measure_new(self, workload: str) -> Measured | NewFailed:
+        reader = BootLogReader()
+        for line in self._runtime().logs(workload):
+            reader.feed(line)
+        port = self._port
+        if port is None:
+            return NewFailed("the new server's port is unknown")
+        try:
+            return Measured(self._measure(port, reader.facts.gpu_kv_cache_tokens))
+        except ProbeFailed as exc:
+            return NewFailed(str(exc))
+
+    def stop_trial(self, workload: str | None) -> None:
+        """Stop and remove the trial server (found by name when its id is not known)."""
+        runtime = self._runtime()
+        found = runtime.find(trial_name(self._name))
+        for wid in {w for w in (workload, found.id if found is not None else None) if w is not None}:
+            runtime.stop(wid, self._daemon.settings.stop_timeout_seconds)
+            runtime.remove(wid)
+
+    def stop_old(self) -> OldStopped:
+        """The switch: the trial goes, and the deployment's worker boots the new image (its compile
+        cache filled by the trial, keyed by version inside vLLM)."""
+        self.stop_trial(None)
+        return OldStopped()
+
+    def stop_new(self, workload: str | None) -> NewStopped:
+        self.stop_trial(workload)
+        return NewStopped()
+
+    def restore_old(self, room: str | None) -> OldRestored:
+        """The old server serves again: woken when asleep (a daemon just started may first adopt it
+        asleep), booted by its worker when stopped; returns once it is ready or its worker gave up."""
+        worker = self._worker()
+        if worker is None:
+            return OldRestored()  # taken down meanwhile: `up` boots it
+        woken = False
+
+        def serving() -> bool:
+            nonlocal woken
+            stage = worker.machine.stage
+            if stage is m.Stage.ASLEEP and not woken:
+                worker.feed(m.WakeRequested())
+                woken = True
+            return stage is m.Stage.READY or stage in m.TERMINAL or not worker.alive
+
+        self._wait(serving, self._daemon.settings.boot_timeout_seconds)
+        return OldRestored()
