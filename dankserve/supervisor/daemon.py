@@ -62,6 +62,7 @@ from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import DeploymentView, Metrics, config_status, deployment_view
 from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.telemetry import Telemetry, boot_kind
+from dankserve.supervisor.warm_up import warm_up_server
 from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
@@ -122,6 +123,8 @@ class DaemonDeps:
     """Who listens on (host, port) already, or None when it is free."""
     health: Callable[[str, int, float], m.HealthChecked] | None = None
     """/health of (host, port, timeout); None: the real HTTP probe."""
+    warm_up: Callable[[str, int, str, str | None, float], str | None] = warm_up_server
+    """The warm-up before READY to (host, port, served model, API key, timeout): None, or what failed."""
     draw: Callable[[], float] = random.random
     """The uniform draw in [0, 1) behind the restart jitter."""
     # Swap groups (issue 16).
@@ -448,6 +451,11 @@ class DeploymentWorker:
                 return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
             case m.ProbeHealth(timeout=timeout):
                 return self._probe_health(dep, timeout)
+            case m.WarmUp(timeout=timeout):
+                began = time.monotonic()
+                model = served_model_name(tuple(dep.extra_args), dep.model)
+                error = daemon.deps.warm_up(dep.host, dep.port, model, _api_key(dep), timeout)
+                return m.WarmedUp(error, time.monotonic() - began)
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(daemon.other_gpu_processes(uuids), daemon.deps.draw())
             case m.SleepServer() | m.WakeServer():
