@@ -5,16 +5,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import ON_RELOAD, DeploymentSettings, Settings
 
 HEADER = """# Configuration reference
 
-Generated from `dankserve/settings.py` by `make docs`; do not edit by hand.
+Generated from the settings model (`dankserve/settings/`) by `make docs`; do not edit by hand.
 
 The file is TOML: `--config FILE`, else `$DANKSERVE_CONFIG`, else `/etc/dankserve/dankserve.toml`.
 Every key can also be set through the environment as `DANKSERVE_<KEY>`, nested keys joined
@@ -23,11 +24,23 @@ with `__` (`DANKSERVE_DEPLOYMENTS__CHAT__PORT=8001`). Unknown keys are errors (e
 """
 
 
+RELOAD_NOTE = """A reload (`dankserve reload`, `systemctl reload dankserve`, SIGHUP) applies a global key as
+"on reload" says, or keeps running its old value everywhere until the daemon restarts: then the
+reload's answer, its log (`reload_needs_restart`) and `dankserve status` say "restart the daemon to
+apply: KEY, ..." (a restart adopts the running servers). The `[gateway]` and `[cluster]` tables are
+one key each here."""
+
+DEPLOYMENTS_NOTE = """
+A reload takes the deployments whole: a deployment whose server would plan differently restarts,
+a new or re-enabled one starts, a removed or disabled one stops, the rest keep running
+(docs/OPERATIONS.md)."""
+
+
 def _type_name(info: FieldInfo) -> str:
     text = str(info.annotation).replace("typing.", "").replace("pathlib.", "")
-    for noise in ("<class '", "'>", "dankserve.settings."):
+    for noise in ("<class '", "'>"):
         text = text.replace(noise, "")
-    return text
+    return re.sub(r"dankserve\.settings\.(?:\w+\.)?", "", text)
 
 
 def _default(info: FieldInfo) -> str:
@@ -44,22 +57,31 @@ def _default(info: FieldInfo) -> str:
     return f"`{value!r}`" if not isinstance(value, str) else f'`"{value}"`'
 
 
-def _table(model: type[BaseModel], prefix: str) -> list[str]:
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+def _on_reload(name: str) -> str:
+    rule = ON_RELOAD[name]
+    return f"applied: {rule.how}" if rule.applied else f"restart the daemon: {rule.how}"
+
+
+def _table(model: type[BaseModel], prefix: str, *, reload_column: bool = False) -> list[str]:
+    if reload_column:
+        rows = ["| key | type | default | meaning | on reload |", "|---|---|---|---|---|"]
+    else:
+        rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for name, info in model.model_fields.items():
         if name == "deployments":
             continue
         desc = (info.description or "").replace("|", "\\|")
         kind = _type_name(info).replace("|", "\\|")
-        rows.append(f"| `{prefix}{name}` | {kind} | {_default(info)} | {desc} |")
+        row = f"| `{prefix}{name}` | {kind} | {_default(info)} | {desc} |"
+        rows.append(row + (f" {_on_reload(name)} |" if reload_column else ""))
     return rows
 
 
 def render_reference() -> str:
     """The whole Markdown document."""
-    lines = [HEADER, "## Global keys", ""]
-    lines += _table(Settings, "")
-    lines += ["", "## `[deployments.NAME]`", "", "NAME: letters, digits, `-` and `_`.", ""]
+    lines = [HEADER, "## Global keys", "", RELOAD_NOTE, ""]
+    lines += _table(Settings, "", reload_column=True)
+    lines += ["", "## `[deployments.NAME]`", "", "NAME: letters, digits, `-` and `_`.", DEPLOYMENTS_NOTE, ""]
     lines += _table(DeploymentSettings, "")
     for field_name in ("speculative", "cpu_offload", "model_facts"):
         info = DeploymentSettings.model_fields[field_name]

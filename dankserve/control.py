@@ -4,8 +4,9 @@ The socket lives in the state directory (0700, root's), so only root can ask the
 start or stop a deployment. Requests: {"command": "status"}, {"command": "up", "deployment": N},
 {"command": "down", "deployment": N}, {"command": "sleep"|"wake", "deployment": N},
 {"command": "reload"} (answered once applied: {"reload": {"accepted", "refused", "restart", "start",
-"stop", "keep"}}) and {"command": "settings"} (the settings the daemon runs with, for a CLI whose
-config file on disk does not validate).
+"stop", "keep", "applied", "needs_restart"}}) and {"command": "settings"} (the settings the daemon
+runs with, global keys waiting for a restart at their running values, for a CLI whose config file on
+disk does not validate).
 """
 
 from __future__ import annotations

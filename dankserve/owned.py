@@ -5,7 +5,7 @@ what dankserve promises (the address and key a server is reached by, the GPUs it
 where its caches live, the KV bytes it learned), so setting them there would make `status` and
 the plan lie: each has a config key instead, named in the refusal. Secrets never go on a
 command line or into an environment table (they would show in `ps`, `podman inspect`, the
-plan and the process records): each has a `*_file` key. Pure data and checks; settings.py
+plan and the process records): each has a `*_file` key. Pure data and checks; the settings package
 turns each problem into a ConfigError (exit 2).
 """
 

@@ -107,6 +107,7 @@ def plan_one(
     group: Sequence[GroupMember] | None = None,
 ) -> Plan:
     """The plan of one deployment; remediations (max_model_len, utilisation) override the config."""
+    from dankserve.hub.adapters import adapter_facts
     from dankserve.plan.catalogue import capabilities, load_catalogue, version_from_image
     from dankserve.plan.plan import check_inputs, plan_deployment
 
@@ -149,6 +150,7 @@ def plan_one(
         vllm_cache_root=vllm_cache_root(settings, name, dep),
         catalogue=catalogue,
         offload_share=host_offload_share(settings, name, dep, host),
+        adapters=adapter_facts(settings.hf_cache_dir, name, dep) if dep.adapters else (),
     )
 
 

@@ -62,3 +62,16 @@ def read_key_now(path: Path | None, what: str = "api_key") -> str | None:
         return read_secret(path, what).decode("utf-8")
     except (ConfigError, UnicodeDecodeError):
         return None
+
+
+def read_secret_file(path: Path, what: str, fix: str, *, min_length: int = 1) -> str:
+    """A secret's text (`read_secret`: a regular, non-empty file), UTF-8 and at least min_length long."""
+    try:
+        secret = read_secret(path, what).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the {what} file {path} is not UTF-8 text", fix=fix) from None
+    if len(secret) < min_length:
+        raise ConfigError(
+            f"{what} in {path} is {len(secret)} characters long: at least {min_length} are needed", fix=fix
+        )
+    return secret

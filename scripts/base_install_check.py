@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CI check that the base install runs: `pip install .` (no extras) into a fresh venv, then one
-stand-in deployment through that venv's `dankserve run` (process runtime, a recorded host, the
+`dankserve install` (into temporary directories: the unit and the example config ship with the package),
+then one stand-in deployment through that venv's `dankserve run` (process runtime, a recorded host, the
 stand-in vLLM as `vllm` on PATH) until ready, then SIGTERM and a clean stop.
 
 A runtime dependency missing from [project.dependencies] fails here, as it would for a user.
@@ -73,6 +74,13 @@ def main() -> int:
     pip = WORK / "venv" / "bin" / "pip"
     subprocess.run([str(pip), "install", "-q", "--no-cache-dir", str(REPO)], check=True)
     dankserve = WORK / "venv" / "bin" / "dankserve"
+    installed = WORK / "installed"  # `dankserve install` needs the unit and the example shipped in the package
+    argv = [str(dankserve), "install", "--no-enable", "--unit-dir", str(installed / "units")]
+    argv += ["--config-dir", str(installed / "etc"), "--man-dir", str(installed / "man")]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, cwd=WORK)
+    example = installed / "etc" / "dankserve.toml"
+    if done.returncode != 0 or "[deployments." not in (example.read_text() if example.exists() else ""):
+        fail(f"`dankserve install` exited with {done.returncode} or wrote no example config: {done.stderr[-2000:]}")
     (WORK / "bin" / "vllm").symlink_to(STAND_IN)
     config = WORK / "dankserve.toml"
     config.write_text(
@@ -111,7 +119,10 @@ def main() -> int:
     if left:
         fail(f"a server record was left after the stop: {left}", log)
     seconds = time.monotonic() - started
-    print(f"base-install-check: ok: `pip install .`, a stand-in boot to ready and a clean stop in {seconds:.0f}s")
+    print(
+        f"base-install-check: ok: `pip install .`, `dankserve install`, a stand-in boot to ready and a clean stop"
+        f" in {seconds:.0f}s"
+    )
     return 0
 
 

@@ -35,7 +35,7 @@ FOUND = """## What the suite found (fixed, each with a regression test in the no
   container's exit and the unreachable service raised a configuration-class error. Now the
   daemon keeps probing the server over HTTP, asks Podman again with backoff (at most 30 s apart,
   no failure counted), follows the same container once Podman answers, and replaces it if it
-  died meanwhile (dankserve/supervisor/daemon.py; tests/supervisor/test_daemon_podman_outage.py).
+  died meanwhile (dankserve/supervisor/worker/deployment.py; tests/supervisor/test_daemon_podman_outage.py).
 - A daemon killed with -9 while one of two deployments sharing a GPU was booting: the next
   daemon adopted that boot without its GPU's boot slot and started the other deployment's boot
   beside it. Running boots are now claimed before any worker starts

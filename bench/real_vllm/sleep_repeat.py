@@ -88,7 +88,11 @@ def boot(port: int, log_path: Path) -> subprocess.Popen[bytes]:
     argv = [*COMMAND, "serve", MODEL, "--enable-sleep-mode", "--gpu-memory-utilization", "0.5"]
     argv += ["--max-model-len", "4096", "--attention-backend", "TRITON_ATTN", "--host", "127.0.0.1"]
     argv += ["--port", str(port)]
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    return serve(argv, {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, port, log_path)
+
+
+def serve(argv: list[str], env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start `argv` (a vLLM server) in its own session, logging to `log_path`; return once /health answers 200."""
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + BOOT_TIMEOUT

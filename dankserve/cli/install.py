@@ -13,8 +13,18 @@ from dankserve.cli.context import cli_context
 from dankserve.errors import EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
 
-UNIT_TEMPLATE = Path(__file__).resolve().parents[2] / "units" / "dankserve.service"
-EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "dankserve.toml"
+CHECKOUT = Path(__file__).resolve().parents[2]
+SHARED = Path(sys.prefix) / "share" / "dankserve"
+"""Where a plain `pip install .` puts the unit and the example (pyproject's data-files): no checkout there."""
+
+
+def shipped(checkout_file: Path, shared: Path = SHARED) -> Path:
+    """A file of the checkout (units/, config/), else the copy the package installed under share/dankserve."""
+    return checkout_file if checkout_file.is_file() else shared / checkout_file.name
+
+
+UNIT_TEMPLATE = shipped(CHECKOUT / "units" / "dankserve.service")
+EXAMPLE_CONFIG = shipped(CHECKOUT / "config" / "dankserve.toml")
 MAN_DIR = Path("/usr/local/share/man/man1")
 
 
@@ -73,6 +83,11 @@ def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: b
     ctx = cli_context()
     unit_path = unit_dir / servicectl.UNIT_NAME
     unit_dir.mkdir(parents=True, exist_ok=True)
+    if not UNIT_TEMPLATE.is_file():
+        raise EnvironmentUnusable(
+            f"the unit template is missing: {UNIT_TEMPLATE} (this installation of dankserve is incomplete)",
+            fix="reinstall dankserve (`pip install .` from the checkout, or `make setup`)",
+        )
     unit_path.write_text(render_unit(UNIT_TEMPLATE.read_text(), dankserve_executable()))
     os.chmod(unit_path, 0o644)
     click.echo(f"wrote {unit_path}")

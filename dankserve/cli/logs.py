@@ -197,7 +197,12 @@ def _runtimes(settings: Settings, deployment: str | None) -> Iterator[tuple[str,
 
     runtimes = runtime_factory(settings)
     for name in [deployment] if deployment else sorted(settings.deployments):
-        yield name, runtimes(settings.deployments[name])
+        try:
+            runtime = runtimes(settings.deployments[name])
+        except DankserveError as exc:  # Podman away: the daemon's own lines still say why it stopped
+            click.echo(f"warning: {name}: its server's lines are left out: {exc.message}", err=True)
+            continue
+        yield name, runtime
 
 
 @dataclass

@@ -35,7 +35,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sleep": ("sleep", "Put a swap group member to sleep now (vLLM's sleep mode)."),
     "wake": ("wake", "Wake a sleeping swap group member and wait until it is ready."),
     "logs": ("logs", "Show daemon and container logs together."),
+    "usage": ("usage", "Show requests and tokens per gateway key and model (kept across restarts)."),
     "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),
+    "export": ("export", "Print a deployment as a Podman Quadlet .container unit, for plain systemd."),
     "install": ("install", "Install the systemd unit and the example config."),
     "doctor": ("doctor", "Check what a GPU host needs: Podman, driver, CDI, disk, image."),
 }

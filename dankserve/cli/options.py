@@ -15,6 +15,14 @@ hardware_option = click.option(
     help="Use a recorded host description (dankserve probe --save) instead of probing NVML.",
 )
 
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Give up following after this many seconds (more than 0).",
+)
+"""`up` and `restart`: how long they follow the daemon; a zero or negative wait is refused before anything starts."""
+
 
 def complete_deployment(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """TAB completion of deployment names: the [deployments.NAME] tables of the config file (the one

@@ -74,7 +74,7 @@ def error_json(exc: DankserveError) -> dict[str, object]:
 
 def select_deployments(settings: Settings, name: str | None, model: str | None) -> list[tuple[str, DeploymentSettings]]:
     """The deployments to plan: the named one, an ad-hoc one for --model, or every enabled one."""
-    from dankserve.settings import DeploymentSettings
+    from dankserve.settings import DeploymentSettings, resolve_config_path
 
     configured = settings.deployments
     if name is not None:
@@ -93,9 +93,12 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
     enabled = [(n, d) for n, d in configured.items() if d.enabled]
     if not enabled:
         what = "no deployment is enabled" if configured else "no deployments are configured"
+        path, _ = resolve_config_path(cli_context().config)
+        if not path.exists():  # only the default path may be absent: a named one is refused as it is read
+            what += f" (there is no config file at {path})"
         raise ConfigError(
             what,
-            fix="name one (dankserve plan NAME), pass --model ORG/NAME, "
+            fix=f"name one (dankserve {click.get_current_context().info_name} NAME), pass --model ORG/NAME, "
             "or add an enabled [deployments.NAME] table (`dankserve install` writes an example)",
         )
     return enabled

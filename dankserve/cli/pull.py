@@ -1,9 +1,10 @@
-"""`dankserve pull [DEPLOYMENT] [--model M] [--revision R]`: download weights into hf_cache_dir.
+"""`dankserve pull [DEPLOYMENT] [--model M] [--revision R]`: download weights (and LoRA adapters) into hf_cache_dir.
 
 Shows bytes, rate and time left while it runs (a line rewritten on a terminal, a line every
 few seconds otherwise), resumes interrupted downloads, skips complete files, and checks the
 free disk first (exit 3 naming the shortfall). Without DEPLOYMENT: every enabled deployment
-whose model is a Hub id.
+whose model is a Hub id. A deployment's Hub adapters (`[deployments.NAME.adapters]` naming
+ORG/NAME) are pulled after its model, unless --model picks one model.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ def command(deployment: str | None, model: str | None, revision: str | None, qui
     """Download a model's weights into the HF cache (resumable, with progress)."""
     from dankserve.cli.plan import select_deployments
     from dankserve.hub.access import is_hub_id
+    from dankserve.hub.weights import hub_adapters
 
     settings = cli_context().load_settings()
     selected = select_deployments(settings, deployment, model)
-    todo = [(n, d) for n, d in selected if is_hub_id(d.model)]
+    todo = [(n, d) for n, d in selected if is_hub_id(d.model) or (model is None and hub_adapters(d))]
     if not todo:
         names = ", ".join(f"{n} ({d.model})" for n, d in selected)
         raise ConfigError(
@@ -49,7 +51,10 @@ def command(deployment: str | None, model: str | None, revision: str | None, qui
     shell_umask = os.umask(0o077)  # the HF cache as private as the daemon keeps it, whatever the shell's umask
     try:
         for name, dep in todo:
-            _pull_one(name, dep, revision, quiet, settings)
+            if is_hub_id(dep.model):
+                _pull_one(name, dep, revision, quiet, settings)
+            for repo in hub_adapters(dep) if model is None else []:
+                _pull_one(name, dep.model_copy(update={"model": repo, "revision": None}), None, quiet, settings)
     finally:
         os.umask(shell_umask)
     return ExitCode.OK
@@ -64,9 +69,11 @@ def _pull_one(name: str, dep: DeploymentSettings, revision: str | None, quiet: b
     rev = revision or dep.revision
     click.echo(f"{dep.model}{'@' + rev if rev else ''} -> {access.cache_dir}", err=True)
     reporter = None if quiet else _Reporter(dep.model)
-    result = pull(access, dep.model, rev, reporter)
-    if reporter is not None:
-        reporter.close()
+    try:
+        result = pull(access, dep.model, rev, reporter)
+    finally:  # a failed pull's error starts its own line, not the end of the progress line
+        if reporter is not None:
+            reporter.close()
     if result.fetched_files == 0:
         click.echo(f"{dep.model}: complete already ({result.files} files, {size_text(result.total_bytes)})")
     else:
@@ -102,3 +109,5 @@ class _Reporter:
     def close(self) -> None:
         if self.tty and self.shown:
             sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.shown = False

@@ -1,8 +1,10 @@
 """`dankserve reload [--json]`: the running daemon reads its config file again; the answer says what changed.
 
-Accepted: one line per deployment (restarts, starts, stops or keeps running). Refused (the file does not
-validate, or the deployments would not fit together): the reason, exit 2; the daemon keeps running the
-config it loaded before. `systemctl reload dankserve` (SIGHUP) does the same without waiting for the answer.
+Accepted: one line per deployment (restarts, starts, stops or keeps running), then the changed global keys
+applied, and those that keep their running values until the daemon restarts ("restart the daemon to apply:
+..."). Refused (the file does not validate, or the deployments would not fit together): the reason, exit 2;
+the daemon keeps running the config it loaded before. `systemctl reload dankserve` (SIGHUP) does the same
+without waiting for the answer.
 """
 
 from __future__ import annotations
@@ -32,7 +34,16 @@ def outcome_lines(outcome: dict[str, Any]) -> list[str]:
     lines = [f"reload accepted at {at}"]
     for key, verb in VERBS:
         lines += [f"{name}: {verb}" for name in outcome.get(key) or []]
+    if outcome.get("applied"):
+        lines.append("applied: " + ", ".join(outcome["applied"]))
+    if outcome.get("needs_restart"):
+        lines.append(restart_line(outcome["needs_restart"]) + " (the daemon keeps running their old values)")
     return lines
+
+
+def restart_line(keys: list[str]) -> str:
+    """The global keys a reload could not apply (`dankserve.settings.reloading`), as reload and status say it."""
+    return "restart the daemon to apply: " + ", ".join(keys)
 
 
 @click.command("reload")

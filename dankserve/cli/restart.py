@@ -6,14 +6,14 @@ from __future__ import annotations
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.cli.options import complete_deployment
+from dankserve.cli.options import complete_deployment, timeout_option
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.exitcodes import ExitCode
 
 
 @click.command("restart")
 @click.argument("deployment", shell_complete=complete_deployment)
-@click.option("--timeout", type=float, default=None, help="Give up following after this many seconds.")
+@timeout_option
 def command(deployment: str, timeout: float | None) -> ExitCode:
     """Restart DEPLOYMENT (down, then up, through the running daemon) and wait until it is ready."""
     from dankserve import servicectl

@@ -17,6 +17,7 @@ import click
 
 from dankserve.cli.context import cli_context
 from dankserve.cli.options import complete_deployment
+from dankserve.cli.reload import restart_line
 from dankserve.cli.render import (
     colour_enabled,
     format_bytes,
@@ -110,18 +111,20 @@ def config_lines(daemon: dict[str, Any]) -> list[str]:
     config = daemon.get("config") or {}
     disk = config.get("on_disk") or {}
     refused = config.get("refused") or (None if disk.get("valid", True) else {**disk, "at": disk["checked_at"]})
+    waiting = [restart_line(config["needs_restart"])] if config.get("needs_restart") else []
     if refused is None:
-        return []
+        return waiting
     error = " ".join(part.strip() for part in str(refused["error"]).splitlines())
     lines = [
         f"the config on disk was refused at {_clock(refused['at'])}: {error}; "
         f"running the config loaded at {_clock(config['loaded_at'])}"
     ]
-    if disk.get("valid"):
-        lines.append("  the file validates now: `dankserve reload` applies it")
+    if disk.get("valid"):  # its keys only: the daemon's refusal may be its plan's (an adapter, the fit)
+        line = "  the file's keys are valid now: `dankserve reload` applies it, unless what it plans is refused again"
+        lines.append(line + (f" (fix: {refused['fix']})" if refused.get("fix") else ""))
     elif refused.get("fix"):
         lines.append(f"  fix: {refused['fix']}, then `dankserve reload`")
-    return lines
+    return [*lines, *waiting]
 
 
 def swap_line(swap: dict[str, Any]) -> str:

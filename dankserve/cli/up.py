@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.cli.options import complete_deployment, hardware_option
+from dankserve.cli.options import complete_deployment, hardware_option, timeout_option
 from dankserve.cli.render import colour_enabled, format_duration, is_terminal, paint, terminal_width
 from dankserve.errors import DankserveError, DeploymentFailed, InvalidInput, TimedOut
 from dankserve.exitcodes import ExitCode
@@ -37,7 +37,7 @@ STILL_SECONDS = 15.0
 @click.command("up")
 @click.argument("deployment", required=False, shell_complete=complete_deployment)
 @click.option("--foreground", is_flag=True, help="Run the daemon attached to this terminal.")
-@click.option("--timeout", type=float, default=None, help="Give up following after this many seconds.")
+@timeout_option
 @hardware_option
 def command(deployment: str | None, foreground: bool, timeout: float | None, hardware: Path | None) -> ExitCode:
     """Start every enabled deployment (or DEPLOYMENT) and wait until ready."""

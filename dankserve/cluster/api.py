@@ -33,7 +33,8 @@ from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, GuardedServer, Limits, Throttled, bearer_matches, read_body, vouch
 from dankserve.errors import ConfigError, MemberUnreachable
-from dankserve.settings import ClusterSettings, read_secret_file, split_listen
+from dankserve.secret_files import read_secret_file
+from dankserve.settings import ClusterSettings, split_listen
 
 log = structlog.get_logger("dankserve.cluster")
 

@@ -26,7 +26,7 @@ from dankserve.host.model import GpuIdentity, Host
 from dankserve.plan.cluster import LEADER, GroupMember
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import Runtime
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source
 
 API_PORT = 7390
 
@@ -34,11 +34,16 @@ API_PORT = 7390
 class ClusterContext:
     """The daemon's multi-host parts, created from the settings."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings | SettingsSource) -> None:
+        self._source = as_source(settings)
         self._groups: dict[str, GroupRuntime] = {}
         self._by_name: dict[str, GroupRuntime] = {}
         self._tls: GroupTls | None = None
+
+    @property
+    def settings(self) -> Settings:
+        """The daemon's settings now (its `SettingsSource`: a reload's deployments are seen at once)."""
+        return self._source.current()
 
     def tls(self) -> GroupTls:
         """This host's TLS contexts, loaded once (a ConfigError when [cluster] names unusable files)."""
@@ -135,7 +140,7 @@ class ClusterContext:
             settings.state_dir,
             host,
             gpu_memory=gpu_memory,
-            cache_root=lambda deployment: compile_cache_dir(settings, deployment),
+            cache_root=lambda deployment: compile_cache_dir(self.settings, deployment),
         )
         service.remove_stale()
         address = split_address(cluster.listen, API_PORT)

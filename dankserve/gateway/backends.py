@@ -44,6 +44,8 @@ class Backend:
     """Predicted seconds until it is ready (0 when ready; None: no history to predict from)."""
     held_for: float | None = None
     """Seconds until its swap group's bound (`max_swaps_per_minute`) lets its wake begin (None: not held)."""
+    max_in_flight: int | None = None
+    """Requests the gateway passes to it at once: its plan's --max-num-seqs (None: not known, no cap)."""
 
 
 class Supervisor(Protocol):

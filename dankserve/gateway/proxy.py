@@ -9,7 +9,7 @@ request. A deployment that is not ready holds requests in a bounded per-deployme
 from __future__ import annotations
 
 import asyncio
-import hmac
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -21,12 +21,16 @@ import structlog
 from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, Limits, read_body, vouch
+from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
+from dankserve.gateway.admission import Admission
 from dankserve.gateway.backends import Availability, Backend, Supervisor
+from dankserve.gateway.keys import Key
 from dankserve.gateway.routing import (
     DEV_ROUTES,
     ROUTED_BY_MODEL,
     Readiness,
     Route,
+    Routed,
     RoutingError,
     error_document,
     loading_comment,
@@ -36,6 +40,8 @@ from dankserve.gateway.routing import (
     route_body,
     route_table,
 )
+from dankserve.gateway.tokens import AnswerTally, TokenCount
+from dankserve.gateway.usage import NO_LABEL
 from dankserve.settings import DeploymentSettings
 
 log = structlog.get_logger("dankserve.gateway")
@@ -67,6 +73,8 @@ class QueuePolicy:
     size: int
     timeout: float
     retry_after: int
+    max_in_flight: int | None = None
+    """Requests passed to a deployment at once (None: the backend's own cap, its --max-num-seqs)."""
 
 
 class Unavailable(Exception):
@@ -115,14 +123,16 @@ class Gateway:
         supervisor: Supervisor,
         limits: Limits,
         queue: QueuePolicy,
-        api_key: str | None,
+        access: Access,
     ) -> None:
         self._deployments = deployments
         self._supervisor = supervisor
         self._limits = limits
         self._queue = queue
-        self._api_key = api_key
+        self.access = access
         self._waiting: dict[str, int] = {}
+        self._admission = Admission()
+        self._released: dict[str, asyncio.Event] = {}
         self._tables: tuple[Mapping[str, DeploymentSettings], dict[str, Route]] | None = None
         self._session: aiohttp.ClientSession | None = None
         self.started = int(time.time())
@@ -132,7 +142,24 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         app.on_startup.append(self._open_session)
         app.on_cleanup.append(self._close_session)
+        app.cleanup_ctx.append(self._saving)
         return app
+
+    async def _saving(self, app: web.Application) -> Any:
+        """Write the usage counters every SAVE_SECONDS (off the loop), and once more at close."""
+        loop = asyncio.get_running_loop()
+
+        async def every() -> None:
+            while True:
+                await asyncio.sleep(SAVE_SECONDS)
+                await loop.run_in_executor(None, self.access.save)
+
+        task = asyncio.create_task(every())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await loop.run_in_executor(None, self.access.save)
 
     async def _open_session(self, app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
@@ -153,26 +180,23 @@ class Gateway:
             self._tables = (deployments, route_table(deployments))
         return self._tables[1]
 
-    def _authorized(self, request: web.Request) -> bool:
-        if self._api_key is None:
-            return True
-        scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(offered.encode(), self._api_key.encode())
-
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         if path == "/health" and request.method in ("GET", "HEAD"):
             return web.Response(status=200)
         if path in DEV_ROUTES:
             return _json_error(404, f"{path} is not served by the gateway", "NotFoundError")
-        if not self._authorized(request):
-            return _json_error(401, "missing or wrong API key (Authorization: Bearer KEY)", "AuthenticationError")
+        key = self.access.identify(request.headers.getall("Authorization", []))
+        if isinstance(key, Denied):
+            self.access.record(NO_LABEL, NO_LABEL, key.status, TokenCount())
+            log.info("gateway_denied", status=key.status, reason=key.message, path=path)
+            return _json_error(key.status, key.message, "AuthenticationError", **{"WWW-Authenticate": "Bearer"})
         vouch(request)
         if path == "/v1/models" and request.method == "GET":
-            return web.json_response(self._models())
+            return web.json_response(self._models(key))
         if path.startswith("/v1/models/") and request.method == "GET":
             wanted = path.removeprefix("/v1/models/")
-            listed = self._models()["data"]
+            listed = self._models(key)["data"]
             found = [entry for entry in listed if entry["id"] == wanted]
             if found:
                 return web.json_response(found[0])
@@ -191,25 +215,54 @@ class Gateway:
             routed = route_body(body, self._table())
         except RoutingError as exc:
             return web.json_response(exc.document, status=exc.status)
+        if not key.allows([routed.model]):
+            self.access.record(key.name, routed.model, 403, TokenCount())
+            log.info("gateway_forbidden", key=key.name, model=routed.model)
+            message = f"the API key {key.name!r} may not use the model `{routed.model}`"
+            return _json_error(403, message, "PermissionDeniedError", "model")
+        refused = self.access.admit(key)
+        if refused is not None:
+            self.access.record(key.name, routed.model, 429, TokenCount())
+            log.info("gateway_limited", key=key.name, model=routed.model, limit=refused.limit)
+            message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
+            return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
+        tally = AnswerTally(routed.streamed)
+        status = 500
+        try:
+            status, response = await self._admitted(request, key, routed, tally)
+            return response
+        finally:
+            tokens = tally.count()
+            self.access.release(key, tokens.total)
+            self.access.record(key.name, routed.model, status, tokens)
+
+    async def _admitted(
+        self, request: web.Request, key: Key, routed: Routed, tally: AnswerTally
+    ) -> tuple[int, web.StreamResponse]:
+        """A routed request of a key within its limits: waits for its deployment, then is passed on."""
         name = routed.route.deployment
         loading = LoadingStream(request, routed.route.served_name) if routed.streamed else None
         try:
-            backend = await self._ready(name, loading)
+            backend = await self._ready(name, loading, key.priority)
         except Unavailable as exc:
-            log.info("gateway_unavailable", deployment=name, reason=str(exc))
+            log.info("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
             if loading is not None and loading.response is not None:
-                return await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
+                return 503, await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
             wait = retry_after(exc.ready_in, self._queue.retry_after)
-            return _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
+            return 503, _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
         self._supervisor.touched(name)
         try:
             begun = loading.response if loading is not None else None
-            return await self._forward(request, name, backend, routed.body, begun)
+            response = await self._forward(request, name, backend, routed.body, begun, tally=tally)
+            return response.status, response
         finally:
             self._supervisor.released(name)  # a member busy with requests is never put to sleep
+            self._admission.leave(name)
+            self._released.pop(name, _NO_EVENT).set()
 
-    def _models(self) -> dict[str, Any]:
-        entries = model_entries(self._deployments())
+    def _models(self, key: Key) -> dict[str, Any]:
+        """The models the key may use."""
+        entries = [e for e in model_entries(self._deployments()) if key.allows([e.id])]
         readiness = {}
         for deployment in dict.fromkeys(e.deployment for e in entries):
             backend = self._supervisor.backend(deployment)
@@ -217,49 +270,84 @@ class Gateway:
             readiness[deployment] = Readiness(backend.state or backend.availability.value, ready_in)
         return models_document(entries, self.started, readiness)
 
-    async def _ready(self, name: str, loading: LoadingStream | None = None) -> Backend:
-        """The deployment's backend once ready; waits in its bounded queue meanwhile (Unavailable otherwise).
+    async def _ready(self, name: str, loading: LoadingStream | None = None, priority: int = 0) -> Backend:
+        """The deployment's backend once ready and admitted (Unavailable otherwise); waits in its bounded queue
+        meanwhile: while it boots or wakes, and while `max_in_flight` requests are in flight (highest priority
+        first). Once this returns, the request counts in flight until `_admission.leave`.
 
         A wait never outlasts queue_timeout_seconds: one held by the swap bound past it is refused at once.
         A streamed request's `loading` gets a comment at once and every LOADING_COMMENT_SECONDS."""
         backend = self._supervisor.backend(name)
-        if backend.availability is Availability.READY:
+        if backend.availability is Availability.READY and self._admission.enter(name, self._cap(backend)):
             return backend
         if backend.availability is Availability.OFF:
             raise Unavailable(f"deployment {name!r} is not running: {backend.message or 'stopped'}")
         if self._waiting.get(name, 0) >= self._queue.size:
+            if backend.availability is Availability.READY:
+                raise Unavailable(
+                    f"deployment {name!r} has {self._admission.in_flight(name)} requests in flight (its cap) and "
+                    f"{self._queue.size} more already wait",
+                )
             raise Unavailable(
                 f"deployment {name!r} is not ready and {self._queue.size} requests already wait for it",
                 backend.ready_in,
             )
         self._waiting[name] = self._waiting.get(name, 0) + 1
+        ticket = self._admission.queue(name, priority)
         try:
-            self._supervisor.wake(name)
+            if backend.availability is not Availability.READY:
+                self._supervisor.wake(name)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self._queue.timeout
             announce_at = loop.time()
             while True:
-                _check_held(name, backend, deadline - loop.time())
-                if loading is not None and loop.time() >= announce_at:
-                    await loading.announce(backend)
-                    announce_at = loop.time() + LOADING_COMMENT_SECONDS
-                await asyncio.sleep(POLL_SECONDS)
-                before, backend = backend, self._supervisor.backend(name)
                 if backend.availability is Availability.READY:
-                    return backend
+                    if self._admission.take(ticket, self._cap(backend)):
+                        return backend
+                    released = self._released.setdefault(name, asyncio.Event())
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            released.wait(), min(POLL_SECONDS * 10, max(0.0, deadline - loop.time()))
+                        )
+                else:
+                    _check_held(name, backend, deadline - loop.time())
+                    if loading is not None and loop.time() >= announce_at:
+                        await loading.announce(backend)
+                        announce_at = loop.time() + LOADING_COMMENT_SECONDS
+                    await asyncio.sleep(POLL_SECONDS)
+                before, backend = backend, self._supervisor.backend(name)
                 if backend.availability is Availability.OFF:
                     raise Unavailable(f"deployment {name!r} did not become ready: {backend.message or 'stopped'}")
                 if backend.availability is Availability.ASLEEP and before.availability is not Availability.ASLEEP:
                     self._supervisor.wake(name)  # it fell asleep meanwhile (a swap away from it): wake it again
                 if loop.time() >= deadline:
+                    if backend.availability is Availability.READY and self._admission.take(ticket, self._cap(backend)):
+                        return backend
                     raise Unavailable(
-                        f"deployment {name!r} not ready within {self._queue.timeout:g}s", backend.ready_in
+                        f"deployment {name!r} not ready within {self._queue.timeout:g}s"
+                        if backend.availability is not Availability.READY
+                        else f"deployment {name!r} had no room within {self._queue.timeout:g}s "
+                        f"({self._admission.in_flight(name)} requests in flight, its cap)",
+                        backend.ready_in,
                     )
         finally:
             self._waiting[name] -= 1
+            self._admission.drop(ticket)
+            if self._admission.waiting(name) and name in self._released:
+                self._released.pop(name).set()  # the next in line may be first now
+
+    def _cap(self, backend: Backend) -> int | None:
+        return self._queue.max_in_flight if self._queue.max_in_flight is not None else backend.max_in_flight
 
     async def _forward(
-        self, request: web.Request, name: str, backend: Backend, body: bytes, begun: web.StreamResponse | None = None
+        self,
+        request: web.Request,
+        name: str,
+        backend: Backend,
+        body: bytes,
+        begun: web.StreamResponse | None,
+        *,
+        tally: AnswerTally,
     ) -> web.StreamResponse:
         """Pass the request on and stream the answer back; `begun`: the SSE answer its loading comments
         began (status sent), into which the server's events go, or its error as one event."""
@@ -288,6 +376,7 @@ class Gateway:
                 text = await upstream.content.read(1 << 16)
                 return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
             async for chunk in upstream.content.iter_any():
+                tally.feed(chunk)
                 await response.write(chunk)
             await response.write_eof()
             return response
@@ -305,6 +394,10 @@ class Gateway:
             raise
         finally:
             upstream.release()
+
+
+_NO_EVENT = asyncio.Event()
+"""Set when a deployment's release finds no one waiting (no event made for it)."""
 
 
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:

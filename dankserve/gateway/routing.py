@@ -2,7 +2,9 @@
 
 A deployment answers to its served name (``served_model_name``, else ``model``) and to each
 of its ``aliases``; a request naming an alias is passed on with the served name, since vLLM
-checks the `model` field against the names it serves.
+checks the `model` field against the names it serves. Each of its LoRA ``adapters`` is a name of
+its own that the same server serves (vLLM lists it with `parent` = the base model): passed on as
+it is, to the base deployment.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class ModelEntry:
     id: str
     deployment: str
     served_name: str
+    parent: str | None = None
+    """An adapter's base model (its deployment's served name); None for the base model and its aliases."""
 
 
 def served_name(dep: DeploymentSettings) -> str:
@@ -61,7 +65,7 @@ def served_name(dep: DeploymentSettings) -> str:
 
 
 def model_entries(deployments: Mapping[str, DeploymentSettings]) -> list[ModelEntry]:
-    """Every name an enabled deployment answers to, served name first, in config order."""
+    """Every name an enabled deployment answers to, served name first, then aliases and adapters, in config order."""
     entries: list[ModelEntry] = []
     for name, dep in deployments.items():
         if not dep.enabled:
@@ -69,6 +73,8 @@ def model_entries(deployments: Mapping[str, DeploymentSettings]) -> list[ModelEn
         served = served_name(dep)
         for model in dict.fromkeys([served, *dep.aliases]):
             entries.append(ModelEntry(model, name, served))
+        for adapter in dep.adapters:
+            entries.append(ModelEntry(adapter, name, adapter, parent=served))
     return entries
 
 
@@ -99,6 +105,8 @@ def models_document(
             "owned_by": "dankserve",
             "root": e.served_name,
         }
+        if e.parent is not None:
+            entry["parent"] = e.parent
         ready = (readiness or {}).get(e.deployment)
         if ready is not None:
             entry["state"] = ready.state
@@ -141,6 +149,8 @@ class Routed:
     body: bytes
     streamed: bool = False
     """The body asks for a stream (`"stream": true`): the answer is SSE."""
+    model: str = ""
+    """The model name the request sent (what key scopes and usage go by)."""
 
 
 class RoutingError(Exception):
@@ -173,9 +183,9 @@ def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
         raise RoutingError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     streamed = document.get("stream") is True
     if model == route.served_name:
-        return Routed(route, body, streamed)
+        return Routed(route, body, streamed, model)
     document["model"] = route.served_name
     try:
-        return Routed(route, json.dumps(document).encode(), streamed)
+        return Routed(route, json.dumps(document).encode(), streamed, model)
     except RecursionError:
         raise RoutingError(400, NESTED_TOO_DEEPLY, "BadRequestError") from None

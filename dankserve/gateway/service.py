@@ -7,35 +7,35 @@ from pathlib import Path
 
 from dankserve.aioserver import GuardedServer, Limits
 from dankserve.errors import EnvironmentUnusable
+from dankserve.gateway.access import Access
 from dankserve.gateway.backends import Supervisor
 from dankserve.gateway.proxy import Gateway, QueuePolicy
-from dankserve.settings import DeploymentSettings, GatewaySettings, read_secret_file, split_listen
-
-
-def read_api_key(path: Path) -> str:
-    """The gateway's client key; a missing, unreadable or empty file is a config error (exit 2)."""
-    return read_secret_file(
-        path,
-        "gateway.api_key_file",
-        fix="write a long random key into it (e.g. `openssl rand -hex 32`), mode 0600, or leave it out on loopback",
-    )
+from dankserve.settings import DeploymentSettings, GatewaySettings, split_listen
 
 
 def start_gateway(
     settings: GatewaySettings,
     deployments: Callable[[], Mapping[str, DeploymentSettings]],
     supervisor: Supervisor,
-) -> GuardedServer:
-    """Listen on settings.listen and serve until the returned server is closed."""
-    key = read_api_key(settings.api_key_file) if settings.api_key_file is not None else None
+    *,
+    current: Callable[[], GatewaySettings | None] | None = None,
+    usage_file: Path | None = None,
+) -> tuple[GuardedServer, Access]:
+    """Listen on settings.listen and serve until the returned server is closed.
+
+    `current`: the settings now (after reloads; the keys are read again when they change);
+    `usage_file`: where the usage counters are kept across restarts (None: in memory only)."""
+    access = Access(current or (lambda: settings), usage_file)
     limits = Limits(
         max_connections=settings.max_connections,
         header_timeout=settings.header_timeout_seconds,
         body_timeout=settings.body_timeout_seconds,
         max_body_bytes=settings.max_request_bytes,
     )
-    queue = QueuePolicy(settings.queue_size, settings.queue_timeout_seconds, settings.retry_after_seconds)
-    gateway = Gateway(deployments, supervisor, limits, queue, key)
+    queue = QueuePolicy(
+        settings.queue_size, settings.queue_timeout_seconds, settings.retry_after_seconds, settings.max_in_flight
+    )
+    gateway = Gateway(deployments, supervisor, limits, queue, access)
     try:
         server = GuardedServer(
             gateway.app(), split_listen(settings.listen), limits, name="gateway", handler_cancellation=True
@@ -46,4 +46,4 @@ def start_gateway(
             fix="free that address or set [gateway] listen to another ADDRESS:PORT",
         ) from None
     server.start()
-    return server
+    return server, access

@@ -23,12 +23,13 @@ def host_model_path(hf_cache_dir: Path, model: str) -> Path:
     return Path(model)
 
 
-def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path | None:
+def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None, probe: str = "config.json") -> Path | None:
     """Where a model's files live, or None when it is not cached.
 
     `model` is ORG/NAME, or a path: one under the container's HF cache mount maps into
     `hf_cache_dir`; another absolute path is used as it is. With no ref for the default
-    revision and a single cached snapshot, that snapshot is taken.
+    revision and a single cached snapshot, that snapshot is taken. `probe`: a file every snapshot
+    of the repo has (config.json for a model, adapter_config.json for a LoRA adapter).
     """
     if not is_hub_id(model):
         path = host_model_path(hf_cache_dir, model)
@@ -38,7 +39,7 @@ def snapshot_dir(hf_cache_dir: Path, model: str, revision: str | None) -> Path |
         return None  # not cached at all: spare the import of huggingface_hub (a tenth of a second)
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(model, "config.json", cache_dir=cache, revision=revision)
+    found = try_to_load_from_cache(model, probe, cache_dir=cache, revision=revision)
     if isinstance(found, str):
         return Path(found).parent
     if revision is None:  # no refs/main: a snapshot copied in by hand

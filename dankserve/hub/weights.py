@@ -6,6 +6,8 @@ model into hf_cache_dir, calling `progress(percent)`, so vLLM never downloads in
 model already complete is recognised from the record of its last pull without the network,
 so restarts do not depend on the Hub. Deployments whose weights dankserve does not fetch
 (`download = false`, a local path, declared model_facts unless `download = true`) return at once.
+The deployment's Hub LoRA adapters are fetched after the model (unless `download = false`): the
+plan reads them from the HF cache.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from dankserve.hub.access import hub_access, is_hub_id
 from dankserve.hub.download import Progress
-from dankserve.settings import DeploymentSettings, Settings
+from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source
 
 PercentCallback = Callable[[int], None]
 
@@ -27,18 +29,32 @@ def wants_download(dep: DeploymentSettings) -> bool:
     return is_hub_id(dep.model) and dep.model_facts is None
 
 
+def hub_adapters(dep: DeploymentSettings) -> list[str]:
+    """The Hub repos of a deployment's LoRA adapters (local directories are not fetched)."""
+    from dankserve.lora_adapters import parse_source
+
+    sources = (parse_source(name, value) for name, value in dep.adapters.items())
+    return list(dict.fromkeys(s.location for s in sources if s.kind == "hub"))
+
+
 @dataclass(frozen=True)
 class WeightsFetcher:
     """Fetches a deployment's weights; raises DankserveError (InvalidInput: permanent)."""
 
-    settings: Settings
+    settings: Settings | SettingsSource
+    """The daemon's source (each download reads the settings of its moment), or fixed settings."""
 
     def __call__(self, name: str, dep: DeploymentSettings, progress: PercentCallback) -> None:
         from dankserve.hub.pull import complete_locally, pull
 
+        settings = as_source(self.settings).current()
+        access = hub_access(settings.hf_cache_dir, settings.state_dir, name, dep.hf_token_file)
+        if dep.download is not False:
+            for repo in hub_adapters(dep):  # small: fetched first, without progress of their own
+                if not complete_locally(access, repo, None):
+                    pull(access, repo, None)
         if not wants_download(dep):
             return
-        access = hub_access(self.settings.hf_cache_dir, self.settings.state_dir, name, dep.hf_token_file)
         if complete_locally(access, dep.model, dep.revision):
             progress(100)
             return

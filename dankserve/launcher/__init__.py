@@ -7,7 +7,9 @@ works under any name (`dankserve.launcher` on the host, a bare directory in the 
 
 - `protocol`: the socket's JSON-lines messages and the log markers around each server's lines.
 - `forking`: pure: whether a server may be forked from the pre-imported vLLM, or needs a plain boot.
-- `service`: the launcher process itself (socket, zygote, servers, exit reports).
+- `children`: its child processes: the zygote (vLLM pre-imported, forking servers; `ZygoteLink` is the
+  launcher's side of it) and plain boots.
+- `service`: the launcher process itself (socket, requests, the server's lifetime, exit reports).
 
 See docs/launcher.md.
 """

@@ -65,6 +65,9 @@ class ModelFacts:
     """config.json's model_type (qwen3, llama ...): picks the family's parsers."""
     source: str = "unknown"
     """Where the facts came from: the snapshot directory, 'declared in config', or both."""
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    """The two sizes only the LoRA slot estimate reads (plan/lora.py)."""
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -127,6 +130,8 @@ def parse_config(model: str, config: Mapping[str, Any]) -> ModelFacts:
         kv_layout_standard=layout_note is None,
         kv_layout_note=layout_note,
         model_type=str(config["model_type"]) if isinstance(config.get("model_type"), str) else None,
+        hidden_size=hidden,
+        intermediate_size=_int(cfg.get("intermediate_size")),
     )
 
 
@@ -165,6 +170,8 @@ def declared_facts(model: str, declared: ModelFactsSettings) -> ModelFacts:
         moe=declared.moe,
         quantization=declared.quantization,
         dtype_bytes=declared.dtype_bytes,
+        hidden_size=declared.hidden_size,
+        intermediate_size=declared.intermediate_size,
         source="declared in config",
     )
 

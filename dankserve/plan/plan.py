@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, extra_args, families, gpu_choice, rules
+from dankserve.plan import checks, extra_args, families, gpu_choice, lora, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
@@ -71,17 +71,27 @@ def plan_deployment(
     vllm_cache_root: str = DEFAULT_CONTAINER_CACHE_ROOT,
     catalogue: Catalogue | None = None,
     offload_share: rules.OffloadShare | None = None,
+    adapters: Sequence[lora.AdapterFacts] = (),
 ) -> Plan:
     """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4).
 
-    `offload_share`: the host RAM this deployment shares with the others for CPU KV offload (None: it is alone)."""
+    `offload_share`: the host RAM this deployment shares with the others for CPU KV offload (None: it is alone).
+    `adapters`: the LoRA adapters' facts (read from their directories by `planning`)."""
     absorbed = extra_args.absorb(deployment, name)
     deployment = absorbed.deployment
     validate_values(deployment, caps, catalogue)
     assigned = checks.resolve_gpus(host, deployment.gpus, name)
     checks.check_has_gpus(assigned, name)
+    lora_plan = lora.lora_sizing(adapters, model)
     sizing = size_memory(
-        deployment, host, caps, model, assigned=assigned, learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes
+        deployment,
+        host,
+        caps,
+        replace(model, parameter_bytes=model.parameter_bytes + lora_plan.slot_bytes)
+        if lora_plan.slot_bytes and model.parameter_bytes is not None
+        else model,
+        assigned=assigned,
+        learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes,
     )
     warnings = [*caps.warnings, *sizing.warnings]
     flags = _Flags()
@@ -94,6 +104,7 @@ def plan_deployment(
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
     placement_flags(flags, deployment)
+    warnings += lora_flags(flags, adapters, lora_plan)
     swap_env, swap_warnings = sleep_mode_flags(flags, deployment, caps)
     warnings += swap_warnings
     checks.check_flags_supported(flags.causes, caps, catalogue)
@@ -117,7 +128,9 @@ def plan_deployment(
         vllm_version=caps.version,
         argv=tuple(argv),
         env=rules.container_env(
-            vllm_cache_root, numa_bind, {**legacy_env(deployment, caps), **swap_env, **deployment.env}
+            vllm_cache_root,
+            numa_bind,
+            {**legacy_env(deployment, caps), **swap_env, **lora.runtime_update_env(adapters), **deployment.env},
         ),
         flags=tuple(choices),
         warnings=tuple(warnings),
@@ -138,9 +151,12 @@ def plan_deployment(
             sizing.kv_bytes_per_token,
             max_num_seqs,
         ),
-        host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value),
+        host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value) + lora_plan.host_bytes,
+        lora_mounts=tuple((a.host_dir, a.server_path) for a in adapters if a.host_dir is not None),
     )
 
+
+LORA_ONLY_FACTS = frozenset({"hidden_size", "intermediate_size"})
 
 SLEEP_MODE_FLAG = "--enable-sleep-mode"
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -170,6 +186,13 @@ def sleep_mode_flags(
         "swap_group",
     )
     return {DEV_MODE_ENV: "1"}, []
+
+
+def lora_flags(flags: _Flags, adapters: Sequence[lora.AdapterFacts], sizing: lora.LoraSizing) -> list[str]:
+    """vLLM's LoRA flags for the configured adapters (plan/lora.py's rules)."""
+    for flag, value, reason in lora.flag_choices(adapters, sizing):
+        flags.add(flag, value, reason, "adapters")
+    return [sizing.slot_reason] if adapters and not sizing.slot_bytes else []
 
 
 def _replace_from_extra(choices: list[FlagChoice], replaced: frozenset[str]) -> list[FlagChoice]:
@@ -551,6 +574,20 @@ def placement_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
         flags.add("--port", str(deployment.port), "process runtime: the server listens on the port itself", "port")
 
 
+def _settings_payload(deployment: DeploymentSettings) -> dict[str, Any]:
+    """The settings as the fingerprint hashes them: LoRA's keys only when set, so a server planned before
+    they existed keeps its fingerprint (and is adopted, not replaced, after an upgrade)."""
+    dumped = deployment.model_dump(mode="json")
+    if not dumped["adapters"]:
+        del dumped["adapters"]
+    facts = dumped.get("model_facts")
+    if isinstance(facts, dict):
+        for key in LORA_ONLY_FACTS:
+            if facts.get(key) is None:
+                facts.pop(key, None)
+    return dumped
+
+
 def fingerprint(
     name: str,
     deployment: DeploymentSettings,
@@ -568,7 +605,7 @@ def fingerprint(
     """
     payload = {
         "deployment": name,
-        "settings": deployment.model_dump(mode="json"),
+        "settings": _settings_payload(deployment),
         "vllm": caps.version,
         "vllm_cache_root": vllm_cache_root,
         "gpus": [
@@ -580,6 +617,7 @@ def fingerprint(
             "memory_total_bytes": host.memory.total_bytes,
             "numa_nodes": len(host.numa_nodes),
         },
-        "model": asdict(model),
+        # The sizes only LoRA reads follow from the model itself: kept out, so fingerprints stay as they were.
+        "model": {k: v for k, v in asdict(model).items() if k not in LORA_ONLY_FACTS},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -110,7 +110,9 @@ class Plan:
     """The planned `--kv-cache-dtype`."""
     capacity: Capacity | None = None
     host_ram_bytes: int = 0
-    """Host RAM the server takes beyond its own process: CPU KV offload and offloaded weights."""
+    """Host RAM the server takes beyond its own process: CPU KV offload, offloaded weights, LoRA adapters."""
+    lora_mounts: tuple[tuple[str, str], ...] = ()
+    """Local LoRA adapter directories and where a container sees them (read-only mounts)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""

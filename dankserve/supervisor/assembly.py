@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
-from dankserve.settings import DeploymentSettings, Settings, keyless_gateway_exposure
+from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source, keyless_gateway_exposure
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher, log
 
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 class _Runtimes:
     """One runtime object per kind, created on first use."""
 
-    def __init__(self, settings: Settings, cluster: ClusterContext | None = None) -> None:
-        self._settings = settings
+    def __init__(self, settings: Settings | SettingsSource, cluster: ClusterContext | None = None) -> None:
+        self._settings = as_source(settings)
         self._cluster = cluster
         self._podman: Runtime | None = None
         self._process: Runtime | None = None
@@ -41,22 +41,27 @@ class _Runtimes:
                 from dankserve.host.gpu_memory import wait_gpu_memory_released
                 from dankserve.runtime.process import ProcessRuntime
 
-                self._process = ProcessRuntime(self._settings.state_dir / "processes", wait_gpu_memory_released)
+                self._process = ProcessRuntime(
+                    self._settings.current().state_dir / "processes", wait_gpu_memory_released
+                )
             return self._process
         if self._podman is None:
             from dankserve.runtime.podman import PodmanRuntime
 
-            self._podman = PodmanRuntime(self._settings.podman_url, cache_dir=self._settings.state_dir)
+            settings = self._settings.current()
+            self._podman = PodmanRuntime(settings.podman_url, cache_dir=settings.state_dir)
         return self._podman
 
 
-def runtime_factory(settings: Settings, cluster: ClusterContext | None = None) -> _Runtimes:
+def runtime_factory(settings: Settings | SettingsSource, cluster: ClusterContext | None = None) -> _Runtimes:
     """A callable giving the runtime of a deployment's kind (a group's for one with hosts)."""
     return _Runtimes(settings, cluster)
 
 
-def make_planner(settings: Settings, cluster: ClusterContext | None = None) -> Planner:
-    """The planner the daemon calls for each boot (with every member's hardware for a group)."""
+def make_planner(settings: Settings | SettingsSource, cluster: ClusterContext | None = None) -> Planner:
+    """The planner the daemon calls for each boot (with every member's hardware for a group), with the settings
+    of that moment."""
+    source = as_source(settings)
 
     def plan(
         name: str, dep: DeploymentSettings, host: Host, overrides: BootOverrides, vllm_version: str | None
@@ -64,7 +69,7 @@ def make_planner(settings: Settings, cluster: ClusterContext | None = None) -> P
         from dankserve.planning import plan_one
 
         return plan_one(
-            settings,
+            source.current(),
             name,
             dep,
             host,
@@ -78,13 +83,13 @@ def make_planner(settings: Settings, cluster: ClusterContext | None = None) -> P
     return plan
 
 
-def weights_fetcher(settings: Settings) -> WeightsFetcher:
+def weights_fetcher(settings: Settings | SettingsSource) -> WeightsFetcher:
     """The daemon's downloads (dankserve.hub.weights), their refusals as the machine's events:
     a gated or unknown model fails the deployment; no network or a full disk is retried."""
     from dankserve.errors import DankserveError, InvalidInput
     from dankserve.hub.weights import WeightsFetcher as HubWeights
 
-    fetch = HubWeights(settings)
+    fetch = HubWeights(as_source(settings))
 
     def fetch_weights(name: str, dep: DeploymentSettings, progress: Callable[[int], None]) -> m.WeightsFailed | None:
         try:
@@ -103,14 +108,17 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
 
     check_daemon_dirs(settings.state_dir, {"cache_dir": settings.cache_dir, "hf_cache_dir": settings.hf_cache_dir})
 
+    source = SettingsSource(settings)  # the one holder: every part below and the daemon read it
+
     def host_loader() -> Host:
-        return load_host(hardware_file, cache_dirs=[settings.cache_dir, settings.hf_cache_dir])
+        now = source.current()
+        return load_host(hardware_file, cache_dirs=[now.cache_dir, now.hf_cache_dir])
 
     from dankserve.cluster.context import ClusterContext
 
-    cluster = ClusterContext(settings)
-    runtimes = runtime_factory(settings, cluster)
-    planner = make_planner(settings, cluster)
+    cluster = ClusterContext(source)
+    runtimes = runtime_factory(source, cluster)
+    planner = make_planner(source, cluster)
     deps = DaemonDeps(
         planner=planner,
         runtime_for=runtimes,
@@ -119,24 +127,33 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
         services=lambda daemon: start_services(daemon, cluster),
         describe_hosts=cluster.hosts,
         follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
-        fetch_weights=weights_fetcher(settings),
+        fetch_weights=weights_fetcher(source),
     )
-    daemon = Daemon(settings, deps, config_path=config_path)
+    daemon = Daemon(source, deps, config_path=config_path)
     preflight(daemon)
     return daemon
 
 
 def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None]:
     """The cluster API (with [cluster]) and the gateway (with [gateway]); the function that stops them."""
-    close_cluster = cluster.start_api(lambda: daemon.host, daemon.gpu_memory)
+    close_cluster = cluster.start_api(lambda: daemon.host, daemon.gpus.memory)
     gateway_settings = daemon.settings.gateway
     if gateway_settings is None:
         return close_cluster
     from dankserve.gateway.service import start_gateway
+    from dankserve.gateway.usage_store import usage_path
     from dankserve.supervisor.gateway_link import DaemonSupervisor
 
     try:
-        gateway = start_gateway(gateway_settings, lambda: daemon.settings.deployments, DaemonSupervisor(daemon))
+        supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups)
+        gateway, access = start_gateway(
+            gateway_settings,
+            lambda: daemon.settings.deployments,
+            supervisor,
+            current=lambda: daemon.settings.gateway,
+            usage_file=usage_path(daemon.settings.state_dir),
+        )
+        daemon.gateway_usage = access.totals  # /metrics: requests and tokens per key
     except BaseException:
         close_cluster()
         raise

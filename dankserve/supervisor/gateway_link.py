@@ -17,40 +17,45 @@ from dankserve.supervisor import prediction
 from dankserve.supervisor.lifecycle import Phase
 
 if TYPE_CHECKING:
-    from dankserve.supervisor.daemon import Daemon
+    from dankserve.supervisor.fleet import Fleet
+    from dankserve.supervisor.swap_groups import SwapGroups
 
 
 class DaemonSupervisor:
-    """Implements gateway.backends.Supervisor over a running Daemon."""
+    """Implements gateway.backends.Supervisor over a running daemon's fleet and swap groups."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, fleet: Fleet, swaps: SwapGroups) -> None:
+        self._fleet = fleet
+        self._swaps = swaps
         self._keys: dict[Path, tuple[int, str | None]] = {}
 
     def backend(self, deployment: str) -> Backend:
-        daemon = self._daemon
-        dep = daemon.settings.deployments.get(deployment)
+        fleet = self._fleet
+        dep = fleet.settings.deployments.get(deployment)
         if dep is None or not dep.enabled:
             return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
         key = self._key(dep.api_key_file)
-        worker = daemon.snapshot().get(deployment)
+        worker = fleet.get(deployment)
         if worker is None:
-            why = "taken down (`dankserve up NAME` starts it)" if daemon.state.is_down(deployment) else "stopped"
+            why = "taken down (`dankserve up NAME` starts it)" if fleet.state.is_down(deployment) else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
         machine = worker.machine
         phase, message = machine.phase, machine.message
-        swaps = daemon.swap_groups
+        swaps = self._swaps
         if phase is Phase.READY:
             for_whom = swaps.draining(deployment)
             if for_whom is None:
-                return Backend(Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0)
+                cap = worker.max_num_seqs
+                return Backend(
+                    Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0, max_in_flight=cap
+                )
             why = f"finishing its requests before a swap to {for_whom}"
             return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="draining")
         refused = swaps.refused(deployment)
         if refused is not None:
             return Backend(Availability.OFF, dep.host, dep.port, key, refused, state=machine.status)
-        predicted = prediction.predict(daemon.state.deployment(deployment).timings)
-        now = daemon.deps.clock.monotonic()
+        predicted = prediction.predict(fleet.state.deployment(deployment).timings)
+        now = fleet.clock.monotonic()
         if phase is Phase.ASLEEP:
             held = swaps.held_for(deployment)
             wake = None if predicted.wake is None else round(predicted.wake + (held or 0.0), 3)
@@ -73,13 +78,13 @@ class DaemonSupervisor:
         return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
-        self._daemon.swap_groups.wake(deployment)  # booting and restarting ones get ready by themselves
+        self._swaps.wake(deployment)  # booting and restarting ones get ready by themselves
 
     def touched(self, deployment: str) -> None:
-        self._daemon.swap_groups.touched(deployment)
+        self._swaps.touched(deployment)
 
     def released(self, deployment: str) -> None:
-        self._daemon.swap_groups.released(deployment)
+        self._swaps.released(deployment)
 
     def _key(self, path: Path | None) -> str | None:
         """The deployment's key, read again when its file changes (a rotated key reaches the next boot too)."""

@@ -18,6 +18,9 @@ Exported (every deployment-level series carries `deployment`):
 - `dankserve_liveness_probes_total{result}`, `dankserve_preemption_warnings_total`
 - `dankserve_slower_than_predicted_total{kind}`: boots (cold, warm) and wakes over twice their prediction
 - `dankserve_serving_scrape_ok` (0/1: the server's /metrics was read in the last round)
+- gateway: `dankserve_gateway_requests_total{key,model,code}` and
+  `dankserve_gateway_tokens_total{key,model,kind}` (prompt, completion): the key's name, never its
+  value; `-` for no key (a 401, or a gateway without keys) and for no routed model
 - `dankserve_gpu_memory_used_bytes{gpu,uuid}`, `dankserve_gpu_memory_total_bytes{gpu,uuid}`
 - vLLM's own families (`serving.RELAYED`, e.g. `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc`, `vllm:num_preemptions_total`, `vllm:time_to_first_token_seconds`)
@@ -39,6 +42,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from dankserve.aioserver import GuardedServer, Limits, bearer_matches, vouch
+from dankserve.gateway.usage import Counts
 from dankserve.host.gpu_memory import GpuMemory
 from dankserve.supervisor.lifecycle import Phase
 from dankserve.supervisor.serving import RELAYED, ServingSample, with_deployment
@@ -76,6 +80,8 @@ class MetricsSnapshot:
     serving: Mapping[str, ServingSample] = field(default_factory=dict)
     scrape_ok: Mapping[str, bool] = field(default_factory=dict)
     gpus: Mapping[str, GpuMemory] = field(default_factory=dict)
+    gateway: Mapping[tuple[str, str], Counts] = field(default_factory=dict)
+    """The gateway's counters per (key name, model name), all time (kept across restarts)."""
 
 
 def families(snapshot: MetricsSnapshot) -> list[Metric]:
@@ -91,6 +97,7 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
         scrape.add_metric([name], 1.0 if ok else 0.0)
     out.append(scrape)
     out += _gpu_families(snapshot.gpus)
+    out += _gateway_families(snapshot.gateway)
     out += with_deployment((name, sample.families) for name, sample in sorted(snapshot.serving.items()))
     return out
 
@@ -255,6 +262,8 @@ EXPORTED: frozenset[str] = frozenset(
         "dankserve_preemption_warnings_total",
         "dankserve_slower_than_predicted_total",
         "dankserve_serving_scrape_ok",
+        "dankserve_gateway_requests_total",
+        "dankserve_gateway_tokens_total",
         "dankserve_gpu_memory_used_bytes",
         "dankserve_gpu_memory_total_bytes",
         "dankserve_sleep_state",
@@ -264,6 +273,26 @@ EXPORTED: frozenset[str] = frozenset(
     }
 )
 """The sample names of dankserve's own series (the relayed vLLM ones are `serving.RELAYED`)."""
+
+
+def _gateway_families(usage: Mapping[tuple[str, str], Counts]) -> list[Metric]:
+    """Requests and tokens per key name (never the key) and model; `-`: no key, or no model routed."""
+    requests = CounterMetricFamily(
+        "dankserve_gateway_requests",
+        "Requests the gateway answered, by key name, model and status code.",
+        labels=["key", "model", "code"],
+    )
+    tokens = CounterMetricFamily(
+        "dankserve_gateway_tokens",
+        "Tokens of the gateway's answers, by key name, model and kind (prompt, completion).",
+        labels=["key", "model", "kind"],
+    )
+    for (key, model), counts in sorted(usage.items()):
+        for code, n in sorted(counts.requests.items()):
+            requests.add_metric([key, model, str(code)], float(n))
+        tokens.add_metric([key, model, "prompt"], float(counts.prompt_tokens))
+        tokens.add_metric([key, model, "completion"], float(counts.completion_tokens))
+    return [requests, tokens]
 
 
 class SnapshotCollector(Collector):

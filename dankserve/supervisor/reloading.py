@@ -3,7 +3,9 @@
 A reload (SIGHUP, `systemctl reload`, `dankserve reload`) either is refused (the file does not
 validate, or the deployments would not fit together: the running config stays) or is accepted:
 then each deployment restarts (its server plans differently), starts (new, or enabled again),
-stops (removed or disabled) or keeps running (unchanged, or only its swap settings changed).
+stops (removed or disabled) or keeps running (unchanged, only its swap settings changed, or only
+its LoRA adapters, loaded and unloaded in place by `supervisor.adapters`); each changed global key
+is applied or waits for a daemon restart (`dankserve.settings.reloading`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class ReloadOutcome:
     start: tuple[str, ...] = ()
     stop: tuple[str, ...] = ()
     keep: tuple[str, ...] = ()
+    applied: tuple[str, ...] = ()
+    """Global keys the file changed that the daemon runs with now."""
+    needs_restart: tuple[str, ...] = ()
+    """Global keys the file changed that keep their running values until the daemon restarts."""
 
     @property
     def accepted(self) -> bool:
@@ -51,4 +57,6 @@ class ReloadOutcome:
             "start": list(self.start),
             "stop": list(self.stop),
             "keep": list(self.keep),
+            "applied": list(self.applied),
+            "needs_restart": list(self.needs_restart),
         }

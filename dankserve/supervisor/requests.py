@@ -6,13 +6,18 @@ an unknown verb or deployment is said, never raised."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from dankserve.supervisor import machine as m
+from dankserve.supervisor import sleep_mode
 from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ReloadOutcome
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings
+    from dankserve.supervisor.fleet import Fleet
+    from dankserve.supervisor.swap_groups import SwapGroups
 
 Answer = dict[str, Any]
 
@@ -85,6 +90,39 @@ def _swap(verb: Literal["sleep", "wake"]) -> Callable[[Answering, Mapping[str, A
         return daemon.swap_and_wait(verb, str(name))
 
     return swap
+
+
+def sleep_or_wake(fleet: Fleet, swaps: SwapGroups, verb: Literal["sleep", "wake"], name: str) -> Answer:
+    """`dankserve sleep NAME` / `dankserve wake NAME` (the daemon's `swap_and_wait`): answered once asleep
+    or ready (or given up)."""
+    settings = fleet.settings
+    if settings.deployments[name].swap_group is None:
+        return {"ok": False, "error": f"deployment {name!r} is in no swap group: set swap_group to let it sleep"}
+    worker = fleet.get(name)
+    if worker is None:
+        return {"ok": False, "error": f"deployment {name!r} is not running (`dankserve up {name}` starts it)"}
+    if verb == "sleep":
+        error = swaps.sleep(name, "by hand (`dankserve sleep`)")
+        goal, wait = m.Stage.ASLEEP, sleep_mode.SLEEP_TIMEOUT_SECONDS
+    else:
+        error = None
+        swaps.wake(name)
+        goal, wait = m.Stage.READY, settings.boot_timeout_seconds
+    if error is not None:
+        return {"ok": False, "error": error}
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        state = worker.machine
+        refused = swaps.refused(name)
+        if state.stage is goal:
+            return {"ok": True, "status": fleet.view(name, worker).to_json()}
+        if refused is not None:
+            return {"ok": False, "error": f"cannot wake {name!r}: {refused}"}
+        if state.stage in m.TERMINAL or (state.stage is m.Stage.BACKOFF and state.last_failure is not None):
+            failure = state.last_failure.message if state.last_failure is not None else state.message
+            return {"ok": False, "error": f"{name!r} is {state.status}: {failure or 'see the log'}"}
+        time.sleep(0.05)
+    return {"ok": False, "error": f"{name!r} did not become {goal.value} within {wait:g} s"}
 
 
 VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {

@@ -95,7 +95,7 @@ class DeploymentView:
     serving: dict[str, Any] | None
     observed: DeploymentTelemetry
     """This daemon's counts since it started (the numbers /metrics exports)."""
-    swap: dict[str, Any] | None
+    swap: SwapView | None
     predicted: dict[str, Any]
     """Cold, warm and wake seconds predicted from the deployment's history (supervisor/prediction.py)."""
     rests: bool
@@ -106,11 +106,11 @@ class DeploymentView:
 
     @property
     def swap_group(self) -> str | None:
-        return self.swap["group"] if self.swap else None
+        return self.swap.group if self.swap else None
 
     @property
     def sleep_level(self) -> str | None:
-        return self.swap["level"] if self.swap else None
+        return self.swap.level if self.swap else None
 
     def to_json(self) -> dict[str, Any]:
         """The `status --json` document of the deployment."""
@@ -118,6 +118,8 @@ class DeploymentView:
         for name in _DOCUMENT_FIELDS:
             if name == "observed":
                 doc.update(self.observed.status_json())
+            elif name == "swap":
+                doc[name] = self.swap.to_json() if self.swap is not None else None
             else:
                 value = getattr(self, name)
                 doc[name] = list(value) if isinstance(value, tuple) else value
@@ -218,7 +220,7 @@ def deployment_view(
         hosts=tuple(dict(h) for h in hosts) if hosts is not None else tuple(configured_hosts(dep)),
         serving=dict(serving) if serving is not None else None,
         observed=observed or DeploymentTelemetry(),
-        swap=swap_json(dep, machine),
+        swap=swap_view(dep, machine),
         predicted=predict(record.timings).to_json(),
         rests=rests,
         why=why(name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure),
@@ -257,23 +259,48 @@ def why(
     return message
 
 
-def swap_json(dep: DeploymentSettings, machine: MachineState | None) -> dict[str, Any] | None:
-    """A swap group member's group, sleep level and last swap's timings (None outside a group)."""
+@dataclass(frozen=True)
+class SwapView:
+    """A swap group member's group, sleep level and last swap's timings (the `swap` entry of status)."""
+
+    group: str
+    pinned: bool
+    idle_sleep_seconds: float | None
+    level: str | None
+    """Asleep at "1", "2" or "stop"; None when not asleep."""
+    last_level: str | None
+    last_sleep_seconds: float | None
+    last_wake_seconds: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def swap_view(dep: DeploymentSettings, machine: MachineState | None) -> SwapView | None:
+    """The member's `SwapView` (None outside a group)."""
     if dep.swap_group is None:
         return None
     times = machine.swap if machine is not None else None
-    return {
-        "group": dep.swap_group,
-        "pinned": dep.pinned,
-        "idle_sleep_seconds": dep.idle_sleep_seconds,
-        "level": times.level if times is not None and machine is not None and machine.stage is Stage.ASLEEP else None,
-        "last_level": times.last_level if times is not None else None,
-        "last_sleep_seconds": times.last_sleep_seconds if times is not None else None,
-        "last_wake_seconds": times.last_wake_seconds if times is not None else None,
-    }
+    return SwapView(
+        group=dep.swap_group,
+        pinned=dep.pinned,
+        idle_sleep_seconds=dep.idle_sleep_seconds,
+        level=times.level if times is not None and machine is not None and machine.stage is Stage.ASLEEP else None,
+        last_level=times.last_level if times is not None else None,
+        last_sleep_seconds=times.last_sleep_seconds if times is not None else None,
+        last_wake_seconds=times.last_wake_seconds if times is not None else None,
+    )
 
 
-def config_status(path: str | None, loaded_at: float, refusal: ConfigRefusal | None) -> dict[str, Any]:
+def config_status(
+    path: str | None, loaded_at: float, refusal: ConfigRefusal | None, needs_restart: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The daemon's `config` entry: its file, when the running config was loaded (start or the last accepted
-    reload), and the last reload's refusal (None once a reload is accepted)."""
-    return {"path": path, "loaded_at": loaded_at, "refused": refusal.to_json() if refusal is not None else None}
+    reload), the last reload's refusal (None once a reload is accepted), and the global keys the file changed
+    that keep their running values until the daemon restarts."""
+    return {
+        "path": path,
+        "loaded_at": loaded_at,
+        "refused": refusal.to_json() if refusal is not None else None,
+        "needs_restart": list(needs_restart),
+    }

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
 
 import structlog
 
 from dankserve.plan.catalogue import capabilities
 from dankserve.plan.plan import SLEEP_MODE_FLAG
-from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
 from dankserve.supervisor import swap
-from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait
+from dankserve.supervisor.swap import CannotFit, Swap
+from dankserve.supervisor.swap_bound import SwapBound
+from dankserve.supervisor.swap_roster import HOLDING_STAGES, PlanFacts, Roster, SwapFleet, SwapMember
 
-if TYPE_CHECKING:
-    from dankserve.settings import Settings
-    from dankserve.supervisor.records import StateBook
+__all__ = ["PlanFacts", "SwapFleet", "SwapGroups", "SwapMember"]
 
 log = structlog.get_logger("dankserve.swap")
 
@@ -38,9 +35,6 @@ LOOK_SECONDS = 0.25
 """The coordinator looks around at least this often."""
 REFUSAL_SECONDS = 10.0
 """How long a wake that cannot fit is refused at once (503) before it is tried again (pinned members may go)."""
-_HOLDING_STAGES = frozenset(
-    {m.Stage.MEASURING, m.Stage.STARTING, m.Stage.BOOTING, m.Stage.ENDING, m.Stage.WAKING}
-)  # a boot past its GPU slot, or a wake: holds (or is about to hold) its GPU memory
 _FIRST_TURN_OVER = frozenset(
     {
         *(m.Stage.READY, m.Stage.FALLING_ASLEEP, m.Stage.ASLEEP, m.Stage.WAKING),
@@ -50,49 +44,14 @@ _FIRST_TURN_OVER = frozenset(
 _NOT_YET = frozenset({m.Stage.IDLE, m.Stage.DOWNLOADING, m.Stage.PULLING, m.Stage.PLANNING, m.Stage.WAITING_GPUS})
 
 
-@dataclass(frozen=True)
-class PlanFacts:
-    """What a member's latest plan says that swapping needs (recorded by its worker)."""
-
-    utilization: float
-    weights_bytes: int | None
-    sleep_mode: bool
-    """The plan passes --enable-sleep-mode (the release has it: the catalogue)."""
-
-
-class SwapMember(Protocol):
-    """What swap groups read of a deployment's worker, and send it."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def machine(self) -> m.MachineState: ...
-
-    def feed(self, event: m.Event) -> None: ...
-
-
-class SwapFleet(Protocol):
-    """What swap groups read of the daemon: the settings it runs with, its workers, who is taken down."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def state(self) -> StateBook: ...
-
-    def snapshot(self) -> Mapping[str, SwapMember]: ...
-
-
 class SwapGroups:
     """Coordinates the members of every swap group of one daemon."""
 
-    def __init__(self, daemon: SwapFleet, available_ram: Callable[[], int | None]) -> None:
-        self._daemon = daemon
+    def __init__(self, fleet: SwapFleet, available_ram: Callable[[], int | None]) -> None:
+        self._fleet = fleet
+        self._roster = Roster(fleet)
         self._available_ram = available_ram
         self._lock = threading.RLock()
-        self._last_used: dict[str, float] = {}
-        self._in_flight: dict[str, int] = {}
         self._wanted: set[str] = set()
         self._refused: dict[str, tuple[str, float]] = {}
         """Wakes that cannot fit: the reason and when (a refusal holds for REFUSAL_SECONDS, then is looked at again)."""
@@ -100,13 +59,7 @@ class SwapGroups:
         """Members whose first boot since the daemon started is over (ready, or failed)."""
         self._admitted: set[str] = set()
         """Members let past `admit_boot` whose boot has not yet taken its GPU memory (they count as holding)."""
-        self._facts: dict[str, PlanFacts] = {}
-        self._swaps: dict[str, tuple[float, ...]] = {}
-        """Each group's swap starts within the last minute (`max_swaps_per_minute`)."""
-        self._swapping_to: set[str] = set()
-        """Wanted members whose swap has begun (counted once)."""
-        self._held: dict[str, float] = {}
-        """Wanted members held by their group's swap bound: when (monotonic) the next swap may begin."""
+        self._bound = SwapBound()
         self._draining: dict[str, str] = {}
         """Awake members finishing their requests before a swap to another (the member it is for)."""
         self._boot_drains: dict[str, tuple[str, ...]] = {}
@@ -132,20 +85,15 @@ class SwapGroups:
 
     # -- what the gateway and the workers tell ----------------------------------------------------
     def group_of(self, name: str) -> str | None:
-        dep = self._daemon.settings.deployments.get(name)
-        return dep.swap_group if dep is not None else None
+        return self._roster.group_of(name)
 
     def touched(self, name: str) -> None:
         """A request went to `name` (from the gateway's loop: no I/O)."""
-        with self._lock:
-            self._last_used[name] = time.monotonic()
-            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        self._roster.touched(name, time.monotonic())
 
     def released(self, name: str) -> None:
         """A request to `name` ended."""
-        with self._lock:
-            self._last_used[name] = time.monotonic()
-            self._in_flight[name] = max(0, self._in_flight.get(name, 0) - 1)
+        self._roster.released(name, time.monotonic())
 
     def wake(self, name: str) -> None:
         """Make `name` ready (from the gateway's loop or the control socket: returns at once)."""
@@ -165,7 +113,7 @@ class SwapGroups:
     def held_for(self, name: str) -> float | None:
         """Seconds until the swap bound lets a wake of `name` begin (None: not held)."""
         with self._lock:
-            at = self._held.get(name)
+            at = self._bound.held_until(name)
         return None if at is None else max(0.0, at - time.monotonic())
 
     def refused(self, name: str) -> str | None:
@@ -178,12 +126,11 @@ class SwapGroups:
             return found[0]
 
     def record_plan(self, name: str, facts: PlanFacts) -> None:
-        with self._lock:
-            self._facts[name] = facts
+        self._roster.record_plan(name, facts)
 
     def sleep(self, name: str, reason: str) -> str | None:
         """Put a ready member to sleep now (`dankserve sleep`); the error text when it cannot."""
-        worker = self._daemon.snapshot().get(name)
+        worker = self._fleet.snapshot().get(name)
         if self.group_of(name) is None:
             return f"deployment {name!r} is in no swap group: set swap_group to let it sleep"
         if worker is None:
@@ -218,7 +165,7 @@ class SwapGroups:
                 with self._lock:
                     why = self._boot_waits_for(name, group)
                     if why is None:
-                        members = self._members(group, target=name, target_gpus=uuids)
+                        members = self._roster.members(group, self._admitted, target=name, target_gpus=uuids)
                         decision = swap.make_room(members, name)
                         self._boot_drains[name] = swap.draining(decision, members)
                         if isinstance(decision, Swap):
@@ -244,11 +191,11 @@ class SwapGroups:
         """At start-up: one first boot at a time, and the group's first member after the others."""
         if name in self._booted:
             return None
-        members = self._member_names(group)
+        members = self._roster.names(group)
         pending = [n for n in members if n not in self._booted and n != name]
-        workers = self._daemon.snapshot()
+        workers = self._fleet.snapshot()
         booting = [
-            n for n in pending if n in self._admitted or (n in workers and workers[n].machine.stage in _HOLDING_STAGES)
+            n for n in pending if n in self._admitted or (n in workers and workers[n].machine.stage in HOLDING_STAGES)
         ]
         if booting:
             return f"first boots come one at a time: {booting[0]} boots"
@@ -268,7 +215,7 @@ class SwapGroups:
 
     def _look(self) -> None:
         now = time.monotonic()
-        workers = self._daemon.snapshot()
+        workers = self._fleet.snapshot()
         groups: dict[str, list[str]] = {}
         with self._lock:
             for name, worker in workers.items():
@@ -282,14 +229,14 @@ class SwapGroups:
                 if stage in _FIRST_TURN_OVER and name not in self._booted:
                     self._first_ready(name, worker, group)
                 if stage is m.Stage.READY:
-                    self._last_used.setdefault(name, now)
+                    self._roster.used(name, now, unless_known=True)
             for group in groups:
                 self._serve_wakes(group, now)
                 self._idle_sleep(group, now)
 
     def _first_ready(self, name: str, worker: SwapMember, group: str) -> None:
         self._booted.add(name)
-        members = self._member_names(group)
+        members = self._roster.names(group)
         asked = name in self._wanted
         state = worker.machine
         # A server adopted from an earlier daemon (killed with -9) was the awake one: it stays awake.
@@ -298,8 +245,8 @@ class SwapGroups:
             self._put_to_sleep(worker, f"first boot done; {members[0]} is the group's awake member")
 
     def _serve_wakes(self, group: str, now: float) -> None:
-        workers = self._daemon.snapshot()
-        names = self._member_names(group)
+        workers = self._fleet.snapshot()
+        names = self._roster.names(group)
         for gone in [n for n in self._draining if n in names]:
             del self._draining[gone]  # found again below while its swap still waits for it
         for name in [n for n in names if n in self._wanted]:
@@ -313,7 +260,7 @@ class SwapGroups:
             if state.stage is not m.Stage.ASLEEP:
                 self._unwant(name)  # ready already, or booting / restarting on its own
                 continue
-            members = self._members(group)
+            members = self._roster.members(group, self._admitted)
             decision = swap.make_room(members, name)
             if self._held_by_bound(group, name, decision, now):
                 continue
@@ -332,46 +279,32 @@ class SwapGroups:
                 self._refused[name] = (decision.reason, now)
                 log.error("swap_cannot_fit", deployment=name, reason=decision.reason)
 
-    def _held_by_bound(self, group: str, name: str, decision: Swap | Wait | CannotFit, now: float) -> bool:
-        """Whether the group's swap bound holds this wake back; a swap that begins (others must sleep) is counted."""
-        swaps = (isinstance(decision, Swap) and decision.sleep) or isinstance(decision, Wait)
-        if not swaps or name in self._swapping_to:
-            return False
-        gateway = self._daemon.settings.gateway
+    def _held_by_bound(self, group: str, name: str, decision: swap.Swap | swap.Wait | CannotFit, now: float) -> bool:
+        """Whether the group's swap bound holds this wake back (`SwapBound.holds`)."""
+        gateway = self._fleet.settings.gateway
         bound = gateway.max_swaps_per_minute if gateway is not None else None
-        begun = swap.recent_swaps(self._swaps.get(group, ()), now)
-        at = swap.next_swap_at(begun, now, bound)
-        if at is not None:
-            if name not in self._held:
-                log.info("swap_held", deployment=name, swap_group=group, per_minute=bound, seconds=round(at - now, 1))
-            self._held[name] = at
-            return True
-        self._held.pop(name, None)
-        self._swaps[group] = (*begun, now)
-        self._swapping_to.add(name)
-        return False
+        return self._bound.holds(group, name, decision, now, bound)
 
     def _unwant(self, name: str) -> None:
         self._wanted.discard(name)
-        self._swapping_to.discard(name)
-        self._held.pop(name, None)
+        self._bound.forget(name)
 
     def _idle_sleep(self, group: str, now: float) -> None:
-        deps = self._daemon.settings.deployments
-        limits = {n: deps[n].idle_sleep_seconds for n in self._member_names(group) if n in deps}
-        for name in swap.idle_sleepers(self._members(group), limits, now):
+        deps = self._fleet.settings.deployments
+        limits = {n: deps[n].idle_sleep_seconds for n in self._roster.names(group) if n in deps}
+        for name in swap.idle_sleepers(self._roster.members(group, self._admitted), limits, now):
             if name not in self._wanted:
                 self._sleep_member(name, f"idle for {limits[name]:g} s")
 
     # -- acting -----------------------------------------------------------------------------------
     def _wake_member(self, name: str, worker: SwapMember, now: float) -> None:
         self._unwant(name)
-        self._last_used[name] = now
+        self._roster.used(name, now)
         log.info("swap_wake", deployment=name, level=worker.machine.swap.level)
         worker.feed(m.WakeRequested())
 
     def _sleep_member(self, name: str, reason: str) -> None:
-        worker = self._daemon.snapshot().get(name)
+        worker = self._fleet.snapshot().get(name)
         if worker is not None and worker.machine.stage is m.Stage.READY:
             self._put_to_sleep(worker, reason)
 
@@ -382,10 +315,9 @@ class SwapGroups:
 
     def sleep_level(self, name: str, state: m.MachineState) -> swap.LevelChoice:
         """Level 1, 2 or stop for `name` now (RAM is read here: it changes)."""
-        with self._lock:
-            facts = self._facts.get(name)
+        facts = self._roster.facts(name)
         sleep_mode = facts.sleep_mode if facts is not None else capabilities(state.vllm_version).has(SLEEP_MODE_FLAG)
-        dep = self._daemon.settings.deployments.get(name)
+        dep = self._fleet.settings.deployments.get(name)
         forced = dep.sleep_level if dep is not None else "auto"
         if forced != "auto":
             return swap.forced_level(forced, sleep_mode=sleep_mode)
@@ -395,57 +327,3 @@ class SwapGroups:
             # Unknown sizes never pin RAM: level 2 keeps nothing in it.
             return swap.sleep_level(1, 0, sleep_mode=sleep_mode, level_2=True)
         return swap.sleep_level(weights, ram, sleep_mode=sleep_mode, level_2=True)
-
-    # -- views ------------------------------------------------------------------------------------
-    def _member_names(self, group: str) -> list[str]:
-        """The group's enabled, not taken-down members, in configuration order."""
-        daemon = self._daemon
-        return [
-            name
-            for name, dep in daemon.settings.deployments.items()
-            if dep.swap_group == group and dep.enabled and not daemon.state.is_down(name)
-        ]
-
-    def _members(self, group: str, *, target: str | None = None, target_gpus: tuple[str, ...] = ()) -> list[Member]:
-        workers = self._daemon.snapshot()
-        deps = self._daemon.settings.deployments
-        out = []
-        for name in self._member_names(group):
-            worker = workers.get(name)
-            if worker is None:
-                continue
-            machine = worker.machine
-            facts = self._facts.get(name)
-            utilization = _utilization(facts, deps[name].gpu_memory_utilization)
-            gpus = frozenset(target_gpus if name == target else machine.gpu_uuids)
-            state = MemberState.ASLEEP if name == target else self._member_state(name, machine.stage)
-            out.append(
-                Member(
-                    name,
-                    gpus,
-                    utilization,
-                    state,
-                    self._last_used.get(name, 0.0),
-                    self._in_flight.get(name, 0),
-                    deps[name].pinned,
-                )
-            )
-        return out
-
-    def _member_state(self, name: str, stage: m.Stage) -> MemberState:
-        if stage is m.Stage.READY:
-            return MemberState.AWAKE
-        if stage in _HOLDING_STAGES or name in self._admitted:
-            return MemberState.WAKING
-        if stage is m.Stage.FALLING_ASLEEP:
-            return MemberState.SLEEPING
-        if stage is m.Stage.ASLEEP:
-            return MemberState.ASLEEP
-        return MemberState.STOPPED
-
-
-def _utilization(facts: PlanFacts | None, setting: float | None) -> float:
-    """A member's share of its GPUs: its plan's; not planned yet, its setting, else what vLLM takes without one."""
-    if facts is not None:
-        return facts.utilization
-    return setting if setting is not None else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION

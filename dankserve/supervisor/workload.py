@@ -39,7 +39,10 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         pull=dep.pull,
         gpus=tuple(GpuRef(i, u) for i, u in zip(plan.gpu_indices, plan.gpu_uuids, strict=True)),
         # The compile cache is mounted by the runtime from `cache_dir` (at VLLM_CACHE_ROOT).
-        mounts=(Mount(settings.hf_cache_dir, CONTAINER_HF_HOME),),
+        mounts=(
+            Mount(settings.hf_cache_dir, CONTAINER_HF_HOME),
+            *(Mount(Path(host), target, read_only=True) for host, target in plan.lora_mounts),
+        ),
         secrets=tuple(secrets),
         labels={LABEL_BOOT: str(boot), LABEL_FINGERPRINT: plan.fingerprint},
         shm_size=dep.shm_size,

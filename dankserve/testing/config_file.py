@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-NESTED_TABLES = ("model_facts", "speculative", "cpu_offload")
+NESTED_TABLES = ("model_facts", "speculative", "cpu_offload", "adapters")
 
 
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

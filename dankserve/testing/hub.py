@@ -187,6 +187,30 @@ class StandInHub:
             repo.revisions[name] = repo.commit
         return repo
 
+    def add_adapter(
+        self, repo_id: str, *, rank: int = 8, target_modules: Sequence[str] = ("q_proj", "v_proj"), layers: int = 2
+    ) -> HubRepo:
+        """A PEFT LoRA adapter repo: adapter_config.json and adapter_model.safetensors (zeros, A and B per module)."""
+        repo = self.repos.setdefault(repo_id, HubRepo(repo_id, commit=_commit_of(repo_id)))
+        config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(target_modules)}
+        self.add_file(repo_id, "adapter_config.json", json.dumps(config).encode())
+        tensors = {
+            f"base_model.model.model.layers.{i}.self_attn.{m}.lora_{ab}.weight": (
+                "BF16",
+                [rank, 64] if ab == "A" else [64, rank],
+            )
+            for i in range(layers)
+            for m in target_modules
+            for ab in "AB"
+        }
+        header, data_size = safetensors_bytes(tensors)
+        target = self._file_path(repo_id, "adapter_model.safetensors")
+        with target.open("wb") as out:
+            out.write(header)
+            out.truncate(len(header) + data_size)
+        self._register(repo_id, "adapter_model.safetensors", target, lfs=True, digest=_zeros_sha256(header, data_size))
+        return repo
+
     def add_large_file(self, repo_id: str, path: str, size: int) -> HubFile:
         """An LFS file of `size` bytes of a repeating pattern (for throughput measurements); a
         `.safetensors` one starts with a valid header of one U8 tensor filling the rest."""

@@ -93,3 +93,12 @@ def test_install_writes_a_man_page_for_every_command(tmp_path: Path) -> None:
         for param in command_.params:
             if isinstance(param, click.Option):
                 assert param.opts[-1].replace("-", "\\-") in page, (name, param.opts)
+
+
+def test_without_a_checkout_the_unit_and_example_come_from_the_packages_share_dir(tmp_path: Path) -> None:
+    """A plain `pip install .` has no units/ or config/ beside the package: their copies under share/dankserve."""
+    from dankserve.cli.install import shipped
+
+    shared = tmp_path / "share"
+    assert shipped(tmp_path / "absent" / "units" / "dankserve.service", shared) == shared / "dankserve.service"
+    assert shipped(UNIT_TEMPLATE, shared) == UNIT_TEMPLATE  # the checkout's own file first

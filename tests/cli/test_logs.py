@@ -82,6 +82,25 @@ def test_unreadable_since_is_an_input_error(tmp_path: Path) -> None:
     assert "last tuesday-ish" in done.stderr and "2h ago" in done.stderr
 
 
+def test_logs_show_the_daemons_lines_when_podman_is_unreachable(tmp_path: Path) -> None:
+    """A daemon that stopped while starting, Podman not there: logs prints the daemon's lines, exit 0, and says on
+    stderr that the deployment's server lines are left out and why."""
+    config = tmp_path / "dankserve.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path}/state"\npodman_url = "unix://{tmp_path}/absent.sock"\n\n'
+        '[deployments.chat]\nmodel = "org/m"\n'
+    )
+    config.chmod(0o600)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "daemon.log").write_text(
+        "2026-12-02 14:11:40.313 [error    ] daemon_failed                  error='no usable NVIDIA GPU' exit_code=3\n"
+    )
+    done = dankserve_cli(config, "logs", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "daemon_failed" in done.stdout and "no usable NVIDIA GPU" in done.stdout
+    assert "warning: chat: its server's lines are left out: " in done.stderr and "Podman" in done.stderr
+
+
 def test_logs_read_the_daemons_entries_from_journald(tmp_path: Path, journald: str) -> None:
     """Where journald runs, the daemon's entries of one deployment come from the journal, each with its time;
     an entry of another daemon (another state dir) is not shown."""

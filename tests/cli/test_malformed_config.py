@@ -41,7 +41,7 @@ def _quiet(monkeypatch: pytest.MonkeyPatch, hub: StandInHub) -> None:
     """No /etc config, no DANKSERVE_* from outside; `run` leaves the process's logging alone; the
     models (org/model-N) come from the stand-in Hub."""
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", Path("/nonexistent/dankserve.toml"))
+    monkeypatch.setattr("dankserve.settings.files.DEFAULT_CONFIG_PATH", Path("/nonexistent/dankserve.toml"))
     for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("dankserve.logging_setup.configure_logging", lambda *a, **k: "console")

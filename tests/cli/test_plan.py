@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
+from tests.harness.cli import run_in_process
 from tests.plan.builders import PLAN_JSON_KEYS
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -21,17 +21,12 @@ H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
 def _no_default_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_environment: dict[str, str]) -> None:
     """No config file unless a test names one, whatever this machine has in /etc; the models come
     from the stand-in Hub."""
-    monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    monkeypatch.setattr("dankserve.settings.files.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
         monkeypatch.delenv(name, raising=False)
 
 
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(args)
-    out, err = capsys.readouterr()
-    code = done.value.code
-    return (code if isinstance(code, int) else 1), out, err
+run = run_in_process
 
 
 def write_config(tmp_path: Path, text: str) -> str:
@@ -167,10 +162,11 @@ def test_invalid_input_exits_2(
     assert out == ""
 
 
-def test_no_deployment_and_no_model_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    """With no config and no --model there is nothing to plan: exit 2."""
+def test_no_deployment_and_no_model_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With no config and no --model there is nothing to plan: exit 2, naming the default file that is absent."""
     code, _, err = run(["plan", "--hardware", H100], capsys)
     assert code == ExitCode.INVALID_INPUT and "no deployments are configured" in err
+    assert f"(there is no config file at {tmp_path / 'absent.toml'})" in err
 
 
 def test_malformed_hardware_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

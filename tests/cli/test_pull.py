@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
-from dankserve.testing.hub import StandInHub
+from dankserve.testing.hub import Misbehaviour, StandInHub
 from tests.harness.hub import small_repo, tensors_of
+from tests.harness.terminal import run_in_terminal
 
 MIB = 1 << 20
 
 
 @pytest.fixture(autouse=True)
 def _environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_environment: dict[str, str]) -> None:
-    monkeypatch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    monkeypatch.setattr("dankserve.settings.files.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     monkeypatch.delenv("DANKSERVE_CONFIG", raising=False)
 
 
@@ -61,7 +64,30 @@ def test_pull_of_a_local_path_is_refused(capsys: pytest.CaptureFixture[str]) -> 
     assert code == ExitCode.INVALID_INPUT and "nothing to pull" in err
 
 
+def test_pull_without_a_config_names_the_absent_file_and_its_own_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No config file and no --model: exit 2 naming the absent default file, the fix naming `dankserve pull NAME`."""
+    code, _, err = run(["pull"], capsys)
+    assert code == ExitCode.INVALID_INPUT and f"there is no config file at {tmp_path / 'absent.toml'}" in err
+    assert "dankserve pull NAME" in err and "dankserve plan NAME" not in err
+
+
 def test_pull_is_listed_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
     """`dankserve --help` lists pull."""
     code, out, _ = run(["--help"], capsys)
     assert code == ExitCode.OK and "pull" in out
+
+
+def test_a_failed_pull_on_a_terminal_prints_its_error_on_a_line_of_its_own(
+    hub: StandInHub, hub_environment: dict[str, str]
+) -> None:
+    """On a terminal, a pull that fails after showing progress ends the progress line before the error."""
+    small_repo(hub, "cli/corrupt", 2 * MIB)
+    hub.repos["cli/corrupt"].misbehaviour = Misbehaviour(corrupt=True)
+    dankserve = str(Path(sys.executable).with_name("dankserve"))
+    done = run_in_terminal(
+        [dankserve, "pull", "--model", "cli/corrupt"], env={**hub_environment, "DANKSERVE_CONFIG": ""}
+    )
+    assert done.returncode == ExitCode.ENVIRONMENT, done.output
+    assert "%" in done.output and re.search(r"\n\s*error: ", done.output), done.output

@@ -6,11 +6,20 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+from tests.harness.daemon import (
+    RunningDaemon,
+    daemon_globals,
+    free_port,
+    process_deployment,
+    running_daemon,
+    write_config,
+)
 
 
 def ready(dep: dict[str, Any]) -> bool:
@@ -104,3 +113,65 @@ def test_reload_without_a_running_daemon_says_so_with_exit_3(tmp_path: Path) -> 
         done = daemon.cli("reload")
     assert done.returncode == 3, done.stderr
     assert "not running" in done.stderr and "dankserve up" in done.stderr
+
+
+def running_settings(daemon: RunningDaemon) -> dict[str, Any]:
+    """The settings the daemon runs with (its `settings` request, what the CLI reads)."""
+    reply = daemon.request({"command": "settings"})
+    assert reply is not None and reply["ok"], reply
+    settings: dict[str, Any] = reply["settings"]
+    return settings
+
+
+def test_a_reload_applies_a_global_key_that_takes_effect_at_its_next_use(tmp_path: Path) -> None:
+    """stop_timeout_seconds changed: `reload` names it applied, the daemon runs with the new value, nothing
+    restarts and nothing waits for a daemon restart."""
+    deployments = {"a": process_deployment(free_port(), gpus=[0])}
+    with running_daemon(tmp_path, deployments) as daemon:
+        daemon.wait_for("a", ready)
+        write_config(daemon.config, daemon_globals(tmp_path, {"stop_timeout_seconds": 7.0}), deployments)
+        done = daemon.cli("reload")
+        assert done.returncode == 0, done.stderr
+        assert "applied: stop_timeout_seconds" in done.stdout and "a: keeps running" in done.stdout, done.stdout
+        assert "restart the daemon" not in done.stdout
+        assert running_settings(daemon)["stop_timeout_seconds"] == 7.0
+        doc = json.loads(daemon.cli("status", "--json").stdout)
+        assert doc["daemon"]["config"]["needs_restart"] == []
+        assert daemon.deployment("a")["boots"] == 1  # type: ignore[index]
+
+
+def test_a_reload_keeps_a_global_key_that_needs_a_restart_and_says_so(tmp_path: Path) -> None:
+    """metrics_listen set by a reload: the new deployment starts, but no metrics endpoint appears, the daemon keeps
+    running without one everywhere, and `reload` (and SIGHUP), `status` and `status --json` say
+    "restart the daemon to apply: metrics_listen"; after a restart the endpoint serves."""
+    first = {"a": process_deployment(free_port(), gpus=[0])}
+    with running_daemon(tmp_path, first) as daemon:
+        daemon.wait_for("a", ready)
+        metrics = free_port()
+        both = {**first, "b": process_deployment(free_port(), gpus=[1])}
+        changed = daemon_globals(tmp_path, {"metrics_listen": f"127.0.0.1:{metrics}"})
+        write_config(daemon.config, changed, both)
+        done = daemon.cli("reload")
+        assert done.returncode == 0, done.stderr
+        assert "b: starts" in done.stdout and "restart the daemon to apply: metrics_listen" in done.stdout, done.stdout
+        daemon.wait_for("b", ready)
+        assert running_settings(daemon)["metrics_listen"] is None
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", metrics)) != 0  # nothing bound it
+
+        done = daemon.cli("status")
+        assert done.returncode == 0 and "restart the daemon to apply: metrics_listen" in done.stdout, done.stdout
+        doc = json.loads(daemon.cli("status", "--json").stdout)
+        assert doc["daemon"]["config"]["needs_restart"] == ["metrics_listen"]
+
+        daemon.signal(signal.SIGHUP)  # the same file again: still waiting, named in the log
+        assert wait_until(lambda: len(daemon.events_named("reload_needs_restart")) >= 2), daemon.log_tail()
+        assert daemon.events_named("reload_needs_restart")[-1]["keys"] == ["metrics_listen"]
+        assert daemon.stop() == 0
+
+    with running_daemon(tmp_path, both, extra_globals={"metrics_listen": f"127.0.0.1:{metrics}"}) as daemon:
+        daemon.wait_for("a", ready)
+        doc = json.loads(daemon.cli("status", "--json").stdout)
+        assert doc["daemon"]["config"]["needs_restart"] == []
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as answer:
+            assert b"dankserve" in answer.read()

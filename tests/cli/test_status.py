@@ -93,3 +93,19 @@ def test_status_after_the_daemon_is_killed_tells_a_sleeping_swap_member_from_a_s
         assert "(its server sleeps)" in shown
     with running_daemon(tmp_path, deployments) as again:  # adopted as they were; stopped cleanly at the end
         again.wait_for(awake, _ready)
+
+
+def test_a_refusal_of_a_file_whose_keys_are_valid_is_not_said_to_be_applied_by_a_reload() -> None:
+    """The daemon refused the file for its plan (a broken adapter): status does not promise that a reload applies it."""
+    from dankserve.cli.status import config_lines
+
+    refused = {
+        "at": 0.0,
+        "error": "deployments.chat.adapters.sql: rank r = 1000 ...",
+        "fix": "point the adapter at ...",
+    }
+    daemon = {"config": {"loaded_at": 0.0, "refused": refused, "on_disk": {"valid": True}}}
+    lines = config_lines(daemon)
+    assert "rank r = 1000" in lines[0]
+    assert "validates now" not in lines[1] and "unless what it plans is refused again" in lines[1], lines
+    assert "fix: point the adapter at ..." in lines[1], lines

@@ -139,3 +139,14 @@ def _wait_listening(port: int) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"nothing listens on {port}")
+
+
+def test_a_timeout_of_zero_or_less_is_refused_before_a_daemon_starts(tmp_path: Path) -> None:
+    """`up --timeout -1` and `restart NAME --timeout 0`: exit 2 naming --timeout, and no daemon started."""
+    with configured(tmp_path, {"chat": process_deployment(free_port())}) as (config, host):
+        for args in (("up", "--hardware", str(host), "--timeout", "-1"), ("restart", "chat", "--timeout", "0")):
+            done = dankserve_cli(config, *args)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert "Invalid value for '--timeout'" in done.stderr, done.stderr
+            assert "started the dankserve daemon" not in done.stdout + done.stderr
+            assert daemon_pid(tmp_path / "state") is None

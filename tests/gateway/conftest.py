@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dankserve.aioserver import GuardedServer
+from dankserve.gateway.access import Access
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.gateway.service import start_gateway
 from dankserve.settings import DeploymentSettings, GatewaySettings
@@ -123,6 +124,9 @@ class RunningGateway:
     server: GuardedServer
     supervisor: TableSupervisor
     deployments: dict[str, DeploymentSettings]
+    access: Access
+    settings: list[GatewaySettings]
+    """The settings the gateway reads now: append new ones to reload (the keys are read again)."""
 
     @property
     def url(self) -> str:
@@ -135,13 +139,16 @@ def gateway_for(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
     """A gateway over the given deployments (name -> settings dict), with a TableSupervisor."""
     servers: list[GuardedServer] = []
 
-    def make(deployments: dict[str, dict[str, Any]], **settings: Any) -> RunningGateway:
+    def make(deployments: dict[str, dict[str, Any]], usage_file: Path | None = None, **settings: Any) -> RunningGateway:
         deps = {name: DeploymentSettings(**values) for name, values in deployments.items()}
         supervisor = TableSupervisor()
         gateway_settings = GatewaySettings(listen=f"127.0.0.1:{free_port()}", **settings)
-        server = start_gateway(gateway_settings, lambda: deps, supervisor)
+        holder = [gateway_settings]
+        server, access = start_gateway(
+            gateway_settings, lambda: deps, supervisor, current=lambda: holder[-1], usage_file=usage_file
+        )
         servers.append(server)
-        return RunningGateway(server, supervisor, deps)
+        return RunningGateway(server, supervisor, deps, access, holder)
 
     yield make
     for server in servers:

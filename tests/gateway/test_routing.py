@@ -111,3 +111,14 @@ def test_loading_comments_say_what_the_request_waits_for() -> None:
 def test_retry_after_is_the_prediction_rounded_up() -> None:
     """At least 1 s; the configured value without a prediction."""
     assert [retry_after(12.3, 5), retry_after(0.2, 5), retry_after(None, 5)] == [13, 1, 5]
+
+
+def test_adapters_are_names_of_their_base_deployment() -> None:
+    """An adapter routes to its base deployment under its own name and is listed with `parent` = the base's name."""
+    deployments = {"d": DeploymentSettings(model="org/base", served_model_name="base", adapters={"sql": "org/sql"})}
+    table = route_table(deployments)
+    assert table["sql"] == Route("d", "sql")
+    routed = route_body(b'{"model": "sql", "prompt": "x"}', table)
+    assert routed.route.deployment == "d" and routed.body == b'{"model": "sql", "prompt": "x"}'
+    listed = models_document(model_entries(deployments), 0)["data"]
+    assert [(m["id"], m.get("parent")) for m in listed] == [("base", None), ("sql", "base")]

@@ -67,17 +67,20 @@ def test_gateway_conflicts_are_refused(tmp_path: Path, tables: str, named: str) 
 
 def test_an_empty_or_missing_gateway_key_file_is_a_config_error(tmp_path: Path) -> None:
     """An empty key file would be no key at all: exit 2 naming the file; a missing one likewise."""
-    from dankserve.gateway.service import read_api_key
+    from dankserve.gateway.keys_dir import read_keys
 
     empty = tmp_path / "empty.key"
     empty.write_text("  \n")
+    empty.chmod(0o600)
     with pytest.raises(ConfigError, match="empty or holds only whitespace"):
-        read_api_key(empty)
+        read_keys(None, empty)
     with pytest.raises(ConfigError, match="cannot read"):
-        read_api_key(tmp_path / "absent.key")
+        read_keys(None, tmp_path / "absent.key")
     good = tmp_path / "good.key"
     good.write_text("k3y\n")
-    assert read_api_key(good) == "k3y"
+    good.chmod(0o600)
+    ring = read_keys(None, good)
+    assert [(k.name, k.secret) for k in ring.keys] == [("default", "k3y")]
 
 
 def test_cluster_without_tls_names_the_script(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 RECORDED_HOST = REPO / "tests" / "hosts" / "h200x1-vm.json"
 
@@ -32,3 +34,14 @@ def dankserve_cli(
 def run_dankserve(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`dankserve --config CONFIG ARGS...` on the recorded one-GPU host."""
     return dankserve_cli(config, *args, env={"DANKSERVE_HARDWARE": str(RECORDED_HOST)}, timeout=timeout)
+
+
+def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`dankserve ARGS...` through `main` in this process: its exit code, stdout and stderr."""
+    from dankserve.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    out, err = capsys.readouterr()
+    code = done.value.code
+    return (code if isinstance(code, int) else 1), out, err

@@ -57,3 +57,23 @@ def test_fetcher_does_nothing_for_declared_facts(tmp_path: Path) -> None:
         "d", DeploymentSettings(model="o/a", model_facts=ModelFactsSettings(parameter_bytes=1)), seen.append
     )
     assert seen == []
+
+
+def test_fetcher_fetches_hub_adapters_even_with_declared_facts(
+    hub: StandInHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment's Hub adapters are fetched before its boot (not local ones, nor with download = false); once."""
+    from dankserve.hub.adapters import adapter_facts
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    hub.add_adapter("weights/lora", rank=16)
+    settings = Settings(state_dir=tmp_path / "state", hf_cache_dir=tmp_path / "hf")
+    facts = ModelFactsSettings(parameter_bytes=1)
+    dep = DeploymentSettings(model="/models/m", model_facts=facts, adapters={"l": "weights/lora"})
+    WeightsFetcher(settings)("d", dep.model_copy(update={"download": False}), lambda _: None)
+    assert not (tmp_path / "hf" / "hub" / "models--weights--lora").exists()
+    WeightsFetcher(settings)("d", dep, lambda _: None)
+    assert adapter_facts(settings.hf_cache_dir, "d", dep)[0].rank == 16
+    before = len(hub.requests)
+    WeightsFetcher(settings)("d", dep, lambda _: None)
+    assert len(hub.requests) == before

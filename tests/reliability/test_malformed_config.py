@@ -59,7 +59,7 @@ def test_many_malformed_configs_exit_2(
                 IN_PROCESS.recover()
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("dankserve.settings.DEFAULT_CONFIG_PATH", Path("/nonexistent/dankserve.toml"))
+        patch.setattr("dankserve.settings.files.DEFAULT_CONFIG_PATH", Path("/nonexistent/dankserve.toml"))
         patch.setattr("dankserve.logging_setup.configure_logging", lambda *a, **k: "console")
         for name in ("DANKSERVE_CONFIG", "DANKSERVE_HARDWARE"):
             patch.delenv(name, raising=False)

@@ -93,7 +93,7 @@ def test_a_reload_that_stops_a_slow_deployment_keeps_the_watchdog_fed(
     world = make_world(tmp_path, runtime=runtime)
     daemon = world.daemon
     daemon._start_worker("chat", daemon.settings.deployments["chat"])
-    wait_for(daemon.workers["chat"], ready)
+    wait_for(daemon.fleet.snapshot()["chat"], ready)
     thread, errors = run_main_loop(daemon)
     assert watchdog_pings(notify_socket, 0.5) >= 1
     config = daemon._config_path
@@ -106,5 +106,5 @@ def test_a_reload_that_stops_a_slow_deployment_keeps_the_watchdog_fed(
     assert pings >= 3, f"only {pings} WATCHDOG=1 in 1 s while a stop was pending"
     daemon.request_stop()
     thread.join(10)
-    assert errors == [] and "chat" not in daemon.snapshot()
+    assert errors == [] and "chat" not in daemon.fleet.snapshot()
     daemon._stop_all()

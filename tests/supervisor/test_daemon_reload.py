@@ -26,11 +26,11 @@ def test_a_reload_that_would_over_commit_a_gpu_is_refused_and_the_running_config
     world = make_world(tmp_path, dep={"gpus": [0], "gpu_memory_utilization": 0.5, "swap_group": "g"})
     daemon = world.daemon
     daemon._start_worker("chat", daemon.settings.deployments["chat"])
-    wait_for(daemon.workers["chat"], ready)
+    wait_for(daemon.fleet.snapshot()["chat"], ready)
     before = daemon.settings
 
     _reload(daemon, tmp_path, {"chat": _deployment(18000), "code": _deployment(18001)})
-    assert daemon.settings is before and set(daemon.snapshot()) == {"chat"}
+    assert daemon.settings is before and set(daemon.fleet.snapshot()) == {"chat"}
     assert daemon.config_refusal is not None
     error = daemon.config_refusal.error
     assert "0.95" in error and "chat" in error and "code" in error, error

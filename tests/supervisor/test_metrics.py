@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from dankserve.gateway.usage import Counts
 from dankserve.host.gpu_memory import GpuMemory
 from dankserve.supervisor.metrics import EXPORTED, DeploymentFacts, MetricsServer, MetricsSnapshot, SnapshotCollector
 from dankserve.supervisor.serving import RELAYED, parse_serving
@@ -36,6 +37,7 @@ def snapshot() -> MetricsSnapshot:
         serving={"chat": parse_serving(TEXT, at=0.0)},
         scrape_ok={"chat": True},
         gpus={"GPU-a": GpuMemory(0, "GPU-a", 80 << 30, 10 << 30, 70 << 30)},
+        gateway={("alice", "qwen"): Counts({200: 3, 429: 1}, 10, 20), ("-", "-"): Counts({401: 2})},
     )
 
 
@@ -123,3 +125,13 @@ def test_exported_names_are_exactly_what_a_full_snapshot_shows() -> None:
     """EXPORTED (which the dashboard test checks against) lists every own sample name, and no other."""
     own = {name for name, _ in samples(exposition(snapshot())) if not name.startswith("vllm:")}
     assert own == EXPORTED
+
+
+def test_gateway_requests_and_tokens_by_key_name() -> None:
+    """dankserve_gateway_requests_total{key,model,code} and tokens_total{key,model,kind} from the counters."""
+    shown = samples(exposition(snapshot()))
+    assert shown[("dankserve_gateway_requests_total", (("code", "429"), ("key", "alice"), ("model", "qwen")))] == 1
+    assert shown[("dankserve_gateway_requests_total", (("code", "401"), ("key", "-"), ("model", "-")))] == 2
+    assert (
+        shown[("dankserve_gateway_tokens_total", (("key", "alice"), ("kind", "completion"), ("model", "qwen")))] == 20
+    )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.daemon import DeploymentWorker
+from dankserve.supervisor.worker import DeploymentWorker
 from tests.supervisor.test_worker import World, make_world, ready, wait_for
 
 SWAP = {"swap_group": "g", "gpu_memory_utilization": 0.9}
@@ -112,7 +112,7 @@ def test_a_stop_while_waiting_for_gpu_room_keeps_the_launcher_only_for_down(
     """A member blocked before its boot (GPUs busy), then stopped: `down` keeps its launcher, SIGTERM removes it."""
     world = make_world(tmp_path, dep={**SWAP, "launcher": True})
     uuids = tuple(g.uuid for g in world.daemon.host.gpus)
-    held = world.daemon.gpu_locks.acquire(uuids, threading.Event())
+    held = world.daemon.gpus.slots.acquire(uuids, threading.Event())
     assert held is not None
     try:
         worker = world.worker()

@@ -21,7 +21,8 @@ from dankserve.errors import GroupNotFormed, MemberUnreachable
 from dankserve.settings import load_settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.assembly import make_planner
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, DeploymentWorker
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps
+from dankserve.supervisor.worker import DeploymentWorker
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
 from dankserve.testing.lifecycle import (
@@ -47,9 +48,8 @@ class World:
     port_holders: list[str | None]
 
     def worker(self, name: str = "chat") -> DeploymentWorker:
-        worker = DeploymentWorker(name, self.daemon.settings.deployments[name], self.daemon)
-        self.daemon.workers[name] = worker
-        worker.start()
+        worker = DeploymentWorker(name, self.daemon.settings.deployments[name], self.daemon.worker_services())
+        self.daemon.fleet.add(worker)
         return worker
 
 
@@ -376,7 +376,7 @@ def test_a_weights_download_shows_its_percentage_before_the_boot(
             return m.WeightsFailed("the Hub did not answer", permanent=False)
         for percent in (10, 60, 100):
             progress(percent)
-            state = world.daemon.workers[name].machine
+            state = world.daemon.fleet.snapshot()[name].machine
             seen.append((state.phase.value, state.weights_percent))
         return None
 

@@ -105,6 +105,9 @@ class BootInputs:
     model_bytes: int
     host_ram_bytes: int
     extra_notes: tuple[str, ...] = field(default=())
+    lora_loads: tuple[tuple[str, str, str | None], ...] = ()
+    """Each --lora-modules item's (name, path, error message or None), loaded in init_app_state."""
+    lora_runtime_updating: bool = False
 
 
 def _per_rank(message: Message, args_by_rank: list[tuple[object, ...]]) -> list[Event]:
@@ -397,9 +400,17 @@ def _capture_phase(inputs: BootInputs) -> list[Event]:
 def _serve_phase(inputs: BootInputs) -> list[Event]:
     """The API server starts uvicorn on the socket bound at the start."""
     durations = inputs.durations
+    # 0.26's run_server: "Supported tasks", build_app (the LoRA router's warning), init_app_state (static
+    # LoRAs: one that fails raises, and the server exits), then "Starting vLLM server on".
+    events: list[Event] = [Sleep(durations.server_start * 0.7), Log(msg.SUPPORTED_TASKS, (["generate"],))]
+    if inputs.lora_runtime_updating:
+        events.append(Log(msg.LORA_RUNTIME_UPDATING))
+    for name, path, error in inputs.lora_loads:
+        if error is not None:
+            return [*events, Raw("stderr", f"ValueError: {error}\n"), Exit(1)]
+        events.append(Log(msg.LORA_LOADED, (name, path)))
     return [
-        Sleep(durations.server_start * 0.7),
-        Log(msg.SUPPORTED_TASKS, (["generate"],)),
+        *events,
         Log(msg.STARTING_SERVER, (inputs.listen_address,)),
         Log(msg.AVAILABLE_ROUTES),
         *[Log(msg.ROUTE, route) for route in msg.ROUTES],

@@ -182,6 +182,9 @@ VALUE_TYPES: Final[dict[str, Callable[[str], object]]] = {
     "max_num_batched_tokens": human_readable_int,
     "max_num_seqs": int,
     "spec_tokens": int,
+    "max_loras": int,
+    "max_lora_rank": int,
+    "max_cpu_loras": int,
 }
 
 # argparse defaults as vLLM 0.33 registers them (the rest default to None, switches to False).

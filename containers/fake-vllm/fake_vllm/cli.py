@@ -16,6 +16,7 @@ from .boot_plan import STAND_IN_PREFIX, BootInputs, CacheStatus, build_boot_plan
 from .catalogue import CatalogueError, build_parser, load_catalogue, non_default_args, prepare_argv
 from .knobs import DEFAULT_COLD_BOOT_SECONDS, REAL_COLD_BOOT_SECONDS, KnobError, Knobs, parse_knobs
 from .logfmt import use_colour
+from .lora import LoraRegistry, parse_lora_modules
 from .memory import MemoryInputs, asleep_used, plan_memory, sleep_freed
 from .output import Output
 from .runner import Runner, ServeContext, install_signal_handlers
@@ -169,7 +170,11 @@ def serve(
         and config.max_model_len > knobs.model_max_len
         and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() not in ("1", "true")
     )
+    lora = LoraRegistry(config.enable_lora, config.max_lora_rank)
+    runtime_updating = env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
     inputs = BootInputs(
+        lora_loads=load_static_loras(lora, config),
+        lora_runtime_updating=runtime_updating,
         config=config,
         memory=memory,
         durations=durations,
@@ -208,6 +213,8 @@ def serve(
         reload_seconds=knobs.reload_seconds,
         sleep_freed_bytes=sleep_freed(memory),
         asleep_used_bytes=asleep_used(memory),
+        lora=lora,
+        lora_runtime_updating=runtime_updating,
     )
     state = EngineState()
     server = FakeVllmHTTPServer((host, config.port), facts, state, output)
@@ -224,6 +231,20 @@ def serve(
         keep_alive_on_engine_death=_truthy_int(env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")),
     )
     return Runner(context).run(build_boot_plan(inputs))
+
+
+def load_static_loras(registry: LoraRegistry, config: ServeConfig) -> tuple[tuple[str, str, str | None], ...]:
+    """`--lora-modules` loaded into the registry (init_static_loras): (name, path, error) each, up to the first
+    that fails (it stops the server)."""
+    modules = parse_lora_modules(config.lora_modules)
+    assert not isinstance(modules, str)  # main() refused it already
+    loads: list[tuple[str, str, str | None]] = []
+    for module in modules:
+        status, message, _ = registry.load(module.name, module.path)
+        loads.append((module.name, module.path, None if status == 200 else message))
+        if status != 200:
+            break
+    return tuple(loads)
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -270,6 +291,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             key = compile_cache.compile_cache_key(config, knobs.gpu_name, environment)
             run_workers(group, world_size, environment, key.backend_hash, key.aot_hash)
     imports.start_engine_core(environment)
+    modules = parse_lora_modules(config.lora_modules)
+    if isinstance(modules, str):
+        print(f"vllm serve: error: {modules}", file=sys.stderr)  # argparse's parser.error: exit 2
+        return 2
     return serve(
         config, knobs, environment, non_default, prepared.model_flag_used, kv_cache_dtypes=catalogue.kv_cache_dtypes
     )

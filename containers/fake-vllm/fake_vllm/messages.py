@@ -287,3 +287,14 @@ TAG_NOT_SLEEPING: Final = _m("engine", "WARNING", "abstract.py", 273, "Tag %s is
 
 ENGINE_DEAD_MESSAGE: Final = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 ENGINE_DEAD_CLIENT_MESSAGE: Final = "The server had an error while processing your request."
+
+# vllm/entrypoints/openai/models/serving.py and vllm/entrypoints/serve/lora/api_router.py (read from 0.26.0)
+LORA_LOADED: Final = _m("api", "INFO", "serving.py", 216, "Loaded new LoRA adapter: name '%s', path '%s'")
+LORA_REMOVED: Final = _m("api", "INFO", "serving.py", 234, "Removed LoRA adapter: name '%s'")
+LORA_RUNTIME_UPDATING: Final = _m(
+    "api",
+    "WARNING",
+    "api_router.py",
+    30,
+    "LoRA dynamic loading & unloading is enabled in the API server. This should ONLY be used for local development!",
+)

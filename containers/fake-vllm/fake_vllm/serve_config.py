@@ -40,6 +40,11 @@ class ServeConfig:
     access_log_excluded_paths: tuple[str, ...]
     hf_token: str | None
     enable_sleep_mode: bool = False
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: tuple[str, ...] = ()
+    """`--lora-modules` items as given (lora.parse_lora_modules reads them)."""
 
     @property
     def served_model_name(self) -> str:
@@ -106,4 +111,8 @@ def serve_config_from(namespace: argparse.Namespace, env_api_key: str | None) ->
         access_log_excluded_paths=tuple(path.strip() for path in excluded.split(",") if path.strip()),
         hf_token=_optional_str(namespace, "hf_token"),
         enable_sleep_mode=bool(_get(namespace, "enable_sleep_mode", False)),
+        enable_lora=bool(_get(namespace, "enable_lora", False)),
+        max_loras=_int(namespace, "max_loras", 1),
+        max_lora_rank=_int(namespace, "max_lora_rank", 16),
+        lora_modules=_str_tuple(namespace, "lora_modules"),
     )

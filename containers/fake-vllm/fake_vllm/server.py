@@ -27,6 +27,7 @@ from typing import Final
 from . import VLLM_VERSION
 from . import messages as msg
 from .logfmt import access_message
+from .lora import LoraRegistry, adapter_token_ids
 from .messages import ENGINE_DEAD_CLIENT_MESSAGE, JIT_DURING_INFERENCE
 from .output import Output
 from .serve_config import ServeConfig
@@ -91,14 +92,20 @@ class ServerFacts:
     """GPU memory (rank 0) a sleep frees, at either level."""
     asleep_used_bytes: int = 0
     """GPU memory (rank 0) still in use while asleep (CUDA context, graphs, NCCL)."""
+    lora: LoraRegistry = field(default_factory=lambda: LoraRegistry(False, 16))
+    """The LoRA adapters served (mutable: /v1/load_lora_adapter adds to it)."""
+    lora_runtime_updating: bool = False
+    """VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter exist."""
 
 
 def _approximate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def completion_text(max_tokens: int) -> str:
-    return "".join(FILLER_WORDS[index % len(FILLER_WORDS)] for index in range(max(0, max_tokens)))
+def completion_text(max_tokens: int, *, reverse: bool = False) -> str:
+    """The base model's fixed text; an adapter's (`reverse`) says the words backwards, so tests tell them apart."""
+    words = FILLER_WORDS[::-1] if reverse else FILLER_WORDS
+    return "".join(words[index % len(words)] for index in range(max(0, max_tokens)))
 
 
 def completion_token_ids(max_tokens: int) -> list[int]:
@@ -269,6 +276,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             ("POST", "/v1/completions"): lambda: self._generate(chat=False),
             ("POST", "/v1/chat/completions"): lambda: self._generate(chat=True),
         }
+        if self.server.facts.lora_runtime_updating:
+            routes[("POST", "/v1/load_lora_adapter")] = self._load_lora
+            routes[("POST", "/v1/unload_lora_adapter")] = self._unload_lora
         if self.server.facts.dev_mode:
             routes.update(
                 {
@@ -327,7 +337,48 @@ class RequestHandler(BaseHTTPRequestHandler):
             }
             for name in facts.config.served_model_names
         ]
+        for name, path in facts.lora.names():  # serving.py show_available_models: parent = the base's name
+            data.append({**data[0], "id": name, "root": path, "parent": facts.config.served_model_name})
+            data[-1]["max_model_len"] = None  # vLLM's adapter cards leave it unset
         self._json(200, {"object": "list", "data": data})
+
+    def _load_lora(self) -> None:
+        """POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"}: text answer on success."""
+        request = self._read_json()
+        if request is None:
+            return
+        name, path = request.get("lora_name"), request.get("lora_path")
+        if not isinstance(name, str) or not isinstance(path, str):
+            self._unprocessable("lora_name" if not isinstance(name, str) else "lora_path")
+            return
+        registry = self.server.facts.lora
+        status, message, kind = registry.load(name, path, inplace=request.get("load_inplace") is True)
+        if status != 200:
+            self._error(status, message, kind)
+            return
+        self.server.output.log(msg.LORA_LOADED, (name, path))
+        self._send(200, message.encode(), "text/plain; charset=utf-8")
+
+    def _unload_lora(self) -> None:
+        """POST /v1/unload_lora_adapter {"lora_name"}."""
+        request = self._read_json()
+        if request is None:
+            return
+        name = request.get("lora_name")
+        if not isinstance(name, str):
+            self._unprocessable("lora_name")
+            return
+        status, message, kind = self.server.facts.lora.unload(name)
+        if status != 200:
+            self._error(status, message, kind)
+            return
+        self.server.output.log(msg.LORA_REMOVED, (name,))
+        self._send(200, message.encode(), "text/plain; charset=utf-8")
+
+    def _unprocessable(self, field_name: str) -> None:
+        """FastAPI's answer to a body that does not validate (pydantic: a required string missing)."""
+        detail = [{"type": "missing", "loc": ["body", field_name], "msg": "Field required", "input": None}]
+        self._json(HTTPStatus.UNPROCESSABLE_ENTITY, {"detail": detail})
 
     def _query(self) -> dict[str, list[str]]:
         return urllib.parse.parse_qs(self.path.partition("?")[2])
@@ -435,7 +486,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         facts, state = self.server.facts, self.server.state
         model = request.get("model") or facts.config.served_model_name
-        if model not in facts.config.served_model_names:
+        adapter = isinstance(model, str) and facts.lora.has(model)
+        if model not in facts.config.served_model_names and not adapter:
             self._error(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist.", "NotFoundError", "model")
             return
         if self._dead():
@@ -454,7 +506,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
         prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
         prompt_tokens = _approximate_tokens(prompt_text)
-        text = "" if stale else completion_text(max_tokens)
+        text = "" if stale else completion_text(max_tokens, reverse=adapter)
         with state.lock:
             state.prompt_tokens_total += prompt_tokens
             state.generation_tokens_total += max_tokens
@@ -484,7 +536,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
         if request.get("return_token_ids") is True:  # vLLM's extra field (0.10.2+): the choice's token ids
-            choice["token_ids"] = [] if stale else completion_token_ids(max_tokens)
+            ids = adapter_token_ids(str(model), max_tokens) if adapter else completion_token_ids(max_tokens)
+            choice["token_ids"] = [] if stale else ids
         response: dict[str, object] = {
             "id": request_id,
             "object": "chat.completion" if chat else "text_completion",
@@ -494,7 +547,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             "usage": usage,
         }
         if request.get("stream") is True:
-            self._stream(response, chat, text)
+            options = request.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            self._stream(response, chat, text, include_usage)
         else:
             self._json(200, response)
 
@@ -528,9 +583,10 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         return True
 
-    def _stream(self, response: dict[str, object], chat: bool, text: str) -> None:
+    def _stream(self, response: dict[str, object], chat: bool, text: str, include_usage: bool = False) -> None:
         """Server-sent events: the text (in one event, or a token per event with
-        FAKE_VLLM_TOKEN_SECONDS), a finishing event, then [DONE]. A client that goes away
+        FAKE_VLLM_TOKEN_SECONDS), a finishing event, with `stream_options.include_usage` one more
+        with no choices and the usage (as vLLM's serving_chat sends it), then [DONE]. A client that goes away
         aborts the request, as vLLM does (counted as finished_reason="abort"). Chunked and kept
         alive as uvicorn sends a streaming response (HTTP/1.0 clients: until the connection closes)."""
         chunked = self.request_version == "HTTP/1.1"
@@ -550,6 +606,8 @@ class RequestHandler(BaseHTTPRequestHandler):
         pieces = _tokens(text) if delay > 0 else [text]
         events = [_chunk(response, chat, piece, None) for piece in pieces]
         events.append(_chunk(response, chat, "", "length"))
+        if include_usage:
+            events.append({**_chunk(response, chat, "", None), "choices": [], "usage": response["usage"]})
         state = self.server.state
         with state.lock:
             state.running += 1

@@ -1,6 +1,6 @@
 """A deployment's lifecycle as one pure state machine: `step(state, event, now) -> (state, commands)`.
 
-The worker thread (`supervisor.daemon.DeploymentWorker`) is only an interpreter: it runs the
+The worker thread (`supervisor.worker.DeploymentWorker`) is only an interpreter: it runs the
 commands through the runtime, the state store and NVML, and turns what happens (a command's
 result, a log line, a health answer, a timer, a stop or reload request) into events. Every
 decision lives in this package and in the pure pieces it calls: `policy.restart_or_give_up`

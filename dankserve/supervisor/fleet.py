@@ -1,0 +1,191 @@
+"""The fleet: the deployments one daemon supervises, their workers, and each one's `DeploymentView`.
+
+It is what the rest of the supervisor reads of the daemon: the swap groups (as their `SwapFleet`),
+status, the control requests, `/metrics` and the gateway link. Workers are added, taken down and
+retired only under its lock; readers take a `snapshot()`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from dankserve.settings import Settings
+from dankserve.supervisor import launching
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.clock import Clock
+from dankserve.supervisor.edges import RuntimeFactory
+from dankserve.supervisor.lifecycle import Phase
+from dankserve.supervisor.observatory import Observatory, ServingTarget
+from dankserve.supervisor.records import StateBook
+from dankserve.supervisor.status import DeploymentView, Metrics, deployment_view
+from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.worker import DeploymentWorker
+
+log = structlog.get_logger("dankserve")
+
+HostsOf = Callable[[str], list[dict[str, Any]] | None]
+"""The hosts of a multi-host deployment for `status` (None: a single-host one)."""
+
+
+class Fleet:
+    """The deployments of one daemon and their workers."""
+
+    def __init__(
+        self,
+        settings: Callable[[], Settings],
+        state: StateBook,
+        *,
+        clock: Clock,
+        telemetry: Telemetry,
+        observatory: Observatory,
+        describe_hosts: HostsOf | None = None,
+    ) -> None:
+        self._settings = settings
+        self.state = state
+        self.clock = clock
+        self._telemetry = telemetry
+        self._observatory = observatory
+        self._describe_hosts = describe_hosts
+        self._lock = threading.RLock()
+        self._workers: dict[str, DeploymentWorker] = {}
+        self._retiring: list[DeploymentWorker] = []
+        """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
+
+    @property
+    def settings(self) -> Settings:
+        """The running settings."""
+        return self._settings()
+
+    # -- the workers ------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, DeploymentWorker]:
+        """The workers now (a copy: the control thread may add or remove some meanwhile)."""
+        with self._lock:
+            return dict(self._workers)
+
+    def get(self, name: str) -> DeploymentWorker | None:
+        with self._lock:
+            return self._workers.get(name)
+
+    def add(self, worker: DeploymentWorker, *, unless_running: bool = False) -> None:
+        """Start `worker` for its deployment; `unless_running`: not when one already runs it (the start-up loop
+        races `dankserve up NAME`, answered on the control socket meanwhile: two workers booted two servers)."""
+        with self._lock:
+            existing = self._workers.get(worker.name)
+            if unless_running and existing is not None and existing.alive:
+                return
+            self._workers[worker.name] = worker
+            worker.start()  # under the lock: a worker others can see is alive
+
+    def retire(self, worker: DeploymentWorker) -> None:
+        """`worker` is told to stop and leaves the fleet; it is reaped once it ended (never waited for here)."""
+        worker.request_stop()
+        with self._lock:
+            self._workers.pop(worker.name, None)
+            self._retiring.append(worker)
+
+    def reap(self) -> None:
+        """Forget the retired workers that ended."""
+        with self._lock:
+            self._retiring = [w for w in self._retiring if w.alive]
+
+    def take_down(self, name: str) -> DeploymentWorker | None:
+        """Remembered as down; its worker (if any) leaves the fleet and is returned, for the caller to stop."""
+        with self._lock:
+            self.state.set_down(name, True)
+            return self._workers.pop(name, None)
+
+    def bring_up(self, name: str, make: Callable[[], DeploymentWorker]) -> None:
+        """No longer down; a worker made by `make` is started unless one runs."""
+        with self._lock:
+            self.state.set_down(name, False)
+            existing = self._workers.get(name)
+            if existing is None or not existing.alive:
+                self.add(make())
+
+    def stop_all(self, timeout: float, failed: Callable[[str], None], runtime_for: RuntimeFactory) -> None:
+        """Stop every worker (retired ones too), waiting up to `timeout` s in all; a worker still stopping then
+        is `failed`. SIGTERM leaves nothing running: the launchers of deployments without a running worker go
+        too (kept by `down`, or idle after the deployment failed)."""
+        with self._lock:
+            workers = [*self._workers.values(), *self._retiring]
+        for worker in workers:
+            worker.request_stop()
+        deadline = time.monotonic() + timeout
+        for worker in workers:
+            worker.join(max(0.1, deadline - time.monotonic()))
+        for worker in workers:
+            if worker.alive:  # still stopping at the deadline: its server may outlive the daemon
+                failed(worker.name)
+        # A worker that ended (stopped, or failed: its launcher idles on for `up`) stops nothing more itself.
+        supervised = {w.name for w in workers if w.alive}
+        settings = self.settings
+        for name, dep in settings.deployments.items():
+            if name in supervised or not dep.launcher:
+                continue
+            try:
+                removed = launching.remove_launcher(runtime_for(dep), name, settings.stop_timeout_seconds)
+                if removed is not None:
+                    log.info("launcher_removed", deployment=name, container_id=removed)
+            except Exception as exc:
+                log.warning("launcher_remove_failed", deployment=name, error=str(exc))
+
+    def serving_targets(self) -> list[ServingTarget]:
+        """The ready deployments, whose /metrics the observatory reads."""
+        targets = []
+        for name, worker in self.snapshot().items():
+            if worker.machine.stage is m.Stage.READY:
+                with worker.lock:
+                    dep = worker.dep
+                targets.append(ServingTarget(name, dep.host, dep.port))
+        return targets
+
+    # -- views ------------------------------------------------------------------------------------
+    def views(self, *, with_hosts: bool = True) -> list[DeploymentView]:
+        """Every configured deployment's view, by name."""
+        workers = self.snapshot()
+        return [self.view(name, workers.get(name), with_hosts=with_hosts) for name in sorted(self.settings.deployments)]
+
+    def view(self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True) -> DeploymentView:
+        """The deployment as status, /metrics and `sleep`/`wake` show it."""
+        dep = self.settings.deployments[name]
+        record = self.state.deployment(name)
+        observatory = self._observatory
+        machine = worker.machine if worker is not None else None
+        gpus = []
+        if machine is not None and machine.gpu_uuids:
+            for reading in observatory.gpus(machine.gpu_uuids).values():
+                gpus.append(
+                    {
+                        "index": reading.index,
+                        "memory_used_bytes": reading.used_bytes,
+                        "memory_total_bytes": reading.total_bytes,
+                    }
+                )
+        # vLLM's numbers as the observatory last read them (the same ones /metrics relays).
+        sample = observatory.sample(name) if machine is not None and machine.phase is Phase.READY else None
+        metrics = None
+        if sample is not None:
+            preemptions = sample.preemptions_total
+            metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
+        hosts = self._describe_hosts(name) if with_hosts and self._describe_hosts is not None else None
+        return deployment_view(
+            name,
+            dep,
+            record,
+            machine,
+            down=self.state.is_down(name),
+            now=self.clock.monotonic(),
+            gpus=gpus,
+            metrics=metrics,
+            hosts=hosts,
+            serving=None if sample is None else sample.as_json(),
+            observed=self._telemetry.of(name),
+            waiting_for=worker.waiting_for if worker is not None else None,
+            phase_since=worker.phase_since if worker is not None else None,
+            wall_now=self.clock.time(),
+        )

@@ -1,0 +1,183 @@
+"""A worker's command interpreter: each machine command run against the world, its answer the event the
+machine is stepped with next (None: no answer). The boot commands are `booting.Boots`', the records
+`recording.Recorder`'s; here are the workload's: stop, remove, follow its log, wait for its exit,
+probe /health, sleep and wake, and the commands about a launcher's server (issue 15).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dankserve.plan.plan import has_sleep_mode
+from dankserve.settings import DeploymentSettings
+from dankserve.supervisor import launching
+from dankserve.supervisor import machine as m
+from dankserve.supervisor.health import check_health
+from dankserve.supervisor.liveness_probe import served_model_name
+from dankserve.supervisor.log_pump import Inbox
+from dankserve.supervisor.worker.booting import Boots, api_key
+from dankserve.supervisor.worker.recording import Recorder
+from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.workloads import LogFollow, WorkloadRuntimes
+from dankserve.supervisor.workload import launcher_run_dir
+
+
+class Commands:
+    """Runs one deployment's commands."""
+
+    def __init__(
+        self,
+        name: str,
+        services: WorkerServices,
+        inbox: Inbox,
+        *,
+        machine: Callable[[], m.MachineState],
+        stopping: threading.Event,
+        keep_launcher: Callable[[], bool],
+        progress: Callable[[int], None],
+        logger: Any,
+    ) -> None:
+        self._name = name
+        self._services = services
+        self._log = logger
+        self._progress = progress
+        self.runtimes = WorkloadRuntimes(services.edges.runtime_for)
+        self.logs = LogFollow(name, inbox, logger)
+        self.boots = Boots(
+            name,
+            services,
+            self.runtimes,
+            machine=machine,
+            stopping=stopping,
+            keep_launcher=keep_launcher,
+            logger=logger,
+        )
+        self.records = Recorder(name, services, machine, logger)
+
+    def run(self, command: m.Command, dep: DeploymentSettings) -> m.Event | None:
+        """Run `command` for the deployment configured as `dep` now."""
+        edges = self._services.edges
+        stop_timeout = self._services.settings().stop_timeout_seconds
+        match command:
+            case m.Note(event=event, level=level, fields=fields):
+                getattr(self._log, level)(event, **dict(fields))
+            case m.EnsureWeights():
+                return self.boots.fetch_weights(dep, self._progress)
+            case m.EnsureImage():
+                runtime = self.runtimes.current(dep)
+                image_ref = (dep.executable or "") if dep.runtime == "process" else dep.image
+                image = runtime.ensure_image(image_ref, dep.pull, lambda p: self._log.info("pull", status=p.status))
+                return m.ImageReady(image.vllm_version or None, image.digest or None)
+            case m.PlanBoot(overrides=overrides, vllm_version=version, digest=digest):
+                return self.boots.plan(dep, overrides, version, digest)
+            case m.StopWorkload(workload_id=wid):
+                self.logs.unfollow(wid)
+                self.runtimes.of(wid, dep).stop(wid, stop_timeout)
+            case m.RemoveWorkload(workload_id=wid, best_effort=best_effort):
+                self._remove(wid, dep, best_effort)
+            case m.AcquireGpus(uuids=uuids):
+                return self.boots.acquire_gpus(uuids)
+            case m.ReleaseGpus():
+                self.boots.release()
+            case m.ReadFreeMemory(uuids=uuids, settle_first=settle_first):
+                return self.boots.read_free_memory(uuids, settle_first, dep)
+            case m.StartWorkload(overrides=overrides, vllm_version=version, launcher_id=launcher_id):
+                return self.boots.start(dep, overrides, version, launcher_id)
+            case m.CheckPort():
+                holder = edges.check_port(dep.host, dep.port)
+                return m.PortFree() if holder is None else m.PortBusy(dep.port, holder)
+            case m.StopServer() | m.WaitExit(server=int()):
+                return self._launcher_command(command, dep)
+            case m.RemoveLauncher():
+                self._remove_launcher(dep)
+            case m.FollowLogs(workload_id=wid, resume=resume, server=server):
+                self.logs.follow(self.runtimes.of(wid, dep), wid, resume=resume, server=server)
+            case m.WaitExit(workload_id=wid, timeout=timeout):
+                ended = self.runtimes.of(wid, dep).wait(wid, timeout=timeout)
+                return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
+            case m.ProbeHealth(timeout=timeout):
+                return self._probe_health(dep, timeout)
+            case m.WarmUp(timeout=timeout):
+                began = time.monotonic()
+                model = served_model_name(tuple(dep.extra_args), dep.model)
+                error = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
+                return m.WarmedUp(error, time.monotonic() - began)
+            case m.CountGpuTenants(uuids=uuids):
+                return m.GpuTenants(self._services.gpus.other_processes(uuids), edges.draw())
+            case m.SleepServer() | m.WakeServer():
+                return self._swap(dep, command)
+            case _:
+                self.records.record(command)
+        return None
+
+    def _remove(self, workload_id: str, dep: DeploymentSettings, best_effort: bool) -> None:
+        self.logs.unfollow(workload_id)
+        try:
+            self.runtimes.of(workload_id, dep).remove(workload_id)
+        except Exception as exc:
+            if not best_effort:
+                raise
+            self._log.warning("remove_failed", container_id=workload_id, error=str(exc))
+        self.runtimes.forget(workload_id)
+
+    def _probe_health(self, dep: DeploymentSettings, timeout: float) -> m.Event | None:
+        """/health of the server, and whether a sleep-mode server sleeps (None: no verdict, probed again)."""
+        edges = self._services.edges
+        if edges.health is not None:
+            return edges.health(dep.host, dep.port, timeout)
+        result = check_health(dep.host, dep.port, timeout=timeout)
+        if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
+            self._log.warning("health_probe_not_sent", error=result.error)
+            return None
+        # Dev mode's /sleep is open to anyone on loopback: a sleep dankserve did not ask for is noticed.
+        sleeping = result.healthy and has_sleep_mode(dep) and edges.is_sleeping(dep.host, dep.port, api_key(dep))
+        return m.HealthChecked(result.status, result.error, sleeping=bool(sleeping))
+
+    def _launcher_command(self, command: m.StopServer | m.WaitExit, dep: DeploymentSettings) -> m.Event | None:
+        """The commands about a launcher's server (issue 15)."""
+        settings = self._services.settings()
+        run_dir = launcher_run_dir(settings, self._name)
+        if isinstance(command, m.StopServer):
+            self.logs.unfollow(command.workload_id)
+            launching.stop_server(run_dir, settings.stop_timeout_seconds)
+            return None
+        wid = command.workload_id
+        return launching.wait_server(self.runtimes.of(wid, dep), wid, run_dir, command.timeout)
+
+    def _remove_launcher(self, dep: DeploymentSettings) -> None:
+        """The deployment's launcher, kept running without a server, goes (best effort: the daemon is stopping)."""
+        if not dep.launcher:
+            return
+        try:
+            stop_timeout = self._services.settings().stop_timeout_seconds
+            removed = launching.remove_launcher(self.runtimes.current(dep), self._name, stop_timeout)
+        except Exception as exc:
+            self._log.warning("launcher_remove_failed", error=str(exc))
+            return
+        if removed is not None:
+            self.logs.unfollow(removed)
+            self.runtimes.forget(removed)
+            self._log.info("launcher_removed", container_id=removed)
+
+    def _swap(self, dep: DeploymentSettings, command: m.SleepServer | m.WakeServer) -> m.Event:
+        """Sleep at level 1 or 2 through vLLM's route, or (`stop`) stop and remove the server; or wake it."""
+        edges, clock = self._services.edges, self._services.clock
+        if isinstance(command, m.WakeServer):
+            return edges.wake_server(dep.host, dep.port, api_key(dep), command.level)
+        workload_id, level = command.workload_id, command.level
+        if level != "stop":
+            return edges.sleep_server(dep.host, dep.port, api_key(dep), level)
+        started = clock.monotonic()
+        settings = self._services.settings()
+        self.logs.unfollow(workload_id)
+        if command.server is not None:  # the launcher stays: the wake asks it for a new server
+            launching.stop_server(launcher_run_dir(settings, self._name), settings.stop_timeout_seconds)
+            return m.FellAsleep(clock.monotonic() - started)
+        runtime = self.runtimes.of(workload_id, dep)
+        runtime.stop(workload_id, settings.stop_timeout_seconds)
+        runtime.remove(workload_id)
+        self.runtimes.forget(workload_id)
+        return m.FellAsleep(clock.monotonic() - started)

@@ -1,0 +1,55 @@
+"""What a deployment's worker needs of the rest of the daemon, and no more: `WorkerServices`.
+
+A worker runs its machine's commands through these edges and collaborators (the runtime, the
+planner, the state store, the GPUs, telemetry, the swap groups' boot admission) and tells the
+daemon two things back (a phase changed, a stop failed). It never sees the daemon itself: tests
+build a worker from a `WorkerServices` of fakes, and new wiring is one field here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from dankserve.settings import Settings
+from dankserve.supervisor.edges import WorkerEdges
+
+if TYPE_CHECKING:
+    import threading
+
+    from dankserve.supervisor.clock import Clock
+    from dankserve.supervisor.gpus import HostGpus
+    from dankserve.supervisor.observatory import Observatory
+    from dankserve.supervisor.records import StateBook
+    from dankserve.supervisor.swap_roster import PlanFacts
+    from dankserve.supervisor.telemetry import Telemetry
+
+
+class BootAdmission(Protocol):
+    """What a worker asks of the swap groups (`SwapGroups` is it): may it boot now, and what its plan says."""
+
+    def admit_boot(
+        self, name: str, uuids: tuple[str, ...], cancelled: threading.Event, waits: Callable[[str], None]
+    ) -> bool: ...
+
+    def record_plan(self, name: str, facts: PlanFacts) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerServices:
+    """The edges and collaborators of every worker of one daemon."""
+
+    settings: Callable[[], Settings]
+    """The running settings (a reload replaces them: read them when needed, never keep them)."""
+    edges: WorkerEdges
+    clock: Clock
+    state: StateBook
+    telemetry: Telemetry
+    observatory: Observatory
+    gpus: HostGpus
+    swaps: BootAdmission
+    phase_changed: Callable[[], None]
+    """A worker's phase changed: the main loop and the swap groups look again."""
+    stop_failed: Callable[[str], None]
+    """A worker could not stop its server (`run` exits 3 then)."""
