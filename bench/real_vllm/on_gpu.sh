@@ -118,6 +118,16 @@ image_layer() {
   bash "$here/build_image.sh" vllm || { collect; exit 1; }
 }
 
+scale_env() {  # issue 28's env file: the carried tree's dankserve, the 8B by default
+  cat > $ENVFILE <<ENV
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:/tmp/dsite:/tmp/tree VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
+export PROOF_MODEL=/tmp/qwen3-8b LAUNCHER_MODEL_NAME=qwen3-8b
+export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
+ENV
+}
+
 start_jobs() {  # each argument a shell command line, run in order in the background
   mkdir -p /tmp/results
   # The branch's tree, not the checkout's: `python -m dankserve` puts the working directory first on
@@ -137,13 +147,7 @@ scale1)
   if [ -f .dev/tree.tar.xz ]; then xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
   else cp bench/real_vllm/install-on-gpu.sh /tmp/tree/bench/real_vllm/; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
-  cat > $ENVFILE <<ENV
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=/tmp/site:/tmp/dsite:/tmp/tree VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
-export PROOF_MODEL=/tmp/qwen3-8b LAUNCHER_MODEL_NAME=qwen3-8b
-export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
-ENV
+  scale_env
   bash /tmp/tree/bench/real_vllm/install-on-gpu.sh 1
   nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
   df -h /tmp | tail -1; free -g | head -2
@@ -164,13 +168,7 @@ scale2)
 split1)
   t0=$(date +%s)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
-  cat > $ENVFILE <<ENV
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=/tmp/site:/tmp/dsite:/tmp/tree VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
-export PROOF_MODEL=/tmp/qwen3-8b LAUNCHER_MODEL_NAME=qwen3-8b
-export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
-ENV
+  scale_env
   mkdir -p /tmp/site/vllm && xz -T4 -dc .vl1/C.so.xz > /tmp/site/vllm/_C_stable_libtorch.abi3.so
   nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
   df -h /tmp | tail -1; free -g | head -2; nproc
