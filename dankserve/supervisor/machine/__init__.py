@@ -66,6 +66,7 @@ from dankserve.supervisor.machine.commands import (
     StopWorkload,
     WaitExit,
     WakeServer,
+    WarmUp,
     note,
 )
 from dankserve.supervisor.machine.driver import (
@@ -104,6 +105,7 @@ from dankserve.supervisor.machine.events import (
     Tick,
     WakeFailed,
     WakeRequested,
+    WarmedUp,
     WeightsFailed,
     WeightsProgress,
     WeightsReady,
@@ -146,6 +148,7 @@ from dankserve.supervisor.machine.timing import (
     PORT_RECHECK_SECONDS,
     UNANSWERED_HEALTH_MESSAGE,
     UNANSWERED_HEALTH_SECONDS,
+    WARM_UP_TIMEOUT_SECONDS,
 )
 from dankserve.supervisor.machine.transitions import (
     IGNORED,
@@ -174,6 +177,7 @@ __all__ = [
     "TRANSITIONS",
     "UNANSWERED_HEALTH_MESSAGE",
     "UNANSWERED_HEALTH_SECONDS",
+    "WARM_UP_TIMEOUT_SECONDS",
     "AcquireGpus",
     "Begin",
     "Boot",
@@ -246,6 +250,8 @@ __all__ = [
     "WakeFailed",
     "WakeRequested",
     "WakeServer",
+    "WarmUp",
+    "WarmedUp",
     "WeightsFailed",
     "WeightsProgress",
     "WeightsReady",
