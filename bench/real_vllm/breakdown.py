@@ -18,6 +18,8 @@ stamps are whole seconds). This reads those files beside the rows and adds to ea
   graphs               to `Graph capturing finished`
   engine_tail          to `init engine ... took` (warm-up, the JIT monitor)
   api_start            to `Application startup complete.`
+  warm_up              to the last completion answered before ready: dankserve's warm-up (issue 28 item 4;
+                       none by hand, where the first user request pays vLLM's first-request kernel compile)
   to_ready             to the daemon's ready (or, by hand, /health 200)
 
     python bench/real_vllm/breakdown.py DIR     (DIR holds launcher.json and the stamped logs)
@@ -60,9 +62,20 @@ PHASES = (
     ("graphs", "kv", "graphs_done"),
     ("engine_tail", "graphs_done", "engine_done"),
     ("api_start", "engine_done", "api_up"),
-    ("to_ready", "api_up", "ready"),
+    ("warm_up", "api_up", "warmed"),
+    ("to_ready", "warmed", "ready"),
 )
-BOOT_KINDS = {"cold", "launcher-kill", "launcher-down-up", "launcher-config-change", "fork-repeat", "manual-best"}
+COMPLETION_LINE = '"POST /v1/completions'
+"""uvicorn's access line, written as each completion is answered."""
+BOOT_KINDS = {
+    "cold",
+    "launcher-kill",
+    "launcher-down-up",
+    "launcher-config-change",
+    "launcher-kill-multithread-load",
+    "fork-repeat",
+    "manual-best",
+}
 JIT_LINE = "Triton kernel JIT compilation during inference"
 STARTED = re.compile(re.escape(protocol.PREFIX) + r" server (\d+) started:")
 
@@ -114,6 +127,8 @@ def breakdown(row: dict[str, Any], folder: Path) -> dict[str, Any] | None:
         server_at, lines = server_segment(stamped(folder / "stamped-launcher.log"), row["server"])
         ready = row["ready_at"]
     at = {"begin": row["began_at"], "server": server_at, **marks(lines), "ready": ready}
+    answered = [t for t, text in lines if COMPLETION_LINE in text and t <= ready + 0.02]
+    at["warmed"] = answered[-1] if answered else at.get("api_up")
     phases = {
         name: round(at[end] - at[begin], 2) if at.get(begin) is not None and at.get(end) is not None else None
         for name, begin, end in PHASES

@@ -11,6 +11,7 @@ Steps (comma-separated, or `all` in this order; state lives in PROOF_WORK):
   launcher-kill          the launcher's server killed with -9: the same launcher forks the next one
   launcher-down-up       `down` then `up`: the launcher stays, a new server
   launcher-config-change a reload changing max_num_seqs: the launcher stays, a new server (it profiles)
+  multithread-load       reloads to vLLM's multi-thread weight loader, kills the server under it, reloads back
   fork-repeat            --forks more `down`/`up`s in a row: every forked boot must be ready (fork safety)
   greedy                 the same greedy token ids from a launcher boot and from a plain boot by hand
                          (`vllm serve`, or `podman run`); stops the daemon
@@ -62,10 +63,16 @@ SERVER_STAMPS: list[proof.LineWatch] = []
 """The stamped copy of the launcher's log (started by `cold`, after the state is wiped)."""
 
 
-def config_text(max_num_seqs: int | None = None) -> str:
+MULTITHREAD_LOAD = ["--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 16}']
+"""vLLM 0.26's multi-thread safetensors loader (DefaultModelLoader's extra config), step `multithread-load`."""
+
+
+def config_text(max_num_seqs: int | None = None, extra_args: list[str] | None = None) -> str:
     text = proof.config_text(proof.EXECUTABLE) + "launcher = true\n"
     if max_num_seqs is not None:
         text += f"max_num_seqs = {max_num_seqs}\n"
+    if extra_args:
+        text += f"extra_args = {json.dumps(extra_args)}\n"
     return text
 
 
@@ -88,7 +95,7 @@ def launcher() -> LauncherClient:
     return LauncherClient(proof.WORK / "state" / "launchers" / "tiny")
 
 
-def timed_boot(kind: str, action: Any, args: argparse.Namespace) -> None:
+def timed_boot(kind: str, action: Any, args: argparse.Namespace, **fields: Any) -> None:
     """`action`, then the next ready boot: seconds from the action to ready, and what the launcher did;
     with --requests, then the first and second request to it."""
     boots = (proof.deployment_status() or {}).get("boots", 0)
@@ -114,6 +121,7 @@ def timed_boot(kind: str, action: Any, args: argparse.Namespace) -> None:
             "kv_cache_memory_bytes": status["kv_cache_memory_bytes"],
             "compile_cache_hit": status["compile_cache_hit"],
             "message": status.get("message"),
+            **fields,
         }
     )
     if args.requests:
@@ -217,6 +225,20 @@ def step_config_change(args: argparse.Namespace) -> None:
         timed_boot("launcher-config-change", reload, args)
 
 
+def step_multithread_load(args: argparse.Namespace) -> None:
+    """Issue 28 item 2: a reload to vLLM's multi-thread weight loader (a new server, it profiles), a kill under
+    it (the warm boot to compare with launcher-kill's weights phase), and a reload back to the plan's flags."""
+
+    def reload(extra: list[str] | None) -> None:
+        (proof.WORK / "dankserve.toml").write_text(config_text(extra_args=extra))
+        proof.control({"command": "reload"})
+
+    timed_boot("launcher-config-change", lambda: reload(MULTITHREAD_LOAD), args, load="multithread")
+    time.sleep(2)
+    timed_boot("launcher-kill-multithread-load", kill_server, args, load="multithread")
+    timed_boot("launcher-config-change", lambda: reload(None), args)
+
+
 def step_fork_repeat(args: argparse.Namespace) -> None:
     # By down and up, not by kills: more than 5 kills within 900 s make the failure policy give up
     # (as it should; run C's sixth kill did), and a kill's restart waits out a growing backoff.
@@ -275,7 +297,22 @@ def step_greedy(args: argparse.Namespace) -> None:
     cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
     if RUNTIME == "podman":
         proof.podman("rm", "-f", proof.CONTAINER)
-    plain = proof.manual_boot("greedy_plain", cache, learned_bytes(), None, while_up=completions)["while_up"]
+    stamps = proof.LineWatch(proof.WORK / "manual-greedy_plain.log", [], proof.WORK / "stamped-greedy_plain.log")
+    try:
+        boot = proof.manual_boot("greedy_plain", cache, learned_bytes(), None, while_up=completions)
+    finally:
+        stamps.stop()
+    plain = boot["while_up"]
+    # The plain boot is a manual best too (the plan's argv by hand, the kept cache, the learned bytes).
+    add_row(
+        {
+            "kind": "manual-best",
+            "seconds": boot["start_to_health_seconds"],
+            "began_at": boot["started_at"],
+            "log": "stamped-greedy_plain.log",
+            "note": "the greedy step's plain boot",
+        }
+    )
     add_row(
         {
             "kind": "greedy",
@@ -319,7 +356,7 @@ def step_manual_best(args: argparse.Namespace) -> None:
     # The manual boots run the plan's argv by hand (proof.manual_boot reads it from plan.json).
     (proof.WORK / "plan.json").write_text(proof.dankserve("plan", "tiny", "--json").stdout)
     cache = proof.WORK / "cache" / "deployments" / "tiny" / "vllm"
-    for number in range(1, args.repeat + 1):
+    for number in range(1, (args.manual_repeat or args.repeat) + 1):
         if RUNTIME == "podman":
             proof.podman("rm", "-f", proof.CONTAINER)
         label = f"manual_best_{number}"
@@ -362,6 +399,7 @@ STEPS = {
     "launcher-down-up": step_down_up,
     "launcher-config-change": step_config_change,
     "fork-repeat": step_fork_repeat,
+    "multithread-load": step_multithread_load,
     "greedy": step_greedy,
     "manual-best": step_manual_best,
     "stop": step_stop,
@@ -374,6 +412,7 @@ def main() -> None:
     parser.add_argument("steps", help="comma-separated, or all: " + ",".join(STEPS))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--forks", type=int, default=10)
+    parser.add_argument("--manual-repeat", type=int, help="manual-best boots (default --repeat)")
     parser.add_argument("--requests", action="store_true", help="time the first and second request after each boot")
     args = parser.parse_args()
     proof.WORK.mkdir(parents=True, exist_ok=True)

@@ -36,13 +36,20 @@
 #
 # Issue 28 (real model sizes), from the coordinator's checkout, the code under test carried as
 # .dev/tree.tar.xz (dankserve/ and bench/ of the branch) with dankserve's missing wheels in .dev/whl:
-#   bash .dev/on_gpu.sh scale1           (carry .vl1 .dev)  vLLM's first half, the env file
-#   bash .dev/on_gpu.sh scale2 JOB...    (carry .vl2 .dev)  second half, the Qwen3-8B-shaped model
+#   bash .dev/on_gpu.sh scale1           (carry .vl1 .dev/whl .dev/on_gpu.sh)  vLLM's first half, the env file
+#   bash .dev/on_gpu.sh scale2 JOB...    (carry .vl2 .dev/tree.tar.xz .dev/on_gpu.sh)  second half, the 8B model
 #                      (make_qwen3.py, /tmp/qwen3-8b), then the JOBs as proc2 does, e.g.
 #     "python3 /tmp/tree/bench/real_vllm/launcher.py cold,launcher-kill,launcher-down-up,manual-best,summary --requests"
 #   bash .dev/on_gpu.sh jobs             follows them (a later call); $OUT as for proc2
 #   a JOB "bash .dev/on_gpu.sh memlog &" samples GPU and host memory into mem.txt (run I's swap-memory.txt)
 # .dev/on_gpu.sh is a copy of this file (the device call sends the coordinator's checkout).
+# When the checkout itself is large (a call carries 64 MiB, tracked files counted), three smaller calls
+# instead, with the wheels of .vl2 moved into .vl2/whl:
+#   bash .dev/on_gpu.sh split1      (carry .vl1/C.so.xz .dev/whl .dev/on_gpu.sh)  dankserve's wheels, env file, vLLM's kernels
+#   bash .dev/on_gpu.sh split2      (carry .vl1/py.tar.xz .vl2/whl .dev/tree.tar.xz .dev/on_gpu.sh)  vLLM's Python and
+#                      its dependencies, the tree; both models built in the background (/tmp/qwen3-8b, /tmp/qwen3-14b)
+#   bash .dev/on_gpu.sh split3 JOB...  (carry .vl2/fa3.xz .vl2/third_party.tar.xz .dev/on_gpu.sh)  the rest, waits
+#                      for the models, then the JOBs as scale2 does
 
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
 # files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).
@@ -87,6 +94,8 @@ watch_jobs() {
   mkdir -p /tmp/out-extra /tmp/results
   cp /tmp/jobs.log /tmp/launcher/*.log /tmp/launcher/*.json /tmp/swapbench/*.log /tmp/out-extra/ 2>/dev/null
   cp /tmp/launcher/state/processes/*.log /tmp/out-extra/ 2>/dev/null
+  for f in /tmp/swapbench/state/processes/*.log; do [ -f "$f" ] && cp "$f" "/tmp/out-extra/swap-$(basename "$f")"; done
+  cp /tmp/models.log /tmp/out-extra/ 2>/dev/null
   find /tmp/results -type f | while read -r f; do cp "$f" "$OUT/$(echo "${f#/tmp/results/}" | tr / -)"; done
   collect
 }
@@ -109,8 +118,21 @@ image_layer() {
   bash "$here/build_image.sh" vllm || { collect; exit 1; }
 }
 
+scale_env() {  # issue 28's env file: the carried tree's dankserve, the 8B by default
+  cat > $ENVFILE <<ENV
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:/tmp/dsite:/tmp/tree VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
+export PROOF_MODEL=/tmp/qwen3-8b LAUNCHER_MODEL_NAME=qwen3-8b
+export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
+ENV
+}
+
 start_jobs() {  # each argument a shell command line, run in order in the background
   mkdir -p /tmp/results
+  # The branch's tree, not the checkout's: `python -m dankserve` puts the working directory first on
+  # sys.path, so jobs started in the checkout ran its dankserve/ whatever PYTHONPATH said (runs J and K).
+  if [ -d /tmp/tree/dankserve ]; then mkdir -p /tmp/tree/.dev && cp "$here/on_gpu.sh" /tmp/tree/.dev/ && cd /tmp/tree; fi
   { echo "set -x"; for job in "$@"; do echo "$job"; done; } > /tmp/run-jobs.sh
   setsid bash /tmp/run-jobs.sh > /tmp/jobs.log 2>&1 < /dev/null &
   watch_jobs
@@ -119,15 +141,13 @@ start_jobs() {  # each argument a shell command line, run in order in the backgr
 case "${1:-}" in
 scale1)
   t0=$(date +%s)
-  mkdir -p /tmp/tree && xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  # The 64 MiB a call carries: scale1 may carry .dev/whl without .dev/tree.tar.xz (the checkout's own
+  # install-on-gpu.sh then runs), scale2 the tree without the wheels (installed here, kept in /tmp).
+  mkdir -p /tmp/tree/bench/real_vllm
+  if [ -f .dev/tree.tar.xz ]; then xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  else cp bench/real_vllm/install-on-gpu.sh /tmp/tree/bench/real_vllm/; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
-  cat > $ENVFILE <<ENV
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=/tmp/site:/tmp/dsite:/tmp/tree VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export PROOF_RUNTIME=process PROOF_WORK=/tmp/launcher LAUNCHER_RESULTS=/tmp/results/launcher.json
-export PROOF_MODEL=/tmp/qwen3-8b LAUNCHER_MODEL_NAME=qwen3-8b
-export SWAP_PYTHON=$(command -v python3) SWAP_MACHINE="H200 VM (device kind nvidia-h200)"
-ENV
+  scale_env
   bash /tmp/tree/bench/real_vllm/install-on-gpu.sh 1
   nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
   df -h /tmp | tail -1; free -g | head -2
@@ -142,6 +162,37 @@ scale2)
   [ -f /tmp/qwen3-8b/config.json ] || python3 /tmp/tree/bench/real_vllm/make_qwen3.py /tmp/qwen3-8b 8b 2>&1 | tail -3
   du -sh /tmp/qwen3-8b; df -h /tmp | tail -1
   echo "vllm2 + model took $(( $(date +%s) - t0 )) s"
+  shift
+  start_jobs "$@"
+  ;;
+split1)
+  t0=$(date +%s)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dsite .dev/whl/*.whl
+  scale_env
+  mkdir -p /tmp/site/vllm && xz -T4 -dc .vl1/C.so.xz > /tmp/site/vllm/_C_stable_libtorch.abi3.so
+  nvidia-smi --query-gpu=index,uuid,memory.used --format=csv
+  df -h /tmp | tail -1; free -g | head -2; nproc
+  echo "split1 took $(( $(date +%s) - t0 )) s"
+  ;;
+split2)
+  t0=$(date +%s)
+  (cd /tmp/site && xz -dc "$OLDPWD/.vl1/py.tar.xz" | tar -xf -)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .vl2/whl/*.whl 2>&1 | grep -v WARNING
+  rm -rf /tmp/tree && mkdir -p /tmp/tree && xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  . $ENVFILE
+  # In a session of its own: it outlives this call (the next call waits for it).
+  setsid bash -c ". $ENVFILE; m=/tmp/tree/bench/real_vllm/make_qwen3.py; python3 \$m /tmp/qwen3-8b 8b &&
+    python3 \$m /tmp/qwen3-14b 14b && echo built > /tmp/models.done" > /tmp/models.log 2>&1 < /dev/null &
+  echo "split2 took $(( $(date +%s) - t0 )) s"
+  ;;
+split3)
+  t0=$(date +%s)
+  (cd /tmp/site && xz -dc "$OLDPWD/.vl2/third_party.tar.xz" | tar -xf -)
+  xz -T4 -dc .vl2/fa3.xz > /tmp/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so
+  . $ENVFILE
+  while [ ! -f /tmp/models.done ] && pgrep -f "make_qwen3[.]py" > /dev/null; do sleep 2; done
+  tail -3 /tmp/models.log; du -sh /tmp/qwen3-8b /tmp/qwen3-14b; df -h /tmp | tail -1
+  echo "split3 + models took $(( $(date +%s) - t0 )) s"
   shift
   start_jobs "$@"
   ;;

@@ -11,6 +11,7 @@ in /etc/cdi, rootful Podman with the stand-in image: `make fake-vllm-image`).
     .venv/bin/python bench/real_vllm/rehearse.py process cold,greedy
     REHEARSE_MODEL=qwen3-8b .venv/bin/python bench/real_vllm/rehearse.py process \
         cold,launcher-kill,launcher-down-up,manual-best,summary --requests   (issue 28's run)
+    .venv/bin/python bench/real_vllm/rehearse.py swap --swaps 4 --modes level1,level2mt   (swap.py, 8B + 14B)
 
 STEPS defaults to `all`. The work directory is a fresh temporary one; its results (launcher.json),
 logs and the daemon's log stay there and are named at the end.
@@ -37,6 +38,7 @@ IMAGE = os.environ.get("FAKE_VLLM_IMAGE", "localhost/fake-vllm:latest")
 SOCKET = "/run/podman/podman.sock"  # the daemon's default podman_url, as on the GPU machine
 TIME_SCALE = "0.05"
 IMPORT_SECONDS = "1.74"  # vLLM's 17.4 s import on the H200, scaled as bench/launcher_restart.py does
+FIRST_REQUEST_SECONDS = "0.05"  # the first request's kernel compile (0.7 s after the H200 cold boot), scaled by hand
 # The tinyllama test model's shape: the planner reads config.json from the model's directory.
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -99,7 +101,28 @@ def podman_service(env: dict[str, str], log: Path) -> subprocess.Popen[bytes] | 
     return service
 
 
+def rehearse_swap(rest: list[str]) -> int:
+    """bench/real_vllm/swap.py REST against the stand-in: two Qwen3-shaped members (8B, 14B) in one swap group."""
+    work = Path(tempfile.mkdtemp(prefix="rehearse-swap-", dir="/var/tmp"))
+    env = {**os.environ, "SWAP_WORK": str(work), "SWAP_PYTHON": str(STAND_IN / "vllm.py")}
+    env |= {"FAKE_VLLM_TIME_SCALE": TIME_SCALE, "FAKE_VLLM_FIRST_REQUEST_SECONDS": FIRST_REQUEST_SECONDS}
+    for key, shape in (("SWAP_MODEL_A", "qwen3-8b"), ("SWAP_MODEL_B", "qwen3-14b")):
+        model = work / "models" / shape
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps(MODEL_CONFIGS[shape]))
+        env[key] = str(model)
+    with stand_in_gpus(work, count=1, prefix="dankserve-rehearse-") as gpus:
+        host = write_recorded_host(work / "host.json", "h200x1-vm", [gpu.uuid for gpu in gpus.gpus])
+        env["DANKSERVE_HARDWARE"] = str(host)
+        argv = [sys.executable, str(REPO / "bench" / "real_vllm" / "swap.py"), "--out", str(work / "out"), *rest]
+        code = subprocess.run(argv, env=env, check=False).returncode
+    print(f"rehearsal {'passed' if code == 0 else f'FAILED (exit {code})'}: results and logs in {work}")
+    return code
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] == "swap":
+        return rehearse_swap(sys.argv[2:])
     if len(sys.argv) < 2 or sys.argv[1] not in ("process", "podman"):
         print(__doc__, file=sys.stderr)
         return 2
@@ -110,6 +133,7 @@ def main() -> int:
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(MODEL_CONFIGS[shape]))
     knobs = {"FAKE_VLLM_TIME_SCALE": TIME_SCALE, "FAKE_VLLM_IMPORT_SECONDS": IMPORT_SECONDS}
+    knobs["FAKE_VLLM_FIRST_REQUEST_SECONDS"] = FIRST_REQUEST_SECONDS
     knobs["DANKSERVE_LAUNCHER_ENTRY"] = "fake_vllm.cli:main"
     knobs["DANKSERVE_LAUNCHER_PRELOAD"] = "fake_vllm.cli"
     env = {

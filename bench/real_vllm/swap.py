@@ -48,12 +48,16 @@ MODELS = {
 PYTHON = os.environ.get("SWAP_PYTHON", sys.executable)
 GATEWAY_PORT = 9000
 PORTS = {"a": 8001, "b": 8002}
-LEVELS = {"level1": "1", "level2": "2", "stop": "stop"}
+LEVELS = {"level1": "1", "level2": "2", "stop": "stop", "level2mt": "2"}
+# Issue 28 item 2: vLLM 0.26's multi-thread safetensors loader (DefaultModelLoader), for level 2's reload_weights
+# and every boot's weights; mode level2mt is level2 with it, to measure what it gains.
+MULTITHREAD_LOAD = ["--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 16}']
+MODE_EXTRA_ARGS = {"level2mt": MULTITHREAD_LOAD}
 # The device machine's rule: NVLink multicast stays off in every program started there.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def config_text(level: str) -> str:
+def config_text(level: str, extra_args: list[str] | None = None) -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
     env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
     parts = [
@@ -87,6 +91,8 @@ def config_text(level: str) -> str:
             'kv_offload = "off"',
             f"env = {{ {env_text} }}",
         ]
+        if extra_args:
+            parts.append(f"extra_args = {json.dumps(extra_args)}")
     return "\n".join(parts) + "\n"
 
 
@@ -117,11 +123,14 @@ def wait_until(
     raise SystemExit(f"timed out waiting for {what}: {json.dumps(status())[:2000]}")
 
 
-def first_token_seconds(model: str) -> float:
-    """Send a streamed completion for `model` through the gateway; seconds until its first token."""
+def first_token_seconds(model: str) -> tuple[float, list[int]]:
+    """Send a streamed greedy completion for `model` through the gateway: seconds until its first token, and
+    every token id of the stream (same serving: the ids before and after a wake must match)."""
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": True}
     body["return_token_ids"] = True  # random weights decode to empty text: count token ids too (FACTS.md)
     started = time.monotonic()
+    first: float | None = None
+    ids: list[int] = []
     url = f"http://127.0.0.1:{GATEWAY_PORT}/v1/completions"
     with httpx.stream("POST", url, json=body, timeout=900) as reply:
         if reply.status_code != 200:
@@ -130,14 +139,17 @@ def first_token_seconds(model: str) -> float:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choice = (json.loads(line[6:]).get("choices") or [{}])[0]
-            if choice.get("text") or choice.get("token_ids"):
-                return time.monotonic() - started
-    raise SystemExit(f"{model}: the stream ended without a token")
+            if first is None and (choice.get("text") or choice.get("token_ids")):
+                first = time.monotonic() - started
+            ids += choice.get("token_ids") or []
+    if first is None:
+        raise SystemExit(f"{model}: the stream ended without a token")
+    return first, ids
 
 
 def run_mode(mode: str, swaps: int) -> list[dict[str, Any]]:
     shutil.rmtree(WORK / "state", ignore_errors=True)
-    (WORK / "dankserve.toml").write_text(config_text(LEVELS[mode]))
+    (WORK / "dankserve.toml").write_text(config_text(LEVELS[mode], MODE_EXTRA_ARGS.get(mode)))
     (WORK / "dankserve.toml").chmod(0o600)
     log = (WORK / f"daemon-{mode}.log").open("w")
     daemon = subprocess.Popen(
@@ -153,11 +165,17 @@ def run_mode(mode: str, swaps: int) -> list[dict[str, Any]]:
             "one model ready, the other asleep",
             daemon,
         )
+        # The awake member's ids before any swap (a model's first answer after its boot, no sleep yet).
+        awake_first = next(n for n, d in status().items() if d["state"] == "ready")
+        _, before_ids = first_token_seconds(f"model-{awake_first}")
+        seen_ids: dict[str, list[int]] = {awake_first: before_ids}
+        print(json.dumps({"mode": mode, "before_swaps": awake_first, "token_ids": before_ids}), flush=True)
         for number in range(swaps):
             before = status()
             sleeping = next(n for n, d in before.items() if d["state"] == "asleep")
             awake = "a" if sleeping == "b" else "b"
-            seconds = first_token_seconds(f"model-{sleeping}")
+            seconds, ids = first_token_seconds(f"model-{sleeping}")
+            same = seen_ids.setdefault(sleeping, ids) == ids
             after = wait_until(lambda s, a=awake: s[a]["state"] == "asleep", 120, f"{awake} asleep", daemon)
             row = {
                 "mode": mode,
@@ -168,6 +186,8 @@ def run_mode(mode: str, swaps: int) -> list[dict[str, Any]]:
                 "wake_seconds": after[sleeping]["swap"]["last_wake_seconds"],
                 "sleep_seconds": after[awake]["swap"]["last_sleep_seconds"],
                 "level": after[awake]["swap"]["last_level"],
+                "token_ids": ids,
+                "same_ids_as_first": same,
             }
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -190,7 +210,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where results.json goes (docs/hardware/NAME)")
     parser.add_argument("--swaps", type=int, default=5)
-    parser.add_argument("--modes", default="level1,level2,stop")
+    parser.add_argument("--modes", default="level1,level2,stop", help="of " + ",".join(LEVELS))
     parser.add_argument("--stop-swaps", type=int, help="swaps for the stop mode (each a full boot); default --swaps")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -219,6 +239,7 @@ def main() -> int:
         "vllm": "0.26.0",
         "swaps_per_mode": args.swaps,
         "targets_seconds": {"level1": 1.5, "level2": 2.5},
+        "multithread_load": MULTITHREAD_LOAD,
         "medians": summary,
         "swaps": rows,
     }

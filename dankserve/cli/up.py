@@ -185,6 +185,7 @@ BOOT_STEPS = {
     "compiling": "compiling (torch.compile)",
     "profiling": "profiling memory",
     "capturing": "capturing CUDA graphs",
+    "warming": "warming up (the first request's kernels)",
 }
 
 

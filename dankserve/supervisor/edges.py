@@ -39,6 +39,9 @@ class WorkerEdges(Protocol):
     def health(self) -> Callable[[str, int, float], m.HealthChecked] | None: ...
 
     @property
+    def warm_up(self) -> Callable[[str, int, str, str | None, float], str | None]: ...
+
+    @property
     def draw(self) -> Callable[[], float]: ...
 
     @property

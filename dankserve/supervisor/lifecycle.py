@@ -24,6 +24,8 @@ class Phase(StrEnum):
     COMPILING = "compiling"
     PROFILING = "profiling"
     CAPTURING = "capturing"
+    WARMING = "warming"
+    """Up, and sent the served request shapes once before READY (the first request's kernel compile)."""
     READY = "ready"
     RESTARTING = "restarting"
     FAILED = "failed"
@@ -45,6 +47,7 @@ BOOTING_PHASES = frozenset(
         Phase.COMPILING,
         Phase.PROFILING,
         Phase.CAPTURING,
+        Phase.WARMING,
         Phase.RESTARTING,
     }
 )

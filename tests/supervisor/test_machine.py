@@ -45,6 +45,7 @@ SAMPLES: dict[type[Any], Any] = {
     m.Exited: m.Exited(1),
     m.StillRunning: m.StillRunning(),
     m.HealthChecked: m.HealthChecked(200),
+    m.WarmedUp: m.WarmedUp(None, 0.4),
     m.LivenessFailed: m.LivenessFailed(FailureCause.ENGINE_DEAD, "no token in 30 s"),
     m.MemberLost: m.MemberLost("10.0.0.2 did not answer 2 times"),
     m.GpuTenants: m.GpuTenants(False, 0.5),
@@ -163,8 +164,57 @@ def test_ready_needs_this_boots_log_line_as_well_as_health() -> None:
     after, commands = m.step(booting, m.BootLog(READY_FACTS, Phase.READY), 1.0)
     assert commands[-1] == m.ProbeHealth(1.0)
     after, commands = m.step(after, m.HealthChecked(200), 1.1)
+    assert after.stage is m.Stage.BOOTING and commands[-1] == m.WarmUp(m.WARM_UP_TIMEOUT_SECONDS)
+    after, commands = m.step(after, m.WarmedUp(None, 0.7), 1.8)
     assert after.stage is m.Stage.READY and after.status == "ready"
     assert any(isinstance(c, m.RecordBoot) for c in commands)
+
+
+def up_and_answered() -> m.MachineState:
+    """A boot whose log said it is up and whose /health answered: the warm-up was sent at 1.1."""
+    after, _ = m.step(in_stage(m.Stage.BOOTING), m.BootLog(READY_FACTS, Phase.READY), 1.0)
+    after, _ = m.step(after, m.HealthChecked(200), 1.1)
+    return after
+
+
+def test_up_and_answered_sends_the_warm_up_before_ready_and_probes_no_more() -> None:
+    """/health 200 with the log's startup line: the warm-up (bounded by the boot deadline) and phase warming;
+    no health probe and no second warm-up while it runs."""
+    warming = up_and_answered()
+    assert warming.phase is Phase.WARMING and warming.status == "starting"
+    near = with_boot(in_stage(m.Stage.BOOTING), deadline=21.0)
+    near, _ = m.step(near, m.BootLog(READY_FACTS, Phase.READY), 1.0)
+    _, commands = m.step(near, m.HealthChecked(200), 11.0)
+    assert commands[-1] == m.WarmUp(10.0)
+    assert m.step(warming, m.HealthChecked(200), 1.2) == (warming, ())
+    _, commands = m.step(warming, m.Tick(), 5.0)
+    assert not [c for c in commands if isinstance(c, m.ProbeHealth | m.WarmUp)]
+    late, _ = m.step(warming, m.BootLog(READY_FACTS, Phase.CAPTURING), 1.3)
+    assert late.phase is Phase.WARMING
+
+
+def test_ready_follows_the_warm_up_with_its_seconds_in_the_ready_note() -> None:
+    """READY comes after the warm-up came back; the `ready` note carries the warm-up's seconds and the whole boot's."""
+    after, commands = m.step(up_and_answered(), m.WarmedUp(None, 0.72), 2.0)
+    assert after.stage is m.Stage.READY and after.phase is Phase.READY
+    ready = next(c for c in commands if isinstance(c, m.Note) and c.event == "ready")
+    assert dict(ready.fields)["warm_up_seconds"] == 0.72 and dict(ready.fields)["boot_seconds"] == 2.0
+
+
+def test_a_failed_warm_up_fails_the_boot_by_the_policy() -> None:
+    """A warm-up that failed is the boot's failure (a hung engine when the log names none): never ready, torn down."""
+    after, commands = m.step(up_and_answered(), m.WarmedUp("HTTP 500: boom", 1.0), 2.0)
+    assert after.stage is m.Stage.DECIDING and after.pending is not None
+    assert after.pending.cause is FailureCause.ENGINE_HUNG and not after.pending.served
+    assert "the warm-up request before ready failed: HTTP 500: boom" in (after.pending.message or "")
+    assert any(isinstance(c, m.Note) and c.event == "warm_up_failed" for c in commands)
+    assert not any(isinstance(c, m.Note) and c.event == "ready" for c in commands)
+
+
+def test_a_warm_up_answer_nobody_asked_for_changes_nothing() -> None:
+    """WarmedUp with no warm-up sent (a late answer of an earlier boot) is dropped."""
+    booting = in_stage(m.Stage.BOOTING)
+    assert m.step(booting, m.WarmedUp(None, 0.1), 1.0) == (booting, ())
 
 
 def test_a_server_up_in_its_log_but_unanswered_on_its_port_is_said_once_then_cleared() -> None:
@@ -179,6 +229,7 @@ def test_a_server_up_in_its_log_but_unanswered_on_its_port_is_said_once_then_cle
     after, commands = m.step(after, m.Tick(), 2.0 + m.UNANSWERED_HEALTH_SECONDS)
     assert not [c for c in commands if isinstance(c, m.Note) and c.event == "health_unanswered"]
     after, _ = m.step(after, m.HealthChecked(200), 3.0 + m.UNANSWERED_HEALTH_SECONDS)
+    after, _ = m.step(after, m.WarmedUp(None, 0.1), 3.1 + m.UNANSWERED_HEALTH_SECONDS)
     assert after.stage is m.Stage.READY and after.message is None
 
 
@@ -358,7 +409,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert after == before and commands == ()
         if before.stage is m.Stage.BOOTING and after.stage is m.Stage.READY:  # this boot's log and /health
             assert before.boot is not None and before.boot.facts.ready
-            assert isinstance(event, m.HealthChecked) and event.status == 200
+            assert before.boot.warm_up_since is not None
+            assert isinstance(event, m.WarmedUp) and event.error is None
         if isinstance(event, m.FreeMemoryRead) and None in event.free:  # unknown never passes the guard
             assert all(c.overrides.kv_cache_memory_bytes is None for c in commands if isinstance(c, m.StartWorkload))
         self.state = after
@@ -377,6 +429,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 [
                     m.BootLog(READY_FACTS, Phase.READY),
                     m.HealthChecked(200),
+                    m.WarmedUp(None, 0.5),
                     m.BootLog(BootFacts(failure=FailureClass.OOM_LOAD, failure_message="CUDA out of memory")),
                 ]
             ),

@@ -145,7 +145,8 @@ def ready_with(learned: LearnedKv, tokens: int) -> tuple[m.MachineState, tuple[A
     facts = BootFacts(ready=True, kv_cache_memory_bytes=5 * 2**30, gpu_kv_cache_tokens=tokens)
     state = with_boot(in_stage(m.Stage.BOOTING), learned=learned, learned_used=learned.kv_cache_memory_bytes)
     state = with_boot(state, facts=facts)
-    return m.step(state, m.HealthChecked(200), 5.0)
+    warming, _ = m.step(state, m.HealthChecked(200), 5.0)
+    return m.step(warming, m.WarmedUp(None, 0.1), 5.1)
 
 
 def test_a_learned_boot_with_a_smaller_kv_cache_is_said_in_status_and_log() -> None:

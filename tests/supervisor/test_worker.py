@@ -102,6 +102,7 @@ def make_world(
         clock=clock,
         check_port=lambda host, port: holders.pop(0) if holders else None,
         health=lambda host, port, timeout: runtime.health("chat"),
+        warm_up=lambda host, port, model, key, timeout: None,
         draw=lambda: 0.0,
     )
     return World(Daemon(settings, deps, config_path=config), runtime, clock, holders)

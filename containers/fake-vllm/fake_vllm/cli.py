@@ -207,6 +207,7 @@ def serve(
         token_seconds=knobs.token_seconds,
         # FAKE_VLLM_NO_DEV_MODE: a build without the dev-mode routes, whatever VLLM_SERVER_DEV_MODE says.
         dev_mode=_truthy_int(env.get("VLLM_SERVER_DEV_MODE")) and not _truthy_int(env.get("FAKE_VLLM_NO_DEV_MODE")),
+        first_request_seconds=knobs.first_request_seconds,
         sleep_seconds=knobs.sleep_seconds,
         wake_seconds=knobs.wake_seconds,
         reload_seconds=knobs.reload_seconds,

@@ -66,6 +66,9 @@ class Knobs:
     reload_seconds: float = 0.5
     """FAKE_VLLM_RELOAD_SECONDS: collective_rpc reload_weights after a level-2 sleep (staged wake: 0.74 s in all)."""
     shutdown_seconds: float = 0.0
+    first_request_seconds: float = 0.0
+    """FAKE_VLLM_FIRST_REQUEST_SECONDS: the first completion waits this long and logs vLLM's JIT warning
+    (real vLLM 0.26 compiles kernel_unified_attention at its first request: 0.7 s on the H200)."""
     """FAKE_VLLM_SHUTDOWN_SECONDS: how long the engine's teardown takes after SIGTERM (HTTP already closed)."""
     nvml_dir: str | None = None
     """FAKE_VLLM_NVML_DIR: keep this process's GPU memory there as NVML would list it (nvml_record.py)."""
@@ -140,6 +143,7 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         dev_dir=env.get("FAKE_VLLM_DEV_DIR", "").strip() or "/dev",
         trace_file=env.get("FAKE_VLLM_TRACE_FILE", "").strip() or None,
         token_seconds=_number(env, "FAKE_VLLM_TOKEN_SECONDS", 0.0) or 0.0,
+        first_request_seconds=_number(env, "FAKE_VLLM_FIRST_REQUEST_SECONDS", 0.0) or 0.0,
         sleep_seconds=_number(env, "FAKE_VLLM_SLEEP_SECONDS", 0.22) or 0.0,
         wake_seconds=_number(env, "FAKE_VLLM_WAKE_SECONDS", 0.2) or 0.0,
         reload_seconds=_number(env, "FAKE_VLLM_RELOAD_SECONDS", 0.5) or 0.0,

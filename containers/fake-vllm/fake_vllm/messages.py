@@ -41,6 +41,15 @@ MODEL_FLAG_WARNING: Final = _m(
 )
 
 # vllm/entrypoints/common/startup.py (called from launcher.setup_server)
+# vllm/v1/.../jit_monitor.py (0.26.0), as the H200 logs show it: a kernel compiled at the first request it runs.
+JIT_DURING_INFERENCE: Final = _m(
+    "engine",
+    "WARNING",
+    "jit_monitor.py",
+    135,
+    "Triton kernel JIT compilation during inference: %s. This causes a latency spike; "
+    "consider extending warmup to cover this shape/config.",
+)
 VERSION_PLAIN: Final = _m("api", "INFO", "startup.py", 38, "vLLM server version %s, serving model %s")
 VERSION_LOGO: Final = _m(
     "api",

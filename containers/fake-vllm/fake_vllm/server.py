@@ -28,7 +28,7 @@ from . import VLLM_VERSION
 from . import messages as msg
 from .logfmt import access_message
 from .lora import LoraRegistry, adapter_token_ids
-from .messages import ENGINE_DEAD_CLIENT_MESSAGE
+from .messages import ENGINE_DEAD_CLIENT_MESSAGE, JIT_DURING_INFERENCE
 from .nvml_record import write_record
 from .output import Output
 from .serve_config import ServeConfig
@@ -56,6 +56,7 @@ class EngineState:
     generation_tokens_total: int = 0
     preemptions_total: int = 0
     requests_total: int = 0
+    kernels_compiled: bool = False
     aborted_total: int = 0
     interval_prompt_tokens: int = 0
     interval_generation_tokens: int = 0
@@ -85,6 +86,8 @@ class ServerFacts:
     """Delay between streamed tokens; 0 streams the whole text in one event."""
     dev_mode: bool = False
     """VLLM_SERVER_DEV_MODE=1: the dev-mode routes exist (/sleep, /wake_up, /is_sleeping, ...)."""
+    first_request_seconds: float = 0.0
+    """The first completion's kernel compile (vLLM's JIT during inference): its wait, then the warning."""
     sleep_seconds: float = 0.22
     wake_seconds: float = 0.2
     reload_seconds: float = 0.5
@@ -516,6 +519,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         if self._wait_while_hung():
             return
+        self._compile_kernels_once()
         raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
         prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
@@ -568,6 +572,15 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._stream(response, chat, text, include_usage)
         else:
             self._json(200, response)
+
+    def _compile_kernels_once(self) -> None:
+        """The first completion compiles the attention kernel (FAKE_VLLM_FIRST_REQUEST_SECONDS), as vLLM 0.26 does."""
+        facts, state = self.server.facts, self.server.state
+        with state.lock:
+            first, state.kernels_compiled = not state.kernels_compiled, True
+        if first and facts.first_request_seconds > 0:
+            time.sleep(facts.first_request_seconds)
+            self.server.output.log(JIT_DURING_INFERENCE, ("kernel_unified_attention",))
 
     def _wait_while_hung(self) -> bool:
         """A hung engine: the request waits (and counts as waiting) until its client gives up,

@@ -67,6 +67,7 @@ from dankserve.supervisor.machine.commands import (
     StopWorkload,
     WaitExit,
     WakeServer,
+    WarmUp,
     note,
 )
 from dankserve.supervisor.machine.driver import (
@@ -106,6 +107,7 @@ from dankserve.supervisor.machine.events import (
     Tick,
     WakeFailed,
     WakeRequested,
+    WarmedUp,
     WeightsFailed,
     WeightsProgress,
     WeightsReady,
@@ -149,6 +151,7 @@ from dankserve.supervisor.machine.timing import (
     PORT_RECHECK_SECONDS,
     UNANSWERED_HEALTH_MESSAGE,
     UNANSWERED_HEALTH_SECONDS,
+    WARM_UP_TIMEOUT_SECONDS,
 )
 from dankserve.supervisor.machine.transitions import (
     IGNORED,
@@ -177,6 +180,7 @@ __all__ = [
     "TRANSITIONS",
     "UNANSWERED_HEALTH_MESSAGE",
     "UNANSWERED_HEALTH_SECONDS",
+    "WARM_UP_TIMEOUT_SECONDS",
     "AcquireGpus",
     "Begin",
     "Boot",
@@ -251,6 +255,8 @@ __all__ = [
     "WakeFailed",
     "WakeRequested",
     "WakeServer",
+    "WarmUp",
+    "WarmedUp",
     "WeightsFailed",
     "WeightsProgress",
     "WeightsReady",

@@ -124,6 +124,14 @@ class ProbeHealth:
 
 
 @dataclass(frozen=True)
+class WarmUp:
+    """Send the served request shapes once over loopback before READY (answered by WarmedUp): the first
+    user request must not pay vLLM's first-request kernel compile."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
 class CountGpuTenants:
     """Ask NVML for other processes on the GPUs (answered by GpuTenants)."""
 
@@ -217,6 +225,7 @@ Command = (
     | FollowLogs
     | WaitExit
     | ProbeHealth
+    | WarmUp
     | CountGpuTenants
     | RecordFailure
     | RecordRestart

@@ -58,6 +58,7 @@ from dankserve.supervisor.machine.events import (
     Tick,
     WakeFailed,
     WakeRequested,
+    WarmedUp,
     WeightsFailed,
     WeightsProgress,
     WeightsReady,
@@ -80,6 +81,7 @@ from dankserve.supervisor.machine.running import (
     on_still_running,
     on_tick,
     on_unreachable,
+    on_warmed_up,
 )
 from dankserve.supervisor.machine.state import (
     MachineState,
@@ -118,6 +120,7 @@ _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     Exited: on_exited,
     StillRunning: on_still_running,
     HealthChecked: on_health,
+    WarmedUp: on_warmed_up,
     LivenessFailed: on_liveness,
     MemberLost: on_member_lost,
     GpuTenants: on_gpu_tenants,

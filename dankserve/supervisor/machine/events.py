@@ -192,6 +192,14 @@ class HealthChecked:
 
 
 @dataclass(frozen=True)
+class WarmedUp:
+    """The warm-up requests came back (`error` None), or what went wrong with them."""
+
+    error: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
 class LivenessFailed:
     """A liveness probe found the ready server unusable (issue 17 feeds `FailureCause` engine_hung here)."""
 
@@ -335,6 +343,7 @@ Event = (
     | Exited
     | StillRunning
     | HealthChecked
+    | WarmedUp
     | LivenessFailed
     | MemberLost
     | GpuTenants

@@ -17,6 +17,7 @@ from dankserve.supervisor.machine.commands import (
     ReleaseGpus,
     WaitExit,
     WakeServer,
+    WarmUp,
     note,
 )
 from dankserve.supervisor.machine.events import (
@@ -31,6 +32,7 @@ from dankserve.supervisor.machine.events import (
     RuntimeUnreachable,
     StillRunning,
     Tick,
+    WarmedUp,
 )
 from dankserve.supervisor.machine.outcomes import (
     Step,
@@ -61,6 +63,7 @@ from dankserve.supervisor.machine.timing import (
     PORT_RECHECK_SECONDS,
     UNANSWERED_HEALTH_MESSAGE,
     UNANSWERED_HEALTH_SECONDS,
+    WARM_UP_TIMEOUT_SECONDS,
 )
 from dankserve.supervisor.policy import FailureCause
 
@@ -170,45 +173,17 @@ def on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
     boot = state.boot
     if boot is None:
         return state, ()
-    config = state.config
     if state.stage is Stage.BOOTING:
         # Ready needs this boot's own evidence (its log's startup line) as well as /health: another
         # server left on the port would answer /health before this one has said anything.
-        if not (event.status == 200 and boot.facts.ready):
+        if not (event.status == 200 and boot.facts.ready) or boot.warm_up_since is not None:
             return state, ()
-        facts = boot.facts
-        kv_bytes = boot.learned_used if boot.learned_used is not None else facts.kv_cache_memory_bytes
-        boot = replace(boot, ready_at=now, next_health=now + config.health_interval_seconds, phase=Phase.READY)
-        # A learned boot whose KV cache is smaller than the profiled one's (vllm issue 57936) is said.
-        shrunk = learning.kv_shrink_warning(boot.learned, facts.gpu_kv_cache_tokens) if boot.learned_used else None
-        after = replace(
-            state,
-            stage=Stage.READY,
-            boot=boot,
-            message=shrunk or (None if boot.unanswered_warned else state.message),
-            kv_cache_memory_bytes=kv_bytes,
-            compile_cache_hit=facts.compile_cache_hit,
-            compile_seconds=facts.compile_seconds,
-            wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS),
-        )
-        learn_baseline = boot.baseline if boot.learned_used is None else None
-        if state.swap.since is not None:
-            after = replace(after, swap=swap_done(state.swap, "wake", now))
-        warned = () if shrunk is None else (note("kv_cache_smaller_than_profiled", "warning", message=shrunk),)
-        return after, (
-            *warned,
-            # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this
-            # boot is ready and on disk (all three run before status shows ready).
-            RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
-            note(
-                "ready",
-                boot_seconds=round(now - boot.started_at, 3),
-                kv_cache_memory_bytes=kv_bytes,
-                learned_used=boot.learned_used is not None,
-                compile_cache_hit=facts.compile_cache_hit,
-            ),
-            *woke_by_boot(state, now),
-            ReleaseGpus(),
+        # Up: the served shapes once before READY, so the first user request pays no kernel compile.
+        timeout = max(1.0, min(WARM_UP_TIMEOUT_SECONDS, boot.deadline - now))
+        boot = replace(boot, warm_up_since=now, phase=Phase.WARMING)
+        return replace(state, boot=boot, wake_at=min(boot.deadline, now + MAX_IDLE_SECONDS)), (
+            note("warming_up", timeout_seconds=round(timeout, 1)),
+            WarmUp(timeout),
         )
     if event.status == 200 and event.sleeping:
         return _slept_unasked(state, now)
@@ -225,6 +200,56 @@ def on_health(state: MachineState, event: HealthChecked, now: float) -> Step:
         )
         return after, (warn, *commands)
     return state, (warn,)
+
+
+def on_warmed_up(state: MachineState, event: WarmedUp, now: float) -> Step:
+    """The warm-up before READY came back: ready, with its seconds in the boot's timings; a warm-up that
+    failed fails the boot (the log's failure class if it names one, else a hung engine), by the policy."""
+    boot = state.boot
+    if boot is None or state.stage is not Stage.BOOTING or boot.warm_up_since is None:
+        return state, ()
+    facts = boot.facts
+    if event.error is not None:
+        cause = FailureCause.from_log(facts.failure) if facts.failure is not None else FailureCause.ENGINE_HUNG
+        message = f"the warm-up request before ready failed: {event.error}"
+        warn = note("warm_up_failed", "warning", error=event.error, seconds=round(event.seconds, 3))
+        after, commands = decide_after(state, Failure(cause, message, facts, served=False), teardown(state))
+        return after, (warn, *commands)
+    config = state.config
+    kv_bytes = boot.learned_used if boot.learned_used is not None else facts.kv_cache_memory_bytes
+    boot = replace(boot, ready_at=now, next_health=now + config.health_interval_seconds, phase=Phase.READY)
+    # A learned boot whose KV cache is smaller than the profiled one's (vllm issue 57936) is said.
+    shrunk = learning.kv_shrink_warning(boot.learned, facts.gpu_kv_cache_tokens) if boot.learned_used else None
+    after = replace(
+        state,
+        stage=Stage.READY,
+        boot=boot,
+        message=shrunk or (None if boot.unanswered_warned else state.message),
+        kv_cache_memory_bytes=kv_bytes,
+        compile_cache_hit=facts.compile_cache_hit,
+        compile_seconds=facts.compile_seconds,
+        wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS),
+    )
+    learn_baseline = boot.baseline if boot.learned_used is None else None
+    if state.swap.since is not None:
+        after = replace(after, swap=swap_done(state.swap, "wake", now))
+    warned = () if shrunk is None else (note("kv_cache_smaller_than_profiled", "warning", message=shrunk),)
+    return after, (
+        *warned,
+        # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this
+        # boot is ready and on disk (all three run before status shows ready).
+        RecordBoot(facts, kv_bytes, boot.learned_used is not None, boot.boot_key, learn_baseline),
+        note(
+            "ready",
+            boot_seconds=round(now - boot.started_at, 3),
+            warm_up_seconds=round(event.seconds, 3),
+            kv_cache_memory_bytes=kv_bytes,
+            learned_used=boot.learned_used is not None,
+            compile_cache_hit=facts.compile_cache_hit,
+        ),
+        *woke_by_boot(state, now),
+        ReleaseGpus(),
+    )
 
 
 SLEPT_UNASKED = "the server was put to sleep without dankserve asking (a POST /sleep on its loopback port): woken again"
@@ -306,7 +331,7 @@ def watch(state: MachineState, now: float) -> Step:
             )
             return after, (warn, *commands)
         wake = min(boot.deadline, now + MAX_IDLE_SECONDS)
-        if boot.facts.ready:
+        if boot.facts.ready and boot.warm_up_since is None:
             if (
                 not boot.unanswered_warned
                 and boot.up_logged_at is not None

@@ -59,7 +59,7 @@ PREPARING = frozenset(
 )
 SLEEP_STAGES = frozenset({Stage.FALLING_ASLEEP, Stage.ASLEEP, Stage.WAKING})
 """Swap groups' stages: a workload runs in them unless the member sleeps by being stopped (`swap.level` stop)."""
-BOOT_PHASES = (Phase.STARTING, Phase.LOADING, Phase.COMPILING, Phase.PROFILING, Phase.CAPTURING)
+BOOT_PHASES = (Phase.STARTING, Phase.LOADING, Phase.COMPILING, Phase.PROFILING, Phase.CAPTURING, Phase.WARMING)
 
 STAGE_PHASE: dict[Stage, Phase] = {
     Stage.IDLE: Phase.STOPPED,

@@ -99,6 +99,8 @@ class Boot:
     up_logged_at: float | None = None
     """When this boot's log first said the server is up (the startup line)."""
     unanswered_warned: bool = False
+    warm_up_since: float | None = None
+    """When the warm-up before READY was sent (None: not yet)."""
     # launcher
     launcher_id: str | None = None
     """A running launcher (kept from an earlier boot) that starts this boot's server."""

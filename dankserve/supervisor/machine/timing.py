@@ -21,3 +21,6 @@ UNANSWERED_HEALTH_MESSAGE = (
     "container: check `iptables -t nat -S CNI-HOSTPORT-DNAT` and that iptables is on the default PATH, "
     "`dankserve doctor`; or a firewall); waiting until the boot timeout"
 )
+WARM_UP_TIMEOUT_SECONDS = 60.0
+"""The most the warm-up before READY may take (within the boot's own deadline): a first request compiles
+vLLM's kernels in about a second; one that takes a minute finds an engine that does not serve."""

@@ -41,6 +41,7 @@ from dankserve.supervisor.machine.events import (
     Tick,
     WakeFailed,
     WakeRequested,
+    WarmedUp,
     WeightsFailed,
     WeightsProgress,
     WeightsReady,
@@ -89,7 +90,7 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
         t[stage, Reconfigured] = _allowed(*_RECONFIGURE) if stage not in TERMINAL and stage != Stage.IDLE else IGNORED
         t[stage, Tick] = IGNORED
         # Lines and health answers of a workload being torn down may still arrive: harmless.
-        for late in (BootLog, LogEnded, HealthChecked, WeightsProgress, LivenessFailed, MemberLost):
+        for late in (BootLog, LogEnded, HealthChecked, WarmedUp, WeightsProgress, LivenessFailed, MemberLost):
             t[stage, late] = IGNORED
         # Any command may find the runtime gone, or hit a bug.
         t[stage, RuntimeUnreachable] = _allowed(Stage.RETRY_WAIT) if stage not in TERMINAL else IGNORED
@@ -122,11 +123,14 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
         t[stage, HealthChecked] = (
             _allowed(Stage.READY, Stage.WAKING, *_ON_FAILURE)
             if stage == Stage.READY
-            else _allowed(Stage.BOOTING, Stage.READY)
+            else _allowed(Stage.BOOTING, note="up: the warm-up before ready is sent")
         )
         t[stage, Tick] = _allowed(stage, *_ON_FAILURE)
         t[stage, RuntimeUnreachable] = _allowed(stage, note="follows on; the server is still probed")
         t[stage, MemberLost] = _allowed(*_ON_FAILURE)
+    t[Stage.BOOTING, WarmedUp] = _allowed(
+        Stage.READY, *_ON_FAILURE, Stage.BOOTING, note="a failed warm-up fails the boot; unasked: nothing"
+    )
     t[Stage.READY, LivenessFailed] = _allowed(*_ON_FAILURE)
     t[Stage.ENDING, Exited] = _allowed(*_ON_FAILURE)
     t[Stage.ENDING, StillRunning] = _allowed(*_ON_FAILURE)

@@ -7,6 +7,7 @@ probe /health, sleep and wake, and the commands about a launcher's server (issue
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.health import check_health
+from dankserve.supervisor.liveness_probe import served_model_name
 from dankserve.supervisor.log_pump import Inbox
 from dankserve.supervisor.swap_verify import swap_target, workload_pids
 from dankserve.supervisor.worker.booting import Boots, api_key
@@ -100,6 +102,11 @@ class Commands:
                 return m.StillRunning() if ended is None else m.Exited(ended.exit_code, ended.oom_killed)
             case m.ProbeHealth(timeout=timeout):
                 return self._probe_health(dep, timeout)
+            case m.WarmUp(timeout=timeout):
+                began = time.monotonic()
+                model = served_model_name(tuple(dep.extra_args), dep.model)
+                error = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
+                return m.WarmedUp(error, time.monotonic() - began)
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(self._services.gpus.other_processes(uuids), edges.draw())
             case m.SleepServer() | m.WakeServer():
