@@ -88,7 +88,8 @@ def test_hung_engine_is_caught_by_the_token_probe(
     """An idle engine that hangs with /health 200 fails two one-token probes: engine_hung, restarted, evidence
     in last_failure."""
     host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
-    config = deployment_config(vllm_image, FAKE_VLLM_FAIL="engine_hung", FAKE_VLLM_FAIL_AFTER_SECONDS="0.5")
+    # After READY (the warm-up before it must not meet the hang): the probes find it.
+    config = deployment_config(vllm_image, FAKE_VLLM_FAIL="engine_hung", FAKE_VLLM_FAIL_AFTER_SECONDS="3")
     settings = {
         "podman_url": podman_env.url,
         "liveness_interval_seconds": 1.0,
@@ -113,7 +114,8 @@ def test_hung_engine_with_waiting_requests_is_caught_by_stall_detection(
 ) -> None:
     """Requests waiting while vLLM's token counters stand still for stall_seconds: engine_hung with the numbers."""
     host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
-    config = deployment_config(vllm_image, FAKE_VLLM_FAIL="engine_hung", FAKE_VLLM_FAIL_AFTER_SECONDS="0")
+    # The hang begins after READY: a hang before it stalls the warm-up, and that fails the boot instead.
+    config = deployment_config(vllm_image, FAKE_VLLM_FAIL="engine_hung", FAKE_VLLM_FAIL_AFTER_SECONDS="3")
     settings = {
         "podman_url": podman_env.url,
         "liveness_interval_seconds": 0,
@@ -125,10 +127,14 @@ def test_hung_engine_with_waiting_requests_is_caught_by_stall_detection(
         url = f"http://127.0.0.1:{config['port']}/v1/completions"
         body = json.dumps({"model": "test/tiny", "prompt": "hi", "max_tokens": 4}).encode()
 
-        def ask() -> None:
+        done = threading.Event()
+
+        def ask() -> None:  # asks again and again: once the engine hangs, each client's request waits
             request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                urllib.request.urlopen(request, timeout=60).read()
+            while not done.is_set():
+                with contextlib.suppress(OSError, urllib.error.URLError):
+                    urllib.request.urlopen(request, timeout=60).read()
+                done.wait(0.05)
 
         clients = [threading.Thread(target=ask, daemon=True) for _ in range(3)]
         for client in clients:
@@ -136,6 +142,7 @@ def test_hung_engine_with_waiting_requests_is_caught_by_stall_detection(
         status = daemon.wait_for(deployment, lambda d: d["restarts"] >= 1, timeout=120)
         failure = status["last_failure"]
         assert failure["class"] == "engine_hung"
+        done.set()
         assert "3 requests waiting" in failure["message"] and "no token processed" in failure["message"]
         for client in clients:
             client.join(timeout=60)

@@ -7,6 +7,7 @@ from typing import Any
 
 from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.settings import Settings
+from dankserve.state import DeploymentState
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.policy import RestartSettings
 from dankserve.supervisor.swap import MemberState
@@ -30,6 +31,9 @@ class State:
 
     def is_down(self, name: str) -> bool:
         return name in self.down
+
+    def deployment(self, name: str) -> DeploymentState:
+        return DeploymentState()  # no history: no measured cost to bring a member back
 
 
 @dataclass
