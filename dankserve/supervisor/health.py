@@ -80,33 +80,57 @@ def fetch_metrics(host: str, port: int, timeout: float = 2.0) -> str | None:
         conn.close()
 
 
-def token_probe(host: str, port: int, model: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
-    """A one-token completion: None when it came back, else what went wrong (the engine may hang
-    while /health says 200; only generating a token proves it works). A 4xx answer is no failure."""
-    body = json.dumps({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
+MAX_ANSWER_BYTES = 1 << 20
+"""The most of a completion's answer read: a server's reply is outside input, and the probes ask for a
+few tokens (a few hundred bytes)."""
+
+
+def post_completion(
+    host: str, port: int, request: dict[str, object], api_key: str | None, timeout: float
+) -> tuple[int, bytes] | str:
+    """POST /v1/completions over loopback: the status and at most MAX_ANSWER_BYTES of the answer, or
+    what went wrong when nothing (whole) came back. The one loopback completion of the liveness probe
+    and the warm-up."""
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
     started = time.monotonic()
     try:
-        conn.request("POST", "/v1/completions", body=body, headers=headers)
+        conn.request("POST", "/v1/completions", body=json.dumps(request).encode(), headers=headers)
         response = conn.getresponse()
-        payload = response.read()
-        if response.status >= 500:
-            return f"HTTP {response.status}: {payload[:200].decode('utf-8', 'replace')}"
-        if response.status != 200:
-            # The API answered without the engine (a pooling model has no completions API, a key the
-            # probe lacks): that proves nothing about the engine and is no failure; stalls still count.
-            return None
-        choices = json.loads(payload).get("choices")
-        return None if choices else "the completion has no choices"
+        return response.status, response.read(MAX_ANSWER_BYTES)
     except TimeoutError:
-        return f"no answer within {timeout:g} s"
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return f"no answer within {timeout:.1f} s"
+    except (OSError, http.client.HTTPException) as exc:
         return f"{type(exc).__name__}: {exc} after {time.monotonic() - started:.1f} s"
     finally:
         conn.close()
+
+
+def completion_error(answer: tuple[int, bytes] | str) -> str | None:
+    """post_completion's answer judged: None for a completion with choices, and for a 4xx (the API
+    answered without the engine: a pooling model has no completions API, a key the probe lacks: that
+    proves nothing about the engine and is no failure); else what went wrong."""
+    if isinstance(answer, str):
+        return answer
+    status, payload = answer
+    if status >= 500:
+        return f"HTTP {status}: {payload[:200].decode('utf-8', 'replace')}"
+    if status != 200:
+        return None
+    try:
+        choices = json.loads(payload).get("choices")
+    except (ValueError, AttributeError):
+        return f"not a completion: {payload[:200].decode('utf-8', 'replace')!r}"
+    return None if choices else "the completion has no choices"
+
+
+def token_probe(host: str, port: int, model: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
+    """A one-token completion: None when it came back, else what went wrong (the engine may hang
+    while /health says 200; only generating a token proves it works). A 4xx answer is no failure."""
+    request: dict[str, object] = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    return completion_error(post_completion(host, port, request, api_key, timeout))
 
 
 class BackgroundProbe:

@@ -8,16 +8,12 @@ compilation during inference"). READY means the first user request is as fast as
 
 from __future__ import annotations
 
-import http.client
-import json
 import time
 
-from dankserve.supervisor.health import probe_host_for
+from dankserve.supervisor.health import completion_error, post_completion
 
 WARM_UP_PROMPT = "Hello"
 WARM_UP_TOKENS = 4
-MAX_ANSWER_BYTES = 1 << 20
-"""The most of an answer read: a server's reply is outside input, and four tokens are a few hundred bytes."""
 
 
 def warm_up_server(host: str, port: int, model: str, api_key: str | None, timeout: float) -> str | None:
@@ -33,37 +29,18 @@ def warm_up_server(host: str, port: int, model: str, api_key: str | None, timeou
 
 
 def _one(host: str, port: int, model: str, api_key: str | None, *, stream: bool, timeout: float) -> str | None:
-    body = {"model": model, "prompt": WARM_UP_PROMPT, "max_tokens": WARM_UP_TOKENS, "temperature": 0}
-    if stream:
-        body["stream"] = True
-    headers = {"content-type": "application/json"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
-    started = time.monotonic()
-    try:
-        conn.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers=headers)
-        response = conn.getresponse()
-        payload = response.read(MAX_ANSWER_BYTES)
-        if response.status >= 500:
-            return f"HTTP {response.status}: {payload[:200].decode('utf-8', 'replace')}"
-        if response.status != 200:
-            return None
-        return _stream_error(payload) if stream else _answer_error(payload)
-    except TimeoutError:
-        return f"no answer within {timeout:.1f} s"
-    except (OSError, http.client.HTTPException) as exc:
-        return f"{type(exc).__name__}: {exc} after {time.monotonic() - started:.1f} s"
-    finally:
-        conn.close()
-
-
-def _answer_error(payload: bytes) -> str | None:
-    try:
-        choices = json.loads(payload).get("choices")
-    except (ValueError, AttributeError):
-        return f"not a completion: {payload[:200].decode('utf-8', 'replace')!r}"
-    return None if choices else "the completion has no choices"
+    request: dict[str, object] = {
+        "model": model,
+        "prompt": WARM_UP_PROMPT,
+        "max_tokens": WARM_UP_TOKENS,
+        "temperature": 0,
+    }
+    if not stream:
+        return completion_error(post_completion(host, port, request, api_key, timeout))
+    answer = post_completion(host, port, {**request, "stream": True}, api_key, timeout)
+    if isinstance(answer, str) or answer[0] != 200:
+        return completion_error(answer)
+    return _stream_error(answer[1])
 
 
 def _stream_error(payload: bytes) -> str | None:

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dankserve.supervisor.warm_up import MAX_ANSWER_BYTES, warm_up_server
+from dankserve.supervisor.health import MAX_ANSWER_BYTES
+from dankserve.supervisor.warm_up import warm_up_server
 
 Answer = Callable[[BaseHTTPRequestHandler, dict[str, object]], None]
 
