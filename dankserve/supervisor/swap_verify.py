@@ -14,18 +14,18 @@ per-process reading, and the state file's fingerprints and unsafe levels. The ve
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import httpx
 import structlog
 
 from dankserve.host.gpu_processes import process_tree
 from dankserve.state import UnsafeSleep
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.health import probe_host_for
+from dankserve.supervisor.health import post_completion
 from dankserve.supervisor.liveness_probe import served_model_name
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.swap_checks import (
@@ -45,8 +45,6 @@ log = structlog.get_logger("dankserve.swap")
 
 CANARY_TIMEOUT_SECONDS = 30.0
 """The longest the canary completion may take (a few greedy tokens of a ready server)."""
-CANARY_BODY_BYTES = 64 * 1024
-"""The most of the canary's answer read (a hostile or broken server's answer is cut there)."""
 
 Canary = Callable[[str, int, str | None, str], "tuple[int, ...] | str"]
 """(host, port, api key, served model name) -> the greedy token ids, or why there are none."""
@@ -55,11 +53,9 @@ HeldBytes = Callable[[Sequence[int], Sequence[str]], "dict[str, int] | None"]
 
 
 def canary_ids(host: str, port: int, api_key: str | None, model: str) -> tuple[int, ...] | str:
-    """POST /v1/completions of the fixed prompt, temperature 0, `return_token_ids` (vLLM 0.10.2+)."""
-    address = probe_host_for(host)
-    address = f"[{address}]" if ":" in address else address
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {
+    """POST /v1/completions of the fixed prompt, temperature 0, `return_token_ids` (vLLM 0.10.2+), through
+    the probes' one loopback completion (bounded answer, timeouts)."""
+    body: dict[str, object] = {
         "model": model,
         "prompt": CANARY_PROMPT,
         "max_tokens": CANARY_MAX_TOKENS,
@@ -67,28 +63,16 @@ def canary_ids(host: str, port: int, api_key: str | None, model: str) -> tuple[i
         "seed": 0,
         "return_token_ids": True,
     }
-    try:
-        url = f"http://{address}:{port}/v1/completions"
-        with (
-            httpx.Client(timeout=CANARY_TIMEOUT_SECONDS, headers=headers) as client,
-            client.stream("POST", url, json=body) as response,
-        ):
-            raw = b""
-            for chunk in response.iter_bytes():
-                raw += chunk
-                if len(raw) > CANARY_BODY_BYTES:
-                    return f"the answer exceeds {CANARY_BODY_BYTES} bytes"
-            status = response.status_code
-    except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"
+    answer = post_completion(host, port, body, api_key, CANARY_TIMEOUT_SECONDS)
+    if isinstance(answer, str):
+        return answer
+    status, raw = answer
     if status != 200:
         return f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
     return _token_ids(raw)
 
 
 def _token_ids(raw: bytes) -> tuple[int, ...] | str:
-    import json
-
     try:
         choice = json.loads(raw)["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
