@@ -179,10 +179,11 @@ def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) ->
     characters at 80 columns)."""
     import shlex
 
-    from rich.console import Console
     from rich.text import Text
 
-    console = Console(highlight=False)
+    from dankserve.cli.console import console as stdout_console
+
+    console = stdout_console(highlight=False)
     indent = " " * WHY_INDENT
 
     def wrap(text: str, first: str, rest: str) -> str:
