@@ -106,6 +106,10 @@ def rehearse_swap(rest: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="rehearse-swap-", dir="/var/tmp"))
     env = {**os.environ, "SWAP_WORK": str(work), "SWAP_PYTHON": str(STAND_IN / "vllm.py")}
     env |= {"FAKE_VLLM_TIME_SCALE": TIME_SCALE, "FAKE_VLLM_FIRST_REQUEST_SECONDS": FIRST_REQUEST_SECONDS}
+    # Mode stoplauncher: the launcher imports the stand-in's CLI where it would import vLLM's.
+    launcher = {"DANKSERVE_LAUNCHER_ENTRY": "fake_vllm.cli:main", "DANKSERVE_LAUNCHER_PRELOAD": "fake_vllm.cli"}
+    jit = {"FAKE_VLLM_FIRST_REQUEST_SECONDS": FIRST_REQUEST_SECONDS}  # the daemon passes a member its own env
+    env["SWAP_MEMBER_ENV"] = json.dumps({**launcher, **jit, "DANKSERVE_LAUNCHER_PATH": str(STAND_IN)})
     for key, shape in (("SWAP_MODEL_A", "qwen3-8b"), ("SWAP_MODEL_B", "qwen3-14b")):
         model = work / "models" / shape
         model.mkdir(parents=True)

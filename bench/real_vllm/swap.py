@@ -8,6 +8,8 @@ vLLM (the process runtime, as proof.py; install-on-gpu.sh installs it). For each
   level1   sleep_level = "1"   weights to pinned CPU RAM
   level2   sleep_level = "2"   weights dropped; the staged wake with reload_weights
   stop     sleep_level = "stop"  no sleep mode: stop the server, boot it on the request
+  stoplauncher  the same with `launcher = true` (issue 28: each boot forked from the kept, pre-imported
+           vLLM, as dankserve boots a stopped member at its best)
 
 the daemon is started fresh; once one model is ready and the other asleep, SWAPS requests
 alternate between them, each to the model that sleeps: the time from sending the streamed
@@ -19,7 +21,8 @@ daemon's own sleep and wake timings (`status --json`, the `swap` block) are reco
 
 prints a table (median per mode) and writes OUT/results.json (raw swaps, medians, machine noted).
 Environment: SWAP_WORK (default /tmp/swapbench), SWAP_MODEL_A / SWAP_MODEL_B (model dirs; built
-with make_tiny_llama.py when missing), SWAP_PYTHON (the Python with vLLM; default this one).
+with make_tiny_llama.py when missing), SWAP_PYTHON (the Python with vLLM; default this one),
+SWAP_MEMBER_ENV (JSON: more environment for each member, as a rehearsal's launcher knobs).
 """
 
 from __future__ import annotations
@@ -48,17 +51,19 @@ MODELS = {
 PYTHON = os.environ.get("SWAP_PYTHON", sys.executable)
 GATEWAY_PORT = 9000
 PORTS = {"a": 8001, "b": 8002}
-LEVELS = {"level1": "1", "level2": "2", "stop": "stop", "level2mt": "2"}
+LEVELS = {"level1": "1", "level2": "2", "stop": "stop", "level2mt": "2", "stoplauncher": "stop"}
 # Issue 28 item 2: vLLM 0.26's multi-thread safetensors loader (DefaultModelLoader), for level 2's reload_weights
 # and every boot's weights; mode level2mt is level2 with it, to measure what it gains.
 MULTITHREAD_LOAD = ["--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 16}']
 MODE_EXTRA_ARGS = {"level2mt": MULTITHREAD_LOAD}
+MODE_EXTRA_LINES = {"stoplauncher": ["launcher = true"]}
 # The device machine's rule: NVLink multicast stays off in every program started there.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def config_text(level: str, extra_args: list[str] | None = None) -> str:
+def config_text(level: str, extra_args: list[str] | None = None, extra_lines: list[str] | None = None) -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
+    env |= json.loads(os.environ.get("SWAP_MEMBER_ENV") or "{}")  # a rehearsal's launcher knobs
     env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
     parts = [
         f'state_dir = "{WORK}/state"',
@@ -93,6 +98,7 @@ def config_text(level: str, extra_args: list[str] | None = None) -> str:
         ]
         if extra_args:
             parts.append(f"extra_args = {json.dumps(extra_args)}")
+        parts += extra_lines or []
     return "\n".join(parts) + "\n"
 
 
@@ -147,9 +153,42 @@ def first_token_seconds(model: str) -> tuple[float, list[int]]:
     return first, ids
 
 
+def timed_completion(model: str) -> float:
+    """One greedy 16-token completion through the gateway (not streamed): seconds to its answer."""
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+    started = time.monotonic()
+    reply = httpx.post(f"http://127.0.0.1:{GATEWAY_PORT}/v1/completions", json=body, timeout=900)
+    if reply.status_code != 200:
+        raise SystemExit(f"{model}: HTTP {reply.status_code}: {reply.text[:500]}")
+    return time.monotonic() - started
+
+
+def first_requests(mode: str, member: str) -> list[dict[str, Any]]:
+    """Issue 28 item 4: the first two completions after the awake member's READY, before anything else asked
+    it (with sleep_level stop that READY ends its cold boot: fresh caches, the warm-up before READY)."""
+    first = timed_completion(f"model-{member}")
+    second = timed_completion(f"model-{member}")
+    after = "cold boot" if LEVELS[mode] == "stop" else "the group's first boots"
+    rows = [
+        {"mode": mode, "kind": "first-request", "member": member, "after": after, "seconds": round(first, 3)},
+        {
+            "mode": mode,
+            "kind": "second-request",
+            "member": member,
+            "after": after,
+            "seconds": round(second, 3),
+            "first_over_second": round(first / second, 2) if second > 0 else None,
+        },
+    ]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def run_mode(mode: str, swaps: int) -> list[dict[str, Any]]:
     shutil.rmtree(WORK / "state", ignore_errors=True)
-    (WORK / "dankserve.toml").write_text(config_text(LEVELS[mode], MODE_EXTRA_ARGS.get(mode)))
+    text = config_text(LEVELS[mode], MODE_EXTRA_ARGS.get(mode), MODE_EXTRA_LINES.get(mode))
+    (WORK / "dankserve.toml").write_text(text)
     (WORK / "dankserve.toml").chmod(0o600)
     log = (WORK / f"daemon-{mode}.log").open("w")
     daemon = subprocess.Popen(
@@ -165,8 +204,9 @@ def run_mode(mode: str, swaps: int) -> list[dict[str, Any]]:
             "one model ready, the other asleep",
             daemon,
         )
-        # The awake member's ids before any swap (a model's first answer after its boot, no sleep yet).
         awake_first = next(n for n, d in status().items() if d["state"] == "ready")
+        rows += first_requests(mode, awake_first)
+        # The awake member's ids before any swap (a model's first answer after its boot, no sleep yet).
         _, before_ids = first_token_seconds(f"model-{awake_first}")
         seen_ids: dict[str, list[int]] = {awake_first: before_ids}
         print(json.dumps({"mode": mode, "before_swaps": awake_first, "token_ids": before_ids}), flush=True)
