@@ -4,7 +4,7 @@ The socket lives in the state directory (0700, root's), so only root can ask the
 start or stop a deployment. Requests: {"command": "status"}, {"command": "up", "deployment": N},
 {"command": "down", "deployment": N}, {"command": "sleep"|"wake", "deployment": N},
 {"command": "reload"} (answered once applied: {"reload": {"accepted", "refused", "restart", "start",
-"stop", "keep", "applied", "needs_restart"}}) and {"command": "settings"} (the settings the daemon
+"stop", "keep", "applied", "needs_restart", "adapters"}}) and {"command": "settings"} (the settings the daemon
 runs with, global keys waiting for a restart at their running values, for a CLI whose config file on
 disk does not validate).
 """

@@ -24,7 +24,8 @@ class ExitCode(IntEnum):
 
 
 MEANING: Mapping[ExitCode, str] = {
-    ExitCode.OK: "success",
+    ExitCode.OK: "success; also when the reader of stdout goes away early (`dankserve plan` piped into "
+    "`head -1`): the command stops quietly",
     ExitCode.INTERNAL: "unexpected internal error: a bug (`--debug` prints the traceback)",
     ExitCode.INVALID_INPUT: "invalid input: arguments, config file, setting values, a malformed recorded-host file",
     ExitCode.ENVIRONMENT: "environment not usable: no NVIDIA driver or GPU, Podman unreachable, a system tool "

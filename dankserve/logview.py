@@ -2,7 +2,8 @@
 line (journald entry, JSON or console line) or of a server line, merge them in time order. Pure.
 
 A server's line takes the time its runtime stored with it (Podman's k8s-file log: conmon's, to
-the nanosecond) where there is one; else vLLM's own time prefix (`INFO 12-01 13:03:06 [file.py:N]
+the nanosecond; a process server's line-times file, to the microsecond: `runtime.logfile` owns
+both forms) where there is one; else vLLM's own time prefix (`INFO 12-01 13:03:06 [file.py:N]
 ...`, to the second, no year); lines without either (uvicorn's, tracebacks, progress bars) take
 the time of the line before them (the first ones that of the line after).
 """

@@ -20,7 +20,26 @@ if TYPE_CHECKING:
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
-__all__ = ["CONTAINER_HF_HOME", "CONTAINER_VLLM_CACHE_ROOT", "compile_cache_dir", "plan_one", "vllm_cache_root"]
+__all__ = [
+    "CONTAINER_HF_HOME",
+    "CONTAINER_VLLM_CACHE_ROOT",
+    "ad_hoc_name",
+    "compile_cache_dir",
+    "model_setting",
+    "plan_one",
+    "vllm_cache_root",
+]
+
+
+def ad_hoc_name(model: str) -> str:
+    """The name of the deployment `dankserve plan --model M` (or `pull --model M`) plans without a config table:
+    what the user wrote, so every message and plan names it so; no configured name can hold its space."""
+    return f"--model {model}"
+
+
+def model_setting(name: str, model: str) -> str:
+    """A deployment's model as the user set it, for messages: the config key with its value, or `--model M`."""
+    return f"--model {model!r}" if name == ad_hoc_name(model) else f"deployments.{name}.model = {model!r}"
 
 
 def compile_cache_dir(settings: Settings, deployment: str) -> Path:
@@ -56,7 +75,7 @@ def check_local_model(settings: Settings, name: str, dep: DeploymentSettings) ->
     where = "" if path == Path(dep.model) else f" (on this host {path})"
     what = "is not a directory" if path.exists() else "does not exist"
     raise ConfigError(
-        f"deployments.{name}.model = {dep.model!r}: the local path{where} {what}",
+        f"{model_setting(name, dep.model)}: the local path{where} {what}",
         fix="name the directory holding the model's config.json and weights, or a Hub model as ORG/NAME "
         "(a container reads paths under /root/.cache/huggingface from hf_cache_dir)",
     )

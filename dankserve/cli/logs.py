@@ -5,8 +5,8 @@ The daemon's lines: from journald where it runs (`journalctl -o json` of the ent
 wrote: SYSLOG_IDENTIFIER=dankserve and DANKSERVE_STATE_DIR= its state dir, plus DEPLOYMENT=NAME for
 one deployment) and from its log file in the state dir (a daemon started in the background writes
 one). The servers' lines: from the runtime (Podman's k8s-file log of each container, or a process's
-log file), shown as the workload's name, with the time the runtime stored (k8s-file) or vLLM's own
-prefix (dankserve.logview).
+log file), shown as the workload's name, with the time the runtime stored (conmon's k8s-file, a
+process's line-times file) or else vLLM's own prefix (dankserve.logview).
 
 With -f it keeps printing as lines arrive, the way `journalctl -f` does, from every source at once:
 the journal, daemon.log, and each deployment's server, including every server that replaces the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import sys
 import traceback
 from dataclasses import replace
@@ -45,8 +46,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class StdoutClosed(Exception):
+    """stdout's reader went away while a command wrote (`dankserve plan | head -1`): `main` ends quietly."""
+
+
 class LazyGroup(click.Group):
     """A group whose commands are imported on first use."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:  # click's main would end a closed pipe with exit 1
+            raise StdoutClosed from exc
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(name for name, (module, _) in COMMANDS.items() if _module_exists(module))
@@ -140,23 +151,42 @@ cli.help = f"{cli.help}\n\nExit codes (README's table says more): {exit_summary(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI and exit with a documented exit code."""
+    """Run the CLI and exit with a documented exit code.
+
+    A closed stdout pipe (`dankserve plan | head -1`) ends quietly: exit 0 while the command still wrote (its
+    reader wanted no more, as with unix filters), or the code the command had already decided when only the
+    last buffered output met it. stdout then points at /dev/null, so the interpreter's own flush at exit cannot
+    fail again (the recipe of Python's docs, signal module, "Note on SIGPIPE")."""
+    code = int(ExitCode.OK)
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not in the interpreter's exit
+    except (StdoutClosed, BrokenPipeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
+    """The command's exit code; a DankserveError reported as message and fix, a bug as exit 1."""
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         rc = cli.main(args=argv, prog_name="dankserve", standalone_mode=False)
     except DankserveError as exc:
         click.echo(f"error: {exc.render()}", err=True)
-        sys.exit(int(exc.exit_code))
+        return int(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
-        sys.exit(int(ExitCode.INVALID_INPUT))
+        return int(ExitCode.INVALID_INPUT)
     except KeyboardInterrupt:
-        sys.exit(130)
+        return 130
+    except (StdoutClosed, BrokenPipeError):
+        raise  # stdout's reader went away: not a bug (main ends it quietly)
     except Exception:  # the last line of defence: a bug
         if debug:
             traceback.print_exc()
@@ -165,6 +195,6 @@ def main(argv: list[str] | None = None) -> None:
                 "error: internal error (a bug in dankserve); run again with --debug for the traceback",
                 err=True,
             )
-        sys.exit(int(ExitCode.INTERNAL))
+        return int(ExitCode.INTERNAL)
     # commands return an ExitCode (or None for success); ctx.exit(n) returns n here
-    sys.exit(int(rc) if isinstance(rc, int) else int(ExitCode.OK))
+    return int(rc) if isinstance(rc, int) else int(ExitCode.OK)

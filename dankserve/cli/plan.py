@@ -1,8 +1,9 @@
 """`dankserve plan [DEPLOYMENT] [--model M] [--json] [--hardware FILE] [--vllm-version V]`.
 
-Prints the `vllm serve` command line of each deployment with a reason for every flag. Without a
-config file, `--model` plans a default deployment; without DEPLOYMENT, every enabled deployment
-is planned. GPU sharing and host RAM are checked against every enabled deployment, also when
+Prints the `vllm serve` command line of each deployment with a reason for every flag. Without
+DEPLOYMENT, `--model M` plans an ad-hoc deployment of M with every key at its default, named "--model M"
+in the plan and its errors (checked against the configured deployments); without either, every enabled
+deployment is planned. GPU sharing and host RAM are checked against every enabled deployment, also when
 one is named. `--json` always prints a list; a plan that fails still prints its entry, with
 `error` (message, fix, exit code), and the command exits with that code. Nothing is started.
 """
@@ -26,12 +27,14 @@ if TYPE_CHECKING:
     from dankserve.plan.types import Plan
     from dankserve.settings import DeploymentSettings, Settings
 
-DEFAULT_DEPLOYMENT = "default"
-
 
 @click.command("plan")
 @click.argument("deployment", required=False, shell_complete=complete_deployment)
-@click.option("--model", default=None, help="Model to plan (HF id); without a config: a default deployment.")
+@click.option(
+    "--model",
+    default=None,
+    help="Model to plan (HF id); without DEPLOYMENT: an ad-hoc deployment of it, every key at its default.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan(s) as JSON.")
 @click.option(
     "--hardware",
@@ -88,8 +91,10 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
             f"no deployment named {name!r} (deployments: {known})",
             fix="name a configured deployment, or pass --model to plan an ad-hoc one",
         )
-    if model is not None:
-        return [(DEFAULT_DEPLOYMENT, DeploymentSettings(model=model))]
+    if model is not None:  # named as the user wrote it: "--model M" in the plan, its errors and the fit checks
+        from dankserve.planning import ad_hoc_name
+
+        return [(ad_hoc_name(model), DeploymentSettings(model=model))]
     enabled = [(n, d) for n, d in configured.items() if d.enabled]
     if not enabled:
         what = "no deployment is enabled" if configured else "no deployments are configured"
@@ -174,10 +179,11 @@ def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) ->
     characters at 80 columns)."""
     import shlex
 
-    from rich.console import Console
     from rich.text import Text
 
-    console = Console(highlight=False)
+    from dankserve.cli.console import console as stdout_console
+
+    console = stdout_console(highlight=False)
     indent = " " * WHY_INDENT
 
     def wrap(text: str, first: str, rest: str) -> str:

@@ -56,9 +56,9 @@ def command(as_json: bool, save: Path | None, hardware: Path | None) -> ExitCode
 
 
 def _print_text(host: Host) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from dankserve.cli.console import console as stdout_console
     from dankserve.host.cpu import format_cpulist
 
     table = Table(title=f"GPUs (driver {host.driver_version or '?'}, CUDA {host.cuda_version or '?'})")
@@ -77,7 +77,7 @@ def _print_text(host: Host) -> None:
             gpu.uuid,
         )
     # no emoji codes (":AB:" in a bus id), no markup; unlimited width when piped, so nothing wraps
-    console = Console(highlight=False, emoji=False, markup=False, width=None if _is_terminal() else 200)
+    console = stdout_console(highlight=False, emoji=False, markup=False, width=None if _is_terminal() else 200)
     console.print(table)
     cpu, memory = host.cpu, host.memory
     lines = [

@@ -1,6 +1,7 @@
 """`dankserve reload [--json]`: the running daemon reads its config file again; the answer says what changed.
 
-Accepted: one line per deployment (restarts, starts, stops or keeps running), then the changed global keys
+Accepted: one line per deployment (restarts, starts, stops or keeps running), one per kept deployment whose
+LoRA adapters were loaded, unloaded or replaced (a new source) in the running server, then the changed global keys
 applied, and those that keep their running values until the daemon restarts ("restart the daemon to apply:
 ..."). Refused (the file does not validate, or the deployments would not fit together): the reason, exit 2;
 the daemon keeps running the config it loaded before. `systemctl reload dankserve` (SIGHUP) does the same
@@ -34,11 +35,19 @@ def outcome_lines(outcome: dict[str, Any]) -> list[str]:
     lines = [f"reload accepted at {at}"]
     for key, verb in VERBS:
         lines += [f"{name}: {verb}" for name in outcome.get(key) or []]
+    lines += [adapters_line(name, change) for name, change in (outcome.get("adapters") or {}).items()]
     if outcome.get("applied"):
         lines.append("applied: " + ", ".join(outcome["applied"]))
     if outcome.get("needs_restart"):
         lines.append(restart_line(outcome["needs_restart"]) + " (the daemon keeps running their old values)")
     return lines
+
+
+def adapters_line(name: str, change: dict[str, list[str]]) -> str:
+    """A kept deployment's adapters changed in place: "chat: adapters loaded in place: a2; unloaded: a1"."""
+    done = [(key, change[key]) for key in ("loaded", "unloaded", "replaced") if change.get(key)]
+    said = "; ".join(f"{key}{' in place' * (i == 0)}: {', '.join(names)}" for i, (key, names) in enumerate(done))
+    return f"{name}: adapters {said}"
 
 
 def restart_line(keys: list[str]) -> str:

@@ -255,8 +255,8 @@ class Runtime(Protocol):
     def timed_logs(self, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
         """The workload's lines, each with the time it was written (None where unknown), following if asked.
 
-        Default: `logs` without times. Podman's k8s-file log keeps each line's time; a process's plain
-        log file does not."""
+        Default: `logs` without times. Podman's k8s-file log keeps each line's time; the process runtime
+        keeps them beside its log (`runtime.line_times`)."""
         for line in self.logs(workload_id, follow):
             yield None, line
 

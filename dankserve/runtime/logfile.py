@@ -5,6 +5,10 @@ A follower sleeps until the file is written to or the writing process ends (Chan
 inotify and a pidfd, on Linux), so a quiet log costs no CPU and a new line reaches the
 supervisor at once. Where those are unavailable it polls every FOLLOW_POLL_SECONDS. (Podman 4's
 own follow stream polls every 250 ms; docs/podman-runtime.md says why that matters.)
+
+Each line's time: conmon stores it in the k8s-file record (`k8s_file_timed_lines`); a process
+server writes plain lines, whose times its watcher (`runtime.line_times`) writes beside them, one
+per line (`line_time_record`, `read_line_times`, `timed_file_lines`): this module owns both forms.
 """
 
 from __future__ import annotations
@@ -174,3 +178,37 @@ def k8s_file_timed_lines(records: Iterable[bytes]) -> Iterator[tuple[datetime | 
 
 def _text(line: bytes) -> str:
     return line.decode("utf-8", "replace").rstrip("\r")
+
+
+def line_time_record(at: float) -> bytes:
+    """One entry of a process log's line times (`LINE_TIMES`): the Unix time its line began, to the microsecond."""
+    return b"%.6f\n" % at
+
+
+def read_line_times(path: Path, offset: int = 0) -> tuple[list[float | None], int]:
+    """The line times written to `path` from `offset`, and the offset after the last complete entry (a missing
+    file: none; an entry that is not a time is left unknown, so later lines keep their place)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    times: list[float | None] = []
+    for entry in data[:end].split(b"\n")[:-1]:
+        try:
+            times.append(float(entry))
+        except ValueError:
+            times.append(None)
+    return times, offset + end
+
+
+def timed_file_lines(
+    lines: Iterable[str], times: Callable[[int], float | None]
+) -> Iterator[tuple[datetime | None, str]]:
+    """A process log's lines (as `follow_file` cuts them) with the time the line-times file holds for each
+    (`times(i)` of the i-th line; None where it has none)."""
+    for index, line in enumerate(lines):
+        at = times(index)
+        yield (None if at is None else datetime.fromtimestamp(at).astimezone()), line

@@ -16,9 +16,11 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ from dankserve.runtime.base import (
     with_bind_address,
     workload_name,
 )
-from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly
+from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly, read_line_times, timed_file_lines
 from dankserve.secret_files import read_secret
 
 GPU_RELEASE_TIMEOUT = 30.0
@@ -169,6 +171,8 @@ class ProcessRuntime(Runtime):
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._oom_kills_at_start: dict[int, int | None] = {}
         self._killed_by_us: set[int] = set()
+        self._watchers: dict[int, subprocess.Popen[bytes]] = {}
+        """Each server's line-times watcher (by the server's pid), reaped once it has ended."""
         self._gpu_release = gpu_release if gpu_release is not None else lambda uuids, timeout: None
 
     # -- records -------------------------------------------------------------------------------
@@ -177,6 +181,10 @@ class ProcessRuntime(Runtime):
 
     def _log_path(self, deployment: str) -> Path:
         return self.directory / f"{deployment}.log"
+
+    def _times_path(self, deployment: str) -> Path:
+        """Beside the log: the time of each of its lines (`runtime.line_times`)."""
+        return self.directory / f"{deployment}.log.times"
 
     def _read_record(self, deployment: str) -> ProcessRecord | None:
         try:
@@ -273,9 +281,11 @@ class ProcessRuntime(Runtime):
             env[protocol.SPEC_ENV_VAR] = "*"  # a start request carries the server's whole environment
             spec.launcher.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             extra_labels = {LABEL_LAUNCHER: "true", LABEL_CONTAINER_FINGERPRINT: container_fingerprint(spec)}
-        log_path = self._log_path(spec.deployment)
+        log_path, times_path = self._log_path(spec.deployment), self._times_path(spec.deployment)
         if log_path.exists():
             log_path.replace(log_path.with_suffix(".log.1"))
+        with contextlib.suppress(FileNotFoundError):
+            times_path.replace(log_path.with_suffix(".log.1.times"))
         if shutil.which(argv[0], path=env.get("PATH")) is None:  # the gate would only exit 127
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
@@ -291,6 +301,7 @@ class ProcessRuntime(Runtime):
         finally:
             os.close(gate_read)
         create_time = start_time_of(proc.pid)
+        self._watch_line_times(proc.pid, create_time, log_path, times_path)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -314,6 +325,49 @@ class ProcessRuntime(Runtime):
         finally:
             os.close(gate_write)
         return self._workload(record)
+
+    def _watch_line_times(self, pid: int, create_time: float, log: Path, times: Path) -> None:
+        """Start the detached watcher that writes each log line's time beside the log (`runtime.line_times`).
+
+        Not waited for (a Python start, ~0.15 s, would delay every boot): vLLM's imports take seconds before
+        its first line, and a line written before the watcher's first read takes that read's time. Without
+        a watcher (it cannot run), the lines have no stored times and `dankserve logs` reads vLLM's prefix."""
+        for server, watcher in list(self._watchers.items()):
+            if watcher.poll() is not None:
+                del self._watchers[server]
+        try:
+            log_fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            times_fd = os.open(times, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            os.close(log_fd)
+            return
+        try:
+            self._watchers[pid] = subprocess.Popen(
+                [sys.executable, "-m", "dankserve.runtime.line_times", str(pid), repr(create_time)],
+                stdin=log_fd,
+                stdout=times_fd,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # outlives this daemon, as the server does
+                env={k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")},  # not the server's
+                close_fds=True,
+            )
+        except OSError:
+            pass
+        finally:
+            os.close(log_fd)
+            os.close(times_fd)
+
+    def _reap_watcher(self, pid: int, timeout: float) -> None:
+        """Reap the ended server's watcher (it ends once it has read the last lines); one still reading is
+        reaped by a later start."""
+        watcher = self._watchers.get(pid)
+        if watcher is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                watcher.wait(timeout=timeout)
+                del self._watchers[pid]
 
     def stop(self, workload_id: str, timeout: float) -> None:
         record = self._by_id(workload_id)
@@ -344,6 +398,7 @@ class ProcessRuntime(Runtime):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
+        self._reap_watcher(record.pid, 5)
 
     def remove(self, workload_id: str) -> None:
         record = self._by_id(workload_id)
@@ -371,6 +426,24 @@ class ProcessRuntime(Runtime):
             if watch is not None:
                 watch.close()
 
+    def timed_logs(self, workload_id: str, follow: bool = False) -> Iterator[tuple[datetime | None, str]]:
+        """The server's lines, each with the time its watcher wrote for it (to the microsecond, as conmon's);
+        None for a line it has no time for (a server started without one: its vLLM prefix then says)."""
+        record = self._by_id(workload_id)
+        if record is None:
+            return
+        times_path = self._times_path(record.deployment)
+        times, offset = read_line_times(times_path)
+
+        def time_of(index: int) -> float | None:
+            nonlocal offset
+            if index >= len(times):  # following: the watcher writes it within a millisecond of the line
+                more, offset = read_line_times(times_path, offset)
+                times.extend(more)
+            return times[index] if index < len(times) else None
+
+        yield from timed_file_lines(self.logs(workload_id, follow), time_of)
+
     def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
         record = self._by_id(workload_id)
         if record is None:
@@ -385,6 +458,7 @@ class ProcessRuntime(Runtime):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = child.wait(timeout=1)
+        self._reap_watcher(record.pid, 0.5)
         return ExitEvent(workload_id, record.deployment, code, oom_killed=self._oom_killed(record.pid, code))
 
     def _oom_killed(self, pid: int, code: int | None) -> bool:

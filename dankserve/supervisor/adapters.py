@@ -115,9 +115,14 @@ def reload_in_place(
     ready: bool,
     hf_cache_dir: Path,
     api_key: str | None,
-) -> bool:
-    """A reload's adapter changes applied to the ready server; False: restart it (more changed, or a load failed)."""
+) -> AdapterChanges | None:
+    """A reload's adapter changes applied to the ready server, as done (the reload reports them); None: restart it
+    (more changed, or a load failed)."""
     change = changes(old, new)
     if change is None or not ready:
-        return False
-    return apply(new, api_key, change, lambda: server_paths_for(hf_cache_dir, deployment, new, list(change.load)))
+        return None
+
+    def paths() -> dict[str, str]:
+        return server_paths_for(hf_cache_dir, deployment, new, list(change.load))
+
+    return change if apply(new, api_key, change, paths) else None

@@ -52,7 +52,7 @@ from dankserve.supervisor.ports import port_holder
 from dankserve.supervisor.readiness import Readiness
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.reload_requests import ReloadRequests
-from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
+from dankserve.supervisor.reloading import AdaptersInPlace, ConfigRefusal, ReloadOutcome
 from dankserve.supervisor.status import config_status
 from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.telemetry import Telemetry
@@ -356,6 +356,7 @@ class Daemon:
         start: list[str] = []
         stop: list[str] = []
         keep: list[str] = []
+        in_place: dict[str, AdaptersInPlace] = {}
         for name, worker in self.fleet.snapshot().items():
             dep = new.deployments.get(name)
             if dep is None or not dep.enabled:
@@ -364,17 +365,10 @@ class Daemon:
                 stop.append(name)
                 self.fleet.retire(worker)
             elif dep != (before := old.deployments.get(name)):
-                ready = worker.alive and worker.machine.stage is m.Stage.READY
-                if before is not None and adapters.reload_in_place(
-                    name,
-                    before,
-                    dep,
-                    ready=ready,
-                    hf_cache_dir=new.hf_cache_dir,
-                    api_key=read_key_now(dep.api_key_file),
-                ):
+                if before is not None and (change := self._adapters_in_place(name, worker, before, dep)) is not None:
                     worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
                     keep.append(name)
+                    in_place[name] = change
                     continue
                 if worker.alive and before is not None and swap.server_unchanged(before, dep):
                     # Only what the swap coordinator reads changed (it reads the new settings): the
@@ -402,8 +396,30 @@ class Daemon:
                 self._start_worker(name, dep, join_asleep=asleep)
         log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(effects.applied))
         return ReloadOutcome(
-            now, None, tuple(restart), tuple(start), tuple(stop), tuple(keep), effects.applied, effects.needs_restart
+            now,
+            None,
+            tuple(restart),
+            tuple(start),
+            tuple(stop),
+            tuple(keep),
+            effects.applied,
+            effects.needs_restart,
+            adapters=in_place,
         )
+
+    def _adapters_in_place(
+        self, name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings
+    ) -> AdaptersInPlace | None:
+        """The adapters a reload loaded and unloaded in `name`'s ready server; None: it restarts instead."""
+        change = adapters.reload_in_place(
+            name,
+            before,
+            dep,
+            ready=worker.alive and worker.machine.stage is m.Stage.READY,
+            hf_cache_dir=self.settings.hf_cache_dir,
+            api_key=read_key_now(dep.api_key_file),
+        )
+        return None if change is None else AdaptersInPlace.of(tuple(change.load), change.unload)
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:

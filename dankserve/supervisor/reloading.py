@@ -10,7 +10,8 @@ is applied or waits for a daemon restart (`dankserve.settings.reloading`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 RELOAD_WAIT_SECONDS = 100.0
@@ -30,6 +31,29 @@ class ConfigRefusal:
 
 
 @dataclass(frozen=True)
+class AdaptersInPlace:
+    """A kept server's LoRA adapters a reload changed in place: added names loaded, removed ones unloaded, and
+    re-pointed ones (a new source under the same name) unloaded, then loaded from the new source."""
+
+    loaded: tuple[str, ...] = ()
+    unloaded: tuple[str, ...] = ()
+    replaced: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, loads: tuple[str, ...], unloads: tuple[str, ...]) -> AdaptersInPlace:
+        """From the names posted to vLLM's load and unload routes (a re-pointed name is in both)."""
+        both = set(loads) & set(unloads)
+        return cls(
+            tuple(n for n in loads if n not in both),
+            tuple(n for n in unloads if n not in both),
+            tuple(n for n in loads if n in both),
+        )
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"loaded": list(self.loaded), "unloaded": list(self.unloaded), "replaced": list(self.replaced)}
+
+
+@dataclass(frozen=True)
 class ReloadOutcome:
     """One reload's answer: refused (with why), or accepted with what each deployment does."""
 
@@ -43,6 +67,8 @@ class ReloadOutcome:
     """Global keys the file changed that the daemon runs with now."""
     needs_restart: tuple[str, ...] = ()
     """Global keys the file changed that keep their running values until the daemon restarts."""
+    adapters: Mapping[str, AdaptersInPlace] = field(default_factory=dict)
+    """Kept deployments (in `keep`) whose adapters were loaded and unloaded in the running server."""
 
     @property
     def accepted(self) -> bool:
@@ -59,4 +85,5 @@ class ReloadOutcome:
             "keep": list(self.keep),
             "applied": list(self.applied),
             "needs_restart": list(self.needs_restart),
+            "adapters": {name: change.to_json() for name, change in self.adapters.items()},
         }

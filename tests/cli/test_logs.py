@@ -37,8 +37,8 @@ STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (dankserve|dankser
 
 
 def test_logs_show_every_line_with_a_time_and_filter_by_since_and_deployment(tmp_path: Path) -> None:
-    """logs prints the daemon's events and the server's output, each line with its time and source; --since and
-    --deployment narrow it."""
+    """logs prints the daemon's events and the server's output, each line with its time and source (the server's
+    to the millisecond, as its watcher stored them); --since and --deployment narrow it."""
     # A name of this run's own: the journal may hold earlier runs' lines of a "chat" (tests/systemd write there).
     name = f"chat{uuid.uuid4().hex[:8]}"
     stamped = re.compile(STAMPED.pattern.replace("dankserve-chat", f"dankserve-{name}"))
@@ -62,6 +62,8 @@ def test_logs_show_every_line_with_a_time_and_filter_by_since_and_deployment(tmp
         assert any(f"dankserve-{name}: " in line and "Application startup complete." in line for line in shown)
         assert any("dankserve: [info] ready " in line for line in shown)
         assert sorted(shown, key=lambda line: line[:23]) == shown
+        server = [line for line in shown if f"dankserve-{name}: " in line]
+        assert len({line[20:23] for line in server}) > 1, "the server's lines have vLLM's whole seconds only"
         assert logs(name, "--since", "2999-01-01") == []
         assert len(logs("-n", "5")) == 5
 

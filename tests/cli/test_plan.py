@@ -41,7 +41,7 @@ def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture
     assert code == ExitCode.OK
     [data] = json.loads(out)
     assert list(data) == PLAN_JSON_KEYS
-    assert data["deployment"] == "default"
+    assert data["deployment"] == "--model Qwen/Qwen3-30B-A3B"
     assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
     assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"
     assert all(isinstance(t, str) for t in data["argv"])
@@ -134,6 +134,7 @@ def test_a_local_model_path_that_does_not_exist_exits_2_naming_it(
     code, out, err = run(["plan", "--hardware", H100, "--model", str(missing)], capsys)
     assert code == ExitCode.INVALID_INPUT and out == ""
     assert str(missing) in err and "does not exist" in err and "ORG/NAME" in err
+    assert f"error: --model {str(missing)!r}: the local path" in err and "deployments." not in err
     code, _, err = run(["plan", "--hardware", H100, "--model", "./no-such-model/v1"], capsys)
     assert code == ExitCode.INVALID_INPUT and "./no-such-model/v1" in err
     code, _, err = run(["plan", "--hardware", H100, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
@@ -257,6 +258,23 @@ def test_infeasible_plan_still_prints_its_json(tmp_path: Path, capsys: pytest.Ca
     assert ok["deployment"] == "ok" and "argv" in ok
     assert big["deployment"] == "big" and big["error"]["exit_code"] == 4 and big["error"]["fix"]
     assert "big" in err
+
+
+def test_an_ad_hoc_plan_names_its_model_in_fit_errors_not_a_default_deployment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --model M` that does not fit, alone or beside a configured deployment: the errors (text and --json)
+    name "--model M", never a deployment "default" the user did not write."""
+    config = write_config(tmp_path, '[deployments.a]\nmodel = "o/a"\n')
+    code, _, err = run(["--config", config, "plan", "--hardware", H100, "--model", "o/b"], capsys)
+    assert code == ExitCode.INFEASIBLE and "GPU 0 is shared by --model o/b, a " in err, err
+    assert "(--model o/b 0.90 + a 0.90)" in err and "default" not in err
+
+    code, out, err = run(["plan", "--json", "--hardware", RTX4090, "--model", "Qwen/Qwen3-30B-A3B"], capsys)
+    assert code == ExitCode.INFEASIBLE
+    [entry] = json.loads(out)
+    assert entry["deployment"] == "--model Qwen/Qwen3-30B-A3B" and "does not fit" in entry["error"]["message"]
+    assert err.startswith("error: --model Qwen/Qwen3-30B-A3B: Qwen/Qwen3-30B-A3B does not fit") and "default" not in err
 
 
 def test_named_plan_is_checked_against_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

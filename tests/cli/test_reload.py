@@ -175,3 +175,38 @@ def test_a_reload_keeps_a_global_key_that_needs_a_restart_and_says_so(tmp_path: 
         assert doc["daemon"]["config"]["needs_restart"] == []
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as answer:
             assert b"dankserve" in answer.read()
+
+
+def adapter_dir(root: Path) -> str:
+    """A rank-8 LoRA adapter directory the stand-in loads."""
+    root.mkdir(parents=True)
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+    (root / "adapter_config.json").write_text(json.dumps(config))
+    (root / "adapter_model.safetensors").write_bytes(b"\0" * 1024)
+    return str(root)
+
+
+def test_a_reload_names_the_adapters_it_loaded_and_unloaded_in_the_running_server(tmp_path: Path) -> None:
+    """Adapters swapped in place: `reload` says which it loaded, unloaded and replaced (a new source), text and
+    --json alike, and the server keeps its one boot."""
+    a1, a2, a2_new, a3 = (adapter_dir(tmp_path / n) for n in ("a1", "a2", "a2-new", "a3"))
+    port = free_port()
+    first = {"chat": process_deployment(port, gpus=[0], adapters={"a1": a1})}
+    with running_daemon(tmp_path, first) as daemon:
+        daemon.wait_for("chat", ready)
+        write_config(daemon.config, daemon_globals(tmp_path), {"chat": {**first["chat"], "adapters": {"a2": a2}}})
+        done = daemon.cli("reload")
+        assert done.returncode == 0, done.stderr
+        assert "chat: keeps running" in done.stdout, done.stdout
+        assert "chat: adapters loaded in place: a2; unloaded: a1" in done.stdout, done.stdout
+
+        changed = {"chat": {**first["chat"], "adapters": {"a2": a2_new, "a3": a3}}}
+        write_config(daemon.config, daemon_globals(tmp_path), changed)
+        done = daemon.cli("reload", "--json")
+        assert done.returncode == 0, done.stderr
+        outcome = json.loads(done.stdout)
+        assert outcome["keep"] == ["chat"] and outcome["restart"] == []
+        assert outcome["adapters"] == {"chat": {"loaded": ["a3"], "unloaded": [], "replaced": ["a2"]}}
+        served = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10).read())
+        assert {m["id"] for m in served["data"]} == {"test/tiny", "a2", "a3"}
+        assert daemon.deployment("chat")["boots"] == 1  # type: ignore[index]

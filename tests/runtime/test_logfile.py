@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from dankserve.runtime.logfile import ChangeWatch, follow_file, k8s_file_lines, k8s_file_record
+from dankserve.runtime.logfile import (
+    ChangeWatch,
+    follow_file,
+    k8s_file_lines,
+    k8s_file_record,
+    line_time_record,
+    read_line_times,
+    timed_file_lines,
+)
 
 TS = b"2026-11-29T20:12:05.556843015+00:00"
 
@@ -122,3 +130,23 @@ def test_followed_file_with_a_watch_ends_when_its_process_does(tmp_path: Path) -
         watch.close()
         process.wait()
     assert lines == [b"one", b"two"]
+
+
+def test_line_times_are_read_to_the_last_complete_entry_and_an_unreadable_one_keeps_its_place(tmp_path: Path) -> None:
+    """Entries written by line_time_record read back to the microsecond; a half-written last entry waits for the
+    next read (from the offset returned), a damaged one is unknown and the lines after it keep their times."""
+    path = tmp_path / "chat.log.times"
+    path.write_bytes(line_time_record(1733161493.123456) + b"garbage\n" + line_time_record(1733161494.5) + b"17331")
+    times, offset = read_line_times(path)
+    assert times == [1733161493.123456, None, 1733161494.5]
+    with path.open("ab") as handle:
+        handle.write(b"61495.25\n")
+    assert read_line_times(path, offset) == ([1733161495.25], path.stat().st_size)
+    assert read_line_times(tmp_path / "absent") == ([], 0)
+    timed = list(timed_file_lines(["a", "b", "c", "d"], lambda i: times[i] if i < len(times) else None))
+    assert [(at.timestamp() if at else None, text) for at, text in timed] == [
+        (1733161493.123456, "a"),
+        (None, "b"),
+        (1733161494.5, "c"),
+        (None, "d"),
+    ]

@@ -257,3 +257,47 @@ def test_the_oom_kill_counter_is_read_from_vmstat(tmp_path: Path) -> None:
     vmstat.write_text("pgfault 10\n")
     assert oom_kills(vmstat) is None
     assert oom_kills(tmp_path / "absent") is None
+
+
+STAMPED_SERVER = textwrap.dedent(
+    """\
+    #!{python}
+    import sys, time
+    time.sleep(1)  # vLLM's imports take seconds before its first line: the watcher follows the log by then
+    print("one", flush=True)
+    time.sleep(0.3)
+    print("two", flush=True)
+    sys.stdout.write("three, no newline")
+    """
+)
+
+
+def test_each_log_line_keeps_the_time_it_was_written_to_the_microsecond(tmp_path: Path) -> None:
+    """A process server's lines come with the times its watcher wrote beside the log as they appeared (sub-second,
+    as conmon's for a container), the last line without its newline too; the watcher ends with the server."""
+    server = tmp_path / "stamped"
+    server.write_text(STAMPED_SERVER.format(python=sys.executable))
+    server.chmod(0o755)
+    runtime = _runtime(tmp_path)
+    before = time.time()
+    workload = runtime.start(_spec(tmp_path, str(server)))
+    assert runtime.wait(workload.id, timeout=30) is not None
+    timed = list(runtime.timed_logs(workload.id))
+    assert [text for _, text in timed] == ["one", "two", "three, no newline"]
+    stamps = [at.timestamp() for at, _ in timed if at is not None]
+    assert len(stamps) == 3 and before <= stamps[0] <= stamps[1] <= stamps[2] <= time.time()
+    assert 0.25 <= stamps[1] - stamps[0] < 5  # the sleep between them, not whole seconds
+    assert any(s != int(s) for s in stamps)
+    assert not runtime._watchers, "the watcher was not reaped"
+
+
+def test_a_log_without_line_times_gives_its_lines_without_times(tmp_path: Path) -> None:
+    """A server started by a dankserve that kept no line times (no file beside its log): lines, no times."""
+    server = tmp_path / "stamped"
+    server.write_text(STAMPED_SERVER.format(python=sys.executable))
+    server.chmod(0o755)
+    runtime = _runtime(tmp_path)
+    workload = runtime.start(_spec(tmp_path, str(server)))
+    assert runtime.wait(workload.id, timeout=30) is not None
+    (tmp_path / "procs" / "chat.log.times").unlink()
+    assert list(runtime.timed_logs(workload.id)) == [(None, "one"), (None, "two"), (None, "three, no newline")]
