@@ -69,6 +69,13 @@ def option_value(argv: Sequence[str], *names: str) -> str | None:
     return option.values[0] if option is not None and option.values else None
 
 
+def served_name(served_model_name: str | None, extra_args: Sequence[str], model: str) -> str:
+    """The (first) name a deployment's server answers to, as vLLM reads its argv: extra_args come after the
+    plan's `--served-model-name` (the setting), so theirs wins; else the setting; else the model. The
+    probes, the warm-up and the wake canary ask for this name (a wrong one is a 404 that warms nothing)."""
+    return option_value(extra_args, "--served-model-name") or served_model_name or model
+
+
 def option_number(argv: Sequence[str], *names: str) -> float | None:
     """`option_value` as a number; None when absent or not a number."""
     value = option_value(argv, *names)

@@ -57,7 +57,7 @@ from dankserve.supervisor.status import config_status
 from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.telemetry import Telemetry
 from dankserve.supervisor.upgrades import Upgrades
-from dankserve.supervisor.warm_up import warm_up_server
+from dankserve.supervisor.warm_up import WarmUpOutcome, warm_up_server
 from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
@@ -125,7 +125,7 @@ class DaemonDeps:
     """Who listens on (host, port) already, or None when it is free."""
     health: Callable[[str, int, float], m.HealthChecked] | None = None
     """/health of (host, port, timeout); None: the real HTTP probe."""
-    warm_up: Callable[[str, int, str, str | None, float], str | None] = warm_up_server
+    warm_up: Callable[[str, int, str, str | None, float], WarmUpOutcome] = warm_up_server
     """The warm-up before READY to (host, port, served model, API key, timeout): None, or what failed."""
     draw: Callable[[], float] = random.random
     """The uniform draw in [0, 1) behind the restart jitter."""

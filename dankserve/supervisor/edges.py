@@ -13,6 +13,7 @@ from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.machine import BootOverrides
+from dankserve.supervisor.warm_up import WarmUpOutcome
 
 Planner = Callable[[str, DeploymentSettings, Host, BootOverrides, str | None], Plan]
 RuntimeFactory = Callable[[DeploymentSettings], Runtime]
@@ -39,7 +40,7 @@ class WorkerEdges(Protocol):
     def health(self) -> Callable[[str, int, float], m.HealthChecked] | None: ...
 
     @property
-    def warm_up(self) -> Callable[[str, int, str, str | None, float], str | None]: ...
+    def warm_up(self) -> Callable[[str, int, str, str | None, float], WarmUpOutcome]: ...
 
     @property
     def draw(self) -> Callable[[], float]: ...

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import structlog
 
-from dankserve.plan.serve_args import option_value
 from dankserve.secret_files import read_key_now
 from dankserve.supervisor import liveness
 from dankserve.supervisor.health import BackgroundProbe, token_probe
@@ -18,11 +17,6 @@ from dankserve.supervisor.serving import ServingSample
 from dankserve.supervisor.telemetry import Telemetry
 
 log = structlog.get_logger("dankserve")
-
-
-def served_model_name(argv: tuple[str, ...], model: str) -> str:
-    """The name the server answers to: the (first name of the) --served-model-name vLLM reads, else the model."""
-    return option_value(argv, "--served-model-name") or model
 
 
 class LivenessMonitor:

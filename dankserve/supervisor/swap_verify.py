@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from dankserve.host.gpu_processes import process_tree
+from dankserve.plan.serve_args import served_name
 from dankserve.state import UnsafeSleep
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.health import post_completion
-from dankserve.supervisor.liveness_probe import served_model_name
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.swap_checks import (
     CANARY_MAX_TOKENS,
@@ -169,7 +169,7 @@ def swap_target(
     return SwapTarget(
         name=name,
         model=dep.model,
-        served_name=dep.served_model_name or served_model_name(tuple(dep.extra_args), dep.model),
+        served_name=served_name(dep.served_model_name, dep.extra_args, dep.model),
         host=dep.host,
         port=dep.port,
         api_key=api_key,

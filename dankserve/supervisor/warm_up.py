@@ -9,6 +9,7 @@ compilation during inference"). READY means the first user request is as fast as
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from dankserve.supervisor.health import completion_error, post_completion
 
@@ -16,31 +17,47 @@ WARM_UP_PROMPT = "Hello"
 WARM_UP_TOKENS = 4
 
 
-def warm_up_server(host: str, port: int, model: str, api_key: str | None, timeout: float) -> str | None:
-    """Both warm-up requests within `timeout` seconds in all: None when they came back, else what went
-    wrong. A 4xx answer is no failure (the API answered without the engine: a pooling model has no
-    completions API), as for the token probe; a 5xx, a malformed answer or no answer is."""
+@dataclass(frozen=True)
+class WarmUpOutcome:
+    """What the warm-up came to: `error` fails the boot; `unwarmed` says the API answered a 4xx, so it
+    proved nothing wrong and warmed nothing (the first user request pays the compile: said, not failed)."""
+
+    error: str | None = None
+    unwarmed: str | None = None
+
+
+def warm_up_server(host: str, port: int, model: str, api_key: str | None, timeout: float) -> WarmUpOutcome:
+    """Both warm-up requests within `timeout` seconds in all. A 4xx answer is no failure (the API answered
+    without the engine: a pooling model has no completions API), as for the token probe, but it warmed
+    nothing and is said as `unwarmed`; a 5xx, a malformed answer or no answer is an `error`."""
     deadline = time.monotonic() + timeout
     for stream in (False, True):
-        error = _one(host, port, model, api_key, stream=stream, timeout=max(0.1, deadline - time.monotonic()))
-        if error is not None:
-            return f"{'streamed ' if stream else ''}completion: {error}"
-    return None
+        outcome = _one(host, port, model, api_key, stream=stream, timeout=max(0.1, deadline - time.monotonic()))
+        if outcome.error is not None or outcome.unwarmed is not None:
+            what = "streamed completion" if stream else "completion"
+            return WarmUpOutcome(
+                f"{what}: {outcome.error}" if outcome.error else None,
+                f"{what}: {outcome.unwarmed}" if outcome.unwarmed else None,
+            )
+    return WarmUpOutcome()
 
 
-def _one(host: str, port: int, model: str, api_key: str | None, *, stream: bool, timeout: float) -> str | None:
+def _one(host: str, port: int, model: str, api_key: str | None, *, stream: bool, timeout: float) -> WarmUpOutcome:
     request: dict[str, object] = {
         "model": model,
         "prompt": WARM_UP_PROMPT,
         "max_tokens": WARM_UP_TOKENS,
         "temperature": 0,
     }
-    if not stream:
-        return completion_error(post_completion(host, port, request, api_key, timeout))
-    answer = post_completion(host, port, {**request, "stream": True}, api_key, timeout)
-    if isinstance(answer, str) or answer[0] != 200:
-        return completion_error(answer)
-    return _stream_error(answer[1])
+    if stream:
+        request["stream"] = True
+    answer = post_completion(host, port, request, api_key, timeout)
+    if not isinstance(answer, str) and 400 <= answer[0] < 500:
+        text = answer[1][:200].decode("utf-8", "replace")
+        return WarmUpOutcome(unwarmed=f"HTTP {answer[0]} for model {model!r}: {text}")
+    if not stream or isinstance(answer, str) or answer[0] != 200:
+        return WarmUpOutcome(error=completion_error(answer))
+    return WarmUpOutcome(error=_stream_error(answer[1]))
 
 
 def _stream_error(payload: bytes) -> str | None:

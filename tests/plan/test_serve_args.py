@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dankserve.plan.plan import host_ram_bytes
 from dankserve.plan.rules import GIB
-from dankserve.plan.serve_args import option_number, option_value, spelled, split_options
+from dankserve.plan.serve_args import option_number, option_value, served_name, spelled, split_options
 from dankserve.supervisor.learning import MemoryFlags
-from dankserve.supervisor.liveness_probe import served_model_name
 
 ARGV = ("org/m", "--max_model_len", "8192", "--served-model-name=a", "--max-model-len=4096", "--served-model-name", "b")
 
@@ -30,5 +29,5 @@ def test_the_last_occurrence_wins_in_either_spelling() -> None:
 def test_every_reader_of_a_plan_argv_agrees() -> None:
     """The memory flags, the served model name and the host RAM all take the last occurrence."""
     assert MemoryFlags.from_argv(ARGV).max_model_len == "4096"
-    assert served_model_name(ARGV, "org/m") == "b"
+    assert served_name("setting", ARGV, "org/m") == "b"
     assert host_ram_bytes(("m", "--swap-space", "4", "--swap-space=8"), 2) == 16 * GIB

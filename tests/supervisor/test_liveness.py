@@ -77,10 +77,12 @@ def test_zero_settings_turn_the_checks_off() -> None:
     assert observe(state, sample(5000), 5000, off)[1].action == "ok"
 
 
-def test_served_model_name_is_read_in_both_spellings() -> None:
-    """The probe asks for the name the server answers to: --served-model-name X or =X, else the model."""
-    from dankserve.supervisor.liveness_probe import served_model_name
+def test_served_name_is_the_name_the_server_answers_to() -> None:
+    """The probes ask for the name vLLM serves: extra_args' --served-model-name (X or =X, theirs last in the
+    argv), else the served_model_name setting, else the model."""
+    from dankserve.plan.serve_args import served_name
 
-    assert served_model_name(("--served-model-name", "chat"), "org/m") == "chat"
-    assert served_model_name(("--served-model-name=chat",), "org/m") == "chat"
-    assert served_model_name(("--max-model-len", "8"), "org/m") == "org/m"
+    assert served_name(None, ("--served-model-name", "chat"), "org/m") == "chat"
+    assert served_name("set", ("--served-model-name=chat",), "org/m") == "chat"
+    assert served_name("set", ("--max-model-len", "8"), "org/m") == "set"
+    assert served_name(None, ("--max-model-len", "8"), "org/m") == "org/m"

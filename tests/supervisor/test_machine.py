@@ -201,6 +201,14 @@ def test_ready_follows_the_warm_up_with_its_seconds_in_the_ready_note() -> None:
     assert dict(ready.fields)["warm_up_seconds"] == 0.72 and dict(ready.fields)["boot_seconds"] == 2.0
 
 
+def test_an_unwarmed_warm_up_is_said_and_ready_follows() -> None:
+    """A warm-up answered with a 4xx fails nothing: READY follows, with a warning that names the answer."""
+    after, commands = m.step(up_and_answered(), m.WarmedUp(None, 0.01, "completion: HTTP 404 for model 'x'"), 2.0)
+    assert after.stage is m.Stage.READY
+    (said,) = [c for c in commands if isinstance(c, m.Note) and c.event == "warm_up_unwarmed"]
+    assert said.level == "warning" and "HTTP 404" in str(dict(said.fields)["answer"])
+
+
 def test_a_failed_warm_up_fails_the_boot_by_the_policy() -> None:
     """A warm-up that failed is the boot's failure (a hung engine when the log names none): never ready, torn down."""
     after, commands = m.step(up_and_answered(), m.WarmedUp("HTTP 500: boom", 1.0), 2.0)

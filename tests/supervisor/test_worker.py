@@ -22,6 +22,7 @@ from dankserve.settings import load_settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.assembly import make_planner
 from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps
+from dankserve.supervisor.warm_up import WarmUpOutcome
 from dankserve.supervisor.worker import DeploymentWorker
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
@@ -102,7 +103,7 @@ def make_world(
         clock=clock,
         check_port=lambda host, port: holders.pop(0) if holders else None,
         health=lambda host, port, timeout: runtime.health("chat"),
-        warm_up=lambda host, port, model, key, timeout: None,
+        warm_up=lambda host, port, model, key, timeout: WarmUpOutcome(),
         draw=lambda: 0.0,
     )
     return World(Daemon(settings, deps, config_path=config), runtime, clock, holders)

@@ -193,10 +193,12 @@ class HealthChecked:
 
 @dataclass(frozen=True)
 class WarmedUp:
-    """The warm-up requests came back (`error` None), or what went wrong with them."""
+    """The warm-up requests came back (`error` None), or what went wrong with them; `unwarmed`: the API
+    answered a 4xx, which fails nothing but warmed nothing (said before READY)."""
 
     error: str | None
     seconds: float
+    unwarmed: str | None = None
 
 
 @dataclass(frozen=True)

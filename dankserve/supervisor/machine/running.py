@@ -233,7 +233,11 @@ def on_warmed_up(state: MachineState, event: WarmedUp, now: float) -> Step:
     learn_baseline = boot.baseline if boot.learned_used is None else None
     if state.swap.since is not None:
         after = replace(after, swap=swap_done(state.swap, "wake", now))
-    warned = () if shrunk is None else (note("kv_cache_smaller_than_profiled", "warning", message=shrunk),)
+    warned: tuple[Command, ...] = ()
+    if shrunk is not None:
+        warned += (note("kv_cache_smaller_than_profiled", "warning", message=shrunk),)
+    if event.unwarmed is not None:
+        warned += (note("warm_up_unwarmed", "warning", answer=event.unwarmed),)
     return after, (
         *warned,
         # Saved, then ready, then the GPUs free for the next boot: a neighbour starts only after this

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from dankserve.plan.plan import has_sleep_mode
+from dankserve.plan.serve_args import served_name
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.health import check_health
-from dankserve.supervisor.liveness_probe import served_model_name
 from dankserve.supervisor.log_pump import Inbox
 from dankserve.supervisor.swap_verify import swap_target, workload_pids
 from dankserve.supervisor.worker.booting import Boots, api_key
@@ -104,9 +104,9 @@ class Commands:
                 return self._probe_health(dep, timeout)
             case m.WarmUp(timeout=timeout):
                 began = time.monotonic()
-                model = served_model_name(tuple(dep.extra_args), dep.model)
-                error = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
-                return m.WarmedUp(error, time.monotonic() - began)
+                model = served_name(dep.served_model_name, dep.extra_args, dep.model)
+                outcome = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
+                return m.WarmedUp(outcome.error, time.monotonic() - began, outcome.unwarmed)
             case m.CountGpuTenants(uuids=uuids):
                 return m.GpuTenants(self._services.gpus.other_processes(uuids), edges.draw())
             case m.SleepServer() | m.WakeServer():

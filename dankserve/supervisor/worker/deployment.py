@@ -15,11 +15,12 @@ from collections.abc import Sequence
 import structlog
 
 from dankserve.errors import DankserveError, resources_exhausted
+from dankserve.plan.serve_args import served_name
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase
 from dankserve.supervisor.liveness import LivenessSettings
-from dankserve.supervisor.liveness_probe import LivenessMonitor, served_model_name
+from dankserve.supervisor.liveness_probe import LivenessMonitor
 from dankserve.supervisor.log_pump import Inbox, Line
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.policy import FailureCause, RestartSettings
@@ -201,7 +202,7 @@ class DeploymentWorker:
             workload_id=workload_id,
             host=dep.host,
             port=dep.port,
-            model=served_model_name(tuple(dep.extra_args), dep.model),  # the planner never renames it
+            model=served_name(dep.served_model_name, dep.extra_args, dep.model),
             api_key_file=dep.api_key_file,
             settings=LivenessSettings(settings.stall_seconds, settings.liveness_interval_seconds),
             timeout=settings.liveness_timeout_seconds,
