@@ -50,6 +50,7 @@
 #                      its dependencies, the tree; both models built in the background (/tmp/qwen3-8b, /tmp/qwen3-14b)
 #   bash .dev/on_gpu.sh split3 JOB...  (carry .vl2/fa3.xz .vl2/third_party.tar.xz .dev/on_gpu.sh)  the rest, waits
 #                      for the models, then the JOBs as scale2 does
+#   quick2 / quick3 JOB...   split2 / split3 without the 8B and 14B (a short lease on the 1.1B test model)
 
 # Everything the calls share lives under /tmp (gone with the machine). $OUT gets at most a few
 # files: boots.json, results.json, progress.txt and bundle.tar.gz (logs, doctor, plan).
@@ -193,6 +194,18 @@ split3)
   while [ ! -f /tmp/models.done ] && pgrep -f "make_qwen3[.]py" > /dev/null; do sleep 2; done
   tail -3 /tmp/models.log; du -sh /tmp/qwen3-8b /tmp/qwen3-14b; df -h /tmp | tail -1
   echo "split3 + models took $(( $(date +%s) - t0 )) s"
+  shift
+  start_jobs "$@"
+  ;;
+quick2)  # split2 without the models (a short lease: the 1.1B test model is built by the JOB)
+  (cd /tmp/site && xz -dc "$OLDPWD/.vl1/py.tar.xz" | tar -xf -)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .vl2/whl/*.whl 2>&1 | grep -v WARNING
+  rm -rf /tmp/tree && mkdir -p /tmp/tree && xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  ;;
+quick3)  # split3 without waiting for models, then the JOBs
+  (cd /tmp/site && xz -dc "$OLDPWD/.vl2/third_party.tar.xz" | tar -xf -)
+  xz -T4 -dc .vl2/fa3.xz > /tmp/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so
+  . $ENVFILE
   shift
   start_jobs "$@"
   ;;
