@@ -16,7 +16,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from dankserve.runtime.base import (
     with_bind_address,
     workload_name,
 )
+from dankserve.runtime.line_times_watchers import LineTimeWatchers
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly, read_line_times, timed_file_lines
 from dankserve.secret_files import read_secret
 
@@ -171,8 +171,7 @@ class ProcessRuntime(Runtime):
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._oom_kills_at_start: dict[int, int | None] = {}
         self._killed_by_us: set[int] = set()
-        self._watchers: dict[int, subprocess.Popen[bytes]] = {}
-        """Each server's line-times watcher (by the server's pid), reaped once it has ended."""
+        self._watchers = LineTimeWatchers()
         self._gpu_release = gpu_release if gpu_release is not None else lambda uuids, timeout: None
 
     # -- records -------------------------------------------------------------------------------
@@ -301,7 +300,7 @@ class ProcessRuntime(Runtime):
         finally:
             os.close(gate_read)
         create_time = start_time_of(proc.pid)
-        self._watch_line_times(proc.pid, create_time, log_path, times_path)
+        self._watchers.start(proc.pid, create_time, log_path, times_path)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -325,49 +324,6 @@ class ProcessRuntime(Runtime):
         finally:
             os.close(gate_write)
         return self._workload(record)
-
-    def _watch_line_times(self, pid: int, create_time: float, log: Path, times: Path) -> None:
-        """Start the detached watcher that writes each log line's time beside the log (`runtime.line_times`).
-
-        Not waited for (a Python start, ~0.15 s, would delay every boot): vLLM's imports take seconds before
-        its first line, and a line written before the watcher's first read takes that read's time. Without
-        a watcher (it cannot run), the lines have no stored times and `dankserve logs` reads vLLM's prefix."""
-        for server, watcher in list(self._watchers.items()):
-            if watcher.poll() is not None:
-                del self._watchers[server]
-        try:
-            log_fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return
-        try:
-            times_fd = os.open(times, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        except OSError:
-            os.close(log_fd)
-            return
-        try:
-            self._watchers[pid] = subprocess.Popen(
-                [sys.executable, "-m", "dankserve.runtime.line_times", str(pid), repr(create_time)],
-                stdin=log_fd,
-                stdout=times_fd,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,  # outlives this daemon, as the server does
-                env={k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")},  # not the server's
-                close_fds=True,
-            )
-        except OSError:
-            pass
-        finally:
-            os.close(log_fd)
-            os.close(times_fd)
-
-    def _reap_watcher(self, pid: int, timeout: float) -> None:
-        """Reap the ended server's watcher (it ends once it has read the last lines); one still reading is
-        reaped by a later start."""
-        watcher = self._watchers.get(pid)
-        if watcher is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                watcher.wait(timeout=timeout)
-                del self._watchers[pid]
 
     def stop(self, workload_id: str, timeout: float) -> None:
         record = self._by_id(workload_id)
@@ -398,7 +354,7 @@ class ProcessRuntime(Runtime):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
-        self._reap_watcher(record.pid, 5)
+        self._watchers.reap(record.pid, 5)
 
     def remove(self, workload_id: str) -> None:
         record = self._by_id(workload_id)
@@ -458,7 +414,7 @@ class ProcessRuntime(Runtime):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = child.wait(timeout=1)
-        self._reap_watcher(record.pid, 0.5)
+        self._watchers.reap(record.pid, 0.5)
         return ExitEvent(workload_id, record.deployment, code, oom_killed=self._oom_killed(record.pid, code))
 
     def _oom_killed(self, pid: int, code: int | None) -> bool:

@@ -352,10 +352,7 @@ class Daemon:
         self.source.accept(effects)
         if effects.needs_restart:
             log.warning("reload_needs_restart", keys=list(effects.needs_restart), keeping="their running values")
-        restart: list[str] = []
-        start: list[str] = []
-        stop: list[str] = []
-        keep: list[str] = []
+        restart, start, stop, keep = [], [], [], []  # deployment names, by what the reload does to each
         in_place: dict[str, AdaptersInPlace] = {}
         for name, worker in self.fleet.snapshot().items():
             dep = new.deployments.get(name)
@@ -365,7 +362,10 @@ class Daemon:
                 stop.append(name)
                 self.fleet.retire(worker)
             elif dep != (before := old.deployments.get(name)):
-                if before is not None and (change := self._adapters_in_place(name, worker, before, dep)) is not None:
+                if (
+                    before is not None
+                    and (change := _in_place(name, worker, before, dep, new.hf_cache_dir)) is not None
+                ):
                     worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
                     keep.append(name)
                     in_place[name] = change
@@ -395,31 +395,8 @@ class Daemon:
                 start.append(name)
                 self._start_worker(name, dep, join_asleep=asleep)
         log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(effects.applied))
-        return ReloadOutcome(
-            now,
-            None,
-            tuple(restart),
-            tuple(start),
-            tuple(stop),
-            tuple(keep),
-            effects.applied,
-            effects.needs_restart,
-            adapters=in_place,
-        )
-
-    def _adapters_in_place(
-        self, name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings
-    ) -> AdaptersInPlace | None:
-        """The adapters a reload loaded and unloaded in `name`'s ready server; None: it restarts instead."""
-        change = adapters.reload_in_place(
-            name,
-            before,
-            dep,
-            ready=worker.alive and worker.machine.stage is m.Stage.READY,
-            hf_cache_dir=self.settings.hf_cache_dir,
-            api_key=read_key_now(dep.api_key_file),
-        )
-        return None if change is None else AdaptersInPlace.of(tuple(change.load), change.unload)
+        lists = (tuple(restart), tuple(start), tuple(stop), tuple(keep), effects.applied, effects.needs_restart)
+        return ReloadOutcome(now, None, *lists, adapters=in_place)
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -452,3 +429,18 @@ class Daemon:
             "config": config_status(path, self.config_loaded_at, self.config_refusal, self.source.needs_restart()),
         }
         return {"daemon": daemon, "deployments": deployments, "warnings": []}
+
+
+def _in_place(
+    name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings, hf_cache_dir: Path
+) -> AdaptersInPlace | None:
+    """The adapters a reload loaded and unloaded in `name`'s ready server; None: it restarts instead."""
+    change = adapters.reload_in_place(
+        name,
+        before,
+        dep,
+        ready=worker.alive and worker.machine.stage is m.Stage.READY,
+        hf_cache_dir=hf_cache_dir,
+        api_key=read_key_now(dep.api_key_file),
+    )
+    return None if change is None else AdaptersInPlace.of(tuple(change.load), change.unload)
