@@ -31,6 +31,12 @@
 #                      Run G, the same with the process runtime (about 8 min after proc1):
 #     on_gpu.sh proc2 "python3 bench/real_vllm/launcher.py cold,launcher-kill,launcher-down-up,launcher-config-change,manual-best,stop"
 #                      Rehearse both on a CPU machine first (bench/real_vllm/rehearse.py podman|process).
+#                      Issue 30, an upgrade between two builds of the image (upgrade.py: the second is
+#                      the first plus a label; each step, the outage, the rollback timed), about 5 min a room
+#                      after the image (rehearse it first: bench/real_vllm/rehearse.py upgrade):
+#     on_gpu.sh vllm2early "bash bench/real_vllm/on_gpu.sh image" "python3 bench/real_vllm/upgrade.py --out /tmp/results --rooms sleep,stop"
+#                      then `on_gpu.sh jobs` until it ends: $OUT gets upgrade.json (the rows),
+#                      upgrade-requests-ROOM.json, upgrade-timeline-ROOM.json and upgrade-daemon-ROOM.log.
 #                      Stop a stuck job by an anchored pattern (pkill -f '^python3 bench/real_vllm/launcher'):
 #                      an unanchored one matches the device call's own command line and kills it.
 #

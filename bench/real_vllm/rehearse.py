@@ -12,6 +12,7 @@ in /etc/cdi, rootful Podman with the stand-in image: `make fake-vllm-image`).
     REHEARSE_MODEL=qwen3-8b .venv/bin/python bench/real_vllm/rehearse.py process \
         cold,launcher-kill,launcher-down-up,manual-best,summary --requests   (issue 28's run)
     .venv/bin/python bench/real_vllm/rehearse.py swap --swaps 4 --modes level1,level2mt   (swap.py, 8B + 14B)
+    .venv/bin/python bench/real_vllm/rehearse.py upgrade [--rooms sleep,stop]   (upgrade.py --stand-in, as root)
 
 STEPS defaults to `all`. The work directory is a fresh temporary one; its results (launcher.json),
 logs and the daemon's log stay there and are named at the end.
@@ -124,9 +125,42 @@ def rehearse_swap(rest: list[str]) -> int:
     return code
 
 
+def upgrade_knobs() -> dict[str, str]:
+    """The stand-in's knobs for upgrade.py --stand-in (the deployment's env): scaled boots, and streamed
+    tokens spaced out so the upgrade's fixed request has a decode rate to compare."""
+    return {
+        "FAKE_VLLM_TIME_SCALE": TIME_SCALE,
+        "FAKE_VLLM_FIRST_REQUEST_SECONDS": FIRST_REQUEST_SECONDS,
+        "FAKE_VLLM_TOKEN_SECONDS": "0.01",
+    }
+
+
+def rehearse_upgrade(rest: list[str]) -> int:
+    """bench/real_vllm/upgrade.py --stand-in REST: the stand-in image and a copy of it differing by one label,
+    on rootful Podman (the default socket, as on the GPU machine), stand-in GPUs and the recorded H200 host."""
+    work = Path(tempfile.mkdtemp(prefix="rehearse-upgrade-", dir="/var/tmp"))
+    env = {**os.environ, "UPGRADE_WORK": str(work)}
+    env.setdefault("CONTAINERS_CONF", str(REPO / "build" / "fake-vllm" / "containers.conf"))
+    with stand_in_gpus(work, count=1, prefix="dankserve-rehearse-") as gpus:
+        host = write_recorded_host(work / "host.json", "h200x1-vm", [gpu.uuid for gpu in gpus.gpus])
+        env["DANKSERVE_HARDWARE"] = str(host)
+        service = podman_service(env, work / "podman-service.log")
+        try:
+            argv = [sys.executable, str(REPO / "bench" / "real_vllm" / "upgrade.py"), "--stand-in"]
+            code = subprocess.run([*argv, "--out", str(work / "out"), *rest], env=env, check=False).returncode
+        finally:
+            if service is not None:
+                service.terminate()
+                service.wait(30)
+    print(f"rehearsal {'passed' if code == 0 else f'FAILED (exit {code})'}: results and logs in {work}")
+    return code
+
+
 def main() -> int:
     if len(sys.argv) >= 2 and sys.argv[1] == "swap":
         return rehearse_swap(sys.argv[2:])
+    if len(sys.argv) >= 2 and sys.argv[1] == "upgrade":
+        return rehearse_upgrade(sys.argv[2:])
     if len(sys.argv) < 2 or sys.argv[1] not in ("process", "podman"):
         print(__doc__, file=sys.stderr)
         return 2
