@@ -35,6 +35,12 @@
 #                      the first plus a label; each step, the outage, the rollback timed), about 5 min a room
 #                      after the image (rehearse it first: bench/real_vllm/rehearse.py upgrade):
 #     on_gpu.sh vllm2early "bash bench/real_vllm/on_gpu.sh image" "python3 bench/real_vllm/upgrade.py --out /tmp/results --rooms sleep,stop"
+#                      With the split layout (vllm1's .vl1 is too large for one call), after the podman step:
+#     on_gpu.sh sh 'mkdir -p /tmp/site/vllm && xz -T4 -dc .vl1/C.so.xz > /tmp/site/vllm/_C_stable_libtorch.abi3.so'  (carry .vl1/C.so.xz)
+#     on_gpu.sh quick2   (carry .vl1/py.tar.xz .vl2/whl .dev/tree.tar.xz)
+#     on_gpu.sh quick3 "[ -f /tmp/tinyllama/config.json ] || python3 bench/real_vllm/make_tiny_llama.py /tmp/tinyllama" \
+#         "bash bench/real_vllm/on_gpu.sh image" "python3 bench/real_vllm/upgrade.py --out /tmp/results --rooms sleep,stop"
+#                        (carry .vl2/fa3.xz .vl2/third_party.tar.xz)
 #                      then `on_gpu.sh jobs` until it ends: $OUT gets upgrade.json (the rows),
 #                      upgrade-requests-ROOM.json, upgrade-timeline-ROOM.json and upgrade-daemon-ROOM.log.
 #                      Stop a stuck job by an anchored pattern (pkill -f '^python3 bench/real_vllm/launcher'):
