@@ -180,6 +180,10 @@ def _text(line: bytes) -> str:
     return line.decode("utf-8", "replace").rstrip("\r")
 
 
+MAX_LINE_TIME = 32503680000.0
+"""The latest line time read back (the year 3000): beyond it an entry is unknown, not an overflow."""
+
+
 def line_time_record(at: float) -> bytes:
     """One entry of a process log's line times (`LINE_TIMES`): the Unix time its line began, to the microsecond."""
     return b"%.6f\n" % at
@@ -198,9 +202,11 @@ def read_line_times(path: Path, offset: int = 0) -> tuple[list[float | None], in
     times: list[float | None] = []
     for entry in data[:end].split(b"\n")[:-1]:
         try:
-            times.append(float(entry))
+            at = float(entry)
         except ValueError:
-            times.append(None)
+            at = None
+        # Only a time a datetime can hold (the file is outside input: nan, inf or 1e300 would raise later).
+        times.append(at if at is not None and 0 <= at <= MAX_LINE_TIME else None)
     return times, offset + end
 
 

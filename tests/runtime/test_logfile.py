@@ -150,3 +150,10 @@ def test_line_times_are_read_to_the_last_complete_entry_and_an_unreadable_one_ke
         (1733161494.5, "c"),
         (None, "d"),
     ]
+
+
+def test_a_line_time_no_datetime_can_hold_is_unknown(tmp_path: Path) -> None:
+    """nan, inf, negative and absurdly late entries read as unknown, so `dankserve logs` never overflows."""
+    path = tmp_path / "x.log.times"
+    path.write_bytes(b"nan\ninf\n-5\n1e300\n1733161495.250000\n")
+    assert read_line_times(path)[0] == [None, None, None, None, 1733161495.25]
