@@ -61,23 +61,19 @@ MODE_EXTRA_LINES = {"stoplauncher": ["launcher = true"]}
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+def daemon_head(work: Path, gateway_port: int, queue_timeout: float = 900, *more: str) -> list[str]:
+    """A bench daemon's global keys and its [gateway] table (the swap and upgrade benches share them)."""
+    globals_ = [f'state_dir = "{work}/state"', f'cache_dir = "{work}/cache"', f'hf_cache_dir = "{work}/hf"']
+    globals_ += ['vllm_version = "0.26.0"', "boot_timeout_seconds = 900", *more, "health_interval_seconds = 1"]
+    gateway = ["[gateway]", f'listen = "127.0.0.1:{gateway_port}"', f"queue_timeout_seconds = {queue_timeout:g}"]
+    return [*globals_, 'log_format = "json"', "", *gateway]
+
+
 def config_text(level: str, extra_args: list[str] | None = None, extra_lines: list[str] | None = None) -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
     env |= json.loads(os.environ.get("SWAP_MEMBER_ENV") or "{}")  # a rehearsal's launcher knobs
     env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-    parts = [
-        f'state_dir = "{WORK}/state"',
-        f'cache_dir = "{WORK}/cache"',
-        f'hf_cache_dir = "{WORK}/hf"',
-        'vllm_version = "0.26.0"',
-        "boot_timeout_seconds = 900",
-        "health_interval_seconds = 1",
-        'log_format = "json"',
-        "",
-        "[gateway]",
-        f'listen = "127.0.0.1:{GATEWAY_PORT}"',
-        "queue_timeout_seconds = 900",
-    ]
+    parts = daemon_head(WORK, GATEWAY_PORT)
     for name, (path, _) in MODELS.items():
         parts += [
             "",

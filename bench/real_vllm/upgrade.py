@@ -77,6 +77,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.real_vllm.swap import daemon_head
 from dankserve import control
 from dankserve.runtime.base import workload_name
 from dankserve.supervisor.upgrade_edge import trial_name
@@ -116,18 +117,7 @@ def config_text(bench: Bench, room: str) -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV, **bench.extra_env}
     env_text = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
     lines = [
-        f'state_dir = "{WORK}/state"',
-        f'cache_dir = "{WORK}/cache"',
-        f'hf_cache_dir = "{WORK}/hf"',
-        'vllm_version = "0.26.0"',
-        "boot_timeout_seconds = 900",
-        "stop_timeout_seconds = 60",
-        "health_interval_seconds = 1",
-        'log_format = "json"',
-        "",
-        "[gateway]",
-        f'listen = "127.0.0.1:{GATEWAY_PORT}"',
-        f"queue_timeout_seconds = {bench.queue_timeout:g}",
+        *daemon_head(WORK, GATEWAY_PORT, bench.queue_timeout, "stop_timeout_seconds = 60"),
         "",
         f"[deployments.{NAME}]",
         f'model = "/root/.cache/huggingface/{bench.model.name}"',
