@@ -209,10 +209,21 @@ split3)
   shift
   start_jobs "$@"
   ;;
-quick2)  # split2 without the models (a short lease: the 1.1B test model is built by the JOB)
+quick2)  # split2 without the models (a short lease: the 1.1B test model is built by the JOB); or with
+  # SIZE=DIR arguments (8b=/tmp/proof8b/hf/qwen3-8b), each built in the background in turn: `wait-models` waits
   (cd /tmp/site && xz -dc "$OLDPWD/.vl1/py.tar.xz" | tar -xf -)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .vl2/whl/*.whl 2>&1 | grep -v WARNING
   rm -rf /tmp/tree && mkdir -p /tmp/tree && xz -dc .dev/tree.tar.xz | tar -C /tmp/tree -xf -
+  shift
+  if [ $# -gt 0 ]; then
+    builds=""
+    for pair in "$@"; do builds+="python3 /tmp/tree/bench/real_vllm/make_qwen3.py ${pair#*=} ${pair%%=*} && "; done
+    setsid bash -c ". $ENVFILE; ${builds}echo built > /tmp/models.done" > /tmp/models.log 2>&1 < /dev/null &
+  fi
+  ;;
+wait-models)  # a JOB: until the background model builds (split2, quick2 SIZE=DIR) have ended
+  while [ ! -f /tmp/models.done ] && pgrep -f "make_qwen3[.]py" > /dev/null; do sleep 2; done
+  tail -3 /tmp/models.log; [ -f /tmp/models.done ]
   ;;
 quick3)  # split3 without waiting for models, then the JOBs
   (cd /tmp/site && xz -dc "$OLDPWD/.vl2/third_party.tar.xz" | tar -xf -)
