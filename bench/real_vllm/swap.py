@@ -51,11 +51,26 @@ MODELS = {
 PYTHON = os.environ.get("SWAP_PYTHON", sys.executable)
 GATEWAY_PORT = 9000
 PORTS = {"a": 8001, "b": 8002}
-LEVELS = {"level1": "1", "level2": "2", "stop": "stop", "level2mt": "2", "stoplauncher": "stop"}
+LEVELS = {
+    "level1": "1",
+    "level2": "2",
+    "stop": "stop",
+    "level2mt": "2",
+    "level2fst": "2",
+    "level2eager": "2",
+    "stoplauncher": "stop",
+}
 # Issue 28 item 2: vLLM 0.26's multi-thread safetensors loader (DefaultModelLoader), for level 2's reload_weights
 # and every boot's weights; mode level2mt is level2 with it, to measure what it gains.
 MULTITHREAD_LOAD = ["--model-loader-extra-config", '{"enable_multithread_load": true, "num_threads": 16}']
-MODE_EXTRA_ARGS = {"level2mt": MULTITHREAD_LOAD}
+# level2fst and level2eager: the other loaders DefaultModelLoader (the only one reload_weights can use) offers in
+# vLLM 0.26, fastsafetensors (pinned bounce buffers) and the eager strategy (each file read whole); loadbench.py
+# times them without a boot.
+MODE_EXTRA_ARGS = {
+    "level2mt": MULTITHREAD_LOAD,
+    "level2fst": ["--load-format", "fastsafetensors"],
+    "level2eager": ["--safetensors-load-strategy", "eager"],
+}
 MODE_EXTRA_LINES = {"stoplauncher": ["launcher = true"]}
 # The device machine's rule: NVLink multicast stays off in every program started there.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
