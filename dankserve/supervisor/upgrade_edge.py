@@ -19,6 +19,7 @@ from dankserve.bootlog.reader import BootLogReader
 from dankserve.errors import DankserveError
 from dankserve.host.model import Host
 from dankserve.plan.catalogue import capabilities
+from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import compile_cache_dir
 from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
@@ -168,7 +169,8 @@ class DaemonUpgradeEdge:
     def _measure(self, port: int, kv_tokens: int | None) -> Measurement:
         dep = self._dep
         key = read_key_now(dep.api_key_file) if dep.api_key_file is not None else None
-        return measure(dep.host, port, dep.served_model_name or dep.model, key, kv_cache_tokens=kv_tokens)
+        model = served_name(dep.served_model_name, dep.extra_args, dep.model)
+        return measure(dep.host, port, model, key, kv_cache_tokens=kv_tokens)
 
     # -- the actions -------------------------------------------------------------------------------
     def pull(self, image: str, progress: Callable[[float], None]) -> Pulled | PullFailed:

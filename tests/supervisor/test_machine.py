@@ -319,6 +319,20 @@ def test_an_oom_again_after_the_relearn_is_a_configuration_error() -> None:
     assert waiting.stage is m.Stage.BACKOFF, "unknown GPU tenants wait; they never count as none"
 
 
+def test_an_oom_beside_a_neighbour_that_did_not_grow_drops_the_learned_bytes() -> None:
+    """Other processes that hold no more than when the bytes were learned do not explain an OOM: relearn."""
+    state = replace(in_stage(m.Stage.DECIDING), pending=m.Failure(FailureCause.OOM_LOAD, "oom", None, False))
+    state = with_boot(state, learned_used=LEARNED.kv_cache_memory_bytes)
+    asleep_neighbour = m.GpuTenants(True, 0.5, (LEARNED.baseline_free_bytes[0] - (1 << 30) // 2,))
+    after, commands = m.step(state, asleep_neighbour, 1.0)
+    assert m.ForgetLearned("kv1-x") in commands and after.relearned
+    grown = m.GpuTenants(True, 0.5, (LEARNED.baseline_free_bytes[0] - (8 << 30),))
+    waiting, commands = m.step(state, grown, 1.0)
+    assert waiting.stage is m.Stage.BACKOFF and not any(isinstance(c, m.ForgetLearned) for c in commands)
+    unread, _ = m.step(state, m.GpuTenants(True, 0.5, (None,)), 1.0)
+    assert not unread.relearned, "an unread GPU never counts as room to spare"
+
+
 def test_a_log_failure_waits_for_the_exit_then_decides() -> None:
     """A failure line while booting: wait for the exit, remove, then ask the policy (bad_argument: failed)."""
     facts = BootFacts(failure=FailureClass.BAD_ARGUMENT, failure_message="unrecognized arguments: --x")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from dankserve.supervisor.upgrade_probe import DECODE_TOKENS, ProbeFailed, measure
+from dankserve.supervisor.upgrade_probe import DECODE_RUNS, DECODE_TOKENS, WARM_RUNS, ProbeFailed, measure
 from tests.gateway.conftest import StandIn, stand_ins, start_stand_in
 from tests.harness.daemon import free_port
 
@@ -92,3 +93,38 @@ def test_ids_that_are_no_integers_are_dropped(hostile: Callable[[int, bytes], in
     """token_ids holding strings or booleans keep only the integers; the stream of a JSON body has no rate."""
     port = hostile(200, b'{"choices": [{"token_ids": [1, "2", true, 3]}]}')
     assert measure("127.0.0.1", port, "tiny", None, kv_cache_tokens=None).greedy_ids == (1, 3)
+
+
+def test_a_cold_first_stream_does_not_count() -> None:
+    """A server whose first streamed completion is slow (just booted) is timed by its later, warm ones."""
+    streams: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.end_headers()
+            if b'"stream": true' not in body:
+                self.wfile.write(b'{"choices": [{"token_ids": [1, 2, 3]}]}')
+                return
+            streams.append(1)
+            gap = 0.05 if len(streams) == 1 else 0.002
+            for _ in range(8):
+                self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+                self.wfile.flush()
+                time.sleep(gap)
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        figures = measure("127.0.0.1", server.server_address[1], "tiny", None, kv_cache_tokens=None)
+    finally:
+        server.shutdown()
+    assert len(streams) == WARM_RUNS + DECODE_RUNS
+    assert figures.decode_tokens_per_second is not None and figures.decode_tokens_per_second > 100

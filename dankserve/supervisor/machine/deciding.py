@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dankserve.supervisor import policy
+from dankserve.supervisor.machine.booting import kv_decision
 from dankserve.supervisor.machine.commands import (
     Command,
     ForgetLearned,
@@ -25,10 +26,25 @@ from dankserve.supervisor.machine.stages import (
     Stage,
 )
 from dankserve.supervisor.machine.state import (
+    Boot,
     LastFailure,
     MachineState,
 )
 from dankserve.supervisor.policy import FailureContext
+
+
+def _others_crowd(boot: Boot | None, event: GpuTenants) -> bool:
+    """Whether other processes on the GPUs may be what ran out of memory.
+
+    Unknown is not "none": an OOM with unknown tenants waits, it does not drop the learned bytes. But when
+    the learned bytes were in use and the GPUs' free memory now (ours stopped) still passes their guard,
+    the others hold no more than when the bytes were learned (a sleeping swap member's CUDA context, seen
+    on the H200): they are not what changed, the learned bytes are suspect."""
+    if event.other_processes is False:
+        return False
+    if boot is None or boot.learned is None or boot.learned_used is None or not event.free:
+        return True
+    return kv_decision(boot.learned, event.free).use_bytes is None
 
 
 def on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
@@ -49,8 +65,7 @@ def on_gpu_tenants(state: MachineState, event: GpuTenants, now: float) -> Step:
         remediated=state.remediated,
         learned_kv_in_use=boot is not None and boot.learned_used is not None,
         relearned=relearned,
-        # Unknown is not "none": an OOM with unknown tenants waits, it does not drop the learned bytes.
-        other_gpu_processes=event.other_processes is not False,
+        other_gpu_processes=_others_crowd(boot, event),
     )
     failures = (*state.failures, now)
     draw = event.draw

@@ -218,10 +218,13 @@ class MemberLost:
 
 @dataclass(frozen=True)
 class GpuTenants:
-    """Whether NVML lists other processes on the GPUs (None: unknown), and a uniform draw in [0, 1) for jitter."""
+    """Whether NVML lists other processes on the GPUs (None: unknown), a uniform draw in [0, 1) for jitter,
+    and the GPUs' free bytes now, ours stopped (one per GPU in the boot's order, None where unknown; empty:
+    not read)."""
 
     other_processes: bool | None
     draw: float = 0.5
+    free: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True)

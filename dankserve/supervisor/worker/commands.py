@@ -108,7 +108,10 @@ class Commands:
                 outcome = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
                 return m.WarmedUp(outcome.error, time.monotonic() - began, outcome.unwarmed)
             case m.CountGpuTenants(uuids=uuids):
-                return m.GpuTenants(self._services.gpus.other_processes(uuids), edges.draw())
+                gpus = self._services.gpus
+                memory = gpus.free_memory(uuids)
+                free = tuple(memory[u].free_bytes if u in memory else None for u in uuids)
+                return m.GpuTenants(gpus.other_processes(uuids), edges.draw(), free)
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
             case m.MarkSleepUnsafe(level=level, reason=reason):
