@@ -740,3 +740,20 @@ def test_a_swap_left_unfinished_by_a_server_that_is_gone_boots_as_usual() -> Non
     for moving in ("falling_asleep", "waking"):
         nothing = m.BootPlanned(("GPU-0",), "kv1-x", LEARNED, "0.8.5", remembered_asleep="2", remembered_moving=moving)
         assert m.step(in_stage(m.Stage.PLANNING), nothing, 1.0)[0].stage is m.Stage.WAITING_GPUS
+
+
+@pytest.mark.parametrize("level", ["1", "2"])
+def test_a_failed_wake_marks_its_level_unsafe_and_restarts(level: str) -> None:
+    """A wake that failed marks the level unsafe (as a wrong canary does), then the failure policy restarts."""
+    waking = replace(in_stage(m.Stage.WAKING), swap=m.SwapTimes(level=level, since=0.0))
+    after, commands = m.step(waking, m.WakeFailed("HTTP 500: CUDA Error: out of memory"), 1.0)
+    marks = [c for c in commands if isinstance(c, m.MarkSleepUnsafe)]
+    assert marks == [m.MarkSleepUnsafe(level, "the wake failed: HTTP 500: CUDA Error: out of memory", "wake")]
+    assert after.stage is m.Stage.DECIDING and after.swap.level is None
+
+
+def test_a_failed_sleep_marks_nothing() -> None:
+    """A sleep that failed is the server failing; it says nothing about the wake of that level."""
+    falling = replace(in_stage(m.Stage.FALLING_ASLEEP), swap=m.SwapTimes(level="1", since=0.0))
+    _, commands = m.step(falling, m.SleepFailed("HTTP 500"), 1.0)
+    assert not any(isinstance(c, m.MarkSleepUnsafe) for c in commands)

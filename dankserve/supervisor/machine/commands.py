@@ -207,6 +207,8 @@ class MarkSleepUnsafe:
 
     level: SleepLevel
     reason: str
+    check: str = "sleep"
+    """Which check failed, for the metric: `sleep` (NVML) or `wake` (the canary, or the wake itself)."""
 
 
 Command = (

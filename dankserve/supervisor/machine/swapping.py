@@ -118,7 +118,7 @@ def on_woke_wrong(state: MachineState, event: WokeWrong, now: float) -> Step:
     swap = replace(state.swap, level="stop", wake_wanted=True, since=now)
     return replace(state, stage=Stage.FALLING_ASLEEP, swap=swap, wake_at=None), (
         note("woke_wrong", "error", sleep_level=level, reason=event.message),
-        MarkSleepUnsafe(level, event.message),
+        MarkSleepUnsafe(level, event.message, "wake"),
         SleepServer(state.workload_id or "", "stop", server=server),
     )
 
@@ -147,8 +147,16 @@ def on_woke_up(state: MachineState, event: WokeUp, now: float) -> Step:
 
 
 def on_swap_failed(state: MachineState, event: SleepFailed | WakeFailed, now: float) -> Step:
+    """A sleep or wake that failed: the server is removed and the failure policy restarts it. A wake that
+    failed also marks its level unsafe, so the member's next sleeps take the next safe way instead of
+    failing each wake until the restart budget is spent (seen on the H200: a level-2 wake with
+    `--load-format fastsafetensors` ran out of GPU memory every time)."""
     kind = "sleep" if isinstance(event, SleepFailed) else "wake"
+    level = state.swap.level
     swap = replace(state.swap, since=None, wake_wanted=False, level=None)
     failure = Failure(FailureCause.ENGINE_DEAD, f"{kind} failed: {event.message}", state.facts, served=True)
     after, commands = decide_after(replace(state, swap=swap), failure, teardown(state))
-    return after, (note(f"{kind}_failed", "error", error=event.message), *commands)
+    marks: tuple[Command, ...] = ()
+    if isinstance(event, WakeFailed) and level in ("1", "2"):
+        marks = (MarkSleepUnsafe(level, f"the wake failed: {event.message}", "wake"),)
+    return after, (note(f"{kind}_failed", "error", error=event.message), *marks, *commands)

@@ -114,8 +114,8 @@ class Commands:
                 return m.GpuTenants(gpus.other_processes(uuids), edges.draw(), free)
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
-            case m.MarkSleepUnsafe(level=level, reason=reason):
-                self._services.telemetry.swap_check_failed(self._name, "wake" if "canary" in reason else "sleep")
+            case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
+                self._services.telemetry.swap_check_failed(self._name, check)
                 if self._services.swap_verifier is not None:
                     version = self._machine().vllm_version
                     self._services.swap_verifier.mark_unsafe(self._name, dep.model, version, level, reason)
