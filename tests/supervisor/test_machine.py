@@ -743,7 +743,7 @@ def test_a_swap_left_unfinished_by_a_server_that_is_gone_boots_as_usual() -> Non
 
 
 @pytest.mark.parametrize("level", ["1", "2"])
-def test_a_failed_wake_marks_its_level_unsafe_and_restarts(level: str) -> None:
+def test_a_failed_wake_marks_its_level_unsafe_and_restarts(level: m.SleepLevel) -> None:
     """A wake that failed marks the level unsafe (as a wrong canary does), then the failure policy restarts."""
     waking = replace(in_stage(m.Stage.WAKING), swap=m.SwapTimes(level=level, since=0.0))
     after, commands = m.step(waking, m.WakeFailed("HTTP 500: CUDA Error: out of memory"), 1.0)
