@@ -95,12 +95,21 @@ class HostGpus:
         """NVML lists compute processes on these GPUs (ours are stopped when this is asked); None: unknown.
 
         A recorded host file (stand-in GPUs) lists no processes: none."""
+        return self.tenants(uuids)[0]
+
+    def tenants(self, uuids: tuple[str, ...]) -> tuple[bool | None, tuple[int | None, ...]]:
+        """`other_processes`, and each GPU's free bytes in `uuids`' order (None: unknown), from one reading
+        (what the failure policy weighs after an OOM)."""
         if self._hardware_file is not None:
-            return False
+            memory = self.memory(uuids)
+            return False, tuple(memory[u].free_bytes if u in memory else None for u in uuids)
         readings = read_nvml(uuids)
-        if readings is None or any(r.other_processes is None for r in readings.values()):
-            return None
-        return any((r.other_processes or 0) > 0 for r in readings.values())
+        if readings is None:
+            return None, tuple(None for _ in uuids)
+        free = tuple(readings[u].free_bytes if u in readings else None for u in uuids)
+        if any(r.other_processes is None for r in readings.values()):
+            return None, free
+        return any((r.other_processes or 0) > 0 for r in readings.values()), free
 
     def index_of(self) -> dict[str, int]:
         """Each GPU's index by its UUID (what status and messages call it)."""

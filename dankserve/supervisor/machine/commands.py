@@ -207,7 +207,7 @@ class MarkSleepUnsafe:
 
     level: SleepLevel
     reason: str
-    check: str = "sleep"
+    check: Literal["sleep", "wake"] = "sleep"
     """Which check failed, for the metric: `sleep` (NVML) or `wake` (the canary, or the wake itself)."""
 
 

@@ -108,10 +108,8 @@ class Commands:
                 outcome = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
                 return m.WarmedUp(outcome.error, time.monotonic() - began, outcome.unwarmed)
             case m.CountGpuTenants(uuids=uuids):
-                gpus = self._services.gpus
-                memory = gpus.free_memory(uuids)
-                free = tuple(memory[u].free_bytes if u in memory else None for u in uuids)
-                return m.GpuTenants(gpus.other_processes(uuids), edges.draw(), free)
+                others, free = self._services.gpus.tenants(uuids)
+                return m.GpuTenants(others, edges.draw(), free)
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
             case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
