@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dankserve.runtime.base import CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT
+from dankserve.backend_address import UNIX_PATH_MAX, BackendAddress, TcpAddress, UnixAddress
+from dankserve.errors import ConfigError
+from dankserve.runtime.base import CONTAINER_BACKEND_RUN, CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -52,6 +54,50 @@ def vllm_cache_root(settings: Settings, deployment: str, dep: DeploymentSettings
     if dep.runtime == "process":
         return str(compile_cache_dir(settings, deployment))
     return CONTAINER_VLLM_CACHE_ROOT
+
+
+SERVER_SOCKET = "vllm.sock"
+"""A deployment's server socket, in its backend directory."""
+TRIAL_SOCKET = "upgrade.sock"
+"""An upgrade's trial server's socket, beside the deployment's (the same directory: one container mount)."""
+
+
+def backend_dir(settings: Settings, deployment: str) -> Path:
+    """The deployment's private directory (0700, the daemon's user) holding its server's unix socket."""
+    return settings.state_dir / "backends" / deployment
+
+
+def backend_socket(
+    settings: Settings, deployment: str, dep: DeploymentSettings, name: str = SERVER_SOCKET
+) -> Path | None:
+    """The host path of the deployment's server socket (None: it listens on TCP, `listen`)."""
+    if not settings.serves_on_socket(dep):
+        return None
+    path = backend_dir(settings, deployment) / name
+    if len(str(path).encode()) > UNIX_PATH_MAX:
+        raise ConfigError(
+            f"deployment {deployment!r} listens on a unix socket, and its path {str(path)!r} is "
+            f"{len(str(path).encode())} bytes long: a unix socket's path holds at most {UNIX_PATH_MAX}",
+            fix=f'set a shorter state_dir, or a shorter deployment name, or deployments.{deployment}.listen = "tcp"',
+        )
+    return path
+
+
+def backend_address(
+    settings: Settings, deployment: str, dep: DeploymentSettings, name: str = SERVER_SOCKET
+) -> BackendAddress:
+    """Where dankserve reaches the deployment's server: its private socket, or TCP host:port."""
+    path = backend_socket(settings, deployment, dep, name)
+    return TcpAddress(dep.host, dep.port) if path is None else UnixAddress(path)
+
+
+def vllm_socket(settings: Settings, deployment: str, dep: DeploymentSettings) -> str | None:
+    """The socket path vLLM binds (`--uds`) as the server sees it: the host path for a process, the mounted
+    directory's path in a container; None: TCP."""
+    path = backend_socket(settings, deployment, dep)
+    if path is None:
+        return None
+    return str(path) if dep.runtime == "process" else f"{CONTAINER_BACKEND_RUN}/{path.name}"
 
 
 def wants_hub(dep: DeploymentSettings) -> bool:
@@ -158,6 +204,7 @@ def plan_one(
             learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes,
             vllm_cache_root=vllm_cache_root(settings, name, dep),
             catalogue=catalogue,
+            socket=vllm_socket(settings, name, dep),
         )
     return plan_deployment(
         name,
@@ -170,6 +217,7 @@ def plan_one(
         catalogue=catalogue,
         offload_share=host_offload_share(settings, name, dep, host),
         adapters=adapter_facts(settings.hf_cache_dir, name, dep) if dep.adapters else (),
+        socket=vllm_socket(settings, name, dep),
     )
 
 

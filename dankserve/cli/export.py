@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -76,7 +77,8 @@ def command(
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
     plan = plan_one(settings, deployment, dep, host, vllm_version=vllm_version)
-    spec = workload_spec(plan, dep, settings, 1)
+    # No dankserve gateway stands in front of the unit: it serves on TCP host:port, never on the private socket.
+    spec = replace(workload_spec(plan, dep, settings, 1), socket=None)
     gpu = gpu_passthrough(spec.gpus, devices)
     notes = [
         f"Planned for vLLM {plan.vllm_version} on GPU {', '.join(map(str, plan.gpu_indices)) or 'none'}"
@@ -85,6 +87,11 @@ def command(
     ]
     if dep.launcher:
         notes.append("launcher = true is dankserve's: this container runs `vllm serve` itself.")
+    if settings.serves_on_socket(dep):
+        notes.append(
+            f"Under dankserve this server listens on a private unix socket behind the gateway; this unit has no "
+            f"gateway, so it listens on {dep.host}:{spec.port}, where every local user reaches all its routes."
+        )
     notes += [f"plan warning: {w}" for w in plan.warnings]
     try:
         unit = container_unit(spec, gpu, stop_timeout=settings.stop_timeout_seconds)

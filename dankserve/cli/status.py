@@ -35,6 +35,7 @@ from dankserve.supervisor.status import Unsupervised
 
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config, the state store and the runtime while no daemon runs."""
+    from dankserve.planning import backend_address
     from dankserve.supervisor.records import StateBook
     from dankserve.supervisor.status import deployment_view
 
@@ -45,7 +46,14 @@ def offline_status(settings: Settings) -> dict[str, Any]:
         running = _still_running(settings, name, dep) if dep.enabled and not down else None
         deployments.append(
             deployment_view(
-                name, dep, store.deployment(name), None, down=down, unsupervised=running, wall_now=time.time()
+                name,
+                dep,
+                store.deployment(name),
+                None,
+                down=down,
+                unsupervised=running,
+                wall_now=time.time(),
+                address=backend_address(settings, name, dep),
             ).to_json()
         )
     serving = sum(1 for d in deployments if d["state"] == "serving")
@@ -59,6 +67,7 @@ def offline_status(settings: Settings) -> dict[str, Any]:
 
 def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Unsupervised | None:
     """The deployment's server as it runs without a daemon: answering /health, running, or None (not found)."""
+    from dankserve.planning import backend_address
     from dankserve.supervisor.assembly import runtime_factory
     from dankserve.supervisor.health import check_health
 
@@ -68,13 +77,14 @@ def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Un
         return None
     if workload is None or not workload.running:
         return None
-    if not check_health(dep.host, dep.port, timeout=1.0).healthy:
+    address = backend_address(settings, name, dep)
+    if not check_health(address, timeout=1.0).healthy:
         return "running"
     if dep.swap_group is not None:  # a member left asleep answers /health too: ask it
         from dankserve.secret_files import read_key_now
         from dankserve.supervisor.sleep_mode import is_sleeping
 
-        if is_sleeping(dep.host, dep.port, read_key_now(dep.api_key_file), timeout=1.0):
+        if is_sleeping(address, read_key_now(dep.api_key_file), timeout=1.0):
             return "asleep"
     return "serving"
 
@@ -200,6 +210,8 @@ def _kv(dep: dict[str, Any]) -> str:
 
 
 def _port(dep: dict[str, Any]) -> str:
+    if str(dep["endpoint"]).startswith("unix:"):
+        return "socket"  # only dankserve reaches it: clients come through the gateway
     return str(urlsplit(dep["endpoint"]).port or "-")
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from dankserve.backend_address import BackendAddress
+
 
 class Availability(StrEnum):
     READY = "ready"
@@ -31,8 +33,8 @@ class Backend:
     """One deployment as the gateway sees it."""
 
     availability: Availability
-    host: str
-    port: int
+    address: BackendAddress | None
+    """Where its server listens (its private socket, or TCP); None: nowhere (not configured)."""
     api_key: str | None = None
     """The key the server wants (read by the supervisor from api_key_file), sent upstream."""
     message: str | None = None

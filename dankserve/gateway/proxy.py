@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,6 +22,7 @@ import structlog
 from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, Limits, read_body, vouch
+from dankserve.backend_address import BackendAddress, TcpAddress
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
 from dankserve.gateway.backends import Availability, Backend, Supervisor
@@ -135,6 +137,8 @@ class Gateway:
         self._released: dict[str, asyncio.Event] = {}
         self._tables: tuple[Mapping[str, DeploymentSettings], dict[str, Route]] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._socket_sessions: dict[Path, aiohttp.ClientSession] = {}
+        """One session per backend socket (aiohttp's UnixConnector has one path); a few, one per deployment."""
         self.started = int(time.time())
 
     def app(self) -> web.Application:
@@ -162,17 +166,25 @@ class Gateway:
         await loop.run_in_executor(None, self.access.save)
 
     async def _open_session(self, app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        )
+        self._session = _client_session(aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True))
 
     async def _close_session(self, app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
+        for session in self._socket_sessions.values():
+            await session.close()
+        self._socket_sessions.clear()
+
+    def _session_for(self, address: BackendAddress) -> aiohttp.ClientSession:
+        """The session that reaches `address`: the TCP one, or its socket's own."""
+        if isinstance(address, TcpAddress):
+            assert self._session is not None
+            return self._session
+        session = self._socket_sessions.get(address.path)
+        if session is None:
+            connector = aiohttp.UnixConnector(str(address.path), limit=0, keepalive_timeout=30)
+            session = self._socket_sessions[address.path] = _client_session(connector)
+        return session
 
     def _table(self) -> dict[str, Route]:
         deployments = self._deployments()
@@ -351,10 +363,11 @@ class Gateway:
     ) -> web.StreamResponse:
         """Pass the request on and stream the answer back; `begun`: the SSE answer its loading comments
         began (status sent), into which the server's events go, or its error as one event."""
-        assert self._session is not None
+        if backend.address is None:
+            return _json_error(502, f"deployment {name!r} has no address", "BadGatewayError")
         try:
-            upstream = await self._session.request(
-                request.method, _url(request, backend), data=body, headers=_headers(request, backend)
+            upstream = await self._session_for(backend.address).request(
+                request.method, backend.address.url(request.path_qs), data=body, headers=_headers(request, backend)
             )
         except aiohttp.ClientError as exc:
             log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
@@ -425,9 +438,13 @@ def _headers(request: web.Request, backend: Backend) -> dict[str, str]:
     return headers
 
 
-def _url(request: web.Request, backend: Backend) -> str:
-    host = f"[{backend.host}]" if ":" in backend.host else backend.host
-    return f"http://{host}:{backend.port}{request.path_qs}"
+def _client_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+    )
 
 
 def _passed(upstream: aiohttp.ClientResponse) -> dict[str, Any]:

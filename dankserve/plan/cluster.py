@@ -122,8 +122,10 @@ def plan_group(
     learned_kv_cache_memory_bytes: int | None = None,
     vllm_cache_root: str = DEFAULT_CONTAINER_CACHE_ROOT,
     catalogue: Catalogue | None = None,
+    socket: str | None = None,
 ) -> Plan:
-    """The leader's plan for a group (members[0] is the leader); exit 2/4 errors name the host."""
+    """The leader's plan for a group (members[0] is the leader); exit 2/4 errors name the host. `socket`: where
+    the leader's API server listens (None: TCP)."""
     if not members or members[0].address != LEADER:
         raise ValueError("members must start with the leader")
     shape = group_shape(name, dep, members)
@@ -145,6 +147,7 @@ def plan_group(
                     learned_kv_cache_memory_bytes=learned_kv_cache_memory_bytes if member.address == LEADER else None,
                     vllm_cache_root=vllm_cache_root,
                     catalogue=catalogue,
+                    socket=socket,
                 )
             )
         except DankserveError as exc:

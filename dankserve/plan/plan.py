@@ -19,6 +19,7 @@ from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
 from dankserve.plan import checks, extra_args, families, gpu_choice, lora, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
+from dankserve.plan.exposure import DEV_MODE_ENV, env_flag, exposure, exposure_warning
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
 from dankserve.plan.serve_args import option_number
@@ -72,8 +73,11 @@ def plan_deployment(
     catalogue: Catalogue | None = None,
     offload_share: rules.OffloadShare | None = None,
     adapters: Sequence[lora.AdapterFacts] = (),
+    socket: str | None = None,
 ) -> Plan:
     """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4).
+
+    `socket`: the unix socket path vLLM binds (`--uds`: the deployment's private socket), None: TCP host:port.
 
     `offload_share`: the host RAM this deployment shares with the others for CPU KV offload (None: it is alone).
     `adapters`: the LoRA adapters' facts (read from their directories by `planning`)."""
@@ -103,7 +107,7 @@ def plan_deployment(
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
-    placement_flags(flags, deployment)
+    placement_flags(flags, deployment, socket)
     warnings += lora_flags(flags, adapters, lora_plan)
     swap_env, swap_warnings = sleep_mode_flags(flags, deployment, caps)
     warnings += swap_warnings
@@ -113,6 +117,22 @@ def plan_deployment(
     if unknown_extra:
         warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")
     choices = _replace_from_extra(flags.choices, absorbed.replaced)
+    env = rules.container_env(
+        vllm_cache_root,
+        numa_bind,
+        {**legacy_env(deployment, caps), **swap_env, **lora.runtime_update_env(adapters), **deployment.env},
+    )
+    exposed = exposure(
+        socket,
+        deployment.host,
+        deployment.port,
+        dev_mode=env_flag(env, DEV_MODE_ENV),
+        lora_updating=env_flag(env, lora.RUNTIME_UPDATE_ENV),
+        keyed=deployment.api_key_file is not None,
+        runtime=deployment.runtime,
+    )
+    if (warning := exposure_warning(exposed)) is not None:
+        warnings.append(warning)
 
     argv: list[str] = [deployment.model]
     for choice in choices:
@@ -127,18 +147,16 @@ def plan_deployment(
         model=deployment.model,
         vllm_version=caps.version,
         argv=tuple(argv),
-        env=rules.container_env(
-            vllm_cache_root,
-            numa_bind,
-            {**legacy_env(deployment, caps), **swap_env, **lora.runtime_update_env(adapters), **deployment.env},
-        ),
+        env=env,
         flags=tuple(choices),
         warnings=tuple(warnings),
         gpu_indices=tuple(g.index for g in sizing.gpus),
         gpu_uuids=tuple(g.uuid for g in sizing.gpus),
         tensor_parallel_size=sizing.tensor_parallel.value,
         numa_bind=numa_bind,
-        fingerprint=fingerprint(name, deployment, host, caps, model, gpus=sizing.gpus, vllm_cache_root=vllm_cache_root),
+        fingerprint=fingerprint(
+            name, deployment, host, caps, model, gpus=sizing.gpus, vllm_cache_root=vllm_cache_root, socket=socket
+        ),
         gpu_memory_utilization=sizing.utilisation.value,
         weights_bytes=model.parameter_bytes,
         sleep_mode=SLEEP_MODE_FLAG in argv,
@@ -153,14 +171,13 @@ def plan_deployment(
         ),
         host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value) + lora_plan.host_bytes,
         lora_mounts=tuple((a.host_dir, a.server_path) for a in adapters if a.host_dir is not None),
+        exposure=exposed,
     )
 
 
 LORA_ONLY_FACTS = frozenset({"hidden_size", "intermediate_size"})
 
 SLEEP_MODE_FLAG = "--enable-sleep-mode"
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-"""vLLM serves /sleep, /wake_up, /is_sleeping only in dev mode: the server must stay on loopback."""
 
 
 def has_sleep_mode(deployment: DeploymentSettings) -> bool:
@@ -567,11 +584,20 @@ def numa_flags(
     return True, []
 
 
-def placement_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
-    """The model revision, and the address for the process runtime (a container maps its port)."""
+def placement_flags(flags: _Flags, deployment: DeploymentSettings, socket: str | None) -> None:
+    """The model revision, and the address: the private socket, or TCP for the process runtime (a container
+    on TCP is given its address by the runtime)."""
     if deployment.revision is not None:
         flags.add("--revision", deployment.revision, "set in config (revision)", "revision")
-    if deployment.runtime == "process":
+    if socket is not None:
+        flags.add(
+            "--uds",
+            socket,
+            "the server listens on a unix socket in a 0700 directory: only dankserve can connect (every route, "
+            "the ones vLLM's key does not guard too); clients come through the gateway",
+            "listen",
+        )
+    elif deployment.runtime == "process":
         flags.add("--host", deployment.host, "process runtime: the server binds the host address itself", "host")
         flags.add("--port", str(deployment.port), "process runtime: the server listens on the port itself", "port")
 
@@ -580,6 +606,7 @@ def _settings_payload(deployment: DeploymentSettings) -> dict[str, Any]:
     """The settings as the fingerprint hashes them: LoRA's keys only when set, so a server planned before
     they existed keeps its fingerprint (and is adopted, not replaced, after an upgrade)."""
     dumped = deployment.model_dump(mode="json")
+    del dumped["listen"]  # the fingerprint holds where the server listens as resolved (`socket`), not the key
     if not dumped["adapters"]:
         del dumped["adapters"]
     facts = dumped.get("model_facts")
@@ -599,6 +626,7 @@ def fingerprint(
     *,
     gpus: tuple[Gpu, ...],
     vllm_cache_root: str,
+    socket: str | None = None,
 ) -> str:
     """sha256 of the configuration and the host's totals: never live free memory, never learned values.
 
@@ -622,4 +650,6 @@ def fingerprint(
         # The sizes only LoRA reads follow from the model itself: kept out, so fingerprints stay as they were.
         "model": {k: v for k, v in asdict(model).items() if k not in LORA_ONLY_FACTS},
     }
+    if socket is not None:  # a server on TCP keeps the fingerprint it had before sockets existed (it is adopted)
+        payload["socket"] = socket
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

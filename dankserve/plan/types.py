@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dankserve.plan.exposure import Exposure
+
 
 @dataclass(frozen=True)
 class FlagChoice:
@@ -113,6 +115,8 @@ class Plan:
     """Host RAM the server takes beyond its own process: CPU KV offload, offloaded weights, LoRA adapters."""
     lora_mounts: tuple[tuple[str, str], ...] = ()
     """Local LoRA adapter directories and where a container sees them (read-only mounts)."""
+    exposure: Exposure | None = None
+    """Where the server listens, who can connect and which routes answer them without the key (issue 38)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""
@@ -126,4 +130,5 @@ class Plan:
             "capacity": self.capacity.to_json() if self.capacity is not None else None,
             "host_ram_bytes": self.host_ram_bytes,
             "warnings": list(self.warnings),
+            "exposure": self.exposure.to_json() if self.exposure is not None else None,
         }

@@ -6,7 +6,10 @@ Nothing above this module touches Podman or processes directly. A runtime execut
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +41,8 @@ CONTAINER_LAUNCHER_DIR = "/opt/dankserve/launcher"
 """Where the launcher package is mounted (read-only) in a container."""
 CONTAINER_LAUNCHER_RUN = "/run/dankserve-launcher"
 """Where the launcher's run directory (its socket) is mounted in a container."""
+CONTAINER_BACKEND_RUN = "/run/dankserve-backend"
+"""Where the deployment's backend directory (its server's unix socket, vLLM's --uds) is mounted in a container."""
 
 
 def workload_name(deployment: str) -> str:
@@ -108,6 +113,9 @@ class WorkloadSpec:
     """Host directory of this deployment's torch.compile cache (VLLM_CACHE_ROOT)."""
     launcher: LauncherSpec | None = None
     """Run the pre-imported vLLM launcher instead of `vllm serve`; servers are then asked of it."""
+    socket: Path | None = None
+    """Serve on this unix socket (host path; vLLM's --uds) instead of bind_host:port: its directory is the
+    deployment's private one (0700), mounted into a container at CONTAINER_BACKEND_RUN."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,7 @@ def container_fingerprint(spec: WorkloadSpec) -> str:
         ",".join(f"{m.source}:{m.target}:{m.read_only}" for m in spec.mounts),
         ",".join(f"{s.name}:{s.source}:{s.env_var}" for s in spec.secrets),
         f"{spec.bind_host}:{spec.port}:{spec.container_port}:{spec.host_network}",
+        str(spec.socket.parent) if spec.socket is not None else "",
         f"{spec.shm_size}:{spec.numa_bind}:{spec.privileged}",
         str(spec.cache_dir or ""),
         str(spec.launcher.source if spec.launcher else ""),
@@ -280,15 +289,46 @@ class Runtime(Protocol):
 
 
 def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
-    """The argv with --host/--port set to the deployment's address, replacing any other value: the
-    address is the one `status` reports and the key protects (settings refuse them in extra_args)."""
+    """The argv with --host/--port set to the deployment's address, replacing any other value (and any --uds):
+    the address is the one `status` reports and the key protects (settings refuse them in extra_args)."""
+    return (*without_address(argv), "--host", host, "--port", str(port))
+
+
+def with_socket(argv: tuple[str, ...], path: str) -> tuple[str, ...]:
+    """The argv serving on the unix socket `path` (vLLM's --uds), any --host/--port/--uds dropped."""
+    return (*without_address(argv), "--uds", path)
+
+
+def without_address(argv: tuple[str, ...]) -> list[str]:
+    """The argv without --host, --port and --uds (the server then listens where vLLM's defaults say)."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--host", "--port"):
+        elif arg in ("--host", "--port", "--uds"):
             skip = True
-        elif not arg.startswith(("--host=", "--port=")):
+        elif not arg.startswith(("--host=", "--port=", "--uds=")):
             out.append(arg)
-    return (*out, "--host", host, "--port", str(port))
+    return out
+
+
+def prepare_socket(path: Path) -> None:
+    """Make the socket's directory private before a server binds `path`: created 0700 (and its parent), owned
+    by this process's user, group and others' bits taken away; a socket left by an earlier server removed
+    (vLLM binds without removing one: "Address already in use"). Refuses a directory another user owns or a
+    link: whoever controls it could listen in the server's place."""
+    for directory in (path.parent.parent, path.parent):
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise EnvironmentUnusable(
+                f"{directory} is not a directory owned by this user (uid {os.geteuid()}): the server's socket "
+                "must be in a directory only dankserve can enter",
+                fix=f"remove {directory}; dankserve creates it (mode 0700) at the next start",
+            )
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.chmod(directory, 0o700)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()

@@ -41,7 +41,9 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
     container_fingerprint,
+    prepare_socket,
     with_bind_address,
+    with_socket,
     workload_name,
 )
 from dankserve.runtime.line_times_watchers import LineTimeWatchers
@@ -139,6 +141,14 @@ def launcher_command(executable: str, spec: WorkloadSpec) -> list[str]:
     """The launcher run by vLLM's own Python (issue 15) instead of `vllm serve`."""
     assert spec.launcher is not None
     return [python_of(executable), str(spec.launcher.source / "__main__.py"), "--run-dir", str(spec.launcher.run_dir)]
+
+
+def server_argv(spec: WorkloadSpec) -> tuple[str, ...]:
+    """The argv after `vllm serve`: on its socket (its directory made private first), or on host:port."""
+    if spec.socket is not None:
+        prepare_socket(spec.socket)
+        return with_socket(spec.argv, str(spec.socket))
+    return with_bind_address(spec.argv, spec.bind_host, spec.port)
 
 
 def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
@@ -254,7 +264,7 @@ class ProcessRuntime(Runtime):
     def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
         """What this runtime's launcher needs to start a server of `spec` (issue 15)."""
         base = {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")}
-        return LaunchRequest(with_bind_address(spec.argv, spec.bind_host, spec.port), process_env(spec, base))
+        return LaunchRequest(server_argv(spec), process_env(spec, base))
 
     def start(self, spec: WorkloadSpec) -> Workload:
         if not spec.executable:
@@ -272,7 +282,7 @@ class ProcessRuntime(Runtime):
             )
         if existing is not None:
             self.remove(existing.id)  # the record of a server that has exited
-        argv = serve_command(spec.executable, with_bind_address(spec.argv, spec.bind_host, spec.port))
+        argv = serve_command(spec.executable, server_argv(spec))
         env = process_env(spec, {k: v for k, v in os.environ.items() if not k.startswith("NOTIFY_SOCKET")})
         extra_labels: dict[str, str] = {}
         if spec.launcher is not None:

@@ -19,6 +19,7 @@ DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
 PullPolicy = Literal["missing", "always", "never"]
 RuntimeKind = Literal["podman", "process"]
 Profile = Literal["throughput", "latency"]
+BackendListen = Literal["auto", "socket", "tcp"]
 
 
 class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
@@ -39,7 +40,15 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
         default="127.0.0.1",
         description="Address the server binds to on the host. Beyond loopback, api_key_file is required.",
     )
-    port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on (listen = tcp).")
+    listen: BackendListen = Field(
+        default="auto",
+        description="Where the server listens. socket: a unix socket in a 0700 directory under state_dir "
+        "(vLLM's --uds), which only the daemon's user can open: clients come through the [gateway], host and "
+        "port are unused. tcp: host:port, where every local user reaches every route of vLLM, including the "
+        "ones its key does not guard (/sleep, /collective_rpc, LoRA loading: `dankserve plan` lists them). "
+        "auto: socket when [gateway] is set, else tcp.",
+    )
     api_key_file: Path | None = Field(
         default=None, description="File holding the server's API key (mode 0600 or 0640: never readable by others)."
     )

@@ -174,10 +174,17 @@ class Settings(UpgradeTable, BaseSettings):
                 )
         return value
 
+    def serves_on_socket(self, dep: DeploymentSettings) -> bool:
+        """Whether the deployment's server listens on its private unix socket (listen = socket, or auto with
+        a [gateway]) rather than on TCP host:port: the one reading of `listen`."""
+        return dep.listen == "socket" or (dep.listen == "auto" and self.gateway is not None)
+
     @model_validator(mode="after")
     def _one_deployment_per_port(self) -> Settings:
         seen: dict[tuple[str, int], str] = {}
         for name, dep in self.deployments.items():
+            if self.serves_on_socket(dep):
+                continue  # its port is unused
             for other_key, other in seen.items():
                 same_addr = other_key[0] == dep.host or "0.0.0.0" in (other_key[0], dep.host)
                 if other_key[1] == dep.port and same_addr:
@@ -216,14 +223,14 @@ class Settings(UpgradeTable, BaseSettings):
                         "give each a distinct served_model_name, alias or adapter name"
                     )
                 owner[model] = name
-            if not is_loopback(dep.host):
+            if not is_loopback(dep.host) and not self.serves_on_socket(dep):
                 raise ValueError(
                     f"deployments.{name}.host = {dep.host!r}: behind the gateway every server listens on loopback "
-                    'only (clients reach it through [gateway] listen); set host = "127.0.0.1"'
+                    'only (clients reach it through [gateway] listen); set host = "127.0.0.1", or listen = "socket"'
                 )
         _, gateway_port = split_listen(self.gateway.listen)
         for name, dep in self.deployments.items():
-            if dep.port == gateway_port:
+            if dep.port == gateway_port and not self.serves_on_socket(dep):
                 raise ValueError(f"deployments.{name}.port = {dep.port} is the gateway's port: give it another")
         return self
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import structlog
 
+from dankserve.backend_address import BackendAddress, httpx_client
 from dankserve.lora_adapters import parse_source
 from dankserve.settings import DeploymentSettings
-from dankserve.supervisor.health import probe_host_for
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +49,7 @@ def changes(old: DeploymentSettings, new: DeploymentSettings) -> AdapterChanges 
 
 
 def apply(
-    dep: DeploymentSettings,
+    address: BackendAddress,
     api_key: str | None,
     change: AdapterChanges,
     server_paths: Callable[[], Mapping[str, str]],
@@ -67,10 +67,8 @@ def apply(
         log.warning("adapters_not_loaded", error=exc.message, then="restart")
         return False
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    address = probe_host_for(dep.host)
-    address = f"[{address}]" if ":" in address else address
     try:
-        with httpx.Client(base_url=f"http://{address}:{dep.port}", headers=headers, timeout=timeout) as client:
+        with httpx_client(address, headers, timeout) as client:
             for name in change.unload:
                 if not _post(client, "/v1/unload_lora_adapter", {"lora_name": name}, name, ok_missing=True):
                     return False
@@ -114,6 +112,7 @@ def reload_in_place(
     *,
     ready: bool,
     hf_cache_dir: Path,
+    address: BackendAddress,
     api_key: str | None,
 ) -> AdapterChanges | None:
     """A reload's adapter changes applied to the ready server, as done (the reload reports them); None: restart it
@@ -125,4 +124,4 @@ def reload_in_place(
     def paths() -> dict[str, str]:
         return server_paths_for(hf_cache_dir, deployment, new, list(change.load))
 
-    return change if apply(new, api_key, change, paths) else None
+    return change if apply(address, api_key, change, paths) else None

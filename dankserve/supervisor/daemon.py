@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
+from dankserve.backend_address import BackendAddress
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import DankserveError, EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
 from dankserve.host.gpu_processes import held_bytes, stand_in_dir
 from dankserve.host.model import GpuIdentity, Host
+from dankserve.planning import backend_address
 from dankserve.secret_files import read_key_now
 from dankserve.settings import (
     DeploymentSettings,
@@ -121,22 +123,22 @@ class DaemonDeps:
     clock: Clock = field(default_factory=SystemClock)
     fetch_weights: WeightsFetcher | None = None
     """Downloads a deployment's weights before its boot, reporting percent done (None: vLLM fetches them)."""
-    check_port: Callable[[str, int], str | None] = port_holder
+    check_port: Callable[[BackendAddress], str | None] = port_holder
     """Who listens on (host, port) already, or None when it is free."""
-    health: Callable[[str, int, float], m.HealthChecked] | None = None
-    """/health of (host, port, timeout); None: the real HTTP probe."""
-    warm_up: Callable[[str, int, str, str | None, float], WarmUpOutcome] = warm_up_server
+    health: Callable[[BackendAddress, float], m.HealthChecked] | None = None
+    """/health of (address, timeout); None: the real HTTP probe."""
+    warm_up: Callable[[BackendAddress, str, str | None, float], WarmUpOutcome] = warm_up_server
     """The warm-up before READY to (host, port, served model, API key, timeout): None, or what failed."""
     draw: Callable[[], float] = random.random
     """The uniform draw in [0, 1) behind the restart jitter."""
     # Swap groups (issue 16).
-    sleep_server: Callable[[str, int, str | None, m.SleepLevel], m.Event] = sleep_mode.sleep_server
+    sleep_server: Callable[[BackendAddress, str | None, m.SleepLevel], m.Event] = sleep_mode.sleep_server
     """Put the server on (host, port) with this API key to sleep at level 1 or 2."""
-    wake_server: Callable[[str, int, str | None, m.SleepLevel], m.Event] = sleep_mode.wake_server
+    wake_server: Callable[[BackendAddress, str | None, m.SleepLevel], m.Event] = sleep_mode.wake_server
     """Wake it (level 2: the staged wake with reload_weights)."""
     available_ram: Callable[[], int | None] = sleep_mode.available_ram_bytes
     """The host's available RAM now (level 1 pins the weights there)."""
-    is_sleeping: Callable[[str, int, str | None], bool | None] = sleep_mode.is_sleeping
+    is_sleeping: Callable[[BackendAddress, str | None], bool | None] = sleep_mode.is_sleeping
     """Whether the server on (host, port) sleeps (None: no answer): a member an earlier daemon left running."""
     canary: swap_verify.Canary = swap_verify.canary_ids
     """The greedy token ids of the canary prompt from (host, port, key, model): every wake is checked by it."""
@@ -362,10 +364,7 @@ class Daemon:
                 stop.append(name)
                 self.fleet.retire(worker)
             elif dep != (before := old.deployments.get(name)):
-                if (
-                    before is not None
-                    and (change := _in_place(name, worker, before, dep, new.hf_cache_dir)) is not None
-                ):
+                if before is not None and (change := _in_place(name, worker, before, dep, new)) is not None:
                     worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
                     keep.append(name)
                     in_place[name] = change
@@ -432,7 +431,7 @@ class Daemon:
 
 
 def _in_place(
-    name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings, hf_cache_dir: Path
+    name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings, settings: Settings
 ) -> AdaptersInPlace | None:
     """The adapters a reload loaded and unloaded in `name`'s ready server; None: it restarts instead."""
     change = adapters.reload_in_place(
@@ -440,7 +439,8 @@ def _in_place(
         before,
         dep,
         ready=worker.alive and worker.machine.stage is m.Stage.READY,
-        hf_cache_dir=hf_cache_dir,
+        hf_cache_dir=settings.hf_cache_dir,
+        address=backend_address(settings, name, dep),
         api_key=read_key_now(dep.api_key_file),
     )
     return None if change is None else AdaptersInPlace.of(tuple(change.load), change.unload)

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from dankserve.planning import backend_address
 from dankserve.settings import Settings
 from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
@@ -141,7 +142,7 @@ class Fleet:
             if worker.machine.stage is m.Stage.READY:
                 with worker.lock:
                     dep = worker.dep
-                targets.append(ServingTarget(name, dep.host, dep.port))
+                targets.append(ServingTarget(name, backend_address(self.settings, name, dep)))
         return targets
 
     # -- views ------------------------------------------------------------------------------------
@@ -188,4 +189,5 @@ class Fleet:
             waiting_for=worker.waiting_for if worker is not None else None,
             phase_since=worker.phase_since if worker is not None else None,
             wall_now=self.clock.time(),
+            address=backend_address(self.settings, name, dep),
         )

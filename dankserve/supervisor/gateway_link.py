@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from dankserve.gateway.backends import Availability, Backend
+from dankserve.planning import backend_address
 from dankserve.secret_files import read_key_now
 from dankserve.supervisor import prediction
 from dankserve.supervisor.lifecycle import Phase
@@ -42,41 +43,38 @@ class DaemonSupervisor:
         fleet = self._fleet
         dep = fleet.settings.deployments.get(deployment)
         if dep is None or not dep.enabled:
-            return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
+            return Backend(Availability.OFF, None, message="not configured or not enabled")
         key = self._key(dep.api_key_file)
+        address = backend_address(fleet.settings, deployment, dep)
         worker = fleet.get(deployment)
         if worker is None:
             why = "taken down (`dankserve up NAME` starts it)" if fleet.state.is_down(deployment) else "stopped"
-            return Backend(Availability.OFF, dep.host, dep.port, key, why)
+            return Backend(Availability.OFF, address, key, why)
         machine = worker.machine
         phase, message = machine.phase, machine.message
         swaps = self._swaps
         upgrading = self._upgrades.gated(deployment) if self._upgrades is not None else None
         if upgrading is not None:  # the old server makes room or the new one is tried: requests wait
             why = f"upgrading to {upgrading.new_image} ({upgrading.step.value.replace('_', ' ')})"
-            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="upgrading")
+            return Backend(Availability.PENDING, address, key, why, state="upgrading")
         if phase is Phase.READY:
             for_whom = swaps.draining(deployment)
             if for_whom is None:
                 cap = worker.max_num_seqs
-                return Backend(
-                    Availability.READY, dep.host, dep.port, key, state=machine.status, ready_in=0.0, max_in_flight=cap
-                )
+                return Backend(Availability.READY, address, key, state=machine.status, ready_in=0.0, max_in_flight=cap)
             why = f"finishing its requests before a swap to {for_whom}"
-            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="draining")
+            return Backend(Availability.PENDING, address, key, why, state="draining")
         refused = swaps.refused(deployment)
         if refused is not None:
-            return Backend(Availability.OFF, dep.host, dep.port, key, refused, state=machine.status)
+            return Backend(Availability.OFF, address, key, refused, state=machine.status)
         predicted = prediction.predict(fleet.state.deployment(deployment).timings)
         now = fleet.clock.monotonic()
         if phase is Phase.ASLEEP:
             held = swaps.held_for(deployment)
             wake = None if predicted.wake is None else round(predicted.wake + (held or 0.0), 3)
-            return Backend(
-                Availability.ASLEEP, dep.host, dep.port, key, "asleep", state="asleep", ready_in=wake, held_for=held
-            )
+            return Backend(Availability.ASLEEP, address, key, "asleep", state="asleep", ready_in=wake, held_for=held)
         if phase in (Phase.FAILED, Phase.STOPPED):
-            return Backend(Availability.OFF, dep.host, dep.port, key, message or phase.value, state=machine.status)
+            return Backend(Availability.OFF, address, key, message or phase.value, state=machine.status)
         state = machine.status
         since = machine.swap.since if machine.swap.since is not None else now
         ready_in: float | None = None
@@ -88,7 +86,7 @@ class DaemonSupervisor:
         else:
             began = machine.boot.started_at if machine.boot is not None else worker.phase_since
             ready_in = prediction.remaining(predicted.boot(), now - began)
-        return Backend(Availability.PENDING, dep.host, dep.port, key, phase.value, state=state, ready_in=ready_in)
+        return Backend(Availability.PENDING, address, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
         if self._upgrades is not None and self._upgrades.gated(deployment) is not None:

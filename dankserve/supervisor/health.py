@@ -1,5 +1,5 @@
-"""The readiness and liveness probes over loopback HTTP: vLLM's /health, its /metrics, and a
-one-token completion."""
+"""The readiness and liveness probes over HTTP to the server's address (its private socket, or loopback
+TCP): vLLM's /health, its /metrics, and a one-token completion."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dankserve.backend_address import BackendAddress, http_connection
 from dankserve.errors import resources_exhausted
 
 
@@ -43,18 +44,9 @@ def idle_seconds(ready: bool, log_says_up: bool, next_health: float, deadline: f
     return min(max(0.0, due - now), MAX_IDLE_SECONDS)
 
 
-def probe_host_for(bind_host: str) -> str:
-    """Where to probe a server bound to `bind_host` (a wildcard bind answers on loopback)."""
-    if bind_host in ("0.0.0.0", "", "*"):
-        return "127.0.0.1"
-    if bind_host == "::":
-        return "::1"
-    return bind_host
-
-
-def check_health(host: str, port: int, timeout: float = 2.0, path: str = "/health") -> HealthResult:
+def check_health(address: BackendAddress, timeout: float = 2.0, path: str = "/health") -> HealthResult:
     """GET /health; 200 is healthy, 503 means vLLM's engine is dead, None that nothing listens."""
-    conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
+    conn = http_connection(address, timeout)
     try:
         conn.request("GET", path)
         response = conn.getresponse()
@@ -66,9 +58,9 @@ def check_health(host: str, port: int, timeout: float = 2.0, path: str = "/healt
         conn.close()
 
 
-def fetch_metrics(host: str, port: int, timeout: float = 2.0) -> str | None:
+def fetch_metrics(address: BackendAddress, timeout: float = 2.0) -> str | None:
     """The Prometheus text of /metrics, or None when it cannot be read."""
-    conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
+    conn = http_connection(address, timeout)
     try:
         conn.request("GET", "/metrics")
         response = conn.getresponse()
@@ -86,15 +78,15 @@ few tokens (a few hundred bytes)."""
 
 
 def post_completion(
-    host: str, port: int, request: dict[str, object], api_key: str | None, timeout: float
+    address: BackendAddress, request: dict[str, object], api_key: str | None, timeout: float
 ) -> tuple[int, bytes] | str:
-    """POST /v1/completions over loopback: the status and at most MAX_ANSWER_BYTES of the answer, or
-    what went wrong when nothing (whole) came back. The one loopback completion of the liveness probe
-    and the warm-up."""
+    """POST /v1/completions to the server: the status and at most MAX_ANSWER_BYTES of the answer, or
+    what went wrong when nothing (whole) came back. The one completion of the liveness probe and the
+    warm-up."""
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
-    conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
+    conn = http_connection(address, timeout)
     started = time.monotonic()
     try:
         conn.request("POST", "/v1/completions", body=json.dumps(request).encode(), headers=headers)
@@ -126,11 +118,11 @@ def completion_error(answer: tuple[int, bytes] | str) -> str | None:
     return None if choices else "the completion has no choices"
 
 
-def token_probe(host: str, port: int, model: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
+def token_probe(address: BackendAddress, model: str, api_key: str | None = None, timeout: float = 30.0) -> str | None:
     """A one-token completion: None when it came back, else what went wrong (the engine may hang
     while /health says 200; only generating a token proves it works). A 4xx answer is no failure."""
     request: dict[str, object] = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    return completion_error(post_completion(host, port, request, api_key, timeout))
+    return completion_error(post_completion(address, request, api_key, timeout))
 
 
 class BackgroundProbe:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from dankserve.backend_address import BackendAddress
 from dankserve.secret_files import read_key_now
 from dankserve.supervisor import liveness
 from dankserve.supervisor.health import BackgroundProbe, token_probe
@@ -27,8 +28,7 @@ class LivenessMonitor:
         *,
         name: str,
         workload_id: str | None,
-        host: str,
-        port: int,
+        address: BackendAddress,
         model: str,
         api_key_file: Path | None,
         settings: liveness.LivenessSettings,
@@ -49,7 +49,7 @@ class LivenessMonitor:
         self._probe: BackgroundProbe | None = None
 
         def probe() -> str | None:
-            return token_probe(host, port, model, read_key_now(api_key_file), timeout)
+            return token_probe(address, model, read_key_now(api_key_file), timeout)
 
         self._run_probe = probe
 

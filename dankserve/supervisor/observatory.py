@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from dankserve.backend_address import BackendAddress
 from dankserve.host.gpu_memory import GpuMemory
 from dankserve.supervisor.health import fetch_metrics
 from dankserve.supervisor.serving import PreemptionWatch, ServingSample, parse_serving, preemption_notice
@@ -32,8 +33,7 @@ class ServingTarget:
     """A ready deployment whose /metrics to read."""
 
     name: str
-    host: str
-    port: int
+    address: BackendAddress
 
 
 class Observatory:
@@ -132,7 +132,7 @@ class Observatory:
             self._watch_preemptions(name, sample)
 
     def _scrape(self, target: ServingTarget) -> ServingSample | None:
-        text = fetch_metrics(target.host, target.port, timeout=SCRAPE_TIMEOUT_SECONDS)
+        text = fetch_metrics(target.address, timeout=SCRAPE_TIMEOUT_SECONDS)
         if text is None:
             return None
         try:

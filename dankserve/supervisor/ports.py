@@ -5,17 +5,21 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from dankserve.supervisor.health import probe_host_for
+from dankserve.backend_address import BackendAddress, UnixAddress, connect_host
 
 
-def port_holder(host: str, port: int, timeout: float = 0.5) -> str | None:
-    """Who listens on `port` where the server will bind `host` ("pid 12 (python3 -m http.server 80)"), or None.
+def port_holder(address: BackendAddress, timeout: float = 0.5) -> str | None:
+    """Who listens on the TCP port where the server will bind ("pid 12 (python3 -m http.server 80)"), or None.
 
     A connection that is accepted means another server answers there: a new boot would fail to
-    bind, or (worse) its /health would be answered by the other one.
+    bind, or (worse) its /health would be answered by the other one. A private socket is the
+    deployment's own (in its 0700 directory; the runtime replaces a stale one): nothing to check.
     """
+    if isinstance(address, UnixAddress):
+        return None
+    host, port = address.host, address.port
     try:
-        with socket.create_connection((probe_host_for(host), port), timeout=timeout):
+        with socket.create_connection((connect_host(host), port), timeout=timeout):
             pass
     except OSError:
         return None

@@ -1,4 +1,4 @@
-"""vLLM's sleep mode over loopback HTTP (swap groups, issue 16): the edge behind SleepServer and WakeServer.
+"""vLLM's sleep mode over HTTP to the server (swap groups, issue 16): the edge behind SleepServer and WakeServer.
 
 The routes exist only with `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode` (../shared facts:
 "Sleep mode"): `GET /is_sleeping`, `POST /sleep?level=1|2`, `POST /wake_up[?tags=...]`,
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from dankserve.backend_address import BackendAddress, httpx_client
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.health import probe_host_for
 
 SLEEP_TIMEOUT_SECONDS = 300.0
 """The longest a sleep or a wake may take: level 1 copies the weights to pinned RAM (GBs/s)."""
@@ -29,11 +29,9 @@ class _Failed(Exception):
     """A sleep-mode route failed."""
 
 
-def _client(host: str, port: int, api_key: str | None, timeout: float) -> httpx.Client:
+def _client(address: BackendAddress, api_key: str | None, timeout: float) -> httpx.Client:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    address = probe_host_for(host)
-    address = f"[{address}]" if ":" in address else address
-    return httpx.Client(base_url=f"http://{address}:{port}", headers=headers, timeout=timeout)
+    return httpx_client(address, headers, timeout)
 
 
 def _call(client: httpx.Client, method: str, path: str, **kwargs: object) -> httpx.Response:
@@ -55,10 +53,10 @@ def _is_sleeping(client: httpx.Client) -> bool:
         raise _Failed("GET /is_sleeping did not answer JSON") from None
 
 
-def is_sleeping(host: str, port: int, api_key: str | None, timeout: float = 5.0) -> bool | None:
+def is_sleeping(address: BackendAddress, api_key: str | None, timeout: float = 5.0) -> bool | None:
     """Whether the server sleeps: no sleep mode (404) is awake; None when it does not answer (still booting)."""
     try:
-        with _client(host, port, api_key, timeout) as client:
+        with _client(address, api_key, timeout) as client:
             return _is_sleeping(client)
     except _Unsupported:
         return False
@@ -67,12 +65,12 @@ def is_sleeping(host: str, port: int, api_key: str | None, timeout: float = 5.0)
 
 
 def sleep_server(
-    host: str, port: int, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
+    address: BackendAddress, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
 ) -> m.FellAsleep | m.SleepUnsupported | m.SleepFailed:
     """Put the server to sleep at level 1 or 2 (`stop` is the runtime's, not this module's)."""
     started = time.monotonic()
     try:
-        with _client(host, port, api_key, timeout) as client:
+        with _client(address, api_key, timeout) as client:
             if not _is_sleeping(client):
                 _call(client, "POST", "/sleep", params={"level": level})
             if not _is_sleeping(client):
@@ -85,12 +83,12 @@ def sleep_server(
 
 
 def wake_server(
-    host: str, port: int, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
+    address: BackendAddress, api_key: str | None, level: m.SleepLevel, timeout: float = SLEEP_TIMEOUT_SECONDS
 ) -> m.WokeUp | m.WakeFailed:
     """Wake the server; after level 2 the staged wake: weights, reload_weights, KV cache, prefix cache reset."""
     started = time.monotonic()
     try:
-        with _client(host, port, api_key, timeout) as client:
+        with _client(address, api_key, timeout) as client:
             if level == "2":
                 _call(client, "POST", "/wake_up", params={"tags": "weights"})
                 _call(client, "POST", "/collective_rpc", json={"method": "reload_weights"})

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
+from dankserve.backend_address import BackendAddress, TcpAddress, endpoint
 from dankserve.state import DeploymentState, FailureRecord, UnsafeSleep
 from dankserve.supervisor.machine import MachineState, Stage
 from dankserve.supervisor.prediction import predict
@@ -148,6 +149,7 @@ def deployment_view(
     phase_since: float | None = None,
     wall_now: float | None = None,
     unsupervised: Unsupervised | None = None,
+    address: BackendAddress | None = None,
 ) -> DeploymentView:
     """One deployment as status shows it (`to_json`: its document) and /metrics reads it; `now` is the
     machine's clock (for the uptime).
@@ -156,7 +158,8 @@ def deployment_view(
     it started (the numbers /metrics exports; none without a daemon). `waiting_for` is what the
     boot waits for (the worker's words), `phase_since` when (machine clock) the phase began,
     `wall_now` the Unix time (an adopted server's uptime counts from when it first turned ready),
-    `unsupervised` what runs of it while no daemon does."""
+    `unsupervised` what runs of it while no daemon does, `address` where its server listens (None: the
+    deployment's host and port)."""
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
     state: str
@@ -193,7 +196,7 @@ def deployment_view(
         name=name,
         state=state,
         phase=phase,
-        endpoint=f"http://{dep.host}:{dep.port}/v1",
+        endpoint=endpoint(address if address is not None else TcpAddress(dep.host, dep.port)),
         model=dep.model,
         image=dep.image,
         upgrade=None if record.upgrade is None else record.upgrade.to_json(),

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from dankserve.backend_address import BackendAddress
 from dankserve.host.gpu_processes import process_tree
 from dankserve.plan.serve_args import served_name
 from dankserve.state import UnsafeSleep
@@ -46,13 +47,13 @@ log = structlog.get_logger("dankserve.swap")
 CANARY_TIMEOUT_SECONDS = 30.0
 """The longest the canary completion may take (a few greedy tokens of a ready server)."""
 
-Canary = Callable[[str, int, str | None, str], "tuple[int, ...] | str"]
-"""(host, port, api key, served model name) -> the greedy token ids, or why there are none."""
+Canary = Callable[[BackendAddress, str | None, str], "tuple[int, ...] | str"]
+"""(address, api key, served model name) -> the greedy token ids, or why there are none."""
 HeldBytes = Callable[[Sequence[int], Sequence[str]], "dict[str, int] | None"]
 """(pids, GPU UUIDs) -> bytes those processes hold on each GPU (None: unreadable)."""
 
 
-def canary_ids(host: str, port: int, api_key: str | None, model: str) -> tuple[int, ...] | str:
+def canary_ids(address: BackendAddress, api_key: str | None, model: str) -> tuple[int, ...] | str:
     """POST /v1/completions of the fixed prompt, temperature 0, `return_token_ids` (vLLM 0.10.2+), through
     the probes' one loopback completion (bounded answer, timeouts)."""
     body: dict[str, object] = {
@@ -63,7 +64,7 @@ def canary_ids(host: str, port: int, api_key: str | None, model: str) -> tuple[i
         "seed": 0,
         "return_token_ids": True,
     }
-    answer = post_completion(host, port, body, api_key, CANARY_TIMEOUT_SECONDS)
+    answer = post_completion(address, body, api_key, CANARY_TIMEOUT_SECONDS)
     if isinstance(answer, str):
         return answer
     status, raw = answer
@@ -93,8 +94,7 @@ class SwapTarget:
     name: str
     model: str
     served_name: str
-    host: str
-    port: int
+    address: BackendAddress
     api_key: str | None
     vllm_version: str | None
     boot_key: str | None
@@ -119,7 +119,7 @@ class SwapVerifier:
         """Take the fingerprint if this configuration has none yet, sleep, then check NVML's reading
         (the sleep's seconds are /sleep's own: the reading takes a few milliseconds)."""
         if target.canary_key not in self._state.deployment(target.name).canaries:
-            ids = self._canary(target.host, target.port, target.api_key, target.served_name)
+            ids = self._canary(target.address, target.api_key, target.served_name)
             if isinstance(ids, tuple):
                 self._state.remember_canary(target.name, target.canary_key, ids)
                 log.info("canary_recorded", deployment=target.name, tokens=len(ids))
@@ -144,7 +144,7 @@ class SwapVerifier:
             log.info("wake_unverified", deployment=target.name, reason="no fingerprint for this configuration")
             return event
         canary_started = time.monotonic()
-        problem = check_wake(fingerprint, self._canary(target.host, target.port, target.api_key, target.served_name))
+        problem = check_wake(fingerprint, self._canary(target.address, target.api_key, target.served_name))
         canary_seconds = time.monotonic() - canary_started
         if problem is not None:
             return m.WokeWrong(problem)
@@ -163,6 +163,8 @@ def swap_target(
     machine: m.MachineState,
     api_key: str | None,
     pids: Callable[[], Sequence[int]],
+    *,
+    address: BackendAddress,
 ) -> SwapTarget:
     """The target of a sleep or wake of `name` (its settings, and its boot as the machine knows it)."""
     boot = machine.boot
@@ -170,8 +172,7 @@ def swap_target(
         name=name,
         model=dep.model,
         served_name=served_name(dep.served_model_name, dep.extra_args, dep.model),
-        host=dep.host,
-        port=dep.port,
+        address=address,
         api_key=api_key,
         vllm_version=machine.vllm_version,
         boot_key=boot.boot_key if boot is not None else None,

@@ -1,6 +1,7 @@
 """The daemon's side of an upgrade (`supervisor.upgrade.driver.UpgradeEdge`): pulls through the runtime,
 plans through the daemon's planner, makes room through the deployment's worker (sleep level 1 or stop),
-boots the new server as a trial workload beside it on a port of its own, and measures both.
+boots the new server as a trial workload beside it on an address of its own (a socket beside the old
+one's, or a free port), and measures both.
 
 The trial is the deployment's workload under the name `NAME.upgrade` (`trial_name`): a daemon that
 follows one killed with -9 finds it by that name and removes it before any server boots."""
@@ -15,13 +16,14 @@ from typing import Protocol
 
 import structlog
 
+from dankserve.backend_address import BackendAddress, TcpAddress, UnixAddress
 from dankserve.bootlog.reader import BootLogReader
 from dankserve.errors import DankserveError
 from dankserve.host.model import Host
 from dankserve.plan.catalogue import capabilities
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
-from dankserve.planning import compile_cache_dir
+from dankserve.planning import TRIAL_SOCKET, backend_address, compile_cache_dir
 from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
@@ -142,7 +144,7 @@ class DaemonUpgradeEdge:
         self._version: str | None = None
         self._digest: str | None = None
         self._plan: Plan | None = None
-        self._port: int | None = None
+        self._trial: BackendAddress | None = None
 
     # -- what is read ------------------------------------------------------------------------------
     @property
@@ -166,11 +168,11 @@ class DaemonUpgradeEdge:
             time.sleep(POLL_SECONDS)
         return done()
 
-    def _measure(self, port: int, kv_tokens: int | None) -> Measurement:
+    def _measure(self, address: BackendAddress, kv_tokens: int | None) -> Measurement:
         dep = self._dep
         key = read_key_now(dep.api_key_file) if dep.api_key_file is not None else None
         model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-        return measure(dep.host, port, model, key, kv_cache_tokens=kv_tokens)
+        return measure(address, model, key, kv_cache_tokens=kv_tokens)
 
     # -- the actions -------------------------------------------------------------------------------
     def pull(self, image: str, progress: Callable[[float], None]) -> Pulled | PullFailed:
@@ -205,7 +207,7 @@ class DaemonUpgradeEdge:
         boot = worker.machine.boot if worker is not None else None
         kv = boot.facts.gpu_kv_cache_tokens if boot is not None else None
         try:
-            return OldMeasured(self._measure(self._dep.port, kv))
+            return OldMeasured(self._measure(backend_address(self._daemon.settings, self._name, self._dep), kv))
         except ProbeFailed as exc:
             log.warning("upgrade_old_not_measured", deployment=self._name, error=str(exc))
             return OldMeasured(Measurement(kv, None))
@@ -235,11 +237,20 @@ class DaemonUpgradeEdge:
         plan = self._plan
         if plan is None:
             return NewFailed("no plan for the new image")
-        port = free_port(dep.host)
-        self._port = port
+        trial = backend_address(daemon.settings, self._name, dep, TRIAL_SOCKET)
+        if isinstance(trial, TcpAddress):
+            trial = TcpAddress(dep.host, free_port(dep.host))
+        self._trial = trial
         compile_cache_dir(daemon.settings, self._name).mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = workload_spec(plan, self._new_dep(image), daemon.settings, 0)
-        spec = replace(spec, deployment=trial_name(self._name), port=port, pull="never", launcher=None)
+        spec = replace(
+            spec,
+            deployment=trial_name(self._name),
+            port=trial.port if isinstance(trial, TcpAddress) else spec.port,
+            socket=trial.path if isinstance(trial, UnixAddress) else None,
+            pull="never",
+            launcher=None,
+        )
         runtime = self._runtime()
         try:
             workload = runtime.start(spec)
@@ -252,7 +263,7 @@ class DaemonUpgradeEdge:
                 tail = list(runtime.logs(workload.id))[-3:]
                 code = found.exit_code if found is not None else None
                 return NewFailed(f"exited with {code}: {' | '.join(tail)[-400:]}", workload.id)
-            if check_health(dep.host, port).healthy:
+            if check_health(trial).healthy:
                 return NewBooted(workload.id)
             time.sleep(POLL_SECONDS)
         return NewFailed(f"not ready within {daemon.settings.boot_timeout_seconds:g} s", workload.id)
@@ -261,11 +272,11 @@ class DaemonUpgradeEdge:
         reader = BootLogReader()
         for line in self._runtime().logs(workload):
             reader.feed(line)
-        port = self._port
-        if port is None:
-            return NewFailed("the new server's port is unknown")
+        trial = self._trial
+        if trial is None:
+            return NewFailed("the new server's address is unknown")
         try:
-            return Measured(self._measure(port, reader.facts.gpu_kv_cache_tokens))
+            return Measured(self._measure(trial, reader.facts.gpu_kv_cache_tokens))
         except ProbeFailed as exc:
             return NewFailed(str(exc))
 

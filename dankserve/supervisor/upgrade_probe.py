@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Callable
 
-from dankserve.supervisor.health import probe_host_for
+from dankserve.backend_address import BackendAddress, http_connection
 from dankserve.supervisor.upgrade.judging import Measurement
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Then the fox"
@@ -45,11 +45,11 @@ def _body(model: str, stream: bool) -> bytes:
     return json.dumps(request).encode()
 
 
-def _post(host: str, port: int, body: bytes, api_key: str | None, timeout: float) -> http.client.HTTPResponse:
+def _post(address: BackendAddress, body: bytes, api_key: str | None, timeout: float) -> http.client.HTTPResponse:
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
-    conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
+    conn = http_connection(address, timeout)
     try:
         conn.request("POST", "/v1/completions", body=body, headers=headers)
         response = conn.getresponse()
@@ -63,9 +63,9 @@ def _post(host: str, port: int, body: bytes, api_key: str | None, timeout: float
     return response
 
 
-def greedy_ids(host: str, port: int, model: str, api_key: str | None, timeout: float) -> tuple[int, ...]:
+def greedy_ids(address: BackendAddress, model: str, api_key: str | None, timeout: float) -> tuple[int, ...]:
     """The completion's token ids (empty when the server does not return them)."""
-    response = _post(host, port, _body(model, False), api_key, timeout)
+    response = _post(address, _body(model, False), api_key, timeout)
     try:
         payload = response.read(MAX_ANSWER_BYTES)
         answer = json.loads(payload)
@@ -83,8 +83,7 @@ def greedy_ids(host: str, port: int, model: str, api_key: str | None, timeout: f
 
 
 def decode_rate(
-    host: str,
-    port: int,
+    address: BackendAddress,
     model: str,
     api_key: str | None,
     timeout: float,
@@ -92,7 +91,7 @@ def decode_rate(
     clock: Callable[[], float] = time.monotonic,
 ) -> float | None:
     """Tokens per second between the streamed completion's first and last token (None: too few to time)."""
-    response = _post(host, port, _body(model, True), api_key, timeout)
+    response = _post(address, _body(model, True), api_key, timeout)
     stamps: list[float] = []
     read = 0
     try:
@@ -116,12 +115,12 @@ def decode_rate(
 
 
 def measure(
-    host: str, port: int, model: str, api_key: str | None, *, kv_cache_tokens: int | None, timeout: float = 60.0
+    address: BackendAddress, model: str, api_key: str | None, *, kv_cache_tokens: int | None, timeout: float = 60.0
 ) -> Measurement:
     """One server's figures; ProbeFailed when it does not answer."""
-    ids = greedy_ids(host, port, model, api_key, timeout)
+    ids = greedy_ids(address, model, api_key, timeout)
     for _ in range(WARM_RUNS):
-        decode_rate(host, port, model, api_key, timeout)
-    rates = [r for _ in range(DECODE_RUNS) if (r := decode_rate(host, port, model, api_key, timeout)) is not None]
+        decode_rate(address, model, api_key, timeout)
+    rates = [r for _ in range(DECODE_RUNS) if (r := decode_rate(address, model, api_key, timeout)) is not None]
     rate = max(rates) if rates else None
     return Measurement(kv_cache_tokens, None if rate is None else round(rate, 2), ids)

@@ -1,4 +1,4 @@
-"""The warm-up before READY over loopback HTTP: the served request shapes once (a short completion,
+"""The warm-up before READY over HTTP to the server: the served request shapes once (a short completion,
 then the same streamed), so the first user request finds vLLM's kernels compiled.
 
 On a real H200 the first completion after a cold boot was 8x the second: vLLM 0.26 compiles
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from dankserve.backend_address import BackendAddress
 from dankserve.supervisor.health import completion_error, post_completion
 
 WARM_UP_PROMPT = "Hello"
@@ -26,13 +27,13 @@ class WarmUpOutcome:
     unwarmed: str | None = None
 
 
-def warm_up_server(host: str, port: int, model: str, api_key: str | None, timeout: float) -> WarmUpOutcome:
+def warm_up_server(address: BackendAddress, model: str, api_key: str | None, timeout: float) -> WarmUpOutcome:
     """Both warm-up requests within `timeout` seconds in all. A 4xx answer is no failure (the API answered
     without the engine: a pooling model has no completions API), as for the token probe, but it warmed
     nothing and is said as `unwarmed`; a 5xx, a malformed answer or no answer is an `error`."""
     deadline = time.monotonic() + timeout
     for stream in (False, True):
-        outcome = _one(host, port, model, api_key, stream=stream, timeout=max(0.1, deadline - time.monotonic()))
+        outcome = _one(address, model, api_key, stream=stream, timeout=max(0.1, deadline - time.monotonic()))
         if outcome.error is not None or outcome.unwarmed is not None:
             what = "streamed completion" if stream else "completion"
             return WarmUpOutcome(
@@ -42,7 +43,7 @@ def warm_up_server(host: str, port: int, model: str, api_key: str | None, timeou
     return WarmUpOutcome()
 
 
-def _one(host: str, port: int, model: str, api_key: str | None, *, stream: bool, timeout: float) -> WarmUpOutcome:
+def _one(address: BackendAddress, model: str, api_key: str | None, *, stream: bool, timeout: float) -> WarmUpOutcome:
     request: dict[str, object] = {
         "model": model,
         "prompt": WARM_UP_PROMPT,
@@ -51,7 +52,7 @@ def _one(host: str, port: int, model: str, api_key: str | None, *, stream: bool,
     }
     if stream:
         request["stream"] = True
-    answer = post_completion(host, port, request, api_key, timeout)
+    answer = post_completion(address, request, api_key, timeout)
     if not isinstance(answer, str) and 400 <= answer[0] < 500:
         text = answer[1][:200].decode("utf-8", "replace")
         return WarmUpOutcome(unwarmed=f"HTTP {answer[0]} for model {model!r}: {text}")

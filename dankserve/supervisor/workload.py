@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dankserve.launcher
 from dankserve.plan.types import Plan
-from dankserve.planning import CONTAINER_HF_HOME, compile_cache_dir
+from dankserve.planning import CONTAINER_HF_HOME, backend_socket, compile_cache_dir
 from dankserve.runtime.base import (
     LABEL_BOOT,
     LABEL_FINGERPRINT,
@@ -51,6 +51,7 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         executable=dep.executable,
         cache_dir=cache,
         launcher=LauncherSpec(LAUNCHER_SOURCE, launcher_run_dir(settings, plan.deployment)) if dep.launcher else None,
+        socket=backend_socket(settings, plan.deployment, dep),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dankserve.aioserver import GuardedServer
+from dankserve.backend_address import TcpAddress
 from dankserve.gateway.access import Access
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.gateway.service import start_gateway
@@ -99,7 +100,7 @@ class TableSupervisor:
     releases: list[str] = field(default_factory=list)
 
     def backend(self, deployment: str) -> Backend:
-        return self.backends.get(deployment, Backend(Availability.OFF, "", 0, message="unknown"))
+        return self.backends.get(deployment, Backend(Availability.OFF, None, message="unknown"))
 
     def wake(self, deployment: str) -> None:
         self.wakes.append(deployment)
@@ -115,7 +116,11 @@ class TableSupervisor:
     ) -> None:
         """`more`: Backend's other fields (state, ready_in, held_for)."""
         self.backends[deployment] = Backend(
-            availability, "127.0.0.1", port, api_key, message=more.pop("message", availability.value), **more
+            availability,
+            TcpAddress("127.0.0.1", port),
+            api_key,
+            message=more.pop("message", availability.value),
+            **more,
         )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.health import check_health
 from tests.harness.daemon import RunningDaemon, container_deployment, free_port, running_daemon
 from tests.harness.faults import (
@@ -101,7 +102,7 @@ def test_podman_outages_are_survived(
                     if status is not None and status["state"] == "failed":
                         problems.append(f"failed during the outage: {status.get('message')}")
                         break
-                    if variant.startswith("while ready") and not check_health("127.0.0.1", port).healthy:
+                    if variant.startswith("while ready") and not check_health(TcpAddress("127.0.0.1", port)).healthy:
                         problems.append("the server stopped answering during the outage")
                         break
                     if variant == "container died during it" and not killed and time.monotonic() > deadline - 4:

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dankserve.backend_address import TcpAddress
 from dankserve.errors import ConfigError
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor.adapters import AdapterChanges, apply, changes
@@ -74,22 +75,28 @@ def served(dep: DeploymentSettings) -> list[str]:
 def test_apply_unloads_and_loads_on_the_running_server(server: DeploymentSettings, tmp_path: Path) -> None:
     """The edge posts vLLM's unload and load routes; the server then serves the new set."""
     sql = str(tmp_path / "sql")
-    assert apply(server, None, AdapterChanges({"again": sql}, ("sql",)), lambda: {"again": sql})
+    assert apply(
+        TcpAddress(server.host, server.port), None, AdapterChanges({"again": sql}, ("sql",)), lambda: {"again": sql}
+    )
     assert served(server) == ["org/base", "again"]
 
 
 def test_apply_answers_false_when_the_server_refuses_or_a_path_is_missing(server: DeploymentSettings) -> None:
     """A load the server refuses (no such directory: 404), or an adapter not found before posting: False."""
-    assert not apply(server, None, AdapterChanges({"x": "/absent"}, ()), lambda: {"x": "/absent"})
+    assert not apply(
+        TcpAddress(server.host, server.port), None, AdapterChanges({"x": "/absent"}, ()), lambda: {"x": "/absent"}
+    )
 
     def missing() -> dict[str, str]:
         raise ConfigError("adapter not in the HF cache", fix="pull it")
 
-    assert not apply(server, None, AdapterChanges({"x": "org/x"}, ()), missing)
+    assert not apply(TcpAddress(server.host, server.port), None, AdapterChanges({"x": "org/x"}, ()), missing)
     assert served(server) == ["org/base", "sql"]
 
 
 def test_apply_answers_false_when_nothing_listens() -> None:
     """No server on the port: False (the reload restarts it instead)."""
     dep = BASE.model_copy(update={"port": free_port()})
-    assert not apply(dep, None, AdapterChanges({"x": "/a"}, ()), lambda: {"x": "/a"}, timeout=2)
+    assert not apply(
+        TcpAddress(dep.host, dep.port), None, AdapterChanges({"x": "/a"}, ()), lambda: {"x": "/a"}, timeout=2
+    )

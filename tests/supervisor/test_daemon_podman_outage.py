@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.health import check_health
 from tests.harness.daemon import container_deployment, free_port, running_daemon, write_host
 from tests.harness.faults import boot_reached, is_ready, ready_after
@@ -52,7 +53,7 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         first = daemon.wait_for(deployment, is_ready, timeout=120)
         service.stop(signal.SIGKILL)
         time.sleep(3)
-        assert check_health("127.0.0.1", port).healthy
+        assert check_health(TcpAddress("127.0.0.1", port)).healthy
         assert daemon.deployment(deployment)["state"] == "ready"  # type: ignore[index]
         service.start()
         daemon.wait_for(deployment, lambda d: is_ready(d) and not d["message"], timeout=60)

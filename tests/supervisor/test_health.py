@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import pytest
 
+from dankserve.backend_address import TcpAddress, connect_host
 from dankserve.supervisor.health import (
     HEALTH_RETRY_SECONDS,
     MAX_IDLE_SECONDS,
@@ -17,7 +18,6 @@ from dankserve.supervisor.health import (
     check_health,
     fetch_metrics,
     idle_seconds,
-    probe_host_for,
     token_probe,
 )
 
@@ -49,13 +49,13 @@ def server() -> Iterator[http.server.ThreadingHTTPServer]:
 def test_200_is_healthy(server: http.server.ThreadingHTTPServer) -> None:
     """A 200 from /health is healthy."""
     _Handler.status = 200
-    assert check_health("127.0.0.1", server.server_address[1]).healthy
+    assert check_health(TcpAddress("127.0.0.1", server.server_address[1])).healthy
 
 
 def test_503_is_unhealthy_with_status(server: http.server.ThreadingHTTPServer) -> None:
     """vLLM's 503 (engine dead) is reported with its status."""
     _Handler.status = 503
-    result = check_health("127.0.0.1", server.server_address[1])
+    result = check_health(TcpAddress("127.0.0.1", server.server_address[1]))
     assert not result.healthy
     assert result.status == 503
     _Handler.status = 200
@@ -66,14 +66,14 @@ def test_closed_port_has_no_status() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = check_health("127.0.0.1", port, timeout=0.5)
+    result = check_health(TcpAddress("127.0.0.1", port), timeout=0.5)
     assert result.status is None
     assert result.error
 
 
 def test_metrics_text_is_fetched(server: http.server.ThreadingHTTPServer) -> None:
     """/metrics comes back as text (serving.parse_serving reads it)."""
-    text = fetch_metrics("127.0.0.1", server.server_address[1])
+    text = fetch_metrics(TcpAddress("127.0.0.1", server.server_address[1]))
     assert text is not None
     assert "vllm:num_preemptions_total" in text
 
@@ -81,7 +81,7 @@ def test_metrics_text_is_fetched(server: http.server.ThreadingHTTPServer) -> Non
 @pytest.mark.parametrize(("bind", "probe"), [("0.0.0.0", "127.0.0.1"), ("::", "::1"), ("127.0.0.2", "127.0.0.2")])
 def test_wildcard_binds_are_probed_on_loopback(bind: str, probe: str) -> None:
     """A server bound to every address is probed on loopback."""
-    assert probe_host_for(bind) == probe
+    assert connect_host(bind) == probe
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_token_probe_reports_what_went_wrong(
     time is named."""
     _CompletionHandler.mode = mode
     _CompletionHandler.seen = []
-    error = token_probe("127.0.0.1", completions.server_address[1], "m", "key", timeout=0.3)
+    error = token_probe(TcpAddress("127.0.0.1", completions.server_address[1]), "m", "key", timeout=0.3)
     assert error == expected if expected is None else (error is not None and error.startswith(expected))
     sent = _CompletionHandler.seen[0]
     assert sent["auth"] == "Bearer key"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.backend_address import BackendAddress
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import DeploymentWorker
 from tests.supervisor.test_worker import World, make_world, ready, wait_for
@@ -37,11 +38,11 @@ def member(
     world = make_world(tmp_path, dep=SWAP)
     calls: list[tuple[str, str]] = []
 
-    def sleep_server(host: str, port: int, key: str | None, level: m.SleepLevel) -> m.Event:
+    def sleep_server(address: BackendAddress, key: str | None, level: m.SleepLevel) -> m.Event:
         calls.append(("sleep", level))
         return sleep
 
-    def wake_server(host: str, port: int, key: str | None, level: m.SleepLevel) -> m.Event:
+    def wake_server(address: BackendAddress, key: str | None, level: m.SleepLevel) -> m.Event:
         calls.append(("wake", level))
         return wake
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.upgrade_probe import DECODE_RUNS, DECODE_TOKENS, WARM_RUNS, ProbeFailed, measure
 from tests.gateway.conftest import StandIn, stand_ins, start_stand_in
 from tests.harness.daemon import free_port
@@ -20,7 +21,7 @@ __all__ = ["stand_ins"]
 def test_the_stand_in_gives_greedy_ids_and_a_decode_rate(stand_ins: Callable[..., StandIn]) -> None:
     """return_token_ids gives the completion's ids; streamed tokens 10 ms apart time as a positive rate."""
     server = stand_ins("tiny", token_seconds=0.01)
-    figures = measure("127.0.0.1", server.port, "tiny", None, kv_cache_tokens=1000)
+    figures = measure(TcpAddress("127.0.0.1", server.port), "tiny", None, kv_cache_tokens=1000)
     assert len(figures.greedy_ids) == DECODE_TOKENS and figures.kv_cache_tokens == 1000
     assert figures.decode_tokens_per_second is not None and figures.decode_tokens_per_second > 0
 
@@ -29,8 +30,8 @@ def test_the_same_release_gives_the_same_ids() -> None:
     """Two servers of one release answer the fixed greedy request with equal ids."""
     first, second = start_stand_in("tiny"), start_stand_in("tiny")
     try:
-        a = measure("127.0.0.1", first.port, "tiny", None, kv_cache_tokens=None)
-        b = measure("127.0.0.1", second.port, "tiny", None, kv_cache_tokens=None)
+        a = measure(TcpAddress("127.0.0.1", first.port), "tiny", None, kv_cache_tokens=None)
+        b = measure(TcpAddress("127.0.0.1", second.port), "tiny", None, kv_cache_tokens=None)
     finally:
         for server in (first, second):
             server.proc.kill()
@@ -42,7 +43,7 @@ def test_the_same_release_gives_the_same_ids() -> None:
 def test_nothing_listening_is_a_probe_failure() -> None:
     """A closed port: ProbeFailed naming the connection error."""
     with pytest.raises(ProbeFailed, match="Error"):
-        measure("127.0.0.1", free_port(), "tiny", None, kv_cache_tokens=None, timeout=2)
+        measure(TcpAddress("127.0.0.1", free_port()), "tiny", None, kv_cache_tokens=None, timeout=2)
 
 
 @pytest.fixture
@@ -86,13 +87,13 @@ def test_a_bad_answer_is_a_probe_failure(
 ) -> None:
     """An error status, a body that is no JSON or has no choices: ProbeFailed saying so."""
     with pytest.raises(ProbeFailed, match=words):
-        measure("127.0.0.1", hostile(status, body), "tiny", None, kv_cache_tokens=None)
+        measure(TcpAddress("127.0.0.1", hostile(status), body), "tiny", None, kv_cache_tokens=None)
 
 
 def test_ids_that_are_no_integers_are_dropped(hostile: Callable[[int, bytes], int]) -> None:
     """token_ids holding strings or booleans keep only the integers; the stream of a JSON body has no rate."""
     port = hostile(200, b'{"choices": [{"token_ids": [1, "2", true, 3]}]}')
-    assert measure("127.0.0.1", port, "tiny", None, kv_cache_tokens=None).greedy_ids == (1, 3)
+    assert measure(TcpAddress("127.0.0.1", port), "tiny", None, kv_cache_tokens=None).greedy_ids == (1, 3)
 
 
 def test_a_cold_first_stream_does_not_count() -> None:
@@ -123,7 +124,7 @@ def test_a_cold_first_stream_does_not_count() -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        figures = measure("127.0.0.1", server.server_address[1], "tiny", None, kv_cache_tokens=None)
+        figures = measure(TcpAddress("127.0.0.1", server.server_address[1]), "tiny", None, kv_cache_tokens=None)
     finally:
         server.shutdown()
     assert len(streams) == WARM_RUNS + DECODE_RUNS

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.health import MAX_ANSWER_BYTES
 from dankserve.supervisor.warm_up import WarmUpOutcome, warm_up_server
 
@@ -69,7 +70,7 @@ def vllm_like() -> Iterator[tuple[int, list[dict[str, object]]]]:
 def test_a_short_completion_then_the_same_streamed_with_the_key(vllm_like: tuple[int, list[dict[str, object]]]) -> None:
     """Both shapes are sent, greedy and short, to the served name with the API key; both answered is success."""
     port, seen = vllm_like
-    assert warm_up_server("0.0.0.0", port, "served", "k3y", 5.0) == WarmUpOutcome()
+    assert warm_up_server(TcpAddress("0.0.0.0", port), "served", "k3y", 5.0) == WarmUpOutcome()
     assert [b.get("stream") for b in seen] == [None, True]
     assert all(b["model"] == "served" and b["temperature"] == 0 and b["_auth"] == "Bearer k3y" for b in seen)
 
@@ -87,7 +88,7 @@ def test_a_short_completion_then_the_same_streamed_with_the_key(vllm_like: tuple
 def test_a_broken_answer_is_said(answer: Answer, said: str) -> None:
     """A 5xx, an answer that is not a completion, or a stream without [DONE] is a failed warm-up, named."""
     for port, _ in serve(answer):
-        error = warm_up_server("127.0.0.1", port, "m", None, 5.0).error
+        error = warm_up_server(TcpAddress("127.0.0.1", port), "m", None, 5.0).error
         assert error is not None and error.startswith(said)
 
 
@@ -95,7 +96,7 @@ def test_a_4xx_is_no_failure_but_is_said_as_unwarmed() -> None:
     """A 4xx (a pooling model, a refused key, a name the server does not serve) proves nothing wrong, so the
     boot goes on, but it warmed nothing: said with the status, the model asked for and the answer."""
     for port, seen in serve(lambda h, b: reply(h, 404, b'{"error": "The model `m` does not exist."}')):
-        outcome = warm_up_server("127.0.0.1", port, "m", None, 5.0)
+        outcome = warm_up_server(TcpAddress("127.0.0.1", port), "m", None, 5.0)
         assert outcome.error is None and len(seen) == 1
         assert outcome.unwarmed is not None and outcome.unwarmed.startswith("completion: HTTP 404 for model 'm'")
         assert "does not exist" in outcome.unwarmed
@@ -105,14 +106,14 @@ def test_no_answer_within_the_timeout_is_a_failure_and_bounded() -> None:
     """A server that never answers fails the warm-up after the timeout, not later."""
     for port, _ in serve(lambda h, b: time.sleep(3)):
         began = time.monotonic()
-        error = warm_up_server("127.0.0.1", port, "m", None, 0.5).error
+        error = warm_up_server(TcpAddress("127.0.0.1", port), "m", None, 0.5).error
         assert error is not None and "no answer within" in error
         assert time.monotonic() - began < 2.5
 
 
 def test_nothing_listening_is_a_failure() -> None:
     """A closed port is named as the connection's error."""
-    error = warm_up_server("127.0.0.1", closed_port(), "m", None, 1.0).error
+    error = warm_up_server(TcpAddress("127.0.0.1", closed_port()), "m", None, 1.0).error
     assert error is not None and "ConnectionRefusedError" in error
 
 
@@ -120,7 +121,7 @@ def test_an_endless_answer_is_read_only_up_to_the_bound() -> None:
     """A hostile server streaming more than MAX_ANSWER_BYTES is cut at the bound (and fails: no [DONE] in it)."""
     huge = b"data: {}\n\n" * (MAX_ANSWER_BYTES // 10 + 10) + b"data: [DONE]\n\n"
     for port, _ in serve(lambda h, b: reply(h, 200, huge, "text/event-stream")):
-        error = warm_up_server("127.0.0.1", port, "m", None, 5.0).error
+        error = warm_up_server(TcpAddress("127.0.0.1", port), "m", None, 5.0).error
     assert error is not None and "not a completion" in error
 
 

@@ -101,9 +101,9 @@ def make_world(
         load_host=lambda: read_host(host_file),
         hardware_file=host_file,
         clock=clock,
-        check_port=lambda host, port: holders.pop(0) if holders else None,
-        health=lambda host, port, timeout: runtime.health("chat"),
-        warm_up=lambda host, port, model, key, timeout: WarmUpOutcome(),
+        check_port=lambda address: holders.pop(0) if holders else None,
+        health=lambda address, timeout: runtime.health("chat"),
+        warm_up=lambda address, model, key, timeout: WarmUpOutcome(),
         draw=lambda: 0.0,
     )
     return World(Daemon(settings, deps, config_path=config), runtime, clock, holders)

@@ -187,7 +187,8 @@ def serve(
         logo=not _truthy_int(env.get("VLLM_DISABLE_LOG_LOGO")) and env.get("VLLM_CONFIGURE_LOGGING", "1") != "0",
         colour=colour,
         gpu_listing=listing,
-        listen_address=f"http://{listen_host}:{config.port}",
+        # vLLM's setup_server: `unix:PATH` on a socket, else the URL of host and port.
+        listen_address=f"unix:{config.uds}" if config.uds else f"http://{listen_host}:{config.port}",
         api_pid=os.getpid(),
         model_flag_used=model_flag,
         fail=knobs.fail,
@@ -221,7 +222,7 @@ def serve(
         lora_runtime_updating=runtime_updating,
     )
     state = EngineState()
-    server = FakeVllmHTTPServer((host, config.port), facts, state, output)
+    server = FakeVllmHTTPServer(config.uds or (host, config.port), facts, state, output)
     context = ServeContext(
         config=config,
         knobs=knobs,

@@ -19,6 +19,8 @@ class ServeConfig:
     served_model_names: tuple[str, ...]
     host: str | None
     port: int
+    uds: str | None
+    """`--uds PATH`: serve on that unix socket; host and port are then ignored."""
     api_keys: tuple[str, ...]
     tensor_parallel_size: int
     gpu_memory_utilization: float
@@ -90,6 +92,7 @@ def serve_config_from(namespace: argparse.Namespace, env_api_key: str | None) ->
         served_model_names=served,
         host=_optional_str(namespace, "host"),
         port=_int(namespace, "port", 8000),
+        uds=_optional_str(namespace, "uds"),
         api_keys=api_keys,
         tensor_parallel_size=max(1, _int(namespace, "tensor_parallel_size", 1)),
         gpu_memory_utilization=float(utilization) if isinstance(utilization, int | float) else 0.92,

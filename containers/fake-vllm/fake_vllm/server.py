@@ -198,8 +198,15 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 2048  # uvicorn's default backlog (socketserver's 5 drops connections under load)
 
-    def __init__(self, address: tuple[str, int], facts: ServerFacts, state: EngineState, output: Output) -> None:
-        if ":" in address[0]:
+    def __init__(
+        self, address: tuple[str, int] | str, facts: ServerFacts, state: EngineState, output: Output
+    ) -> None:
+        """`address`: (host, port), or a unix socket's path (`--uds`: vLLM's create_server_unix_socket binds it,
+        never removing a file already there, and the server ignores host and port)."""
+        if isinstance(address, str):
+            self.address_family = socket.AF_UNIX
+            self.allow_reuse_address = False
+        elif ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, RequestHandler, bind_and_activate=False)
         self.facts = facts
@@ -209,6 +216,13 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
     def bind(self) -> None:
         """Bind without listening: connections are refused while the engine loads."""
         self.server_bind()
+
+    def server_bind(self) -> None:
+        if self.address_family != socket.AF_UNIX:
+            super().server_bind()
+            return
+        self.socket.bind(self.server_address)  # http.server's own would read a host and port from the path
+        self.server_name, self.server_port = "localhost", 0
 
     def listen(self) -> None:
         self.server_activate()
@@ -222,6 +236,11 @@ class RequestHandler(BaseHTTPRequestHandler):
     sys_version = ""
     disable_nagle_algorithm = True  # asyncio (uvicorn) sets TCP_NODELAY on every connection
 
+    def setup(self) -> None:
+        # TCP_NODELAY has no meaning on a unix socket (setting it fails there).
+        self.disable_nagle_algorithm = self.server.address_family != socket.AF_UNIX
+        super().setup()
+
     def log_message(self, format: str, *args: object) -> None:
         """Access lines are uvicorn's, written after each response (see _access_log)."""
 
@@ -230,7 +249,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if config.disable_access_log or path in config.access_log_excluded_paths:
             return
-        client = f"{self.client_address[0]}:{self.client_address[1]}"
+        # uvicorn names no client on a unix socket (its scope's client is None): the line starts " - ".
+        peer = self.client_address
+        client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
         phrase = HTTPStatus(status).phrase
         self.server.output.uvicorn(access_message(client, self.command, self.path, status, phrase), stream="stdout")
 

@@ -17,6 +17,7 @@ from dankserve.runtime.base import (
     SecretFile,
     Workload,
     WorkloadSpec,
+    prepare_socket,
     workload_name,
 )
 from dankserve.runtime.podman.cdi import choose_gpu_passthrough, present_device_nodes, read_cdi_device_names
@@ -57,6 +58,8 @@ class ContainerManager:
             )
         if spec.cache_dir is not None:
             spec.cache_dir.mkdir(parents=True, exist_ok=True)
+        if spec.socket is not None:
+            prepare_socket(spec.socket)
         for mount in spec.mounts:
             if not mount.source.exists():
                 raise ConfigError(

@@ -16,6 +16,7 @@ from dankserve.runtime.base import (
     Runtime,
     Workload,
     WorkloadSpec,
+    prepare_socket,
 )
 from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
 from dankserve.runtime.podman.containers import ContainerManager
@@ -78,6 +79,8 @@ class PodmanRuntime(Runtime):
 
     def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
         """What this runtime's launcher needs to start a server of `spec` (issue 15)."""
+        if spec.socket is not None:
+            prepare_socket(spec.socket)
         return launch_request(spec)
 
     def start(self, spec: WorkloadSpec) -> Workload:

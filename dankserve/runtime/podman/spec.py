@@ -9,6 +9,7 @@ from typing import Any
 
 from dankserve.launcher import protocol
 from dankserve.runtime.base import (
+    CONTAINER_BACKEND_RUN,
     CONTAINER_HF_HOME,
     CONTAINER_LAUNCHER_DIR,
     CONTAINER_LAUNCHER_RUN,
@@ -22,6 +23,8 @@ from dankserve.runtime.base import (
     WorkloadSpec,
     container_fingerprint,
     with_bind_address,
+    with_socket,
+    without_address,
     workload_name,
 )
 from dankserve.runtime.podman.cdi import GpuPassthrough
@@ -84,8 +87,13 @@ def launch_request(spec: WorkloadSpec) -> LaunchRequest:
 
 
 def server_argv(spec: WorkloadSpec) -> tuple[str, ...]:
-    """The argv after `vllm serve`: on the host's network the server binds the deployment's address itself."""
-    return with_bind_address(spec.argv, spec.bind_host, spec.port) if spec.host_network else tuple(spec.argv)
+    """The argv after `vllm serve`: on its socket (the mounted backend directory), or on the host's network
+    binding the deployment's address itself, or the image's port that Podman publishes."""
+    if spec.socket is not None:
+        return with_socket(spec.argv, f"{CONTAINER_BACKEND_RUN}/{spec.socket.name}")
+    if spec.host_network:
+        return with_bind_address(spec.argv, spec.bind_host, spec.port)
+    return tuple(without_address(spec.argv))
 
 
 def container_create_kwargs(
@@ -102,6 +110,10 @@ def container_create_kwargs(
     if spec.cache_dir is not None:
         mounts.append(
             {"type": "bind", "source": str(spec.cache_dir), "target": env["VLLM_CACHE_ROOT"], "read_only": False}
+        )
+    if spec.socket is not None:
+        mounts.append(
+            {"type": "bind", "source": str(spec.socket.parent), "target": CONTAINER_BACKEND_RUN, "read_only": False}
         )
     secrets = []
     for s in spec.secrets:
@@ -136,7 +148,7 @@ def container_create_kwargs(
     }
     if spec.host_network:
         kwargs["network_mode"] = "host"
-    else:
+    elif spec.socket is None:  # on its socket the server has no port to publish
         kwargs["ports"] = {f"{spec.container_port}/tcp": (spec.bind_host, spec.port)}
     if spec.shm_size is None:
         kwargs["ipc_mode"] = "host"

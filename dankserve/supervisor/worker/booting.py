@@ -14,7 +14,7 @@ from typing import Any
 
 from dankserve.host.gpu_memory import wait_dead_processes_released
 from dankserve.host.model import Gpu, GpuIdentity, Host
-from dankserve.planning import compile_cache_dir
+from dankserve.planning import backend_address, compile_cache_dir
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import launching, learning
@@ -158,7 +158,7 @@ class Boots:
             server_runs = server_runs and existing.launcher.server_running
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
-            sleeping = edges.is_sleeping(dep.host, dep.port, api_key(dep))
+            sleeping = edges.is_sleeping(backend_address(settings, name, dep), api_key(dep))
         kept = services.state.deployment(name)
         remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
@@ -181,7 +181,7 @@ class Boots:
         services, name = self._services, self._name
         edges, settings = services.edges, services.settings()
         # A kept launcher's container publishes the port itself: the check is for a new workload.
-        holder = edges.check_port(dep.host, dep.port) if launcher_id is None else None
+        holder = edges.check_port(backend_address(settings, name, dep)) if launcher_id is None else None
         if holder is not None:
             return m.PortBusy(dep.port, holder)
         plan = edges.planner(name, dep, services.gpus.host, overrides, version)

@@ -11,8 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dankserve.backend_address import BackendAddress
 from dankserve.plan.plan import has_sleep_mode
 from dankserve.plan.serve_args import served_name
+from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
@@ -89,7 +91,7 @@ class Commands:
             case m.StartWorkload(overrides=overrides, vllm_version=version, launcher_id=launcher_id):
                 return self.boots.start(dep, overrides, version, launcher_id)
             case m.CheckPort():
-                holder = edges.check_port(dep.host, dep.port)
+                holder = edges.check_port(self._address(dep))
                 return m.PortFree() if holder is None else m.PortBusy(dep.port, holder)
             case m.StopServer() | m.WaitExit(server=int()):
                 return self._launcher_command(command, dep)
@@ -105,7 +107,7 @@ class Commands:
             case m.WarmUp(timeout=timeout):
                 began = time.monotonic()
                 model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-                outcome = edges.warm_up(dep.host, dep.port, model, api_key(dep), timeout)
+                outcome = edges.warm_up(self._address(dep), model, api_key(dep), timeout)
                 return m.WarmedUp(outcome.error, time.monotonic() - began, outcome.unwarmed)
             case m.CountGpuTenants(uuids=uuids):
                 others, free = self._services.gpus.tenants(uuids)
@@ -121,6 +123,10 @@ class Commands:
                 self.records.record(command)
         return None
 
+    def _address(self, dep: DeploymentSettings) -> BackendAddress:
+        """Where the deployment's server listens (its private socket, or TCP)."""
+        return backend_address(self._services.settings(), self._name, dep)
+
     def _remove(self, workload_id: str, dep: DeploymentSettings, best_effort: bool) -> None:
         self.logs.unfollow(workload_id)
         try:
@@ -133,15 +139,15 @@ class Commands:
 
     def _probe_health(self, dep: DeploymentSettings, timeout: float) -> m.Event | None:
         """/health of the server, and whether a sleep-mode server sleeps (None: no verdict, probed again)."""
-        edges = self._services.edges
+        edges, address = self._services.edges, self._address(dep)
         if edges.health is not None:
-            return edges.health(dep.host, dep.port, timeout)
-        result = check_health(dep.host, dep.port, timeout=timeout)
+            return edges.health(address, timeout)
+        result = check_health(address, timeout=timeout)
         if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
             self._log.warning("health_probe_not_sent", error=result.error)
             return None
-        # Dev mode's /sleep is open to anyone on loopback: a sleep dankserve did not ask for is noticed.
-        sleeping = result.healthy and has_sleep_mode(dep) and edges.is_sleeping(dep.host, dep.port, api_key(dep))
+        # Dev mode's /sleep is open to whoever reaches a TCP port: a sleep dankserve did not ask for is noticed.
+        sleeping = result.healthy and has_sleep_mode(dep) and edges.is_sleeping(address, api_key(dep))
         return m.HealthChecked(result.status, result.error, sleeping=bool(sleeping))
 
     def _launcher_command(self, command: m.StopServer | m.WaitExit, dep: DeploymentSettings) -> m.Event | None:
@@ -175,17 +181,24 @@ class Commands:
         edges, clock, verifier = self._services.edges, self._services.clock, self._services.swap_verifier
         workload_id, level, key = command.workload_id, command.level, api_key(dep)
         runtime = self.runtimes.of(workload_id, dep)
-        target = swap_target(self._name, dep, self._machine(), key, lambda: workload_pids(runtime, workload_id))
+        target = swap_target(
+            self._name,
+            dep,
+            self._machine(),
+            key,
+            lambda: workload_pids(runtime, workload_id),
+            address=self._address(dep),
+        )
         if isinstance(command, m.WakeServer):
 
             def wake() -> m.Event:
-                return edges.wake_server(dep.host, dep.port, key, level)
+                return edges.wake_server(self._address(dep), key, level)
 
             return wake() if verifier is None else verifier.wake(target, wake)
         if level != "stop":
 
             def sleep() -> m.Event:
-                return edges.sleep_server(dep.host, dep.port, key, level)
+                return edges.sleep_server(self._address(dep), key, level)
 
             return sleep() if verifier is None else verifier.sleep(target, sleep)
         started = clock.monotonic()

@@ -16,6 +16,7 @@ import structlog
 
 from dankserve.errors import DankserveError, resources_exhausted
 from dankserve.plan.serve_args import served_name
+from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase
@@ -200,8 +201,7 @@ class DeploymentWorker:
         return LivenessMonitor(
             name=self.name,
             workload_id=workload_id,
-            host=dep.host,
-            port=dep.port,
+            address=backend_address(settings, self.name, dep),
             model=served_name(dep.served_model_name, dep.extra_args, dep.model),
             api_key_file=dep.api_key_file,
             settings=LivenessSettings(settings.stall_seconds, settings.liveness_interval_seconds),
