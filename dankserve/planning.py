@@ -5,6 +5,7 @@ thin imperative shell, shared by `dankserve plan` and the daemon so both plan al
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,8 +64,14 @@ TRIAL_SOCKET = "upgrade.sock"
 
 
 def backend_dir(settings: Settings, deployment: str) -> Path:
-    """The deployment's private directory (0700, the daemon's user) holding its server's unix socket."""
-    return settings.state_dir / "backends" / deployment
+    """The deployment's private directory (0700, the daemon's user) holding its server's unix socket: named after
+    the deployment, or after a hash of its name where that would make a socket's path too long for Linux."""
+    root = settings.state_dir / "backends"
+    longest = max(len(SERVER_SOCKET), len(TRIAL_SOCKET))
+    if len(str(root / deployment).encode()) + 1 + longest <= UNIX_PATH_MAX:
+        return root / deployment
+    # A deployment name never holds a "." (settings refuse it): no name can take this directory's place.
+    return root / f"h.{hashlib.sha256(deployment.encode()).hexdigest()[:16]}"
 
 
 def backend_socket(
@@ -78,7 +85,7 @@ def backend_socket(
         raise ConfigError(
             f"deployment {deployment!r} listens on a unix socket, and its path {str(path)!r} is "
             f"{len(str(path).encode())} bytes long: a unix socket's path holds at most {UNIX_PATH_MAX}",
-            fix=f'set a shorter state_dir, or a shorter deployment name, or deployments.{deployment}.listen = "tcp"',
+            fix=f'set a shorter state_dir, or deployments.{deployment}.listen = "tcp"',
         )
     return path
 

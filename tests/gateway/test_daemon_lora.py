@@ -17,6 +17,8 @@ from tests.harness.daemon import (
     free_port,
     process_deployment,
     running_daemon,
+    server_socket,
+    socket_client,
     write_host,
 )
 from tests.harness.gpus import StandInGpus
@@ -34,7 +36,7 @@ def adapter_dir(root: Path, rank: int = 8) -> str:
 
 
 def ids(url: str, model: str) -> tuple[int, list[int]]:
-    """A completion's status and token ids."""
+    """A completion's status and token ids (through the gateway at `url`)."""
     body = {"model": model, "prompt": "hi", "max_tokens": 4, "return_token_ids": True}
     reply = httpx.post(url + "/v1/completions", json=body, timeout=60)
     if reply.status_code != 200:
@@ -42,12 +44,13 @@ def ids(url: str, model: str) -> tuple[int, list[int]]:
     return 200, list(reply.json()["choices"][0]["token_ids"])
 
 
-def models(url: str) -> dict[str, Any]:
-    """/v1/models as id -> parent."""
+def models(target: str | httpx.Client) -> dict[str, Any]:
+    """/v1/models as id -> parent, from the gateway's URL or a server's socket client."""
     deadline = time.monotonic() + 30
     while True:
         try:
-            listed = httpx.get(url + "/v1/models", timeout=5).json()["data"]
+            reply = target.get("/v1/models") if isinstance(target, httpx.Client) else httpx.get(target + "/v1/models")
+            listed = reply.json()["data"]
             return {m["id"]: m.get("parent") for m in listed}
         except httpx.TransportError:
             assert time.monotonic() < deadline
@@ -70,7 +73,8 @@ def test_adapters_are_served_by_name_and_a_reload_loads_and_unloads_them_without
     sql, chat, wide = adapter_dir(tmp_path / "sql"), adapter_dir(tmp_path / "chat"), adapter_dir(tmp_path / "wide", 64)
     port, gateway_port = free_port(), free_port()
     deployments = {"base": process_deployment(port, served_model_name="tiny", gpus=[0], adapters={"sql": sql})}
-    gateway, server = f"http://127.0.0.1:{gateway_port}", f"http://127.0.0.1:{port}"
+    # Behind the gateway the server is on its private socket (the test runs as the daemon's user, root).
+    gateway, server = f"http://127.0.0.1:{gateway_port}", socket_client(server_socket(tmp_path, "base"))
     globals_ = {"gateway": {"listen": f"127.0.0.1:{gateway_port}"}}
     with running_daemon(tmp_path, deployments, extra_globals=globals_) as daemon:
         assert models(gateway) == {"tiny": None, "sql": "tiny"}

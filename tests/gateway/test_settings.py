@@ -52,8 +52,15 @@ def test_exposed_gateway_with_key_loads_and_an_open_key_file_is_refused(tmp_path
             '[deployments.a]\nmodel = "x"\naliases = ["m"]\n[deployments.b]\nmodel = "m"\nport = 8001\n',
             "both answer to model 'm'",
         ),
-        ('[deployments.a]\nmodel = "m"\nport = 9000\n', "deployments.a.port = 9000 is the gateway's port"),
-        ('[deployments.a]\nmodel = "m"\nhost = "0.0.0.0"\napi_key_file = "/k"\n', "listens on loopback only"),
+        # listen = "tcp": on its private socket (the default behind the gateway) a server has no port or host.
+        (
+            '[deployments.a]\nmodel = "m"\nport = 9000\nlisten = "tcp"\n',
+            "deployments.a.port = 9000 is the gateway's port",
+        ),
+        (
+            '[deployments.a]\nmodel = "m"\nhost = "0.0.0.0"\napi_key_file = "/k"\nlisten = "tcp"\n',
+            "listens on loopback only",
+        ),
         ('[gateway]\nlisten = "nowhere"\n', "is not ADDRESS:PORT"),
     ],
 )
@@ -63,6 +70,14 @@ def test_gateway_conflicts_are_refused(tmp_path: Path, tables: str, named: str) 
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, text), environ={})
     assert named in info.value.message
+
+
+def test_behind_the_gateway_a_server_on_its_socket_has_no_port_to_clash(tmp_path: Path) -> None:
+    """listen = auto behind a gateway is the private socket: the gateway's port or a shared port is no clash."""
+    text = '[gateway]\nlisten = "127.0.0.1:9000"\n[deployments.a]\nmodel = "m"\nport = 9000\n'
+    text += '[deployments.b]\nmodel = "n"\nport = 9000\n'
+    settings = load_settings(write(tmp_path, text), environ={})
+    assert all(settings.serves_on_socket(dep) for dep in settings.deployments.values())
 
 
 def test_an_empty_or_missing_gateway_key_file_is_a_config_error(tmp_path: Path) -> None:

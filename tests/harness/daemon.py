@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from dankserve import control
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
@@ -60,6 +62,19 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def server_socket(tmp_path: Path, deployment: str) -> Path:
+    """The private unix socket a test daemon's deployment serves on behind its gateway (listen = auto)."""
+    from dankserve.planning import SERVER_SOCKET, backend_dir
+    from dankserve.settings import Settings
+
+    return backend_dir(Settings(state_dir=tmp_path / "state"), deployment) / SERVER_SOCKET
+
+
+def socket_client(path: Path, timeout: float = 30.0) -> httpx.Client:
+    """An httpx client of the server on unix socket `path` (relative URLs: `client.get("/health")`)."""
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://localhost", timeout=timeout)
 
 
 def write_host(path: Path, uuids: Sequence[str] | None = None, free_fraction: float = 0.996) -> Path:

@@ -87,7 +87,7 @@ def test_a_bad_answer_is_a_probe_failure(
 ) -> None:
     """An error status, a body that is no JSON or has no choices: ProbeFailed saying so."""
     with pytest.raises(ProbeFailed, match=words):
-        measure(TcpAddress("127.0.0.1", hostile(status), body), "tiny", None, kv_cache_tokens=None)
+        measure(TcpAddress("127.0.0.1", hostile(status, body)), "tiny", None, kv_cache_tokens=None)
 
 
 def test_ids_that_are_no_integers_are_dropped(hostile: Callable[[int, bytes], int]) -> None:

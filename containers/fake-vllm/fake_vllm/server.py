@@ -198,9 +198,7 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 2048  # uvicorn's default backlog (socketserver's 5 drops connections under load)
 
-    def __init__(
-        self, address: tuple[str, int] | str, facts: ServerFacts, state: EngineState, output: Output
-    ) -> None:
+    def __init__(self, address: tuple[str, int] | str, facts: ServerFacts, state: EngineState, output: Output) -> None:
         """`address`: (host, port), or a unix socket's path (`--uds`: vLLM's create_server_unix_socket binds it,
         never removing a file already there, and the server ignores host and port)."""
         if isinstance(address, str):
