@@ -16,7 +16,16 @@ import pytest
 
 from dankserve.runtime.base import workload_name
 from dankserve.supervisor.sleep_mode import available_ram_bytes
-from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.daemon import (
+    LAUNCHER_ENV,
+    MODEL_FACTS,
+    RunningDaemon,
+    free_port,
+    running_daemon,
+    server_socket,
+    socket_client,
+    write_host,
+)
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
 from tests.supervisor.test_daemon_launcher import launcher
@@ -351,10 +360,10 @@ def _completion(url: str, model: str) -> str:
     return text
 
 
-def _is_sleeping(member: dict[str, Any]) -> bool:
-    """The member's server's own answer (its status may say otherwise)."""
-    reply = httpx.get(f"http://127.0.0.1:{member['port']}/is_sleeping", timeout=10)
-    return bool(reply.json()["is_sleeping"])
+def _is_sleeping(tmp_path: Path, member: str) -> bool:
+    """The member's server's own answer (its status may say otherwise), on its private socket behind the gateway."""
+    with socket_client(server_socket(tmp_path, member), timeout=10) as server:
+        return bool(server.get("/is_sleeping").json()["is_sleeping"])
 
 
 def _kill_and_start(daemon: RunningDaemon, cli: subprocess.Popen[str]) -> int:
@@ -394,7 +403,7 @@ def test_a_daemon_killed_while_a_member_falls_asleep_is_followed_by_one_that_fin
         before = _kill_and_start(daemon, cli)
 
         asleep = daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=60)
-        assert asleep["swap"]["level"] == "1" and asleep["boots"] == 1 and _is_sleeping(deployments[a])
+        assert asleep["swap"]["level"] == "1" and asleep["boots"] == 1 and _is_sleeping(tmp_path, a)
         adopted = _adoptions(daemon, before)
         assert adopted == {a: ["adopting_falling_asleep"], b: ["adopting_asleep"]}, adopted
         assert not [e for e in daemon.events()[before:] if e.get("event") == "phase" and e.get("phase") == "ready"]
@@ -448,7 +457,7 @@ def test_a_daemon_killed_while_a_member_stops_to_sleep_is_followed_by_one_that_f
 
         assert _completion(url, "ma") != ""
         assert _state(daemon, a)["boots"] == 2 and _awake(daemon, [a, b]) == [a]
-        assert _state(daemon, b)["boots"] == 1 and _is_sleeping(deployments[b])
+        assert _state(daemon, b)["boots"] == 1 and _is_sleeping(tmp_path, b)
         assert daemon.stop() == 0
 
 
@@ -488,7 +497,7 @@ def test_a_daemon_killed_while_a_member_wakes_is_followed_by_one_that_wakes_it_a
         assert _adoptions(daemon, before) == {a: ["adopting_waking"], b: ["adopting_asleep"]}
         assert _completion(url, "ma") != "", "the weights were reloaded"
         asleep_b = _state(daemon, b)
-        assert asleep_b["state"] == "asleep" and asleep_b["swap"]["level"] == "1" and _is_sleeping(deployments[b])
+        assert asleep_b["state"] == "asleep" and asleep_b["swap"]["level"] == "1" and _is_sleeping(tmp_path, b)
 
         # Level 1: killed in the middle of b's /wake_up.
         cli = _cli_in_background(daemon, "wake", b)
@@ -498,7 +507,7 @@ def test_a_daemon_killed_while_a_member_wakes_is_followed_by_one_that_wakes_it_a
         assert _adoptions(daemon, before) == {b: ["adopting_waking"], a: ["adopting_asleep"]}
         assert _completion(url, "ma") != ""
         slept_b = daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=30)
-        assert _is_sleeping(deployments[b]), "b's server sleeps as its status says: a and b never both awake"
+        assert _is_sleeping(tmp_path, b), "b's server sleeps as its status says: a and b never both awake"
         assert (_state(daemon, a)["boots"], slept_b["boots"]) == (1, 1)
 
 
