@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dankserve.backend_address import UNIX_PATH_MAX, BackendAddress, TcpAddress, UnixAddress
+from dankserve.backend_address import UNIX_PATH_MAX, BackendAddress, TcpAddress, UnixAddress, endpoint
 from dankserve.errors import ConfigError
 from dankserve.runtime.base import CONTAINER_BACKEND_RUN, CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT
 
@@ -96,6 +96,18 @@ def backend_address(
     """Where dankserve reaches the deployment's server: its private socket, or TCP host:port."""
     path = backend_socket(settings, deployment, dep, name)
     return TcpAddress(dep.host, dep.port) if path is None else UnixAddress(path)
+
+
+def client_endpoint(settings: Settings, deployment: str, dep: DeploymentSettings) -> str:
+    """Where clients send the deployment's requests (`status`, `up`): the gateway's URL when its server is on the
+    private socket behind it (the socket answers dankserve alone), else the server's own address."""
+    from dankserve.settings import split_listen
+
+    address = backend_address(settings, deployment, dep)
+    if isinstance(address, UnixAddress) and settings.gateway is not None:
+        host, port = split_listen(settings.gateway.listen)
+        return TcpAddress(host, port).url("/v1")
+    return endpoint(address)
 
 
 def vllm_socket(settings: Settings, deployment: str, dep: DeploymentSettings) -> str | None:

@@ -35,7 +35,7 @@ from dankserve.supervisor.status import Unsupervised
 
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config, the state store and the runtime while no daemon runs."""
-    from dankserve.planning import backend_address
+    from dankserve.planning import backend_address, client_endpoint
     from dankserve.supervisor.records import StateBook
     from dankserve.supervisor.status import deployment_view
 
@@ -54,6 +54,7 @@ def offline_status(settings: Settings) -> dict[str, Any]:
                 unsupervised=running,
                 wall_now=time.time(),
                 address=backend_address(settings, name, dep),
+                endpoint=client_endpoint(settings, name, dep),
             ).to_json()
         )
     serving = sum(1 for d in deployments if d["state"] == "serving")
@@ -210,7 +211,7 @@ def _kv(dep: dict[str, Any]) -> str:
 
 
 def _port(dep: dict[str, Any]) -> str:
-    if str(dep["endpoint"]).startswith("unix:"):
+    if str(dep.get("listens", "")).startswith("unix:"):
         return "socket"  # only dankserve reaches it: clients come through the gateway
     return str(urlsplit(dep["endpoint"]).port or "-")
 

@@ -291,24 +291,28 @@ class Runtime(Protocol):
 def with_bind_address(argv: tuple[str, ...], host: str, port: int) -> tuple[str, ...]:
     """The argv with --host/--port set to the deployment's address, replacing any other value (and any --uds):
     the address is the one `status` reports and the key protects (settings refuse them in extra_args)."""
-    return (*without_address(argv), "--host", host, "--port", str(port))
+    return (*without_flags(argv, ADDRESS_FLAGS), "--host", host, "--port", str(port))
 
 
 def with_socket(argv: tuple[str, ...], path: str) -> tuple[str, ...]:
     """The argv serving on the unix socket `path` (vLLM's --uds), any --host/--port/--uds dropped."""
-    return (*without_address(argv), "--uds", path)
+    return (*without_flags(argv, ADDRESS_FLAGS), "--uds", path)
 
 
-def without_address(argv: tuple[str, ...]) -> list[str]:
-    """The argv without --host, --port and --uds (the server then listens where vLLM's defaults say)."""
+ADDRESS_FLAGS = ("--host", "--port", "--uds")
+"""vLLM's flags saying where the server listens (--uds wins over the other two)."""
+
+
+def without_flags(argv: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    """The argv without these flags and their values."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--host", "--port", "--uds"):
+        elif arg in flags:
             skip = True
-        elif not arg.startswith(("--host=", "--port=", "--uds=")):
+        elif not arg.startswith(tuple(f"{flag}=" for flag in flags)):
             out.append(arg)
     return out
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from dankserve.planning import backend_address
+from dankserve.planning import backend_address, client_endpoint
 from dankserve.settings import Settings
 from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
@@ -190,4 +190,5 @@ class Fleet:
             phase_since=worker.phase_since if worker is not None else None,
             wall_now=self.clock.time(),
             address=backend_address(self.settings, name, dep),
+            endpoint=client_endpoint(self.settings, name, dep),
         )

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from dankserve.backend_address import BackendAddress, TcpAddress, endpoint
+from dankserve.backend_address import BackendAddress, TcpAddress
+from dankserve.backend_address import endpoint as server_endpoint
 from dankserve.state import DeploymentState, FailureRecord, UnsafeSleep
 from dankserve.supervisor.machine import MachineState, Stage
 from dankserve.supervisor.prediction import predict
@@ -73,6 +74,9 @@ class DeploymentView:
     state: str
     phase: str
     endpoint: str
+    """Where clients send its requests: the gateway's URL for a server on its private socket."""
+    listens: str
+    """Where its server listens: `HOST:PORT`, or `unix:PATH` (only dankserve connects)."""
     model: str
     image: str
     runtime: str
@@ -150,6 +154,7 @@ def deployment_view(
     wall_now: float | None = None,
     unsupervised: Unsupervised | None = None,
     address: BackendAddress | None = None,
+    endpoint: str | None = None,
 ) -> DeploymentView:
     """One deployment as status shows it (`to_json`: its document) and /metrics reads it; `now` is the
     machine's clock (for the uptime).
@@ -159,7 +164,8 @@ def deployment_view(
     boot waits for (the worker's words), `phase_since` when (machine clock) the phase began,
     `wall_now` the Unix time (an adopted server's uptime counts from when it first turned ready),
     `unsupervised` what runs of it while no daemon does, `address` where its server listens (None: the
-    deployment's host and port)."""
+    deployment's host and port), `endpoint` where clients reach it (None: that address)."""
+    listens = address if address is not None else TcpAddress(dep.host, dep.port)
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
     state: str
@@ -196,7 +202,8 @@ def deployment_view(
         name=name,
         state=state,
         phase=phase,
-        endpoint=endpoint(address if address is not None else TcpAddress(dep.host, dep.port)),
+        endpoint=endpoint if endpoint is not None else server_endpoint(listens),
+        listens=str(listens),
         model=dep.model,
         image=dep.image,
         upgrade=None if record.upgrade is None else record.upgrade.to_json(),

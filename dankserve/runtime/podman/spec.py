@@ -24,7 +24,7 @@ from dankserve.runtime.base import (
     container_fingerprint,
     with_bind_address,
     with_socket,
-    without_address,
+    without_flags,
     workload_name,
 )
 from dankserve.runtime.podman.cdi import GpuPassthrough
@@ -93,7 +93,7 @@ def server_argv(spec: WorkloadSpec) -> tuple[str, ...]:
         return with_socket(spec.argv, f"{CONTAINER_BACKEND_RUN}/{spec.socket.name}")
     if spec.host_network:
         return with_bind_address(spec.argv, spec.bind_host, spec.port)
-    return tuple(without_address(spec.argv))
+    return tuple(without_flags(spec.argv, ("--uds",)))  # Podman publishes the image's port: no socket
 
 
 def container_create_kwargs(
