@@ -864,3 +864,29 @@ def test_image_entrypoint_serves_and_lists_device_nodes(tmp_path: Path) -> None:
         assert state.stdout.strip() == "0"
     finally:
         subprocess.run([*podman, "rm", "-f", name], check=False, env=env, capture_output=True, timeout=60)
+
+
+def test_uds_serves_on_the_unix_socket_instead_of_the_port(serve: StartServer, tmp_path: Path) -> None:
+    """`--uds PATH` (vLLM 0.26+): the server binds that socket, ignores host and port, names it `unix:PATH`;
+    a file already at PATH fails the bind as vLLM's does (it never removes one)."""
+    import http.client
+    import socket as socket_module
+
+    path = tmp_path / "vllm.sock"
+    served = serve("--uds", str(path))
+    served.wait_ready()
+    assert f"Starting vLLM server on unix:{path}" in served.stdout
+    with pytest.raises(OSError):
+        socket_module.create_connection(("127.0.0.1", served.port), timeout=2).close()
+    sock = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    sock.connect(str(path))
+    conn = http.client.HTTPConnection("localhost")
+    conn.sock = sock
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert ' - "GET /health HTTP/1.1" 200 OK' in served.wait_for('"GET /health')
+    assert served.stop() == 0
+    again = serve("--uds", str(path))  # the socket file is still there: vLLM does not remove it
+    assert again.process.wait(timeout=WAIT_SECONDS) == 1
+    assert "OSError: [Errno 98] Address already in use" in again.stderr

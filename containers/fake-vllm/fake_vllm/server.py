@@ -259,7 +259,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command != "HEAD" and body:  # nothing to send (an empty write to a closed unix socket fails)
             self.wfile.write(body)
         self._access_log(status)
 
