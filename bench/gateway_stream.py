@@ -117,12 +117,13 @@ def serve_gateway(port: int, upstream: int, keys: int = 0) -> None:
     keys in a fresh keys_dir and the usage counters saved to a file beside it."""
     import tempfile
 
+    from dankserve.backend_address import TcpAddress
     from dankserve.gateway.backends import Availability, Backend
     from dankserve.gateway.service import start_gateway
     from dankserve.settings import DeploymentSettings, GatewaySettings
 
     deployments = {"bench": DeploymentSettings(model="org/bench", served_model_name=MODEL)}
-    ready = Backend(Availability.READY, "127.0.0.1", upstream)
+    ready = Backend(Availability.READY, TcpAddress("127.0.0.1", upstream))
 
     class Ready:
         def backend(self, deployment: str) -> Backend:

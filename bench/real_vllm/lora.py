@@ -128,7 +128,7 @@ def token_ids(client: httpx.Client, model: str) -> tuple[int, list[list[int]]]:
 
 
 def run(out: Path, adapters: Path) -> dict[str, Any]:
-    from dankserve.settings import DeploymentSettings
+    from dankserve.backend_address import TcpAddress
     from dankserve.supervisor.adapters import AdapterChanges, apply
 
     ensure_model_config()
@@ -149,9 +149,9 @@ def run(out: Path, adapters: Path) -> dict[str, Any]:
             rows.append(
                 {"step": "a1 again", "status": token_ids(client, "a1")[0], "same": token_ids(client, "a1")[1] == a1}
             )
-            dep = DeploymentSettings(model=MODEL, runtime="process", host="127.0.0.1", port=port)
+            server = TcpAddress("127.0.0.1", port)
             t0 = time.monotonic()
-            loaded = apply(dep, None, AdapterChanges({"a2": str(dirs["a2"])}, ()), lambda: {"a2": str(dirs["a2"])})
+            loaded = apply(server, None, AdapterChanges({"a2": str(dirs["a2"])}, ()), lambda: {"a2": str(dirs["a2"])})
             rows.append(
                 {
                     "step": "load a2 at runtime",
@@ -163,7 +163,7 @@ def run(out: Path, adapters: Path) -> dict[str, Any]:
             rows.append({"step": "a2 (loaded at runtime)", "status": status, "ids": a2})
             listed = {m["id"]: m.get("parent") for m in client.get("/v1/models").json()["data"]}
             gpu_used = proof.gpu_used_bytes()
-            unloaded = apply(dep, None, AdapterChanges({}, ("a1",)), dict)
+            unloaded = apply(server, None, AdapterChanges({}, ("a1",)), dict)
             rows.append({"step": "unload a1", "status": 200 if unloaded else 0})
             rows.append({"step": "a1 after unload", "status": token_ids(client, "a1")[0]})
     finally:

@@ -114,7 +114,7 @@ def test_a_reload_whose_deployments_do_not_fit_the_kept_gateway_is_refused(tmp_p
     config = write_config(
         tmp_path / "dankserve.toml",
         {"hf_cache_dir": str(tmp_path / "hf"), "gateway": {"listen": "127.0.0.1:8200"}},
-        {"chat": {"model": "org/chat", "port": 8100}},
+        {"chat": {"model": "org/chat", "port": 8100, "listen": "tcp"}},  # on its socket it has no port
     )
     with pytest.raises(ConfigError) as caught:
         load_reload(running, config)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.backend_address import TcpAddress
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.swap_verify import SwapTarget, SwapVerifier, _token_ids
@@ -17,14 +18,14 @@ GIB = 1 << 30
 
 
 def target() -> SwapTarget:
-    return SwapTarget("a", "m", "ma", "127.0.0.1", 1, None, "0.26.0", "kv1-x", ("GPU-0",), lambda: [1], 0)
+    return SwapTarget("a", "m", "ma", TcpAddress("127.0.0.1", 1), None, "0.26.0", "kv1-x", ("GPU-0",), lambda: [1], 0)
 
 
 def verifier(tmp_path: Path, held: dict[str, int] | None, answers: list[tuple[int, ...] | str]) -> SwapVerifier:
     state_dir = tmp_path / "state"
     state_dir.mkdir(mode=0o700)
     os.chmod(state_dir, 0o700)
-    return SwapVerifier(StateBook(state_dir), lambda h, p, k, n: answers.pop(0), lambda pids, uuids: held)
+    return SwapVerifier(StateBook(state_dir), lambda address, k, n: answers.pop(0), lambda pids, uuids: held)
 
 
 def test_a_first_sleep_takes_the_fingerprint_and_a_freed_sleep_passes(tmp_path: Path) -> None:

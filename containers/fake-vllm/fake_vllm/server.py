@@ -206,7 +206,8 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
             self.allow_reuse_address = False
         elif ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, RequestHandler, bind_and_activate=False)
+        handler = UnixRequestHandler if isinstance(address, str) else RequestHandler
+        super().__init__(address, handler, bind_and_activate=False)  # type: ignore[arg-type]
         self.facts = facts
         self.state = state
         self.output = output
@@ -233,11 +234,6 @@ class RequestHandler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
     disable_nagle_algorithm = True  # asyncio (uvicorn) sets TCP_NODELAY on every connection
-
-    def setup(self) -> None:
-        # TCP_NODELAY has no meaning on a unix socket (setting it fails there).
-        self.disable_nagle_algorithm = self.server.address_family != socket.AF_UNIX
-        super().setup()
 
     def log_message(self, format: str, *args: object) -> None:
         """Access lines are uvicorn's, written after each response (see _access_log)."""
@@ -691,3 +687,9 @@ def _chunk(response: dict[str, object], chat: bool, piece: str, finish: str | No
     chunk = {key: value for key, value in response.items() if key != "usage"}
     chunk.update(object="chat.completion.chunk" if chat else "text_completion", choices=[choice])
     return chunk
+
+
+class UnixRequestHandler(RequestHandler):
+    """The same routes on a unix socket (`--uds`), where TCP_NODELAY means nothing (setting it fails)."""
+
+    disable_nagle_algorithm = False
