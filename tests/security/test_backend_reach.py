@@ -231,3 +231,30 @@ def test_plan_names_what_a_tcp_backend_exposes(tmp_path: Path) -> None:
             assert "warning: the server listens on 127.0.0.1:8100 with VLLM_SERVER_DEV_MODE=1" in shown, shown
             assert any("/collective_rpc" in route for route in exposure["unguarded"]), exposure
             assert any(route.startswith("/v1/*") for route in exposure["unguarded"]), exposure  # no key
+
+
+def test_the_socket_directory_is_made_private_and_another_users_is_refused(tmp_path: Path) -> None:
+    """Before a boot: the directory is 0700 (a looser one tightened), a stale socket removed; a directory another
+    user owns, or a link in its place, is refused naming it (its owner could listen in the server's place)."""
+    import socket as socket_module
+
+    from dankserve.errors import EnvironmentUnusable
+    from dankserve.runtime.base import prepare_socket
+
+    path = tmp_path / "backends" / "chat" / "vllm.sock"
+    path.parent.mkdir(parents=True, mode=0o755)
+    path.parent.chmod(0o755)
+    with socket_module.socket(socket_module.AF_UNIX) as stale:
+        stale.bind(str(path))
+    prepare_socket(path)
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and not path.exists()
+    assert stat.S_IMODE(path.parent.parent.stat().st_mode) == 0o700
+
+    if os.geteuid() == 0:
+        os.chown(path.parent, 4242, 4242)
+        with pytest.raises(EnvironmentUnusable, match="not a directory owned by this user"):
+            prepare_socket(path)
+    path.parent.rename(tmp_path / "elsewhere")
+    path.parent.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(EnvironmentUnusable, match=str(path.parent)):
+        prepare_socket(path)
