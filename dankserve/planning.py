@@ -59,7 +59,7 @@ def vllm_cache_root(settings: Settings, deployment: str, dep: DeploymentSettings
 
 SERVER_SOCKET = "vllm.sock"
 """A deployment's server socket, in its backend directory."""
-TRIAL_SOCKET = "upgrade.sock"
+TRIAL_SOCKET = "trial.sock"
 """An upgrade's trial server's socket, beside the deployment's (the same directory: one container mount)."""
 
 
@@ -71,7 +71,7 @@ def backend_dir(settings: Settings, deployment: str) -> Path:
     if len(str(root / deployment).encode()) + 1 + longest <= UNIX_PATH_MAX:
         return root / deployment
     # A deployment name never holds a "." (settings refuse it): no name can take this directory's place.
-    return root / f"h.{hashlib.sha256(deployment.encode()).hexdigest()[:16]}"
+    return root / f"h.{hashlib.sha256(deployment.encode()).hexdigest()[:12]}"
 
 
 def backend_socket(

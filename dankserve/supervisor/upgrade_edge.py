@@ -237,7 +237,10 @@ class DaemonUpgradeEdge:
         plan = self._plan
         if plan is None:
             return NewFailed("no plan for the new image")
-        trial = backend_address(daemon.settings, self._name, dep, TRIAL_SOCKET)
+        try:
+            trial = backend_address(daemon.settings, self._name, dep, TRIAL_SOCKET)
+        except DankserveError as exc:
+            return NewFailed(exc.message)
         if isinstance(trial, TcpAddress):
             trial = TcpAddress(dep.host, free_port(dep.host))
         self._trial = trial
