@@ -47,7 +47,7 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
         "(vLLM's --uds), which only the daemon's user can open: clients come through the [gateway], host and "
         "port are unused. tcp: host:port, where every local user reaches every route of vLLM, including the "
         "ones its key does not guard (/sleep, /collective_rpc, LoRA loading: `dankserve plan` lists them). "
-        "auto: socket when [gateway] is set, else tcp.",
+        "auto: socket when [gateway] is set, else tcp. The socket needs vLLM 0.10.1 or later (--uds).",
     )
     api_key_file: Path | None = Field(
         default=None, description="File holding the server's API key (mode 0600 or 0640: never readable by others)."
