@@ -34,6 +34,7 @@ from tests.harness.daemon import (
     RunningDaemon,
     container_deployment,
     free_port,
+    launcher_deployment,
     process_deployment,
     running_daemon,
     server_socket,
@@ -177,6 +178,17 @@ def test_another_local_user_reaches_no_route_of_any_process_backend(tmp_path: Pa
         assert completion(gateway, "tiny") == 200 and completion(gateway, "sql") == 200
         assert_unreachable(daemon, tmp_path, deployments)
         assert completion(gateway, "sql") == 200  # still the configured adapter, through the gateway
+
+
+def test_another_local_user_reaches_no_route_of_a_launcher_backend(tmp_path: Path) -> None:
+    """The launcher's servers (forked per boot, `--uds` in each start request): a swap group member under it,
+    behind a keyed gateway. As another user: every route, on its port and its socket, cannot connect."""
+    deployments = {"chat": launcher_deployment(free_port(), served_model_name="tiny", gpus=[0], swap_group="g")}
+    globals_, gateway = gateway_globals(tmp_path)
+    with running_daemon(tmp_path, deployments, extra_globals=globals_) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "ready", timeout=120)
+        assert completion(gateway, "tiny") == 200
+        assert_unreachable(daemon, tmp_path, deployments)
 
 
 @pytest.mark.podman
