@@ -53,6 +53,7 @@ POLL_SECONDS = 0.02
 LOADING_COMMENT_SECONDS = 3.0
 """How often a waiting streamed request gets its loading comment again."""
 
+
 @dataclass(frozen=True)
 class QueuePolicy:
     size: int

@@ -109,7 +109,12 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         _CompletionHandler.seen.append(
-            {"body": body, "auth": self.headers.get("authorization"), "path": self.path, "id": self.headers["x-request-id"]}
+            {
+                "body": body,
+                "auth": self.headers.get("authorization"),
+                "path": self.path,
+                "id": self.headers["x-request-id"],
+            }
         )
         if self.mode == "hang":
             time.sleep(2)
