@@ -22,8 +22,8 @@ from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, Limits, Throttled, read_body, vouch
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
-from dankserve.gateway.answers import Cors, is_preflight, passed_headers, request_id
 from dankserve.gateway.admission import Admission
+from dankserve.gateway.answers import Cors, is_preflight, passed_headers, request_id
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
 from dankserve.gateway.routing import (
@@ -110,14 +110,15 @@ class Gateway:
         limits: Limits,
         queue: QueuePolicy,
         access: Access,
-        cors: Cors = Cors(),
+        *,
+        cors: Cors | None = None,
     ) -> None:
         self._deployments = deployments
         self._supervisor = supervisor
         self._limits = limits
         self._queue = queue
         self.access = access
-        self._cors = cors
+        self._cors = cors if cors is not None else Cors()
         self._refusals = Throttled(log)  # a client retrying with a wrong key must not flood the journal
         self._waiting: dict[str, int] = {}
         self._admission = Admission()

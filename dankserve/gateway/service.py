@@ -36,7 +36,7 @@ def start_gateway(
     queue = QueuePolicy(
         settings.queue_size, settings.queue_timeout_seconds, settings.retry_after_seconds, settings.max_in_flight
     )
-    gateway = Gateway(deployments, supervisor, limits, queue, access, Cors(frozenset(settings.allowed_origins)))
+    gateway = Gateway(deployments, supervisor, limits, queue, access, cors=Cors(frozenset(settings.allowed_origins)))
     try:
         server = GuardedServer(
             gateway.app(), split_listen(settings.listen), limits, name="gateway", handler_cancellation=True

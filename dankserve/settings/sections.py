@@ -136,8 +136,9 @@ class GatewaySettings(_Strict):
     allowed_origins: list[str] = Field(
         default_factory=list,
         max_length=256,
-        description='Web origins whose pages may call the gateway from a browser (CORS), e.g. "https://chat.example.com" '
-        '(scheme://host[:port]); "*": any page. Empty: no cross-origin calls; a preflight gets 403, never 401.',
+        description="Web origins whose pages may call the gateway from a browser (CORS), e.g. "
+        '"https://chat.example.com" (scheme://host[:port]); "*": any page. Empty: no cross-origin calls '
+        "(a preflight gets 403, never 401).",
     )
 
     @field_validator("allowed_origins")
