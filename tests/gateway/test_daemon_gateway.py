@@ -71,7 +71,8 @@ def test_daemon_gateway_keys_reload_metrics_and_usage(tmp_path: Path) -> None:
     metrics_key = tmp_path / "metrics.key"
     metrics_key.write_text("metrics-key-0123456789abcdef")
     metrics_key.chmod(0o600)
-    deployments = {"chat": process_deployment(free_port(), served_model_name="tiny-chat", gpus=[0])}
+    server_port = free_port()
+    deployments = {"chat": process_deployment(server_port, served_model_name="tiny-chat", gpus=[0])}
     url = f"http://127.0.0.1:{gateway_port}"
     request = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     extra = {
@@ -84,6 +85,10 @@ def test_daemon_gateway_keys_reload_metrics_and_usage(tmp_path: Path) -> None:
         assert httpx.post(url + "/v1/chat/completions", json=request, timeout=30).status_code == 401
         ok = httpx.post(url + "/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {alice}"})
         assert ok.status_code == 200, ok.text
+        # /v1/models carries the server's context length, as the server's own card does (issue 39 item 14)
+        card = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {alice}"}).json()["data"][0]
+        own = httpx.get(f"http://127.0.0.1:{server_port}/v1/models").json()["data"][0]
+        assert isinstance(own["max_model_len"], int) and card["max_model_len"] == own["max_model_len"]
         assert (
             httpx.post(
                 url + "/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {bob}"}
