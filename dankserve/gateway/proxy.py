@@ -355,7 +355,7 @@ class Gateway:
                 request.method, _url(request, backend), data=body, headers=_headers(request, backend)
             )
         except aiohttp.ClientError as exc:
-            log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
+            log.warning("gateway_upstream_failed", deployment=name, error=str(exc), request_id=request_id(request))
             message = f"deployment {name!r} did not answer: {exc}"
             if begun is not None:
                 return 502, await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
