@@ -263,8 +263,9 @@ class Gateway:
         for deployment in dict.fromkeys(e.deployment for e in entries):
             backend = self._supervisor.backend(deployment)
             ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
-            state = backend.state or backend.availability.value
-            readiness[deployment] = Readiness(state, ready_in, backend.max_model_len)
+            readiness[deployment] = Readiness(
+                backend.state or backend.availability.value, ready_in, backend.max_model_len
+            )
         return models_document(entries, self.started, readiness)
 
     async def _ready(self, name: str, loading: LoadingStream | None = None, priority: int = 0) -> Backend:
@@ -382,17 +383,7 @@ class Gateway:
         except aiohttp.ClientError as exc:
             # The server broke off mid-response, or the client's connection was reset under a write.
             upstream.close()
-            client_left = request.transport is None or request.transport.is_closing()
-            log.info(
-                "gateway_stream_ended",
-                deployment=name,
-                error=str(exc) or type(exc).__name__,
-                by="client" if client_left else "server",
-                request_id=request_id(request),
-            )
-            if request.transport is not None:
-                request.transport.close()
-            return (CLIENT_CLOSED if client_left else response.status), response
+            return (CLIENT_CLOSED if _broken_off(request, name, exc) else response.status), response
         except BaseException:
             # The client left (cancelled or reset) or the server broke off: drop the upstream
             # connection rather than return it to the pool, so vLLM sees the abort.
@@ -404,6 +395,21 @@ class Gateway:
 
 _NO_EVENT = asyncio.Event()
 """Set when a deployment's release finds no one waiting (no event made for it)."""
+
+
+def _broken_off(request: web.Request, name: str, exc: aiohttp.ClientError) -> bool:
+    """Log an answer broken off mid-way and close the client's connection; True when the client had left."""
+    client_left = request.transport is None or request.transport.is_closing()
+    log.info(
+        "gateway_stream_ended",
+        deployment=name,
+        error=str(exc) or type(exc).__name__,
+        by="client" if client_left else "server",
+        request_id=request_id(request),
+    )
+    if request.transport is not None:
+        request.transport.close()
+    return client_left
 
 
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:
