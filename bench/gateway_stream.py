@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import statistics
@@ -137,13 +136,6 @@ def serve_gateway(port: int, upstream: int, keys: int = 0) -> None:
         def released(self, deployment: str) -> None:
             return
 
-    # Every client here connects from 127.0.0.1, where 200 independent clients would come from 200
-    # addresses: lift the per-peer cap on connections not yet authenticated (8 since issue 26), which
-    # would otherwise close the clients' fresh connections before their first request.
-    from dankserve.aioserver import Limits
-    from dankserve.gateway import service
-
-    service.Limits = functools.partial(Limits, max_untrusted_per_peer=100_000)  # type: ignore[assignment,attr-defined]
     settings = GatewaySettings(listen=f"127.0.0.1:{port}", max_connections=4096)
     usage_file = None
     if keys:
