@@ -25,9 +25,12 @@ from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
+from dankserve.gateway.limits import KeyLimits, Refusal
 from dankserve.gateway.routing import (
     DEV_ROUTES,
+    GENERATING,
     ROUTED_BY_MODEL,
+    USAGE_ON_REQUEST,
     Readiness,
     Route,
     Routed,
@@ -40,7 +43,7 @@ from dankserve.gateway.routing import (
     route_body,
     route_table,
 )
-from dankserve.gateway.tokens import AnswerTally, TokenCount
+from dankserve.gateway.tokens import AnswerTally, TokenCount, estimate
 from dankserve.gateway.usage import NO_LABEL
 from dankserve.settings import DeploymentSettings
 
@@ -191,10 +194,11 @@ class Gateway:
             self.access.record(NO_LABEL, NO_LABEL, key.status, TokenCount())
             log.info("gateway_denied", status=key.status, reason=key.message, path=path)
             return _json_error(key.status, key.message, "AuthenticationError", **{"WWW-Authenticate": "Bearer"})
-        vouch(request)
         if path == "/v1/models" and request.method == "GET":
+            vouch(request)
             return web.json_response(self._models(key))
         if path.startswith("/v1/models/") and request.method == "GET":
+            vouch(request)
             wanted = path.removeprefix("/v1/models/")
             listed = self._models(key)["data"]
             found = [entry for entry in listed if entry["id"] == wanted]
@@ -205,36 +209,54 @@ class Gateway:
             return _json_error(404, f"no route {request.method} {path}", "NotFoundError")
         if request.method != "POST":
             return _json_error(405, f"{path} takes POST", "MethodNotAllowed")
-        try:
-            body = await read_body(request, self._limits)
-        except BodyTooLarge:
-            return _json_error(413, f"the request body exceeds {self._limits.max_body_bytes} bytes", "BadRequestError")
-        except TimeoutError:
-            return _json_error(408, "the request body did not arrive in time", "BadRequestError")
-        try:
-            routed = route_body(body, self._table())
-        except RoutingError as exc:
-            return web.json_response(exc.document, status=exc.status)
-        if not key.allows([routed.model]):
-            self.access.record(key.name, routed.model, 403, TokenCount())
-            log.info("gateway_forbidden", key=key.name, model=routed.model)
-            message = f"the API key {key.name!r} may not use the model `{routed.model}`"
-            return _json_error(403, message, "PermissionDeniedError", "model")
-        refused = self.access.admit(key)
+        refused = self.access.admit(key)  # before the body: a key over its limits holds no connection with one
         if refused is not None:
-            self.access.record(key.name, routed.model, 429, TokenCount())
-            log.info("gateway_limited", key=key.name, model=routed.model, limit=refused.limit)
-            message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
-            return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
-        tally = AnswerTally(routed.streamed)
-        status = 500
+            return self._limited(key, NO_LABEL, refused)
+        return await self._let_in(request, key)
+
+    def _limited(self, key: Key, model: str, refused: Refusal) -> web.Response:
+        self.access.record(key.name, model, 429, TokenCount())
+        log.info("gateway_limited", key=key.name, model=model, limit=refused.limit)
+        message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
+        return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
+
+    async def _let_in(self, request: web.Request, key: Key) -> web.StreamResponse:
+        """A request its key's limits let in (in flight until it ends): its body read, routed, its estimated
+        tokens charged, then passed on (its connection trusted only now); the tokens settled when it ends."""
+        path = request.path
+        tally: AnswerTally | None = None
+        reserved, status, label = 0, 500, ""
         try:
+            try:
+                body = await read_body(request, self._limits)
+            except BodyTooLarge:
+                message = f"the request body exceeds {self._limits.max_body_bytes} bytes"
+                return _json_error(413, message, "BadRequestError")
+            except TimeoutError:
+                return _json_error(408, "the request body did not arrive in time", "BadRequestError")
+            try:
+                routed = route_body(body, self._table(), ask_usage=path in USAGE_ON_REQUEST)
+            except RoutingError as exc:
+                return web.json_response(exc.document, status=exc.status)
+            if not key.allows([routed.model]):
+                self.access.record(key.name, routed.model, 403, TokenCount())
+                log.info("gateway_forbidden", key=key.name, model=routed.model)
+                message = f"the API key {key.name!r} may not use the model `{routed.model}`"
+                return _json_error(403, message, "PermissionDeniedError", "model")
+            wanted = estimate(len(body), routed.max_tokens, path in GENERATING)
+            refused = self.access.reserve(key, wanted)
+            if refused is not None:
+                return self._limited(key, routed.model, refused)
+            reserved, label = KeyLimits.reserved(key, wanted), routed.model
+            vouch(request)
+            tally = AnswerTally(routed.streamed, drop_usage=routed.usage_added)
             status, response = await self._admitted(request, key, routed, tally)
             return response
         finally:
-            tokens = tally.count()
-            self.access.release(key, tokens.total)
-            self.access.record(key.name, routed.model, status, tokens)
+            tokens = tally.count() if tally is not None else TokenCount()
+            self.access.release(key, tokens.total, reserved, passed_on=tally is not None)
+            if tally is not None:
+                self.access.record(key.name, label, status, tokens)
 
     async def _admitted(
         self, request: web.Request, key: Key, routed: Routed, tally: AnswerTally
@@ -376,8 +398,12 @@ class Gateway:
                 text = await upstream.content.read(1 << 16)
                 return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
             async for chunk in upstream.content.iter_any():
-                tally.feed(chunk)
-                await response.write(chunk)
+                passed = tally.feed(chunk)
+                if passed:
+                    await response.write(passed)
+            rest = tally.finish()
+            if rest:
+                await response.write(rest)
             await response.write_eof()
             return response
         except aiohttp.ClientError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dankserve.gateway.tokens import MAX_JSON_ANSWER, AnswerTally, TokenCount
+from dankserve.gateway.tokens import COMPLETION_GUESS, MAX_JSON_ANSWER, AnswerTally, TokenCount, estimate
 
 
 def events(*documents: object) -> bytes:
@@ -54,3 +54,34 @@ def test_huge_answers_are_bounded() -> None:
     for _ in range(40):
         stream.feed(b"data: " + b"y" * 65536)
     assert stream.count().total <= 1
+
+
+def test_a_json_answer_over_the_kept_size_is_still_counted() -> None:
+    """An answer of several MiB (a big embedding batch) is counted from its `usage`, wherever it lies, in any
+    chunking (issue 38 item 2: it counted 0)."""
+    row = {"object": "embedding", "embedding": [0.125] * 1000}
+    answer = json.dumps(
+        {"data": [row] * 800, "usage": {"prompt_tokens": 4321, "completion_tokens": 0}, "tail": "x" * 10_000}
+    ).encode()
+    assert len(answer) > MAX_JSON_ANSWER
+    for piece in (65536, 7, 4099):
+        assert tally_of(answer, False, piece) == TokenCount(4321, 0)
+
+
+def test_the_usage_event_the_gateway_asked_for_is_taken_out_and_still_counted() -> None:
+    """drop_usage: the usage-only event is not passed on; every other event and [DONE] are, byte for byte."""
+    content = [{"choices": [{"delta": {"content": c}}]} for c in "ab"]
+    data = events(*content, {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}})
+    for piece in (1, 7, len(data)):
+        tally = AnswerTally(True, drop_usage=True)
+        passed = b"".join(tally.feed(data[start : start + piece]) for start in range(0, len(data), piece))
+        passed += tally.finish()
+        assert passed == events(*content)
+        assert tally.count() == TokenCount(9, 2)
+
+
+def test_estimate_charges_the_body_and_the_completion_limit() -> None:
+    """Body bytes at 4 a token plus max_tokens; a generating request without a limit is charged the guess."""
+    assert estimate(400, 50, True) == 150
+    assert estimate(400, None, True) == 100 + COMPLETION_GUESS
+    assert estimate(400, None, False) == 100
