@@ -149,7 +149,7 @@ def test_a_limited_key_cannot_take_every_connection(
         time.sleep(0.05)
     time.sleep(0.3)
     headers, body = chat(ALICE)
-    answered = []
+    answered: list[int | str] = []
     for _ in range(8):
         try:
             reply = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=5)
