@@ -133,7 +133,6 @@ class Gateway:
         self._limits = limits
         self._queue = queue
         self.access = access
-        self._waiting: dict[str, int] = {}
         self._admission = Admission()
         self._released: dict[str, asyncio.Event] = {}
         self._tables: tuple[Mapping[str, DeploymentSettings], dict[str, Route]] | None = None
@@ -304,7 +303,7 @@ class Gateway:
             return backend
         if backend.availability is Availability.OFF:
             raise Unavailable(f"deployment {name!r} is not running: {backend.message or 'stopped'}")
-        if self._waiting.get(name, 0) >= self._queue.size:
+        if self._admission.waiting(name) >= self._queue.size and not self._displace(name, priority):
             if backend.availability is Availability.READY:
                 raise Unavailable(
                     f"deployment {name!r} has {self._admission.in_flight(name)} requests in flight (its cap) and "
@@ -314,7 +313,6 @@ class Gateway:
                 f"deployment {name!r} is not ready and {self._queue.size} requests already wait for it",
                 backend.ready_in,
             )
-        self._waiting[name] = self._waiting.get(name, 0) + 1
         ticket = self._admission.queue(name, priority)
         try:
             if backend.availability is not Availability.READY:
@@ -323,6 +321,12 @@ class Gateway:
             deadline = loop.time() + self._queue.timeout
             announce_at = loop.time()
             while True:
+                if self._admission.displaced(ticket):
+                    raise Unavailable(
+                        f"deployment {name!r} has {self._queue.size} requests waiting and one of a higher key "
+                        "priority took this request's place",
+                        backend.ready_in,
+                    )
                 if backend.availability is Availability.READY:
                     if self._admission.take(ticket, self._cap(backend)):
                         return backend
@@ -353,10 +357,17 @@ class Gateway:
                         backend.ready_in,
                     )
         finally:
-            self._waiting[name] -= 1
             self._admission.drop(ticket)
             if self._admission.waiting(name) and name in self._released:
                 self._released.pop(name).set()  # the next in line may be first now
+
+    def _displace(self, name: str, priority: int) -> bool:
+        """Make room in a full queue for a request of `priority`: the last in line of a lower one is told to leave
+        (503); its waiter is woken to see it."""
+        if self._queue.size == 0 or self._admission.displace(name, priority) is None:
+            return False
+        self._released.pop(name, _NO_EVENT).set()
+        return True
 
     def _cap(self, backend: Backend) -> int | None:
         return self._queue.max_in_flight if self._queue.max_in_flight is not None else backend.max_in_flight

@@ -169,3 +169,32 @@ def _status(sock: socket.socket) -> bytes:
         return b""
     parts = head.split(b" ")
     return parts[1] if len(parts) > 1 else b""
+
+
+def test_a_higher_priority_takes_the_place_of_a_lower_one_in_a_full_queue(
+    gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn], tmp_path: Path
+) -> None:
+    """While the deployment boots, mallory (priority -1000) fills its queue of 4; alice (priority 0) still gets
+    in, and mallory's last request gets the documented 503 with Retry-After (before: alice's was the 503)."""
+    gateway = gateway_with(gateway_for, stand_ins, tmp_path, "priority = -1000", queue_size=4)
+    port = gateway.supervisor.backend("a").port
+    gateway.supervisor.set("a", Availability.PENDING, port, state="starting", ready_in=30.0)
+    url = gateway.url + "/v1/chat/completions"
+
+    def post(secret: str) -> httpx.Response:
+        headers, body = chat(secret)
+        return httpx.post(url, json=body, headers=headers, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        low = []
+        for _ in range(4):
+            low.append(pool.submit(post, MALLORY))
+            time.sleep(0.1)  # in this order in the line
+        high = pool.submit(post, ALICE)
+        last = low[-1].result(timeout=10)
+        assert last.status_code == 503 and last.headers["Retry-After"] == "30"
+        assert "higher key priority" in last.json()["error"]["message"]
+        assert not high.done()
+        gateway.supervisor.set("a", Availability.READY, port)
+        assert high.result(timeout=30).status_code == 200
+        assert [f.result(timeout=30).status_code for f in low[:3]] == [200, 200, 200]
