@@ -210,42 +210,22 @@ class Gateway:
             return _json_error(405, f"{path} takes POST", "MethodNotAllowed")
         refused = self.access.admit(key)  # before the body: a key over its limits holds no connection with one
         if refused is not None:
-            return self._limited(key, NO_LABEL, refused)
+            return _limited(self.access, key, NO_LABEL, refused)
         return await self._let_in(request, key)
-
-    def _limited(self, key: Key, model: str, refused: Refusal) -> web.Response:
-        self.access.record(key.name, model, 429, TokenCount())
-        log.info("gateway_limited", key=key.name, model=model, limit=refused.limit)
-        message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
-        return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
 
     async def _let_in(self, request: web.Request, key: Key) -> web.StreamResponse:
         """A request its key's limits let in (in flight until it ends): its body read, routed, its estimated
         tokens charged, then passed on (its connection trusted only now); the tokens settled when it ends."""
-        path = request.path
         tally: AnswerTally | None = None
         reserved, status, label = 0, 500, ""
         try:
-            try:
-                body = await read_body(request, self._limits)
-            except BodyTooLarge:
-                message = f"the request body exceeds {self._limits.max_body_bytes} bytes"
-                return _json_error(413, message, "BadRequestError")
-            except TimeoutError:
-                return _json_error(408, "the request body did not arrive in time", "BadRequestError")
-            try:
-                routed = route_body(body, self._table(), ask_usage=path in USAGE_ON_REQUEST)
-            except RoutingError as exc:
-                return web.json_response(exc.document, status=exc.status)
-            if not key.allows([routed.model]):
-                self.access.record(key.name, routed.model, 403, TokenCount())
-                log.info("gateway_forbidden", key=key.name, model=routed.model)
-                message = f"the API key {key.name!r} may not use the model `{routed.model}`"
-                return _json_error(403, message, "PermissionDeniedError", "model")
-            wanted = estimate(len(body), routed.max_tokens, path in GENERATING)
+            routed = await _read_routed(request, key, self._limits, self._table(), self.access)
+            if isinstance(routed, web.Response):
+                return routed
+            wanted = estimate(len(routed.body), routed.max_tokens, request.path in GENERATING)
             refused = self.access.reserve(key, wanted)
             if refused is not None:
-                return self._limited(key, routed.model, refused)
+                return _limited(self.access, key, routed.model, refused)
             reserved, label = KeyLimits.reserved(key, wanted), routed.model
             vouch(request)
             tally = AnswerTally(routed.streamed, drop_usage=routed.usage_added)
@@ -431,6 +411,36 @@ class Gateway:
             raise
         finally:
             upstream.release()
+
+
+async def _read_routed(
+    request: web.Request, key: Key, limits: Limits, table: Mapping[str, Route], access: Access
+) -> Routed | web.Response:
+    """A let-in request's body read within the limits and routed, for a model its key may use; else the answer
+    (413, 408, 400, 404, 403)."""
+    try:
+        body = await read_body(request, limits)
+    except BodyTooLarge:
+        return _json_error(413, f"the request body exceeds {limits.max_body_bytes} bytes", "BadRequestError")
+    except TimeoutError:
+        return _json_error(408, "the request body did not arrive in time", "BadRequestError")
+    try:
+        routed = route_body(body, table, ask_usage=request.path in USAGE_ON_REQUEST)
+    except RoutingError as exc:
+        return web.json_response(exc.document, status=exc.status)
+    if not key.allows([routed.model]):
+        access.record(key.name, routed.model, 403, TokenCount())
+        log.info("gateway_forbidden", key=key.name, model=routed.model)
+        message = f"the API key {key.name!r} may not use the model `{routed.model}`"
+        return _json_error(403, message, "PermissionDeniedError", "model")
+    return routed
+
+
+def _limited(access: Access, key: Key, model: str, refused: Refusal) -> web.Response:
+    access.record(key.name, model, 429, TokenCount())
+    log.info("gateway_limited", key=key.name, model=model, limit=refused.limit)
+    message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
+    return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
 
 
 _NO_EVENT = asyncio.Event()
