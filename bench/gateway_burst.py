@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import report
-from bench.gateway_stream import MODEL, STAND_IN, free_port, wait_healthy
+from bench.gateway_stream import MODEL, free_port, serve_ready, start_stand_in, wait_healthy
 
 SECRET = "sk-bench-burst-0123456789abcdef"
 SETUPS: dict[str, dict[str, int]] = {"open": {}, "capped": {"max_in_flight": 32, "queue_size": 64}}
@@ -37,34 +36,13 @@ SETUPS: dict[str, dict[str, int]] = {"open": {}, "capped": {"max_in_flight": 32,
 
 def serve_gateway(port: int, upstream: int, setup: str) -> None:
     """The gateway process: one ready deployment on `upstream`, one key, the default limits (but SETUPS')."""
-    from dankserve.gateway.backends import Availability, Backend
-    from dankserve.gateway.service import start_gateway
-    from dankserve.settings import DeploymentSettings, GatewaySettings
-
-    deployments = {"bench": DeploymentSettings(model="org/bench", served_model_name=MODEL)}
-    ready = Backend(Availability.READY, "127.0.0.1", upstream)
-
-    class Ready:
-        def backend(self, deployment: str) -> Backend:
-            return ready
-
-        def wake(self, deployment: str) -> None:
-            return
-
-        def touched(self, deployment: str) -> None:
-            return
-
-        def released(self, deployment: str) -> None:
-            return
+    from dankserve.settings import GatewaySettings
 
     keys = Path(tempfile.mkdtemp(prefix="dankserve-bench-burst-")) / "keys"
     keys.mkdir(mode=0o700)
     (keys / "burst.toml").write_text(f'key = "{SECRET}"\n')
     (keys / "burst.toml").chmod(0o600)
-    settings = GatewaySettings(listen=f"127.0.0.1:{port}", keys_dir=keys, **SETUPS[setup])
-    start_gateway(settings, lambda: deployments, Ready())
-    while True:
-        time.sleep(3600)
+    serve_ready(GatewaySettings(listen=f"127.0.0.1:{port}", keys_dir=keys, **SETUPS[setup]), upstream)
 
 
 async def burst(port: int, streams: int, max_tokens: int) -> dict[str, Any]:
@@ -113,14 +91,7 @@ def main() -> int:
     if not 1 <= args.streams <= 1000 or not 1 <= args.rounds <= 20:
         raise SystemExit("bounded: streams 1-1000, rounds 1-20")
     server_port = free_port()
-    env = {**os.environ, "FAKE_VLLM_TIME_SCALE": "0.01", "FAKE_VLLM_TOKEN_SECONDS": str(args.token_seconds)}
-    flags = ["--served-model-name", MODEL, "--disable-log-requests", "--disable-uvicorn-access-log"]
-    server = subprocess.Popen(
-        [sys.executable, str(STAND_IN), "serve", "org/bench", "--port", str(server_port), *flags],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = start_stand_in(server_port, args.token_seconds)
     ports = {setup: free_port() for setup in SETUPS}
     gateways = [
         subprocess.Popen(

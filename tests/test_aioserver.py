@@ -11,14 +11,7 @@ import pytest
 
 from dankserve.aioserver import Connection, Limits, room_for
 
-LIMITS = Limits(
-    max_connections=4,
-    header_timeout=10.0,
-    body_timeout=1.0,
-    max_body_bytes=1,
-    max_untrusted_per_peer=2,
-    first_request_grace=1.0,
-)
+LIMITS = Limits(max_connections=4, header_timeout=10.0, body_timeout=1.0, max_body_bytes=1, max_untrusted_per_peer=2)
 NOW = 100.0
 
 
