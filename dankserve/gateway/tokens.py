@@ -1,7 +1,8 @@
 """How many tokens a request is expected to use and how many its answer used, read from what passes
 through the gateway (pure, incremental).
 
-A JSON answer carries `usage` (`prompt_tokens`, `completion_tokens`): read whole when it is at most
+A JSON answer carries `usage` (`prompt_tokens`, `completion_tokens`; Responses and Messages answers
+`input_tokens`, `output_tokens`): read whole when it is at most
 MAX_JSON_ANSWER, else found by a bounded scan as it passes (the last `"usage": {...}` object). A
 streamed answer carries it in a last event with no choices: the gateway asks for it on every
 stream of a route that has it (`stream_options.include_usage`, routing.py) and takes that event
@@ -55,20 +56,53 @@ def estimate(body_bytes: int, max_tokens: int | None, generates: bool) -> int:
 
 
 def _count(usage: object) -> TokenCount | None:
+    """OpenAI's chat and completions name them prompt/completion; Responses and Anthropic's Messages input/output."""
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 40 for v in (prompt, completion)):
+    prompt: object = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+    completion: object = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    if completion is None:
+        completion = 0
+    if not (isinstance(prompt, int) and isinstance(completion, int)) or isinstance(prompt, bool):
         return None
-    return TokenCount(prompt, completion or 0)
+    if isinstance(completion, bool) or not (0 <= prompt < 1 << 40 and 0 <= completion < 1 << 40):
+        return None
+    return TokenCount(prompt, completion)
 
 
 def _usage_of(document: bytes) -> TokenCount | None:
+    """The usage of an answer or an event: at its top, or in the `response` of a Responses event
+    (`response.completed`) or the `message` of a Messages one (`message_start`)."""
     try:
         parsed = json.loads(document)
     except (ValueError, RecursionError):
         return None
-    return _count(parsed.get("usage")) if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict):
+        return None
+    for holder in (parsed, parsed.get("response"), parsed.get("message")):
+        if isinstance(holder, dict) and "usage" in holder:
+            return _count(holder["usage"])
+    return None
+
+
+def _later(before: TokenCount | None, found: TokenCount) -> TokenCount:
+    """A stream's usage so far with a later event's: counts are cumulative, and an event may give only some
+    (Messages: the input in `message_start`, the output in `message_delta`), so each is the larger seen."""
+    if before is None:
+        return found
+    return TokenCount(max(before.prompt, found.prompt), max(before.completion, found.completion))
+
+
+def _data(event: bytes) -> bytes | None:
+    """An SSE event's data (its first `data:` line; Responses and Messages events begin with `event:`)."""
+    if event.startswith(b"data: "):
+        line = event[6:]
+    else:
+        at = event.find(b"\ndata: ")
+        if at < 0:
+            return None
+        line = event[at + 7 :]
+    return line.split(b"\n", 1)[0]
 
 
 class _UsageScan:
@@ -154,11 +188,12 @@ class AnswerTally:
 
     def _event(self, event: bytes) -> bool:
         """Count one event; True when it is the usage-only one (no choices)."""
-        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+        data = _data(event)
+        if data is None or data == b"[DONE]":
             return False
-        found = _usage_of(event[6:]) if USAGE in event else None
+        found = _usage_of(data) if USAGE in data else None
         if found is not None:
-            self._usage = found
+            self._usage = _later(self._usage, found)
         if b'"choices":[]' not in event and b'"choices": []' not in event:
             self._events += 1
             return False

@@ -85,3 +85,25 @@ def test_estimate_charges_the_body_and_the_completion_limit() -> None:
     assert estimate(400, 50, True) == 150
     assert estimate(400, None, True) == 100 + COMPLETION_GUESS
     assert estimate(400, None, False) == 100
+
+
+def test_responses_and_messages_answers_are_counted_by_their_own_names() -> None:
+    """/v1/responses and /v1/messages name them input/output tokens, and their streams' events begin with
+    `event:` lines (counted 0 before)."""
+    usage = {"input_tokens": 12, "output_tokens": 30}
+    answer = json.dumps({"object": "response", "output": [], "usage": usage}).encode()
+    assert tally_of(answer, False, 5) == TokenCount(12, 30)
+    responses = (
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"hi"}\n\n'
+        b"event: response.completed\ndata: "
+        + json.dumps({"type": "response.completed", "response": {"usage": usage}}).encode()
+        + b"\n\n"
+    )
+    assert tally_of(responses, True, 9) == TokenCount(12, 30)
+    messages = (
+        b"event: message_start\ndata: "
+        + json.dumps({"type": "message_start", "message": {"usage": {"input_tokens": 12, "output_tokens": 1}}}).encode()
+        + b'\n\nevent: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"hi"}}\n\n'
+        + b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":30}}\n\n'
+    )
+    assert tally_of(messages, True, 11) == TokenCount(12, 30)
