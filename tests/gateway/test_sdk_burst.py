@@ -16,6 +16,7 @@ import pytest
 from dankserve.gateway.backends import Availability
 from tests.gateway.conftest import RunningGateway, StandIn
 from tests.gateway.test_access import ALICE, deployments, write_keys
+from tests.harness.daemon import free_port, process_deployment, running_daemon
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +70,17 @@ def test_a_burst_past_the_queue_gets_503_with_retry_after_never_a_dropped_connec
     counts = {o: outcomes.count(o) for o in set(outcomes)}
     assert set(counts) <= {"ok", "503 Retry-After 5"}, counts
     assert counts.get("ok", 0) >= 12, counts
+
+
+def test_a_real_daemons_gateway_answers_every_stream_of_a_burst(tmp_path: Path) -> None:
+    """The same burst into the gateway of a real daemon serving the stand-in (process runtime): every stream
+    gets its answer, none is dropped."""
+    keys = write_keys(tmp_path / "keys", alice=f'key = "{ALICE}"')
+    port = free_port()
+    deployments = {"chat": process_deployment(free_port(), served_model_name="tiny")}
+    gateway = {"gateway": {"listen": f"127.0.0.1:{port}", "keys_dir": str(keys)}}
+    with running_daemon(tmp_path, deployments, extra_globals=gateway) as daemon:
+        daemon.wait_for("chat", lambda d: d["phase"] == "ready")
+        outcomes = asyncio.run(_burst(f"http://127.0.0.1:{port}", STREAMS))
+    counts = {o: outcomes.count(o) for o in set(outcomes)}
+    assert counts == {"ok": STREAMS}, counts
