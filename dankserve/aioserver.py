@@ -6,8 +6,10 @@ before any handler runs) and caps bodies (``client_max_size``), but it has no co
 and no deadline for a request's headers: a peer can hold a connection open forever by sending
 nothing, or half a request. This module accepts connections itself, so it can:
 
-- count open connections by their sockets (exact: a closed socket's fileno is -1) and close
-  new ones at once beyond ``max_connections``, so file descriptors stay bounded;
+- count open connections by their sockets (exact: a closed socket's fileno is -1), so file
+  descriptors stay bounded: beyond ``max_connections`` a new connection is still served one
+  answer, a 503 with `Retry-After` and `Connection: close` (OVERFLOW_ANSWER), while at most
+  ``overflow(limits)`` such connections are open; beyond those it is closed at once;
 - give each connection ``header_timeout`` from accept (TLS handshake included) to the end of a
   request's headers, and again after each response (keep-alive); a sweeper closes the late;
 - leave body deadlines to handlers (``read_body``), which know when they read one;
@@ -48,6 +50,16 @@ SWEEP_SECONDS = 0.5
 LOG_EVERY_SECONDS = 10.0
 SHUTDOWN_SECONDS = 2.0
 """On close, how long handlers still running may take (their connections are already shut)."""
+OVERFLOW_RETRY_AFTER = 1
+OVERFLOW_ANSWER = {
+    "error": {
+        "message": "the server has no free connection (max_connections); retry after Retry-After seconds",
+        "type": "ServiceUnavailableError",
+        "param": None,
+        "code": 503,
+    }
+}
+"""A connection beyond the slots gets this (OpenAI's error shape), then is closed."""
 
 
 class _OneLine(logging.Filter):
@@ -129,6 +141,8 @@ class Connection:
     """Its last request was read and not vouched for (keyless, a wrong key, refused): closed first to make room."""
     vouched: bool = False
     """The request in progress was vouched for (becomes `trusted` when it ends)."""
+    overflow: bool = False
+    """Accepted beyond the slots: its request gets the 503 of OVERFLOW_ANSWER, then it is closed."""
 
     def unproven(self) -> bool:
         """No request read on it yet."""
@@ -179,6 +193,11 @@ def room_for(connections: list[Connection], peer: str, limits: Limits, now: floa
             return False, []
         closing.append(victim)
     return True, closing
+
+
+def overflow(limits: Limits) -> int:
+    """Connections beyond max_connections held at once to answer 503 instead of closing them unanswered."""
+    return max(8, limits.max_connections // 8)
 
 
 async def read_body(request: web.Request, limits: Limits) -> bytes:
@@ -241,6 +260,8 @@ class GuardedServer:
         """Connections closed at once: every slot (or every one of the peer's) busy (for tests and logs)."""
         self.evicted = 0
         """Idle connections closed to make room for a new one."""
+        self.turned_away = 0
+        """Connections beyond the slots answered 503 (OVERFLOW_ANSWER)."""
         self._throttled = Throttled()
 
     @property
@@ -326,19 +347,23 @@ class GuardedServer:
                 continue
             self._prune()
             peer = str(address[0]) if isinstance(address, tuple) and address else ""
-            admit, closing = room_for(list(self._connections.values()), peer, self._limits, time.monotonic())
-            if not admit:
+            slots = [c for c in self._connections.values() if not c.overflow]
+            admit, closing = room_for(slots, peer, self._limits, time.monotonic())
+            if not admit and len(self._connections) - len(slots) >= overflow(self._limits):
                 self.refused += 1
                 sock.close()
                 self._throttled.note(f"{self._name}_connection_refused", open=len(self._connections), peer=peer)
                 continue
+            if not admit:
+                self.turned_away += 1
+                self._throttled.note(f"{self._name}_connection_turned_away", open=len(slots), peer=peer)
             for victim in closing:
                 self.evicted += 1
                 del self._connections[victim.sock.fileno()]
                 _shut(victim.sock)
                 self._throttled.note(f"{self._name}_idle_closed", peer=victim.peer, trusted=victim.trusted)
             now = time.monotonic()
-            self._connections[sock.fileno()] = Connection(sock, now, peer=peer, accepted_at=now)
+            self._connections[sock.fileno()] = Connection(sock, now, peer=peer, accepted_at=now, overflow=not admit)
             task = asyncio.ensure_future(self._connect(server, sock))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -378,6 +403,10 @@ class GuardedServer:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         conn = self._connection_of(request)
+        if conn is not None and conn.overflow:
+            busy = web.json_response(OVERFLOW_ANSWER, status=503, headers={"Retry-After": str(OVERFLOW_RETRY_AFTER)})
+            busy.force_close()
+            return busy
         if conn is not None:
             conn.busy += 1
             conn.vouched = False

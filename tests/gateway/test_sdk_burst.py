@@ -72,6 +72,21 @@ def test_a_burst_past_the_queue_gets_503_with_retry_after_never_a_dropped_connec
     assert counts.get("ok", 0) >= 12, counts
 
 
+def test_streams_beyond_max_connections_get_503_with_retry_after_not_a_dropped_connection(
+    gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn], tmp_path: Path
+) -> None:
+    """12 streams at once into a gateway of 4 connections: 4 stream, the 8 beyond are answered 503 with
+    Retry-After (and their connections closed) rather than closed unanswered."""
+    keys = write_keys(tmp_path / "keys", alice=f'key = "{ALICE}"')
+    server = stand_ins("tiny", token_seconds=0.1)
+    gateway = gateway_for(deployments(), keys_dir=keys, max_connections=4)
+    gateway.supervisor.set("a", Availability.READY, server.port)
+    outcomes = asyncio.run(_burst(gateway.url, 12))
+    counts = {o: outcomes.count(o) for o in set(outcomes)}
+    assert set(counts) <= {"ok", "503 Retry-After 1"} and counts.get("ok", 0) >= 4, counts
+    assert gateway.server.turned_away >= 1 and gateway.server.refused == 0
+
+
 def test_a_real_daemons_gateway_answers_every_stream_of_a_burst(tmp_path: Path) -> None:
     """The same burst into the gateway of a real daemon serving the stand-in (process runtime): every stream
     gets its answer, none is dropped."""
