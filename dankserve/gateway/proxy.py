@@ -388,6 +388,10 @@ class Gateway:
         except aiohttp.ClientError as exc:
             # The server broke off mid-response, or the client's connection was reset under a write.
             upstream.close()
+            if tally.streamed and not _client_left(request):  # end it as vLLM ends a failed stream
+                message = f"deployment {name!r} broke off its answer: {exc or type(exc).__name__}"
+                with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                    await _end_with_event(response, json.dumps(error_document(502, message, "BadGatewayError")))
             return (CLIENT_CLOSED if _broken_off(request, name, exc) else response.status), response
         except BaseException:
             # The client left (cancelled or reset) or the server broke off: drop the upstream
@@ -454,9 +458,13 @@ _NO_EVENT = asyncio.Event()
 """Set when a deployment's release finds no one waiting (no event made for it)."""
 
 
+def _client_left(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
 def _broken_off(request: web.Request, name: str, exc: aiohttp.ClientError) -> bool:
     """Log an answer broken off mid-way and close the client's connection; True when the client had left."""
-    client_left = request.transport is None or request.transport.is_closing()
+    client_left = _client_left(request)
     log.info(
         "gateway_stream_ended",
         deployment=name,

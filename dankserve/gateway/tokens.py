@@ -167,6 +167,10 @@ class AnswerTally:
         self.ended = False
         """The stream's `data: [DONE]` passed: a client that leaves after it had its whole answer."""
 
+    @property
+    def streamed(self) -> bool:
+        return self._streamed
+
     def feed(self, chunk: bytes) -> bytes:
         if not self._streamed:
             self._kept_bytes += len(chunk)
