@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -91,3 +92,66 @@ def complete(gateway: str, model: str) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=60) as response:
         answer: dict[str, Any] = json.loads(response.read())
         return answer
+
+
+def _env_of(workdir: Path) -> dict[str, str]:
+    """The environment a terminal has after `. D/env.sh` (the exports `make try-it` prints)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DANKSERVE_", "NOTIFY_SOCKET"))}
+    script = f". {workdir / 'env.sh'} && env -0"
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, check=True)
+    return dict(item.split("=", 1) for item in done.stdout.decode().split("\0") if "=" in item)
+
+
+def _try_it(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dankserve.testing.try_it", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_make_try_it_gives_each_copy_its_own_ports_and_plan_and_status_agree(tmp_path: Path) -> None:
+    """Issue 39 (low): `make try-it` writes a private copy with free ports (a second user's never clashes), the
+    exports in env.sh; booted from them, status's context and KV tokens are the plan's (the stand-in loads what
+    model_facts declares) and each server's GPU memory shows; a copy is refused while its daemon runs."""
+    first, second = _try_it("--dir", str(tmp_path / "a")), _try_it("--dir", str(tmp_path / "b"))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert f". {tmp_path / 'a' / 'env.sh'}" in first.stdout and "export DANKSERVE_CONFIG=" in first.stdout
+    configs = [tomllib.loads((tmp_path / d / "dankserve.toml").read_text()) for d in ("a", "b")]
+    ports = [
+        {c["metrics_listen"], c["gateway"]["listen"], *(d["port"] for d in c["deployments"].values())} for c in configs
+    ]
+    assert len(ports[0]) == 5 and not ports[0] & ports[1], ports
+    assert "/tmp/dankserve-try-it" not in (tmp_path / "a" / "dankserve.toml").read_text()
+    assert (
+        "try-it: setup" in (REPO / "Makefile").read_text()
+        and "dankserve.testing.try_it --podman" in (REPO / "Makefile").read_text()
+    )
+
+    env = _env_of(tmp_path / "a")
+
+    def dankserve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dankserve", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+    try:
+        up = dankserve("up", "chat", "--timeout", "90")
+        assert up.returncode == 0, up.stdout + up.stderr
+        plan = json.loads(dankserve("plan", "chat", "--json").stdout)
+        status = json.loads(dankserve("status", "chat", "--json").stdout)["deployments"][0]
+        promised = plan[0]["capacity"]
+        assert status["context_tokens"] == promised["context_tokens"] == 8192, status  # 131,072 before
+        assert abs(status["kv_cache_tokens"] - promised["kv_cache_tokens"]) < 0.01 * promised["kv_cache_tokens"]
+        assert status["gpu_memory_held_bytes"] > 100 * 2**30, status
+        assert _try_it("--dir", str(tmp_path / "a")).returncode == 3  # its daemon runs: not overwritten
+    finally:
+        down = dankserve("down")
+    assert down.returncode == 0, down.stdout + down.stderr
