@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -155,3 +156,72 @@ def test_make_try_it_gives_each_copy_its_own_ports_and_plan_and_status_agree(tmp
     finally:
         down = dankserve("down")
     assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.mark.podman
+def test_make_try_it_podman_sets_up_stand_in_gpus_and_a_private_podman_service_until_ctrl_c(tmp_path: Path) -> None:
+    """Issue 39.8: TRY-IT's Podman paragraph left out the API service and the GPUs, so `up` failed. `make
+    try-it-podman` sets up stand-in GPUs (nodes and a CDI spec), a private Podman service and the image: doctor
+    says the deployments' GPU devices are ok, `up chat` serves from a container; Ctrl-C removes it all."""
+    from dankserve.testing.podman_service import missing_requirements
+
+    missing = missing_requirements(("podman", "runc", "conmon", "mmdebstrap"))
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    tests_root = os.environ.get("DANKSERVE_TEST_PODMAN_ROOT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DANKSERVE_", "NOTIFY_SOCKET"))}
+    if tests_root:  # beside the tests' storage, never in it (another service uses that one)
+        env["DANKSERVE_TRYIT_PODMAN_ROOT"] = f"{tests_root}-tryit"
+    workdir = tmp_path / "try"
+    kept = subprocess.Popen(
+        [sys.executable, "-m", "dankserve.testing.try_it", "--podman", "--dir", str(workdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert kept.stdout is not None
+    said: list[str] = []
+    try:
+        for line in kept.stdout:  # the first build of the image into a fresh storage takes minutes
+            said.append(line)
+            if line.startswith("kept until Ctrl-C"):
+                break
+        assert said and said[-1].startswith("kept until Ctrl-C"), "".join(said)
+        spec = next(
+            Path(w)
+            for line in said
+            for w in line.replace(",", " ").replace(";", " ").split()
+            if w.startswith("/etc/cdi/")
+        )
+        assert spec.exists()
+        terminal = _env_of(workdir)
+
+        def dankserve(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "dankserve", *args],
+                capture_output=True,
+                text=True,
+                env=terminal,
+                timeout=300,
+                check=False,
+            )
+
+        doctor = dankserve("doctor", "--json")
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
+        assert checks["GPU devices for chat"]["verdict"] == "ok" and checks["podman"]["verdict"] == "ok"
+        try:
+            up = dankserve("up", "chat", "--timeout", "240")
+            assert up.returncode == 0, up.stdout + up.stderr
+            status = json.loads(dankserve("status", "chat", "--json").stdout)["deployments"][0]
+            assert status["state"] == "ready" and status["image"] == "localhost/fake-vllm:latest"
+        finally:
+            dankserve("down")
+    finally:
+        kept.send_signal(signal.SIGINT)
+        rest = kept.communicate(timeout=120)[0]
+    assert kept.returncode == 0, "".join(said) + rest
+    assert "removed the stand-in GPUs" in rest
+    assert not spec.exists() and not (workdir / "gpus" / "dev").exists()
+    assert not (workdir / "podman" / "podman.sock").exists()
