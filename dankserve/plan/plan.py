@@ -330,6 +330,11 @@ def size_memory(
     per_token = kv_per_token(tp.value)
     if per_token is None and model.kv_layout_note:
         warnings.append(f"KV-cache size not estimated for {model.model}: {model.kv_layout_note}")
+    elif per_token is None and element_bytes is None:
+        warnings.append(
+            f"KV-cache size not estimated for {model.model}: the element size of --kv-cache-dtype {dtype.value} "
+            "is not known here (context and concurrency are not checked)"
+        )
     if wanted is not None and kv_capacity is not None and per_token is not None:
         checks.check_max_model_len(wanted, kv_capacity, per_token, caps)
     context = rules.max_model_len(
