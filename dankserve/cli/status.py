@@ -354,11 +354,9 @@ def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
     return lines
 
 
-@click.command("status")
-@click.argument("name", required=False, shell_complete=complete_deployment)
-@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
-def command(name: str | None, as_json: bool) -> ExitCode:
-    """Show the daemon and one row per deployment; with NAME, everything about that deployment."""
+def status_document(name: str | None) -> dict[str, Any]:
+    """The `status [NAME] --json` document: the daemon, the gateway, the deployments (only NAME's with a NAME)
+    and the warnings; `sleep`/`wake --json` print the same one for their deployment."""
     reached = cli_context().daemon_settings()
     settings = reached.settings
     if name is not None and name not in settings.deployments:
@@ -375,6 +373,15 @@ def command(name: str | None, as_json: bool) -> ExitCode:
         doc["deployments"] = [d for d in doc["deployments"] if d["name"] == name]
         others = set(settings.deployments) - {name}
         doc["warnings"] = [w for w in doc["warnings"] if w.split(":", 1)[0] not in others]
+    return doc
+
+
+@click.command("status")
+@click.argument("name", required=False, shell_complete=complete_deployment)
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+def command(name: str | None, as_json: bool) -> ExitCode:
+    """Show the daemon and one row per deployment; with NAME, everything about that deployment."""
+    doc = status_document(name)
     if as_json:
         print_json(doc)
         return ExitCode.OK

@@ -145,9 +145,15 @@ def test_status_at_80_columns_keeps_why_whole_and_shows_gpu_memory_idle_countdow
     with running_daemon(tmp_path, deployments, hardware=host, extra_globals=settings) as daemon:
         for name in deployments:
             daemon.wait_for(name, lambda d: d["state"] in ("ready", "asleep"))
-        woken = dankserve_cli(daemon.config, "wake", "alpha")  # alpha awake (its countdown runs), beta asleep
+        woken = dankserve_cli(daemon.config, "wake", "alpha", "--json")  # alpha awake (its countdown runs)
         assert woken.returncode == 0, woken.stderr
         daemon.wait_for("beta", lambda d: d["state"] == "asleep")
+        # issue 39 (low): `wake --json` is `status NAME --json`'s document, and a process deployment has no image
+        woken_doc = json.loads(woken.stdout)
+        status_doc = json.loads(dankserve_cli(daemon.config, "status", "alpha", "--json").stdout)
+        assert set(woken_doc) == set(status_doc) and [d["name"] for d in woken_doc["deployments"]] == ["alpha"]
+        assert set(woken_doc["deployments"][0]) == set(status_doc["deployments"][0])
+        assert woken_doc["deployments"][0]["state"] == "ready" and woken_doc["deployments"][0]["image"] is None
         asleep, awake = "beta", "alpha"
         done = dankserve_cli(daemon.config, "status", env={"COLUMNS": "80"})
         assert done.returncode == 0, done.stderr
