@@ -153,6 +153,12 @@ def test_make_try_it_gives_each_copy_its_own_ports_and_plan_and_status_agree(tmp
         assert abs(status["kv_cache_tokens"] - promised["kv_cache_tokens"]) < 0.01 * promised["kv_cache_tokens"]
         assert status["gpu_memory_held_bytes"] > 100 * 2**30, status
         assert _try_it("--dir", str(tmp_path / "a")).returncode == 3  # its daemon runs: not overwritten
+        # one word for a deployment taken down (issue 39, low): status and the gateway's /v1/models say `down`
+        assert dankserve("down", "chat").returncode == 0
+        assert json.loads(dankserve("status", "chat", "--json").stdout)["deployments"][0]["state"] == "down"
+        with urllib.request.urlopen(f"{env['GATEWAY']}/v1/models", timeout=30) as response:
+            models = {m["id"]: m for m in json.loads(response.read())["data"]}
+        assert models["try-it/chat"]["state"] == "down", models["try-it/chat"]
     finally:
         down = dankserve("down")
     assert down.returncode == 0, down.stdout + down.stderr
