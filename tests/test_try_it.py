@@ -11,6 +11,7 @@ import sys
 import time
 import tomllib
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,7 @@ def test_the_try_it_config_boots_serves_through_the_gateway_and_swaps_the_pair(t
         PATH=f"{tmp_path / 'bin'}:{env['PATH']}", DANKSERVE_CONFIG=str(config), DANKSERVE_HARDWARE=str(BASE_HOST)
     )
 
-    def dankserve(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "dankserve", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+    dankserve = cli_in(env)
 
     gateway = next(line.split('"')[1] for line in text.splitlines() if line.startswith("listen = "))
     try:
@@ -69,6 +62,22 @@ def test_the_try_it_config_boots_serves_through_the_gateway_and_swaps_the_pair(t
     assert down.returncode == 0 and "dankserve stopped" in down.stdout, down.stdout + down.stderr
     assert not list((tmp_path / "state" / "processes").glob("*.json")), "a server was left running"
     assert "dankserve up chat" in DOCS.read_text() and "config/try-it.toml" in DOCS.read_text()
+
+
+def cli_in(env: dict[str, str], timeout: float = 120) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`dankserve ARGS...` as a terminal with `env` runs it: its exit code and output (never raises on the code)."""
+
+    def dankserve(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dankserve", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+
+    return dankserve
 
 
 def wait_for(dankserve: Any, predicate: Any, timeout: float = 90) -> dict[str, str]:
@@ -133,15 +142,7 @@ def test_make_try_it_gives_each_copy_its_own_ports_and_plan_and_status_agree(tmp
 
     env = _env_of(tmp_path / "a")
 
-    def dankserve(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "dankserve", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+    dankserve = cli_in(env)
 
     try:
         up = dankserve("up", "chat", "--timeout", "90")
@@ -203,15 +204,7 @@ def test_make_try_it_podman_sets_up_stand_in_gpus_and_a_private_podman_service_u
         assert spec.exists()
         terminal = _env_of(workdir)
 
-        def dankserve(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                [sys.executable, "-m", "dankserve", *args],
-                capture_output=True,
-                text=True,
-                env=terminal,
-                timeout=300,
-                check=False,
-            )
+        dankserve = cli_in(terminal, timeout=300)
 
         doctor = dankserve("doctor", "--json")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr

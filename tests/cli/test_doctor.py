@@ -57,7 +57,10 @@ def test_doctor_warns_when_a_podman_deployment_has_no_gpu_device_on_this_host(tm
     device: a Podman deployment whose GPU has no CDI entry and no device node here is a warning naming the GPU
     and the fix (`make try-it-podman` to try without a GPU); a process deployment is not checked."""
     globals_ = {"state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path), "hf_cache_dir": str(tmp_path)}
-    deployments = {"chat": {"model": "o/m", "gpus": [1]}, "local": {"model": "o/m", "runtime": "process", "port": 8001}}
+    deployments: dict[str, dict[str, object]] = {
+        "chat": {"model": "o/m", "gpus": [1]},
+        "local": {"model": "o/m", "runtime": "process", "port": 8001},
+    }
     config = write_config(tmp_path / "dankserve.toml", globals_, deployments)
     done = doctor(config, "--hardware", str(HOST))
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
