@@ -173,3 +173,4 @@ def test_the_unit_is_started_once_serving_and_auto_updates_a_registry_tag(
     assert entries["Notify"] == ("healthy",) and entries["HealthStartPeriod"] == ("1200s",)
     assert entries["HealthOnFailure"] == ("kill",)
     assert entries.get("AutoUpdate") == ((auto_update,) if auto_update else None)
+    assert "\nTimeoutStartSec=2100\n" in out  # 900 s for the pull, then the boot's 1200: systemd waits for health

@@ -124,6 +124,8 @@ MINIMUM_PODMAN = "5.0"
 QUADLET_SINCE = (4, 4)
 """Podman's first release with Quadlet (Debian 12's 4.3 has none)."""
 
+PULL_SECONDS = 900
+"""What the unit's start allows for pulling the image before the boot's own time (a first pull is large)."""
 HEALTH_INTERVAL = "30s"
 HEALTH_TIMEOUT = "10s"
 HEALTH_RETRIES = "3"
@@ -210,6 +212,9 @@ class ContainerUnit:
     entries: tuple[Entry, ...]
     secrets: Mapping[str, Path]
     """Podman secret name -> the host file dankserve reads it from (to `podman secret create` by hand)."""
+    start_timeout_seconds: int = 900
+    """The service's TimeoutStartSec: with Notify=healthy the start lasts until the server serves (PULL_SECONDS
+    for the image, then the boot)."""
 
 
 def exported_secret_name(deployment: str, secret: str) -> str:
@@ -244,7 +249,8 @@ def container_unit(
     if auto_updatable(spec.image):
         why = "`podman auto-update` (its timer) pulls a newer image of this tag and restarts the service with it"
         entries.append(Entry("AutoUpdate", ("registry",), why))
-    return ContainerUnit(spec.deployment, tuple(entries), {ids[s.name]: s.source for s in plain.secrets})
+    secrets = {ids[s.name]: s.source for s in plain.secrets}
+    return ContainerUnit(spec.deployment, tuple(entries), secrets, PULL_SECONDS + math.ceil(boot_timeout))
 
 
 def health_url(spec: WorkloadSpec) -> str:
@@ -493,8 +499,11 @@ def render_unit(unit: ContainerUnit, *, description: str, notes: Sequence[str] =
             lines += _comment(entry.comment)
         lines.append(f"{entry.key}={entry_value(entry)}")
     lines += ["", "[Service]"]
-    lines += _comment("dankserve restarts a failed server too; the first start may pull a large image")
-    lines += ["Restart=on-failure", "RestartSec=10", "TimeoutStartSec=900", "", "[Install]"]
+    lines += _comment(
+        "dankserve restarts a failed server too; a start lasts until /health answers (Notify=healthy): "
+        "the image's pull, then the boot (boot_timeout_seconds)"
+    )
+    lines += ["Restart=on-failure", "RestartSec=10", f"TimeoutStartSec={unit.start_timeout_seconds}", "", "[Install]"]
     lines += ["WantedBy=multi-user.target default.target", ""]
     return "\n".join(lines)
 
