@@ -51,7 +51,12 @@ class TryItRefused(Exception):
 
 
 def default_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"dankserve-try-it-{getpass.getuser()}"
+    """This user's copy: `dankserve-try-it-USER` in the temporary directory (the uid where no name is known)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no USER/LOGNAME and no passwd entry (a bare container)
+        user = str(os.getuid())
+    return Path(tempfile.gettempdir()) / f"dankserve-try-it-{user}"
 
 
 def free_port() -> int:
