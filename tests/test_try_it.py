@@ -215,6 +215,7 @@ def test_make_try_it_podman_sets_up_stand_in_gpus_and_a_private_podman_service_u
             assert up.returncode == 0, up.stdout + up.stderr
             status = json.loads(dankserve("status", "chat", "--json").stdout)["deployments"][0]
             assert status["state"] == "ready" and status["image"] == "localhost/fake-vllm:latest"
+            assert status["gpu_memory_held_bytes"] > 100 * 2**30, status  # the container's, as NVML would list it
         finally:
             dankserve("down")
     finally:

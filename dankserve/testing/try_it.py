@@ -10,7 +10,8 @@ for every terminal and writes them to D/env.sh (`. D/env.sh` in a second termina
 With `--podman` the same deployments run as containers of the stand-in image, through Podman as on a
 GPU host: it sets up two stand-in GPU device nodes and a CDI spec naming them (dankserve.testing.gpus),
 a private Podman service (dankserve.testing.podman_service) and the stand-in image in its storage,
-writes the config with `podman_url` and `image`, prints the exports, and keeps all of it until
+writes the config with `podman_url` and `image` (the host file in the HF cache the containers mount, so
+the stand-in's per-process GPU memory lands beside it), prints the exports, and keeps all of it until
 Ctrl-C (or SIGTERM): then it stops the daemon, removes the containers, stops the service and removes
 the nodes and the spec. Needs root and Debian's podman, runc, conmon and mmdebstrap, as `make demo`.
 """
@@ -32,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from dankserve.runtime.base import CONTAINER_HF_HOME
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
 from dankserve.testing.podman_service import REPO
@@ -42,6 +44,7 @@ PURPOSE = "tryit"
 """Names the private Podman storage (`DANKSERVE_TRYIT_PODMAN_ROOT`, else ~/.cache/dankserve-tryit/podman)."""
 CDI_PREFIX = "dankserve-try-it-"
 TOOLS = ("podman", "runc", "conmon", "mmdebstrap")
+HOST_FILE = "host.json"
 FIXED_DIR = "/tmp/dankserve-try-it"
 """The directory config/try-it.toml names (replaced by the private one)."""
 
@@ -91,13 +94,19 @@ def try_it_config(
         out = {k: moved(v) for k, v in dep.items()}
         out["port"] = next(ports)
         env = {k: moved(v) for k, v in dep.get("env", {}).items()}
-        if image is not None:  # the container's own /dev and paths: no per-process readings beside the host file
+        if image is not None:  # the readings go where the container writes: the HF cache it mounts
             out = {k: v for k, v in out.items() if k not in ("runtime", "executable")}
             out |= {"image": image, "pull": "never"}
-            env.pop("FAKE_VLLM_NVML_DIR", None)
+            env["FAKE_VLLM_NVML_DIR"] = f"{CONTAINER_HF_HOME}/{HOST_FILE}.processes"
         out["env"] = env
         deployments[name] = out
     return globals_, deployments
+
+
+def host_file(workdir: Path, globals_: Mapping[str, Any], *, process: bool) -> Path:
+    """The recorded host: in the directory for processes, in the HF cache a container mounts (its per-process
+    readings beside it, where the stand-in in the container writes them) for containers."""
+    return workdir / HOST_FILE if process else Path(globals_["hf_cache_dir"]) / HOST_FILE
 
 
 def exports(workdir: Path, globals_: Mapping[str, Any], *, process: bool) -> list[str]:
@@ -108,7 +117,7 @@ def exports(workdir: Path, globals_: Mapping[str, Any], *, process: bool) -> lis
     lines = [
         f'export PATH={shlex.quote(":".join(path))}:"$PATH"',
         f"export DANKSERVE_CONFIG={shlex.quote(str(workdir / 'dankserve.toml'))}",
-        f"export DANKSERVE_HARDWARE={shlex.quote(str(workdir / 'host.json'))}",
+        f"export DANKSERVE_HARDWARE={shlex.quote(str(host_file(workdir, globals_, process=process)))}",
         f"export TRY_IT_DIR={shlex.quote(str(workdir))}",
         f"export METRICS=http://{globals_['metrics_listen']}",
     ]
@@ -158,7 +167,7 @@ def set_up_processes(workdir: Path) -> None:
     template = tomllib.loads(TEMPLATE.read_text())
     ports = iter(free_port, None)
     globals_, deployments = try_it_config(template, workdir, ports, image=None, podman_url=None)
-    write_recorded_host(workdir / "host.json")
+    write_recorded_host(host_file(workdir, globals_, process=True))
     write_files(workdir, globals_, deployments, process=True)
     announce(workdir, globals_, process=True)
 
@@ -184,7 +193,9 @@ def podman_environment(workdir: Path) -> Iterator[None]:
         template = tomllib.loads(TEMPLATE.read_text())
         ports = iter(free_port, None)
         globals_, deployments = try_it_config(template, workdir, ports, image=image, podman_url=podman.url)
-        write_recorded_host(workdir / "host.json", uuids=[g.uuid for g in gpus.gpus])
+        hardware = host_file(workdir, globals_, process=False)
+        hardware.parent.mkdir(parents=True, exist_ok=True)
+        write_recorded_host(hardware, uuids=[g.uuid for g in gpus.gpus])
         write_files(workdir, globals_, deployments, process=False)
 
         def stop_all() -> None:
