@@ -270,8 +270,13 @@ def gateway_status(settings: Settings) -> dict[str, Any] | None:
     return {"listen": settings.gateway.listen, "url": f"http://{shown}:{port}/v1", "up": up}
 
 
-def gateway_line(gateway: dict[str, Any]) -> str:
-    """The gateway's line: its address, up or down."""
+def gateway_line(gateway: dict[str, Any], daemon_running: bool) -> str:
+    """The gateway's line: its address, up or down (or held by another program while no daemon runs)."""
+    if gateway["up"] and not daemon_running:
+        return (
+            f"gateway: {gateway['listen']} accepts connections but no dankserve daemon runs: another program holds "
+            "the address (`dankserve up` could not listen there)"
+        )
     if gateway["up"]:
         return f"gateway: up at {gateway['url']}"
     return f"gateway: down: nothing accepts connections on {gateway['listen']} (`dankserve up` starts it)"
@@ -389,7 +394,7 @@ def command(name: str | None, as_json: bool) -> ExitCode:
     colour = colour_enabled()
     click.echo(daemon_line(doc))
     if doc["gateway"] is not None:
-        click.echo(gateway_line(doc["gateway"]))
+        click.echo(gateway_line(doc["gateway"], bool(doc["daemon"]["running"])))
     for line in config_lines(doc["daemon"]):
         click.echo(line)
     if name is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -178,3 +179,6 @@ def test_status_at_80_columns_keeps_why_whole_and_shows_gpu_memory_idle_countdow
         assert "GPU memory held by its server: " in detail
     stopped = dankserve_cli(daemon.config, "status")
     assert f"gateway: down: nothing accepts connections on 127.0.0.1:{gateway}" in stopped.stdout
+    with socket.create_server(("127.0.0.1", gateway)):  # another program on the address: not "up"
+        squatted = dankserve_cli(daemon.config, "status")
+    assert f"gateway: 127.0.0.1:{gateway} accepts connections but no dankserve daemon runs" in squatted.stdout
