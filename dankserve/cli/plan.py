@@ -87,9 +87,11 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
         if model is not None:
             return [(name, DeploymentSettings(model=model))]
         known = ", ".join(sorted(configured)) or "none configured"
+        verb = click.get_current_context().info_name or "plan"
+        what = {"pull": "download a model by its Hub id"}.get(verb, "plan an ad-hoc one")
         raise ConfigError(
             f"no deployment named {name!r} (deployments: {known})",
-            fix="name a configured deployment, or pass --model to plan an ad-hoc one",
+            fix=f"name a configured deployment, or `dankserve {verb} --model ORG/NAME` to {what}",
         )
     if model is not None:  # named as the user wrote it: "--model M" in the plan, its errors and the fit checks
         from dankserve.planning import ad_hoc_name

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -30,6 +31,17 @@ log = structlog.get_logger("dankserve")
 
 HostsOf = Callable[[str], list[dict[str, Any]] | None]
 """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
+HeldBy = Callable[[Sequence[int], Sequence[str]], "dict[str, int] | None"]
+"""GPU memory given processes hold on each given GPU (swap_verify.HeldBytes)."""
+
+
+@dataclass(frozen=True)
+class StatusReadings:
+    """What only `dankserve status` reads for its views (a runtime and NVML call per deployment: /metrics does
+    without them): the GPU memory each server's processes hold, and each swap member's idle countdown."""
+
+    held: HeldBy
+    idle_sleep_in: Callable[[str], float | None]
 
 
 class Fleet:
@@ -145,13 +157,23 @@ class Fleet:
         return targets
 
     # -- views ------------------------------------------------------------------------------------
-    def views(self, *, with_hosts: bool = True) -> list[DeploymentView]:
+    def views(self, *, with_hosts: bool = True, readings: StatusReadings | None = None) -> list[DeploymentView]:
         """Every configured deployment's view, by name."""
         workers = self.snapshot()
-        return [self.view(name, workers.get(name), with_hosts=with_hosts) for name in sorted(self.settings.deployments)]
+        return [
+            self.view(name, workers.get(name), with_hosts=with_hosts, readings=readings)
+            for name in sorted(self.settings.deployments)
+        ]
 
-    def view(self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True) -> DeploymentView:
-        """The deployment as status, /metrics and `sleep`/`wake` show it."""
+    def view(
+        self,
+        name: str,
+        worker: DeploymentWorker | None,
+        *,
+        with_hosts: bool = True,
+        readings: StatusReadings | None = None,
+    ) -> DeploymentView:
+        """The deployment as status, /metrics and `sleep`/`wake` show it (`readings`: status's own)."""
         dep = self.settings.deployments[name]
         record = self.state.deployment(name)
         observatory = self._observatory
@@ -173,6 +195,10 @@ class Fleet:
             preemptions = sample.preemptions_total
             metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
         hosts = self._describe_hosts(name) if with_hosts and self._describe_hosts is not None else None
+        held = None
+        if readings is not None and worker is not None and machine is not None and machine.gpu_uuids:
+            by_gpu = readings.held(worker.server_pids(), machine.gpu_uuids)
+            held = sum(by_gpu.values()) if by_gpu else None
         return deployment_view(
             name,
             dep,
@@ -188,4 +214,6 @@ class Fleet:
             waiting_for=worker.waiting_for if worker is not None else None,
             phase_since=worker.phase_since if worker is not None else None,
             wall_now=self.clock.time(),
+            held_bytes=held,
+            idle_sleep_in=readings.idle_sleep_in(name) if readings is not None and worker is not None else None,
         )

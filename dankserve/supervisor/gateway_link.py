@@ -51,12 +51,13 @@ class DaemonSupervisor:
         fleet = self._fleet
         dep = fleet.settings.deployments.get(deployment)
         if dep is None or not dep.enabled:
-            return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
+            return Backend(Availability.OFF, "", 0, message="not configured or not enabled", state="disabled")
         key = self._key(dep.api_key_file)
         worker = fleet.get(deployment)
         if worker is None:
             why = "taken down (`dankserve up NAME` starts it)" if fleet.state.is_down(deployment) else "stopped"
-            return Backend(Availability.OFF, dep.host, dep.port, key, why)
+            state = "down" if fleet.state.is_down(deployment) else "stopped"  # the words `dankserve status` uses
+            return Backend(Availability.OFF, dep.host, dep.port, key, why, state=state)
         machine = worker.machine
         phase, message = machine.phase, machine.message
         swaps = self._swaps
