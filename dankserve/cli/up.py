@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         proc = servicectl.spawn_daemon(argv, state_dir, env)
         click.echo(f"started the dankserve daemon (pid {proc.pid}; log {state_dir / servicectl.DAEMON_LOG})")
     wanted = [deployment] if deployment else [n for n, d in settings.deployments.items() if d.enabled]
-    return _follow(FollowedDaemon(state_dir, proc, via_systemd, log_start), wanted, timeout)
+    return _follow(FollowedDaemon(state_dir, proc, via_systemd, log_start, deployment), wanted, timeout)
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,25 @@ class FollowedDaemon:
     proc: subprocess.Popen[bytes] | None
     via_systemd: bool
     log_start: int
+    deployment: str | None = None
+    """The one deployment `up NAME` asked for (None: all)."""
+
+
+def _winner(daemon: FollowedDaemon) -> FollowedDaemon | None:
+    """When the daemon this `up` started lost the race for the one-daemon lock to another `up`'s (both found no
+    daemon and started one): the winner to follow instead, told of `up NAME`; else None."""
+    from dankserve import servicectl
+    from dankserve.supervisor.records import StateBook
+
+    assert daemon.proc is not None
+    pid = servicectl.daemon_pid(daemon.state_dir)
+    if pid is None or pid == daemon.proc.pid:
+        return None
+    click.echo(f"another `dankserve up` started the daemon first (pid {pid if pid > 0 else 'unknown'}); following it")
+    if daemon.deployment is not None:
+        StateBook(daemon.state_dir).set_down(daemon.deployment, False)  # for a winner still starting
+        servicectl.daemon_request(daemon.state_dir, {"command": "up", "deployment": daemon.deployment})
+    return replace(daemon, proc=None)
 
 
 def _follow(daemon: FollowedDaemon, wanted: list[str], timeout: float | None) -> ExitCode:
@@ -122,7 +141,10 @@ def _follow(daemon: FollowedDaemon, wanted: list[str], timeout: float | None) ->
     while True:
         if daemon.proc is not None and daemon.proc.poll() is not None:
             view.clear()
-            raise daemon_stopped(daemon, daemon.proc.returncode)
+            winner = _winner(daemon)
+            if winner is None:
+                raise daemon_stopped(daemon, daemon.proc.returncode)
+            daemon = winner
         reply = servicectl.daemon_request(daemon.state_dir, {"command": "status"}, timeout=5)
         if reply and reply.get("ok"):
             answered = True

@@ -150,3 +150,28 @@ def test_a_timeout_of_zero_or_less_is_refused_before_a_daemon_starts(tmp_path: P
             assert "Invalid value for '--timeout'" in done.stderr, done.stderr
             assert "started the dankserve daemon" not in done.stdout + done.stderr
             assert daemon_pid(tmp_path / "state") is None
+
+
+def test_two_ups_at_once_without_a_daemon_both_follow_the_one_that_won(tmp_path: Path) -> None:
+    """Issue 39.13: two `up` started together find no daemon and each starts one; the daemon that loses the lock
+    exits 3, and its `up` follows the winner's daemon instead of ending 3: both end 0 with chat serving, one daemon
+    runs. The one asking for `up chat` gets chat too."""
+    deployments = {"chat": process_deployment(free_port(), gpus=[0]), "code": process_deployment(free_port(), gpus=[1])}
+    with configured(tmp_path, deployments) as (config, host):
+        base = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
+        argv = [sys.executable, "-m", "dankserve", "--config", str(config), "up", "--hardware", str(host)]
+        both = [
+            subprocess.Popen(
+                [*argv, *extra, "--timeout", "90"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base
+            )
+            for extra in ((), ("chat",))
+        ]
+        outs = [proc.communicate(timeout=120) for proc in both]
+        texts = [out.decode() + err.decode() for out, err in outs]
+        started = [text for text in texts if "started the dankserve daemon" in text]
+        assert len(started) == 2, texts  # the race happened: both started one
+        for proc, text in zip(both, texts, strict=True):
+            assert proc.returncode == 0, text
+            assert "chat: ready, serving at http://127.0.0.1:" in text, text
+        assert sum("another `dankserve up` started the daemon first" in text for text in texts) == 1, texts
+        assert daemon_pid(tmp_path / "state") is not None
