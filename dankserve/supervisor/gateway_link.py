@@ -45,8 +45,13 @@ class DaemonSupervisor:
             return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
         key = self._key(dep.api_key_file)
         worker = fleet.get(deployment)
+        if worker is None and fleet.restarting(deployment):  # `dankserve restart`: requests wait for the new boot
+            boot = prediction.predict(fleet.state.deployment(deployment).timings).boot()
+            why = "restarting (`dankserve restart`)"
+            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="restarting", ready_in=boot)
         if worker is None:
-            why = "taken down (`dankserve up NAME` starts it)" if fleet.state.is_down(deployment) else "stopped"
+            down = fleet.state.is_down(deployment)
+            why = f"taken down (`dankserve up {deployment}` starts it)" if down else "stopped"
             return Backend(Availability.OFF, dep.host, dep.port, key, why)
         machine = worker.machine
         phase, message = machine.phase, machine.message

@@ -1,4 +1,4 @@
-"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `sleep`,
+"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `restart`, `sleep`,
 `wake`, `upgrade` and `rollback`, each answered by one function of the running daemon.
 
 The daemon is read through `Answering`, what a request may ask of it; `answer` looks the verb up, and
@@ -47,6 +47,8 @@ class Answering(Protocol):
 
     def bring_up(self, name: str) -> None: ...
 
+    def restart(self, name: str) -> None: ...
+
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> Answer: ...
 
     @property
@@ -91,6 +93,16 @@ def _up(daemon: Answering, request: Mapping[str, Any]) -> Answer:
     if unknown is not None:
         return unknown
     daemon.bring_up(str(name))
+    return {"ok": True}
+
+
+def _restart(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+    """Answered once the old server stopped and the new one's boot began (the CLI follows it)."""
+    name = request.get("deployment")
+    unknown = _unknown_deployment(daemon, name)
+    if unknown is not None:
+        return unknown
+    daemon.restart(str(name))
     return {"ok": True}
 
 
@@ -171,6 +183,7 @@ VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {
     "settings": _settings,
     "up": _up,
     "down": _down,
+    "restart": _restart,
     "sleep": _swap("sleep"),
     "wake": _swap("wake"),
     "upgrade": _upgrade,
