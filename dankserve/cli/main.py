@@ -46,6 +46,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+OTHER_TOOLS_WORDS: dict[str, str] = {
+    "start": "up",
+    "stop": "down",
+    "ps": "status",
+    "ls": "status",
+    "list": "status",
+    "show": "status",
+    "log": "logs",
+    "top": "status",
+}
+"""Verbs of systemctl, docker, podman and ollama that users type, and the dankserve command doing that."""
+
+
 class StdoutClosed(Exception):
     """stdout's reader went away while a command wrote (`dankserve plan | head -1`): `main` ends quietly."""
 
@@ -77,8 +90,18 @@ class LazyGroup(click.Group):
             return super().resolve_command(ctx, args)
         except click.UsageError as exc:
             name = args[0] if args else ""
+            if self.get_command(ctx, name) is not None:
+                raise
+            known = OTHER_TOOLS_WORDS.get(name.lower())
+            if known is not None:
+                rest = " ".join(args[1:])[:200]
+                raise click.UsageError(
+                    f"No such command {name!r}. Did you mean `dankserve {known}{' ' + rest if rest else ''}`?"
+                    + (" (`dankserve sleep NAME` puts a swap group member to sleep)" if known == "down" else ""),
+                    ctx,
+                ) from exc
             close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
-            if self.get_command(ctx, name) is not None or not close:
+            if not close:
                 raise
             raise click.UsageError(f"No such command {name!r}. Did you mean {close[0]!r}?", ctx) from exc
 

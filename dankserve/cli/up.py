@@ -111,6 +111,27 @@ class FollowedDaemon:
     log_start: int
     deployment: str | None = None
     """The one deployment `up NAME` asked for (None: all)."""
+    boots_before: Mapping[str, int] = field(default_factory=dict)
+    """Boots each deployment had before the request followed (`rollback`): it rests only once a later boot
+    began, never on the server the request replaces (still ready for a moment after the answer)."""
+
+
+def rests_after(dep: Mapping[str, Any], boots_before: int | None) -> bool:
+    """The deployment rests, and is not ready on the server a request replaces (no boot since `boots_before`)."""
+    if not dep["rests"]:
+        return False
+    return boots_before is None or dep["state"] != "ready" or int(dep.get("boots") or 0) > boots_before
+
+
+def boots_now(state_dir: Path, name: str) -> int:
+    """The boots the running daemon counts for `name` now (0 when it does not say)."""
+    from dankserve import servicectl
+
+    reply = servicectl.daemon_request(state_dir, {"command": "status"}, timeout=5)
+    if not reply or not reply.get("ok"):
+        return 0
+    found = [d for d in reply["status"]["deployments"] if d.get("name") == name]
+    return int(found[0].get("boots") or 0) if found else 0
 
 
 def _winner(daemon: FollowedDaemon) -> FollowedDaemon | None:
@@ -150,7 +171,8 @@ def _follow(daemon: FollowedDaemon, wanted: list[str], timeout: float | None) ->
             answered = True
             deployments = {d["name"]: d for d in reply["status"]["deployments"] if d["name"] in wanted}
             view.show(deployments.values(), time.monotonic())
-            if deployments and all(d["rests"] for d in deployments.values()):
+            before = daemon.boots_before
+            if deployments and all(rests_after(d, before.get(name)) for name, d in deployments.items()):
                 view.clear()
                 for dep in deployments.values():
                     click.echo(resting_line(dep, colour=view.colour))

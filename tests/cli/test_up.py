@@ -175,3 +175,16 @@ def test_two_ups_at_once_without_a_daemon_both_follow_the_one_that_won(tmp_path:
             assert "chat: ready, serving at http://127.0.0.1:" in text, text
         assert sum("another `dankserve up` started the daemon first" in text for text in texts) == 1, texts
         assert daemon_pid(tmp_path / "state") is not None
+
+
+def test_a_request_that_replaces_a_server_rests_only_on_a_later_boot() -> None:
+    """Issue 39.7: `rollback` is answered once the worker was told, while the server it replaces still shows ready
+    (boot 3): that is no rest; the rollback's own boot (4) ready is; asleep or failed rest whatever the count."""
+    from dankserve.cli.up import rests_after
+
+    ready = {"name": "chat", "state": "ready", "rests": True, "boots": 3}
+    assert not rests_after(ready, 3)
+    assert rests_after({**ready, "boots": 4}, 3)
+    assert not rests_after({**ready, "state": "starting", "rests": False, "boots": 4}, 3)
+    assert rests_after({**ready, "state": "failed"}, 3) and rests_after({**ready, "state": "asleep"}, 3)
+    assert rests_after(ready, None)  # `up`: nothing replaced
