@@ -152,11 +152,31 @@ def _winner(daemon: FollowedDaemon) -> FollowedDaemon | None:
 
 
 def _follow(daemon: FollowedDaemon, wanted: list[str], timeout: float | None) -> ExitCode:
-    """Print phase changes until every wanted deployment rests; the exit code that follows."""
+    """Print phase changes until every wanted deployment rests; the exit code that follows. Ctrl-C stops the
+    following only: it says so, and how to follow or stop what goes on in the daemon (then exit 130)."""
+    view = FollowView(live=is_terminal(), colour=colour_enabled())
+    try:
+        return _follow_until_rest(daemon, wanted, timeout, view)
+    except KeyboardInterrupt:
+        view.clear()
+        click.echo("\n" + interrupted_note(wanted), err=True)
+        raise
+
+
+def interrupted_note(wanted: Sequence[str]) -> str:
+    """What Ctrl-C in `up` leaves: the daemon goes on with the boots; how to follow them or stop them."""
+    names = ", ".join(wanted)
+    one = f" {wanted[0]}" if len(wanted) == 1 else ""
+    return (
+        f"stopped following; the daemon goes on with {names} in the background (a boot under way continues).\n"
+        f"  follow it: `dankserve status{one}` or `dankserve logs -f{one}`; stop it: `dankserve down{one}`"
+    )
+
+
+def _follow_until_rest(daemon: FollowedDaemon, wanted: list[str], timeout: float | None, view: FollowView) -> ExitCode:
     from dankserve import servicectl
 
     deadline = None if timeout is None else time.monotonic() + timeout
-    view = FollowView(live=is_terminal(), colour=colour_enabled())
     answered = False
     deployments: dict[str, dict[str, Any]] = {}
     while True:
@@ -215,12 +235,14 @@ def shown_phase(dep: Mapping[str, Any]) -> str:
     return f"{state} ({dep['phase']})" if dep["phase"] not in (state, "stopped") else state
 
 
-def phase_line(dep: Mapping[str, Any]) -> str:
-    """One follow line: the phase, why it waits (if it does), and the seconds it has been in that phase."""
+def phase_line(dep: Mapping[str, Any], elapsed: float | None = None) -> str:
+    """One follow line: the phase, how long it has lasted (once a second or more: a line printed as the phase
+    begins would say [0s]), the time since `up` began following (`+Ns`), and why it waits (if it does)."""
     seconds = dep.get("phase_seconds")
-    took = f" [{format_duration(seconds)}]" if seconds is not None else ""
+    took = f" [{format_duration(seconds)}]" if seconds is not None and seconds >= 1 else ""
+    since = f" (+{format_duration(elapsed)})" if elapsed is not None and elapsed >= 1 else ""
     why = f": {dep['why']}" if dep.get("why") and not dep["rests"] else ""
-    return f"{dep['name']}: {shown_phase(dep)}{took}{why}"
+    return f"{dep['name']}: {shown_phase(dep)}{took}{since}{why}"
 
 
 BOOT_STEPS = {
@@ -268,16 +290,19 @@ class FollowView:
     _shown: dict[str, tuple[str, str]] = field(default_factory=dict)
     _printed_at: dict[str, float] = field(default_factory=dict)
     _drawn: bool = False
+    _began: float | None = None
+    """When the first status was shown (monotonic): a line says how long after that it came."""
 
     def show(self, deployments: Sequence[Mapping[str, Any]] | Any, now: float) -> None:
         deployments = list(deployments)
+        began = self._began = now if self._began is None else self._began
         for dep in deployments:
             name = dep["name"]
             key = (shown_phase(dep), str(dep.get("why") or ""))
             repeat = not self.live and not dep["rests"] and now - self._printed_at.get(name, now) >= STILL_SECONDS
             if self._shown.get(name) != key or repeat:
                 self.clear()
-                click.echo(phase_line(dep))
+                click.echo(phase_line(dep, now - began))
                 self._shown[name] = key
                 self._printed_at[name] = now
         if self.live:

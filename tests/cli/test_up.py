@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -76,7 +77,9 @@ def test_up_says_what_a_boot_waits_for_and_shows_its_progress_on_a_terminal(tmp_
         shown = run_in_terminal([*argv, "--timeout", "120"], env={"DANKSERVE_CONFIG": ""})
         assert shown.returncode == 0, shown.output
         out = shown.output
-        assert "alpha: planning [0s]: waits: swap group g: first boots come one at a time: beta boots" in out, out
+        assert "alpha: planning: waits: swap group g: first boots come one at a time: beta boots" in out, out
+        # issue 39 (low): a phase line printed as its phase begins says when it came, never [0s]
+        assert "[0s]" not in out and re.search(r"alpha: \w+.* \(\+\d+s\)", out), out
         assert "\r\x1b[K" in out and "loading weights" in out and "capturing CUDA graphs" in out
         assert "beta: waiting" not in out and "alpha: waiting" in out
         assert "\x1b[32mready\x1b[0m, serving at" in out, "the resting state in colour on a terminal"
@@ -188,3 +191,23 @@ def test_a_request_that_replaces_a_server_rests_only_on_a_later_boot() -> None:
     assert not rests_after({**ready, "state": "starting", "rests": False, "boots": 4}, 3)
     assert rests_after({**ready, "state": "failed"}, 3) and rests_after({**ready, "state": "asleep"}, 3)
     assert rests_after(ready, None)  # `up`: nothing replaced
+
+
+def test_ctrl_c_in_up_says_the_boot_goes_on_and_how_to_follow_or_stop_it(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) while `up chat` follows a long boot: exit 130, saying that the daemon goes on with chat's
+    boot and naming `status`, `logs -f` and `down`; the daemon indeed goes on and chat turns ready."""
+    slow = process_deployment(free_port(), env={"FAKE_VLLM_BOOT_SECONDS": "6"})
+    with configured(tmp_path, {"chat": slow}) as (config, host):
+        base = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
+        argv = [sys.executable, "-m", "dankserve", "--config", str(config), "up", "chat", "--hardware", str(host)]
+        up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base, text=True)
+        assert up.stdout is not None
+        assert "started the dankserve daemon" in up.stdout.readline()
+        assert up.stdout.readline().startswith("chat: ")  # following its phases now
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=30)
+        assert up.returncode == 130, err
+        assert "the daemon goes on with chat in the background" in err, err
+        assert "`dankserve status chat`" in err and "`dankserve logs -f chat`" in err and "`dankserve down chat`" in err
+        done = dankserve_cli(config, "up", "chat", "--timeout", "60")
+        assert done.returncode == 0 and "chat: ready, serving at" in done.stdout, done.stdout + done.stderr
