@@ -230,9 +230,15 @@ def shown_phase(dep: Mapping[str, Any]) -> str:
     from dankserve.cli.status import shown_state
 
     state = shown_state(dep)
-    if dep["rests"] or state != dep["state"]:
+    if dep["rests"]:
         return state
-    return f"{state} ({dep['phase']})" if dep["phase"] not in (state, "stopped") else state
+    if state == "stopped":  # the worker has begun, its machine not yet: what `up` asked for is under way
+        return "starting"
+    if state == "pulling":  # the image step: a process has none, a present image is not pulled
+        return "preparing" if dep.get("runtime") == "process" else "image (pulled if missing)"
+    if state != dep["state"]:
+        return state
+    return f"{state} ({dep['phase']})" if dep["phase"] not in (state, "stopped", "pulling") else state
 
 
 def phase_line(dep: Mapping[str, Any], elapsed: float | None = None) -> str:

@@ -211,3 +211,17 @@ def test_ctrl_c_in_up_says_the_boot_goes_on_and_how_to_follow_or_stop_it(tmp_pat
         assert "`dankserve status chat`" in err and "`dankserve logs -f chat`" in err and "`dankserve down chat`" in err
         done = dankserve_cli(config, "up", "chat", "--timeout", "60")
         assert done.returncode == 0 and "chat: ready, serving at" in done.stdout, done.stdout + done.stderr
+
+
+def test_up_names_no_pull_for_a_process_and_no_stopped_while_it_starts() -> None:
+    """Issue 39 (low): the first phase word of a process deployment is not `pulling` (a process pulls nothing) nor
+    `stopped` (what `up` asked for is under way); a container's image step says a pull happens only if missing."""
+    from dankserve.cli.up import shown_phase
+
+    base = {"name": "chat", "rests": False, "runtime": "process", "weights_percent": None}
+    assert shown_phase({**base, "state": "starting", "phase": "pulling"}) == "preparing"
+    assert shown_phase({**base, "state": "stopped", "phase": "stopped"}) == "starting"
+    container = {**base, "runtime": "podman", "state": "starting", "phase": "pulling"}
+    assert shown_phase(container) == "image (pulled if missing)"
+    assert shown_phase({**base, "state": "starting", "phase": "loading", "weights_percent": 40}) == "loading 40%"
+    assert shown_phase({**base, "state": "stopped", "phase": "stopped", "rests": True}) == "stopped"
