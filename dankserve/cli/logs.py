@@ -38,7 +38,7 @@ from dankserve.cli.context import cli_context
 from dankserve.cli.options import complete_deployment
 from dankserve.errors import DankserveError, InvalidInput
 from dankserve.exitcodes import ExitCode
-from dankserve.logview import TimedLine, daemon_file_line, journal_entry, merged, parse_since, server_lines
+from dankserve.logview import Reorder, TimedLine, daemon_file_line, journal_entry, merged, parse_since, server_lines
 from dankserve.settings import Settings
 from dankserve.systemd.journal import SYSLOG_IDENTIFIER, daemon_identity
 
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 RESCAN_SECONDS = 0.25
 """How often a follower looks for the server that replaces an ended one, or for more of daemon.log."""
+HOLD_SECONDS = 2 * RESCAN_SECONDS
+"""`-f` holds each line this long, so lines of several sources that arrive within it print in time order
+(daemon.log is read every RESCAN_SECONDS: its lines come up to that late)."""
 
 Emit = Callable[[TimedLine], None]
 
@@ -120,6 +123,7 @@ def command(  # click passes every option by name
         emit(line)
     if not follow:
         return ExitCode.OK
+    emit = _in_time_order(emit)
     threads = [threading.Thread(target=daemon_log.follow, args=(emit,), daemon=True)]
     threads += [threading.Thread(target=server.follow, args=(emit,), daemon=True) for server in servers]
     if journal:
@@ -142,6 +146,28 @@ def _printer(render: Callable[[TimedLine], str]) -> Emit:
             sys.stdout.flush()
 
     return emit
+
+
+def _in_time_order(emit: Emit) -> Emit:
+    """An emit that holds each line HOLD_SECONDS and prints them in time order (logview.Reorder), from a thread
+    of its own."""
+    lock = threading.Lock()
+    reorder = Reorder(HOLD_SECONDS)
+
+    def push(line: TimedLine) -> None:
+        with lock:
+            reorder.push(line, time.monotonic())
+
+    def flush() -> None:
+        while True:
+            time.sleep(RESCAN_SECONDS / 5)
+            with lock:
+                due = reorder.due(time.monotonic())
+            for line in due:
+                emit(line)
+
+    threading.Thread(target=flush, daemon=True).start()
+    return push
 
 
 def _journal_available() -> bool:

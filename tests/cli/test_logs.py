@@ -207,6 +207,8 @@ def follow_across_down_and_up(
             follower.stop()
     stamped = re.compile(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} (dankserve|dankserve-{name}): ")
     assert all(stamped.match(line) for line in lines), [x for x in lines if not stamped.match(x)]
+    # printed in time order across the sources, within a second too (issue 39, low)
+    assert sorted(lines, key=lambda line: line[:23]) == lines, lines
     first_boot_end = next(i for i, line in enumerate(lines) if "Application startup complete." in line)
     after = lines[first_boot_end + 1 :]
     daemon_after = [line for line in after if line[24:].startswith("dankserve: ")]
