@@ -268,8 +268,8 @@ def _previous_servers(settings: Settings, deployment: str | None, now: datetime)
     if deployment is not None and not any(found):
         raise InvalidInput(
             f"deployment {deployment!r} has no ended server whose lines are kept",
-            fix=f"its server has not been replaced since dankserve began keeping them; `dankserve logs {deployment}` "
-            "shows the running one",
+            fix=f"none ended since its first boot here (a restart, a crash or `down` keeps one); "
+            f"`dankserve logs {deployment}` shows the running one's",
         )
     return found
 
