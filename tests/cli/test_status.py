@@ -109,3 +109,23 @@ def test_a_refusal_of_a_file_whose_keys_are_valid_is_not_said_to_be_applied_by_a
     assert "rank r = 1000" in lines[0]
     assert "validates now" not in lines[1] and "unless what it plans is refused again" in lines[1], lines
     assert "fix: point the adapter at ..." in lines[1], lines
+
+
+def test_an_adopted_server_keeps_its_kv_source_and_boot_seconds(tmp_path: Path) -> None:
+    """Issue 39 (low): chat's second boot used its learned KV bytes; the daemon is killed with -9 and the next one
+    adopts the server: status still says `learned` and the last boot's seconds (which the new daemon never saw)."""
+    deployments = {"chat": process_deployment(free_port())}
+    with running_daemon(tmp_path, deployments) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "ready", timeout=120)
+        assert daemon.cli("restart", "chat").returncode == 0
+        before = daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["boots"] == 2)
+        assert before["kv_cache_source"] == "learned" and before["last_boot"]["seconds"] is not None, before
+        daemon.kill()
+    with running_daemon(tmp_path, deployments) as again:
+        after = again.wait_for("chat", lambda d: d["state"] == "ready", timeout=60)
+        assert after["boots"] == 2, "adopted, not booted again"
+        assert after["kv_cache_source"] == "learned", after
+        assert after["last_boot"] == before["last_boot"], after
+        table = again.cli("status")
+        row = next(line for line in table.stdout.splitlines() if line.startswith("chat "))
+        assert f"{before['last_boot']['seconds']:.1f}" in row, table.stdout
