@@ -166,7 +166,7 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
         assert _trial_gone(podman_env, name)
         traffic.check_accounted()
 
-        boots = daemon.deployment(name)["boots"]  # type: ignore[index]
+        boots = daemon.deployment(name)["boots"]
         back = daemon.cli("rollback", name, "--timeout", "180", timeout=200)
         assert back.returncode == 0, back.stdout + back.stderr
         # issue 39.7: "ready, serving" is said of the rollback's own boot, never of the server it replaces
