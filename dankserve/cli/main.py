@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Run the supervisor daemon in the foreground (systemd's ExecStart)."),
     "up": ("up", "Start the service (or one deployment) and follow it until ready."),
     "down": ("down", "Stop the service (or one deployment) gracefully."),
-    "restart": ("restart", "Restart one deployment (down, then up) and follow it until ready."),
+    "restart": ("restart", "Restart one deployment (the gateway queues its requests) and follow it until ready."),
     "status": ("status", "Show the daemon and each deployment's state."),
     "reload": ("reload", "Make the running daemon re-read its config; say what restarts and what keeps running."),
     "sleep": ("sleep", "Put a swap group member to sleep now (vLLM's sleep mode)."),

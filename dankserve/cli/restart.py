@@ -19,7 +19,7 @@ from dankserve.exitcodes import ExitCode
 @click.argument("deployment", shell_complete=complete_deployment)
 @timeout_option
 def command(deployment: str, timeout: float | None) -> ExitCode:
-    """Restart DEPLOYMENT (down, then up, through the running daemon) and wait until it is ready."""
+    """Restart DEPLOYMENT through the running daemon (its requests wait in the gateway) and wait until ready."""
     from dankserve import servicectl
     from dankserve.cli.up import FollowedDaemon, _follow, _log_size
 
