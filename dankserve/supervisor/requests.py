@@ -77,33 +77,18 @@ def _unknown_deployment(daemon: Answering, name: object) -> Answer | None:
     return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
 
 
-def _down(daemon: Answering, request: Mapping[str, Any]) -> Answer:
-    """Answered once the deployment's worker stopped (the CLI's `down` returns then)."""
-    name = request.get("deployment")
-    unknown = _unknown_deployment(daemon, name)
-    if unknown is not None:
-        return unknown
-    daemon.take_down(str(name))
-    return {"ok": True}
+def _on_deployment(act: Callable[[Answering, str], None]) -> Callable[[Answering, Mapping[str, Any]], Answer]:
+    """A verb on one configured deployment: `{"ok": true}` once `act` returned (an unknown one is said)."""
 
+    def verb(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+        name = request.get("deployment")
+        unknown = _unknown_deployment(daemon, name)
+        if unknown is not None:
+            return unknown
+        act(daemon, str(name))
+        return {"ok": True}
 
-def _up(daemon: Answering, request: Mapping[str, Any]) -> Answer:
-    name = request.get("deployment")
-    unknown = _unknown_deployment(daemon, name)
-    if unknown is not None:
-        return unknown
-    daemon.bring_up(str(name))
-    return {"ok": True}
-
-
-def _restart(daemon: Answering, request: Mapping[str, Any]) -> Answer:
-    """Answered once the old server stopped and the new one's boot began (the CLI follows it)."""
-    name = request.get("deployment")
-    unknown = _unknown_deployment(daemon, name)
-    if unknown is not None:
-        return unknown
-    daemon.restart(str(name))
-    return {"ok": True}
+    return verb
 
 
 def _swap(verb: Literal["sleep", "wake"]) -> Callable[[Answering, Mapping[str, Any]], Answer]:
@@ -181,9 +166,11 @@ VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {
     "status": _status,
     "reload": _reload,
     "settings": _settings,
-    "up": _up,
-    "down": _down,
-    "restart": _restart,
+    "up": _on_deployment(lambda daemon, name: daemon.bring_up(name)),
+    # answered once the worker stopped (the CLI's `down` returns then)
+    "down": _on_deployment(lambda daemon, name: daemon.take_down(name)),
+    # answered once the old server stopped and the new one's boot began (the CLI follows it)
+    "restart": _on_deployment(lambda daemon, name: daemon.restart(name)),
     "sleep": _swap("sleep"),
     "wake": _swap("wake"),
     "upgrade": _upgrade,
