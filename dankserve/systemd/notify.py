@@ -67,6 +67,13 @@ class SystemdNotifier:
         self._dropped = {}
         return True
 
+    def resend_dropped(self) -> bool:
+        """Send again what a full queue dropped (READY, STATUS ...) if anything; True when nothing waits now.
+        The daemon calls it every turn of its main loop, so a dropped READY=1 arrives once the reader drains."""
+        if not self._dropped:
+            return True
+        return self.notify()
+
     def ready(self, status: str | None = None) -> bool:
         """READY=1 (with a STATUS= line when given)."""
         if status is None:
