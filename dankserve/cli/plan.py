@@ -52,6 +52,7 @@ def command(
     from dankserve.host.probe import load_host
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
+    _note_running_config(settings)
     if not as_json:
         print_plans(plan_all(settings, selected, host, vllm_version), {n: runs_in(d) for n, d in selected})
         return ExitCode.OK
@@ -68,6 +69,15 @@ def command(
     for name, error in failed.items():
         click.echo(f"error: {name}: {error.render()}", err=True)
     return max((e.exit_code for e in failed.values()), default=ExitCode.OK)
+
+
+def _note_running_config(settings: Settings) -> None:
+    """This plans the file; a daemon running another config serves what that one planned: say so (stderr)."""
+    from dankserve.cli.status import disk_changes, pending_line
+
+    pending = disk_changes(settings)
+    if pending:
+        click.echo(f"note: this plans the file; {pending_line(list(pending))}", err=True)
 
 
 def error_json(exc: DankserveError) -> dict[str, object]:

@@ -94,16 +94,35 @@ def _clock(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
-def note_disk_config(doc: dict[str, Any], refusal: ConfigError | None, now: float) -> None:
-    """Record in the daemon's `config` entry what this command found in the file on disk (`on_disk`)."""
+def note_disk_config(
+    doc: dict[str, Any], refusal: ConfigError | None, now: float, pending: tuple[str, ...] = ()
+) -> None:
+    """Record in the daemon's `config` entry what this command found in the file on disk (`on_disk`): valid or
+    why not, and (`pending`) what a valid file changed that `dankserve reload` would apply."""
     config = doc["daemon"].get("config")
     if config is None:  # no daemon answered: nothing runs a config
         return
     config["on_disk"] = (
-        {"valid": True}
+        {"valid": True, "pending": list(pending)}
         if refusal is None
         else {"valid": False, "checked_at": now, "error": refusal.message, "fix": refusal.fix}
     )
+
+
+def pending_line(pending: list[str]) -> str:
+    """The line saying the file on disk differs from the running config (`status`, `plan`)."""
+    shown = ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else "")
+    return f"the config on disk differs from the running one ({shown}): `dankserve reload` applies it"
+
+
+def disk_changes(settings: Settings) -> tuple[str, ...]:
+    """What the file's settings change against those of the daemon running at their state dir (none without
+    one): a reload's pending changes."""
+    from dankserve import servicectl
+    from dankserve.settings import pending_changes
+
+    running = servicectl.running_settings(settings.state_dir)
+    return () if running is None else pending_changes(running, settings)
 
 
 def config_lines(daemon: dict[str, Any]) -> list[str]:
@@ -113,7 +132,7 @@ def config_lines(daemon: dict[str, Any]) -> list[str]:
     refused = config.get("refused") or (None if disk.get("valid", True) else {**disk, "at": disk["checked_at"]})
     waiting = [restart_line(config["needs_restart"])] if config.get("needs_restart") else []
     if refused is None:
-        return waiting
+        return ([pending_line(disk["pending"])] if disk.get("pending") else []) + waiting
     error = " ".join(part.strip() for part in str(refused["error"]).splitlines())
     lines = [
         f"the config on disk was refused at {_clock(refused['at'])}: {error}; "
@@ -369,7 +388,8 @@ def status_document(name: str | None) -> dict[str, Any]:
         raise InvalidInput(f"unknown deployment {name!r}", fix=f"configured deployments: {known}")
     doc = current_status(settings)
     doc["gateway"] = gateway_status(settings)
-    note_disk_config(doc, reached.refusal, time.time())
+    pending = disk_changes(settings) if reached.refusal is None and doc["daemon"].get("config") else ()
+    note_disk_config(doc, reached.refusal, time.time(), pending)
     doc["warnings"] = [
         *doc.get("warnings", []),
         *_warnings(doc, time.time(), settings.preemption_warning_interval_seconds),

@@ -158,7 +158,12 @@ def loading_comment(model: str, state: str | None, ready_in: float | None, held:
         doing = f"{model} finishes its requests before a swap; waiting for its next turn"
     else:
         doing = f"starting {model}"
-    about = f", about {ready_in:.1f} s" if ready_in is not None else ""
+    if ready_in is None:
+        about = ""
+    elif ready_in < 0.05:  # due now (past its prediction): never "about 0.0 s", never below zero
+        about = ", any moment now"
+    else:
+        about = f", about {ready_in:.1f} s"
     return f": dankserve: {doing}{about}\n\n".encode()
 
 

@@ -416,6 +416,18 @@ class Daemon:
         dep = self.settings.deployments[name]
         self.fleet.bring_up(name, lambda: DeploymentWorker(name, dep, self.worker_services()))
 
+    def restart(self, name: str) -> None:
+        """`dankserve restart NAME`: one request, its old worker stopped and a new one started; the gateway
+        queues the deployment's requests meanwhile (never the 503 of a deployment taken down)."""
+        worker = self.fleet.leave_for_restart(name)
+        try:
+            if worker is not None:
+                worker.request_stop(keep_launcher=True)
+                worker.join(self.settings.stop_timeout_seconds + 15)
+        finally:
+            dep = self.settings.deployments[name]
+            self.fleet.restarted(name, lambda: DeploymentWorker(name, dep, self.worker_services()))
+
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
         return requests.sleep_or_wake(self.fleet, self.swap_groups, verb, name)

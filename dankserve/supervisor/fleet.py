@@ -67,6 +67,8 @@ class Fleet:
         self._workers: dict[str, DeploymentWorker] = {}
         self._retiring: list[DeploymentWorker] = []
         """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
+        self._restarting: set[str] = set()
+        """Deployments between their old worker's stop and their new worker's start (`dankserve restart`)."""
 
     @property
     def settings(self) -> Settings:
@@ -118,6 +120,26 @@ class Fleet:
             existing = self._workers.get(name)
             if existing is None or not existing.alive:
                 self.add(make())
+
+    def leave_for_restart(self, name: str) -> DeploymentWorker | None:
+        """`dankserve restart NAME`: its worker leaves the fleet (returned, for the caller to stop) while the
+        deployment counts as restarting, not down: the gateway queues its requests meanwhile."""
+        with self._lock:
+            self._restarting.add(name)
+            return self._workers.pop(name, None)
+
+    def restarted(self, name: str, make: Callable[[], DeploymentWorker]) -> None:
+        """The end of a restart: the new worker runs (as `bring_up`), the deployment no longer restarting."""
+        with self._lock:
+            try:
+                self.bring_up(name, make)
+            finally:
+                self._restarting.discard(name)
+
+    def restarting(self, name: str) -> bool:
+        """Between the old worker's stop and the new one's start (`dankserve restart`)."""
+        with self._lock:
+            return name in self._restarting
 
     def stop_all(self, timeout: float, failed: Callable[[str], None], runtime_for: RuntimeFactory) -> None:
         """Stop every worker (retired ones too), waiting up to `timeout` s in all; a worker still stopping then

@@ -15,7 +15,7 @@ in one line why it is where it is, or what it waits for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from dankserve.state import DeploymentState, FailureRecord, UnsafeSleep
@@ -194,7 +194,17 @@ def deployment_view(
         or (learned[-1].kv_cache_memory_bytes if learned else None)
     )
     metrics = metrics or Metrics()
-    learned_used = machine.kv_cache_learned_used if machine is not None else bool(last and last.kv_cache_learned_used)
+    # An adopted server's boot was seen by the daemon before: where its KV size came from and how long it
+    # took are that daemon's record (this one saw no boot).
+    seen_before = machine is None or (boot is not None and boot.adopted)
+    learned_used = (
+        bool(last and last.kv_cache_learned_used)
+        if seen_before and last is not None
+        else bool(machine is not None and machine.kv_cache_learned_used)
+    )
+    observed = observed or DeploymentTelemetry()
+    if observed.last_boot is None and last is not None and last.seconds is not None:
+        observed = replace(observed, last_boot={"kind": last.kind, "seconds": last.seconds})
     rests = machine.stage in RESTING_STAGES if machine is not None else state in RESTING_STATES
     return DeploymentView(
         name=name,
@@ -230,7 +240,7 @@ def deployment_view(
         message=machine.message if machine is not None else None,
         hosts=tuple(dict(h) for h in hosts) if hosts is not None else tuple(configured_hosts(dep)),
         serving=dict(serving) if serving is not None else None,
-        observed=observed or DeploymentTelemetry(),
+        observed=observed,
         swap=swap_view(dep, machine, record.unsafe_sleep, idle_sleep_in),
         predicted=predict(record.timings).to_json(),
         rests=rests,

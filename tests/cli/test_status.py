@@ -182,3 +182,23 @@ def test_status_at_80_columns_keeps_why_whole_and_shows_gpu_memory_idle_countdow
     with socket.create_server(("127.0.0.1", gateway)):  # another program on the address: not "up"
         squatted = dankserve_cli(daemon.config, "status")
     assert f"gateway: 127.0.0.1:{gateway} accepts connections but no dankserve daemon runs" in squatted.stdout
+
+
+def test_an_adopted_server_keeps_its_kv_source_and_boot_seconds(tmp_path: Path) -> None:
+    """Issue 39 (low): chat's second boot used its learned KV bytes; the daemon is killed with -9 and the next one
+    adopts the server: status still says `learned` and the last boot's seconds (which the new daemon never saw)."""
+    deployments = {"chat": process_deployment(free_port())}
+    with running_daemon(tmp_path, deployments) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "ready", timeout=120)
+        assert daemon.cli("restart", "chat").returncode == 0
+        before = daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["boots"] == 2)
+        assert before["kv_cache_source"] == "learned" and before["last_boot"]["seconds"] is not None, before
+        daemon.kill()
+    with running_daemon(tmp_path, deployments) as again:
+        after = again.wait_for("chat", lambda d: d["state"] == "ready", timeout=60)
+        assert after["boots"] == 2, "adopted, not booted again"
+        assert after["kv_cache_source"] == "learned", after
+        assert after["last_boot"] == before["last_boot"], after
+        table = again.cli("status")
+        row = next(line for line in table.stdout.splitlines() if line.startswith("chat "))
+        assert f"{before['last_boot']['seconds']:.1f}" in row, table.stdout

@@ -117,6 +117,9 @@ def test_loading_comments_say_what_the_request_waits_for() -> None:
     assert loading_comment("qwen3", "starting", None) == b": dankserve: starting qwen3\n\n"
     assert b"finishes its requests before a swap" in loading_comment("a", "draining", None)
     assert b"next swap its group allows" in loading_comment("b", "asleep", 51.0, held=True)
+    # due now, or past due: never a count of zero or below
+    for due in (0.0, 0.02, -3.0):
+        assert loading_comment("b", "waking", due) == b": dankserve: waking b, any moment now\n\n"
 
 
 def test_retry_after_is_the_prediction_rounded_up() -> None:
