@@ -21,15 +21,19 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, Limits, read_body, vouch
+from dankserve.aioserver import BodyTooLarge, Limits, Throttled, read_body, vouch
 from dankserve.backend_address import BackendAddress, TcpAddress
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
+from dankserve.gateway.answers import Cors, is_preflight, passed_headers, request_id
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
+from dankserve.gateway.limits import KeyLimits, Refusal
 from dankserve.gateway.routing import (
     DEV_ROUTES,
+    GENERATING,
     ROUTED_BY_MODEL,
+    USAGE_ON_REQUEST,
     Readiness,
     Route,
     Routed,
@@ -41,9 +45,10 @@ from dankserve.gateway.routing import (
     retry_after,
     route_body,
     route_table,
+    unknown_model,
 )
-from dankserve.gateway.tokens import AnswerTally, TokenCount
-from dankserve.gateway.usage import NO_LABEL
+from dankserve.gateway.tokens import AnswerTally, TokenCount, estimate
+from dankserve.gateway.usage import CLIENT_CLOSED, NO_LABEL
 from dankserve.settings import DeploymentSettings
 
 log = structlog.get_logger("dankserve.gateway")
@@ -52,22 +57,6 @@ POLL_SECONDS = 0.02
 """How often a queued request looks at its deployment again (a dict read under a lock)."""
 LOADING_COMMENT_SECONDS = 3.0
 """How often a waiting streamed request gets its loading comment again."""
-
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -126,13 +115,16 @@ class Gateway:
         limits: Limits,
         queue: QueuePolicy,
         access: Access,
+        *,
+        cors: Cors | None = None,
     ) -> None:
         self._deployments = deployments
         self._supervisor = supervisor
         self._limits = limits
         self._queue = queue
         self.access = access
-        self._waiting: dict[str, int] = {}
+        self._cors = cors if cors is not None else Cors()
+        self._refusals = Throttled(log)  # a client retrying with a wrong key must not flood the journal
         self._admission = Admission()
         self._released: dict[str, asyncio.Event] = {}
         self._tables: tuple[Mapping[str, DeploymentSettings], dict[str, Route]] | None = None
@@ -144,6 +136,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self._limits.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle)
+        app.on_response_prepare.append(self._cors.on_prepare())
         app.on_startup.append(self._open_session)
         app.on_cleanup.append(self._close_session)
         app.cleanup_ctx.append(self._saving)
@@ -196,57 +189,58 @@ class Gateway:
         path = request.path
         if path == "/health" and request.method in ("GET", "HEAD"):
             return web.Response(status=200)
+        if is_preflight(request):
+            return self._cors.preflight(request)
         if path in DEV_ROUTES:
             return _json_error(404, f"{path} is not served by the gateway", "NotFoundError")
         key = self.access.identify(request.headers.getall("Authorization", []))
         if isinstance(key, Denied):
             self.access.record(NO_LABEL, NO_LABEL, key.status, TokenCount())
-            log.info("gateway_denied", status=key.status, reason=key.message, path=path)
+            self._refusals.note("gateway_denied", status=key.status, reason=key.message, path=path)
             return _json_error(key.status, key.message, "AuthenticationError", **{"WWW-Authenticate": "Bearer"})
-        vouch(request)
         if path == "/v1/models" and request.method == "GET":
+            vouch(request)
             return web.json_response(self._models(key))
         if path.startswith("/v1/models/") and request.method == "GET":
-            wanted = path.removeprefix("/v1/models/")
-            listed = self._models(key)["data"]
-            found = [entry for entry in listed if entry["id"] == wanted]
-            if found:
-                return web.json_response(found[0])
-            return _json_error(404, f"The model `{wanted}` does not exist.", "NotFoundError", "model")
+            vouch(request)
+            return _one_model(self._models(key)["data"], path.removeprefix("/v1/models/"))
         if path not in ROUTED_BY_MODEL:
             return _json_error(404, f"no route {request.method} {path}", "NotFoundError")
         if request.method != "POST":
             return _json_error(405, f"{path} takes POST", "MethodNotAllowed")
-        try:
-            body = await read_body(request, self._limits)
-        except BodyTooLarge:
-            return _json_error(413, f"the request body exceeds {self._limits.max_body_bytes} bytes", "BadRequestError")
-        except TimeoutError:
-            return _json_error(408, "the request body did not arrive in time", "BadRequestError")
-        try:
-            routed = route_body(body, self._table())
-        except RoutingError as exc:
-            return web.json_response(exc.document, status=exc.status)
-        if not key.allows([routed.model]):
-            self.access.record(key.name, routed.model, 403, TokenCount())
-            log.info("gateway_forbidden", key=key.name, model=routed.model)
-            message = f"the API key {key.name!r} may not use the model `{routed.model}`"
-            return _json_error(403, message, "PermissionDeniedError", "model")
-        refused = self.access.admit(key)
+        refused = self.access.admit(key)  # before the body: a key over its limits holds no connection with one
         if refused is not None:
-            self.access.record(key.name, routed.model, 429, TokenCount())
-            log.info("gateway_limited", key=key.name, model=routed.model, limit=refused.limit)
-            message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
-            return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
-        tally = AnswerTally(routed.streamed)
-        status = 500
+            return _limited(self.access, self._refusals, key, NO_LABEL, refused)
+        return await self._let_in(request, key)
+
+    async def _let_in(self, request: web.Request, key: Key) -> web.StreamResponse:
+        """A request its key's limits let in (in flight until it ends): its body read, routed, its estimated
+        tokens charged, then passed on (its connection trusted only now); the tokens settled when it ends."""
+        tally: AnswerTally | None = None
+        reserved, status, label = 0, 500, ""
         try:
+            routed = await _read_routed(request, key, self._limits, self._table(), self.access, refusals=self._refusals)
+            if isinstance(routed, web.Response):
+                return routed
+            wanted = estimate(len(routed.body), routed.max_tokens, request.path in GENERATING)
+            refused = self.access.reserve(key, wanted)
+            if refused is not None:
+                return _limited(self.access, self._refusals, key, routed.model, refused)
+            reserved, label = KeyLimits.reserved(key, wanted), routed.model
+            vouch(request)
+            tally = AnswerTally(routed.streamed, drop_usage=routed.usage_added)
             status, response = await self._admitted(request, key, routed, tally)
             return response
+        except asyncio.CancelledError:
+            # The client left (aiohttp cancels its handler): not the server's failure. One that left after the
+            # stream's [DONE] (an SDK closes as soon as it reads it) had its whole 200.
+            status = 200 if tally is not None and tally.ended else CLIENT_CLOSED
+            raise
         finally:
-            tokens = tally.count()
-            self.access.release(key, tokens.total)
-            self.access.record(key.name, routed.model, status, tokens)
+            tokens = tally.count() if tally is not None else TokenCount()
+            self.access.release(key, tokens.total, reserved, passed_on=tally is not None)
+            if tally is not None:
+                self.access.record(key.name, label, status, tokens)
 
     async def _admitted(
         self, request: web.Request, key: Key, routed: Routed, tally: AnswerTally
@@ -257,7 +251,7 @@ class Gateway:
         try:
             backend = await self._ready(name, loading, key.priority)
         except Unavailable as exc:
-            log.info("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
+            self._refusals.note("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
             if loading is not None and loading.response is not None:
                 return 503, await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
             wait = retry_after(exc.ready_in, self._queue.retry_after)
@@ -265,8 +259,7 @@ class Gateway:
         self._supervisor.touched(name)
         try:
             begun = loading.response if loading is not None else None
-            response = await self._forward(request, name, backend, routed.body, begun, tally=tally)
-            return response.status, response
+            return await self._forward(request, name, backend, routed.body, begun, tally=tally)
         finally:
             self._supervisor.released(name)  # a member busy with requests is never put to sleep
             self._admission.leave(name)
@@ -274,13 +267,7 @@ class Gateway:
 
     def _models(self, key: Key) -> dict[str, Any]:
         """The models the key may use."""
-        entries = [e for e in model_entries(self._deployments()) if key.allows([e.id])]
-        readiness = {}
-        for deployment in dict.fromkeys(e.deployment for e in entries):
-            backend = self._supervisor.backend(deployment)
-            ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
-            readiness[deployment] = Readiness(backend.state or backend.availability.value, ready_in)
-        return models_document(entries, self.started, readiness)
+        return _models_document(key, self._deployments(), self._supervisor, self.started)
 
     async def _ready(self, name: str, loading: LoadingStream | None = None, priority: int = 0) -> Backend:
         """The deployment's backend once ready and admitted (Unavailable otherwise); waits in its bounded queue
@@ -294,7 +281,7 @@ class Gateway:
             return backend
         if backend.availability is Availability.OFF:
             raise Unavailable(f"deployment {name!r} is not running: {backend.message or 'stopped'}")
-        if self._waiting.get(name, 0) >= self._queue.size:
+        if self._admission.waiting(name) >= self._queue.size and not self._displace(name, priority):
             if backend.availability is Availability.READY:
                 raise Unavailable(
                     f"deployment {name!r} has {self._admission.in_flight(name)} requests in flight (its cap) and "
@@ -304,7 +291,6 @@ class Gateway:
                 f"deployment {name!r} is not ready and {self._queue.size} requests already wait for it",
                 backend.ready_in,
             )
-        self._waiting[name] = self._waiting.get(name, 0) + 1
         ticket = self._admission.queue(name, priority)
         try:
             if backend.availability is not Availability.READY:
@@ -313,6 +299,12 @@ class Gateway:
             deadline = loop.time() + self._queue.timeout
             announce_at = loop.time()
             while True:
+                if self._admission.displaced(ticket):
+                    raise Unavailable(
+                        f"deployment {name!r} has {self._queue.size} requests waiting and one of a higher key "
+                        "priority took this request's place",
+                        backend.ready_in,
+                    )
                 if backend.availability is Availability.READY:
                     if self._admission.take(ticket, self._cap(backend)):
                         return backend
@@ -343,10 +335,17 @@ class Gateway:
                         backend.ready_in,
                     )
         finally:
-            self._waiting[name] -= 1
             self._admission.drop(ticket)
             if self._admission.waiting(name) and name in self._released:
                 self._released.pop(name).set()  # the next in line may be first now
+
+    def _displace(self, name: str, priority: int) -> bool:
+        """Make room in a full queue for a request of `priority`: the last in line of a lower one is told to leave
+        (503); its waiter is woken to see it."""
+        if self._queue.size == 0 or self._admission.displace(name, priority) is None:
+            return False
+        self._released.pop(name, _NO_EVENT).set()
+        return True
 
     def _cap(self, backend: Backend) -> int | None:
         return self._queue.max_in_flight if self._queue.max_in_flight is not None else backend.max_in_flight
@@ -360,21 +359,22 @@ class Gateway:
         begun: web.StreamResponse | None,
         *,
         tally: AnswerTally,
-    ) -> web.StreamResponse:
-        """Pass the request on and stream the answer back; `begun`: the SSE answer its loading comments
-        began (status sent), into which the server's events go, or its error as one event."""
+    ) -> tuple[int, web.StreamResponse]:
+        """Pass the request on and stream the answer back: the status to count and the answer; `begun`: the SSE
+        answer its loading comments began (status sent), into which the server's events go, or its error as one
+        event."""
         if backend.address is None:
-            return _json_error(502, f"deployment {name!r} has no address", "BadGatewayError")
+            return 502, _json_error(502, f"deployment {name!r} has no address", "BadGatewayError")
         try:
             upstream = await self._session_for(backend.address).request(
                 request.method, backend.address.url(request.path_qs), data=body, headers=_headers(request, backend)
             )
         except aiohttp.ClientError as exc:
-            log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
+            log.warning("gateway_upstream_failed", deployment=name, error=str(exc), request_id=request_id(request))
             message = f"deployment {name!r} did not answer: {exc}"
             if begun is not None:
-                return await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
-            return _json_error(502, message, "BadGatewayError")
+                return 502, await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
+            return 502, _json_error(502, message, "BadGatewayError")
         try:
             response = (
                 begun
@@ -387,19 +387,25 @@ class Gateway:
                 await response.prepare(request)
             elif upstream.status != 200:  # an error document (JSON): the one event of the stream
                 text = await upstream.content.read(1 << 16)
-                return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
+                document = " ".join(text.decode(errors="replace").splitlines())
+                return upstream.status, await _end_with_event(response, document)
             async for chunk in upstream.content.iter_any():
-                tally.feed(chunk)
-                await response.write(chunk)
+                passed = tally.feed(chunk)
+                if passed:
+                    await response.write(passed)
+            rest = tally.finish()
+            if rest:
+                await response.write(rest)
             await response.write_eof()
-            return response
+            return response.status, response
         except aiohttp.ClientError as exc:
             # The server broke off mid-response, or the client's connection was reset under a write.
             upstream.close()
-            log.info("gateway_stream_ended", deployment=name, error=str(exc) or type(exc).__name__)
-            if request.transport is not None:
-                request.transport.close()
-            return response
+            if tally.streamed and not _client_left(request):  # end it as vLLM ends a failed stream
+                message = f"deployment {name!r} broke off its answer: {exc or type(exc).__name__}"
+                with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                    await _end_with_event(response, json.dumps(error_document(502, message, "BadGatewayError")))
+            return (CLIENT_CLOSED if _broken_off(request, name, exc) else response.status), response
         except BaseException:
             # The client left (cancelled or reset) or the server broke off: drop the upstream
             # connection rather than return it to the pool, so vLLM sees the abort.
@@ -409,13 +415,85 @@ class Gateway:
             upstream.release()
 
 
+def _models_document(
+    key: Key, deployments: Mapping[str, DeploymentSettings], supervisor: Supervisor, started: int
+) -> dict[str, Any]:
+    """`/v1/models` for the key: the names it may use, each with its deployment's readiness."""
+    entries = [e for e in model_entries(deployments) if key.allows([e.id])]
+    readiness = {}
+    for deployment in dict.fromkeys(e.deployment for e in entries):
+        backend = supervisor.backend(deployment)
+        ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
+        readiness[deployment] = Readiness(backend.state or backend.availability.value, ready_in, backend.max_model_len)
+    return models_document(entries, started, readiness)
+
+
+def _one_model(listed: list[dict[str, Any]], wanted: str) -> web.Response:
+    """`/v1/models/NAME`: its card, or the 404 of a model that does not exist (a hidden one answers the same)."""
+    found = [entry for entry in listed if entry["id"] == wanted]
+    if found:
+        return web.json_response(found[0])
+    unknown = unknown_model(wanted)
+    return web.json_response(unknown.document, status=unknown.status)
+
+
+async def _read_routed(
+    request: web.Request, key: Key, limits: Limits, table: Mapping[str, Route], access: Access, *, refusals: Throttled
+) -> Routed | web.Response:
+    """A let-in request's body read within the limits and routed, for a model its key may use; else the answer
+    (413, 408, 400, 404: a model outside its scope is answered as one that does not exist)."""
+    try:
+        body = await read_body(request, limits)
+    except BodyTooLarge:
+        return _json_error(413, f"the request body exceeds {limits.max_body_bytes} bytes", "BadRequestError")
+    except TimeoutError:
+        return _json_error(408, "the request body did not arrive in time", "BadRequestError")
+    try:
+        routed = route_body(body, table, ask_usage=request.path in USAGE_ON_REQUEST)
+    except RoutingError as exc:
+        return web.json_response(exc.document, status=exc.status)
+    if not key.allows([routed.model]):  # answered as a model that does not exist: /v1/models hides it too
+        hidden = unknown_model(routed.model)
+        access.record(key.name, routed.model, hidden.status, TokenCount())
+        refusals.note("gateway_forbidden", key=key.name, model=routed.model)
+        return web.json_response(hidden.document, status=hidden.status)
+    return routed
+
+
+def _limited(access: Access, refusals: Throttled, key: Key, model: str, refused: Refusal) -> web.Response:
+    access.record(key.name, model, 429, TokenCount())
+    refusals.note("gateway_limited", key=key.name, model=model, limit=refused.limit)
+    message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
+    return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
+
+
 _NO_EVENT = asyncio.Event()
 """Set when a deployment's release finds no one waiting (no event made for it)."""
 
 
+def _client_left(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+def _broken_off(request: web.Request, name: str, exc: aiohttp.ClientError) -> bool:
+    """Log an answer broken off mid-way and close the client's connection; True when the client had left."""
+    client_left = _client_left(request)
+    log.info(
+        "gateway_stream_ended",
+        deployment=name,
+        error=str(exc) or type(exc).__name__,
+        by="client" if client_left else "server",
+        request_id=request_id(request),
+    )
+    if request.transport is not None:
+        request.transport.close()
+    return client_left
+
+
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:
-    """End a begun SSE answer with one `data:` event (an error document)."""
-    await response.write(f"data: {data}\n\n".encode())
+    """End a begun SSE answer with one `data:` event (an error document), then `data: [DONE]` as vLLM ends a
+    stream that failed (clients that read to [DONE] stop there; OpenAI's SDK raises at the error first)."""
+    await response.write(f"data: {data}\n\ndata: [DONE]\n\n".encode())
     await response.write_eof()
     return response
 
@@ -432,7 +510,8 @@ def _check_held(name: str, backend: Backend, left: float) -> None:
 
 
 def _headers(request: web.Request, backend: Backend) -> dict[str, str]:
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = passed_headers(request.headers, request.headers.getall("Connection", []))
+    headers["X-Request-Id"] = request_id(request)  # vLLM's request id: its log lines name the client's request
     if backend.api_key is not None:
         headers["Authorization"] = f"Bearer {backend.api_key}"
     return headers
@@ -448,4 +527,4 @@ def _client_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
 
 
 def _passed(upstream: aiohttp.ClientResponse) -> dict[str, Any]:
-    return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+    return passed_headers(upstream.headers, upstream.headers.getall("Connection", []))

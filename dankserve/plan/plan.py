@@ -103,7 +103,7 @@ def plan_deployment(
     warnings += offload_flags(flags, deployment, host, sizing, caps, share=offload_share)
     serving_flags(flags, deployment)
     warnings += model_flags(flags, deployment, model, caps)
-    access_log_flags(flags, caps)
+    access_log_flags(flags, caps, sleeping=has_sleep_mode(deployment))
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
@@ -345,8 +345,7 @@ def size_memory(
     if learned_kv_cache_memory_bytes is not None:
         kv_capacity = learned_kv_cache_memory_bytes  # measured by vLLM itself on the first boot
     per_token = kv_per_token(tp.value)
-    if per_token is None and model.kv_layout_note:
-        warnings.append(f"KV-cache size not estimated for {model.model}: {model.kv_layout_note}")
+    warnings += _unestimated_kv(model, per_token, dtype.value if element_bytes is None else None)
     if wanted is not None and kv_capacity is not None and per_token is not None:
         checks.check_max_model_len(wanted, kv_capacity, per_token, caps)
     context = rules.max_model_len(
@@ -361,6 +360,20 @@ def size_memory(
         if not ok:
             warnings.append(f"kv_cache_dtype {deployment.kv_cache_dtype} may fail here: {why}")
     return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings), kv_capacity, per_token)
+
+
+def _unestimated_kv(model: ModelFacts, per_token: float | None, unknown_dtype: str | None) -> list[str]:
+    """Why the plan gives no KV-cache figure (none when it gives one)."""
+    if per_token is not None:
+        return []
+    if model.kv_layout_note:
+        return [f"KV-cache size not estimated for {model.model}: {model.kv_layout_note}"]
+    if unknown_dtype is not None:
+        return [
+            f"KV-cache size not estimated for {model.model}: the element size of --kv-cache-dtype {unknown_dtype} "
+            "is not known here (context and concurrency are not checked)"
+        ]
+    return []
 
 
 def _idle_warning(assigned: tuple[Gpu, ...], used: tuple[Gpu, ...], tp: int) -> str:
@@ -548,15 +561,21 @@ def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
 
 PROBED_ENDPOINTS = ("/health", "/metrics", "/ping")
 """What dankserve itself asks the server all the time: kept out of its access log."""
+SWAP_PROBED_ENDPOINTS = ("/is_sleeping",)
+"""What it asks a swap group's member besides (every sleep and wake polls it: 44 % of a group's lines)."""
 
 
-def access_log_flags(flags: _Flags, caps: VllmCapabilities) -> None:
-    """Keep dankserve's own probes out of the server's access log, where the release can."""
+def access_log_flags(flags: _Flags, caps: VllmCapabilities, *, sleeping: bool = False) -> None:
+    """Keep dankserve's own probes out of the server's access log, where the release can; `sleeping`: a
+    member of a swap group, whose sleeps and wakes poll /is_sleeping."""
     if caps.has("--disable-access-log-for-endpoints"):
+        endpoints = PROBED_ENDPOINTS + (SWAP_PROBED_ENDPOINTS if sleeping else ())
         flags.add(
             "--disable-access-log-for-endpoints",
-            ",".join(PROBED_ENDPOINTS),
-            "dankserve polls /health and reads /metrics all the time: their lines would drown the requests",
+            ",".join(endpoints),
+            "dankserve polls /health and reads /metrics all the time"
+            + (", and /is_sleeping at each sleep and wake" if sleeping else "")
+            + ": their lines would drown the requests",
             "dankserve's probes",
         )
 

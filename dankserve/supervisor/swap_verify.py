@@ -64,7 +64,7 @@ def canary_ids(address: BackendAddress, api_key: str | None, model: str) -> tupl
         "seed": 0,
         "return_token_ids": True,
     }
-    answer = post_completion(address, body, api_key, CANARY_TIMEOUT_SECONDS)
+    answer = post_completion(address, body, api_key, CANARY_TIMEOUT_SECONDS, purpose="swap-canary")
     if isinstance(answer, str):
         return answer
     status, raw = answer

@@ -52,7 +52,7 @@ def _one(address: BackendAddress, model: str, api_key: str | None, *, stream: bo
     }
     if stream:
         request["stream"] = True
-    answer = post_completion(address, request, api_key, timeout)
+    answer = post_completion(address, request, api_key, timeout, purpose="warm-up")
     if not isinstance(answer, str) and 400 <= answer[0] < 500:
         text = answer[1][:200].decode("utf-8", "replace")
         return WarmUpOutcome(unwarmed=f"HTTP {answer[0]} for model {model!r}: {text}")

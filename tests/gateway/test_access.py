@@ -61,10 +61,11 @@ def keyed_gateway(
     return gateway, server
 
 
-def test_401_403_429_in_openai_shape(
+def test_401_404_429_in_openai_shape(
     gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
-    """No or unknown key 401; a model outside the key's globs 403; over a limit 429 with Retry-After."""
+    """No or unknown key 401; a model outside the key's globs 404 as an unknown one (issue 38 item 8); over a
+    limit 429 with Retry-After."""
     gateway, _ = keyed_gateway(gateway_for, stand_ins, tmp_path)
     url = gateway.url + "/v1/chat/completions"
     missing = httpx.post(url, json=CHAT)
@@ -72,12 +73,12 @@ def test_401_403_429_in_openai_shape(
     assert httpx.post(url, json=CHAT, headers=auth(ALICE + "x")).status_code == 401
     assert httpx.post(url, json=CHAT, headers=auth(ALICE)).status_code == 200
     forbidden = httpx.post(url, json={**CHAT, "model": "gpt-4o-mini"}, headers=auth(BOB))
-    assert forbidden.status_code == 403
+    assert forbidden.status_code == 404
     assert forbidden.json()["error"] == {
-        "message": "the API key 'bob' may not use the model `gpt-4o-mini`",
-        "type": "PermissionDeniedError",
+        "message": "The model `gpt-4o-mini` does not exist.",
+        "type": "NotFoundError",
         "param": "model",
-        "code": 403,
+        "code": 404,
     }
     assert [httpx.post(url, json=CHAT, headers=auth(BOB)).status_code for _ in range(2)] == [200, 200]
     limited = httpx.post(url, json=CHAT, headers=auth(BOB))
@@ -89,8 +90,9 @@ def test_401_403_429_in_openai_shape(
     assert httpx.get(gateway.url + "/v1/models/org/other", headers=auth(BOB)).status_code == 404
     totals = gateway.access.totals()
     assert totals[("-", "-")].requests == {401: 2}
-    assert totals[("bob", "gpt-4o-mini")].requests == {403: 1}
-    assert totals[("bob", "tiny")].requests == {200: 2, 429: 1}
+    assert totals[("bob", "gpt-4o-mini")].requests == {404: 1}
+    assert totals[("bob", "tiny")].requests == {200: 2}
+    assert totals[("bob", "-")].requests == {429: 1}  # refused before its body (and model) was read
 
 
 def test_header_tricks(
@@ -166,20 +168,24 @@ def test_tokens_are_counted_from_usage_and_streams_through_the_openai_client(
     assert len(usage) == 1 and usage[0].completion_tokens == 5
     counts = gateway.access.totals()[("alice", "tiny")]
     assert counts.completion_tokens == 9 and counts.estimated_tokens == 0
-    text = "".join(
-        chunk.choices[0].delta.content or ""
-        for chunk in client.chat.completions.create(
+    chunks = list(
+        client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
         )
-        if chunk.choices
     )
-    assert text
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert all(c.choices and c.usage is None for c in chunks)  # the usage the gateway asked for is not passed on
+    deadline = time.monotonic() + 5
+    while gateway.access.totals()[("alice", "tiny")].requests != {200: 3} and time.monotonic() < deadline:
+        time.sleep(0.02)  # counted once the gateway's handler ends, just after the client read [DONE]
     counts = gateway.access.totals()[("alice", "tiny")]
-    assert counts.estimated_tokens > 0 and counts.requests == {200: 3}
+    assert counts.requests == {200: 3}
+    assert counts.completion_tokens == 14 and counts.estimated_tokens == 0  # counted from the usage asked for
+    assert counts.prompt_tokens == 3 * answer.usage.prompt_tokens
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-nobody-0123456789", max_retries=0).models.list()
     bob = openai.OpenAI(base_url=gateway.url + "/v1", api_key=BOB, max_retries=0)
-    with pytest.raises(openai.PermissionDeniedError):
+    with pytest.raises(openai.NotFoundError):
         bob.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
 
 

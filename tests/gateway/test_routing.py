@@ -37,16 +37,27 @@ def test_entries_are_served_name_then_aliases_once_each_enabled_only() -> None:
 
 
 def test_models_document_is_openai_list() -> None:
-    """/v1/models' document: object list, each a model object rooted at the served name."""
-    document = models_document(model_entries(DEPLOYMENTS), created=123)
+    """/v1/models' document: object list, each a model object rooted at the served name, in vLLM's ModelCard
+    shape (owned_by, parent, max_model_len, one permission: issue 39 item 14)."""
+    readiness = {"chat": Readiness("ready", 0.0, max_model_len=4096)}
+    document = models_document(model_entries(DEPLOYMENTS), created=123, readiness=readiness)
     assert document["object"] == "list"
-    assert document["data"][1] == {
+    card = document["data"][1]
+    permission = card.pop("permission")
+    assert card == {
         "id": "gpt-4o",
         "object": "model",
         "created": 123,
-        "owned_by": "dankserve",
+        "owned_by": "vllm",
         "root": "chat",
+        "parent": None,
+        "max_model_len": 4096,
+        "state": "ready",
+        "ready_seconds": 0.0,
     }
+    assert len(permission) == 1 and permission[0]["object"] == "model_permission"
+    assert permission[0]["id"].startswith("modelperm-") and permission[0]["allow_sampling"] is True
+    assert document["data"][2]["max_model_len"] is None  # no readiness known: none told
 
 
 @pytest.mark.parametrize(
@@ -106,6 +117,9 @@ def test_loading_comments_say_what_the_request_waits_for() -> None:
     assert loading_comment("qwen3", "starting", None) == b": dankserve: starting qwen3\n\n"
     assert b"finishes its requests before a swap" in loading_comment("a", "draining", None)
     assert b"next swap its group allows" in loading_comment("b", "asleep", 51.0, held=True)
+    # due now, or past due: never a count of zero or below
+    for due in (0.0, 0.02, -3.0):
+        assert loading_comment("b", "waking", due) == b": dankserve: waking b, any moment now\n\n"
 
 
 def test_retry_after_is_the_prediction_rounded_up() -> None:
@@ -122,3 +136,20 @@ def test_adapters_are_names_of_their_base_deployment() -> None:
     assert routed.route.deployment == "d" and routed.body == b'{"model": "sql", "prompt": "x"}'
     listed = models_document(model_entries(deployments), 0)["data"]
     assert [(m["id"], m.get("parent")) for m in listed] == [("base", None), ("sql", "base")]
+
+
+def test_a_stream_is_asked_for_its_usage_and_the_completion_limit_is_read() -> None:
+    """ask_usage: a stream that did not ask gets include_usage (its other stream_options kept); one that asked,
+    or no stream, is passed as it came. max_tokens (or its kin) is read for the admission estimate."""
+    table = route_table(DEPLOYMENTS)
+    body = json.dumps({"model": "chat", "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    routed = route_body(body.encode(), table, ask_usage=True)
+    assert routed.usage_added and routed.max_tokens is None
+    options = json.loads(routed.body)["stream_options"]
+    assert options == {"continuous_usage_stats": True, "include_usage": True}
+    asked = json.dumps({"model": "chat", "stream": True, "stream_options": {"include_usage": True}}).encode()
+    assert route_body(asked, table, ask_usage=True).body == asked
+    plain = json.dumps({"model": "chat", "max_completion_tokens": 7}).encode()
+    routed = route_body(plain, table, ask_usage=True)
+    assert routed.body == plain and not routed.usage_added and routed.max_tokens == 7
+    assert not route_body(body.encode(), table).usage_added  # a route without stream_options
