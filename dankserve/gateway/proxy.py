@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,7 +21,6 @@ import structlog
 from aiohttp import web
 
 from dankserve.aioserver import BodyTooLarge, Limits, Throttled, read_body, vouch
-from dankserve.backend_address import BackendAddress, TcpAddress
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
 from dankserve.gateway.answers import Cors, is_preflight, passed_headers, request_id
@@ -48,6 +46,7 @@ from dankserve.gateway.routing import (
     unknown_model,
 )
 from dankserve.gateway.tokens import AnswerTally, TokenCount, estimate
+from dankserve.gateway.upstream import Upstreams
 from dankserve.gateway.usage import CLIENT_CLOSED, NO_LABEL
 from dankserve.settings import DeploymentSettings
 
@@ -128,8 +127,7 @@ class Gateway:
         self._admission = Admission()
         self._released: dict[str, asyncio.Event] = {}
         self._tables: tuple[Mapping[str, DeploymentSettings], dict[str, Route]] | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._socket_sessions: dict[Path, aiohttp.ClientSession] = {}
+        self._upstreams = Upstreams()
         """One session per backend socket (aiohttp's UnixConnector has one path); a few, one per deployment."""
         self.started = int(time.time())
 
@@ -137,8 +135,8 @@ class Gateway:
         app = web.Application(client_max_size=self._limits.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         app.on_response_prepare.append(self._cors.on_prepare())
-        app.on_startup.append(self._open_session)
-        app.on_cleanup.append(self._close_session)
+        app.on_startup.append(lambda app: self._upstreams.open())
+        app.on_cleanup.append(lambda app: self._upstreams.close())
         app.cleanup_ctx.append(self._saving)
         return app
 
@@ -157,27 +155,6 @@ class Gateway:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await loop.run_in_executor(None, self.access.save)
-
-    async def _open_session(self, app: web.Application) -> None:
-        self._session = _client_session(aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True))
-
-    async def _close_session(self, app: web.Application) -> None:
-        if self._session is not None:
-            await self._session.close()
-        for session in self._socket_sessions.values():
-            await session.close()
-        self._socket_sessions.clear()
-
-    def _session_for(self, address: BackendAddress) -> aiohttp.ClientSession:
-        """The session that reaches `address`: the TCP one, or its socket's own."""
-        if isinstance(address, TcpAddress):
-            assert self._session is not None
-            return self._session
-        session = self._socket_sessions.get(address.path)
-        if session is None:
-            connector = aiohttp.UnixConnector(str(address.path), limit=0, keepalive_timeout=30)
-            session = self._socket_sessions[address.path] = _client_session(connector)
-        return session
 
     def _table(self) -> dict[str, Route]:
         deployments = self._deployments()
@@ -366,7 +343,7 @@ class Gateway:
         if backend.address is None:
             return 502, _json_error(502, f"deployment {name!r} has no address", "BadGatewayError")
         try:
-            upstream = await self._session_for(backend.address).request(
+            upstream = await self._upstreams.session(backend.address).request(
                 request.method, backend.address.url(request.path_qs), data=body, headers=_headers(request, backend)
             )
         except aiohttp.ClientError as exc:
@@ -515,15 +492,6 @@ def _headers(request: web.Request, backend: Backend) -> dict[str, str]:
     if backend.api_key is not None:
         headers["Authorization"] = f"Bearer {backend.api_key}"
     return headers
-
-
-def _client_session(connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-    )
 
 
 def _passed(upstream: aiohttp.ClientResponse) -> dict[str, Any]:
