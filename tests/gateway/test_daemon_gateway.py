@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness.daemon import free_port, process_deployment, running_daemon
+from tests.harness.daemon import free_port, process_deployment, running_daemon, server_socket, socket_client
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,8 @@ def test_daemon_gateway_keys_reload_metrics_and_usage(tmp_path: Path) -> None:
         assert ok.status_code == 200, ok.text
         # /v1/models carries the server's context length, as the server's own card does (issue 39 item 14)
         card = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {alice}"}).json()["data"][0]
-        own = httpx.get(f"http://127.0.0.1:{server_port}/v1/models").json()["data"][0]
+        with socket_client(server_socket(tmp_path, "chat")) as server:  # behind the gateway: on its socket
+            own = server.get("/v1/models").json()["data"][0]
         assert isinstance(own["max_model_len"], int) and card["max_model_len"] == own["max_model_len"]
         assert (
             httpx.post(
