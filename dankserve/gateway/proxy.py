@@ -129,8 +129,11 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self.started = int(time.time())
 
-    def app(self) -> web.Application:
+    def app(self, *mounts: Callable[[web.Application], None]) -> web.Application:
+        """The application; `mounts` add their routes first (the console), ahead of the catch-all."""
         app = web.Application(client_max_size=self._limits.max_body_bytes)
+        for mount in mounts:
+            mount(app)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         app.on_response_prepare.append(self._cors.on_prepare())
         app.on_startup.append(self._open_session)
