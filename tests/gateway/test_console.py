@@ -38,8 +38,15 @@ class Daemon:
     def __call__(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
         self.asked.append(dict(request))
         if request["command"] == "status":
-            deployment = {"name": "a", "state": self.state, "phase": "serving", "model": HOSTILE, "swap": None}
-            return {"ok": True, "status": {"daemon": {"running": True}, "deployments": [deployment]}}
+            deployment = {
+                "name": "a",
+                "state": self.state,
+                "phase": "serving",
+                "model": HOSTILE,
+                "swap": {"group": "g"},
+            }
+            solo = {"name": "solo", "state": "ready", "phase": "serving", "model": "org/solo", "swap": None}
+            return {"ok": True, "status": {"daemon": {"running": True}, "deployments": [deployment, solo]}}
         if request["command"] == "sleep" and request.get("deployment") == "a":
             self.state = "asleep"
             return {"ok": True, "state": "asleep"}
@@ -181,3 +188,17 @@ def test_a_key_files_scopes_are_checked() -> None:
     for bad in ('["root"]', "[]", '"console"', "[1]"):
         with pytest.raises(KeyFileError, match="scopes"):
             parse_key("k", f'key = "{READER}"\nscopes = {bad}', read)
+
+
+def test_llama_swaps_running_and_unload(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    url, daemon = keyed(console, tmp_path)
+    assert call(url, "/running", key=API)[0] == 403
+    status, _, body = call(url, "/running", key=READER)
+    assert status == 200
+    assert [(r["model"], r["state"]) for r in json.loads(body)["running"]] == [("a", "ready"), ("solo", "ready")]
+    assert call(url, "/unload", key=READER, body={})[0] == 403
+    status, _, body = call(url, "/unload", key=ADMIN, body={})
+    assert (status, body) == (200, b"OK")
+    assert {"command": "sleep", "deployment": "a"} in daemon.asked
+    assert {"command": "sleep", "deployment": "solo"} not in daemon.asked  # in no swap group: it cannot sleep
+    assert [r["model"] for r in json.loads(call(url, "/running", key=READER)[2])["running"]] == ["solo"]

@@ -5,6 +5,8 @@
     GET  /ui/api/status       the `status --json` document            (scope `console`)
     GET  /ui/api/usage        the `usage --json` rows                 (scope `console`)
     POST /ui/api/action       {"action": VERB, "deployment": NAME}    (scope `console:admin`)
+    GET  /running             llama-swap's shape: {"running": [{"model", "state", ...}]}  (scope `console`)
+    POST /unload              llama-swap's: every awake swap-group member sleeps; "OK"  (scope `console:admin`)
 
 Every answer carries a strict Content-Security-Policy (scripts and styles from the gateway only, no
 inline script, no framing). The control verbs block (a sleep waits for its outcome), so they run in
@@ -71,6 +73,8 @@ class Console:
         app.router.add_get("/ui/api/status", self._guarded(CONSOLE, self._status))
         app.router.add_get("/ui/api/usage", self._guarded(CONSOLE, self._usage))
         app.router.add_post("/ui/api/action", self._guarded(CONSOLE_ADMIN, self._action))
+        app.router.add_get("/running", self._guarded(CONSOLE, self._running))
+        app.router.add_post("/unload", self._guarded(CONSOLE_ADMIN, self._unload))
 
     def _allowed(self, request: web.Request, scope: str) -> Verdict | None:
         if not self._access.ring().required:
@@ -134,6 +138,45 @@ class Console:
             return _refused(400, command)
         answer = await self._ask(command)
         return web.json_response(dict(answer), status=200 if answer.get("ok") else 409, headers=_headers())
+
+    async def _running(self, request: web.Request) -> web.Response:
+        answer = await self._ask({"command": "status"})
+        if not answer.get("ok"):
+            return _refused(503, str(answer.get("error", "the daemon did not answer")))
+        return web.json_response(running(answer["status"]), headers=_headers())
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        answer = await self._ask({"command": "status"})
+        if not answer.get("ok"):
+            return _refused(503, str(answer.get("error", "the daemon did not answer")))
+        errors = []
+        for name in awake_members(answer["status"]):
+            slept = await self._ask({"command": "sleep", "deployment": name})
+            if not slept.get("ok"):
+                errors.append(f"{name}: {slept.get('error')}")
+        if errors:
+            return web.Response(status=409, text="; ".join(errors), headers=_headers())
+        return web.Response(text="OK", headers=_headers())
+
+
+def running(status: Mapping[str, Any]) -> dict[str, Any]:
+    """llama-swap's `GET /running` over the `status --json` document: the deployments that serve now."""
+    return {
+        "running": [
+            {"model": d["name"], "state": d["state"], "name": d["name"], "description": d.get("model") or ""}
+            for d in status.get("deployments", [])
+            if d.get("state") == "ready"
+        ]
+    }
+
+
+def awake_members(status: Mapping[str, Any]) -> list[str]:
+    """The swap-group members that do not sleep now (llama-swap's `/unload` puts them to sleep)."""
+    return [
+        d["name"]
+        for d in status.get("deployments", [])
+        if d.get("swap") is not None and d.get("state") not in ("asleep", "stopped", "failed", "down")
+    ]
 
 
 def _command(document: Any) -> dict[str, Any] | str:
