@@ -5,7 +5,9 @@ document: the narrow seam the console reads through (the daemon wires `Daemon.ha
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -22,10 +24,31 @@ from dankserve.gateway.service import start_gateway
 from dankserve.settings import DeploymentSettings, GatewaySettings
 from tests.gateway.conftest import TableSupervisor
 from tests.gateway.test_access import write_keys
+from tests.harness.browser import CHROMIUM, Browser
 from tests.harness.daemon import free_port
 
 HOSTILE = "<script>alert(1)</script>"
 READER, ADMIN, API = "sk-reader-0123456789abcdef", "sk-admin-0123456789abcdef", "sk-api-0123456789abcdef"
+
+
+GIB = 2**30
+SHAPE: dict[str, Any] = {
+    "phase": "serving",
+    "endpoint": "http://127.0.0.1:8001",
+    "runtime": "podman",
+    "image": "docker.io/vllm/vllm-openai:v0.11.0",
+    "uptime_seconds": 5400.0,
+    "boots": 3,
+    "restarts": 1,
+    "boots_by_kind": {"cold": 1, "warm": 2},
+    "last_boot": {"kind": "warm", "seconds": 41.2},
+    "predicted": {"warm_seconds": 40.0, "wake_seconds": 3.1},
+    "kv_cache_source": "learned",
+    "last_failure": {"class": "oom", "message": "CUDA out of memory; gpu_memory_utilization lowered", "at": 0},
+    "gpus": [{"index": 0, "memory_used_bytes": 60 * GIB, "memory_total_bytes": 80 * GIB}],
+    "gpu_memory_held_bytes": 30 * GIB,
+}
+"""Fields of a `status --json` deployment as the page reads them (the daemon's document has more)."""
 
 
 class Daemon:
@@ -38,14 +61,8 @@ class Daemon:
     def __call__(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
         self.asked.append(dict(request))
         if request["command"] == "status":
-            deployment = {
-                "name": "a",
-                "state": self.state,
-                "phase": "serving",
-                "model": HOSTILE,
-                "swap": {"group": "g"},
-            }
-            solo = {"name": "solo", "state": "ready", "phase": "serving", "model": "org/solo", "swap": None}
+            deployment = {**SHAPE, "name": "a", "state": self.state, "model": HOSTILE, "swap": {"group": "g"}}
+            solo = {**SHAPE, "name": "solo", "state": "ready", "model": "org/solo", "swap": None}
             return {"ok": True, "status": {"daemon": {"running": True}, "deployments": [deployment, solo]}}
         if request["command"] == "sleep" and request.get("deployment") == "a":
             self.state = "asleep"
@@ -202,3 +219,51 @@ def test_llama_swaps_running_and_unload(console: Callable[..., tuple[str, Daemon
     assert {"command": "sleep", "deployment": "a"} in daemon.asked
     assert {"command": "sleep", "deployment": "solo"} not in daemon.asked  # in no swap group: it cannot sleep
     assert [r["model"] for r in json.loads(call(url, "/running", key=READER)[2])["running"]] == ["solo"]
+
+
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make system-deps)")
+SHOTS = os.environ.get("DANKSERVE_CONSOLE_SCREENSHOTS")
+"""A folder to write each page's screenshot into (docs/console/ when refreshing the README's pictures)."""
+STATE = "document.querySelector('[data-deployment=\"a\"] .state')?.textContent"
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_in_a_real_browser(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """Loads with no console error, follows a sleep without a reload, shows hostile text as text,
+    and shows the refusal of an action by a key without `console:admin`."""
+    url, daemon = keyed(console, tmp_path)
+
+    async def drive() -> None:
+        async with Browser() as browser:
+            await browser.goto(url + "/ui/")
+            await browser.evaluate(f"sessionStorage.setItem('dankserve-key', {json.dumps(READER)}); true")
+            browser.errors.clear()  # the first load had no key yet: its data requests were refused
+            await browser.goto(url + "/ui/")  # as a person's second visit in the tab: the key is kept
+            assert await browser.until(STATE) == "ready"
+            shown = await browser.evaluate("document.body.innerText")
+            assert HOSTILE in shown  # the model's name, as characters
+            assert await browser.evaluate("document.scripts.length") == 1  # only console.js
+            if SHOTS:
+                for page in ("deployments", "swap", "usage", "actions"):
+                    await browser.evaluate(f"location.hash = '#{page}'; true")
+                    await asyncio.sleep(0.3)
+                    await browser.screenshot(Path(SHOTS) / f"{page}.png")
+            await browser.evaluate("location.hash = '#deployments'; true")
+            daemon.state = "asleep"  # what the daemon says after `dankserve sleep a`
+            assert await browser.until(f"{STATE} === 'asleep' && {STATE}") == "asleep"
+            await browser.evaluate(
+                "location.hash = '#actions'; window.confirm = () => true;"
+                "document.getElementById('action').value = 'wake';"
+                "document.getElementById('action-form').requestSubmit(); true"
+            )
+            answer = await browser.until(
+                "document.getElementById('answer').textContent.includes('HTTP') && "
+                "document.getElementById('answer').textContent"
+            )
+            assert "HTTP 403" in answer and "console:admin" in answer
+            assert not [r for r in daemon.asked if r["command"] == "wake"]
+            # the refused action is logged by the browser as a failed resource; nothing else went wrong
+            assert [e for e in browser.errors if "/ui/api/action" not in e] == []
+
+    asyncio.run(drive())

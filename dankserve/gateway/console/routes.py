@@ -38,7 +38,12 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-STATIC = {"console.js": "text/javascript", "console.css": "text/css", "index.html": "text/html"}
+STATIC = {
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+    "icon.svg": "image/svg+xml",
+    "index.html": "text/html",
+}
 
 
 def _asset(name: str) -> bytes:

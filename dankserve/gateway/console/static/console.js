@@ -46,7 +46,7 @@ function compact(value) {
 }
 
 function table(rows, columns) {
-  const t = el("table");
+  const t = el("table", null, columns.length > 2 ? "wide" : "pairs");
   const head = el("tr");
   for (const [title] of columns) head.appendChild(el("th", title));
   t.appendChild(head);
@@ -74,9 +74,9 @@ function deploymentCard(d) {
   const predicted = d.predicted || {};
   const rows = [
     ["phase", d.phase + (d.phase_seconds != null ? " (" + seconds(d.phase_seconds) + ")" : "")],
-    ["model", d.model], ["endpoint", d.endpoint], ["runtime", d.runtime + (d.image ? " " + d.image : "")],
+    ["model", d.model], ["endpoint", d.endpoint], ["runtime", compact(d.runtime) + (d.image ? " " + d.image : "")],
     ["uptime", seconds(d.uptime_seconds)], ["boots", d.boots], ["restarts", d.restarts],
-    ["boots by kind", compact(d.observed && d.observed.boots_by_kind)],
+    ["boots by kind", compact(d.boots_by_kind)], ["last boot", compact(d.last_boot)],
     ["predicted", compact(predicted)], ["KV cache source", compact(d.kv_cache_source)],
     ["sleeping", d.swap ? compact(d.swap.sleep_level || d.state) : "not in a swap group"],
     ["message", compact(d.message)], ["why", compact(d.why)],
@@ -84,24 +84,38 @@ function deploymentCard(d) {
     ["GPU memory held", gib(d.gpu_memory_held_bytes)],
   ];
   card.appendChild(table(rows, [["field", (r) => r[0]], ["value", (r) => compact(r[1])]]));
-  for (const gpu of d.gpus || []) {
-    const total = Number(gpu.memory_total_bytes || gpu.total_bytes || 0);
-    const used = Number(gpu.memory_used_bytes || gpu.used_bytes || 0);
-    const line = el("p", "GPU " + compact(gpu.index) + ": " + gib(used) + " of " + gib(total) + " ");
-    if (total > 0) {
+  return card;
+}
+
+function gpuSummary(deployments) {
+  // Each GPU once: its NVML reading (as status reports it) and who is placed on it, asleep or awake.
+  const gpus = new Map();
+  for (const d of deployments) {
+    for (const gpu of d.gpus || []) {
+      const entry = gpus.get(gpu.index) || { gpu, members: [] };
+      entry.members.push(d);
+      gpus.set(gpu.index, entry);
+    }
+  }
+  const box = el("div", null, "gpus");
+  for (const { gpu, members } of gpus.values()) {
+    const line = el("p", "GPU " + gpu.index + ": " + gib(gpu.memory_used_bytes) + " of " + gib(gpu.memory_total_bytes) + " ");
+    if (gpu.memory_total_bytes) {
       const bar = el("progress");
-      bar.max = total;
-      bar.value = used;
+      bar.max = Number(gpu.memory_total_bytes);
+      bar.value = Number(gpu.memory_used_bytes || 0);
       line.appendChild(bar);
     }
-    card.appendChild(line);
+    const list = el("ul");
+    for (const d of members) list.appendChild(el("li", d.name + " (" + d.state + "): holds " + gib(d.gpu_memory_held_bytes)));
+    box.append(line, list);
   }
-  return card;
+  return box;
 }
 
 function renderDeployments(status) {
   const body = document.getElementById("deployments-body");
-  body.replaceChildren(...status.deployments.map(deploymentCard));
+  body.replaceChildren(gpuSummary(status.deployments), ...status.deployments.map(deploymentCard));
   const select = document.getElementById("deployment");
   const chosen = select.value;
   select.replaceChildren(...status.deployments.map((d) => { const o = el("option", d.name); o.value = d.name; return o; }));
