@@ -267,3 +267,11 @@ def test_in_a_real_browser(console: Callable[..., tuple[str, Daemon]], tmp_path:
             assert [e for e in browser.errors if "/ui/api/action" not in e] == []
 
     asyncio.run(drive())
+
+
+def test_open_pages_share_one_status_document(console: Callable[..., tuple[str, Daemon]]) -> None:
+    """Five pages polling at once ask the daemon once per STATUS_SECONDS, not five times."""
+    url, daemon = console()
+    for _ in range(5):
+        assert call(url, "/ui/api/status")[0] == 200
+    assert [r["command"] for r in daemon.asked] == ["status"]

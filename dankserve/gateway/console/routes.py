@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
@@ -34,6 +35,8 @@ Control = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 ACTIONS = frozenset({"sleep", "wake", "restart", "reload", "upgrade", "rollback"})
 """What the page may ask; `reload` takes no deployment."""
 MAX_ACTION_BYTES = 4096
+STATUS_SECONDS = 1.5
+"""Open pages share one status document this long: five pages cost the daemon what one does."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -66,9 +69,12 @@ def _refused(status: int, message: str) -> web.Response:
 class Console:
     """The console's handlers over the gateway's `Access` and the daemon's `Control`."""
 
-    def __init__(self, access: Access, control: Control) -> None:
+    def __init__(self, access: Access, control: Control, clock: Callable[[], float] = time.monotonic) -> None:
         self._access = access
         self._control = control
+        self._clock = clock
+        self._status_cache: tuple[float, Mapping[str, Any]] | None = None
+        self._status_lock = asyncio.Lock()
         self._assets = {name: _asset(name) for name in STATIC}  # read once: the package does not change
 
     def mount(self, app: web.Application) -> None:
@@ -116,8 +122,18 @@ class Console:
     async def _ask(self, command: Mapping[str, Any]) -> Mapping[str, Any]:
         return await asyncio.get_running_loop().run_in_executor(None, self._control, command)
 
+    async def _read_status(self) -> Mapping[str, Any]:
+        """The daemon's status answer, asked at most once per STATUS_SECONDS whoever polls."""
+        async with self._status_lock:
+            cached = self._status_cache
+            if cached is not None and self._clock() - cached[0] < STATUS_SECONDS:
+                return cached[1]
+            answer = await self._ask({"command": "status"})
+            self._status_cache = (self._clock(), answer) if answer.get("ok") else None
+            return answer
+
     async def _status(self, request: web.Request) -> web.Response:
-        answer = await self._ask({"command": "status"})
+        answer = await self._read_status()
         if not answer.get("ok"):
             return _refused(503, str(answer.get("error", "the daemon did not answer")))
         return web.json_response(answer["status"], headers=_headers())
@@ -142,10 +158,11 @@ class Console:
         if isinstance(command, str):
             return _refused(400, command)
         answer = await self._ask(command)
+        self._status_cache = None  # the next poll shows what the action did
         return web.json_response(dict(answer), status=200 if answer.get("ok") else 409, headers=_headers())
 
     async def _running(self, request: web.Request) -> web.Response:
-        answer = await self._ask({"command": "status"})
+        answer = await self._read_status()
         if not answer.get("ok"):
             return _refused(503, str(answer.get("error", "the daemon did not answer")))
         return web.json_response(running(answer["status"]), headers=_headers())
@@ -159,6 +176,7 @@ class Console:
             slept = await self._ask({"command": "sleep", "deployment": name})
             if not slept.get("ok"):
                 errors.append(f"{name}: {slept.get('error')}")
+        self._status_cache = None
         if errors:
             return web.Response(status=409, text="; ".join(errors), headers=_headers())
         return web.Response(text="OK", headers=_headers())
