@@ -17,32 +17,10 @@ import click
 from dankserve.cli.context import cli_context
 from dankserve.errors import EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
-from dankserve.gateway.usage import Counts, Label
+from dankserve.gateway.usage import usage_rows
 from dankserve.gateway.usage_store import read_usage, usage_path
 from dankserve.logview import parse_since
 from dankserve.settings import state_dir_despite_errors
-
-
-def usage_rows(counts: dict[Label, Counts]) -> list[dict[str, Any]]:
-    """One row per key and model, sorted; status codes grouped (2xx, 4xx, 5xx) beside every code."""
-    rows = []
-    for (key, model), c in sorted(counts.items()):
-        total = sum(c.requests.values())
-        by_class = {f"{k}xx": sum(n for code, n in c.requests.items() if code // 100 == k) for k in (2, 4, 5)}
-        rows.append(
-            {
-                "key": key,
-                "model": model,
-                "requests": total,
-                **by_class,
-                "codes": {str(code): n for code, n in sorted(c.requests.items())},
-                "prompt_tokens": c.prompt_tokens,
-                "completion_tokens": c.completion_tokens,
-                "estimated_tokens": c.estimated_tokens,
-            }
-        )
-    return rows
-
 
 COLUMNS = ("key", "model", "requests", "2xx", "4xx", "5xx", "prompt_tokens", "completion_tokens")
 HEADINGS = ("KEY", "MODEL", "REQUESTS", "2XX", "4XX", "5XX", "PROMPT TOKENS", "COMPLETION TOKENS")

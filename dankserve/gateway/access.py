@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from dankserve.errors import DankserveError
-from dankserve.gateway.keys import Key, KeyRing, bearer
+from dankserve.gateway.keys import API, Key, KeyRing, bearer
 from dankserve.gateway.keys_dir import read_keys
 from dankserve.gateway.limits import KeyLimits, Refusal
 from dankserve.gateway.tokens import TokenCount
@@ -78,8 +78,9 @@ class Access:
                 self.limits.forget_others({k.name for k in ring.keys})
         return self._ring
 
-    def identify(self, authorization: list[str]) -> Key | Denied:
-        """The request's key by its Authorization header(s): exactly one `Bearer KEY` of a configured key."""
+    def identify(self, authorization: list[str], scope: str = API) -> Key | Denied:
+        """The request's key by its Authorization header(s): exactly one `Bearer KEY` of a configured key
+        that holds `scope` (403 for a known key without it: a console-only key does not reach the models)."""
         ring = self.ring()
         if not ring.required:
             return ANONYMOUS
@@ -92,6 +93,8 @@ class Access:
             message = "incorrect API key provided"
         if found is None:
             return Denied(401, message)
+        if not found.may(scope):
+            return Denied(403, f"the key {found.name!r} lacks the scope {scope!r}; add it to the key file's scopes")
         return found
 
     def admit(self, key: Key) -> Refusal | None:

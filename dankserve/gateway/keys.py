@@ -8,6 +8,8 @@ A key file is `NAME.toml` in `[gateway] keys_dir` (the file's name is the key's 
     tokens_per_minute = 100000
     max_concurrent = 4
     priority = 0                # higher goes first when a deployment's admission queue is full
+    scopes = ["api"]            # optional: "api" (the OpenAI routes), "console" (the web console's
+                                # pages, read-only), "console:admin" (its actions too); unset: ["api"]
 
 Reading the directory (owners, modes, symlinks) is keys_dir.py's; this module only decides.
 """
@@ -36,6 +38,10 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}\Z")
 KEY_TEXT = re.compile(r"[\x21-\x7e]+\Z")
 """A key is what a client can send in an HTTP header: printable ASCII, no spaces."""
 LIMIT_MAX = 100_000_000
+API = "api"
+CONSOLE = "console"
+CONSOLE_ADMIN = "console:admin"
+SCOPES = (API, CONSOLE, CONSOLE_ADMIN)
 DEFAULT_NAME = "default"
 """The name `[gateway] api_key_file`'s key goes by."""
 
@@ -55,9 +61,16 @@ class Key:
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
     priority: int = 0
+    scopes: tuple[str, ...] = (API,)
+    """What the key may use: `api` (the OpenAI routes), `console` (the console's pages), `console:admin`
+    (its actions; implies `console`). A key file without `scopes` keeps the meaning keys had before them."""
 
     def __repr__(self) -> str:  # the secret never reaches a log through repr
         return f"Key(name={self.name!r}, models={self.models!r})"
+
+    def may(self, scope: str) -> bool:
+        """Whether the key holds `scope` (`console:admin` holds `console` too)."""
+        return scope in self.scopes or (scope == CONSOLE and CONSOLE_ADMIN in self.scopes)
 
     def allows(self, names: Iterable[str]) -> bool:
         """Whether any of a model's names (served name, alias) matches one of the key's globs."""
@@ -77,7 +90,7 @@ def key_name(file_name: str) -> str:
 
 
 ALLOWED = frozenset(
-    {"key", "key_file", "models", "requests_per_minute", "tokens_per_minute", "max_concurrent", "priority"}
+    {"key", "key_file", "models", "requests_per_minute", "tokens_per_minute", "max_concurrent", "priority", "scopes"}
 )
 
 
@@ -111,6 +124,7 @@ def parse_key(name: str, text: str, read_key_file: Callable[[str], str]) -> Key:
         tokens_per_minute=_limit(data, "tokens_per_minute"),
         max_concurrent=_limit(data, "max_concurrent"),
         priority=_priority(data.get("priority", 0)),
+        scopes=_scopes(data.get("scopes", [API])),
     )
 
 
@@ -130,6 +144,12 @@ def _models(value: Any) -> tuple[str, ...]:
     if len(value) > MAX_SCOPES:
         raise KeyFileError(f"models lists {len(value)} globs; at most {MAX_SCOPES}")
     return tuple(value)
+
+
+def _scopes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(s, str) and s in SCOPES for s in value):
+        raise KeyFileError(f"scopes must be a non-empty list of {', '.join(map(repr, SCOPES))}, not {value!r:.80}")
+    return tuple(dict.fromkeys(value))
 
 
 def _limit(data: dict[str, Any], setting: str) -> int | None:

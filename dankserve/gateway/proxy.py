@@ -131,8 +131,11 @@ class Gateway:
         """One session per backend socket (aiohttp's UnixConnector has one path); a few, one per deployment."""
         self.started = int(time.time())
 
-    def app(self) -> web.Application:
+    def app(self, *mounts: Callable[[web.Application], None]) -> web.Application:
+        """The application; `mounts` add their routes first (the console), ahead of the catch-all."""
         app = web.Application(client_max_size=self._limits.max_body_bytes)
+        for mount in mounts:
+            mount(app)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         app.on_response_prepare.append(self._cors.on_prepare())
         app.on_startup.append(lambda app: self._upstreams.open())

@@ -10,6 +10,7 @@ from dankserve.errors import EnvironmentUnusable
 from dankserve.gateway.access import Access
 from dankserve.gateway.answers import Cors
 from dankserve.gateway.backends import Supervisor
+from dankserve.gateway.console.routes import Console, Control
 from dankserve.gateway.proxy import Gateway, QueuePolicy
 from dankserve.settings import DeploymentSettings, GatewaySettings, split_listen
 
@@ -21,11 +22,13 @@ def start_gateway(
     *,
     current: Callable[[], GatewaySettings | None] | None = None,
     usage_file: Path | None = None,
+    console: Control | None = None,
 ) -> tuple[GuardedServer, Access]:
     """Listen on settings.listen and serve until the returned server is closed.
 
     `current`: the settings now (after reloads; the keys are read again when they change);
-    `usage_file`: where the usage counters are kept across restarts (None: in memory only)."""
+    `usage_file`: where the usage counters are kept across restarts (None: in memory only);
+    `console`: the daemon's control verbs, for the web console at /ui/ (None: no console)."""
     access = Access(current or (lambda: settings), usage_file)
     limits = Limits(
         max_connections=settings.max_connections,
@@ -39,7 +42,11 @@ def start_gateway(
     gateway = Gateway(deployments, supervisor, limits, queue, access, cors=Cors(frozenset(settings.allowed_origins)))
     try:
         server = GuardedServer(
-            gateway.app(), split_listen(settings.listen), limits, name="gateway", handler_cancellation=True
+            gateway.app(*([Console(access, console).mount] if console is not None else [])),
+            split_listen(settings.listen),
+            limits,
+            name="gateway",
+            handler_cancellation=True,
         )
     except OSError as exc:
         raise EnvironmentUnusable(

@@ -173,3 +173,24 @@ def _copy(counts: Counts) -> Counts:
     out = Counts()
     out.merge(counts)
     return out
+
+
+def usage_rows(counts: dict[Label, Counts]) -> list[dict[str, Any]]:
+    """One row per key and model, sorted; status codes grouped (2xx, 4xx, 5xx) beside every code."""
+    rows = []
+    for (key, model), c in sorted(counts.items()):
+        total = sum(c.requests.values())
+        by_class = {f"{k}xx": sum(n for code, n in c.requests.items() if code // 100 == k) for k in (2, 4, 5)}
+        rows.append(
+            {
+                "key": key,
+                "model": model,
+                "requests": total,
+                **by_class,
+                "codes": {str(code): n for code, n in sorted(c.requests.items())},
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "estimated_tokens": c.estimated_tokens,
+            }
+        )
+    return rows

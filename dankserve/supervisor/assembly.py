@@ -160,6 +160,7 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
             supervisor,
             current=lambda: daemon.settings.gateway,
             usage_file=usage_path(daemon.settings.state_dir),
+            console=daemon.handle_request,  # the web console asks what the control socket answers
         )
         daemon.gateway_usage = access.totals  # /metrics: requests and tokens per key
     except BaseException:

@@ -6,8 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from dankserve.cli.usage import render_table, usage_rows
-from dankserve.gateway.usage import Usage
+from dankserve.cli.usage import render_table
+from dankserve.gateway.usage import Usage, usage_rows
 from dankserve.gateway.usage_store import usage_path, write_usage
 from tests.harness.cli import dankserve_cli
 

@@ -1,0 +1,217 @@
+"""The console's routes on the gateway's aiohttp application (added before the gateway's catch-all).
+
+    GET  /ui/                 the page (static: it holds no data)
+    GET  /ui/static/NAME      its CSS and JS
+    GET  /ui/api/status       the `status --json` document            (scope `console`)
+    GET  /ui/api/usage        the `usage --json` rows                 (scope `console`)
+    POST /ui/api/action       {"action": VERB, "deployment": NAME}    (scope `console:admin`)
+    GET  /running             llama-swap's shape: {"running": [{"model", "state", ...}]}  (scope `console`)
+    POST /unload              llama-swap's: every awake swap-group member sleeps; "OK"  (scope `console:admin`)
+
+Every answer carries a strict Content-Security-Policy (scripts and styles from the gateway only, no
+inline script, no framing). The control verbs block (a sleep waits for its outcome), so they run in
+the loop's thread pool; the answer goes back as the control socket gave it (the CLI's own words).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from dankserve.gateway.access import Access, Denied
+from dankserve.gateway.console.guard import ACTION_HEADER, Verdict, action_request, keyless
+from dankserve.gateway.keys import CONSOLE, CONSOLE_ADMIN
+from dankserve.gateway.usage import usage_rows
+
+Control = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+"""The daemon's control verb table (the control socket's handler): one request, one answer."""
+
+ACTIONS = frozenset({"sleep", "wake", "restart", "reload", "upgrade", "rollback"})
+"""What the page may ask; `reload` takes no deployment."""
+MAX_ACTION_BYTES = 4096
+STATUS_SECONDS = 1.5
+"""Open pages share one status document this long: five pages cost the daemon what one does."""
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+STATIC = {
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+    "icon.svg": "image/svg+xml",
+    "index.html": "text/html",
+}
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("dankserve.gateway.console").joinpath("static", name).read_bytes()
+
+
+def _headers() -> dict[str, str]:
+    return {
+        "Content-Security-Policy": CSP,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
+
+
+def _refused(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=_headers())
+
+
+class Console:
+    """The console's handlers over the gateway's `Access` and the daemon's `Control`."""
+
+    def __init__(self, access: Access, control: Control, clock: Callable[[], float] = time.monotonic) -> None:
+        self._access = access
+        self._control = control
+        self._clock = clock
+        self._status_cache: tuple[float, Mapping[str, Any]] | None = None
+        self._status_lock = asyncio.Lock()
+        self._assets = {name: _asset(name) for name in STATIC}  # read once: the package does not change
+
+    def mount(self, app: web.Application) -> None:
+        app.router.add_get("/ui", self._to_page)
+        app.router.add_get("/ui/", self._page)
+        app.router.add_get("/ui/static/{name}", self._static)
+        app.router.add_get("/ui/api/status", self._guarded(CONSOLE, self._status))
+        app.router.add_get("/ui/api/usage", self._guarded(CONSOLE, self._usage))
+        app.router.add_post("/ui/api/action", self._guarded(CONSOLE_ADMIN, self._action))
+        app.router.add_get("/running", self._guarded(CONSOLE, self._running))
+        app.router.add_post("/unload", self._guarded(CONSOLE_ADMIN, self._unload))
+
+    def _allowed(self, request: web.Request, scope: str) -> Verdict | None:
+        if not self._access.ring().required:
+            return keyless(request.remote, action=scope == CONSOLE_ADMIN)
+        key = self._access.identify(request.headers.getall("Authorization", []), scope)
+        return Verdict(key.status, key.message) if isinstance(key, Denied) else None
+
+    def _guarded(
+        self, scope: str, handler: Callable[[web.Request], Awaitable[web.Response]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def guarded(request: web.Request) -> web.Response:
+            verdict = self._allowed(request, scope)
+            if verdict is not None:
+                return _refused(verdict.status, verdict.message)
+            return await handler(request)
+
+        return guarded
+
+    async def _to_page(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound("/ui/")
+
+    async def _page(self, request: web.Request) -> web.Response:
+        verdict = self._allowed(request, CONSOLE) if not self._access.ring().required else None
+        if verdict is not None:  # keyless and not loopback: not even the empty page
+            return _refused(verdict.status, verdict.message)
+        return web.Response(body=self._assets["index.html"], content_type="text/html", headers=_headers())
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in STATIC or name == "index.html":
+            return _refused(404, f"no console asset {name[:80]!r}")
+        return web.Response(body=self._assets[name], content_type=STATIC[name], headers=_headers())
+
+    async def _ask(self, command: Mapping[str, Any]) -> Mapping[str, Any]:
+        return await asyncio.get_running_loop().run_in_executor(None, self._control, command)
+
+    async def _read_status(self) -> Mapping[str, Any]:
+        """The daemon's status answer, asked at most once per STATUS_SECONDS whoever polls."""
+        async with self._status_lock:
+            cached = self._status_cache
+            if cached is not None and self._clock() - cached[0] < STATUS_SECONDS:
+                return cached[1]
+            answer = await self._ask({"command": "status"})
+            self._status_cache = (self._clock(), answer) if answer.get("ok") else None
+            return answer
+
+    async def _status(self, request: web.Request) -> web.Response:
+        answer = await self._read_status()
+        if not answer.get("ok"):
+            return _refused(503, str(answer.get("error", "the daemon did not answer")))
+        return web.json_response(answer["status"], headers=_headers())
+
+    async def _usage(self, request: web.Request) -> web.Response:
+        return web.json_response({"rows": usage_rows(self._access.totals())}, headers=_headers())
+
+    async def _action(self, request: web.Request) -> web.Response:
+        verdict = action_request(
+            request.content_type, request.headers.get(ACTION_HEADER), request.headers.get("Origin"), request.host
+        )
+        if verdict is not None:
+            return _refused(verdict.status, verdict.message)
+        body = await request.content.read(MAX_ACTION_BYTES + 1)
+        if len(body) > MAX_ACTION_BYTES:
+            return _refused(413, f"an action's body is at most {MAX_ACTION_BYTES} bytes")
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return _refused(400, "an action's body is a JSON object")
+        command = _command(document)
+        if isinstance(command, str):
+            return _refused(400, command)
+        answer = await self._ask(command)
+        self._status_cache = None  # the next poll shows what the action did
+        return web.json_response(dict(answer), status=200 if answer.get("ok") else 409, headers=_headers())
+
+    async def _running(self, request: web.Request) -> web.Response:
+        answer = await self._read_status()
+        if not answer.get("ok"):
+            return _refused(503, str(answer.get("error", "the daemon did not answer")))
+        return web.json_response(running(answer["status"]), headers=_headers())
+
+    async def _unload(self, request: web.Request) -> web.Response:
+        answer = await self._ask({"command": "status"})
+        if not answer.get("ok"):
+            return _refused(503, str(answer.get("error", "the daemon did not answer")))
+        errors = []
+        for name in awake_members(answer["status"]):
+            slept = await self._ask({"command": "sleep", "deployment": name})
+            if not slept.get("ok"):
+                errors.append(f"{name}: {slept.get('error')}")
+        self._status_cache = None
+        if errors:
+            return web.Response(status=409, text="; ".join(errors), headers=_headers())
+        return web.Response(text="OK", headers=_headers())
+
+
+def running(status: Mapping[str, Any]) -> dict[str, Any]:
+    """llama-swap's `GET /running` over the `status --json` document: the deployments that serve now."""
+    return {
+        "running": [
+            {"model": d["name"], "state": d["state"], "name": d["name"], "description": d.get("model") or ""}
+            for d in status.get("deployments", [])
+            if d.get("state") == "ready"
+        ]
+    }
+
+
+def awake_members(status: Mapping[str, Any]) -> list[str]:
+    """The swap-group members that do not sleep now (llama-swap's `/unload` puts them to sleep)."""
+    return [
+        d["name"]
+        for d in status.get("deployments", [])
+        if d.get("swap") is not None and d.get("state") not in ("asleep", "stopped", "failed", "down")
+    ]
+
+
+def _command(document: Any) -> dict[str, Any] | str:
+    """The control request an action's body asks for, or what is wrong with it."""
+    if not isinstance(document, dict):
+        return "an action's body is a JSON object"
+    action = document.get("action")
+    if action not in ACTIONS:
+        return f"action must be one of {', '.join(sorted(ACTIONS))}, not {str(action)[:40]!r}"
+    if action == "reload":
+        return {"command": "reload"}
+    deployment = document.get("deployment")
+    if not isinstance(deployment, str) or not 0 < len(deployment) <= 200:
+        return f"{action} needs a deployment's name"
+    return {"command": action, "deployment": deployment}
