@@ -21,7 +21,7 @@ from dankserve.settings import keyless_gateway_exposure
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @hardware_option
 def command(as_json: bool, hardware: Path | None) -> ExitCode:
-    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk and images.
+    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk, images and snapshots (CRIU).
 
     With --hardware (or DANKSERVE_HARDWARE) the GPUs are a recorded host's: the file is read instead of
     the driver, and the device nodes and CDI spec of this machine are not checked."""
@@ -61,6 +61,11 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
                 checks.append(doctor.Check(f"image for {name}", verdict, detail, fix))
         except DankserveError as exc:
             checks.append(doctor.Check("podman", "fail", exc.message, exc.fix))
+
+    enabled = {n: d for n, d in settings.deployments.items() if d.enabled}
+    wanted = not enabled or any(d.snapshot == "auto" for d in enabled.values())
+    multi_gpu = [n for n, d in enabled.items() if d.snapshot == "auto" and (d.tensor_parallel_size or 1) > 1]
+    checks.append(doctor.snapshot_verdict(doctor.read_criu(), wanted=wanted, multi_gpu=multi_gpu))
 
     for name in settings.deployments:
         exposure = keyless_gateway_exposure(settings, name)
