@@ -85,10 +85,8 @@ def _kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     end = time.monotonic() + 20
     while any(Path(f"/proc/{p}").exists() for p in members) and time.monotonic() < end:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(-1, os.WNOHANG)  # orphans come to us: we are a child subreaper
-        except ChildProcessError:
-            pass
         time.sleep(0.05)
 
 
