@@ -3,46 +3,42 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from dankserve.snapshot.eviction import StoredSnapshot, fits, to_evict
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
 
+_INPUTS: dict[str, Any] = {
+    "argv": ("vllm", "serve", "m", "--port", "8000"),
+    "image_digest": "sha256:aa",
+    "vllm_version": "0.26.0",
+    "driver_version": "580.1",
+    "gpu_model": "NVIDIA H200",
+    "gpu_uuid": "GPU-1",
+    "kernel_release": "6.18",
+    "criu_version": "4.2.1",
+    "dankserve_version": "0.1.0",
+}
+
 
 def _key(**over: object) -> SnapshotKey:
     base = SnapshotKey.of(
-        argv=("vllm", "serve", "m", "--port", "8000"),
+        **_INPUTS,
         env={"HF_TOKEN": "hf_secret", "B": "2"},
-        image_digest="sha256:aa",
-        vllm_version="0.26.0",
-        driver_version="580.1",
-        gpu_model="NVIDIA H200",
-        gpu_uuid="GPU-1",
-        kernel_release="6.18",
-        criu_version="4.2.1",
-        dankserve_version="0.1.0",
         weights=(WeightsFile("b.safetensors", 2, 20), WeightsFile("a.safetensors", 1, 10)),
     )
     return replace(base, **over)  # type: ignore[arg-type]
 
 
 def test_same_inputs_in_any_order_are_valid() -> None:
-    a = _key()
-    b = SnapshotKey.of(
-        argv=a.argv,
+    other_order = SnapshotKey.of(
+        **_INPUTS,
         env={"B": "2", "HF_TOKEN": "hf_secret"},
-        image_digest="sha256:aa",
-        vllm_version="0.26.0",
-        driver_version="580.1",
-        gpu_model="NVIDIA H200",
-        gpu_uuid="GPU-1",
-        kernel_release="6.18",
-        criu_version="4.2.1",
-        dankserve_version="0.1.0",
         weights=(WeightsFile("a.safetensors", 1, 10), WeightsFile("b.safetensors", 2, 20)),
     )
-    assert invalid_reason(a, b) is None
+    assert invalid_reason(_key(), other_order) is None
 
 
 @pytest.mark.parametrize(
