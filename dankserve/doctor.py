@@ -210,14 +210,12 @@ def snapshot_verdict(reading: CriuReading, *, wanted: bool, multi_gpu: Iterable[
     return Check("snapshots", "ok", f"CRIU {reading.version} at {reading.path}: `criu check` passes")
 
 
-def read_criu(timeout_s: float = 30.0) -> CriuReading:
-    """Runs `criu --version` and `criu check` (bounded), reads the kernel release and our caps."""
+def read_criu(path: str | None, timeout_s: float = 30.0) -> CriuReading:
+    """Runs `criu --version` and `criu check` of the binary at `path` (None: none found; the one
+    finder is `snapshot.criu.find_criu`), bounded; reads the kernel release and our caps."""
     import os
     import subprocess
 
-    path = shutil.which("criu") or next(
-        (p for p in ("/usr/local/sbin/criu", "/usr/sbin/criu") if os.access(p, os.X_OK)), None
-    )
     kernel = os.uname().release
     caps = 0
     try:

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from dankserve.doctor import CriuReading, read_criu, snapshot_verdict
+from dankserve.snapshot.criu import criu_path
 
 _ROOT_CAPS = (1 << 21) | (1 << 40)
 _GOOD = CriuReading("/usr/local/sbin/criu", "4.2.1", True, "", "6.18.0", _ROOT_CAPS)
@@ -47,9 +48,9 @@ def test_all_off_is_ok_even_without_criu() -> None:
     assert check.verdict == "ok" and "off" in check.detail
 
 
-@pytest.mark.skipif(read_criu().path is None, reason="CRIU is not installed (make system-deps)")
+@pytest.mark.skipif(read_criu(criu_path()).path is None, reason="CRIU is not installed (make system-deps)")
 def test_real_criu_reading() -> None:
-    reading = read_criu()
+    reading = read_criu(criu_path())
     assert reading.path is not None and reading.version is not None
     assert reading.version.count(".") >= 1
     assert snapshot_verdict(reading, wanted=True).verdict in ("ok", "warn")

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from dankserve.doctor import read_criu
-from dankserve.snapshot.criu import CriuFailed, dump, restore
+from dankserve.snapshot.criu import CriuFailed, criu_path, dump, restore
 
-_reading = read_criu()
+_reading = read_criu(criu_path())
 pytestmark = pytest.mark.skipif(
     _reading.path is None or not _reading.check_ok or os.geteuid() != 0,
     reason="needs root and a working CRIU >= 4.2 (make system-deps)",

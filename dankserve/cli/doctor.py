@@ -15,6 +15,7 @@ from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import keyless_gateway_exposure
+from dankserve.snapshot.criu import criu_path
 
 
 @click.command("doctor")
@@ -65,7 +66,7 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
     enabled = {n: d for n, d in settings.deployments.items() if d.enabled}
     wanted = not enabled or any(d.snapshot == "auto" for d in enabled.values())
     multi_gpu = [n for n, d in enabled.items() if d.snapshot == "auto" and (d.tensor_parallel_size or 1) > 1]
-    checks.append(doctor.snapshot_verdict(doctor.read_criu(), wanted=wanted, multi_gpu=multi_gpu))
+    checks.append(doctor.snapshot_verdict(doctor.read_criu(criu_path()), wanted=wanted, multi_gpu=multi_gpu))
 
     for name in settings.deployments:
         exposure = keyless_gateway_exposure(settings, name)

@@ -37,9 +37,15 @@ class CriuFailed(EnvironmentUnusable):
         self.reason = reason
 
 
+def criu_path() -> str | None:
+    """The criu binary: PATH first, then where `make system-deps` installs it (root's PATH may
+    lack /usr/local/sbin under some service managers)."""
+    return shutil.which("criu") or next((p for p in _INSTALLED if os.access(p, os.X_OK)), None)
+
+
 def find_criu() -> str:
-    """The criu binary: PATH first, then where `make system-deps` installs it."""
-    found = shutil.which("criu") or next((p for p in _INSTALLED if os.access(p, os.X_OK)), None)
+    """The criu binary, or CriuMissing with the fix."""
+    found = criu_path()
     if found is None:
         raise CriuMissing("criu is not installed", fix="run `make system-deps` as root (builds CRIU 4.2.1)")
     return found
