@@ -149,3 +149,17 @@ def test_the_manifest_is_written_atomically(root: Path) -> None:
     capture(root, "a")
     assert not list((root / "a").glob(".*.tmp"))
     assert (root / "a" / MANIFEST).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_entries_and_stores_of_another_owner_are_not_trusted(root: Path) -> None:
+    capture(root, "a")
+    os.chown(root / "a", 12345, 12345)
+    entry = read_entry(root, "a")
+    assert entry.state == "corrupt" and "uid 12345" in (entry.reason or "")
+    capture(root, "b")
+    os.chown(root / "b" / MANIFEST, 12345, 12345)
+    assert read_entry(root, "b").state == "corrupt"
+    os.chown(root, 12345, 12345)
+    with pytest.raises(EnvironmentUnusable, match="uid 12345"):
+        list_entries(root)
