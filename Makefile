@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 
 system-deps:
 	bash scripts/system-deps.sh
+	bash scripts/build-criu.sh
 
 lint: setup
 	$(BIN)/ruff check .

@@ -180,3 +180,102 @@ def free_disk(path: Path) -> int | None:
 def runs_systemd() -> bool:
     """systemd is this host's init (sd_booted(3): /run/systemd/system exists)."""
     return Path("/run/systemd/system").is_dir()
+
+
+# Snapshots (issue 41, docs/snapshots.md): CRIU 4.2 is the first that dumps a TCP socket on kernels
+# >= 6.16; CAP_SYS_ADMIN (21) or CAP_CHECKPOINT_RESTORE (40) lets it read and rebuild a process.
+CRIU_MIN_VERSION = (4, 2)
+_CAP_SYS_ADMIN = 21
+_CAP_CHECKPOINT_RESTORE = 40
+
+
+@dataclass(frozen=True)
+class CriuReading:
+    """What the snapshot check reads: CRIU (path, version, `criu check`), the kernel, the caps."""
+
+    path: str | None
+    version: str | None
+    check_ok: bool
+    check_reason: str
+    kernel_release: str
+    effective_caps: int
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def snapshot_verdict(reading: CriuReading, *, wanted: bool, multi_gpu: Iterable[str] = ()) -> Check:
+    """Whether snapshots can work here, and why not. Never a fail: `snapshot = "auto"` falls back
+    to a plain boot, so a host without them still serves (slower restarts). `wanted`: some
+    deployment has `snapshot = "auto"` (or none is configured yet); else the check says they are off."""
+    if not wanted:
+        return Check("snapshots", "ok", 'off (snapshot = "off" for every deployment)')
+    bad: Verdict = "warn"
+    build = "run `make system-deps` as root (builds CRIU 4.2.1 from Debian's source package)"
+    if reading.kernel_release.startswith("4.4.0"):
+        return Check(
+            "snapshots",
+            bad,
+            f"kernel {reading.kernel_release} looks like gVisor (runsc): CRIU cannot run in it",
+            'run dankserve on a VM or bare-metal kernel, or set snapshot = "off"',
+        )
+    if reading.path is None:
+        return Check("snapshots", bad, "CRIU is not installed: restarts will boot from scratch", build)
+    if reading.version is None or _version_tuple(reading.version) < CRIU_MIN_VERSION:
+        found = reading.version or "unknown"
+        return Check("snapshots", bad, f"CRIU {found} at {reading.path} is older than 4.2 (TCP sockets fail)", build)
+    caps = reading.effective_caps
+    if not (caps >> _CAP_SYS_ADMIN & 1 or caps >> _CAP_CHECKPOINT_RESTORE & 1):
+        return Check(
+            "snapshots",
+            bad,
+            "neither CAP_SYS_ADMIN nor CAP_CHECKPOINT_RESTORE is held: CRIU cannot dump or restore",
+            "run the daemon as root (the systemd unit does)",
+        )
+    if not reading.check_ok:
+        return Check(
+            "snapshots",
+            bad,
+            f"`criu check` fails on kernel {reading.kernel_release}: {reading.check_reason}",
+            'use a kernel CRIU supports (docs/snapshots.md), or set snapshot = "off"',
+        )
+    tp = sorted(multi_gpu)
+    if tp:
+        return Check(
+            "snapshots",
+            "warn",
+            f"CRIU {reading.version} works here, but {', '.join(tp)} use more than one GPU (TP > 1): "
+            "NCCL cannot be checkpointed, they boot from scratch",
+        )
+    return Check("snapshots", "ok", f"CRIU {reading.version} at {reading.path}: `criu check` passes")
+
+
+def read_criu(path: str | None, timeout_s: float = 30.0) -> CriuReading:
+    """Runs `criu --version` and `criu check` of the binary at `path` (None: none found; the one
+    finder is `snapshot.criu.find_criu`), bounded; reads the kernel release and our caps."""
+    import os
+    import subprocess
+
+    kernel = os.uname().release
+    caps = 0
+    try:
+        for line in Path("/proc/self/status").read_text(errors="replace").splitlines():
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+    except (OSError, ValueError):
+        caps = 0
+    if path is None:
+        return CriuReading(None, None, False, "", kernel, caps)
+    version: str | None = None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s, check=False)
+        found = re.search(r"Version:\s*(\S+)", out.stdout)
+        version = found.group(1) if found else None
+        check = subprocess.run([path, "check"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return CriuReading(path, version, False, str(exc), kernel, caps)
+    lines = [ln.strip() for ln in (check.stderr + check.stdout).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "rror" in ln] or lines
+    reason = (errors[-1] if errors else f"exit status {check.returncode}")[:300]
+    return CriuReading(path, version, check.returncode == 0, reason, kernel, caps)

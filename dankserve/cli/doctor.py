@@ -16,17 +16,18 @@ from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import keyless_gateway_exposure
+from dankserve.snapshot.criu import criu_path
 
 if TYPE_CHECKING:
     from dankserve.host.model import Host
-    from dankserve.settings import DeploymentSettings
+    from dankserve.settings import DeploymentSettings, Settings
 
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @hardware_option
 def command(as_json: bool, hardware: Path | None) -> ExitCode:
-    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk and images.
+    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk, images and snapshots (CRIU).
 
     With --hardware (or DANKSERVE_HARDWARE) the GPUs are a recorded host's: the file is read instead of
     the driver, and the device nodes and CDI spec of this machine are not checked."""
@@ -80,6 +81,8 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
             _devices_check(n, d, host, recorded=hardware is not None) for n, d in sorted(podman_deployments.items())
         ]
 
+    checks.append(_snapshots_check(settings))
+
     for name in settings.deployments:
         exposure = keyless_gateway_exposure(settings, name)
         if exposure is not None:
@@ -95,6 +98,14 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
             if check.fix and check.verdict != "ok":
                 click.echo(f"        fix: {check.fix}")
     return ExitCode.ENVIRONMENT if failed else ExitCode.OK
+
+
+def _snapshots_check(settings: Settings) -> doctor.Check:
+    """Whether snapshots can work here, for the deployments that want them (`snapshot = "auto"`)."""
+    enabled = {n: d for n, d in settings.deployments.items() if d.enabled}
+    wanted = not enabled or any(d.snapshot == "auto" for d in enabled.values())
+    multi_gpu = [n for n, d in enabled.items() if d.snapshot == "auto" and (d.tensor_parallel_size or 1) > 1]
+    return doctor.snapshot_verdict(doctor.read_criu(criu_path()), wanted=wanted, multi_gpu=multi_gpu)
 
 
 def _recorded_host_check(path: Path) -> tuple[doctor.Check, Host | None]:

@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "usage": ("usage", "Show requests and tokens per gateway key and model (kept across restarts)."),
     "inspect-log": ("inspect_log", "Read a vLLM boot log and print the facts learned from it."),
     "export": ("export", "Print a deployment as a Podman Quadlet .container unit, for plain systemd."),
+    "snapshot": ("snapshot", "List or remove the snapshots of warm servers (restored instead of a boot)."),
     "install": ("install", "Install the systemd unit and the example config."),
     "doctor": ("doctor", "Check what a GPU host needs: Podman, driver, CDI, disk, image."),
 }

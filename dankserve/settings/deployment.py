@@ -116,6 +116,12 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     )
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
+    snapshot: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Snapshots of the warm server, restored on restarts instead of a boot (docs/snapshots.md; "
+        "being built: today no snapshot is captured). off: never capture or restore; a snapshot holds the "
+        "server's memory, secrets included.",
+    )
     served_model_name: str | None = Field(
         default=None,
         min_length=1,

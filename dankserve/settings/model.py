@@ -69,6 +69,13 @@ class Settings(UpgradeTable, BaseSettings):
     podman_url: str = Field(default="unix:///run/podman/podman.sock", description="Podman REST API URL.")
     state_dir: Path = Field(default=Path("/var/lib/dankserve"), description="Learned boot facts, pid, control socket.")
     cache_dir: Path = Field(default=Path("/var/cache/dankserve"), description="Per-deployment torch.compile caches.")
+    snapshot_max_bytes: int = Field(
+        default=64 * 2**30,
+        ge=0,
+        le=2**50,
+        description="Disk budget of the snapshots under state_dir/snapshots; the least recently used go first "
+        "(docs/snapshots.md). 0: no snapshot is kept.",
+    )
     hf_cache_dir: Path = Field(
         default_factory=lambda: default_hf_cache_dir(os.environ),
         description="Hugging Face cache (HF_HOME layout: models under hub/), mounted at /root/.cache/huggingface; "

@@ -39,6 +39,7 @@ ON_RELOAD: Mapping[str, OnReload] = {
     "state_dir": _restart("the daemon's lock, pid file, control socket and learned facts live there"),
     "cache_dir": _restart("checked to be the daemon's own at start; running servers mount their caches from it"),
     "hf_cache_dir": _restart("checked to be the daemon's own at start; running servers mount it"),
+    "snapshot_max_bytes": _applied("the next snapshot capture (and `dankserve snapshot list`) reads it"),
     "vllm_version": _applied("the next plan of each deployment (its next boot) reads it"),
     "upgrade": _applied("the next `dankserve upgrade` (or the timer's) reads it"),
     "restart_backoff_initial_seconds": _restart(_LIFECYCLE),

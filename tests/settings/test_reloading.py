@@ -28,6 +28,7 @@ OTHER_VALUE: dict[str, Any] = {
     "state_dir": Path("/srv/dankserve/state"),
     "cache_dir": Path("/srv/dankserve/cache"),
     "hf_cache_dir": Path("/srv/dankserve/hf"),
+    "snapshot_max_bytes": 2**30,
     "vllm_version": "0.30.0",
     "upgrade": UpgradeSettings(auto_update="registry", kv_shrink_percent=2.0),
     "restart_backoff_initial_seconds": 7.0,

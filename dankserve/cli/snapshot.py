@@ -1,0 +1,74 @@
+"""`dankserve snapshot list [--json]` and `dankserve snapshot rm NAME`: the snapshot store under the
+state dir, read and changed directly (no daemon needed; docs/snapshots.md).
+
+Exit codes: 0 done; 2 `rm` of a name with no snapshot (or not a name); 3 the store is unsafe (a
+symlink, another owner, open to others: it holds the servers' secrets).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import click
+
+from dankserve.cli.context import cli_context
+from dankserve.cli.render import format_bytes, print_json
+from dankserve.errors import InvalidInput
+from dankserve.exitcodes import ExitCode
+from dankserve.settings import state_dir_despite_errors
+from dankserve.snapshot.store import Entry, list_entries, remove, store_root
+
+
+def _stamp(value: float | None) -> str | None:
+    return None if value is None else datetime.fromtimestamp(value, tz=UTC).isoformat(timespec="seconds")
+
+
+def _row(entry: Entry) -> dict[str, object]:
+    return {
+        "deployment": entry.deployment,
+        "state": entry.state,
+        "path": str(entry.path),
+        "bytes": entry.bytes,
+        "captured_at": _stamp(entry.captured_at),
+        "last_restore_seconds": entry.last_restore_seconds,
+        "reason": entry.reason,
+    }
+
+
+@click.group("snapshot")
+def command() -> None:
+    """List or remove the snapshots of warm servers (docs/snapshots.md)."""
+
+
+@command.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshots as JSON.")
+def list_command(as_json: bool) -> ExitCode:
+    """Show each deployment's snapshot: state, path, size, when captured, the last restore's seconds."""
+    root = store_root(state_dir_despite_errors(cli_context().config))
+    rows = [_row(e) for e in list_entries(root)]
+    if as_json:
+        print_json({"store": str(root), "snapshots": rows})
+        return ExitCode.OK
+    if not rows:
+        click.echo(f"no snapshots in {root}")
+    for r in rows:
+        restore = r["last_restore_seconds"]
+        restored = f"{restore:.2f} s" if isinstance(restore, float) else "-"
+        size = r["bytes"]
+        click.echo(
+            f"{r['deployment']}  {r['state']}  {format_bytes(size if isinstance(size, int) else None)}  "
+            f"captured {r['captured_at'] or '-'}  last restore {restored}  {r['path']}"
+            + (f"  ({r['reason']})" if r["reason"] else "")
+        )
+    return ExitCode.OK
+
+
+@command.command("rm")
+@click.argument("name")
+def rm_command(name: str) -> ExitCode:
+    """Delete a deployment's snapshot (it holds the server's memory, secrets included)."""
+    root = store_root(state_dir_despite_errors(cli_context().config))
+    if not remove(root, name):
+        raise InvalidInput(f"no snapshot of {name!r} in {root}", fix="`dankserve snapshot list` shows which exist")
+    click.echo(f"removed the snapshot of {name}")
+    return ExitCode.OK

@@ -1,0 +1,105 @@
+"""The CRIU edge: dump a process tree into a directory and restore it from one.
+
+Thin: runs the `criu` binary (docs/snapshots.md; >= 4.2, `make system-deps`), bounded in time, and
+turns a failure into a typed error carrying CRIU's own reason (the last error line of its log).
+Which tree, where the directory lives and whether a snapshot is valid are decided elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from dankserve.errors import EnvironmentUnusable, MissingTool
+
+# What CRIU needs to dump a listening server (FACTS: "Snapshots"): its TCP sockets in any state.
+_TCP = ("--tcp-established",)
+_LOG_TAIL_BYTES = 64 * 1024
+_INSTALLED = ("/usr/local/sbin/criu", "/usr/sbin/criu")
+
+
+class CriuMissing(MissingTool):
+    """No criu binary where dankserve looks."""
+
+
+class CriuFailed(EnvironmentUnusable):
+    """`criu dump` or `criu restore` failed or did not finish; `reason` is CRIU's own words."""
+
+    def __init__(self, action: str, reason: str, log: Path | None) -> None:
+        where = f" (log: {log})" if log is not None else ""
+        super().__init__(
+            f"criu {action} failed: {reason}{where}",
+            fix="run `criu check` as root; see docs/snapshots.md for CRIU's limits",
+        )
+        self.action = action
+        self.reason = reason
+
+
+def criu_path() -> str | None:
+    """The criu binary: PATH first, then where `make system-deps` installs it (root's PATH may
+    lack /usr/local/sbin under some service managers)."""
+    return shutil.which("criu") or next((p for p in _INSTALLED if os.access(p, os.X_OK)), None)
+
+
+def find_criu() -> str:
+    """The criu binary, or CriuMissing with the fix."""
+    found = criu_path()
+    if found is None:
+        raise CriuMissing("criu is not installed", fix="run `make system-deps` as root (builds CRIU 4.2.1)")
+    return found
+
+
+def dump(
+    pid: int, images: Path, *, leave_running: bool = True, criu: str | None = None, timeout_s: float = 300.0
+) -> None:
+    """Dumps the tree rooted at `pid` into `images` (an existing, empty directory)."""
+    args = ["dump", "-t", str(pid), "-D", str(images), *_TCP, "-o", "dump.log", "-v2"]
+    if leave_running:
+        args.append("--leave-running")
+    _run(criu, "dump", args, images / "dump.log", timeout_s)
+
+
+def restore(images: Path, *, criu: str | None = None, timeout_s: float = 300.0) -> int:
+    """Restores the tree in `images`, detached; returns its root's pid."""
+    pidfile = images / "restore.pid"
+    pidfile.unlink(missing_ok=True)
+    args = ["restore", "-D", str(images), "-d", *_TCP, "--pidfile", str(pidfile), "-o", "restore.log", "-v2"]
+    _run(criu, "restore", args, images / "restore.log", timeout_s)
+    try:
+        text = pidfile.read_bytes()[:32].decode("ascii", errors="replace").strip()
+        return int(text)
+    except (OSError, ValueError) as exc:
+        raise CriuFailed("restore", f"no pid in {pidfile}: {exc}", images / "restore.log") from exc
+
+
+def _run(criu: str | None, action: str, args: list[str], log: Path, timeout_s: float) -> None:
+    binary = criu or find_criu()
+    try:
+        done = subprocess.run(
+            [binary, *args], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise CriuFailed(action, f"did not finish in {timeout_s:g} s", log) from exc
+    except OSError as exc:
+        raise CriuFailed(action, f"could not run {binary}: {exc}", None) from exc
+    if done.returncode != 0:
+        said = (done.stderr or b"")[-_LOG_TAIL_BYTES:].decode(errors="replace")
+        raise CriuFailed(action, _reason(log, said) or f"exit status {done.returncode}", log)
+
+
+def _reason(log: Path, said: str) -> str:
+    """The last error line of CRIU's log (read bounded: the log is CRIU's, but may be huge)."""
+    text = said
+    try:
+        with log.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _LOG_TAIL_BYTES))
+            text = f.read().decode(errors="replace") + "\n" + said
+    except OSError:
+        pass
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # CRIU ends with "Restoring FAILED."; the line before it names the cause.
+    errors = [ln for ln in lines if ("Error" in ln or "error" in ln) and "FAILED" not in ln]
+    return (errors[-1] if errors else (lines[-1] if lines else ""))[:500]
