@@ -82,12 +82,7 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
         ]
 
     checks.append(_snapshots_check(settings))
-
-    for name in settings.deployments:
-        exposure = keyless_gateway_exposure(settings, name)
-        if exposure is not None:
-            fix = "write a key into a file (mode 0600), set [gateway] api_key_file to it; clients send it as a Bearer"
-            checks.append(doctor.Check(f"gateway key for {name}", "warn", exposure, fix))
+    checks += _gateway_key_checks(settings)
 
     failed = [c for c in checks if c.verdict == "fail"]
     if as_json:
@@ -98,6 +93,17 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
             if check.fix and check.verdict != "ok":
                 click.echo(f"        fix: {check.fix}")
     return ExitCode.ENVIRONMENT if failed else ExitCode.OK
+
+
+def _gateway_key_checks(settings: Settings) -> list[doctor.Check]:
+    """A warning per deployment that a keyless gateway exposes beyond loopback."""
+    checks = []
+    for name in settings.deployments:
+        exposure = keyless_gateway_exposure(settings, name)
+        if exposure is not None:
+            fix = "write a key into a file (mode 0600), set [gateway] api_key_file to it; clients send it as a Bearer"
+            checks.append(doctor.Check(f"gateway key for {name}", "warn", exposure, fix))
+    return checks
 
 
 def _snapshots_check(settings: Settings) -> doctor.Check:
