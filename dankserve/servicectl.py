@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dankserve import control
 from dankserve.errors import EnvironmentUnusable
+from dankserve.logsources import DAEMON_LOG
 from dankserve.processes import spawn_detached
 from dankserve.supervisor import instance
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from dankserve.settings import Settings
 
 UNIT_NAME = "dankserve.service"
-DAEMON_LOG = "daemon.log"
 
 
 def systemd_running() -> bool:
