@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from dankserve import control
 from dankserve.errors import EnvironmentUnusable
+from dankserve.logsources import DAEMON_LOG as _DAEMON_LOG
 from dankserve.processes import spawn_detached
 from dankserve.supervisor import instance
+
+DAEMON_LOG = _DAEMON_LOG
+"""Where the background daemon writes (owned by logsources, which reads it; named here for its starters)."""
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings
 
 UNIT_NAME = "dankserve.service"
-DAEMON_LOG = "daemon.log"
 
 
 def systemd_running() -> bool:

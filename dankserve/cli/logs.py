@@ -20,14 +20,10 @@ one running when it began (a restart, `down` then `up`, a swap group's boots).
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,27 +34,26 @@ from dankserve.cli.context import cli_context
 from dankserve.cli.options import complete_deployment
 from dankserve.errors import DankserveError, InvalidInput
 from dankserve.exitcodes import ExitCode
-from dankserve.logview import Reorder, TimedLine, daemon_file_line, journal_entry, merged, parse_since, server_lines
+from dankserve.logsources import (
+    DAEMON_LOG,
+    RESCAN_SECONDS,
+    DaemonLog,
+    Emit,
+    ServerLog,
+    ended_lines,
+    follow_journal,
+    journal_available,
+    journal_history,
+)
+from dankserve.logview import Reorder, TimedLine, merged, parse_since
 from dankserve.settings import Settings
-from dankserve.systemd.journal import SYSLOG_IDENTIFIER, daemon_identity
 
 if TYPE_CHECKING:
     from dankserve.runtime.base import Runtime
 
-JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
-RESCAN_SECONDS = 0.25
-"""How often a follower looks for the server that replaces an ended one, or for more of daemon.log."""
 HOLD_SECONDS = 2 * RESCAN_SECONDS
 """`-f` holds each line this long, so lines of several sources that arrive within it print in time order
 (daemon.log is read every RESCAN_SECONDS: its lines come up to that late)."""
-
-Emit = Callable[[TimedLine], None]
-
-
-def journal_matches(state_dir: Path, one: str | None) -> list[str]:
-    """journalctl matches (all must hold) for this daemon's entries: all of them, or one deployment's."""
-    identity = [f"{key}={value}" for key, value in daemon_identity(state_dir).items()]
-    return [f"SYSLOG_IDENTIFIER={SYSLOG_IDENTIFIER}", *identity, *([f"DEPLOYMENT={one}"] if one else [])]
 
 
 @click.command("logs")
@@ -111,10 +106,10 @@ def command(  # click passes every option by name
         for line in merged(_previous_servers(settings, deployment, now), start, lines):
             emit(line)
         return ExitCode.OK
-    journal = _journal_available()
+    journal = journal_available()
     # A daemon under systemd logs to the journal; one started in the background (`dankserve up`
     # without the unit) writes daemon.log in the state dir: both are read where they exist.
-    journal_lines = _journal_history(settings.state_dir, deployment, start, lines) if journal else []
+    journal_lines = journal_history(settings.state_dir, deployment, start, lines) if journal else []
     daemon_log = DaemonLog(_daemon_log_path(settings), deployment)
     servers = [ServerLog(runtime, name) for name, runtime in _runtimes(settings, deployment)]
     ended = [ended_lines(s.runtime, s.deployment, now) for s in servers]
@@ -128,7 +123,7 @@ def command(  # click passes every option by name
     threads += [threading.Thread(target=server.follow, args=(emit,), daemon=True) for server in servers]
     if journal:
         journal_args = (settings.state_dir, deployment, emit)
-        threads.append(threading.Thread(target=_follow_journal, args=journal_args, daemon=True))
+        threads.append(threading.Thread(target=follow_journal, args=journal_args, daemon=True))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -170,96 +165,8 @@ def _in_time_order(emit: Emit) -> Emit:
     return push
 
 
-def _journal_available() -> bool:
-    return shutil.which("journalctl") is not None and JOURNAL_SOCKET.exists()
-
-
-def _journalctl(state_dir: Path, deployment: str | None, *extra: str) -> list[str]:
-    return ["journalctl", "--no-pager", "-o", "json", *extra, *journal_matches(state_dir, deployment)]
-
-
-def _journal_history(state_dir: Path, deployment: str | None, start: datetime | None, lines: int) -> list[TimedLine]:
-    extra = ["-n", str(lines)]
-    if start is not None:
-        extra += ["--since", start.strftime("%Y-%m-%d %H:%M:%S")]
-    done = subprocess.run(_journalctl(state_dir, deployment, *extra), capture_output=True, text=True, check=False)
-    return [entry for entry in map(journal_entry, done.stdout.splitlines()) if entry is not None]
-
-
-def _follow_journal(state_dir: Path, deployment: str | None, emit: Emit) -> None:
-    argv = _journalctl(state_dir, deployment, "-f", "-n", "0")
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            entry = journal_entry(raw)
-            if entry is not None:
-                emit(entry)
-
-
 def _daemon_log_path(settings: Settings) -> Path:
-    from dankserve.servicectl import DAEMON_LOG
-
     return settings.state_dir / DAEMON_LOG
-
-
-@dataclass
-class DaemonLog:
-    """The background daemon's log file (appended to by each daemon started with `up`)."""
-
-    path: Path
-    deployment: str | None
-    _read_to: int = 0
-
-    def _wanted(self, raw: str) -> TimedLine | None:
-        line = daemon_file_line(raw)
-        if line is None or (self.deployment is not None and line.deployment != self.deployment):
-            return None
-        return line
-
-    def history(self) -> list[TimedLine]:
-        try:
-            data = self.path.read_bytes()
-        except OSError:
-            return []
-        self._read_to = data.rfind(b"\n") + 1  # a last line still being written is read by follow
-        raws = data[: self._read_to].decode("utf-8", "replace").splitlines()
-        return [line for line in map(self._wanted, raws) if line is not None]
-
-    def follow(self, emit: Emit) -> None:
-        """Print each line written after the history, as it comes; also once the file first appears."""
-        pending = b""
-        while True:
-            try:
-                with self.path.open("rb") as handle:
-                    handle.seek(self._read_to)
-                    chunk = handle.read()
-            except OSError:
-                chunk = b""
-            if chunk:
-                self._read_to += len(chunk)
-                *complete, pending = (pending + chunk).split(b"\n")
-                for raw in complete:
-                    line = self._wanted(raw.decode("utf-8", "replace"))
-                    if line is not None:
-                        emit(line)
-            else:
-                time.sleep(RESCAN_SECONDS)
-
-
-def ended_lines(runtime: Runtime, deployment: str, now: datetime, last: int | None = None) -> list[TimedLine]:
-    """The lines of the deployment's ended servers the runtime kept (or of the `last` few), each labelled
-    with its place before the running one: `dankserve-NAME[-1]` the last to end."""
-    from dankserve.runtime.base import workload_name
-
-    with contextlib.suppress(DankserveError, OSError):
-        servers = runtime.ended_servers(deployment)
-        chosen = servers[-last:] if last else servers
-        out: list[TimedLine] = []
-        for back, server in zip(range(len(chosen), 0, -1), chosen, strict=True):
-            stored, texts = _unzip(list(server.lines))
-            out += server_lines(f"{workload_name(deployment)}[-{back}]", texts, now, stored, deployment)
-        return out
-    return []
 
 
 def _previous_servers(settings: Settings, deployment: str | None, now: datetime) -> list[list[TimedLine]]:
@@ -285,58 +192,3 @@ def _runtimes(settings: Settings, deployment: str | None) -> Iterator[tuple[str,
             click.echo(f"warning: {name}: its server's lines are left out: {exc.message}", err=True)
             continue
         yield name, runtime
-
-
-@dataclass
-class ServerLog:
-    """One deployment's servers, one after another: the one running now and each that replaces it."""
-
-    runtime: Runtime
-    deployment: str
-    _seen: dict[str, int] = field(default_factory=dict)
-    """Lines already shown per workload id (a follow stream starts from the workload's first line)."""
-    _ended: set[str] = field(default_factory=set)
-
-    def _current(self) -> tuple[str, str, bool] | None:
-        """(id, name, running) of the deployment's workload now; None when it has none (or the runtime is away)."""
-        with contextlib.suppress(DankserveError, OSError):
-            workload = self.runtime.find(self.deployment)
-            if workload is not None:
-                return workload.id, workload.name, workload.running
-        return None
-
-    def history(self, now: datetime) -> list[TimedLine]:
-        current = self._current()
-        if current is None:
-            return []
-        workload_id, label, _ = current
-        with contextlib.suppress(DankserveError, OSError):
-            stored, texts = _unzip(list(self.runtime.timed_logs(workload_id, follow=False)))
-            self._seen[workload_id] = len(texts)
-            return server_lines(label, texts, now, stored, self.deployment)
-        return []
-
-    def follow(self, emit: Emit) -> None:
-        """Print each new line of the deployment's server as it comes; when that server ends, go on with
-        the next one the daemon starts (new workload id), from its first line."""
-        while True:
-            current = self._current()
-            if current is None or (current[0] in self._ended and not current[2]):
-                time.sleep(RESCAN_SECONDS)
-                continue
-            workload_id, label, _ = current
-            skip = self._seen.get(workload_id, 0)
-            count = 0
-            with contextlib.suppress(DankserveError, OSError):
-                for at, text in self.runtime.timed_logs(workload_id, follow=True):
-                    count += 1
-                    if count > skip:
-                        stamp = at.astimezone() if at is not None else datetime.now().astimezone()
-                        emit(TimedLine(stamp, label, text, self.deployment))
-            self._seen[workload_id] = max(skip, count)
-            self._ended.add(workload_id)
-            time.sleep(RESCAN_SECONDS)
-
-
-def _unzip(pairs: list[tuple[datetime | None, str]]) -> tuple[list[datetime | None], list[str]]:
-    return [at for at, _ in pairs], [text for _, text in pairs]

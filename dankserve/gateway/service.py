@@ -10,7 +10,7 @@ from dankserve.errors import EnvironmentUnusable
 from dankserve.gateway.access import Access
 from dankserve.gateway.answers import Cors
 from dankserve.gateway.backends import Supervisor
-from dankserve.gateway.console.routes import Console, Control
+from dankserve.gateway.console.routes import Console, Control, LogSource
 from dankserve.gateway.proxy import Gateway, QueuePolicy
 from dankserve.settings import DeploymentSettings, GatewaySettings, split_listen
 
@@ -23,12 +23,14 @@ def start_gateway(
     current: Callable[[], GatewaySettings | None] | None = None,
     usage_file: Path | None = None,
     console: Control | None = None,
+    logs: LogSource | None = None,
 ) -> tuple[GuardedServer, Access]:
     """Listen on settings.listen and serve until the returned server is closed.
 
     `current`: the settings now (after reloads; the keys are read again when they change);
     `usage_file`: where the usage counters are kept across restarts (None: in memory only);
-    `console`: the daemon's control verbs, for the web console at /ui/ (None: no console)."""
+    `console`: the daemon's control verbs, for the web console at /ui/ (None: no console);
+    `logs`: the daemon's and servers' lines for the console's Logs page (None: that page says so)."""
     access = Access(current or (lambda: settings), usage_file)
     limits = Limits(
         max_connections=settings.max_connections,
@@ -42,7 +44,7 @@ def start_gateway(
     gateway = Gateway(deployments, supervisor, limits, queue, access, cors=Cors(frozenset(settings.allowed_origins)))
     try:
         server = GuardedServer(
-            gateway.app(*([Console(access, console).mount] if console is not None else [])),
+            gateway.app(*([Console(access, console, logs=logs).mount] if console is not None else [])),
             split_listen(settings.listen),
             limits,
             name="gateway",

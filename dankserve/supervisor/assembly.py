@@ -151,6 +151,7 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
     from dankserve.gateway.service import start_gateway
     from dankserve.gateway.usage_store import usage_path
     from dankserve.supervisor.gateway_link import DaemonSupervisor
+    from dankserve.supervisor.metrics_service import log_feed
 
     try:
         supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)
@@ -161,6 +162,7 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
             current=lambda: daemon.settings.gateway,
             usage_file=usage_path(daemon.settings.state_dir),
             console=daemon.handle_request,  # the web console asks what the control socket answers
+            logs=log_feed(daemon),  # and reads the lines `dankserve logs` reads
         )
         daemon.gateway_usage = access.totals  # /metrics: requests and tokens per key
     except BaseException:

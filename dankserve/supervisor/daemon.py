@@ -234,7 +234,7 @@ class Daemon:
         return code
 
     def _run(self) -> ExitCode:
-        from dankserve.supervisor.metrics_service import metrics_snapshot, start_metrics
+        from dankserve.supervisor.metrics_service import console_mount, log_feed, metrics_snapshot, start_metrics
 
         held = instance.acquire(self.settings.state_dir)
         raise_descriptor_limit()
@@ -254,6 +254,8 @@ class Daemon:
             close_metrics = start_metrics(
                 self.settings,
                 lambda: metrics_snapshot(self.fleet, self.telemetry, self.observatory, self.gateway_usage),
+                # without a gateway the console is served beside /metrics (the gateway's listener has it otherwise)
+                console=None if self.settings.gateway else console_mount(self.handle_request, log_feed(self)),
             )
             if self.deps.services is not None:
                 close_services = self.deps.services(self)

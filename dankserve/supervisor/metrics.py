@@ -34,7 +34,7 @@ Exported (every deployment-level series carries `deployment`):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -333,8 +333,15 @@ class MetricsServer:
     """
 
     def __init__(
-        self, address: str, port: int, snapshot: Callable[[], MetricsSnapshot], api_key: str | None = None
+        self,
+        address: str,
+        port: int,
+        snapshot: Callable[[], MetricsSnapshot],
+        api_key: str | None = None,
+        mounts: Sequence[Callable[[web.Application], None]] = (),
     ) -> None:
+        self._mounts = tuple(mounts)
+        """Routes added ahead of /metrics' catch-all (the web console when no gateway runs)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(snapshot))
         self._server: GuardedServer | None = None
@@ -344,6 +351,8 @@ class MetricsServer:
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=LIMITS.max_body_bytes)
+        for mount in self._mounts:
+            mount(app)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
 
@@ -363,7 +372,9 @@ class MetricsServer:
 
     def start(self) -> None:
         """Listen; OSError when the address cannot be bound."""
-        self._server = GuardedServer(self._app(), (self._address, self._port), LIMITS, name="metrics")
+        self._server = GuardedServer(
+            self._app(), (self._address, self._port), LIMITS, name="metrics", handler_cancellation=bool(self._mounts)
+        )
         self._server.start()
 
     @property

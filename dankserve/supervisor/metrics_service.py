@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Protocol
 
 import structlog
+from aiohttp import web
 
 from dankserve.errors import EnvironmentUnusable
+from dankserve.gateway.access import Access
+from dankserve.gateway.console.routes import Console, Control, LogSource
 from dankserve.gateway.usage import Counts, hide_key_names
+from dankserve.logsources import LogFeed
 from dankserve.secret_files import read_secret_file
-from dankserve.settings import Settings, is_loopback, parse_listen
+from dankserve.settings import GatewaySettings, Settings, is_loopback, parse_listen
+from dankserve.supervisor.edges import WorkerEdges
 from dankserve.supervisor.fleet import Fleet
 from dankserve.supervisor.metrics import DeploymentFacts, MetricsServer, MetricsSnapshot
 from dankserve.supervisor.observatory import Observatory
@@ -67,8 +73,39 @@ def _without_key_names(snapshot: Callable[[], MetricsSnapshot]) -> Callable[[], 
     return shown
 
 
-def start_metrics(settings: Settings, snapshot: Callable[[], MetricsSnapshot]) -> Callable[[], None]:
-    """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
+class Configured(Protocol):
+    """What a log feed reads of the daemon: its settings now and its runtimes."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def deps(self) -> WorkerEdges: ...
+
+
+def log_feed(daemon: Configured) -> LogFeed:
+    """The lines `dankserve logs` reads, for the console: each configured deployment's runtime now."""
+    return LogFeed(
+        daemon.settings.state_dir,
+        lambda: {name: daemon.deps.runtime_for(dep) for name, dep in daemon.settings.deployments.items()},
+    )
+
+
+def console_mount(control: Control, logs: LogSource) -> Callable[[web.Application], None]:
+    """The web console for `metrics_listen` when no gateway runs: no gateway keys exist, so its rules are the
+    keyless ones (pages and data for loopback peers only, no actions: those need a `console:admin` key)."""
+    defaults = GatewaySettings()  # no keys_dir, no key file: keyless (its listen is not used: nothing listens)
+    access = Access(lambda: defaults, None)
+    return Console(access, control, logs=logs).mount
+
+
+def start_metrics(
+    settings: Settings,
+    snapshot: Callable[[], MetricsSnapshot],
+    console: Callable[[web.Application], None] | None = None,
+) -> Callable[[], None]:
+    """Serve /metrics on `metrics_listen` (nothing when unset), and `console` beside it; the function that
+    stops it."""
     if settings.metrics_listen is None:
         return lambda: None
     address, port = parse_listen(settings.metrics_listen)
@@ -82,7 +119,7 @@ def start_metrics(settings: Settings, snapshot: Callable[[], MetricsSnapshot]) -
             "or leave metrics_api_key_file unset",
         )
     served = snapshot if key is not None else _without_key_names(snapshot)
-    server = MetricsServer(address, port, served, key)
+    server = MetricsServer(address, port, served, key, mounts=[console] if console is not None else [])
     try:
         server.start()
     except OSError as exc:

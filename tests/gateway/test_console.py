@@ -6,11 +6,14 @@ document: the narrow seam the console reads through (the daemon wires `Daemon.ha
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,9 @@ from dankserve.gateway.console.guard import is_loopback
 from dankserve.gateway.console.routes import STATIC, _asset
 from dankserve.gateway.keys import KeyFileError, parse_key
 from dankserve.gateway.service import start_gateway
+from dankserve.logsources import DAEMON_LOG, LogFeed
 from dankserve.settings import DeploymentSettings, GatewaySettings
+from dankserve.testing.lifecycle import FakeRuntime
 from tests.gateway.conftest import TableSupervisor
 from tests.gateway.test_access import write_keys
 from tests.harness.browser import CHROMIUM, Browser
@@ -78,7 +83,9 @@ def console(tmp_path: Path) -> Iterator[Callable[..., tuple[str, Daemon]]]:
         daemon = Daemon()
         gateway_settings = GatewaySettings(listen=f"127.0.0.1:{free_port()}", **settings)
         deps = {"a": DeploymentSettings(model="org/tiny")}
-        server, _ = start_gateway(gateway_settings, lambda: deps, TableSupervisor(), console=daemon)
+        runtime = FakeRuntime()  # no server runs: the lines come from daemon.log in the state dir
+        logs = LogFeed(tmp_path / "state", lambda: {"a": runtime, "solo": runtime})
+        server, _ = start_gateway(gateway_settings, lambda: deps, TableSupervisor(), console=daemon, logs=logs)
         servers.append(server)
         host, port = server.address
         return f"http://{host}:{port}", daemon
@@ -275,3 +282,95 @@ def test_open_pages_share_one_status_document(console: Callable[..., tuple[str, 
     for _ in range(5):
         assert call(url, "/ui/api/status")[0] == 200
     assert [r["command"] for r in daemon.asked] == ["status"]
+
+
+def daemon_line(event: str, deployment: str | None = None) -> str:
+    """One line as the background daemon writes daemon.log (structlog's JSON)."""
+    at = datetime.now(UTC).isoformat()
+    fields = {"timestamp": at, "event": event, "level": "info", **({"deployment": deployment} if deployment else {})}
+    return json.dumps(fields) + "\n"
+
+
+def append_log(tmp_path: Path, *lines: str) -> None:
+    (tmp_path / "state").mkdir(exist_ok=True)
+    with (tmp_path / "state" / DAEMON_LOG).open("a") as handle:
+        handle.write("".join(lines))
+
+
+def read_events(url: str, path: str, key: str, count: int) -> tuple[http.client.HTTPResponse, list[dict[str, Any]]]:
+    """Open the SSE stream and read `count` line events from it (keep-alive comments skipped)."""
+    split = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(split.hostname or "", split.port, timeout=10)
+    connection.request("GET", path, headers={"Authorization": f"Bearer {key}"})
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    assert response.getheader("Content-Type", "").startswith("text/event-stream")
+    return response, next_events(response, count)
+
+
+def next_events(response: http.client.HTTPResponse, count: int) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    while len(events) < count:
+        raw = response.readline()
+        assert raw, "the stream ended"
+        if raw.startswith(b"data: "):
+            events.append(json.loads(raw[6:]))
+    return events
+
+
+def test_logs_stream_history_then_each_new_line(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """The Logs page's stream: the lines so far, then a line written later, one deployment's only when asked."""
+    append_log(tmp_path, daemon_line("booting", "a"), daemon_line("booting", "solo"), daemon_line("started"))
+    url, _ = keyed(console, tmp_path)
+    response, history = read_events(url, "/ui/api/logs", READER, 3)
+    assert [(e["deployment"], e["message"].split()[1]) for e in history] == [
+        ("a", "booting"),
+        ("solo", "booting"),
+        (None, "started"),
+    ]
+    assert {e["source"] for e in history} == {"dankserve"} and all(e["time"] for e in history)
+    one, [only] = read_events(url, "/ui/api/logs?deployment=a", READER, 1)
+    assert only["deployment"] == "a"
+    append_log(tmp_path, daemon_line("ready", "solo"), daemon_line("ready", "a"))
+    assert [e["deployment"] for e in next_events(response, 2)] == ["solo", "a"]
+    assert [e["deployment"] for e in next_events(one, 1)] == ["a"]  # solo's line was not sent here
+    response.close()
+    one.close()
+
+
+def test_logs_need_the_console_scope(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    url, _ = keyed(console, tmp_path)
+    assert call(url, "/ui/api/logs", key=API)[0] == 403
+    assert call(url, "/ui/api/logs")[0] == 401
+    status, _, body = call(url, "/ui/api/logs?deployment=nope", key=READER)
+    assert status == 404 and b"nope" in body
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_logs_page_in_a_real_browser(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """A hostile log line shows as its characters, and a line written while the page is open appears
+    without a reload."""
+    append_log(tmp_path, daemon_line(HOSTILE, "a"))
+    url, _ = keyed(console, tmp_path)
+    lines = "Array.from(document.querySelectorAll('#logs-body li')).map((li) => li.textContent)"
+
+    async def drive() -> None:
+        async with Browser() as browser:
+            await browser.goto(url + "/ui/")
+            await browser.evaluate(f"sessionStorage.setItem('dankserve-key', {json.dumps(READER)}); true")
+            browser.errors.clear()
+            await browser.goto(url + "/ui/")  # the key is kept in the tab
+            await browser.evaluate("location.hash = '#logs'; true")
+            shown = await browser.until(f"{lines}.length >= 1 && {lines}")
+            assert any(HOSTILE in line for line in shown)
+            assert await browser.evaluate("document.scripts.length") == 1  # the line's <script> is text
+            append_log(tmp_path, daemon_line("a new line arrives", "a"))
+            after = await browser.until(f"{lines}.some((t) => t.includes('a new line arrives')) && {lines}")
+            assert len(after) == 2
+            assert await browser.evaluate("performance.getEntriesByType('navigation').length") == 1
+            if SHOTS:
+                await browser.screenshot(Path(SHOTS) / "logs.png")
+            assert browser.errors == []
+
+    asyncio.run(drive())

@@ -22,7 +22,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 class Browser:
     def __init__(self) -> None:
-        self._profile = tempfile.TemporaryDirectory(prefix="dankserve-chromium-")
+        # chromium's helper processes may still write the profile as the main one exits
+        self._profile = tempfile.TemporaryDirectory(prefix="dankserve-chromium-", ignore_cleanup_errors=True)
         self._proc: subprocess.Popen[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None

@@ -4,6 +4,8 @@
     GET  /ui/static/NAME      its CSS and JS
     GET  /ui/api/status       the `status --json` document            (scope `console`)
     GET  /ui/api/usage        the `usage --json` rows                 (scope `console`)
+    GET  /ui/api/logs         the daemon's and the servers' lines, then each new one, as SSE; `?deployment=NAME`
+                              for one deployment's                    (scope `console`)
     POST /ui/api/action       {"action": VERB, "deployment": NAME}    (scope `console:admin`)
     GET  /running             llama-swap's shape: {"running": [{"model", "state", ...}]}  (scope `console`)
     POST /unload              llama-swap's: every awake swap-group member sleeps; "OK"  (scope `console:admin`)
@@ -16,11 +18,13 @@ the loop's thread pool; the answer goes back as the control socket gave it (the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -31,6 +35,23 @@ from dankserve.gateway.usage import usage_rows
 
 Control = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 """The daemon's control verb table (the control socket's handler): one request, one answer."""
+
+
+class LogSource(Protocol):
+    """The daemon's log lines (`dankserve.logsources.LogFeed`, handed in by the daemon's assembly): each
+    line one JSON object with time, source, deployment and message."""
+
+    def deployments(self) -> list[str]: ...
+
+    def tail(
+        self, deployment: str | None, lines: int
+    ) -> tuple[list[str], Callable[[Callable[[str], None], threading.Event], None]]: ...
+
+
+LOG_HISTORY_LINES = 200
+LOG_QUEUE_LINES = 2000
+"""Lines a slow page may fall behind before the oldest unsent are dropped (a drop is said on the page)."""
+LOG_KEEPALIVE_SECONDS = 15.0
 
 ACTIONS = frozenset({"sleep", "wake", "restart", "reload", "upgrade", "rollback"})
 """What the page may ask; `reload` takes no deployment."""
@@ -69,9 +90,16 @@ def _refused(status: int, message: str) -> web.Response:
 class Console:
     """The console's handlers over the gateway's `Access` and the daemon's `Control`."""
 
-    def __init__(self, access: Access, control: Control, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        access: Access,
+        control: Control,
+        clock: Callable[[], float] = time.monotonic,
+        logs: LogSource | None = None,
+    ) -> None:
         self._access = access
         self._control = control
+        self._logs = logs
         self._clock = clock
         self._status_cache: tuple[float, Mapping[str, Any]] | None = None
         self._status_lock = asyncio.Lock()
@@ -83,6 +111,7 @@ class Console:
         app.router.add_get("/ui/static/{name}", self._static)
         app.router.add_get("/ui/api/status", self._guarded(CONSOLE, self._status))
         app.router.add_get("/ui/api/usage", self._guarded(CONSOLE, self._usage))
+        app.router.add_get("/ui/api/logs", self._guarded(CONSOLE, self._stream_logs))
         app.router.add_post("/ui/api/action", self._guarded(CONSOLE_ADMIN, self._action))
         app.router.add_get("/running", self._guarded(CONSOLE, self._running))
         app.router.add_post("/unload", self._guarded(CONSOLE_ADMIN, self._unload))
@@ -94,9 +123,9 @@ class Console:
         return Verdict(key.status, key.message) if isinstance(key, Denied) else None
 
     def _guarded(
-        self, scope: str, handler: Callable[[web.Request], Awaitable[web.Response]]
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def guarded(request: web.Request) -> web.Response:
+        self, scope: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def guarded(request: web.Request) -> web.StreamResponse:
             verdict = self._allowed(request, scope)
             if verdict is not None:
                 return _refused(verdict.status, verdict.message)
@@ -140,6 +169,46 @@ class Console:
 
     async def _usage(self, request: web.Request) -> web.Response:
         return web.json_response({"rows": usage_rows(self._access.totals())}, headers=_headers())
+
+    async def _stream_logs(self, request: web.Request) -> web.StreamResponse:
+        """The last LOG_HISTORY_LINES lines, then each new one as it comes, as server-sent events (`data:` one
+        JSON line); the readers stop when the page goes away."""
+        logs = self._logs
+        if logs is None:
+            return _refused(404, "this console has no log source")
+        loop = asyncio.get_running_loop()
+        deployment = request.query.get("deployment") or None
+        if deployment is not None and deployment not in await loop.run_in_executor(None, logs.deployments):
+            return _refused(404, f"unknown deployment {deployment[:80]!r}")
+        history, follow = await loop.run_in_executor(None, logs.tail, deployment, LOG_HISTORY_LINES)
+        queue: asyncio.Queue[str] = asyncio.Queue(LOG_QUEUE_LINES)
+        stop = threading.Event()
+
+        def offer(line: str) -> None:
+            if queue.full():  # a page that does not read fast enough loses the oldest unsent line
+                queue.get_nowait()
+            queue.put_nowait(line)
+
+        def emit(line: str) -> None:
+            if not stop.is_set():
+                with contextlib.suppress(RuntimeError):  # the loop closed with the gateway
+                    loop.call_soon_threadsafe(offer, line)
+
+        response = web.StreamResponse(headers={**_headers(), "Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for line in history:
+                await response.write(_event(line))
+            follow(emit, stop)  # from where the history ended: nothing written in between is lost
+            while True:
+                try:
+                    line = await asyncio.wait_for(queue.get(), LOG_KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+                await response.write(_event(line))
+        finally:
+            stop.set()
 
     async def _action(self, request: web.Request) -> web.Response:
         verdict = action_request(
@@ -200,6 +269,11 @@ def awake_members(status: Mapping[str, Any]) -> list[str]:
         for d in status.get("deployments", [])
         if d.get("swap") is not None and d.get("state") not in ("asleep", "stopped", "failed", "down")
     ]
+
+
+def _event(line: str) -> bytes:
+    """One server-sent event carrying one JSON line (JSON holds no raw newline: one `data:` line)."""
+    return b"data: " + line.replace("\n", " ").encode() + b"\n\n"
 
 
 def _command(document: Any) -> dict[str, Any] | str:

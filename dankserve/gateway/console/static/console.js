@@ -149,6 +149,7 @@ async function refresh() {
     const status = await getJson("/ui/api/status");
     renderDeployments(status);
     renderSwap(status);
+    logChoices(status);
     renderUsage(await getJson("/ui/api/usage"));
     notice("");
   } catch (error) {
@@ -156,9 +157,75 @@ async function refresh() {
   }
 }
 
+// Logs: server-sent events read through fetch (EventSource cannot send the key's header). The stream
+// runs only while the Logs page is shown; the page keeps the last LOG_KEEP lines.
+const LOG_KEEP = 1000;
+let logStream = null;
+
+function logLine(line) {
+  const item = el("li", null, "log-line");
+  item.append(el("time", line.time), " ", el("span", line.source, "log-source"), " ", el("span", line.message));
+  const body = document.getElementById("logs-body");
+  body.append(item);
+  while (body.childElementCount > LOG_KEEP) body.firstElementChild.remove();
+  item.scrollIntoView({ block: "nearest" });
+}
+
+function stopLogs() {
+  if (logStream) logStream.abort();
+  logStream = null;
+}
+
+async function startLogs() {
+  stopLogs();
+  const controller = new AbortController();
+  logStream = controller;
+  const deployment = document.getElementById("logs-deployment").value;
+  const state = document.getElementById("logs-state");
+  document.getElementById("logs-body").replaceChildren();
+  const path = "/ui/api/logs" + (deployment ? "?deployment=" + encodeURIComponent(deployment) : "");
+  try {
+    const response = await fetch(path, { headers: headers(), cache: "no-store", signal: controller.signal });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      state.textContent = "Cannot read the logs: " + ((body.error && body.error.message) || ("HTTP " + response.status));
+      return;
+    }
+    state.textContent = "following" + (deployment ? " " + deployment : " every deployment and the daemon");
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let pending = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      pending += value;
+      const events = pending.split("\n\n");
+      pending = events.pop();
+      for (const event of events) {
+        if (!event.startsWith("data: ")) continue;  // a keep-alive comment
+        try { logLine(JSON.parse(event.slice(6))); } catch (error) { /* not a line: skipped */ }
+      }
+    }
+    state.textContent = "the stream ended; choose a deployment to follow again";
+  } catch (error) {
+    if (error.name !== "AbortError") state.textContent = "The log stream broke: " + error.message;
+  }
+}
+
+function logChoices(status) {
+  const select = document.getElementById("logs-deployment");
+  const names = (status.deployments || []).map((d) => d.name);
+  const have = Array.from(select.options).slice(1).map((o) => o.value);
+  if (names.join("\n") === have.join("\n")) return;
+  const chosen = select.value;
+  select.replaceChildren(new Option("all", ""), ...names.map((n) => new Option(n, n)));
+  select.value = names.includes(chosen) ? chosen : "";
+}
+
 function show() {
   const page = (location.hash || "#deployments").slice(1);
   for (const section of document.querySelectorAll(".page")) section.classList.toggle("shown", section.id === page);
+  if (page === "logs" && !logStream) startLogs();
+  if (page !== "logs") stopLogs();
 }
 
 async function act(event) {
@@ -185,8 +252,10 @@ document.addEventListener("DOMContentLoaded", () => {
     key = document.getElementById("key").value.trim();
     sessionStorage.setItem("dankserve-key", key);
     refresh();
+    if (logStream) startLogs();
   });
   document.getElementById("action-form").addEventListener("submit", act);
+  document.getElementById("logs-deployment").addEventListener("change", startLogs);
   window.addEventListener("hashchange", show);
   show();
   refresh();
