@@ -18,14 +18,13 @@ def start_gateway(
     deployments: Callable[[], Mapping[str, DeploymentSettings]],
     supervisor: Supervisor,
     *,
-    current: Callable[[], GatewaySettings | None] | None = None,
     usage_file: Path | None = None,
 ) -> tuple[GuardedServer, Access]:
     """Listen on settings.listen and serve until the returned server is closed.
 
-    `current`: the settings now (after reloads; the keys are read again when they change);
-    `usage_file`: where the usage counters are kept across restarts (None: in memory only)."""
-    access = Access(current or (lambda: settings), usage_file)
+    `usage_file`: where the usage counters are kept across restarts (None: in memory only). A reload
+    reads the keys again through the returned Access (`prepare_reload`)."""
+    access = Access(settings, usage_file)
     limits = Limits(
         max_connections=settings.max_connections,
         header_timeout=settings.header_timeout_seconds,
