@@ -30,13 +30,11 @@ from dankserve.settings.files import (
     DEFAULT_CONFIG_PATH,
     MAX_CONFIG_BYTES,
     check_secret_files,
-    config_dir_problem,
     config_file_problem,
     load_reload,
     load_settings,
     read_config_file,
     resolve_config_path,
-    secret_file_problem,
     state_dir_despite_errors,
 )
 from dankserve.settings.model import DEFAULT_HF_CACHE_DIR, Settings, default_hf_cache_dir, keyless_gateway_exposure
@@ -76,7 +74,6 @@ __all__ = [
     "as_source",
     "check_address",
     "check_secret_files",
-    "config_dir_problem",
     "config_file_problem",
     "default_hf_cache_dir",
     "global_keys",
@@ -88,7 +85,6 @@ __all__ = [
     "read_config_file",
     "reload_effects",
     "resolve_config_path",
-    "secret_file_problem",
     "split_listen",
     "state_dir_despite_errors",
 ]
