@@ -47,13 +47,23 @@ from dankserve.settings.sections import (
     SpeculativeSettings,
 )
 from dankserve.settings.source import SettingsSource, as_source
-from dankserve.settings.values import MAX_GIB, MAX_SECONDS, check_address, is_loopback, parse_listen, split_listen
+from dankserve.settings.values import (
+    IMAGE_FIX,
+    MAX_GIB,
+    MAX_SECONDS,
+    check_address,
+    image_reference_problem,
+    is_loopback,
+    parse_listen,
+    split_listen,
+)
 
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_HF_CACHE_DIR",
     "DEFAULT_IMAGE",
+    "IMAGE_FIX",
     "MAX_CONFIG_BYTES",
     "MAX_GIB",
     "MAX_SECONDS",
@@ -77,6 +87,7 @@ __all__ = [
     "config_file_problem",
     "default_hf_cache_dir",
     "global_keys",
+    "image_reference_problem",
     "is_loopback",
     "keyless_gateway_exposure",
     "load_reload",
