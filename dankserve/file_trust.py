@@ -16,6 +16,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from dankserve.errors import ConfigError
+
 MAX_SYMLINKS = 40
 """As the kernel's lookup: more symlinks on the way to a file is a loop."""
 
@@ -109,3 +111,25 @@ def way_problem(path: Path, opened: os.stat_result) -> Untrusted | None:
     if (found.st_dev, found.st_ino) != (opened.st_dev, opened.st_ino):
         return Untrusted("changed while it was read")
     return None
+
+
+def check_way(path: Path, opened: os.stat_result, subject: str, swapped: str) -> None:
+    """Raise the ConfigError `way_problem` calls for: `subject` names the file in the message ("config file
+    /etc/x.toml"), `swapped` what someone could swap ("the config")."""
+    untrusted = way_problem(path, opened)
+    if untrusted is None:
+        return
+    where = untrusted.directory
+    if where is not None:
+        raise ConfigError(
+            f"{subject}: the directory {where} on its way {untrusted.problem}, so someone else can swap {swapped} "
+            "for their own",
+            fix=f"chown root {where} && chmod go-w {where}, or keep {swapped} in a directory only root (or you) can "
+            "write, such as /etc/dankserve",
+        )
+    if untrusted.problem.startswith("changed"):
+        raise ConfigError(f"{subject} changed while it was read", fix="read it again once nothing is replacing it")
+    raise ConfigError(
+        f"{subject}: {untrusted.problem}",
+        fix="keep it where root (or the user running dankserve) can look up every directory",
+    )

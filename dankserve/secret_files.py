@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from dankserve.errors import ConfigError
-from dankserve.file_trust import owner_problem, way_problem
+from dankserve.file_trust import check_way, owner_problem
 
 MAX_SECRET_BYTES = 64 * 1024
 """A secret is a line; a bigger file is the wrong file."""
@@ -80,7 +80,7 @@ def _read_trusted(fd: int, path: Path, what: str) -> bytes:
                 f"the {what} file {path} {problem}",
                 fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
             )
-        _check_way(path, info, what)
+        check_way(path, info, f"the {what} file {path}", "the secret")
         with os.fdopen(os.dup(fd), "rb") as handle:
             value = handle.read(MAX_SECRET_BYTES + 1)
     finally:
@@ -96,22 +96,6 @@ def _read_trusted(fd: int, path: Path, what: str) -> bytes:
             fix=f"write the secret into {path}",
         )
     return value
-
-
-def _check_way(path: Path, opened: os.stat_result, what: str) -> None:
-    untrusted = way_problem(path, opened)
-    if untrusted is None:
-        return
-    if untrusted.directory is not None:
-        raise ConfigError(
-            f"the {what} file {path}: the directory {untrusted.directory} on its way {untrusted.problem}, so "
-            "someone else can swap the secret for their own",
-            fix=f"chown root {untrusted.directory} && chmod go-w {untrusted.directory}, or keep the secret in a "
-            "directory only root (or you) can write, such as /etc/dankserve",
-        )
-    raise ConfigError(
-        f"the {what} file {path}: {untrusted.problem}", fix=f"name {path} by a path nothing replaces while it is read"
-    )
 
 
 def read_key_now(path: Path | None, what: str = "api_key") -> str | None:

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from dankserve.errors import ConfigError
-from dankserve.file_trust import owner_problem, way_problem
+from dankserve.file_trust import check_way, owner_problem
 from dankserve.gateway.keys import (
     DEFAULT_NAME,
     MAX_KEY_FILE_BYTES,
@@ -69,15 +69,7 @@ def _read_dir(keys_dir: Path) -> list[Key]:
             problem = f"is writable by others than its owner (mode {stat.S_IMODE(info.st_mode):04o})"
         if problem is not None:
             raise ConfigError(f"gateway keys_dir {keys_dir} {problem}: they could add keys", fix=fix_dir)
-        untrusted = way_problem(keys_dir, info)
-        if untrusted is not None:
-            where = untrusted.directory or str(keys_dir)
-            raise ConfigError(
-                f"gateway keys_dir {keys_dir}: {where} on its way {untrusted.problem}, so someone else can swap "
-                "in their own keys",
-                fix=f"chown root {where} && chmod go-w {where}, or keep keys_dir in a directory only root can "
-                "write, such as /etc/dankserve/keys",
-            )
+        check_way(keys_dir, info, f"gateway keys_dir {keys_dir}", "the keys")
         names = sorted(n for n in os.listdir(fd) if not n.startswith("."))
         files = [n for n in names if n.endswith(".toml")]
         if len(files) > MAX_KEYS:

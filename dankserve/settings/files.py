@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dankserve.errors import ConfigError
-from dankserve.file_trust import owner_problem, way_problem, writers
+from dankserve.file_trust import check_way, owner_problem, writers
 from dankserve.secret_files import check_secret
 from dankserve.settings.model import Settings
 from dankserve.settings.reloading import ReloadEffects, reload_effects
@@ -49,24 +49,7 @@ def _check_config_file(path: Path, opened: os.stat_result) -> None:
             f"config file {path} {problem}: whoever can change it decides what dankserve runs as root",
             fix=f"chmod go-w {path} && chown root {path} (or your own user when you run dankserve yourself)",
         )
-    untrusted = way_problem(path, opened)
-    if untrusted is None:
-        return
-    if untrusted.directory is not None:
-        raise ConfigError(
-            f"config file {path}: the directory {untrusted.directory} on its way {untrusted.problem}, so someone "
-            "else can swap the config for their own",
-            fix=f"chown root {untrusted.directory} && chmod go-w {untrusted.directory}, or keep the config in a "
-            "directory only root (or you) can write, such as /etc/dankserve",
-        )
-    if untrusted.problem.startswith("changed"):
-        raise ConfigError(
-            f"config file {path} changed while it was read", fix="read it again once nothing is replacing it"
-        )
-    raise ConfigError(
-        f"config file {path}: {untrusted.problem}",
-        fix="keep the config where root (or the user running dankserve) can look up every directory",
-    )
+    check_way(path, opened, f"config file {path}", "the config")
 
 
 def check_secret_files(settings: Settings) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.cli import run_dankserve
+from tests.harness.cli import plan_chat
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 
 
@@ -44,12 +44,6 @@ def test_upgrade_refuses_a_transport_at_the_cli_and_at_the_daemon(tmp_path: Path
 
 @pytest.mark.parametrize("reference", ["containers-storage:[overlay@/var/tmp/x]x", "oci:/tmp/x", "a b"])
 def test_a_config_image_that_is_no_image_reference_is_refused(tmp_path: Path, reference: str) -> None:
-    config = tmp_path / "dankserve.toml"
-    config.write_text(
-        f'[deployments.chat]\nmodel = "m"\nimage = "{reference}"\n'
-        "[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n"
-    )
-    config.chmod(0o600)
-    done = run_dankserve(config, "plan")
+    done = plan_chat(tmp_path, f'image = "{reference}"')
     assert done.returncode == 2, done.stdout + done.stderr
     assert "deployments.chat.image" in done.stderr and "localhost/NAME:TAG" in done.stderr, done.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from dankserve.errors import ConfigError
 from dankserve.gateway.keys_dir import read_keys
-from tests.harness.cli import run_dankserve
+from tests.harness.cli import plan_chat
 from tests.harness.users import LocalUser, unprivileged_user
 
 KEY = "sk-root-0123456789abcdef"
@@ -99,13 +99,7 @@ def test_a_deployment_secret_another_user_owns_is_refused_by_the_cli(tmp_path: P
     key the server runs with, or read the token. `dankserve plan` and the daemon refuse it, exit 2."""
     user = unprivileged_user()
     secret = _secret(tmp_path / "secret", "sk-theirs-0123456789abcdef", owner=user.uid)
-    config = tmp_path / "dankserve.toml"
-    config.write_text(
-        f'[deployments.chat]\nmodel = "m"\n{key} = "{secret}"\n'
-        "[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n"
-    )
-    config.chmod(0o600)
-    done = run_dankserve(config, "plan")
+    done = plan_chat(tmp_path, f'{key} = "{secret}"')
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"deployments.chat.{key}" in done.stderr and f"is owned by uid {user.uid}" in done.stderr
     assert "Traceback" not in done.stderr and "sk-theirs" not in done.stdout + done.stderr
@@ -117,12 +111,6 @@ def test_a_deployment_secret_in_a_directory_another_user_owns_is_refused_by_the_
     user = unprivileged_user()
     theirs = _private_dir(place / "theirs", owner=user.uid)
     secret = _secret(theirs / "api.key", KEY)
-    config = tmp_path / "dankserve.toml"
-    config.write_text(
-        f'[deployments.chat]\nmodel = "m"\napi_key_file = "{secret}"\n'
-        "[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n"
-    )
-    config.chmod(0o600)
-    done = run_dankserve(config, "plan")
+    done = plan_chat(tmp_path, f'api_key_file = "{secret}"')
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{theirs} on its way is owned by uid {user.uid}" in done.stderr, done.stderr
