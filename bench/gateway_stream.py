@@ -91,7 +91,7 @@ def access_cost(keys: int, repeats: int = 7, requests: int = 2000) -> dict[str, 
     place = Path(tempfile.mkdtemp(prefix="dankserve-bench-keys-"))
     write_keys(place / "keys", keys)
     settings = GatewaySettings(keys_dir=place / "keys")
-    access = Access(lambda: settings, place / "usage.json")
+    access = Access(settings, place / "usage.json")
     event = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" w"}}]}\n\n'
     headers = [[f"Bearer {key_secret(i % keys)}"] for i in range(requests)]
     per_request = []

@@ -37,22 +37,32 @@ def systemd_running() -> bool:
 
 def unit_installed() -> bool:
     """The dankserve unit is known to systemd."""
+    return unit_text() is not None
+
+
+def unit_text() -> str | None:
+    """The dankserve unit as systemd has it (`systemctl cat`), None when it is not installed."""
     if not systemd_running():
-        return False
-    done = subprocess.run(["systemctl", "cat", UNIT_NAME], capture_output=True, check=False)
-    return done.returncode == 0
+        return None
+    done = subprocess.run(["systemctl", "cat", UNIT_NAME], capture_output=True, text=True, check=False)
+    return done.stdout if done.returncode == 0 else None
 
 
 def systemd_manages(config: Path | None) -> bool:
     """The unit runs the daemon of this config: it is installed and the config is the unit's own.
 
-    The unit reads the default config file; a daemon for any other file (a second instance,
-    `make demo`) runs in the background, so `up`/`down` never start or stop the unit for it.
+    The unit reads the file its ExecStart= names with `--config` (`dankserve install --config-dir`),
+    else the default one; a daemon for any other file (a second instance, `make demo`) runs in the
+    background, so `up`/`down` never start or stop the unit for it.
     """
     from dankserve.settings import DEFAULT_CONFIG_PATH, resolve_config_path
+    from dankserve.systemd.unit_file import config_of, exec_start
 
     path, _ = resolve_config_path(config)
-    return path.absolute() == DEFAULT_CONFIG_PATH and unit_installed()
+    unit = unit_text()
+    if unit is None:
+        return False
+    return path.absolute() == (config_of(exec_start(unit)) or DEFAULT_CONFIG_PATH)
 
 
 def unit_failed() -> bool:

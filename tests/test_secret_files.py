@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,14 @@ import pytest
 from dankserve.errors import ConfigError
 from dankserve.exitcodes import ExitCode
 from dankserve.secret_files import read_key_now, read_secret
+
+
+@pytest.fixture(autouse=True)
+def private_files() -> Iterator[None]:
+    """Files written here are 0600, as a secret file must be (others' access is tested on its own)."""
+    before = os.umask(0o077)
+    yield
+    os.umask(before)
 
 
 @pytest.mark.parametrize(("content", "value"), [(b"tok\n", b"tok"), (b"tok\r\n\n", b"tok"), (b" a b \n", b"a b")])

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from dankserve.errors import ConfigError
+from dankserve.file_trust import dir_problem as config_dir_problem
+from dankserve.secret_files import secret_file_problem
 from dankserve.settings import (
     MAX_CONFIG_BYTES,
     DeploymentSettings,
-    config_dir_problem,
     config_file_problem,
     is_loopback,
     load_settings,
     parse_listen,
-    secret_file_problem,
 )
 
 

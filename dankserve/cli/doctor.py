@@ -25,14 +25,21 @@ if TYPE_CHECKING:
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.option(
+    "--allow-untrusted-code",
+    is_flag=True,
+    help="Warn instead of failing when a user other than root could change the code the root units run.",
+)
 @hardware_option
-def command(as_json: bool, hardware: Path | None) -> ExitCode:
-    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk, images and snapshots (CRIU).
+def command(as_json: bool, allow_untrusted_code: bool, hardware: Path | None) -> ExitCode:
+    """Check the Podman socket, NVIDIA driver, CDI spec, device nodes, free disk, images and snapshots (CRIU),
+    and that only root can change the code dankserve's root units run (the installed unit's, else this
+    installation's).
 
     With --hardware (or DANKSERVE_HARDWARE) the GPUs are a recorded host's: the file is read instead of
     the driver, and the device nodes and CDI spec of this machine are not checked."""
     settings = cli_context().load_settings()
-    checks: list[doctor.Check] = []
+    checks: list[doctor.Check] = [_code_check(allow_untrusted_code)]
     host: Host | None
     if hardware is not None:
         check, host = _recorded_host_check(hardware)
@@ -167,3 +174,25 @@ def _devices_check(name: str, dep: DeploymentSettings, host: Host, *, recorded: 
     except DankserveError as exc:
         return doctor.gpu_devices_verdict(name, None, exc.message, recorded)
     return doctor.gpu_devices_verdict(name, chosen.mode, None, recorded)
+
+
+def _code_check(allow: bool) -> doctor.Check:
+    """Whether only root can change the code root runs: the installed unit's ExecStart, else (as root) this
+    installation's dankserve, which `dankserve up` runs in the background and `install` would name."""
+    import os
+
+    from dankserve.cli.install import dankserve_executable, installed_executable, unit_code_problems
+    from dankserve.code_trust import ROOT_INSTALL_FIX, describe
+
+    name = "code the unit runs"
+    executable = installed_executable()
+    unit = executable is not None
+    if executable is None:
+        if os.geteuid() != 0:
+            return doctor.Check(name, "ok", "no unit installed, and dankserve runs as you (not root)")
+        executable = Path(dankserve_executable())
+    problems = unit_code_problems(executable, unit=unit)
+    if not problems:
+        return doctor.Check(name, "ok", f"{executable}, its interpreter and imports are root's alone")
+    detail = f"someone other than root could change what {executable} runs as root:\n{describe(problems)}"
+    return doctor.Check(name, "warn" if allow else "fail", detail, ROOT_INSTALL_FIX)

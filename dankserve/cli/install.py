@@ -33,16 +33,95 @@ EXAMPLE_CONFIG = shipped(CHECKOUT / "config" / "dankserve.toml")
 MAN_DIR = Path("/usr/local/share/man/man1")
 
 
-def render_unit(template: str, executable: str) -> str:
-    """The unit with ExecStart pointing at this installation's dankserve (its arguments kept)."""
+def render_unit(template: str, executable: str, config: Path | None = None) -> str:
+    """The unit with ExecStart running this installation's dankserve (its arguments kept), quoted as systemd
+    reads a command line (a path with blanks, `%` or `$` stays one word); `config`: the file the daemon reads
+    when it is not the default one (`--config`)."""
+    from dankserve.runtime.podman.quadlet import Unrepresentable, quote_arg
+
+    try:
+        words = [quote_arg(executable)]
+        if config is not None:
+            words += ["--config", quote_arg(str(config))]
+    except Unrepresentable as exc:
+        raise EnvironmentUnusable(
+            f"the unit cannot name {exc}", fix="install dankserve and its config under plain paths (/opt, /etc)"
+        ) from None
     out = []
     for line in template.splitlines():
         if line.startswith("ExecStart="):
             arguments = line.split(None, 1)[1] if " " in line else "run"
-            out.append(f"ExecStart={executable} {arguments}")
+            out.append(f"ExecStart={' '.join(words)} {arguments}")
         else:
             out.append(line)
     return "\n".join(out) + "\n"
+
+
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
+"""The unit runs with PrivateTmp=yes: it sees empty directories of its own here, never the host's."""
+
+
+def under_private_tmp(path: Path) -> bool:
+    """Whether the unit would not see `path` (it is under /tmp or /var/tmp, the symlinks resolved)."""
+    resolved = Path(os.path.realpath(path))
+    return any(resolved == tmp or tmp in resolved.parents for tmp in PRIVATE_TMP)
+
+
+def unit_code_problems(executable: Path, *, unit: bool = True) -> list[str]:
+    """Why root could not trust `executable` (code_trust), and (`unit`) why the unit could not even see it
+    (PrivateTmp)."""
+    from dankserve.code_trust import CodeUnreadable, code_paths, code_problems
+
+    try:
+        paths = code_paths(executable)
+    except CodeUnreadable as exc:
+        return [str(exc)]
+    hidden = [p for p in (paths.executable, paths.interpreter, paths.package) if unit and under_private_tmp(p)]
+    unseen = [f"{p} is under /tmp or /var/tmp, which the unit (PrivateTmp=yes) does not see" for p in hidden]
+    return unseen + code_problems(paths)
+
+
+def check_unit_code(executable: Path, allow: bool) -> None:
+    """Refuse (or with `allow`, warn) when anyone but root could change what the root units would run."""
+    from dankserve.code_trust import ROOT_INSTALL_FIX, describe
+
+    problems = unit_code_problems(executable)
+    if not problems:
+        return
+    said = (
+        f"the units run {executable} as root, but someone other than root could change what it runs:\n"
+        f"{describe(problems)}"
+    )
+    if not allow:
+        raise EnvironmentUnusable(said, fix=ROOT_INSTALL_FIX + " (--allow-untrusted-code installs anyway)")
+    click.echo(f"warning: {said}\n  fix: {ROOT_INSTALL_FIX}", err=True)
+
+
+def warn_private_tmp(config: Path) -> None:
+    if under_private_tmp(config):
+        click.echo(
+            f"warning: the unit runs with PrivateTmp=yes and will not see {config}: keep the config under "
+            "/etc/dankserve (the default) for the unit",
+            err=True,
+        )
+
+
+INSTALLED_UNIT = Path("/etc/systemd/system/dankserve.service")
+
+
+def installed_executable() -> Path | None:
+    """The executable the installed unit runs (its ExecStart's first word), None when no unit is installed."""
+    from dankserve import servicectl
+    from dankserve.systemd.unit_file import exec_start
+
+    text = servicectl.unit_text()
+    if text is None:
+        try:
+            text = INSTALLED_UNIT.read_text()
+        except OSError:
+            return None
+    words = exec_start(text)
+    return Path(words[0]) if words else None
 
 
 def dankserve_executable() -> str:
@@ -81,28 +160,47 @@ def dankserve_executable() -> str:
     help="Where to write the man pages (dankserve(1), dankserve-COMMAND(1)), rendered from this help.",
 )
 @click.option("--no-enable", is_flag=True, help="Write the files only; do not run systemctl.")
-def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: bool) -> ExitCode:
+@click.option(
+    "--allow-untrusted-code",
+    is_flag=True,
+    help="Install even when a user other than root could change the code the root units run (warn instead).",
+)
+def command(
+    unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: bool, allow_untrusted_code: bool
+) -> ExitCode:
     """Install dankserve.service, the daily dankserve-auto-update.timer, the man pages, and
-    /etc/dankserve/dankserve.toml (kept if present), then enable the unit and the timer."""
+    /etc/dankserve/dankserve.toml (kept if present), then enable the unit and the timer.
+
+    The units run as root: install refuses (exit 3) when anyone but root could change what they run
+    (this dankserve, its interpreter, site-packages, an editable install's source, or a directory
+    above them), and a checkout the unit cannot see (under /tmp: the unit has its own /tmp)."""
     from dankserve import servicectl
     from dankserve.cli.main import cli
     from dankserve.cli.manpages import pages
-    from dankserve.settings import resolve_config_path
+    from dankserve.settings import DEFAULT_CONFIG_PATH, resolve_config_path
 
     ctx = cli_context()
     unit_path = unit_dir / servicectl.UNIT_NAME
-    unit_dir.mkdir(parents=True, exist_ok=True)
     if not UNIT_TEMPLATE.is_file():
         raise EnvironmentUnusable(
             f"the unit template is missing: {UNIT_TEMPLATE} (this installation of dankserve is incomplete)",
             fix="reinstall dankserve (`pip install .` from the checkout, or `make setup`)",
         )
-    unit_path.write_text(render_unit(UNIT_TEMPLATE.read_text(), dankserve_executable()))
+    config_path, _ = resolve_config_path(ctx.config)
+    if config_dir is not None:
+        config_path = config_dir / "dankserve.toml"
+    config_path = config_path.absolute()
+    executable = dankserve_executable()
+    check_unit_code(Path(executable), allow_untrusted_code)
+    warn_private_tmp(config_path)
+    config_arg = None if config_path == DEFAULT_CONFIG_PATH else config_path
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    unit_path.write_text(render_unit(UNIT_TEMPLATE.read_text(), executable, config_arg))
     os.chmod(unit_path, 0o644)
     click.echo(f"wrote {unit_path}")
     for template in AUTO_UPDATE_UNITS:
         path = unit_dir / template.name
-        path.write_text(render_unit(template.read_text(), dankserve_executable()))
+        path.write_text(render_unit(template.read_text(), executable, config_arg))
         os.chmod(path, 0o644)
         click.echo(f"wrote {path}")
     man_dir.mkdir(parents=True, exist_ok=True)
@@ -110,9 +208,6 @@ def command(unit_dir: Path, config_dir: Path | None, man_dir: Path, no_enable: b
         (man_dir / name).write_text(text)
         os.chmod(man_dir / name, 0o644)
     click.echo(f"wrote the man pages to {man_dir} (`man dankserve`)")
-    config_path, _ = resolve_config_path(ctx.config)
-    if config_dir is not None:
-        config_path = config_dir / "dankserve.toml"
     if config_path.exists():
         click.echo(f"kept {config_path}")
     else:

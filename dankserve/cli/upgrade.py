@@ -114,6 +114,12 @@ def command(deployment: str | None, image: str | None, auto: bool, timeout: floa
         return _auto(deployment, deadline)
     if deployment is None:
         raise InvalidInput("name the deployment to upgrade", fix="dankserve upgrade NAME [--image REF], or --auto")
+    if image is not None:
+        from dankserve.settings import IMAGE_FIX, image_reference_problem
+
+        problem = image_reference_problem(image)
+        if problem is not None:
+            raise InvalidInput(f"--image {image!r} {problem}", fix=IMAGE_FIX)
     sent = time.time()
     _, settings = daemon_request({"command": "upgrade", "deployment": deployment, "image": image})
     outcome(deployment, follow(settings.state_dir, deployment, sent, deadline))

@@ -1,8 +1,9 @@
 """Who may use the gateway and how much (the shell around keys.py, limits.py and usage.py).
 
-The key set is read again when the daemon's `[gateway]` settings change identity (each accepted
-reload reads the config anew): a request in flight keeps the key it was let in with; a key set
-that cannot be read now is logged (`gateway_keys_refused`) and the one before is kept, never none.
+The key set is read at start and again by every reload, before the reload is accepted
+(`prepare_reload`): a key set that cannot be read refuses the reload, which says why, so a reload
+that reports success has put the files' keys in force (a removed key is refused from then on). A
+request in flight keeps the key it was let in with.
 The usage counters are kept in memory under a lock (the gateway's loop writes, /metrics reads from
 another thread) and written to the state dir every `SAVE_SECONDS` when they changed, and at close.
 """
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import structlog
 
-from dankserve.errors import DankserveError
 from dankserve.gateway.keys import API, Key, KeyRing, bearer
 from dankserve.gateway.keys_dir import read_keys
 from dankserve.gateway.limits import KeyLimits, Refusal
@@ -43,20 +43,16 @@ class Denied:
 
 
 class Access:
-    """Keys (re-read on reload), per-key limits, usage counters."""
+    """Keys (read again by each reload), per-key limits, usage counters."""
 
     def __init__(
         self,
-        settings: Callable[[], GatewaySettings | None],
+        settings: GatewaySettings,
         usage_file: Path | None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._settings = settings
-        first = settings()
-        assert first is not None
-        self._ring = read_keys(first.keys_dir, first.api_key_file)  # at start a bad key set stops the daemon
-        self._read_for: GatewaySettings = first
+        self._ring = read_keys(settings.keys_dir, settings.api_key_file)  # at start a bad key set stops the daemon
         self.limits = KeyLimits()
         self._clock, self._wall = clock, wall
         self._usage_file = usage_file
@@ -64,19 +60,20 @@ class Access:
         self._lock = threading.Lock()
 
     def ring(self) -> KeyRing:
-        current = self._settings()
-        if current is not None and current is not self._read_for:
-            self._read_for = current
-            try:
-                ring = read_keys(current.keys_dir, current.api_key_file)
-            except DankserveError as exc:
-                log.error("gateway_keys_refused", error=exc.message, fix=exc.fix, keeping="the keys read before")
-            else:
-                if ring != self._ring:
-                    log.info("gateway_keys_read", keys=[k.name for k in ring.keys])
-                self._ring = ring
-                self.limits.forget_others({k.name for k in ring.keys})
         return self._ring
+
+    def prepare_reload(self, settings: GatewaySettings) -> Callable[[], None]:
+        """Read the key set `settings` names now; the function that puts it in force once the reload is
+        accepted. Raises ConfigError (the reload is refused, and says why) when it cannot be read."""
+        ring = read_keys(settings.keys_dir, settings.api_key_file)
+
+        def use() -> None:
+            if ring != self._ring:
+                log.info("gateway_keys_read", keys=[k.name for k in ring.keys])
+            self._ring = ring  # one reference swap: a request reads the old set or the new one, never half
+            self.limits.forget_others({k.name for k in ring.keys})
+
+        return use
 
     def identify(self, authorization: list[str], scope: str = API) -> Key | Denied:
         """The request's key by its Authorization header(s): exactly one `Bearer KEY` of a configured key

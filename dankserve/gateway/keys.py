@@ -100,6 +100,8 @@ def parse_key(name: str, text: str, read_key_file: Callable[[str], str]) -> Key:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise KeyFileError(f"not TOML: {exc}") from None
+    except RecursionError:
+        raise KeyFileError("nests arrays or tables too deeply to read (a key file is a few flat lines)") from None
     unknown = sorted(set(data) - ALLOWED)
     if unknown:
         raise KeyFileError(f"unknown setting {unknown[0]!r}; a key file holds {', '.join(sorted(ALLOWED))}")

@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from dankserve.errors import ConfigError
+from dankserve.file_trust import check_way, owner_problem
 from dankserve.gateway.keys import (
     DEFAULT_NAME,
     MAX_KEY_FILE_BYTES,
@@ -48,10 +49,7 @@ def read_keys(keys_dir: Path | None, api_key_file: Path | None) -> KeyRing:
 
 
 def _owner_problem(info: os.stat_result) -> str | None:
-    me = os.geteuid()
-    if info.st_uid not in (0, me):
-        return f"is owned by uid {info.st_uid}, neither root nor the user running dankserve (uid {me})"
-    return None
+    return owner_problem(info.st_uid, os.geteuid())
 
 
 def _read_dir(keys_dir: Path) -> list[Key]:
@@ -71,6 +69,7 @@ def _read_dir(keys_dir: Path) -> list[Key]:
             problem = f"is writable by others than its owner (mode {stat.S_IMODE(info.st_mode):04o})"
         if problem is not None:
             raise ConfigError(f"gateway keys_dir {keys_dir} {problem}: they could add keys", fix=fix_dir)
+        check_way(keys_dir, info, f"gateway keys_dir {keys_dir}", "the keys")
         names = sorted(n for n in os.listdir(fd) if not n.startswith("."))
         files = [n for n in names if n.endswith(".toml")]
         if len(files) > MAX_KEYS:
@@ -121,18 +120,7 @@ def _read_one(dir_fd: int, keys_dir: Path, file_name: str) -> Key:
 
 
 def _read_key_file(path: str, what: str) -> str:
-    """A secret file's key (secret_files.read_secret), refused when others may read or change it."""
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the {what} {path}: {exc.strerror or exc}", fix=f"create {path} (mode 0600)"
-        ) from None
-    problem = _owner_problem(info)
-    if problem is None and info.st_mode & 0o027:
-        problem = f"is open to others or writable by its group (mode {stat.S_IMODE(info.st_mode):04o})"
-    if problem is not None:
-        raise ConfigError(f"the {what} {path} {problem}", fix=f"chown root {path} && chmod 600 {path}")
+    """A secret file's key: `secret_files.read_secret` refuses one others may read, change or swap."""
     try:
         return read_secret(Path(path), what).decode("utf-8")
     except UnicodeDecodeError:

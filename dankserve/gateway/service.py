@@ -20,18 +20,17 @@ def start_gateway(
     deployments: Callable[[], Mapping[str, DeploymentSettings]],
     supervisor: Supervisor,
     *,
-    current: Callable[[], GatewaySettings | None] | None = None,
     usage_file: Path | None = None,
     console: Control | None = None,
     logs: LogSource | None = None,
 ) -> tuple[GuardedServer, Access]:
     """Listen on settings.listen and serve until the returned server is closed.
 
-    `current`: the settings now (after reloads; the keys are read again when they change);
-    `usage_file`: where the usage counters are kept across restarts (None: in memory only);
+    `usage_file`: where the usage counters are kept across restarts (None: in memory only). A reload
+    reads the keys again through the returned Access (`prepare_reload`);
     `console`: the daemon's control verbs, for the web console at /ui/ (None: no console);
     `logs`: the daemon's and servers' lines for the console's Logs page (None: that page says so)."""
-    access = Access(current or (lambda: settings), usage_file)
+    access = Access(settings, usage_file)
     limits = Limits(
         max_connections=settings.max_connections,
         header_timeout=settings.header_timeout_seconds,

@@ -36,18 +36,18 @@ class Counts:
     """Of completion_tokens, how many were counted from events, not read from usage (tokens.py)."""
 
     def add(self, code: int, prompt: int, completion: int, estimated: bool) -> None:
-        self.requests[code] = self.requests.get(code, 0) + 1
-        self.prompt_tokens += prompt
-        self.completion_tokens += completion
+        self.requests[code] = _plus(self.requests.get(code, 0), 1)
+        self.prompt_tokens = _plus(self.prompt_tokens, prompt)
+        self.completion_tokens = _plus(self.completion_tokens, completion)
         if estimated:
-            self.estimated_tokens += completion
+            self.estimated_tokens = _plus(self.estimated_tokens, completion)
 
     def merge(self, other: Counts) -> None:
         for code, n in other.requests.items():
-            self.requests[code] = self.requests.get(code, 0) + n
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.estimated_tokens += other.estimated_tokens
+            self.requests[code] = _plus(self.requests.get(code, 0), n)
+        self.prompt_tokens = _plus(self.prompt_tokens, other.prompt_tokens)
+        self.completion_tokens = _plus(self.completion_tokens, other.completion_tokens)
+        self.estimated_tokens = _plus(self.estimated_tokens, other.estimated_tokens)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,8 +72,17 @@ class Counts:
         return cls(requests, *tokens)
 
 
+MAX_COUNT = (1 << 62) - 1
+"""Every counter stops here (saturates): the file's reader refuses more, and a backend's usage is hostile
+input (one answer claiming 2^62 tokens must not make the whole file unreadable, losing every count)."""
+
+
+def _plus(count: int, more: int) -> int:
+    return min(count + max(more, 0), MAX_COUNT)
+
+
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 Label = tuple[str, str]

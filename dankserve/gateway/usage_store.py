@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import structlog
@@ -35,6 +36,9 @@ def read_usage(path: Path) -> Usage:
         return Usage()
     except OSError as exc:
         raise ValueError(f"cannot open it: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("it is not a regular file (a directory, FIFO or device)")
     with os.fdopen(fd, "rb") as handle:
         data = handle.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:

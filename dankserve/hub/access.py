@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dankserve.errors import ConfigError
+from dankserve.secret_files import read_secret
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TRUE_VALUES = {"1", "on", "yes", "true"}
@@ -52,21 +53,14 @@ def offline_mode(environ: Mapping[str, str]) -> bool:
 
 
 def read_token(path: Path | None, deployment: str) -> str | None:
-    """The token in `hf_token_file` (None when unset); a missing or empty file is a config error."""
+    """The token in `hf_token_file` (None when unset); a missing, empty or untrusted file is a config error."""
     if path is None:
         return None
+    what = f"deployments.{deployment}.hf_token_file"
     try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(
-            f"deployments.{deployment}.hf_token_file = {str(path)!r} cannot be read: {exc.strerror}",
-            fix=f"put your Hugging Face token in {path} (chmod 600), or remove hf_token_file",
-        ) from None
-    if not token:
-        raise ConfigError(
-            f"deployments.{deployment}.hf_token_file = {str(path)!r} is empty",
-            fix=f"put your Hugging Face token (hf_...) in {path}",
-        )
+        token = read_secret(path, what).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"the {what} file {path} is not UTF-8 text", fix=f"write the token into {path}") from None
     return token
 
 

@@ -15,6 +15,7 @@ it): that is what the fit check counts. The adapters themselves wait in CPU memo
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,12 +54,21 @@ class AdapterFacts:
     """A local directory to mount into a container (None: in the HF cache, or a process)."""
 
 
+MAX_LORA_ALPHA = 1e6
+"""Far above any trained adapter's (they use 8 to 512); the scale lora_alpha / r multiplies every delta."""
+
+
+def _no_constant(word: str) -> float:
+    """json's NaN, Infinity and -Infinity, which JSON itself does not have: refused."""
+    raise ValueError(f"{word} is not a JSON number")
+
+
 def parse_adapter_config(name: str, raw: bytes) -> tuple[int, tuple[str, ...]]:
     """The rank and target modules of a PEFT adapter_config.json, read as hostile input."""
     if len(raw) > MAX_ADAPTER_CONFIG_BYTES:
         raise AdapterConfigError(f"adapter {name}: adapter_config.json is over {MAX_ADAPTER_CONFIG_BYTES} bytes")
     try:
-        document = json.loads(raw)
+        document = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise AdapterConfigError(f"adapter {name}: adapter_config.json is not JSON ({str(exc)[:120]})") from None
     if not isinstance(document, dict):
@@ -72,8 +82,14 @@ def parse_adapter_config(name: str, raw: bytes) -> tuple[int, tuple[str, ...]]:
             f"adapter {name}: rank r = {str(rank)[:40]} is not an integer from 1 to {VLLM_LORA_RANKS[-1]} "
             "(vLLM's largest --max-lora-rank)"
         )
-    if not isinstance(document.get("lora_alpha"), int | float) or isinstance(document.get("lora_alpha"), bool):
+    alpha = document.get("lora_alpha")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool):
         raise AdapterConfigError(f"adapter {name}: lora_alpha is missing (vLLM requires r, lora_alpha, target_modules)")
+    if not (math.isfinite(alpha) and 0 < alpha <= MAX_LORA_ALPHA):
+        # vLLM scales the adapter by lora_alpha / r: NaN, infinite or absurd values serve garbage silently
+        raise AdapterConfigError(
+            f"adapter {name}: lora_alpha = {str(alpha)[:40]} is not a number above 0 and at most {MAX_LORA_ALPHA:g}"
+        )
     if document.get("use_dora"):
         raise AdapterConfigError(f"adapter {name}: a DoRA adapter (use_dora): vLLM does not yet support DoRA")
     if document.get("modules_to_save"):

@@ -30,13 +30,11 @@ from dankserve.settings.files import (
     DEFAULT_CONFIG_PATH,
     MAX_CONFIG_BYTES,
     check_secret_files,
-    config_dir_problem,
     config_file_problem,
     load_reload,
     load_settings,
     read_config_file,
     resolve_config_path,
-    secret_file_problem,
     state_dir_despite_errors,
 )
 from dankserve.settings.model import DEFAULT_HF_CACHE_DIR, Settings, default_hf_cache_dir, keyless_gateway_exposure
@@ -56,13 +54,23 @@ from dankserve.settings.sections import (
     SpeculativeSettings,
 )
 from dankserve.settings.source import SettingsSource, as_source
-from dankserve.settings.values import MAX_GIB, MAX_SECONDS, check_address, is_loopback, parse_listen, split_listen
+from dankserve.settings.values import (
+    IMAGE_FIX,
+    MAX_GIB,
+    MAX_SECONDS,
+    check_address,
+    image_reference_problem,
+    is_loopback,
+    parse_listen,
+    split_listen,
+)
 
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_HF_CACHE_DIR",
     "DEFAULT_IMAGE",
+    "IMAGE_FIX",
     "MAX_CONFIG_BYTES",
     "MAX_GIB",
     "MAX_SECONDS",
@@ -83,10 +91,10 @@ __all__ = [
     "as_source",
     "check_address",
     "check_secret_files",
-    "config_dir_problem",
     "config_file_problem",
     "default_hf_cache_dir",
     "global_keys",
+    "image_reference_problem",
     "is_loopback",
     "keyless_gateway_exposure",
     "load_reload",
@@ -96,7 +104,6 @@ __all__ = [
     "read_config_file",
     "reload_effects",
     "resolve_config_path",
-    "secret_file_problem",
     "split_listen",
     "state_dir_despite_errors",
 ]

@@ -12,7 +12,14 @@ from dankserve.lora_adapters import LoraAdaptersTable
 from dankserve.owned import env_problems, extra_args_problems
 from dankserve.settings.sections import CpuOffloadSettings, ModelFactsSettings, SpeculativeSettings
 from dankserve.settings.swap import SwapFitSettings
-from dankserve.settings.values import MAX_SECONDS, _Strict, check_address, is_loopback
+from dankserve.settings.values import (
+    IMAGE_FIX,
+    MAX_SECONDS,
+    _Strict,
+    check_address,
+    image_reference_problem,
+    is_loopback,
+)
 
 DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
 
@@ -173,6 +180,14 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     def _not_a_flag(cls, value: str | None) -> str | None:
         if value is not None and value.startswith("-"):
             raise ValueError(f"{value!r} starts with '-': vLLM would read it as a flag; name the model or revision")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _an_image_reference(cls, value: str) -> str:
+        problem = image_reference_problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}: {IMAGE_FIX}")
         return value
 
     @field_validator("extra_args")

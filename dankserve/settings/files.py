@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import stat
@@ -14,6 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from dankserve.errors import ConfigError
+from dankserve.file_trust import check_way, owner_problem, writers
+from dankserve.secret_files import check_secret
 from dankserve.settings.model import Settings
 from dankserve.settings.reloading import ReloadEffects, reload_effects
 
@@ -34,77 +35,8 @@ def resolve_config_path(explicit: Path | None, environ: Mapping[str, str] | None
 def config_file_problem(mode: int, owner: int, me: int) -> str | None:
     """Why a config file with this mode and owner must not be trusted, or None when it may be."""
     if mode & 0o022:
-        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "others")) if mode & bit)
-        return f"is writable by {who} (mode {stat.S_IMODE(mode):04o})"
-    if owner not in (0, me):
-        return f"is owned by uid {owner}, neither root nor the user running dankserve (uid {me})"
-    return None
-
-
-def secret_file_problem(mode: int) -> str | None:
-    """Why a secret file with this mode is unsafe (others may read it, or its group change it), or None."""
-    if mode & 0o007:
-        return f"is open to others (mode {stat.S_IMODE(mode):04o})"
-    if mode & 0o020:
-        return f"is writable by its group (mode {stat.S_IMODE(mode):04o})"
-    return None
-
-
-def config_dir_problem(mode: int, owner: int, entry_owner: int, me: int) -> str | None:
-    """Why a directory on the way to the config lets someone else swap what is read, or None.
-
-    Only root and the user running dankserve may own it or write it. A sticky directory (`/tmp`,
-    mode 1777) is the exception where others may write: there an entry can be renamed or removed
-    only by its owner, the directory's owner or root, so it is safe when all of those are root or
-    this user."""
-    if owner not in (0, me):
-        return f"is owned by uid {owner}, neither root nor the user running dankserve (uid {me})"
-    if mode & 0o022:
-        if mode & stat.S_ISVTX and entry_owner in (0, me):
-            return None
-        who = " and ".join(w for bit, w in ((0o020, "its group"), (0o002, "others")) if mode & bit)
-        return f"is writable by {who} (mode {stat.S_IMODE(mode):04o})"
-    return None
-
-
-MAX_SYMLINKS = 40
-"""As the kernel's lookup: more symlinks on the way to the config is a loop."""
-
-
-def _lookups(path: Path) -> tuple[list[tuple[str, os.stat_result, os.stat_result]], os.stat_result]:
-    """Each directory resolving `path` looks a name up in, with its lstat and the entry's; the file's lstat.
-
-    Symlinks are followed as the kernel follows them, so a link's directory counts as well as its
-    target's. Raises OSError when a step cannot be looked at."""
-    pending = [part for part in str(Path.cwd() / path).split("/") if part]
-    pending.reverse()
-    current = "/"
-    steps: list[tuple[str, os.stat_result, os.stat_result]] = []
-    links = 0
-    entry = os.lstat(current)  # the path "/" itself
-    while pending:
-        name = pending.pop()
-        if name == ".":
-            continue
-        if name == "..":
-            current = os.path.dirname(current)
-            entry = os.lstat(current)
-            continue
-        directory = os.lstat(current)
-        candidate = os.path.join(current, name)
-        entry = os.lstat(candidate)
-        steps.append((current, directory, entry))
-        if stat.S_ISLNK(entry.st_mode):
-            links += 1
-            if links > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path))
-            target = os.readlink(candidate)
-            if target.startswith("/"):
-                current = "/"
-            pending.extend(reversed([part for part in target.split("/") if part]))
-        else:
-            current = candidate
-    return steps, entry
+        return f"is writable by {writers(mode)} (mode {stat.S_IMODE(mode):04o})"
+    return owner_problem(owner, me)
 
 
 def _check_config_file(path: Path, opened: os.stat_result) -> None:
@@ -120,30 +52,12 @@ def _check_config_file(path: Path, opened: os.stat_result) -> None:
             "it must be writable by its owner only (0600, 0640 or 0644 are fine) and owned by root or you",
             fix=f"chmod go-w {path} && chown {owner} {path}",
         )
-    try:
-        steps, found = _lookups(path)
-    except OSError as exc:
-        raise ConfigError(
-            f"config file {path}: the directories on its way cannot be checked ({exc.strerror or exc})",
-            fix="keep the config where root (or the user running dankserve) can look up every directory",
-        ) from None
-    for directory, info, entry in steps:
-        problem = config_dir_problem(info.st_mode, info.st_uid, entry.st_uid, me)
-        if problem is not None:
-            raise ConfigError(
-                f"config file {path}: the directory {directory} on its way {problem}, so someone else can "
-                "swap the config for their own",
-                fix=f"chown root {directory} && chmod go-w {directory}, or keep the config in a directory only "
-                "root (or you) can write, such as /etc/dankserve",
-            )
-    if (found.st_dev, found.st_ino) != (opened.st_dev, opened.st_ino):
-        raise ConfigError(
-            f"config file {path} changed while it was read", fix="read it again once nothing is replacing it"
-        )
+    check_way(path, opened, f"config file {path}", "the config")
 
 
 def check_secret_files(settings: Settings) -> None:
-    """Refuse secret files that exist and are open to others; absent ones are reported when read."""
+    """Refuse secret files that others may read, change or swap (`secret_files.check_secret`), or that hold
+    no secret; absent ones, and ones this user may not open, are reported when the daemon reads them."""
     secrets: list[tuple[str, Path | None]] = []
     for name, dep in settings.deployments.items():
         for key in ("api_key_file", "hf_token_file", "cluster_token_file"):
@@ -156,24 +70,8 @@ def check_secret_files(settings: Settings) -> None:
             ("cluster.tls_key_file", settings.cluster.tls_key_file),
         ]
     for key, path in secrets:
-        if path is None:
-            continue
-        try:
-            mode = path.stat().st_mode
-        except OSError:
-            continue
-        problem = secret_file_problem(mode)
-        if problem is not None:
-            raise ConfigError(
-                f"{key} = {str(path)!r}: the file {problem}",
-                fix=f"chmod 600 {path} (a group may read it, never write it; others get nothing)",
-            )
-        if stat.S_ISREG(mode) and _holds_no_secret(path):
-            raise ConfigError(
-                f"{key} = {str(path)!r}: the file is empty or holds only whitespace, "
-                "and an empty key is no key (the server would run without one)",
-                fix=f"write the secret into {path}",
-            )
+        if path is not None:
+            check_secret(path, key)
 
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -214,15 +112,6 @@ def _read_config_text(path: Path) -> str | None:
             fix="point --config or DANKSERVE_CONFIG at the right file (a real config is a few KiB)",
         )
     return data.decode("utf-8")
-
-
-def _holds_no_secret(path: Path) -> bool:
-    """Whether a readable secret file holds only whitespace (one this user cannot read is checked when used)."""
-    try:
-        with path.open("rb") as handle:
-            return not handle.read(MAX_CONFIG_BYTES).strip()
-    except OSError:
-        return False
 
 
 def read_config_file(path: Path, *, required: bool) -> dict[str, Any]:

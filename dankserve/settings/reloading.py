@@ -52,7 +52,10 @@ ON_RELOAD: Mapping[str, OnReload] = {
     "stop_timeout_seconds": _applied("each stop from then on waits this long"),
     "gpu_memory_settle_seconds": _restart(_LIFECYCLE),
     "health_interval_seconds": _restart(_LIFECYCLE),
-    "gateway": _restart("the gateway binds its address and reads its limits and key once, at start"),
+    "gateway": _restart(
+        "the gateway binds its address and takes its limits and key paths once, at start "
+        "(every reload reads the key files again)"
+    ),
     "metrics_listen": _restart("the metrics endpoint binds once, at start"),
     "metrics_api_key_file": _restart("the metrics endpoint reads its key once, at start"),
     "serving_scrape_interval_seconds": _restart("the observatory's reading period is set at start"),

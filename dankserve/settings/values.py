@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
@@ -50,6 +51,35 @@ def reject_nul(value: Any) -> Any:
         elif isinstance(item, (list, tuple)):
             pending += list(item)
     return value
+
+
+# An image reference as the distribution spec writes one (github.com/distribution/reference's grammar):
+# [DOMAIN[:PORT]/]PATH[:TAG][@DIGEST], PATH lowercase components. Nothing else names an image here: a
+# transport (`containers-storage:[overlay@DIR]...`, `docker-archive:`, `oci:`, `dir:`) makes Podman open
+# storage or files of the caller's choosing, as root, even for an upgrade it then refuses.
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]{{1,5}})?)"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+MAX_IMAGE_REFERENCE = 512
+
+
+def image_reference_problem(reference: str) -> str | None:
+    """Why `reference` is not a registry reference or a local image's name (None: it is one)."""
+    if len(reference) > MAX_IMAGE_REFERENCE:
+        return f"is {len(reference)} characters long; an image reference has at most {MAX_IMAGE_REFERENCE}"
+    if _IMAGE_REFERENCE.fullmatch(reference):
+        return None
+    if re.match(r"[a-z][a-z0-9-]*:(?!\d+/)(?![\w][\w.-]*$)", reference) or "://" in reference:
+        return "names a transport (such as containers-storage: or docker://), not an image"
+    return "is not an image reference ([REGISTRY[:PORT]/]NAME[:TAG][@DIGEST], NAME in lowercase)"
+
+
+IMAGE_FIX = "name a registry image (docker.io/vllm/vllm-openai:v0.33.0) or a local image (localhost/NAME:TAG)"
 
 
 MAX_NAME_LENGTH = 63

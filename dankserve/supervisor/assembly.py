@@ -159,12 +159,13 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
             gateway_settings,
             lambda: daemon.settings.deployments,
             supervisor,
-            current=lambda: daemon.settings.gateway,
             usage_file=usage_path(daemon.settings.state_dir),
             console=daemon.handle_request,  # the web console asks what the control socket answers
             logs=log_feed(daemon),  # and reads the lines `dankserve logs` reads
         )
         daemon.gateway_usage = access.totals  # /metrics: requests and tokens per key
+        # Every reload reads the key files again before it is accepted: one that cannot be read refuses it.
+        daemon.reload_checks.append(lambda settings: access.prepare_reload(settings.gateway or gateway_settings))
     except BaseException:
         close_cluster()
         raise

@@ -169,8 +169,12 @@ class Daemon:
         self.config_loaded_at = time.time()
         """When the running settings were read: at start (just before), then at each accepted reload."""
         self.config_refusal: ConfigRefusal | None = None
-        self.gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] = dict  # set once the gateway runs
         """The last reload's refusal (the running config stayed), None once a reload is accepted."""
+        self.gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] = dict  # set once the gateway runs
+        self.reload_checks: list[Callable[[Settings], Callable[[], None]]] = []
+        """Services' reads a reload needs (the gateway's key files): each reads what the new settings name
+        and returns how to put it in force once the reload is accepted, or raises the user error that
+        refuses the reload (set as the services start)."""
         self.telemetry = Telemetry()
         self.observatory = Observatory(
             targets=lambda: self.fleet.serving_targets(),  # noqa: PLW0108 (the fleet is made next, with it)
@@ -330,31 +334,21 @@ class Daemon:
         self.request_reload()
         return self._reloads.wait(mine, timeout)
 
-    def _read_reload(self, now: float) -> ReloadEffects | ConfigRefusal:
-        """The config file's effect on the running settings, checked like a start; or why it is refused."""
-        from dankserve.settings import load_reload
-
-        try:
-            new = load_reload(self.settings, self._config_path)
-            self.check_fit(new.settings)
-        except Exception as exc:  # any failure keeps the running config and deployments
-            if isinstance(exc, DankserveError):
-                return ConfigRefusal(now, exc.message, exc.fix)
-            return ConfigRefusal(now, f"internal error: {type(exc).__name__}: {exc}", None)
-        return new
-
     def _apply_reload(self) -> ReloadOutcome:
         now = time.time()
-        effects = self._read_reload(now)
-        if isinstance(effects, ConfigRefusal):
-            log.error("reload_rejected", error=effects.error, fix=effects.fix, keeping="the running configuration")
-            self.config_refusal = effects
-            return ReloadOutcome(now, effects)
+        read = _read_reload(self.settings, self._config_path, now, fit=self.check_fit, reads=self.reload_checks)
+        if isinstance(read, ConfigRefusal):
+            log.error("reload_rejected", error=read.error, fix=read.fix, keeping="the running configuration")
+            self.config_refusal = read
+            return ReloadOutcome(now, read)
+        effects, uses = read
         self.config_refusal = None
         self.config_loaded_at = now
         effects = replace(effects, settings=self.upgrades.settings_for(effects.settings))  # a switched image
         old, new = self.settings, effects.settings
         self.source.accept(effects)
+        for use in uses:
+            use()
         if effects.needs_restart:
             log.warning("reload_needs_restart", keys=list(effects.needs_restart), keeping="their running values")
         restart, start, stop, keep = [], [], [], []  # deployment names, by what the reload does to each
@@ -443,6 +437,29 @@ class Daemon:
             "config": config_status(path, self.config_loaded_at, self.config_refusal, self.source.needs_restart()),
         }
         return {"daemon": daemon, "deployments": deployments, "warnings": []}
+
+
+def _read_reload(
+    running: Settings,
+    config_path: Path | None,
+    now: float,
+    *,
+    fit: Callable[[Settings], None],
+    reads: Sequence[Callable[[Settings], Callable[[], None]]],
+) -> tuple[ReloadEffects, list[Callable[[], None]]] | ConfigRefusal:
+    """The config file's effect on the running settings, checked like a start (`fit`), and the services' reads
+    to put in force with it (`Daemon.reload_checks`); or why it is refused."""
+    from dankserve.settings import load_reload
+
+    try:
+        new = load_reload(running, config_path)
+        fit(new.settings)
+        uses = [read(new.settings) for read in reads]
+    except Exception as exc:  # any failure keeps the running config and deployments
+        if isinstance(exc, DankserveError):
+            return ConfigRefusal(now, exc.message, exc.fix)
+        return ConfigRefusal(now, f"internal error: {type(exc).__name__}: {exc}", None)
+    return new, uses
 
 
 def _in_place(

@@ -95,7 +95,7 @@ def console_mount(control: Control, logs: LogSource) -> Callable[[web.Applicatio
     """The web console for `metrics_listen` when no gateway runs: no gateway keys exist, so its rules are the
     keyless ones (pages and data for loopback peers only, no actions: those need a `console:admin` key)."""
     defaults = GatewaySettings()  # no keys_dir, no key file: keyless (its listen is not used: nothing listens)
-    access = Access(lambda: defaults, None)
+    access = Access(defaults, None)
     return Console(access, control, logs=logs).mount
 
 

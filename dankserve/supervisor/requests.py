@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from dankserve.settings import IMAGE_FIX, image_reference_problem
 from dankserve.supervisor import machine as m
 from dankserve.supervisor import sleep_mode
 from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ReloadOutcome
@@ -110,8 +111,10 @@ def _upgrade(daemon: Answering, request: Mapping[str, Any]) -> Answer:
     if unknown is not None:
         return unknown
     image = request.get("image")
-    if image is not None and (not isinstance(image, str) or not image.strip() or len(image) > 1024):
-        return {"ok": False, "error": f"not an image reference: {image!r}"}
+    if image is not None:
+        problem = image_reference_problem(image) if isinstance(image, str) else "is not text"
+        if problem is not None:
+            return {"ok": False, "error": f"image {str(image)[:200]!r} {problem}: {IMAGE_FIX}"}
     pull = request.get("pull", "missing")
     if pull not in ("missing", "always", "never"):
         return {"ok": False, "error": f"pull {pull!r} is not missing, always or never"}

@@ -111,7 +111,8 @@ def test_install_writes_the_daily_auto_update_timer_and_its_service(tmp_path: Pa
     timer = (unit.parent / "dankserve-auto-update.timer").read_text()
     service = (unit.parent / "dankserve-auto-update.service").read_text()
     assert "OnCalendar=daily\n" in timer and re.search(r"^RandomizedDelaySec=\d+$", timer, re.MULTILINE)
-    assert f"ExecStart={dankserve_executable()} upgrade --auto\n" in service
+    config = tmp_path / "etc" / "dankserve.toml"
+    assert f"ExecStart={dankserve_executable()} --config {config} upgrade --auto\n" in service
 
 
 @needs_analyze

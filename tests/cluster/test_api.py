@@ -180,10 +180,12 @@ def test_read_token(tmp_path: Path) -> None:
     """A token file is read and stripped; missing or short tokens are config errors."""
     good = tmp_path / "token"
     good.write_text(TOKEN + "\n")
+    good.chmod(0o600)
     assert read_token(good) == TOKEN
     with pytest.raises(ConfigError, match="cannot read"):
         read_token(tmp_path / "absent")
     short = tmp_path / "short"
     short.write_text("abc")
+    short.chmod(0o600)
     with pytest.raises(ConfigError, match="at least 16"):
         read_token(short)

@@ -130,8 +130,11 @@ class RunningGateway:
     supervisor: TableSupervisor
     deployments: dict[str, DeploymentSettings]
     access: Access
-    settings: list[GatewaySettings]
-    """The settings the gateway reads now: append new ones to reload (the keys are read again)."""
+    settings: GatewaySettings
+
+    def reload_keys(self) -> None:
+        """What an accepted reload does: the key files read again and put in force (ConfigError: refused)."""
+        self.access.prepare_reload(self.settings)()
 
     @property
     def url(self) -> str:
@@ -148,12 +151,9 @@ def gateway_for(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
         deps = {name: DeploymentSettings(**values) for name, values in deployments.items()}
         supervisor = TableSupervisor()
         gateway_settings = GatewaySettings(listen=f"127.0.0.1:{free_port()}", **settings)
-        holder = [gateway_settings]
-        server, access = start_gateway(
-            gateway_settings, lambda: deps, supervisor, current=lambda: holder[-1], usage_file=usage_file
-        )
+        server, access = start_gateway(gateway_settings, lambda: deps, supervisor, usage_file=usage_file)
         servers.append(server)
-        return RunningGateway(server, supervisor, deps, access, holder)
+        return RunningGateway(server, supervisor, deps, access, gateway_settings)
 
     yield make
     for server in servers:

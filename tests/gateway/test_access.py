@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from dankserve.errors import ConfigError
 from dankserve.gateway.backends import Availability
 from dankserve.gateway.usage_store import read_usage
 from tests.gateway.conftest import RunningGateway, StandIn
@@ -206,8 +207,8 @@ def test_tokens_per_minute_refuses_once_spent(
 def test_a_reload_changes_the_keys_without_dropping_requests_in_flight(
     gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
-    """New settings read the keys again: a removed key's stream in flight finishes, its next request is 401,
-    an added key works; an unreadable key set keeps the one before."""
+    """A reload reads the keys again: a removed key's stream in flight finishes, its next request is 401,
+    an added key works; a key set that cannot be read refuses the reload and keeps the one before."""
     gateway, _ = keyed_gateway(gateway_for, stand_ins, tmp_path, stand_in={"token_seconds": 0.05})
     events: list[str] = []
 
@@ -225,14 +226,15 @@ def test_a_reload_changes_the_keys_without_dropping_requests_in_flight(
     thread.start()
     time.sleep(0.5)
     write_keys(tmp_path / "keys", carol=f'key = "{CAROL}"')
-    gateway.settings.append(gateway.settings[-1].model_copy())  # what an accepted reload does: new settings
+    gateway.reload_keys()
     url = gateway.url + "/v1/chat/completions"
     assert httpx.post(url, json=CHAT, headers=auth(ALICE)).status_code == 401
     assert httpx.post(url, json=CHAT, headers=auth(CAROL)).status_code == 200
     thread.join()
     assert events[-1] == "data: [DONE]" and len(events) > 20
     (tmp_path / "keys" / "carol.toml").chmod(0o644)
-    gateway.settings.append(gateway.settings[-1].model_copy())
+    with pytest.raises(ConfigError, match=r"carol\.toml"):
+        gateway.reload_keys()
     assert httpx.post(url, json=CHAT, headers=auth(CAROL)).status_code == 200  # the keys before are kept
 
 

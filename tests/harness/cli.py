@@ -36,6 +36,16 @@ def run_dankserve(config: Path, *args: str, timeout: float = 60) -> subprocess.C
     return dankserve_cli(config, *args, env={"DANKSERVE_HARDWARE": str(RECORDED_HOST)}, timeout=timeout)
 
 
+def plan_chat(tmp_path: Path, setting: str) -> subprocess.CompletedProcess[str]:
+    """`dankserve plan` of one deployment `chat` (model facts given, no Hub) with one more `setting` line."""
+    config = tmp_path / "dankserve.toml"
+    config.write_text(
+        f'[deployments.chat]\nmodel = "m"\n{setting}\n[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n'
+    )
+    config.chmod(0o600)
+    return run_dankserve(config, "plan")
+
+
 def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """`dankserve ARGS...` through `main` in this process: its exit code, stdout and stderr."""
     from dankserve.cli.main import main

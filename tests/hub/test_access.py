@@ -43,9 +43,12 @@ def test_offline_mode_values(value: str, offline: bool) -> None:
 
 
 def test_token_file_is_read_and_its_problems_are_config_errors(tmp_path: Path) -> None:
-    """The token is stripped; a missing or empty file is exit 2 naming the key."""
+    """The token is stripped; a missing, empty or world-readable file is exit 2 naming the key."""
     token = tmp_path / "token"
     token.write_text("hf_abc\n")
+    with pytest.raises(ConfigError, match="open to others"):
+        read_token(token, "chat")
+    token.chmod(0o600)
     assert read_token(token, "chat") == "hf_abc"
     assert read_token(None, "chat") is None
     with pytest.raises(ConfigError, match=r"deployments\.chat\.hf_token_file"):

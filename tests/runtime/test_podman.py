@@ -677,6 +677,7 @@ def test_failed_create_leaves_no_secrets(
 ) -> None:
     """A container Podman refuses to create (unknown image) leaves neither container nor secrets."""
     (tmp_path / "key").write_text("k")
+    (tmp_path / "key").chmod(0o600)
     spec = make_spec(
         image="localhost/dankserve-test-absent:none", secrets=(SecretFile("api_key", tmp_path / "key", "VLLM_API_KEY"),)
     )
@@ -758,6 +759,8 @@ def test_secrets_reach_vllm_but_no_inspect_argv_or_log(
     token, key = "hf_TESTTOKEN_8f2a61c0", "sk-TESTKEY-77d1e9b4"
     (tmp_path / "hf_token").write_text(token + "\n")
     (tmp_path / "api_key").write_text(key + "\n")
+    for secret in ("hf_token", "api_key"):
+        (tmp_path / secret).chmod(0o600)
     secrets = (
         SecretFile("hf_token", tmp_path / "hf_token", "HF_TOKEN_PATH"),
         SecretFile("api_key", tmp_path / "api_key", "VLLM_API_KEY"),
@@ -791,6 +794,7 @@ def test_secrets_follow_the_file_and_go_with_the_container(
     key_file = tmp_path / "api_key"
     spec = make_spec(secrets=(SecretFile("api_key", key_file, "VLLM_API_KEY"),))
     key_file.write_text("first-key")
+    key_file.chmod(0o600)
     first = podman_runtime.start(spec)
     podman_runtime.stop(first.id, 5)  # replacing a workload is the supervisor's: stop and remove, then start
     podman_runtime.remove(first.id)

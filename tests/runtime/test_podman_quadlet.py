@@ -258,6 +258,8 @@ def test_the_units_podman_run_gives_the_stand_in_what_dankserve_gives_it(
     hf.mkdir()
     (tmp_path / "hf_token").write_text("hf_TOKEN_quadlet\n")
     (tmp_path / "api_key").write_text("sk-KEY-quadlet\n")
+    for secret in ("hf_token", "api_key"):
+        (tmp_path / secret).chmod(0o600)
     secrets = (
         SecretFile("hf_token", tmp_path / "hf_token", "HF_TOKEN_PATH"),
         SecretFile("api_key", tmp_path / "api_key", "VLLM_API_KEY"),

@@ -54,6 +54,7 @@ def fake_vllm(tmp_path: Path) -> str:
 def _spec(tmp_path: Path, executable: str, **env: str) -> WorkloadSpec:
     key = tmp_path / "key"
     key.write_text("sekrit\n")
+    key.chmod(0o600)
     return WorkloadSpec(
         deployment="chat",
         image="",
