@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dankserve.plan.releases import GatewayQueue
 from dankserve.runtime.base import CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT
 
 if TYPE_CHECKING:
@@ -170,7 +171,16 @@ def plan_one(
         catalogue=catalogue,
         offload_share=host_offload_share(settings, name, dep, host),
         adapters=adapter_facts(settings.hf_cache_dir, name, dep) if dep.adapters else (),
+        gateway=gateway_queue(settings),
     )
+
+
+def gateway_queue(settings: Settings) -> GatewayQueue | None:
+    """The gateway's cap and queue, which vLLM's own admission follows (None: no gateway)."""
+    gateway = settings.gateway
+    if gateway is None:
+        return None
+    return GatewayQueue(gateway.max_in_flight, gateway.queue_size)
 
 
 def host_offload_share(settings: Settings, name: str, dep: DeploymentSettings, host: Host) -> OffloadShare:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dankserve.plan.releases import KernelDownload
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,10 @@ class Plan:
     """Host RAM the server takes beyond its own process: CPU KV offload, offloaded weights, LoRA adapters."""
     lora_mounts: tuple[tuple[str, str], ...] = ()
     """Local LoRA adapter directories and where a container sees them (read-only mounts)."""
+    notes: tuple[str, ...] = ()
+    """Decisions that set no flag (vLLM sizing the KV cache itself on a first boot, the kernels step)."""
+    kernels: KernelDownload | None = None
+    """`vllm download-kernels` into the kept cache dir before a first boot (None: not this boot or release)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""
@@ -125,5 +132,6 @@ class Plan:
             "gpus": list(self.gpu_indices),
             "capacity": self.capacity.to_json() if self.capacity is not None else None,
             "host_ram_bytes": self.host_ram_bytes,
+            "notes": list(self.notes),
             "warnings": list(self.warnings),
         }

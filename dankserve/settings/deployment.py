@@ -14,7 +14,7 @@ from dankserve.settings.sections import CpuOffloadSettings, ModelFactsSettings, 
 from dankserve.settings.swap import SwapFitSettings
 from dankserve.settings.values import MAX_SECONDS, _Strict, check_address, is_loopback
 
-DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
+DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.34.0"
 
 PullPolicy = Literal["missing", "always", "never"]
 RuntimeKind = Literal["podman", "process"]

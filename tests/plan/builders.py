@@ -12,7 +12,18 @@ from dankserve.plan.models import ModelFacts
 HOSTS = Path(__file__).resolve().parent.parent / "hosts"
 GIB = 1 << 30
 MIB = 1 << 20
-PLAN_JSON_KEYS = ["deployment", "image", "argv", "env", "flags", "gpus", "capacity", "host_ram_bytes", "warnings"]
+PLAN_JSON_KEYS = [
+    "deployment",
+    "image",
+    "argv",
+    "env",
+    "flags",
+    "gpus",
+    "capacity",
+    "host_ram_bytes",
+    "notes",
+    "warnings",
+]
 """The keys of a plan's JSON (`plan --json`, Plan.to_json), in order."""
 
 QWEN3_30B = ModelFacts(
