@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import pytest
 
@@ -943,3 +943,43 @@ def test_full_engine_queue_answers_503_and_counts_the_rejection(serve: StartServ
     assert completion(served)[0] == 200  # room again once the stream ended
     metrics = http(served.url("/metrics"))[1].decode()
     assert 'reason="max_num_queued_reqs"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize("level", ["1", "2"])
+def test_dankserve_sleep_edge_reads_each_release_answer(
+    serve: StartServer, tmp_path: Path, version: str, level: Literal["1", "2"]
+) -> None:
+    """supervisor/sleep_mode.py against the stand-in of each release: the empty and the JSON answers both work."""
+    from dankserve.supervisor import machine as m
+    from dankserve.supervisor.sleep_mode import sleep_server as put_to_sleep
+    from dankserve.supervisor.sleep_mode import wake_server
+
+    served = release_server(serve, tmp_path, version, FAKE_VLLM_RELOAD_SECONDS="0.05")
+    assert isinstance(put_to_sleep("127.0.0.1", served.port, None, level), m.FellAsleep)
+    assert isinstance(wake_server("127.0.0.1", served.port, None, level), m.WokeUp)
+    assert completion(served)[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "route", "level", "awake", "problem"),
+    [
+        (b"", "/sleep", 1, None, None),
+        (b'{"status": "sleeping", "level": 1}', "/sleep", 1, None, None),
+        (b'{"status": "sleeping", "level": 0}', "/sleep", 1, None, "answered level 0"),
+        (b'{"status": "awake"}', "/sleep", 2, None, "not 'sleeping'"),
+        (b'{"status": "sleeping", "tags": null}', "/wake_up", None, True, "not 'awake'"),
+        (b'{"status": "sleeping", "tags": ["weights"]}', "/wake_up", None, False, None),
+        (b"[1, 2]", "/wake_up", None, True, None),
+        (b"not json", "/sleep", 1, None, None),
+        (b'{"status": "' + b"x" * 5000 + b'"}', "/sleep", 1, None, None),
+    ],
+)
+def test_sleep_answer_contradictions(
+    body: bytes, route: str, level: int | None, awake: bool | None, problem: str | None
+) -> None:
+    """An answer that contradicts the call fails it; an empty, foreign or oversized body says nothing."""
+    from dankserve.supervisor.sleep_mode import sleep_answer_problem
+
+    found = sleep_answer_problem(body, route=route, level=level, awake=awake)
+    assert (found is None) if problem is None else (found is not None and problem in found)
