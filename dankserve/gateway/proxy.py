@@ -23,6 +23,12 @@ from aiohttp import web
 from dankserve.aioserver import BodyTooLarge, Limits, read_body, vouch
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
+from dankserve.gateway.backend_admission import (
+    BACKEND_FULL_PAUSE_SECONDS,
+    MAX_REFUSAL_BYTES,
+    BackendFull,
+    is_admission_refusal,
+)
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
 from dankserve.gateway.routing import (
@@ -242,23 +248,37 @@ class Gateway:
         """A routed request of a key within its limits: waits for its deployment, then is passed on."""
         name = routed.route.deployment
         loading = LoadingStream(request, routed.route.served_name) if routed.streamed else None
-        try:
-            backend = await self._ready(name, loading, key.priority)
-        except Unavailable as exc:
-            log.info("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
-            if loading is not None and loading.response is not None:
-                return 503, await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
-            wait = retry_after(exc.ready_in, self._queue.retry_after)
-            return 503, _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
-        self._supervisor.touched(name)
-        try:
-            begun = loading.response if loading is not None else None
-            response = await self._forward(request, name, backend, routed.body, begun, tally=tally)
-            return response.status, response
-        finally:
-            self._supervisor.released(name)  # a member busy with requests is never put to sleep
-            self._admission.leave(name)
-            self._released.pop(name, _NO_EVENT).set()
+        deadline = time.monotonic() + self._queue.timeout
+        while True:
+            try:
+                backend = await self._ready(name, loading, key.priority)
+            except Unavailable as exc:
+                log.info("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
+                if loading is not None and loading.response is not None:
+                    return 503, await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
+                wait = retry_after(exc.ready_in, self._queue.retry_after)
+                return 503, _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
+            self._supervisor.touched(name)
+            try:
+                begun = loading.response if loading is not None else None
+                response = await self._forward(request, name, backend, routed.body, begun, tally=tally)
+                return response.status, response
+            except BackendFull:  # vLLM's own queue is full: wait like a queued request, then ask again
+                log.info("gateway_backend_full", deployment=name, key=key.name)
+            finally:
+                self._supervisor.released(name)  # a member busy with requests is never put to sleep
+                self._admission.leave(name)
+                self._released.pop(name, _NO_EVENT).set()
+            if time.monotonic() + BACKEND_FULL_PAUSE_SECONDS >= deadline:
+                message = (
+                    f"deployment {name!r} is full: vLLM's own admission (--max-num-queued-reqs) refused the "
+                    f"request for {self._queue.timeout:g}s"
+                )
+                if loading is not None and loading.response is not None:
+                    return 503, await loading.fail(error_document(503, message, "ServiceUnavailableError"))
+                retry = str(self._queue.retry_after)
+                return 503, _json_error(503, message, "ServiceUnavailableError", **{"Retry-After": retry})
+            await asyncio.sleep(BACKEND_FULL_PAUSE_SECONDS)
 
     def _models(self, key: Key) -> dict[str, Any]:
         """The models the key may use."""
@@ -362,6 +382,12 @@ class Gateway:
             if begun is not None:
                 return await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
             return _json_error(502, message, "BadGatewayError")
+        refusal = b""
+        if upstream.status == 503:  # vLLM's admission refusal is the gateway's to handle, never passed raw
+            refusal = await upstream.content.read(MAX_REFUSAL_BYTES + 1)
+            if is_admission_refusal(upstream.status, refusal):
+                upstream.release()
+                raise BackendFull
         try:
             response = (
                 begun
@@ -373,8 +399,11 @@ class Gateway:
                     response.content_length = upstream.content_length
                 await response.prepare(request)
             elif upstream.status != 200:  # an error document (JSON): the one event of the stream
-                text = await upstream.content.read(1 << 16)
+                text = refusal or await upstream.content.read(1 << 16)
                 return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
+            if refusal:  # another 503, read to judge it: passed on as it came
+                tally.feed(refusal)
+                await response.write(refusal)
             async for chunk in upstream.content.iter_any():
                 tally.feed(chunk)
                 await response.write(chunk)

@@ -516,20 +516,20 @@ class RequestHandler(BaseHTTPRequestHandler):
         return document
 
     def _generate(self, chat: bool) -> None:
-        """vLLM's admission first (0.29+, --max-num-queued-reqs): 503 beyond the limit, counted by reason."""
+        """vLLM's admission after reading the body (0.29+, --max-num-queued-reqs): 503 beyond the limit."""
+        request = self._read_json()
+        if request is None:
+            return
         limit = self.server.facts.config.max_num_queued_reqs if releases.ADMISSION else None
         if not self.server.state.release.admit(limit):
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, releases.QUEUE_FULL_MESSAGE, "Service Unavailable")
             return
         try:
-            self._generate_admitted(chat)
+            self._generate_admitted(chat, request)
         finally:
             self.server.state.release.finish()
 
-    def _generate_admitted(self, chat: bool) -> None:
-        request = self._read_json()
-        if request is None:
-            return
+    def _generate_admitted(self, chat: bool, request: dict[str, object]) -> None:
         facts, state = self.server.facts, self.server.state
         model = request.get("model") or facts.config.served_model_name
         adapter = isinstance(model, str) and facts.lora.has(model)
