@@ -117,9 +117,14 @@ def plan_deployment(
     if unknown_extra:
         warnings.append(f"extra_args not known to vLLM {caps.version}: {', '.join(unknown_extra)} (passed as given)")
     choices = _replace_from_extra(flags.choices, absorbed.replaced)
-    kernels = releases.kernel_download(caps, vllm_cache_root, first_boot=learned_kv_cache_memory_bytes is None)
+    kernels = releases.kernel_download(
+        caps,
+        vllm_cache_root,
+        first_boot=learned_kv_cache_memory_bytes is None,
+        container=deployment.runtime == "podman" and not deployment.launcher,
+    )
     notes = [releases.kv_sizing_note(caps, learned_kv_cache_memory_bytes)]
-    notes.append(kernels.describe() if kernels is not None else None)
+    notes.append(kernels.describe() if kernels is not None and kernels.download else None)
 
     argv: list[str] = [deployment.model]
     for choice in choices:

@@ -114,27 +114,34 @@ def queued_reqs(
 
 @dataclass(frozen=True)
 class KernelDownload:
-    """`vllm download-kernels` before the first boot, into the kept cache dir (offline hosts later)."""
+    """The kept kernels of a release with `vllm download-kernels`: fetched before the first boot into the kept
+    cache dir (so later boots, also on an offline host, fetch none), then put first on PYTHONPATH."""
 
     argv: tuple[str, ...]
     """After the `vllm` executable."""
     env: Mapping[str, str]
     target: str
-    """The directory inside the container or process view where the kernels land (kept between boots)."""
+    """Inside the container: under VLLM_CACHE_ROOT (kept between boots), one directory per vLLM release."""
+    download: bool
+    """This boot runs the download where the directory is missing (a first boot)."""
 
     def describe(self) -> str:
         return (
             f"first boot: `vllm {' '.join(self.argv)}` runs before the server, installing FlashInfer's precompiled "
             f"kernels (flashinfer-cubin, flashinfer-jit-cache) into {self.target} in the kept cache dir, so later "
-            "boots (also on an offline host) download and compile none at start"
+            "boots (also on an offline host) download and compile none at start; a failed download only warns"
         )
 
 
-def kernel_download(caps: VllmCapabilities, cache_root: str, first_boot: bool) -> KernelDownload | None:
-    """The kernels step of a first boot where the release has `vllm download-kernels` (0.32+)."""
-    if not first_boot or KERNELS_SUBCOMMAND not in caps.subcommands:
+def kernel_download(
+    caps: VllmCapabilities, cache_root: str, *, first_boot: bool, container: bool
+) -> KernelDownload | None:
+    """The kept kernels where the release has `vllm download-kernels` (0.32+) and the server runs in a container
+    (a process runs in the user's own Python environment, where `vllm download-kernels` installs them for good)."""
+    if not container or KERNELS_SUBCOMMAND not in caps.subcommands:
         return None
-    target = f"{cache_root.rstrip('/')}/{KERNELS_DIR}"
+    # Per release: FlashInfer refuses kernels of another FlashInfer version (vllm/entrypoints/cli/download_kernels.py).
+    target = f"{cache_root.rstrip('/')}/{KERNELS_DIR}/{caps.version}"
     # vLLM's subcommand runs `python -m flashinfer download-kernels`, which pip-installs the wheels;
     # PIP_TARGET sends them to the kept dir instead of the image's site-packages (gone with the container).
-    return KernelDownload((KERNELS_SUBCOMMAND,), {"PIP_TARGET": target}, target)
+    return KernelDownload((KERNELS_SUBCOMMAND,), {"PIP_TARGET": target}, target, download=first_boot)

@@ -119,7 +119,8 @@ class Plan:
     notes: tuple[str, ...] = ()
     """Decisions that set no flag (vLLM sizing the KV cache itself on a first boot, the kernels step)."""
     kernels: KernelDownload | None = None
-    """`vllm download-kernels` into the kept cache dir before a first boot (None: not this boot or release)."""
+    """The kept kernels (`vllm download-kernels` into the kept cache dir before a first boot; None: the release
+    has no such subcommand, or the server is no container of its own)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""

@@ -76,6 +76,18 @@ class SecretFile:
 
 
 @dataclass(frozen=True)
+class KernelsDir:
+    """FlashInfer's precompiled kernels (`vllm download-kernels`, vLLM 0.32+) kept under the compile cache's mount.
+
+    The entrypoint puts `path` first on PYTHONPATH when it exists; with `download`, a boot that finds it missing
+    runs `vllm download-kernels` into it first (PIP_TARGET), and a failed download (an offline host) only warns."""
+
+    path: str
+    """Inside the container, under VLLM_CACHE_ROOT, one directory per vLLM release (kernels match its FlashInfer)."""
+    download: bool
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     """Everything needed to start one vLLM server for one deployment."""
 
@@ -108,6 +120,8 @@ class WorkloadSpec:
     """Host directory of this deployment's torch.compile cache (VLLM_CACHE_ROOT)."""
     launcher: LauncherSpec | None = None
     """Run the pre-imported vLLM launcher instead of `vllm serve`; servers are then asked of it."""
+    kernels: KernelsDir | None = None
+    """The kept kernels of the image's vLLM release (None: its release has no `vllm download-kernels`)."""
 
 
 @dataclass(frozen=True)

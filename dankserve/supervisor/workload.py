@@ -11,6 +11,7 @@ from dankserve.runtime.base import (
     LABEL_BOOT,
     LABEL_FINGERPRINT,
     GpuRef,
+    KernelsDir,
     LauncherSpec,
     Mount,
     SecretFile,
@@ -51,6 +52,7 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         executable=dep.executable,
         cache_dir=cache,
         launcher=LauncherSpec(LAUNCHER_SOURCE, launcher_run_dir(settings, plan.deployment)) if dep.launcher else None,
+        kernels=KernelsDir(plan.kernels.target, plan.kernels.download) if plan.kernels is not None else None,
     )
 
 

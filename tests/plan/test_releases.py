@@ -62,9 +62,13 @@ def test_three_releases_side_by_side() -> None:
     for version in ("0.33.0", "0.34.0"):
         kernels = first[version].kernels
         assert kernels is not None and kernels.argv == ("download-kernels",)
-        assert kernels.target == "/root/.cache/vllm/kernels" and kernels.env == {"PIP_TARGET": kernels.target}
+        assert kernels.target == f"/root/.cache/vllm/kernels/{version}" and kernels.env == {
+            "PIP_TARGET": kernels.target
+        }
         assert any("download-kernels" in n and "kept cache dir" in n for n in first[version].notes)
-        assert warm[version].kernels is None  # a later boot: the kernels are kept
+        later = warm[version].kernels  # a later boot: the kernels are kept, put on PYTHONPATH, not fetched
+        assert later is not None and not later.download and later.target == kernels.target
+        assert not any("download-kernels" in n for n in warm[version].notes)
     # KV sizing: 0.34 sizes the KV cache itself on the first boot (extensible), and the plan says so.
     assert not any("extensible" in n for n in first["0.33.0"].notes + first["0.26.0"].notes)
     assert any("extensible KV cache" in n for n in first["0.34.0"].notes)
