@@ -14,7 +14,7 @@ from dankserve.cli.options import hardware_option
 from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
-from dankserve.settings import keyless_gateway_exposure
+from dankserve.settings import Settings, keyless_gateway_exposure
 
 
 @click.command("doctor")
@@ -62,6 +62,7 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
         except DankserveError as exc:
             checks.append(doctor.Check("podman", "fail", exc.message, exc.fix))
 
+    checks += _kernel_checks(settings)
     for name in settings.deployments:
         exposure = keyless_gateway_exposure(settings, name)
         if exposure is not None:
@@ -77,6 +78,23 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
             if check.fix and check.verdict != "ok":
                 click.echo(f"        fix: {check.fix}")
     return ExitCode.ENVIRONMENT if failed else ExitCode.OK
+
+
+def _kernel_checks(settings: Settings) -> list[doctor.Check]:
+    """Kernels each container deployment's vLLM (0.32+, `vllm download-kernels`) would fetch at its next start."""
+    from dankserve.plan.catalogue import capabilities, version_from_image
+    from dankserve.plan.releases import KERNELS_DIR, KERNELS_SUBCOMMAND
+    from dankserve.planning import compile_cache_dir
+
+    checks = []
+    for name, dep in sorted(settings.deployments.items()):
+        if not dep.enabled or dep.runtime != "podman" or dep.launcher:
+            continue
+        caps = capabilities(version_from_image(dep.image) or settings.vllm_version)
+        if KERNELS_SUBCOMMAND in caps.subcommands:
+            kept = compile_cache_dir(settings, name) / KERNELS_DIR / caps.version
+            checks.append(doctor.kernels_verdict(name, caps.version, kept, doctor.read_kernel_packages(kept)))
+    return checks
 
 
 def _recorded_host_check(path: Path) -> doctor.Check:

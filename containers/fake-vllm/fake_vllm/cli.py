@@ -268,6 +268,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if namespace.subparser is None:
         top.print_help()
         return 0
+    if namespace.subparser == "download-kernels":
+        return releases.download_kernels(environment, dry_run=bool(getattr(namespace, "dry_run", False)))
     if namespace.subparser != "serve":
         print(
             f"{STAND_IN_PREFIX} `vllm {namespace.subparser}` is not imitated (version {VLLM_VERSION})", file=sys.stderr

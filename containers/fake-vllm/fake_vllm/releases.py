@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -30,6 +33,7 @@ ADMISSION: Final = RELEASE >= (0, 29)
 JSON_SLEEP: Final = RELEASE >= (0, 32)
 SLEEP_METRICS: Final = RELEASE >= (0, 32)
 CHECKPOINT: Final = RELEASE >= (0, 34)
+DOWNLOAD_KERNELS: Final = RELEASE >= (0, 32)
 SLEEP_LEVELS: Final = ("0", "1", "2") if JSON_SLEEP else ("1", "2")
 
 SLEEP_BUCKETS: Final = (0.01, 0.1, 1, 10, 30, 60, 120, 300, 600)
@@ -130,3 +134,29 @@ def metrics_lines(labels: str, state: ReleaseState) -> list[str]:
         *(f'vllm:admission_rejections_total{{{labels},reason="{r}"}} {float(n)}' for r, n in rejections.items()),
     ]
     return lines
+
+
+KERNEL_PACKAGES: Final = ("flashinfer_cubin", "flashinfer_jit_cache")
+
+
+def download_kernels(env: Mapping[str, str], *, dry_run: bool = False) -> int:
+    """`vllm download-kernels` (0.32+): vLLM runs `python -m flashinfer download-kernels`, which pip-installs
+    flashinfer-cubin and flashinfer-jit-cache (to PIP_TARGET when set). FAKE_VLLM_NO_NETWORK=1 fails as pip
+    does without an index."""
+    target = env.get("PIP_TARGET") or "/usr/local/lib/python3/dist-packages"
+    for name in KERNEL_PACKAGES:
+        print(f"Command: {sys.executable} -m pip install --upgrade --no-deps {name.replace('_', '-')}", flush=True)
+    if dry_run:
+        print("Dry run requested; pip install was not executed.")
+        return 0
+    if env.get("FAKE_VLLM_NO_NETWORK", "").strip() not in ("", "0"):
+        print("ERROR: Could not find a version that satisfies the requirement flashinfer-cubin", file=sys.stderr)
+        print("Error: One or more kernel wheel installs failed", file=sys.stderr)
+        return 1
+    for name in KERNEL_PACKAGES:
+        package = os.path.join(target, name)
+        os.makedirs(package, exist_ok=True)
+        with open(os.path.join(package, "__init__.py"), "w", encoding="ascii") as handle:
+            handle.write("# stand-in kernels\n")
+    print("flashinfer-cubin and flashinfer-jit-cache installed successfully.")
+    return 0
