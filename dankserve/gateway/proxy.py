@@ -270,14 +270,7 @@ class Gateway:
                 self._admission.leave(name)
                 self._released.pop(name, _NO_EVENT).set()
             if time.monotonic() + BACKEND_FULL_PAUSE_SECONDS >= deadline:
-                message = (
-                    f"deployment {name!r} is full: vLLM's own admission (--max-num-queued-reqs) refused the "
-                    f"request for {self._queue.timeout:g}s"
-                )
-                if loading is not None and loading.response is not None:
-                    return 503, await loading.fail(error_document(503, message, "ServiceUnavailableError"))
-                retry = str(self._queue.retry_after)
-                return 503, _json_error(503, message, "ServiceUnavailableError", **{"Retry-After": retry})
+                return 503, await _backend_full(name, loading, self._queue)
             await asyncio.sleep(BACKEND_FULL_PAUSE_SECONDS)
 
     def _models(self, key: Key) -> dict[str, Any]:
@@ -427,6 +420,17 @@ class Gateway:
 
 _NO_EVENT = asyncio.Event()
 """Set when a deployment's release finds no one waiting (no event made for it)."""
+
+
+async def _backend_full(name: str, loading: LoadingStream | None, queue: QueuePolicy) -> web.StreamResponse:
+    """The gateway's own 503 for a request vLLM's admission kept refusing past its queue time."""
+    message = (
+        f"deployment {name!r} is full: vLLM's own admission (--max-num-queued-reqs) refused the request "
+        f"for {queue.timeout:g}s"
+    )
+    if loading is not None and loading.response is not None:
+        return await loading.fail(error_document(503, message, "ServiceUnavailableError"))
+    return _json_error(503, message, "ServiceUnavailableError", **{"Retry-After": str(queue.retry_after)})
 
 
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:
