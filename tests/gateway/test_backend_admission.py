@@ -6,8 +6,6 @@ own 503 with Retry-After when its queue time ends first. Any other 503 passes as
 
 from __future__ import annotations
 
-import json
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -28,19 +26,15 @@ QUEUE_FULL = (
 
 
 @contextmanager
-def direct_stream(stand_in: StandIn, tokens: int) -> Iterator[socket.socket]:
-    """A streamed completion straight to the server (not through the gateway), once its first event arrived."""
-    body = json.dumps({**CHAT, "stream": True, "max_tokens": tokens}).encode()
-    with socket.create_connection(("127.0.0.1", stand_in.port)) as client:
-        client.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"data: " not in received:
-            received += client.recv(65536)
-        yield client
+def direct_stream(stand_in: StandIn, tokens: int) -> Iterator[None]:
+    """A streamed completion straight to the server (not through the gateway), held open once it began."""
+    body = {**CHAT, "stream": True, "max_tokens": tokens}
+    url = f"http://127.0.0.1:{stand_in.port}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=30) as held:
+        assert held.status_code == 200
+        lines = held.iter_lines()  # kept: a dropped iterator would close the stream
+        next(lines)  # the first event: admitted, its slot taken
+        yield
 
 
 def full_server(stand_ins: Callable[..., StandIn]) -> StandIn:
