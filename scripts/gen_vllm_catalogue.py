@@ -29,9 +29,11 @@ same steps without running them:
 
 Outputs:
 - `dankserve/data/vllm_catalogue.json`: per version the flags (grouped by the wheel file that
-  adds them) and the value sets the planner uses, each with the wheel file it came from.
-- `containers/fake-vllm/vllm_args_0.33.json`: the full argv grammar of `vllm serve` 0.33.0
-  for the stand-in vLLM image (schema fixed by that image's reader).
+  adds them), the value sets the planner uses, each with the wheel file it came from, the
+  variables `vllm/envs.py` reads and refuses (`env`, `removed_env`), the `vllm` subcommands and
+  the server's routes and metrics dankserve keys on; in the header, what replaces removed flags.
+- `containers/fake-vllm/vllm_args_0.33.json` and `vllm_args_0.34.json`: the full argv grammars of
+  `vllm serve` 0.33.0 and 0.34.0 for the stand-in vLLM image (schema fixed by that image's reader).
 """
 
 from __future__ import annotations
@@ -1373,6 +1375,21 @@ def check_against_facts(entries: dict[str, dict[str, Any]]) -> list[str]:
                 problems.append(f"0.33.0 lacks {flag}")
         if "--swap-space" in flags("0.33.0"):
             problems.append("0.33.0 still has --swap-space")
+    if "0.34.0" in entries:  # FACTS.md, "vLLM 0.27-0.34"
+        entry = entries["0.34.0"]
+        for flag in ("--enable-extensible-kv-cache", "--max-num-queued-reqs", "--max-num-queued-tokens"):
+            if flag not in flags("0.34.0"):
+                problems.append(f"0.34.0 lacks {flag}")
+        for flag in ("--calculate-kv-scales", "--enable-bf16x3-router-gemm", "--max-num-partial-prefills",
+                     "--max-long-partial-prefills", "--override-attention-dtype"):  # fmt: skip
+            if flag in flags("0.34.0"):
+                problems.append(f"0.34.0 still has {flag}")
+        if "VLLM_USE_V2_MODEL_RUNNER" in entry["env"] or "VLLM_ENGINE_ITERATION_TIMEOUT_S" in entry["env"]:
+            problems.append("0.34.0 still reads VLLM_USE_V2_MODEL_RUNNER or VLLM_ENGINE_ITERATION_TIMEOUT_S")
+        if "download-kernels" not in entry["facts"].get("subcommands", {}).get("value", []):
+            problems.append("0.34.0 lacks `vllm download-kernels`")
+        if len(entry["facts"].get("checkpoint_routes", {}).get("value", [])) != 3:
+            problems.append("0.34.0 lacks the /checkpoint routes")
     for version in entries:
         has_swap = "--swap-space" in flags(version)
         if _version_key(version) < (0, 18) and not has_swap:
