@@ -195,8 +195,8 @@ class DaemonUpgradeEdge:
             plan = self._daemon.deps.planner(
                 self._name, self._new_dep(image), self._daemon.host, m.BootOverrides(), version
             )
-        except DankserveError as exc:
-            return Replanned((), exc.message)
+        except DankserveError as exc:  # e.g. a flag of extra_args the new release removed: the fix names its successor
+            return Replanned((), f"{exc.message} (fix: {exc.fix})" if exc.fix else exc.message)
         self._plan = plan
         caps = capabilities(version)
         return Replanned(flags_gone(plan.argv, caps.flags), changes=plan_changes(self._old_plan(), plan))
