@@ -1094,7 +1094,7 @@ def environment(source: Source) -> tuple[list[str], dict[str, str]]:
     names: list[str] = []
     removed: dict[str, str] = {}
     for node in ast.parse(text).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
+        target: ast.expr | None = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
         value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None

@@ -59,7 +59,7 @@ def test_doctor_names_the_kernels_a_start_would_fetch(tmp_path: Path) -> None:
         "hf_cache_dir": str(tmp_path),
         "podman_url": f"unix://{tmp_path}/no-podman.sock",
     }
-    deployments = {
+    deployments: dict[str, dict[str, object]] = {
         "new": {"model": "o/m", "image": "docker.io/vllm/vllm-openai:v0.34.0"},
         "old": {"model": "o/m", "image": "docker.io/vllm/vllm-openai:v0.26.0", "port": 8001},
     }
