@@ -46,6 +46,8 @@ class Backend:
     """Seconds until its swap group's bound (`max_swaps_per_minute`) lets its wake begin (None: not held)."""
     max_in_flight: int | None = None
     """Requests the gateway passes to it at once: its plan's --max-num-seqs (None: not known, no cap)."""
+    max_model_len: int | None = None
+    """Its server's context length as the boot's log told (None: not booted yet), for /v1/models."""
 
 
 class Supervisor(Protocol):

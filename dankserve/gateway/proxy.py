@@ -20,9 +20,10 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from dankserve.aioserver import BodyTooLarge, Limits, read_body, vouch
+from dankserve.aioserver import BodyTooLarge, Limits, Throttled, read_body, vouch
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
+from dankserve.gateway.answers import Cors, is_preflight, passed_headers, request_id
 from dankserve.gateway.backend_admission import (
     BACKEND_FULL_PAUSE_SECONDS,
     MAX_REFUSAL_BYTES,
@@ -45,9 +46,10 @@ from dankserve.gateway.routing import (
     retry_after,
     route_body,
     route_table,
+    unknown_model,
 )
 from dankserve.gateway.tokens import AnswerTally, TokenCount
-from dankserve.gateway.usage import NO_LABEL
+from dankserve.gateway.usage import CLIENT_CLOSED, NO_LABEL
 from dankserve.settings import DeploymentSettings
 
 log = structlog.get_logger("dankserve.gateway")
@@ -56,22 +58,6 @@ POLL_SECONDS = 0.02
 """How often a queued request looks at its deployment again (a dict read under a lock)."""
 LOADING_COMMENT_SECONDS = 3.0
 """How often a waiting streamed request gets its loading comment again."""
-
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "authorization",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -130,12 +116,16 @@ class Gateway:
         limits: Limits,
         queue: QueuePolicy,
         access: Access,
+        *,
+        cors: Cors | None = None,
     ) -> None:
         self._deployments = deployments
         self._supervisor = supervisor
         self._limits = limits
         self._queue = queue
         self.access = access
+        self._cors = cors if cors is not None else Cors()
+        self._refusals = Throttled(log)  # a client retrying with a wrong key must not flood the journal
         self._waiting: dict[str, int] = {}
         self._admission = Admission()
         self._released: dict[str, asyncio.Event] = {}
@@ -146,6 +136,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self._limits.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self._handle)
+        app.on_response_prepare.append(self._cors.on_prepare())
         app.on_startup.append(self._open_session)
         app.on_cleanup.append(self._close_session)
         app.cleanup_ctx.append(self._saving)
@@ -190,12 +181,14 @@ class Gateway:
         path = request.path
         if path == "/health" and request.method in ("GET", "HEAD"):
             return web.Response(status=200)
+        if is_preflight(request):
+            return self._cors.preflight(request)
         if path in DEV_ROUTES:
             return _json_error(404, f"{path} is not served by the gateway", "NotFoundError")
         key = self.access.identify(request.headers.getall("Authorization", []))
         if isinstance(key, Denied):
             self.access.record(NO_LABEL, NO_LABEL, key.status, TokenCount())
-            log.info("gateway_denied", status=key.status, reason=key.message, path=path)
+            self._refusals.note("gateway_denied", status=key.status, reason=key.message, path=path)
             return _json_error(key.status, key.message, "AuthenticationError", **{"WWW-Authenticate": "Bearer"})
         vouch(request)
         if path == "/v1/models" and request.method == "GET":
@@ -206,7 +199,8 @@ class Gateway:
             found = [entry for entry in listed if entry["id"] == wanted]
             if found:
                 return web.json_response(found[0])
-            return _json_error(404, f"The model `{wanted}` does not exist.", "NotFoundError", "model")
+            unknown = unknown_model(wanted)
+            return web.json_response(unknown.document, status=unknown.status)
         if path not in ROUTED_BY_MODEL:
             return _json_error(404, f"no route {request.method} {path}", "NotFoundError")
         if request.method != "POST":
@@ -221,15 +215,15 @@ class Gateway:
             routed = route_body(body, self._table())
         except RoutingError as exc:
             return web.json_response(exc.document, status=exc.status)
-        if not key.allows([routed.model]):
-            self.access.record(key.name, routed.model, 403, TokenCount())
-            log.info("gateway_forbidden", key=key.name, model=routed.model)
-            message = f"the API key {key.name!r} may not use the model `{routed.model}`"
-            return _json_error(403, message, "PermissionDeniedError", "model")
+        if not key.allows([routed.model]):  # answered as a model that does not exist: /v1/models hides it too
+            hidden = unknown_model(routed.model)
+            self.access.record(key.name, routed.model, hidden.status, TokenCount())
+            self._refusals.note("gateway_forbidden", key=key.name, model=routed.model)
+            return web.json_response(hidden.document, status=hidden.status)
         refused = self.access.admit(key)
         if refused is not None:
             self.access.record(key.name, routed.model, 429, TokenCount())
-            log.info("gateway_limited", key=key.name, model=routed.model, limit=refused.limit)
+            self._refusals.note("gateway_limited", key=key.name, model=routed.model, limit=refused.limit)
             message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
             return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
         tally = AnswerTally(routed.streamed)
@@ -237,6 +231,9 @@ class Gateway:
         try:
             status, response = await self._admitted(request, key, routed, tally)
             return response
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED  # the client left (aiohttp cancels its handler): not the server's failure
+            raise
         finally:
             tokens = tally.count()
             self.access.release(key, tokens.total)
@@ -253,16 +250,12 @@ class Gateway:
             try:
                 backend = await self._ready(name, loading, key.priority)
             except Unavailable as exc:
-                log.info("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
-                if loading is not None and loading.response is not None:
-                    return 503, await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
-                wait = retry_after(exc.ready_in, self._queue.retry_after)
-                return 503, _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
+                self._refusals.note("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
+                return 503, await _unavailable(str(exc), loading, retry_after(exc.ready_in, self._queue.retry_after))
             self._supervisor.touched(name)
             try:
                 begun = loading.response if loading is not None else None
-                response = await self._forward(request, name, backend, routed.body, begun, tally=tally)
-                return response.status, response
+                return await self._forward(request, name, backend, routed.body, begun, tally=tally)
             except BackendFull:  # vLLM's own queue is full: wait like a queued request, then ask again
                 log.info("gateway_backend_full", deployment=name, key=key.name)
             finally:
@@ -280,7 +273,9 @@ class Gateway:
         for deployment in dict.fromkeys(e.deployment for e in entries):
             backend = self._supervisor.backend(deployment)
             ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
-            readiness[deployment] = Readiness(backend.state or backend.availability.value, ready_in)
+            readiness[deployment] = Readiness(
+                backend.state or backend.availability.value, ready_in, backend.max_model_len
+            )
         return models_document(entries, self.started, readiness)
 
     async def _ready(self, name: str, loading: LoadingStream | None = None, priority: int = 0) -> Backend:
@@ -361,26 +356,22 @@ class Gateway:
         begun: web.StreamResponse | None,
         *,
         tally: AnswerTally,
-    ) -> web.StreamResponse:
-        """Pass the request on and stream the answer back; `begun`: the SSE answer its loading comments
-        began (status sent), into which the server's events go, or its error as one event."""
+    ) -> tuple[int, web.StreamResponse]:
+        """Pass the request on and stream the answer back: the status to count and the answer; `begun`: the SSE
+        answer its loading comments began (status sent), into which the server's events go, or its error as one
+        event."""
         assert self._session is not None
         try:
             upstream = await self._session.request(
                 request.method, _url(request, backend), data=body, headers=_headers(request, backend)
             )
         except aiohttp.ClientError as exc:
-            log.warning("gateway_upstream_failed", deployment=name, error=str(exc))
+            log.warning("gateway_upstream_failed", deployment=name, error=str(exc), request_id=request_id(request))
             message = f"deployment {name!r} did not answer: {exc}"
             if begun is not None:
-                return await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
-            return _json_error(502, message, "BadGatewayError")
-        refusal = b""
-        if upstream.status == 503:  # vLLM's admission refusal is the gateway's to handle, never passed raw
-            refusal = await upstream.content.read(MAX_REFUSAL_BYTES + 1)
-            if is_admission_refusal(upstream.status, refusal):
-                upstream.release()
-                raise BackendFull
+                return 502, await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
+            return 502, _json_error(502, message, "BadGatewayError")
+        refusal = await _read_refusal(upstream)  # vLLM's admission refusal is the gateway's, never passed raw
         try:
             response = (
                 begun
@@ -393,7 +384,8 @@ class Gateway:
                 await response.prepare(request)
             elif upstream.status != 200:  # an error document (JSON): the one event of the stream
                 text = refusal or await upstream.content.read(1 << 16)
-                return await _end_with_event(response, " ".join(text.decode(errors="replace").splitlines()))
+                document = " ".join(text.decode(errors="replace").splitlines())
+                return upstream.status, await _end_with_event(response, document)
             if refusal:  # another 503, read to judge it: passed on as it came
                 tally.feed(refusal)
                 await response.write(refusal)
@@ -401,14 +393,11 @@ class Gateway:
                 tally.feed(chunk)
                 await response.write(chunk)
             await response.write_eof()
-            return response
+            return response.status, response
         except aiohttp.ClientError as exc:
             # The server broke off mid-response, or the client's connection was reset under a write.
             upstream.close()
-            log.info("gateway_stream_ended", deployment=name, error=str(exc) or type(exc).__name__)
-            if request.transport is not None:
-                request.transport.close()
-            return response
+            return (CLIENT_CLOSED if _broken_off(request, name, exc) else response.status), response
         except BaseException:
             # The client left (cancelled or reset) or the server broke off: drop the upstream
             # connection rather than return it to the pool, so vLLM sees the abort.
@@ -422,20 +411,52 @@ _NO_EVENT = asyncio.Event()
 """Set when a deployment's release finds no one waiting (no event made for it)."""
 
 
+def _broken_off(request: web.Request, name: str, exc: aiohttp.ClientError) -> bool:
+    """Log an answer broken off mid-way and close the client's connection; True when the client had left."""
+    client_left = request.transport is None or request.transport.is_closing()
+    log.info(
+        "gateway_stream_ended",
+        deployment=name,
+        error=str(exc) or type(exc).__name__,
+        by="client" if client_left else "server",
+        request_id=request_id(request),
+    )
+    if request.transport is not None:
+        request.transport.close()
+    return client_left
+
+
+async def _unavailable(message: str, loading: LoadingStream | None, wait: int) -> web.StreamResponse:
+    """The gateway's 503: its error event where a streamed answer began, else with Retry-After."""
+    if loading is not None and loading.response is not None:
+        return await loading.fail(error_document(503, message, "ServiceUnavailableError"))
+    return _json_error(503, message, "ServiceUnavailableError", **{"Retry-After": str(wait)})
+
+
 async def _backend_full(name: str, loading: LoadingStream | None, queue: QueuePolicy) -> web.StreamResponse:
     """The gateway's own 503 for a request vLLM's admission kept refusing past its queue time."""
     message = (
         f"deployment {name!r} is full: vLLM's own admission (--max-num-queued-reqs) refused the request "
         f"for {queue.timeout:g}s"
     )
-    if loading is not None and loading.response is not None:
-        return await loading.fail(error_document(503, message, "ServiceUnavailableError"))
-    return _json_error(503, message, "ServiceUnavailableError", **{"Retry-After": str(queue.retry_after)})
+    return await _unavailable(message, loading, queue.retry_after)
+
+
+async def _read_refusal(upstream: aiohttp.ClientResponse) -> bytes:
+    """A 503's body, read to judge it (b"" for any other status); BackendFull when it is vLLM's admission refusal."""
+    if upstream.status != 503:
+        return b""
+    body = await upstream.content.read(MAX_REFUSAL_BYTES + 1)
+    if is_admission_refusal(upstream.status, body):
+        upstream.release()
+        raise BackendFull
+    return body
 
 
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:
-    """End a begun SSE answer with one `data:` event (an error document)."""
-    await response.write(f"data: {data}\n\n".encode())
+    """End a begun SSE answer with one `data:` event (an error document), then `data: [DONE]` as vLLM ends a
+    stream that failed (clients that read to [DONE] stop there; OpenAI's SDK raises at the error first)."""
+    await response.write(f"data: {data}\n\ndata: [DONE]\n\n".encode())
     await response.write_eof()
     return response
 
@@ -452,7 +473,8 @@ def _check_held(name: str, backend: Backend, left: float) -> None:
 
 
 def _headers(request: web.Request, backend: Backend) -> dict[str, str]:
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = passed_headers(request.headers, request.headers.getall("Connection", []))
+    headers["X-Request-Id"] = request_id(request)  # vLLM's request id: its log lines name the client's request
     if backend.api_key is not None:
         headers["Authorization"] = f"Bearer {backend.api_key}"
     return headers
@@ -464,4 +486,4 @@ def _url(request: web.Request, backend: Backend) -> str:
 
 
 def _passed(upstream: aiohttp.ClientResponse) -> dict[str, Any]:
-    return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+    return passed_headers(upstream.headers, upstream.headers.getall("Connection", []))

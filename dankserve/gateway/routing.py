@@ -9,6 +9,7 @@ it is, to the base deployment.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -89,30 +90,55 @@ class Readiness:
 
     state: str
     ready_seconds: float | None
+    max_model_len: int | None = None
+    """The server's context length as its boot log told (None: not booted yet, or not told)."""
 
 
 def models_document(
     entries: list[ModelEntry], created: int, readiness: Mapping[str, Readiness] | None = None
 ) -> dict[str, Any]:
-    """The /v1/models answer (OpenAI's list of model objects), each with its deployment's `state` and
-    `ready_seconds` (extra fields: OpenAI clients keep or ignore them)."""
+    """The /v1/models answer in vLLM's ModelCard shape (vllm/entrypoints/openai/protocol.py: `owned_by` "vllm",
+    `root`, `parent`, `max_model_len`, one `permission`; an adapter's card has `parent` = its base and no
+    `max_model_len`), each with its deployment's `state` and `ready_seconds` (extra fields: OpenAI clients keep
+    or ignore them)."""
     data = []
     for e in entries:
+        ready = (readiness or {}).get(e.deployment)
         entry: dict[str, Any] = {
             "id": e.id,
             "object": "model",
             "created": created,
-            "owned_by": "dankserve",
+            "owned_by": "vllm",
             "root": e.served_name,
+            "parent": e.parent,
+            "max_model_len": ready.max_model_len if ready is not None and e.parent is None else None,
+            "permission": [_permission(e.id, created)],
         }
-        if e.parent is not None:
-            entry["parent"] = e.parent
-        ready = (readiness or {}).get(e.deployment)
         if ready is not None:
             entry["state"] = ready.state
             entry["ready_seconds"] = ready.ready_seconds
         data.append(entry)
     return {"object": "list", "data": data}
+
+
+def _permission(model: str, created: int) -> dict[str, Any]:
+    """vLLM's ModelPermission with its defaults; its id stable per model and gateway start (vLLM draws one per
+    answer: clients only show it)."""
+    digest = hashlib.sha256(f"{created}:{model}".encode()).hexdigest()[:32]
+    return {
+        "id": f"modelperm-{digest}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 def loading_comment(model: str, state: str | None, ready_in: float | None, held: bool = False) -> bytes:
@@ -162,6 +188,12 @@ class RoutingError(Exception):
         self.document = error_document(status, message, kind, param)
 
 
+def unknown_model(model: str) -> RoutingError:
+    """The one answer for a model that does not exist and for one outside the key's scope (as /v1/models hides
+    it): a key holder cannot tell which hidden names exist (vLLM's own words for an unknown model)."""
+    return RoutingError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+
 NESTED_TOO_DEEPLY = "the request body nests arrays or objects too deeply to be read"
 
 
@@ -180,7 +212,7 @@ def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
         raise RoutingError(400, "the request names no `model`; GET /v1/models lists them", "BadRequestError", "model")
     route = table.get(model)
     if route is None:
-        raise RoutingError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise unknown_model(model)
     streamed = document.get("stream") is True
     if model == route.served_name:
         return Routed(route, body, streamed, model)

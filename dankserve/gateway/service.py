@@ -8,6 +8,7 @@ from pathlib import Path
 from dankserve.aioserver import GuardedServer, Limits
 from dankserve.errors import EnvironmentUnusable
 from dankserve.gateway.access import Access
+from dankserve.gateway.answers import Cors
 from dankserve.gateway.backends import Supervisor
 from dankserve.gateway.proxy import Gateway, QueuePolicy
 from dankserve.settings import DeploymentSettings, GatewaySettings, split_listen
@@ -35,7 +36,7 @@ def start_gateway(
     queue = QueuePolicy(
         settings.queue_size, settings.queue_timeout_seconds, settings.retry_after_seconds, settings.max_in_flight
     )
-    gateway = Gateway(deployments, supervisor, limits, queue, access)
+    gateway = Gateway(deployments, supervisor, limits, queue, access, cors=Cors(frozenset(settings.allowed_origins)))
     try:
         server = GuardedServer(
             gateway.app(), split_listen(settings.listen), limits, name="gateway", handler_cancellation=True

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NO_LABEL = "-"
+CLIENT_CLOSED = 499
+"""The code counted for a client that left before its answer ended (nginx's): it had its 200, the server did
+not fail, so it is neither a 200 nor a 5xx."""
+HIDDEN_KEYS = "*"
+"""The key label of every named key together, where key names are not shown (`hide_key_names`)."""
 MAX_SERIES = 20_000
 """Totals and hourly rows each at most this many (the oldest hours go first)."""
 RETENTION_HOURS = 24 * 92
@@ -153,6 +158,15 @@ def _rows(data: Mapping[str, Any], name: str) -> Iterator[dict[str, Any]]:
         ):
             raise ValueError(f"a row of {name} without key and model")
         yield row
+
+
+def hide_key_names(totals: Mapping[Label, Counts]) -> dict[Label, Counts]:
+    """The counters with every key's name folded into HIDDEN_KEYS (`-`, no key, stays): what a /metrics that
+    anyone on the host may scrape shows, so that local users learn neither the key names nor each one's use."""
+    out: dict[Label, Counts] = {}
+    for (key, model), counts in totals.items():
+        out.setdefault((key if key == NO_LABEL else HIDDEN_KEYS, model), Counts()).merge(counts)
+    return out
 
 
 def _copy(counts: Counts) -> Counts:

@@ -103,7 +103,7 @@ def plan_deployment(
     serving_flags(flags, deployment)
     admission_flags(flags, caps, gateway)
     warnings += model_flags(flags, deployment, model, caps)
-    access_log_flags(flags, caps)
+    access_log_flags(flags, caps, sleeping=has_sleep_mode(deployment))
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
     numa_bind, numa_warnings = numa_flags(flags, numa, deployment.numa_bind, caps)
     warnings += numa_warnings
@@ -554,15 +554,21 @@ def admission_flags(flags: _Flags, caps: VllmCapabilities, gateway: releases.Gat
 
 PROBED_ENDPOINTS = ("/health", "/metrics", "/ping")
 """What dankserve itself asks the server all the time: kept out of its access log."""
+SWAP_PROBED_ENDPOINTS = ("/is_sleeping",)
+"""What it asks a swap group's member besides (every sleep and wake polls it: 44 % of a group's lines)."""
 
 
-def access_log_flags(flags: _Flags, caps: VllmCapabilities) -> None:
-    """Keep dankserve's own probes out of the server's access log, where the release can."""
+def access_log_flags(flags: _Flags, caps: VllmCapabilities, *, sleeping: bool = False) -> None:
+    """Keep dankserve's own probes out of the server's access log, where the release can; `sleeping`: a
+    member of a swap group, whose sleeps and wakes poll /is_sleeping."""
     if caps.has("--disable-access-log-for-endpoints"):
+        endpoints = PROBED_ENDPOINTS + (SWAP_PROBED_ENDPOINTS if sleeping else ())
         flags.add(
             "--disable-access-log-for-endpoints",
-            ",".join(PROBED_ENDPOINTS),
-            "dankserve polls /health and reads /metrics all the time: their lines would drown the requests",
+            ",".join(endpoints),
+            "dankserve polls /health and reads /metrics all the time"
+            + (", and /is_sleeping at each sleep and wake" if sleeping else "")
+            + ": their lines would drown the requests",
             "dankserve's probes",
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
@@ -81,6 +82,10 @@ class ClusterSettings(_Strict):
         return check_address(value, default_port=7390)  # the cluster API's port
 
 
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]{2,45}\](:[0-9]{1,5})?")
+"""An origin as a browser's `Origin` header sends it (RFC 6454): scheme, host, an optional port."""
+
+
 class GatewaySettings(_Strict):
     """One OpenAI endpoint in front of every deployment, routed by the request's `model` (docs/GATEWAY.md)."""
 
@@ -128,6 +133,24 @@ class GatewaySettings(_Strict):
     body_timeout_seconds: float = Field(
         default=60.0, gt=0, le=3600, description="A request body must arrive within this."
     )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Web origins whose pages may call the gateway from a browser (CORS), e.g. "
+        '"https://chat.example.com" (scheme://host[:port]); "*": any page. Empty: no cross-origin calls '
+        "(a preflight gets 403, never 401).",
+    )
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"allowed_origins has {origin!r}, which is not an origin: write scheme://host[:port] as the "
+                    'browser sends it, without a path or a trailing slash (e.g. "https://chat.example.com"), or "*"'
+                )
+        return value
 
     @field_validator("listen")
     @classmethod

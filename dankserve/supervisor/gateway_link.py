@@ -8,6 +8,7 @@ booting or restarting gets ready on its own).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,6 +40,14 @@ class DaemonSupervisor:
         self._keys: dict[Path, tuple[int, str | None]] = {}
 
     def backend(self, deployment: str) -> Backend:
+        backend = self._backend(deployment)
+        worker = self._fleet.get(deployment)
+        facts = worker.machine.facts if worker is not None else None
+        if facts is None or not facts.max_model_len:
+            return backend
+        return replace(backend, max_model_len=facts.max_model_len)
+
+    def _backend(self, deployment: str) -> Backend:
         fleet = self._fleet
         dep = fleet.settings.deployments.get(deployment)
         if dep is None or not dep.enabled:

@@ -7,6 +7,7 @@ import http.client
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,18 +87,23 @@ few tokens (a few hundred bytes)."""
 
 
 def post_completion(
-    host: str, port: int, request: dict[str, object], api_key: str | None, timeout: float
+    host: str, port: int, request: dict[str, object], api_key: str | None, timeout: float, *, purpose: str
 ) -> tuple[int, bytes] | str:
     """POST /v1/completions over loopback: the status and at most MAX_ANSWER_BYTES of the answer, or
-    what went wrong when nothing (whole) came back. The one loopback completion of the liveness probe
-    and the warm-up."""
-    headers = {"content-type": "application/json"}
+    what went wrong when nothing (whole) came back. The one loopback completion of the liveness probe,
+    the warm-up and the swap canary.
+
+    `purpose` marks it as dankserve's own, not traffic: the server's access log shows the path with
+    `?dankserve=PURPOSE` (vLLM's filter of access lines goes by path alone, so a completion cannot be
+    left out) and vLLM's request id (its request log, `cmpl-ID`) is `dankserve-PURPOSE-...`."""
+    headers = {"content-type": "application/json", "x-request-id": f"dankserve-{purpose}-{uuid.uuid4().hex}"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     conn = http.client.HTTPConnection(probe_host_for(host), port, timeout=timeout)
     started = time.monotonic()
     try:
-        conn.request("POST", "/v1/completions", body=json.dumps(request).encode(), headers=headers)
+        path = f"/v1/completions?dankserve={purpose}"
+        conn.request("POST", path, body=json.dumps(request).encode(), headers=headers)
         response = conn.getresponse()
         return response.status, response.read(MAX_ANSWER_BYTES)
     except TimeoutError:
@@ -130,7 +136,7 @@ def token_probe(host: str, port: int, model: str, api_key: str | None = None, ti
     """A one-token completion: None when it came back, else what went wrong (the engine may hang
     while /health says 200; only generating a token proves it works). A 4xx answer is no failure."""
     request: dict[str, object] = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    return completion_error(post_completion(host, port, request, api_key, timeout))
+    return completion_error(post_completion(host, port, request, api_key, timeout, purpose="liveness-probe"))
 
 
 class BackgroundProbe:

@@ -5,11 +5,12 @@ telemetry and the observatory's cached readings (what `dankserve status` reads t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import structlog
 
 from dankserve.errors import EnvironmentUnusable
-from dankserve.gateway.usage import Counts
+from dankserve.gateway.usage import Counts, hide_key_names
 from dankserve.secret_files import read_secret_file
 from dankserve.settings import Settings, is_loopback, parse_listen
 from dankserve.supervisor.fleet import Fleet
@@ -55,6 +56,17 @@ def metrics_snapshot(
     )
 
 
+def _without_key_names(snapshot: Callable[[], MetricsSnapshot]) -> Callable[[], MetricsSnapshot]:
+    """A /metrics without its key answers anyone who reaches it (every local user on loopback): the gateway's
+    counters go out with all keys as one (`key="*"`); metrics_api_key_file shows them per key name."""
+
+    def shown() -> MetricsSnapshot:
+        taken = snapshot()
+        return replace(taken, gateway=hide_key_names(taken.gateway))
+
+    return shown
+
+
 def start_metrics(settings: Settings, snapshot: Callable[[], MetricsSnapshot]) -> Callable[[], None]:
     """Serve /metrics on `metrics_listen` (nothing when unset); the function that stops it."""
     if settings.metrics_listen is None:
@@ -69,7 +81,8 @@ def start_metrics(settings: Settings, snapshot: Callable[[], MetricsSnapshot]) -
             fix="write a long random key into it (e.g. `openssl rand -hex 32`), mode 0600, "
             "or leave metrics_api_key_file unset",
         )
-    server = MetricsServer(address, port, snapshot, key)
+    served = snapshot if key is not None else _without_key_names(snapshot)
+    server = MetricsServer(address, port, served, key)
     try:
         server.start()
     except OSError as exc:

@@ -63,7 +63,7 @@ def canary_ids(host: str, port: int, api_key: str | None, model: str) -> tuple[i
         "seed": 0,
         "return_token_ids": True,
     }
-    answer = post_completion(host, port, body, api_key, CANARY_TIMEOUT_SECONDS)
+    answer = post_completion(host, port, body, api_key, CANARY_TIMEOUT_SECONDS, purpose="swap-canary")
     if isinstance(answer, str):
         return answer
     status, raw = answer

@@ -51,7 +51,7 @@ def _one(host: str, port: int, model: str, api_key: str | None, *, stream: bool,
     }
     if stream:
         request["stream"] = True
-    answer = post_completion(host, port, request, api_key, timeout)
+    answer = post_completion(host, port, request, api_key, timeout, purpose="warm-up")
     if not isinstance(answer, str) and 400 <= answer[0] < 500:
         text = answer[1][:200].decode("utf-8", "replace")
         return WarmUpOutcome(unwarmed=f"HTTP {answer[0]} for model {model!r}: {text}")

@@ -61,10 +61,11 @@ def keyed_gateway(
     return gateway, server
 
 
-def test_401_403_429_in_openai_shape(
+def test_401_404_429_in_openai_shape(
     gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn], tmp_path: Path
 ) -> None:
-    """No or unknown key 401; a model outside the key's globs 403; over a limit 429 with Retry-After."""
+    """No or unknown key 401; a model outside the key's globs 404 as an unknown one (issue 38 item 8); over a
+    limit 429 with Retry-After."""
     gateway, _ = keyed_gateway(gateway_for, stand_ins, tmp_path)
     url = gateway.url + "/v1/chat/completions"
     missing = httpx.post(url, json=CHAT)
@@ -72,12 +73,12 @@ def test_401_403_429_in_openai_shape(
     assert httpx.post(url, json=CHAT, headers=auth(ALICE + "x")).status_code == 401
     assert httpx.post(url, json=CHAT, headers=auth(ALICE)).status_code == 200
     forbidden = httpx.post(url, json={**CHAT, "model": "gpt-4o-mini"}, headers=auth(BOB))
-    assert forbidden.status_code == 403
+    assert forbidden.status_code == 404
     assert forbidden.json()["error"] == {
-        "message": "the API key 'bob' may not use the model `gpt-4o-mini`",
-        "type": "PermissionDeniedError",
+        "message": "The model `gpt-4o-mini` does not exist.",
+        "type": "NotFoundError",
         "param": "model",
-        "code": 403,
+        "code": 404,
     }
     assert [httpx.post(url, json=CHAT, headers=auth(BOB)).status_code for _ in range(2)] == [200, 200]
     limited = httpx.post(url, json=CHAT, headers=auth(BOB))
@@ -89,7 +90,7 @@ def test_401_403_429_in_openai_shape(
     assert httpx.get(gateway.url + "/v1/models/org/other", headers=auth(BOB)).status_code == 404
     totals = gateway.access.totals()
     assert totals[("-", "-")].requests == {401: 2}
-    assert totals[("bob", "gpt-4o-mini")].requests == {403: 1}
+    assert totals[("bob", "gpt-4o-mini")].requests == {404: 1}
     assert totals[("bob", "tiny")].requests == {200: 2, 429: 1}
 
 
@@ -179,7 +180,7 @@ def test_tokens_are_counted_from_usage_and_streams_through_the_openai_client(
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-nobody-0123456789", max_retries=0).models.list()
     bob = openai.OpenAI(base_url=gateway.url + "/v1", api_key=BOB, max_retries=0)
-    with pytest.raises(openai.PermissionDeniedError):
+    with pytest.raises(openai.NotFoundError):
         bob.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
 
 

@@ -59,26 +59,36 @@ def test_daemon_gateway_waits_for_boot_serves_and_refuses_when_down(tmp_path: Pa
 
 
 def test_daemon_gateway_keys_reload_metrics_and_usage(tmp_path: Path) -> None:
-    """Keys from keys_dir in a real daemon: 401/403 by key, a `dankserve reload` adds a key without a restart,
-    /metrics carries the key's name (never its value), and `dankserve usage` reads what the daemon saved at stop."""
+    """Keys from keys_dir in a real daemon: 401/404 by key, a `dankserve reload` adds a key without a restart,
+    /metrics behind its key carries the key's name (never its value), and `dankserve usage` reads what the daemon
+    saved at stop."""
     gateway_port, metrics_port = free_port(), free_port()
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)
     alice, bob = "sk-alice-0123456789abcdef", "sk-bob-0123456789abcdef"
     (keys / "alice.toml").write_text(f'key = "{alice}"\nmodels = ["tiny-*"]\n')
     (keys / "alice.toml").chmod(0o600)
-    deployments = {"chat": process_deployment(free_port(), served_model_name="tiny-chat", gpus=[0])}
+    metrics_key = tmp_path / "metrics.key"
+    metrics_key.write_text("metrics-key-0123456789abcdef")
+    metrics_key.chmod(0o600)
+    server_port = free_port()
+    deployments = {"chat": process_deployment(server_port, served_model_name="tiny-chat", gpus=[0])}
     url = f"http://127.0.0.1:{gateway_port}"
     request = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     extra = {
         "gateway": {"listen": f"127.0.0.1:{gateway_port}", "keys_dir": str(keys)},
         "metrics_listen": f"127.0.0.1:{metrics_port}",
+        "metrics_api_key_file": str(metrics_key),
     }
     with running_daemon(tmp_path, deployments, extra_globals=extra) as daemon:
         daemon.wait_for("chat", lambda d: d["phase"] == "ready")
         assert httpx.post(url + "/v1/chat/completions", json=request, timeout=30).status_code == 401
         ok = httpx.post(url + "/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {alice}"})
         assert ok.status_code == 200, ok.text
+        # /v1/models carries the server's context length, as the server's own card does (issue 39 item 14)
+        card = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {alice}"}).json()["data"][0]
+        own = httpx.get(f"http://127.0.0.1:{server_port}/v1/models").json()["data"][0]
+        assert isinstance(own["max_model_len"], int) and card["max_model_len"] == own["max_model_len"]
         assert (
             httpx.post(
                 url + "/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {bob}"}
@@ -90,10 +100,11 @@ def test_daemon_gateway_keys_reload_metrics_and_usage(tmp_path: Path) -> None:
         reloaded = daemon.cli("reload")
         assert reloaded.returncode == 0, reloaded.stderr
         forbidden = httpx.post(url + "/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {bob}"})
-        assert forbidden.status_code == 403, forbidden.text
-        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert forbidden.status_code == 404, forbidden.text  # as a model that does not exist (issue 38 item 8)
+        scrape = {"Authorization": "Bearer metrics-key-0123456789abcdef"}
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", headers=scrape, timeout=10).text
         assert 'dankserve_gateway_requests_total{code="200",key="alice",model="tiny-chat"} 1.0' in metrics
-        assert 'dankserve_gateway_requests_total{code="403",key="bob",model="tiny-chat"} 1.0' in metrics
+        assert 'dankserve_gateway_requests_total{code="404",key="bob",model="tiny-chat"} 1.0' in metrics
         assert alice not in metrics and bob not in metrics and alice not in daemon.log_tail()
     shown = daemon.cli("usage", "--json")
     assert shown.returncode == 0, shown.stderr

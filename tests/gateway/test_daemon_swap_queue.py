@@ -109,3 +109,31 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
         shown_b = daemon.deployment("b")
         assert shown_b is not None and shown_b["state"] == "ready", "b stays awake, serving"
         assert client.completions.create(model="mb", prompt="hi", max_tokens=2).choices
+
+
+def test_access_logs_of_a_swap_group_hold_traffic_not_dankserves_polls(tmp_path: Path) -> None:
+    """A swap (a sleeps, b wakes, then back) polls /is_sleeping at each sleep and wake: none of those polls is
+    in `dankserve logs` (as /health is not), the clients' requests are; the liveness probe's completion is
+    marked as dankserve's own (`?dankserve=liveness-probe`), not a client's (issue 39 item 12)."""
+    gateway = free_port()
+    url = f"http://127.0.0.1:{gateway}"
+    deployments = {
+        "a": process_deployment(free_port(), served_model_name="ma", **MEMBER),
+        "b": process_deployment(free_port(), served_model_name="mb", **MEMBER),
+    }
+    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}, "liveness_interval_seconds": 0.5}
+    with running_daemon(tmp_path, deployments, extra_globals=settings) as daemon:
+        daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
+        _asleep(daemon, "b")
+        for model in ("mb", "ma"):
+            done: dict[str, tuple[int, float]] = {}
+            _post(url, model, done, model)
+            assert done[model][0] == 200
+        time.sleep(2.5)  # idle and ready: the liveness probe's completions
+        logs = {name: daemon.cli("logs", name) for name in ("a", "b")}
+    for name, shown in logs.items():
+        assert shown.returncode == 0, shown.stderr
+        access = [line for line in shown.stdout.splitlines() if '" 200' in line and "HTTP/1.1" in line]
+        assert not [line for line in access if "/is_sleeping" in line], name
+        assert [line for line in access if '"POST /v1/completions HTTP/1.1" 200' in line], name
+    assert '"POST /v1/completions?dankserve=liveness-probe HTTP/1.1" 200' in logs["a"].stdout

@@ -37,16 +37,27 @@ def test_entries_are_served_name_then_aliases_once_each_enabled_only() -> None:
 
 
 def test_models_document_is_openai_list() -> None:
-    """/v1/models' document: object list, each a model object rooted at the served name."""
-    document = models_document(model_entries(DEPLOYMENTS), created=123)
+    """/v1/models' document: object list, each a model object rooted at the served name, in vLLM's ModelCard
+    shape (owned_by, parent, max_model_len, one permission: issue 39 item 14)."""
+    readiness = {"chat": Readiness("ready", 0.0, max_model_len=4096)}
+    document = models_document(model_entries(DEPLOYMENTS), created=123, readiness=readiness)
     assert document["object"] == "list"
-    assert document["data"][1] == {
+    card = document["data"][1]
+    permission = card.pop("permission")
+    assert card == {
         "id": "gpt-4o",
         "object": "model",
         "created": 123,
-        "owned_by": "dankserve",
+        "owned_by": "vllm",
         "root": "chat",
+        "parent": None,
+        "max_model_len": 4096,
+        "state": "ready",
+        "ready_seconds": 0.0,
     }
+    assert len(permission) == 1 and permission[0]["object"] == "model_permission"
+    assert permission[0]["id"].startswith("modelperm-") and permission[0]["allow_sampling"] is True
+    assert document["data"][2]["max_model_len"] is None  # no readiness known: none told
 
 
 @pytest.mark.parametrize(

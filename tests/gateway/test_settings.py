@@ -91,3 +91,17 @@ def test_cluster_without_tls_names_the_script(tmp_path: Path) -> None:
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
         assert f"cluster.{key} is required" in info.value.message
     assert "scripts/cluster-certs.sh" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "origin", ["https://chat.example.com/", "chat.example.com", "ftp://x.example", "https://a.example/app"]
+)
+def test_allowed_origins_takes_origins_only(tmp_path: Path, origin: str) -> None:
+    """allowed_origins takes scheme://host[:port] or "*" (what a browser's Origin header holds); anything else
+    is refused naming the value and the form to write (issue 39 item 14)."""
+    good = '["https://chat.example.com", "http://127.0.0.1:3000", "http://[::1]:8080", "*"]'
+    gateway = load_settings(write(tmp_path, f"[gateway]\nallowed_origins = {good}\n"), environ={}).gateway
+    assert gateway is not None and gateway.allowed_origins[0] == "https://chat.example.com"
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, f'[gateway]\nallowed_origins = ["{origin}"]\n'), environ={})
+    assert repr(origin) in info.value.message and "scheme://host[:port]" in info.value.message

@@ -80,3 +80,15 @@ def test_a_corrupt_file_is_moved_aside_and_counting_starts_again(tmp_path: Path,
     assert load_usage(path).totals == {}
     assert (tmp_path / "gateway-usage.json.corrupt").exists() and not path.exists()
     assert load_usage(tmp_path / "absent.json").totals == {}
+
+
+def test_hide_key_names_folds_every_named_key_into_one() -> None:
+    """What a keyless /metrics shows (issue 38 item 10): per model, all named keys summed under `*`; `-` (no key)
+    kept apart; the counters themselves untouched."""
+    usage = Usage()
+    for key, model, code in [("alice", "m", 200), ("bob", "m", 200), ("bob", "m", 429), ("-", "-", 401)]:
+        usage.record((key, model), code, prompt=3, completion=2, estimated=False, now=0.0)
+    shown = usage_module.hide_key_names(usage.since(None))
+    assert set(shown) == {("*", "m"), ("-", "-")}
+    assert shown[("*", "m")].requests == {200: 2, 429: 1} and shown[("*", "m")].prompt_tokens == 9
+    assert usage.totals[("alice", "m")].requests == {200: 1}

@@ -198,6 +198,17 @@ def test_a_swap_group_member_gets_sleep_mode_and_dev_mode_where_the_release_has_
         assert any("stopping it and booting it again" in w for w in warned.warnings)
 
 
+def test_a_swap_group_member_keeps_is_sleeping_polls_out_of_its_access_log() -> None:
+    """Every sleep and wake polls /is_sleeping (44 % of a group's lines, issue 39 item 12): a sleeping member's
+    access log leaves it out as it does /health; others (no dev-mode routes) keep the plain list."""
+    dep = DeploymentSettings(model="m", swap_group="g", gpu_memory_utilization=0.9)
+    member = plan_deployment("d", dep, host(), caps(), QWEN3_30B)
+    flag = member.argv.index("--disable-access-log-for-endpoints")
+    assert member.argv[flag + 1] == "/health,/metrics,/ping,/is_sleeping"
+    alone = plan_deployment("d", DeploymentSettings(model="m"), host(), caps(), QWEN3_30B)
+    assert alone.argv[alone.argv.index("--disable-access-log-for-endpoints") + 1] == "/health,/metrics,/ping"
+
+
 def test_cpu_offload_flags_and_latency_warning() -> None:
     """cpu_offload adds --cpu-offload-gb and --cpu-offload-params (a list) and warns about latency."""
     dep = DeploymentSettings(model="m", cpu_offload={"gib": 16, "params": ["experts", "lm_head"]})

@@ -108,7 +108,14 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        _CompletionHandler.seen.append({"body": body, "auth": self.headers.get("authorization")})
+        _CompletionHandler.seen.append(
+            {
+                "body": body,
+                "auth": self.headers.get("authorization"),
+                "path": self.path,
+                "id": self.headers["x-request-id"],
+            }
+        )
         if self.mode == "hang":
             time.sleep(2)
         payload = b'{"choices": [{"text": "x"}]}' if self.mode in ("ok", "hang") else b'{"error": "boom"}'
@@ -147,6 +154,9 @@ def test_token_probe_reports_what_went_wrong(
     sent = _CompletionHandler.seen[0]
     assert sent["auth"] == "Bearer key"
     assert sent["body"] == {"model": "m", "prompt": "ping", "max_tokens": 1, "temperature": 0}
+    # marked as dankserve's own in the server's access log and its request ids (issue 39 item 12)
+    assert sent["path"] == "/v1/completions?dankserve=liveness-probe"
+    assert str(sent["id"]).startswith("dankserve-liveness-probe-")
 
 
 def test_background_probe_runs_aside_and_reports() -> None:

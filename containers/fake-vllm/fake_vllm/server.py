@@ -565,7 +565,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             state.ttft_sum += STAND_IN_TTFT_SECONDS
             state.ttft_count += 1
         created = int(time.time())
-        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # vLLM's _base_request_id: the client's X-Request-Id, else a random one, after the API's prefix
+        request_id = ("chatcmpl-" if chat else "cmpl-") + (self.headers.get("X-Request-Id") or uuid.uuid4().hex)
         usage = {
             "prompt_tokens": prompt_tokens,
             "total_tokens": prompt_tokens + max_tokens,
