@@ -1253,6 +1253,13 @@ def catalogue_entry(
     for arg in args:
         flags.setdefault(arg.path, []).extend([arg.flag, *arg.aliases])
     env, removed_env = environment(source)
+    # Variables the release still reads but has deprecated for a config field (vllm/config/attention.py,
+    # `_set_from_env_if_set(field, VARIABLE)`: "Please use --attention-config.FIELD ... instead").
+    attention = source.read("vllm/config/attention.py") or ""
+    successors = {
+        variable: f"--attention-config.{name}"
+        for name, variable in re.findall(r'_set_from_env_if_set\(\s*"(\w+)",\s*"(\w+)"', attention)
+    }
     return {
         "wheel": wheel,
         "wheel_sha256": digest,
@@ -1261,6 +1268,7 @@ def catalogue_entry(
         "facts": facts,
         "env": env,
         "removed_env": removed_env,
+        "env_successors": successors,
     }
 
 

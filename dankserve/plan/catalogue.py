@@ -101,6 +101,14 @@ class Catalogue:
                 return after
         return None
 
+    def env_successor(self, variable: str) -> str | None:
+        """The flag a release named as the successor of a variable it deprecated (`env_successors`), newest first."""
+        for version in reversed(self.releases):
+            successor = self.entries[version].get("env_successors", {}).get(variable)
+            if successor is not None:
+                return str(successor)
+        return None
+
     def flag_replacement(self, flag: str) -> str | None:
         """What replaces a removed flag, as the last releases that had it said (None: nothing named)."""
         value = self.replacements.get(flag)

@@ -50,6 +50,9 @@ def check_removed(
             continue
         when = f"vLLM {removed_in} removed it" if removed_in else f"vLLM {caps.version} refuses it"
         problems.append(f"env {variable}: {when} (the image runs {caps.version})")
+        successor = catalogue.env_successor(variable)
+        if hint is None and successor is not None:
+            hint = f"use {successor} (in extra_args; dankserve's own setting where it has one) instead of {variable}"
         fixes.append(hint if hint else f"remove {variable} from env (vLLM names no successor)")
     if problems:
         raise ConfigError(

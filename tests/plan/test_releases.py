@@ -160,3 +160,12 @@ def test_every_removal_in_the_catalogue_is_refused_on_each_later_release() -> No
                 plan(version, extra_args=[removed])
             checked += 1
     assert checked > 20
+
+
+def test_a_variable_deprecated_for_a_config_field_names_that_field() -> None:
+    """VLLM_ATTENTION_BACKEND (read until 0.14, deprecated for --attention-config.backend in 0.13's
+    vllm/config/attention.py) is refused on 0.34 with its successor."""
+    with pytest.raises(ConfigError) as caught:
+        plan("0.34.0", env={"VLLM_ATTENTION_BACKEND": "FLASHINFER"})
+    assert "env VLLM_ATTENTION_BACKEND: vLLM 0.15.0 removed it" in str(caught.value)
+    assert "use --attention-config.backend" in (caught.value.fix or "")
