@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -79,14 +81,18 @@ class ReleaseState:
                 self.checkpoint = "running"
             return checkpoint_answer(self.checkpoint, route == "status")
 
-    def begin(self, operation: str) -> None:
+    @contextlib.contextmanager
+    def operation(self, name: str) -> Iterator[None]:
+        """One sleep-mode operation: in flight meanwhile, then its duration observed (sleep_mode_operation_metrics)."""
+        started = time.monotonic()
         with self.lock:
-            self.in_flight[operation] += 1
-
-    def end(self, operation: str, seconds: float) -> None:
-        with self.lock:
-            self.in_flight[operation] -= 1
-            self.durations.setdefault(operation, []).append(seconds)
+            self.in_flight[name] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight[name] -= 1
+                self.durations.setdefault(name, []).append(time.monotonic() - started)
 
 
 def sleep_answer(level: int) -> bytes:

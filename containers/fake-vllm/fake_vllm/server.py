@@ -9,6 +9,7 @@ Minimal /v1/completions and /v1/chat/completions (deterministic text, streaming 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -306,9 +307,8 @@ class RequestHandler(BaseHTTPRequestHandler):
                 }
             )
         if releases.CHECKPOINT and self.server.facts.config.enable_sleep_mode:  # 0.34: no dev mode needed
-            routes[("POST", "/checkpoint/prepare")] = lambda: self._checkpoint("prepare")
-            routes[("POST", "/checkpoint/restore")] = lambda: self._checkpoint("restore")
-            routes[("GET", "/checkpoint/status")] = lambda: self._checkpoint("status")
+            for verb, route in (("POST", "prepare"), ("POST", "restore"), ("GET", "status")):
+                routes[(verb, f"/checkpoint/{route}")] = functools.partial(self._checkpoint, route)
         handler = routes.get((method, path))
         if handler is not None:
             handler()
@@ -431,9 +431,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._send(200, releases.sleep_answer(level))
             return
         started = time.monotonic()
-        state.release.begin("sleep")
-        time.sleep(facts.sleep_seconds)
-        state.release.end("sleep", time.monotonic() - started)
+        with state.release.operation("sleep"):
+            time.sleep(facts.sleep_seconds)
         with state.lock:
             state.sleeping_tags = {"weights", "kv_cache"}
             state.sleep_level = level
@@ -462,22 +461,20 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._send(200, releases.wake_answer(False, tags))
             return
         started = time.monotonic()
-        state.release.begin("wake")
-        time.sleep(facts.wake_seconds)
-        state.release.end("wake", time.monotonic() - started)
+        with state.release.operation("wake"):
+            time.sleep(facts.wake_seconds)
         waking = set(tags) or sleeping
         with state.lock:
             if "weights" in waking and state.sleep_level == 2:
                 state.weights_stale = True  # allocated, not loaded: reload_weights fills them
             state.sleeping_tags -= waking
-            if not state.sleeping_tags:
+            awake = not state.sleeping_tags
+            if awake:
                 state.sleep_level = 0
                 state.woken = True
         if "weights" in waking or "kv_cache" in waking:
             write_record(facts.nvml_dir, facts.own_awake_bytes)
         output.log(msg.WOKE_UP, (time.monotonic() - started, sorted(waking)))
-        with state.lock:
-            awake = not state.sleeping_tags
         self._send(200, releases.wake_answer(awake, tags))
 
     def _checkpoint(self, route: str) -> None:
