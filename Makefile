@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps lint base-install-check man test test-fast up demo fake-vllm-image bench reliability reliability-quick clean docs catalogue
+.PHONY: setup system-deps lint base-install-check man test test-fast up demo try-it try-it-podman fake-vllm-image bench reliability reliability-quick clean docs catalogue
 
 setup: $(STAMP)
 
@@ -51,6 +51,15 @@ up: setup
 # through the real CLI, prints a summary and removes what it set up.
 demo: setup system-deps
 	$(BIN)/python -m dankserve.demo
+
+# Drive the daemon by hand on the stand-in (docs/TRY-IT.md): a private copy of config/try-it.toml (this user's
+# directory, free ports) and the exports to run. try-it-podman: the same as containers, with stand-in GPUs (their
+# device nodes and CDI spec) and a private Podman service, kept until Ctrl-C (root; dankserve/testing/try_it.py).
+try-it: setup
+	$(BIN)/python -m dankserve.testing.try_it
+
+try-it-podman: setup system-deps
+	$(BIN)/python -m dankserve.testing.try_it --podman
 
 # Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.{33,34}.json
 # from the vLLM wheels on PyPI (by hand, never in CI: the outputs are committed).

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import statistics
@@ -112,14 +111,24 @@ def access_cost(keys: int, repeats: int = 7, requests: int = 2000) -> dict[str, 
     return {"keys": keys, "us_per_request": round(statistics.median(per_request), 1)}
 
 
-def serve_gateway(port: int, upstream: int, keys: int = 0) -> None:
-    """The gateway process: one ready deployment on `upstream`, until killed; with `keys`, that many client
-    keys in a fresh keys_dir and the usage counters saved to a file beside it."""
-    import tempfile
+def start_stand_in(port: int, token_seconds: float) -> subprocess.Popen[bytes]:
+    """The stand-in vLLM serving MODEL on `port`, a token every `token_seconds`, quiet."""
+    env = {**os.environ, "FAKE_VLLM_TIME_SCALE": "0.01", "FAKE_VLLM_TOKEN_SECONDS": str(token_seconds)}
+    flags = ["--served-model-name", MODEL, "--disable-log-requests", "--disable-uvicorn-access-log"]
+    return subprocess.Popen(
+        [sys.executable, str(STAND_IN), "serve", "org/bench", "--port", str(port), *flags],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
+
+def serve_ready(settings: Any, upstream: int, usage_file: Path | None = None) -> None:
+    """Serve a gateway with `settings` (GatewaySettings) over one deployment, MODEL, that a static supervisor
+    says is ready on `upstream`, until killed."""
     from dankserve.gateway.backends import Availability, Backend
     from dankserve.gateway.service import start_gateway
-    from dankserve.settings import DeploymentSettings, GatewaySettings
+    from dankserve.settings import DeploymentSettings
 
     deployments = {"bench": DeploymentSettings(model="org/bench", served_model_name=MODEL)}
     ready = Backend(Availability.READY, "127.0.0.1", upstream)
@@ -137,13 +146,18 @@ def serve_gateway(port: int, upstream: int, keys: int = 0) -> None:
         def released(self, deployment: str) -> None:
             return
 
-    # Every client here connects from 127.0.0.1, where 200 independent clients would come from 200
-    # addresses: lift the per-peer cap on connections not yet authenticated (8 since issue 26), which
-    # would otherwise close the clients' fresh connections before their first request.
-    from dankserve.aioserver import Limits
-    from dankserve.gateway import service
+    start_gateway(settings, lambda: deployments, Ready(), usage_file=usage_file)
+    while True:
+        time.sleep(3600)
 
-    service.Limits = functools.partial(Limits, max_untrusted_per_peer=100_000)  # type: ignore[assignment,attr-defined]
+
+def serve_gateway(port: int, upstream: int, keys: int = 0) -> None:
+    """The gateway process: one ready deployment on `upstream`, until killed; with `keys`, that many client
+    keys in a fresh keys_dir and the usage counters saved to a file beside it."""
+    import tempfile
+
+    from dankserve.settings import GatewaySettings
+
     settings = GatewaySettings(listen=f"127.0.0.1:{port}", max_connections=4096)
     usage_file = None
     if keys:
@@ -151,9 +165,7 @@ def serve_gateway(port: int, upstream: int, keys: int = 0) -> None:
         write_keys(place / "keys", keys)
         settings = GatewaySettings(listen=f"127.0.0.1:{port}", max_connections=4096, keys_dir=place / "keys")
         usage_file = place / "usage.json"
-    start_gateway(settings, lambda: deployments, Ready(), usage_file=usage_file)
-    while True:
-        time.sleep(3600)
+    serve_ready(settings, upstream, usage_file)
 
 
 async def one_round(
@@ -323,14 +335,7 @@ def main() -> int:
     if cost is not None:
         print(f"keys' CPU cost per request ({args.keys} keys, 32-event stream): {cost['us_per_request']} us")
     server_port, gateway_port, keyed_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "FAKE_VLLM_TIME_SCALE": "0.01", "FAKE_VLLM_TOKEN_SECONDS": str(args.token_seconds)}
-    flags = ["--served-model-name", MODEL, "--disable-log-requests", "--disable-uvicorn-access-log"]
-    server = subprocess.Popen(
-        [sys.executable, str(STAND_IN), "serve", "org/bench", "--port", str(server_port), *flags],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = start_stand_in(server_port, args.token_seconds)
     gateways = {
         mode: subprocess.Popen(
             [sys.executable, __file__, "--serve-gateway", str(port), str(server_port), str(keys)],

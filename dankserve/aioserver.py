@@ -6,16 +6,25 @@ before any handler runs) and caps bodies (``client_max_size``), but it has no co
 and no deadline for a request's headers: a peer can hold a connection open forever by sending
 nothing, or half a request. This module accepts connections itself, so it can:
 
-- count open connections by their sockets (exact: a closed socket's fileno is -1) and close
-  new ones at once beyond ``max_connections``, so file descriptors stay bounded;
+- count open connections by their sockets (exact: a closed socket's fileno is -1), so file
+  descriptors stay bounded: beyond ``max_connections`` a new connection is still served one
+  answer, a 503 with `Retry-After` and `Connection: close` (OVERFLOW_ANSWER), while at most
+  ``overflow(limits)`` such connections are open; beyond those it is closed at once;
 - give each connection ``header_timeout`` from accept (TLS handshake included) to the end of a
   request's headers, and again after each response (keep-alive); a sweeper closes the late;
 - leave body deadlines to handlers (``read_body``), which know when they read one;
-- hold at most ``max_untrusted_per_peer`` connections per peer address that no request has yet
-  authenticated on (a handler calls ``vouch(request)`` once the key or token matched), and, when
-  a cap is reached, make room by closing the oldest idle unauthenticated connection (of that peer,
-  or of all) rather than refusing: a keyless peer cannot fill the slots, and an authenticated
-  connection is never closed for a newcomer.
+- tell connections apart by what their last request proved: none read yet (`unproven`), one that
+  a handler vouched for (`vouch(request)` once the key or token matched and, for the gateway, the
+  key's limits let it in: `trusted`), or one read and not vouched for (`refused`: proven keyless,
+  or refused);
+- make room, never by guessing: a peer keeps at most ``max_untrusted_per_peer`` idle refused
+  connections (and unproven ones idle past ``first_request_grace`` since accept); at
+  ``max_connections`` the oldest of those of anyone is closed for the newcomer, then the longest
+  idle trusted (keep-alive) one. A connection just accepted is never closed for another (a burst
+  of one client's connections, all keyed, is not cut down to the cap before its requests are
+  read), nor is one with a request in progress. A peer with its cap of unproven connections gets
+  no more once only a quarter of the slots would be left, so a silent flood from one address
+  leaves room for everyone else (room_for).
 """
 
 from __future__ import annotations
@@ -41,6 +50,16 @@ SWEEP_SECONDS = 0.5
 LOG_EVERY_SECONDS = 10.0
 SHUTDOWN_SECONDS = 2.0
 """On close, how long handlers still running may take (their connections are already shut)."""
+OVERFLOW_RETRY_AFTER = 1
+OVERFLOW_ANSWER = {
+    "error": {
+        "message": "the server has no free connection (max_connections); retry after Retry-After seconds",
+        "type": "ServiceUnavailableError",
+        "param": None,
+        "code": 503,
+    }
+}
+"""A connection beyond the slots gets this (OpenAI's error shape), then is closed."""
 
 
 class _OneLine(logging.Filter):
@@ -71,7 +90,11 @@ class Limits:
     body_timeout: float
     max_body_bytes: int
     max_untrusted_per_peer: int = 8
-    """Open connections of one peer address on which no request has authenticated yet."""
+    """Idle connections of one peer address proven keyless (a request read and refused, none vouched for)
+    or unproven past first_request_grace, beyond which its oldest is closed for its next."""
+    first_request_grace: float = 2.0
+    """A connection that has not sent a request within this (or header_timeout, the shorter) may be closed
+    to make room; before it, a new connection is never closed for another."""
 
 
 def bearer_matches(header: str | None, key: str) -> bool:
@@ -113,7 +136,24 @@ class Connection:
     accepted_at: float = 0.0
     busy: int = 0
     trusted: bool = False
-    """A request on it authenticated (vouch): never closed to make room for another."""
+    """Its last request was vouched for: closed to make room only when idle, and after every other kind."""
+    refused: bool = False
+    """Its last request was read and not vouched for (keyless, a wrong key, refused): closed first to make room."""
+    vouched: bool = False
+    """The request in progress was vouched for (becomes `trusted` when it ends)."""
+    overflow: bool = False
+    """Accepted beyond the slots: its request gets the 503 of OVERFLOW_ANSWER, then it is closed."""
+
+    def unproven(self) -> bool:
+        """No request read on it yet."""
+        return not (self.busy or self.trusted or self.refused)
+
+    def suspect(self, now: float, limits: Limits) -> bool:
+        """Idle, and proven keyless or silent past the grace since accept: may be closed to make room."""
+        if self.busy or self.trusted:
+            return False
+        grace = min(limits.first_request_grace, limits.header_timeout)
+        return self.refused or now - self.accepted_at > grace
 
 
 _CONNECTION = web.RequestKey("dankserve.connection", Connection)
@@ -121,34 +161,43 @@ _CONNECTION = web.RequestKey("dankserve.connection", Connection)
 
 
 def vouch(request: web.Request) -> None:
-    """The request authenticated (its key or token matched): its connection no longer counts against its peer's
-    cap on unauthenticated connections, and is never closed to make room."""
+    """The request authenticated (its key or token matched, and whatever limits apply let it in): once it
+    ended its connection is trusted, closed to make room only when idle and after every other kind."""
     conn = request.get(_CONNECTION)
     if conn is not None:
-        conn.trusted = True
+        conn.vouched = True
 
 
-def room_for(connections: list[Connection], peer: str, limits: Limits) -> tuple[bool, list[Connection]]:
-    """Whether a new connection from `peer` may open, and which idle unauthenticated ones to close for it: the
-    oldest of that peer's beyond its cap, then the oldest of anyone's when all slots are taken."""
+def room_for(connections: list[Connection], peer: str, limits: Limits, now: float) -> tuple[bool, list[Connection]]:
+    """Whether a new connection from `peer` may open, and which idle ones to close for it.
+
+    - the peer's oldest suspect (Connection.suspect) goes when it holds its cap of them;
+    - a peer already holding its cap of connections that have not sent a request yet gets no more
+      once only a quarter of the slots would be left to others (a burst of one client is let in,
+      a silent flood leaves room for the rest);
+    - when all slots are taken, the oldest suspect of anyone's goes, else the longest idle trusted one;
+      refused only when every slot has a request in progress or was accepted within the grace."""
+    suspects = sorted((c for c in connections if c.suspect(now, limits)), key=lambda c: c.accepted_at)
     closing: list[Connection] = []
-
-    def oldest_idle(candidates: list[Connection]) -> Connection | None:
-        idle = [c for c in candidates if not c.trusted and c.busy == 0 and c not in closing]
-        return min(idle, key=lambda c: c.accepted_at, default=None)
-
-    own = [c for c in connections if c.peer == peer and not c.trusted]
+    own = [c for c in suspects if c.peer == peer]
     if len(own) >= limits.max_untrusted_per_peer:
-        victim = oldest_idle(own)
-        if victim is None:
-            return False, []
-        closing.append(victim)
+        closing.append(own[0])
+    waiting = sum(1 for c in connections if c.peer == peer and c.unproven() and c not in closing)
+    if waiting >= limits.max_untrusted_per_peer and len(connections) - len(closing) >= limits.max_connections * 3 // 4:
+        return False, []
     if len(connections) - len(closing) >= limits.max_connections:
-        victim = oldest_idle(connections)
+        others = [c for c in suspects if c not in closing]
+        kept_alive = sorted((c for c in connections if c.trusted and not c.busy), key=lambda c: c.idle_since)
+        victim = others[0] if others else kept_alive[0] if kept_alive else None
         if victim is None:
             return False, []
         closing.append(victim)
     return True, closing
+
+
+def overflow(limits: Limits) -> int:
+    """Connections beyond max_connections held at once to answer 503 instead of closing them unanswered."""
+    return max(8, limits.max_connections // 8)
 
 
 async def read_body(request: web.Request, limits: Limits) -> bytes:
@@ -210,7 +259,9 @@ class GuardedServer:
         self.refused = 0
         """Connections closed at once: every slot (or every one of the peer's) busy (for tests and logs)."""
         self.evicted = 0
-        """Idle unauthenticated connections closed to make room for a new one."""
+        """Idle connections closed to make room for a new one."""
+        self.turned_away = 0
+        """Connections beyond the slots answered 503 (OVERFLOW_ANSWER)."""
         self._throttled = Throttled()
 
     @property
@@ -296,19 +347,23 @@ class GuardedServer:
                 continue
             self._prune()
             peer = str(address[0]) if isinstance(address, tuple) and address else ""
-            admit, closing = room_for(list(self._connections.values()), peer, self._limits)
-            if not admit:
+            slots = [c for c in self._connections.values() if not c.overflow]
+            admit, closing = room_for(slots, peer, self._limits, time.monotonic())
+            if not admit and len(self._connections) - len(slots) >= overflow(self._limits):
                 self.refused += 1
                 sock.close()
                 self._throttled.note(f"{self._name}_connection_refused", open=len(self._connections), peer=peer)
                 continue
+            if not admit:
+                self.turned_away += 1
+                self._throttled.note(f"{self._name}_connection_turned_away", open=len(slots), peer=peer)
             for victim in closing:
                 self.evicted += 1
                 del self._connections[victim.sock.fileno()]
                 _shut(victim.sock)
-                self._throttled.note(f"{self._name}_unauthenticated_closed", peer=victim.peer)
+                self._throttled.note(f"{self._name}_idle_closed", peer=victim.peer, trusted=victim.trusted)
             now = time.monotonic()
-            self._connections[sock.fileno()] = Connection(sock, now, peer=peer, accepted_at=now)
+            self._connections[sock.fileno()] = Connection(sock, now, peer=peer, accepted_at=now, overflow=not admit)
             task = asyncio.ensure_future(self._connect(server, sock))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -348,8 +403,13 @@ class GuardedServer:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         conn = self._connection_of(request)
+        if conn is not None and conn.overflow:
+            busy = web.json_response(OVERFLOW_ANSWER, status=503, headers={"Retry-After": str(OVERFLOW_RETRY_AFTER)})
+            busy.force_close()
+            return busy
         if conn is not None:
             conn.busy += 1
+            conn.vouched = False
             request[_CONNECTION] = conn
         try:
             return await handler(request)
@@ -357,6 +417,7 @@ class GuardedServer:
             if conn is not None:
                 conn.busy -= 1
                 conn.idle_since = time.monotonic()
+                conn.trusted, conn.refused = conn.vouched, not conn.vouched
 
     def _connection_of(self, request: web.Request) -> Connection | None:
         transport = request.transport

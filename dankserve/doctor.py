@@ -75,18 +75,33 @@ def cni_iptables_verdict(network_backend: str | None, iptables: str | None) -> C
     )
 
 
-def disk_verdict(path: Path, free_bytes: int | None, needed_bytes: int | None) -> Check:
-    """Free disk where a cache lives: enough for the model when its size is known, else 20 GiB."""
+def disk_verdict(path: Path, free_bytes: int | None, needed_bytes: int | None, read_at: Path | None = None) -> Check:
+    """Free disk where a cache lives: enough for the model when its size is known, else 20 GiB. `read_at`:
+    the nearest existing directory above a `path` that does not exist yet (its free space is the one read)."""
     if free_bytes is None:
         return Check(f"disk {path}", "warn", "cannot read free space")
     want = needed_bytes if needed_bytes else 20 * 2**30
     detail = f"{free_bytes / 2**30:.1f} GiB free"
+    if read_at is not None and read_at != path:
+        detail += f" on {read_at} (the directory does not exist yet: dankserve creates it at its first start)"
     if free_bytes < want:
         return Check(f"disk {path}", "fail", f"{detail}, need {want / 2**30:.1f} GiB", f"free space under {path}")
     return Check(f"disk {path}", "ok", detail)
 
 
-def podman_tool_verdict(found: str | None) -> Check | None:
+def podman_service_fix(socket_url: str, systemd: bool) -> str:
+    """How to start Podman's API service at `socket_url`: its socket unit under systemd, else by hand."""
+    if systemd:
+        return "start its API socket: `systemctl enable --now podman.socket`"
+    return (
+        f"this host runs no systemd (no podman.socket unit to start): run the API service yourself, "
+        f"`podman system service --time=0 {socket_url} &` (as the user dankserve runs as), or set podman_url"
+    )
+
+
+def podman_tool_verdict(
+    found: str | None, socket_url: str = "unix:///run/podman/podman.sock", systemd: bool = True
+) -> Check | None:
     """A failing check when the podman program is absent (a local socket then cannot exist), else None."""
     if found is not None:
         return None
@@ -95,8 +110,24 @@ def podman_tool_verdict(found: str | None) -> Check | None:
         "fail",
         "podman is not installed",
         "install Podman (Debian/Ubuntu: `apt-get install podman`; Fedora/RHEL: `dnf install podman`), "
-        "then start its API socket: `systemctl enable --now podman.socket`",
+        f"then {podman_service_fix(socket_url, systemd)}",
     )
+
+
+def gpu_devices_verdict(deployment: str, mode: str | None, missing: str | None, recorded: bool) -> Check:
+    """Whether a Podman deployment's GPUs can reach its container on this host: a CDI entry or a device node
+    each (`mode`, as the runtime would choose), or what is `missing` (its `up` would fail to create the
+    container). `recorded`: the GPUs are a recorded host's (the driver was not asked)."""
+    name = f"GPU devices for {deployment}"
+    if missing is None:
+        return Check(name, "ok", f"passed as {mode}")
+    where = " (the GPUs are a recorded host's, but the container needs devices of this one)" if recorded else ""
+    fix = (
+        "on a GPU host: `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`, or load the NVIDIA driver; "
+        "to try Podman deployments without a GPU: `make try-it-podman` (stand-in GPU nodes, their CDI spec and "
+        "a private Podman service; docs/TRY-IT.md)"
+    )
+    return Check(name, "warn", f"{missing}: `dankserve up {deployment}` would fail here{where}", fix)
 
 
 def device_node_verdict(nodes: Iterable[str]) -> Check:
@@ -161,11 +192,21 @@ def read_device_nodes() -> list[str]:
     return glob.glob("/dev/nvidia*")
 
 
-def free_disk(path: Path) -> int | None:
+def existing_dir(path: Path) -> Path:
+    """`path`, or the nearest directory above it that exists (where a new one would be created)."""
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
+    return probe
+
+
+def free_disk(path: Path) -> int | None:
     try:
-        return shutil.disk_usage(probe).free
+        return shutil.disk_usage(existing_dir(path)).free
     except OSError:
         return None
+
+
+def runs_systemd() -> bool:
+    """systemd is this host's init (sd_booted(3): /run/systemd/system exists)."""
+    return Path("/run/systemd/system").is_dir()

@@ -25,7 +25,9 @@ class ExitCode(IntEnum):
 
 MEANING: Mapping[ExitCode, str] = {
     ExitCode.OK: "success; also when the reader of stdout goes away early (`dankserve plan` piped into "
-    "`head -1`): the command stops quietly",
+    "`head -1`): the command stops quietly; and `status` and `down` without a running daemon, as `systemctl "
+    "stop` of a stopped unit (`status` then says `daemon not running` and what still serves; scripts read "
+    "`status --json`'s `daemon.running`)",
     ExitCode.INTERNAL: "unexpected internal error: a bug (`--debug` prints the traceback)",
     ExitCode.INVALID_INPUT: "invalid input: arguments, config file, setting values, a malformed recorded-host file",
     ExitCode.ENVIRONMENT: "environment not usable: no NVIDIA driver or GPU, Podman unreachable, a system tool "

@@ -10,6 +10,7 @@ the time of the line before them (the first ones that of the line after).
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -188,3 +189,34 @@ def merged(groups: Iterable[Iterable[TimedLine]], since: datetime | None, last: 
     lines = [line for group in groups for line in group if since is None or line.at >= since]
     lines.sort(key=lambda line: line.at)
     return lines[-last:] if last > 0 else []
+
+
+class Reorder:
+    """Lines that come from several followed sources, put back in time order (`logs -f`).
+
+    Each source prints as its lines arrive, so a daemon line and a server line of the same second could show
+    in the order their threads woke, not their times. A line is held for `hold` seconds after it arrived and
+    given out in time order once that passed: sources whose lines arrive within `hold` of one another come out
+    sorted. Pure: the caller passes the clock's reading."""
+
+    def __init__(self, hold: float) -> None:
+        self._hold = hold
+        self._held: list[tuple[datetime, int, float, TimedLine]] = []
+        self._count = 0
+
+    def push(self, line: TimedLine, now: float) -> None:
+        self._count += 1
+        heapq.heappush(self._held, (line.at, self._count, now, line))
+
+    def due(self, now: float) -> list[TimedLine]:
+        """The lines to print now, oldest first: while the oldest held line has been held long enough."""
+        out = []
+        while self._held and now - self._held[0][2] >= self._hold:
+            out.append(heapq.heappop(self._held)[3])
+        return out
+
+    def rest(self) -> list[TimedLine]:
+        """Every line still held, oldest first (at the end)."""
+        out = [entry[3] for entry in sorted(self._held)]
+        self._held = []
+        return out

@@ -126,6 +126,10 @@ class BootSummary:
     compile_seconds: float | None = None
     kv_cache_memory_bytes: int | None = None
     kv_cache_learned_used: bool = False
+    seconds: float | None = None
+    """How long the boot took to turn ready (kept when a later daemon adopts its server)."""
+    kind: str | None = None
+    """cold, warm, ... (the telemetry's boot kind)."""
 
 
 @dataclass(frozen=True)
@@ -361,6 +365,11 @@ def _optional(data: Mapping[str, Any], key: str, *kinds: type) -> Any:
     return value
 
 
+def _seconds(value: float | None) -> float | None:
+    """A duration read back: a number a boot can take (none past a year, nan or below zero: unknown)."""
+    return float(value) if value is not None and 0 <= value <= 365 * 86400 else None
+
+
 def _deployment_from_json(name: str, data: Any) -> DeploymentState:
     if not isinstance(data, dict):
         raise StateCorrupt(f"deployment {name!r} is not an object")
@@ -385,6 +394,8 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
                 compile_seconds=_optional(boot, "compile_seconds", int, float),
                 kv_cache_memory_bytes=_optional(boot, "kv_cache_memory_bytes", int),
                 kv_cache_learned_used=bool(boot.get("kv_cache_learned_used", False)),
+                seconds=_seconds(_optional(boot, "seconds", int, float)),
+                kind=kind[:32] if (kind := _optional(boot, "kind", str)) is not None else None,
             ),
             down=bool(_optional(data, "down", bool) or False),
             overrides=dict(_optional(data, "overrides", dict) or {}),
@@ -471,6 +482,8 @@ def _deployment_to_json(deployment: DeploymentState) -> dict[str, Any]:
             "compile_seconds": boot.compile_seconds,
             "kv_cache_memory_bytes": boot.kv_cache_memory_bytes,
             "kv_cache_learned_used": boot.kv_cache_learned_used,
+            "seconds": boot.seconds,
+            "kind": boot.kind,
         },
         "down": deployment.down,
         "overrides": dict(deployment.overrides),

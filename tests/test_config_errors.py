@@ -76,3 +76,13 @@ def test_a_mistyped_command_gets_the_nearest_command(tmp_path: Path) -> None:
     assert done.returncode == 2 and "Did you mean 'status'?" in done.stderr
     done = dankserve("frobnicate")
     assert done.returncode == 2 and "Did you mean" not in done.stderr
+
+
+def test_other_tools_verbs_get_the_dankserve_command_that_does_it() -> None:
+    """`stop`, `start`, `ps`, `ls` (systemctl's, docker's, ollama's words): exit 2 naming the dankserve command, the
+    arguments kept; `stop` also names `sleep` for a swap group member."""
+    for typed, meant in (("stop", "down"), ("start", "up"), ("ps", "status"), ("ls", "status")):
+        done = dankserve(typed, "chat")
+        assert done.returncode == 2, done.stderr
+        assert f"No such command '{typed}'. Did you mean `dankserve {meant} chat`?" in done.stderr, done.stderr
+    assert "dankserve sleep NAME" in dankserve("stop").stderr

@@ -89,3 +89,23 @@ def test_merge_orders_filters_and_keeps_the_last() -> None:
     b = [TimedLine(NOW + timedelta(seconds=s), "b", str(s)) for s in (1, 3)]
     assert [line.text for line in merged([a, b], None, 10)] == ["0", "1", "2", "3", "4"]
     assert [line.text for line in merged([a, b], NOW + timedelta(seconds=2), 2)] == ["3", "4"]
+
+
+def test_followed_lines_of_several_sources_come_out_in_time_order() -> None:
+    """Issue 39 (low): `logs -f`'s sources print as their lines arrive; a daemon line read 0.25 s late (daemon.log
+    is polled) came after a later server line of the same second. Held for `hold` after arriving, they come out
+    in time order; nothing comes out before its hold passed, and everything comes out."""
+    from dankserve.logview import Reorder
+
+    base = datetime(2026, 12, 1, 13, 0, 0).astimezone()
+    server = TimedLine(base + timedelta(milliseconds=600), "dankserve-chat", "Application startup complete.")
+    daemon = TimedLine(base + timedelta(milliseconds=100), "dankserve", "[info] phase phase=starting")
+    later = TimedLine(base + timedelta(seconds=3), "dankserve", "[info] ready")
+    reorder = Reorder(hold=0.5)
+    reorder.push(server, now=10.0)
+    assert reorder.due(10.2) == []
+    reorder.push(daemon, now=10.25)  # earlier line, arrived later
+    assert reorder.due(10.6) == []  # the daemon line (oldest) is still held: the server line waits behind it
+    assert reorder.due(10.75) == [daemon, server]
+    reorder.push(later, now=11.0)
+    assert reorder.rest() == [later] and reorder.due(99.0) == []

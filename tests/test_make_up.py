@@ -43,7 +43,8 @@ def test_make_up_without_a_gpu_stops_at_doctor_with_the_fixes(tmp_path: Path) ->
     out = done.stdout + done.stderr
     assert done.returncode != 0, out
     assert "[fail] nvidia driver" in out and "fix: install the NVIDIA driver" in out
-    assert "[fail] podman" in out and "fix: start the Podman API socket" in out
+    # no systemd here (skipped otherwise): the fix is the service by hand, not podman.socket (issue 39, low)
+    assert "[fail] podman" in out and f"podman system service --time=0 unix://{tmp_path / 'no-podman.sock'}" in out
     assert "make up: stopped: dankserve doctor exited 3: fix the [fail] lines above" in out
     assert done.returncode == 2, "make ends 2 when a step fails (README, exit codes)"
     assert "Traceback" not in out

@@ -43,6 +43,7 @@ class CliContext:
         from dankserve.errors import ConfigError
         from dankserve.settings import load_settings, state_dir_despite_errors
 
+        self._refuse_a_missing_default_file()
         try:
             return ReachedSettings(load_settings(self.config), None)
         except ConfigError as refusal:
@@ -52,6 +53,27 @@ class CliContext:
             if running is None:
                 raise
             return ReachedSettings(running, refusal)
+
+    def _refuse_a_missing_default_file(self) -> None:
+        """Without --config or DANKSERVE_CONFIG, a missing default file is an error for these commands too.
+
+        Reading no file means the default state dir, where no daemon of the user's listens: a second
+        terminal without the exports of the first would hear "daemon not running" (exit 0) while the
+        daemon serves, and `logs -f` would wait forever. DANKSERVE_STATE_DIR alone still names a daemon."""
+        import os
+
+        from dankserve.errors import ConfigError
+        from dankserve.settings.files import CONFIG_ENV, resolve_config_path
+
+        path, named = resolve_config_path(self.config)
+        if named or os.environ.get("DANKSERVE_STATE_DIR") or os.path.lexists(path):
+            return
+        raise ConfigError(
+            f"config file {path} does not exist (no --config given and {CONFIG_ENV} is not set), so there is no "
+            "daemon to reach",
+            fix=f"name the file the daemon was started with: `export {CONFIG_ENV}=/path/to/dankserve.toml` (as in "
+            f"the terminal that ran `dankserve up`) or --config FILE; `dankserve install` writes {path}",
+        )
 
 
 def cli_context() -> CliContext:

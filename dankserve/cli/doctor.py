@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,10 @@ from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import Settings, keyless_gateway_exposure
+
+if TYPE_CHECKING:
+    from dankserve.host.model import Host
+    from dankserve.settings import DeploymentSettings
 
 
 @click.command("doctor")
@@ -27,18 +32,26 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
     the driver, and the device nodes and CDI spec of this machine are not checked."""
     settings = cli_context().load_settings()
     checks: list[doctor.Check] = []
+    host: Host | None
     if hardware is not None:
-        checks.append(_recorded_host_check(hardware))
+        check, host = _recorded_host_check(hardware)
+        checks.append(check)
     else:
-        checks += _gpu_checks(settings.cache_dir, settings.hf_cache_dir)
+        gpu_checks, host = _gpu_checks(settings.cache_dir, settings.hf_cache_dir)
+        checks += gpu_checks
     for path in (settings.cache_dir, settings.hf_cache_dir):
-        checks.append(doctor.disk_verdict(path, doctor.free_disk(path), None))
+        checks.append(doctor.disk_verdict(path, doctor.free_disk(path), None, doctor.existing_dir(path)))
 
     podman_deployments = {n: d for n, d in settings.deployments.items() if d.runtime == "podman" and d.enabled}
     # With no deployment yet (a fresh host) Podman is checked too: the example config uses it.
     wants_podman = bool(podman_deployments) or not settings.deployments
     local = settings.podman_url.startswith("unix://")
-    missing_podman = doctor.podman_tool_verdict(shutil.which("podman")) if wants_podman and local else None
+    systemd = doctor.runs_systemd()
+    missing_podman = (
+        doctor.podman_tool_verdict(shutil.which("podman"), settings.podman_url, systemd)
+        if wants_podman and local
+        else None
+    )
     if missing_podman is not None:
         checks.append(missing_podman)
     elif wants_podman:
@@ -60,14 +73,14 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
                 fix = None if present else f"podman pull {dep.image}"
                 checks.append(doctor.Check(f"image for {name}", verdict, detail, fix))
         except DankserveError as exc:
-            checks.append(doctor.Check("podman", "fail", exc.message, exc.fix))
+            fix = exc.fix if systemd or not local else doctor.podman_service_fix(settings.podman_url, systemd)
+            checks.append(doctor.Check("podman", "fail", exc.message, fix))
+    if host is not None:
+        checks += [
+            _devices_check(n, d, host, recorded=hardware is not None) for n, d in sorted(podman_deployments.items())
+        ]
 
-    checks += _kernel_checks(settings)
-    for name in settings.deployments:
-        exposure = keyless_gateway_exposure(settings, name)
-        if exposure is not None:
-            fix = "write a key into a file (mode 0600), set [gateway] api_key_file to it; clients send it as a Bearer"
-            checks.append(doctor.Check(f"gateway key for {name}", "warn", exposure, fix))
+    checks += _kernel_checks(settings) + _gateway_key_checks(settings)
 
     failed = [c for c in checks if c.verdict == "fail"]
     if as_json:
@@ -78,6 +91,17 @@ def command(as_json: bool, hardware: Path | None) -> ExitCode:
             if check.fix and check.verdict != "ok":
                 click.echo(f"        fix: {check.fix}")
     return ExitCode.ENVIRONMENT if failed else ExitCode.OK
+
+
+def _gateway_key_checks(settings: Settings) -> list[doctor.Check]:
+    """Deployments whose key protects nothing: a keyless gateway passes their key on."""
+    checks = []
+    for name in settings.deployments:
+        exposure = keyless_gateway_exposure(settings, name)
+        if exposure is not None:
+            fix = "write a key into a file (mode 0600), set [gateway] api_key_file to it; clients send it as a Bearer"
+            checks.append(doctor.Check(f"gateway key for {name}", "warn", exposure, fix))
+    return checks
 
 
 def _kernel_checks(settings: Settings) -> list[doctor.Check]:
@@ -97,25 +121,27 @@ def _kernel_checks(settings: Settings) -> list[doctor.Check]:
     return checks
 
 
-def _recorded_host_check(path: Path) -> doctor.Check:
+def _recorded_host_check(path: Path) -> tuple[doctor.Check, Host | None]:
     from dankserve.host.recorded import read_host
 
     try:
         host = read_host(path)
     except DankserveError as exc:
-        return doctor.Check("recorded host", "fail", exc.message, exc.fix)
-    return doctor.Check(
+        return doctor.Check("recorded host", "fail", exc.message, exc.fix), None
+    check = doctor.Check(
         "recorded host",
         "ok",
-        f"{path}: driver {host.driver_version}, {len(host.gpus)} GPU(s), recorded (the driver, device nodes "
-        "and CDI spec of this machine are not checked)",
+        f"{path}: driver {host.driver_version}, {len(host.gpus)} GPU(s), recorded (the driver of this machine "
+        "is not checked; a Podman deployment's GPU devices are, below)",
     )
+    return check, host
 
 
-def _gpu_checks(*cache_dirs: Path) -> list[doctor.Check]:
-    """The driver (through NVML), the device nodes and the CDI spec of this machine."""
+def _gpu_checks(*cache_dirs: Path) -> tuple[list[doctor.Check], Host | None]:
+    """The driver (through NVML), the device nodes and the CDI spec of this machine; the host NVML read."""
     driver: str | None = None
     checks: list[doctor.Check] = []
+    host: Host | None = None
     try:
         from dankserve.host.probe import probe_host
 
@@ -126,4 +152,25 @@ def _gpu_checks(*cache_dirs: Path) -> list[doctor.Check]:
         checks.append(doctor.Check("nvidia driver", "fail", exc.message, exc.fix))
     checks.append(doctor.device_node_verdict(doctor.read_device_nodes()))
     checks.append(doctor.cdi_verdict(doctor.read_cdi_specs(), driver))
-    return checks
+    return checks, host
+
+
+def _devices_check(name: str, dep: DeploymentSettings, host: Host, *, recorded: bool) -> doctor.Check:
+    """Whether the runtime would find a CDI entry or a device node on this machine for each of the
+    deployment's GPUs (its container cannot be created otherwise)."""
+    from dankserve.plan.checks import resolve_gpus
+    from dankserve.runtime.base import GpuRef
+    from dankserve.runtime.podman.cdi import (
+        DEFAULT_CDI_DIRS,
+        choose_gpu_passthrough,
+        present_device_nodes,
+        read_cdi_device_names,
+    )
+
+    try:
+        gpus = tuple(GpuRef(g.index, g.uuid) for g in resolve_gpus(host, dep.gpus, name))
+        dev = Path("/dev")
+        chosen = choose_gpu_passthrough(gpus, read_cdi_device_names(DEFAULT_CDI_DIRS), present_device_nodes(dev), dev)
+    except DankserveError as exc:
+        return doctor.gpu_devices_verdict(name, None, exc.message, recorded)
+    return doctor.gpu_devices_verdict(name, chosen.mode, None, recorded)

@@ -65,13 +65,16 @@ def command(
     The unit runs the image with the same entrypoint, flags (Exec=), environment, mounts, GPU devices,
     ports, labels, IPC or shared memory and capabilities as dankserve's Podman runtime gives the
     container. Secrets are not written into it: it names Podman secrets (Secret=) and says how to create
-    them from the deployment's files. Needs Podman 5.0 or later (Quadlet's Entrypoint= key).
+    them from the deployment's files. A health check of vLLM's /health with Notify=healthy makes `systemctl
+    start` return once the server serves; an image named by a registry and a tag gets AutoUpdate=registry.
+    Needs Podman 5.0 or later (Quadlet's Entrypoint= and Notify=healthy): a warning says when this host's
+    Podman cannot use the unit (Debian 12's 4.3 has no Quadlet at all).
     """
     settings = cli_context().load_settings()
     dep = export_deployment(settings, deployment)
     from dankserve.host.probe import load_host
     from dankserve.planning import plan_one
-    from dankserve.runtime.podman.quadlet import Unrepresentable, container_unit, render_unit
+    from dankserve.runtime.podman.quadlet import Unrepresentable, container_unit, podman_version_problem, render_unit
     from dankserve.supervisor.workload import workload_spec
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
@@ -87,7 +90,9 @@ def command(
         notes.append("launcher = true is dankserve's: this container runs `vllm serve` itself.")
     notes += [f"plan warning: {w}" for w in plan.warnings]
     try:
-        unit = container_unit(spec, gpu, stop_timeout=settings.stop_timeout_seconds)
+        unit = container_unit(
+            spec, gpu, stop_timeout=settings.stop_timeout_seconds, boot_timeout=settings.boot_timeout_seconds
+        )
         text = render_unit(
             unit, description=f"vLLM serving {plan.model} (dankserve deployment {deployment})", notes=notes
         )
@@ -96,12 +101,32 @@ def command(
             f"deployment {deployment!r} cannot be written as a Quadlet unit: {exc}",
             fix=f"change that value in [deployments.{deployment}] (extra_args, env, paths) and export again",
         ) from exc
+    problem = podman_version_problem(local_podman_version())
+    if problem is not None:  # the unit may well be for another host: said, not refused
+        click.echo(f"warning: {problem}", err=True)
     if output is None:
         sys.stdout.write(text)
         return ExitCode.OK
     write_unit(output, text, force=force)
     click.echo(f"wrote {output}", err=True)
     return ExitCode.OK
+
+
+def local_podman_version() -> tuple[int, ...] | None:
+    """This host's `podman --version` as numbers (4.3.1 -> (4, 3, 1)); None without a podman that answers."""
+    import re
+    import shutil
+    import subprocess
+
+    found = shutil.which("podman")
+    if found is None:
+        return None
+    try:
+        done = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", done.stdout)
+    return tuple(int(p) for p in match.groups() if p is not None) if match and done.returncode == 0 else None
 
 
 def export_deployment(settings: Settings, name: str) -> DeploymentSettings:

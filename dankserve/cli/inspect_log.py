@@ -28,11 +28,28 @@ def _text_value(key: str, value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if key == "kv_cache_memory_bytes":
-        return f"{value} ({value / 2**30:.2f} GiB)"
     if key == "kv_cache_usage_perc":
         return f"{value * 100:.1f} %"
     return str(value)
+
+
+def kv_rows(facts: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The facts as text rows, the two KV sizes as one `kv_cache` row: the bytes to pin (vLLM's suggestion, or
+    what the boot was given) and, apart, what profiling found available (it counts CUDA graphs and a buffer
+    vLLM's suggestion holds back, so the two differ; `--json` keeps both keys)."""
+    pinned, profiled = facts.get("kv_cache_memory_bytes"), facts.get("kv_cache_gib")
+    parts = []
+    if pinned is not None:
+        parts.append(f"{pinned / 2**30:.2f} GiB per GPU ({pinned} bytes, as --kv-cache-memory-bytes pins it)")
+    if profiled is not None:
+        parts.append(f"profiling found {profiled:.2f} GiB available")
+    rows: list[tuple[str, Any]] = []
+    for key, value in facts.items():
+        if key == "kv_cache_memory_bytes":
+            rows.append(("kv_cache", "; ".join(parts) or None))
+        elif key != "kv_cache_gib":
+            rows.append((key, value))
+    return rows
 
 
 @click.command("inspect-log")
@@ -66,7 +83,7 @@ def command(file: str, as_json: bool) -> ExitCode:
     if as_json:
         print_json(facts)
         return ExitCode.OK
-    rows = [*facts.items(), ("boots_in_log", reader.boots)]
+    rows = [*kv_rows(facts), ("boots_in_log", reader.boots)]
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         click.echo(f"{key.ljust(width)}  {_text_value(key, value)}")

@@ -8,6 +8,11 @@ one). The servers' lines: from the runtime (Podman's k8s-file log of each contai
 log file), shown as the workload's name, with the time the runtime stored (conmon's k8s-file, a
 process's line-times file) or else vLLM's own prefix (dankserve.logview).
 
+The servers a deployment had before its running one (a restart, a crash, `down` then `up`) are kept
+by the runtime when it removes them (the last few, bounded: `runtime.log_archive`); their lines are
+merged in, shown as `dankserve-NAME[-1]` (the one before the running one), `[-2]` and so on.
+`--previous` shows only the last ended server's lines, as `kubectl logs --previous` does.
+
 With -f it keeps printing as lines arrive, the way `journalctl -f` does, from every source at once:
 the journal, daemon.log, and each deployment's server, including every server that replaces the
 one running when it began (a restart, `down` then `up`, a swap group's boots).
@@ -33,7 +38,7 @@ from dankserve.cli.context import cli_context
 from dankserve.cli.options import complete_deployment
 from dankserve.errors import DankserveError, InvalidInput
 from dankserve.exitcodes import ExitCode
-from dankserve.logview import TimedLine, daemon_file_line, journal_entry, merged, parse_since, server_lines
+from dankserve.logview import Reorder, TimedLine, daemon_file_line, journal_entry, merged, parse_since, server_lines
 from dankserve.settings import Settings
 from dankserve.systemd.journal import SYSLOG_IDENTIFIER, daemon_identity
 
@@ -43,6 +48,9 @@ if TYPE_CHECKING:
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 RESCAN_SECONDS = 0.25
 """How often a follower looks for the server that replaces an ended one, or for more of daemon.log."""
+HOLD_SECONDS = 2 * RESCAN_SECONDS
+"""`-f` holds each line this long, so lines of several sources that arrive within it print in time order
+(daemon.log is read every RESCAN_SECONDS: its lines come up to that late)."""
 
 Emit = Callable[[TimedLine], None]
 
@@ -64,10 +72,23 @@ def journal_matches(state_dir: Path, one: str | None) -> list[str]:
 )
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines, from every server that starts.")
 @click.option("-n", "--lines", type=int, default=200, show_default=True, help="Lines of history to show.")
+@click.option(
+    "--previous",
+    "-p",
+    is_flag=True,
+    help="Only the lines of the server before the running one (the last that ended: a restart, a crash).",
+)
 @click.option("--since", help='Only lines from this time on: "2026-12-01 13:00", today, yesterday, "10m", "2h ago".')
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line: time, source, deployment, message.")
 def command(  # click passes every option by name
-    *, name: str | None, deployment_option: str | None, follow: bool, lines: int, since: str | None, as_json: bool
+    *,
+    name: str | None,
+    deployment_option: str | None,
+    follow: bool,
+    lines: int,
+    previous: bool,
+    since: str | None,
+    as_json: bool,
 ) -> ExitCode:
     """Show the daemon's lines and each server's own output, oldest first, each with its time."""
     settings = cli_context().daemon_settings().settings  # the running daemon's when the file is refused
@@ -79,19 +100,30 @@ def command(  # click passes every option by name
     if deployment is not None and deployment not in settings.deployments:
         known = ", ".join(sorted(settings.deployments)) or "none"
         raise InvalidInput(f"unknown deployment {deployment!r}", fix=f"configured deployments: {known}")
+    if previous and follow:
+        raise InvalidInput(
+            "--previous with --follow: an ended server writes nothing more", fix="leave out one of the two"
+        )
     now = datetime.now().astimezone()
     start = parse_since(since, now) if since is not None else None
     emit = _printer(TimedLine.as_json if as_json else TimedLine.render)
+    if previous:
+        for line in merged(_previous_servers(settings, deployment, now), start, lines):
+            emit(line)
+        return ExitCode.OK
     journal = _journal_available()
     # A daemon under systemd logs to the journal; one started in the background (`dankserve up`
     # without the unit) writes daemon.log in the state dir: both are read where they exist.
     journal_lines = _journal_history(settings.state_dir, deployment, start, lines) if journal else []
     daemon_log = DaemonLog(_daemon_log_path(settings), deployment)
     servers = [ServerLog(runtime, name) for name, runtime in _runtimes(settings, deployment)]
-    for line in merged([journal_lines, daemon_log.history(), *(s.history(now) for s in servers)], start, lines):
+    ended = [ended_lines(s.runtime, s.deployment, now) for s in servers]
+    histories = [journal_lines, daemon_log.history(), *(s.history(now) for s in servers), *ended]
+    for line in merged(histories, start, lines):
         emit(line)
     if not follow:
         return ExitCode.OK
+    emit = _in_time_order(emit)
     threads = [threading.Thread(target=daemon_log.follow, args=(emit,), daemon=True)]
     threads += [threading.Thread(target=server.follow, args=(emit,), daemon=True) for server in servers]
     if journal:
@@ -114,6 +146,28 @@ def _printer(render: Callable[[TimedLine], str]) -> Emit:
             sys.stdout.flush()
 
     return emit
+
+
+def _in_time_order(emit: Emit) -> Emit:
+    """An emit that holds each line HOLD_SECONDS and prints them in time order (logview.Reorder), from a thread
+    of its own."""
+    lock = threading.Lock()
+    reorder = Reorder(HOLD_SECONDS)
+
+    def push(line: TimedLine) -> None:
+        with lock:
+            reorder.push(line, time.monotonic())
+
+    def flush() -> None:
+        while True:
+            time.sleep(RESCAN_SECONDS / 5)
+            with lock:
+                due = reorder.due(time.monotonic())
+            for line in due:
+                emit(line)
+
+    threading.Thread(target=flush, daemon=True).start()
+    return push
 
 
 def _journal_available() -> bool:
@@ -190,6 +244,34 @@ class DaemonLog:
                         emit(line)
             else:
                 time.sleep(RESCAN_SECONDS)
+
+
+def ended_lines(runtime: Runtime, deployment: str, now: datetime, last: int | None = None) -> list[TimedLine]:
+    """The lines of the deployment's ended servers the runtime kept (or of the `last` few), each labelled
+    with its place before the running one: `dankserve-NAME[-1]` the last to end."""
+    from dankserve.runtime.base import workload_name
+
+    with contextlib.suppress(DankserveError, OSError):
+        servers = runtime.ended_servers(deployment)
+        chosen = servers[-last:] if last else servers
+        out: list[TimedLine] = []
+        for back, server in zip(range(len(chosen), 0, -1), chosen, strict=True):
+            stored, texts = _unzip(list(server.lines))
+            out += server_lines(f"{workload_name(deployment)}[-{back}]", texts, now, stored, deployment)
+        return out
+    return []
+
+
+def _previous_servers(settings: Settings, deployment: str | None, now: datetime) -> list[list[TimedLine]]:
+    """`--previous`: each named deployment's last ended server; none kept for a named one is an error."""
+    found = [ended_lines(runtime, name, now, last=1) for name, runtime in _runtimes(settings, deployment)]
+    if deployment is not None and not any(found):
+        raise InvalidInput(
+            f"deployment {deployment!r} has no ended server whose lines are kept",
+            fix=f"none ended since its first boot here (a restart, a crash or `down` keeps one); "
+            f"`dankserve logs {deployment}` shows the running one's",
+        )
+    return found
 
 
 def _runtimes(settings: Settings, deployment: str | None) -> Iterator[tuple[str, Runtime]]:

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "Run the supervisor daemon in the foreground (systemd's ExecStart)."),
     "up": ("up", "Start the service (or one deployment) and follow it until ready."),
     "down": ("down", "Stop the service (or one deployment) gracefully."),
-    "restart": ("restart", "Restart one deployment (down, then up) and follow it until ready."),
+    "restart": ("restart", "Restart one deployment (the gateway queues its requests) and follow it until ready."),
     "status": ("status", "Show the daemon and each deployment's state."),
     "reload": ("reload", "Make the running daemon re-read its config; say what restarts and what keeps running."),
     "sleep": ("sleep", "Put a swap group member to sleep now (vLLM's sleep mode)."),
@@ -44,6 +44,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "install": ("install", "Install the systemd unit and the example config."),
     "doctor": ("doctor", "Check what a GPU host needs: Podman, driver, CDI, disk, image."),
 }
+
+
+OTHER_TOOLS_WORDS: dict[str, str] = {
+    "start": "up",
+    "stop": "down",
+    "ps": "status",
+    "ls": "status",
+    "list": "status",
+    "show": "status",
+    "log": "logs",
+    "top": "status",
+}
+"""Verbs of systemctl, docker, podman and ollama that users type, and the dankserve command doing that."""
 
 
 class StdoutClosed(Exception):
@@ -77,8 +90,18 @@ class LazyGroup(click.Group):
             return super().resolve_command(ctx, args)
         except click.UsageError as exc:
             name = args[0] if args else ""
+            if self.get_command(ctx, name) is not None:
+                raise
+            known = OTHER_TOOLS_WORDS.get(name.lower())
+            if known is not None:
+                rest = " ".join(args[1:])[:200]
+                raise click.UsageError(
+                    f"No such command {name!r}. Did you mean `dankserve {known}{' ' + rest if rest else ''}`?"
+                    + (" (`dankserve sleep NAME` puts a swap group member to sleep)" if known == "down" else ""),
+                    ctx,
+                ) from exc
             close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
-            if self.get_command(ctx, name) is not None or not close:
+            if not close:
                 raise
             raise click.UsageError(f"No such command {name!r}. Did you mean {close[0]!r}?", ctx) from exc
 

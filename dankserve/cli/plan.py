@@ -52,6 +52,7 @@ def command(
     from dankserve.host.probe import load_host
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
+    _note_running_config(settings)
     if not as_json:
         print_plans(plan_all(settings, selected, host, vllm_version), {n: runs_in(d) for n, d in selected})
         return ExitCode.OK
@@ -68,6 +69,15 @@ def command(
     for name, error in failed.items():
         click.echo(f"error: {name}: {error.render()}", err=True)
     return max((e.exit_code for e in failed.values()), default=ExitCode.OK)
+
+
+def _note_running_config(settings: Settings) -> None:
+    """This plans the file; a daemon running another config serves what that one planned: say so (stderr)."""
+    from dankserve.cli.status import disk_changes, pending_line
+
+    pending = disk_changes(settings)
+    if pending:
+        click.echo(f"note: this plans the file; {pending_line(list(pending))}", err=True)
 
 
 def error_json(exc: DankserveError) -> dict[str, object]:
@@ -87,9 +97,11 @@ def select_deployments(settings: Settings, name: str | None, model: str | None) 
         if model is not None:
             return [(name, DeploymentSettings(model=model))]
         known = ", ".join(sorted(configured)) or "none configured"
+        verb = click.get_current_context().info_name or "plan"
+        what = {"pull": "download a model by its Hub id"}.get(verb, "plan an ad-hoc one")
         raise ConfigError(
             f"no deployment named {name!r} (deployments: {known})",
-            fix="name a configured deployment, or pass --model to plan an ad-hoc one",
+            fix=f"name a configured deployment, or `dankserve {verb} --model ORG/NAME` to {what}",
         )
     if model is not None:  # named as the user wrote it: "--model M" in the plan, its errors and the fit checks
         from dankserve.planning import ad_hoc_name

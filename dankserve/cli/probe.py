@@ -6,6 +6,7 @@ already carries its disks, which keeps `probe --json --hardware FILE` quick.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -13,7 +14,7 @@ import click
 from dankserve.cli.context import cli_context
 from dankserve.cli.render import format_bytes, print_json
 from dankserve.exitcodes import ExitCode
-from dankserve.host.model import Host
+from dankserve.host.model import Cpu, Disk, Host, Memory, NumaNode
 from dankserve.host.probe import load_host
 
 
@@ -37,8 +38,22 @@ def _cache_dirs() -> list[Path]:
     help="Read a recorded host instead of probing (default $DANKSERVE_HARDWARE).",
 )
 def command(as_json: bool, save: Path | None, hardware: Path | None) -> ExitCode:
-    """Probe GPUs (NVML), CPUs, memory, NUMA nodes and cache-disk space; print or save them."""
-    host = load_host(hardware, _cache_dirs)
+    """Probe GPUs (NVML), CPUs, memory, NUMA nodes and cache-disk space; print or save them.
+
+    With --hardware (or DANKSERVE_HARDWARE) the first line says the host is a recorded file, not this machine.
+    Without a usable GPU the CPUs, memory, NUMA nodes and disks are still printed before the error (exit 3)."""
+    from dankserve.errors import NvmlUnavailable
+    from dankserve.host.probe import hardware_file
+
+    recorded = hardware_file(hardware)
+    try:
+        host = load_host(hardware, _cache_dirs)
+    except NvmlUnavailable:
+        if not as_json and save is None:  # what else this machine has, then the GPU error and its fix
+            _print_without_gpus(_cache_dirs())
+        raise
+    if recorded is not None and not as_json:
+        click.echo(f"recorded host {recorded} ({host.hostname or 'unnamed'}), not this machine: read from the file")
     if save is not None:
         from dankserve.host.recorded import write_host
 
@@ -59,7 +74,6 @@ def _print_text(host: Host) -> None:
     from rich.table import Table
 
     from dankserve.cli.console import console as stdout_console
-    from dankserve.host.cpu import format_cpulist
 
     table = Table(title=f"GPUs (driver {host.driver_version or '?'}, CUDA {host.cuda_version or '?'})")
     for header in ("#", "name", "memory", "free", "cc", "PCI bus id", "NUMA", "MIG", "UUID"):
@@ -79,7 +93,26 @@ def _print_text(host: Host) -> None:
     # no emoji codes (":AB:" in a bus id), no markup; unlimited width when piped, so nothing wraps
     console = stdout_console(highlight=False, emoji=False, markup=False, width=None if _is_terminal() else 200)
     console.print(table)
-    cpu, memory = host.cpu, host.memory
+    lines = [*machine_lines(host.cpu, host.memory, host.numa_nodes, host.disks), *links_matrix(host)]
+    for line in lines:
+        console.print(line, soft_wrap=True)
+
+
+def _print_without_gpus(cache_dirs: list[Path]) -> None:
+    from dankserve.cli.console import console as stdout_console
+    from dankserve.host.cpu import read_cpu, read_disks
+
+    facts = read_cpu()
+    console = stdout_console(highlight=False, emoji=False, markup=False, width=None if _is_terminal() else 200)
+    console.print("GPUs: none usable (below)", soft_wrap=True)
+    for line in machine_lines(facts.cpu, facts.memory, facts.numa_nodes, read_disks(cache_dirs)):
+        console.print(line, soft_wrap=True)
+
+
+def machine_lines(cpu: Cpu, memory: Memory, numa_nodes: Sequence[NumaNode], disks: Sequence[Disk]) -> list[str]:
+    """The CPU, memory, NUMA and disk lines of `probe` (with or without GPUs)."""
+    from dankserve.host.cpu import format_cpulist
+
     lines = [
         f"CPU: {cpu.physical_cores} physical cores, {cpu.logical_cores} logical",
         f"RAM: {format_bytes(memory.total_bytes)} total, {format_bytes(memory.available_bytes)} available; "
@@ -87,12 +120,10 @@ def _print_text(host: Host) -> None:
     ]
     lines += [
         f"NUMA node {node.id}: CPUs {format_cpulist(node.cpus) or '-'}, memory {format_bytes(node.memory_total_bytes)}"
-        for node in host.numa_nodes
+        for node in numa_nodes
     ]
-    lines += [f"disk {disk.path}: {format_bytes(disk.free_bytes)} free" for disk in host.disks]
-    lines += links_matrix(host)
-    for line in lines:
-        console.print(line, soft_wrap=True)
+    lines += [f"disk {disk.path}: {format_bytes(disk.free_bytes)} free" for disk in disks]
+    return lines
 
 
 def links_matrix(host: Host) -> list[str]:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -81,23 +82,73 @@ def table(
     *,
     colour: bool,
     width: int | None = None,
+    drop_order: Sequence[str] = (),
+    last_label: str = "",
+    shrink: str | None = None,
 ) -> list[str]:
     """Aligned lines of `rows` (cells, state) under `header`; the state colours the second cell (STATE).
-    With `width` (a terminal's), the last column is cut to fit."""
-    widths = [max(len(h), *(len(cells[i]) for cells, _ in rows)) for i, h in enumerate(header)]
+
+    With `width` (a terminal's) nothing is cut that fits another way: when the last column (a sentence)
+    does not fit beside its row, it goes under each row instead, `last_label` first, wrapped to the width;
+    then the columns named in `drop_order` are left out, in that order, until the rest fits; then the cells
+    of the column `shrink` are cut (ending in "…", never below SHRINK_MIN); a line still too wide is cut
+    last."""
+    columns = list(range(len(header)))
+    last = len(header) - 1
+
+    def widths_of(kept: Sequence[int]) -> dict[int, int]:
+        return {i: max(len(header[i]), *(len(cells[i]) for cells, _ in rows)) for i in kept}
+
+    def line_width(kept: Sequence[int]) -> int:
+        widths = widths_of(kept)
+        return sum(widths[i] for i in kept) + 2 * (len(kept) - 1)
+
+    below = False
+    if width is not None and rows and line_width(columns) > width:
+        room = width - line_width(columns[:-1]) - 2
+        below = room < max(len(cells[last]) for cells, _ in rows)
+    kept = columns[:-1] if below else columns
+    droppable = [header.index(name) for name in drop_order if name in header]
+    while width is not None and below and droppable and line_width(kept) > width:
+        kept.remove(droppable.pop(0))
+    widths = widths_of(kept)
+    column = header.index(shrink) if shrink in header else None
+    excess = sum(widths[i] for i in kept) + 2 * (len(kept) - 1) - width if width is not None and below else 0
+    if column is not None and column in widths and excess > 0:
+        widths[column] = max(SHRINK_MIN, len(header[column]), widths[column] - excess)
+        rows = [
+            ([_cut(c, widths[column]) if i == column else c for i, c in enumerate(cells)], st) for cells, st in rows
+        ]
     out = []
+    indent = widths[0] + 2
     for cells, state in [(header, ""), *rows]:
-        parts = [cell.ljust(widths[i]) for i, cell in enumerate(cells[:-1])]
-        line = "  ".join([*parts, cells[-1]]).rstrip()
+        parts = [cells[i].ljust(widths[i]) for i in kept[:-1]]
+        line = "  ".join([*parts, cells[kept[-1]]]).rstrip()
         if width is not None and len(line) > width:
             line = line[: max(width - 1, 0)] + "…"
         if state and colour and len(parts) > 1:
             start = len(parts[0]) + 2
             line = line[:start] + paint(line[start : start + widths[1]], state, True) + line[start + widths[1] :]
         out.append(line)
+        if below and state and cells[last]:
+            room = max(width - indent, 20) if width is not None else 80
+            text = f"{last_label}{cells[last]}"
+            out += [" " * indent + piece for piece in textwrap.wrap(text, room, break_on_hyphens=False)]
     return out
 
 
+SHRINK_MIN = 12
+"""The narrowest a shrunk table column gets (`table`'s `shrink`)."""
+
+
+def _cut(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: room - 1] + "…"
+
+
 def terminal_width() -> int | None:
-    """The terminal's width when stdout is one, else None (piped output is never cut)."""
+    """The width to fit tables to: COLUMNS when set (as `ls` reads it, piped or not), else the terminal's when
+    stdout is one, else None (piped output is never fitted)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
     return shutil.get_terminal_size().columns if is_terminal() else None

@@ -16,10 +16,14 @@ from dankserve.exitcodes import ExitCode
 def command(deployment: str, timeout: float | None) -> ExitCode:
     """Go back to DEPLOYMENT's image before its last upgrade, and wait until it is ready."""
     from dankserve.cli.context import cli_context
-    from dankserve.cli.up import FollowedDaemon, _follow, _log_size
+    from dankserve.cli.up import FollowedDaemon, _follow, _log_size, boots_now
 
     state_dir = cli_context().daemon_settings().settings.state_dir
     log_start = _log_size(state_dir)
+    # The answer comes once the worker was told; its server before the rollback may still show ready for a
+    # moment: only a boot after this count ends the wait.
+    before = boots_now(state_dir, deployment)
     daemon_request({"command": "rollback", "deployment": deployment})
     click.echo(f"{deployment}: rolling back; booting the previous image")
-    return _follow(FollowedDaemon(state_dir, None, False, log_start), [deployment], timeout)
+    followed = FollowedDaemon(state_dir, None, False, log_start, boots_before={deployment: before})
+    return _follow(followed, [deployment], timeout)

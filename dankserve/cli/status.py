@@ -94,16 +94,35 @@ def _clock(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
-def note_disk_config(doc: dict[str, Any], refusal: ConfigError | None, now: float) -> None:
-    """Record in the daemon's `config` entry what this command found in the file on disk (`on_disk`)."""
+def note_disk_config(
+    doc: dict[str, Any], refusal: ConfigError | None, now: float, pending: tuple[str, ...] = ()
+) -> None:
+    """Record in the daemon's `config` entry what this command found in the file on disk (`on_disk`): valid or
+    why not, and (`pending`) what a valid file changed that `dankserve reload` would apply."""
     config = doc["daemon"].get("config")
     if config is None:  # no daemon answered: nothing runs a config
         return
     config["on_disk"] = (
-        {"valid": True}
+        {"valid": True, "pending": list(pending)}
         if refusal is None
         else {"valid": False, "checked_at": now, "error": refusal.message, "fix": refusal.fix}
     )
+
+
+def pending_line(pending: list[str]) -> str:
+    """The line saying the file on disk differs from the running config (`status`, `plan`)."""
+    shown = ", ".join(pending[:6]) + (f" and {len(pending) - 6} more" if len(pending) > 6 else "")
+    return f"the config on disk differs from the running one ({shown}): `dankserve reload` applies it"
+
+
+def disk_changes(settings: Settings) -> tuple[str, ...]:
+    """What the file's settings change against those of the daemon running at their state dir (none without
+    one): a reload's pending changes."""
+    from dankserve import servicectl
+    from dankserve.settings import pending_changes
+
+    running = servicectl.running_settings(settings.state_dir)
+    return () if running is None else pending_changes(running, settings)
 
 
 def config_lines(daemon: dict[str, Any]) -> list[str]:
@@ -113,7 +132,7 @@ def config_lines(daemon: dict[str, Any]) -> list[str]:
     refused = config.get("refused") or (None if disk.get("valid", True) else {**disk, "at": disk["checked_at"]})
     waiting = [restart_line(config["needs_restart"])] if config.get("needs_restart") else []
     if refused is None:
-        return waiting
+        return ([pending_line(disk["pending"])] if disk.get("pending") else []) + waiting
     error = " ".join(part.strip() for part in str(refused["error"]).splitlines())
     lines = [
         f"the config on disk was refused at {_clock(refused['at'])}: {error}; "
@@ -133,7 +152,9 @@ def swap_line(swap: dict[str, Any]) -> str:
     if swap.get("level"):
         parts.append(f"asleep at level {swap['level']}" if swap["level"] != "stop" else "asleep (stopped)")
     if swap.get("idle_sleep_seconds"):
-        parts.append(f"sleeps after {swap['idle_sleep_seconds']:g} s idle")
+        countdown = swap.get("idle_sleep_in_seconds")
+        left = f": sleeps in {format_duration(countdown)} without a request" if countdown is not None else ""
+        parts.append(f"sleeps after {swap['idle_sleep_seconds']:g} s idle{left}")
     timings = []
     if swap.get("last_sleep_seconds") is not None:
         timings.append(f"sleep {swap['last_sleep_seconds']:.2f} s")
@@ -208,29 +229,76 @@ def _last_boot_seconds(dep: dict[str, Any]) -> str:
     return f"{last['seconds']:.1f}" if last.get("seconds") is not None else "-"
 
 
-HEADER = ("NAME", "STATE", "MODEL", "PORT", "UPTIME", "BOOTS", "BOOT s", "KV", "WHY")
+def _held(dep: dict[str, Any]) -> str:
+    held = dep.get("gpu_memory_held_bytes")
+    return "-" if held is None else f"{held / 2**30:.1f}G"
+
+
+def _sleeps_in(dep: dict[str, Any]) -> str:
+    countdown = (dep.get("swap") or {}).get("idle_sleep_in_seconds")
+    return "-" if countdown is None else format_duration(countdown)
+
+
+HEADER = ("NAME", "STATE", "MODEL", "PORT", "GPU MEM", "UPTIME", "BOOTS", "BOOT s", "KV", "SLEEPS IN", "WHY")
+NARROW_DROPS = ("BOOTS", "BOOT s", "PORT", "KV", "UPTIME")
+"""The columns a narrow terminal goes without, first to last, once WHY went under each row (`status NAME`
+shows them all)."""
 
 
 def table_lines(doc: dict[str, Any], *, colour: bool, width: int | None) -> list[str]:
-    """One row per deployment under HEADER."""
-    rows = [
-        (
-            (
-                dep["name"],
-                shown_state(dep),
-                dep["model"],
-                _port(dep),
-                format_duration(dep.get("uptime_seconds")),
-                str(dep["boots"]),
-                _last_boot_seconds(dep),
-                _kv(dep),
-                dep.get("why") or "",
-            ),
-            str(dep["state"]),
+    """One row per deployment under HEADER (SLEEPS IN only where a deployment sleeps when idle); where WHY
+    does not fit beside the rows it goes under each."""
+    idle = any((dep.get("swap") or {}).get("idle_sleep_seconds") for dep in doc["deployments"])
+    columns = [i for i, name in enumerate(HEADER) if idle or name != "SLEEPS IN"]
+    rows = []
+    for dep in doc["deployments"]:
+        cells = (
+            dep["name"],
+            shown_state(dep),
+            dep["model"],
+            _port(dep),
+            _held(dep),
+            format_duration(dep.get("uptime_seconds")),
+            str(dep["boots"]),
+            _last_boot_seconds(dep),
+            _kv(dep),
+            _sleeps_in(dep),
+            dep.get("why") or "",
         )
-        for dep in doc["deployments"]
-    ]
-    return table(HEADER, rows, colour=colour, width=width)
+        rows.append(([cells[i] for i in columns], str(dep["state"])))
+    header = [HEADER[i] for i in columns]
+    return table(header, rows, colour=colour, width=width, drop_order=NARROW_DROPS, last_label="why: ", shrink="MODEL")
+
+
+def gateway_status(settings: Settings) -> dict[str, Any] | None:
+    """The gateway's address and whether it accepts connections now (None: no [gateway] configured)."""
+    import socket
+
+    from dankserve.settings import split_listen
+
+    if settings.gateway is None:
+        return None
+    host, port = split_listen(settings.gateway.listen)
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # a wildcard: ask loopback
+    try:
+        with socket.create_connection((reach, port), timeout=1.0):
+            up = True
+    except OSError:
+        up = False
+    shown = f"[{host}]" if ":" in host else host
+    return {"listen": settings.gateway.listen, "url": f"http://{shown}:{port}/v1", "up": up}
+
+
+def gateway_line(gateway: dict[str, Any], daemon_running: bool) -> str:
+    """The gateway's line: its address, up or down (or held by another program while no daemon runs)."""
+    if gateway["up"] and not daemon_running:
+        return (
+            f"gateway: {gateway['listen']} accepts connections but no dankserve daemon runs: another program holds "
+            "the address (`dankserve up` could not listen there)"
+        )
+    if gateway["up"]:
+        return f"gateway: up at {gateway['url']}"
+    return f"gateway: down: nothing accepts connections on {gateway['listen']} (`dankserve up` starts it)"
 
 
 def _observed(dep: dict[str, Any]) -> list[str]:
@@ -298,6 +366,8 @@ def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
     predicted = predicted_line(dep.get("predicted") or {})
     if predicted:
         lines.append(f"  {predicted}")
+    if dep.get("gpu_memory_held_bytes") is not None:
+        lines.append(f"  GPU memory held by its server: {format_bytes(dep['gpu_memory_held_bytes'])}")
     for gpu in dep.get("gpus") or []:
         lines.append(
             f"  GPU {gpu['index']}: {format_bytes(gpu['memory_used_bytes'])} used of "
@@ -308,18 +378,18 @@ def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
     return lines
 
 
-@click.command("status")
-@click.argument("name", required=False, shell_complete=complete_deployment)
-@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
-def command(name: str | None, as_json: bool) -> ExitCode:
-    """Show the daemon and one row per deployment; with NAME, everything about that deployment."""
+def status_document(name: str | None) -> dict[str, Any]:
+    """The `status [NAME] --json` document: the daemon, the gateway, the deployments (only NAME's with a NAME)
+    and the warnings; `sleep`/`wake --json` print the same one for their deployment."""
     reached = cli_context().daemon_settings()
     settings = reached.settings
     if name is not None and name not in settings.deployments:
         known = ", ".join(sorted(settings.deployments)) or "none"
         raise InvalidInput(f"unknown deployment {name!r}", fix=f"configured deployments: {known}")
     doc = current_status(settings)
-    note_disk_config(doc, reached.refusal, time.time())
+    doc["gateway"] = gateway_status(settings)
+    pending = disk_changes(settings) if reached.refusal is None and doc["daemon"].get("config") else ()
+    note_disk_config(doc, reached.refusal, time.time(), pending)
     doc["warnings"] = [
         *doc.get("warnings", []),
         *_warnings(doc, time.time(), settings.preemption_warning_interval_seconds),
@@ -328,12 +398,23 @@ def command(name: str | None, as_json: bool) -> ExitCode:
         doc["deployments"] = [d for d in doc["deployments"] if d["name"] == name]
         others = set(settings.deployments) - {name}
         doc["warnings"] = [w for w in doc["warnings"] if w.split(":", 1)[0] not in others]
+    return doc
+
+
+@click.command("status")
+@click.argument("name", required=False, shell_complete=complete_deployment)
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+def command(name: str | None, as_json: bool) -> ExitCode:
+    """Show the daemon and one row per deployment; with NAME, everything about that deployment."""
+    doc = status_document(name)
     if as_json:
         print_json(doc)
         return ExitCode.OK
     shown = {f"{d['name']}: failed: {d['why']}" for d in doc["deployments"] if d["state"] == "failed"}
     colour = colour_enabled()
     click.echo(daemon_line(doc))
+    if doc["gateway"] is not None:
+        click.echo(gateway_line(doc["gateway"], bool(doc["daemon"]["running"])))
     for line in config_lines(doc["daemon"]):
         click.echo(line)
     if name is not None:

@@ -8,7 +8,7 @@ import click
 
 from dankserve.cli.context import cli_context
 from dankserve.cli.render import print_json
-from dankserve.cli.status import swap_line
+from dankserve.cli.status import status_document, swap_line
 from dankserve.errors import DeploymentFailed, EnvironmentUnusable, InfeasiblePlan, InvalidInput, TimedOut
 from dankserve.exitcodes import ExitCode
 
@@ -44,8 +44,8 @@ def swap_request(command: Literal["sleep", "wake"], deployment: str, as_json: bo
             raise DeploymentFailed(error, fix=f"`dankserve status {deployment}` and `dankserve logs {deployment}`")
         raise EnvironmentUnusable(error, fix="see `dankserve status` and `dankserve logs`")
     status: dict[str, Any] = reply.get("status") or {}
-    if as_json:
-        print_json(status)
+    if as_json:  # the shape of `status NAME --json`, read now (the deployment rests where the reply said)
+        print_json(status_document(deployment))
         return ExitCode.OK
     click.echo(f"{deployment}: {status.get('state', command)}")
     if status.get("swap"):

@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def command(deployment: str | None, foreground: bool, timeout: float | None, har
         proc = servicectl.spawn_daemon(argv, state_dir, env)
         click.echo(f"started the dankserve daemon (pid {proc.pid}; log {state_dir / servicectl.DAEMON_LOG})")
     wanted = [deployment] if deployment else [n for n, d in settings.deployments.items() if d.enabled]
-    return _follow(FollowedDaemon(state_dir, proc, via_systemd, log_start), wanted, timeout)
+    return _follow(FollowedDaemon(state_dir, proc, via_systemd, log_start, deployment), wanted, timeout)
 
 
 @dataclass(frozen=True)
@@ -109,26 +109,90 @@ class FollowedDaemon:
     proc: subprocess.Popen[bytes] | None
     via_systemd: bool
     log_start: int
+    deployment: str | None = None
+    """The one deployment `up NAME` asked for (None: all)."""
+    boots_before: Mapping[str, int] = field(default_factory=dict)
+    """Boots each deployment had before the request followed (`rollback`): it rests only once a later boot
+    began, never on the server the request replaces (still ready for a moment after the answer)."""
+
+
+def rests_after(dep: Mapping[str, Any], boots_before: int | None) -> bool:
+    """The deployment rests, and is not ready on the server a request replaces (no boot since `boots_before`)."""
+    if not dep["rests"]:
+        return False
+    return boots_before is None or dep["state"] != "ready" or int(dep.get("boots") or 0) > boots_before
+
+
+def boots_now(state_dir: Path, name: str) -> int:
+    """The boots the running daemon counts for `name` now (0 when it does not say)."""
+    from dankserve import servicectl
+
+    reply = servicectl.daemon_request(state_dir, {"command": "status"}, timeout=5)
+    if not reply or not reply.get("ok"):
+        return 0
+    found = [d for d in reply["status"]["deployments"] if d.get("name") == name]
+    return int(found[0].get("boots") or 0) if found else 0
+
+
+def _winner(daemon: FollowedDaemon) -> FollowedDaemon | None:
+    """When the daemon this `up` started lost the race for the one-daemon lock to another `up`'s (both found no
+    daemon and started one): the winner to follow instead, told of `up NAME`; else None."""
+    from dankserve import servicectl
+    from dankserve.supervisor.records import StateBook
+
+    assert daemon.proc is not None
+    pid = servicectl.daemon_pid(daemon.state_dir)
+    if pid is None or pid == daemon.proc.pid:
+        return None
+    click.echo(f"another `dankserve up` started the daemon first (pid {pid if pid > 0 else 'unknown'}); following it")
+    if daemon.deployment is not None:
+        StateBook(daemon.state_dir).set_down(daemon.deployment, False)  # for a winner still starting
+        servicectl.daemon_request(daemon.state_dir, {"command": "up", "deployment": daemon.deployment})
+    return replace(daemon, proc=None)
 
 
 def _follow(daemon: FollowedDaemon, wanted: list[str], timeout: float | None) -> ExitCode:
-    """Print phase changes until every wanted deployment rests; the exit code that follows."""
+    """Print phase changes until every wanted deployment rests; the exit code that follows. Ctrl-C stops the
+    following only: it says so, and how to follow or stop what goes on in the daemon (then exit 130)."""
+    view = FollowView(live=is_terminal(), colour=colour_enabled())
+    try:
+        return _follow_until_rest(daemon, wanted, timeout, view)
+    except KeyboardInterrupt:
+        view.clear()
+        click.echo("\n" + interrupted_note(wanted), err=True)
+        raise
+
+
+def interrupted_note(wanted: Sequence[str]) -> str:
+    """What Ctrl-C in `up` leaves: the daemon goes on with the boots; how to follow them or stop them."""
+    names = ", ".join(wanted)
+    one = f" {wanted[0]}" if len(wanted) == 1 else ""
+    return (
+        f"stopped following; the daemon goes on with {names} in the background (a boot under way continues).\n"
+        f"  follow it: `dankserve status{one}` or `dankserve logs -f{one}`; stop it: `dankserve down{one}`"
+    )
+
+
+def _follow_until_rest(daemon: FollowedDaemon, wanted: list[str], timeout: float | None, view: FollowView) -> ExitCode:
     from dankserve import servicectl
 
     deadline = None if timeout is None else time.monotonic() + timeout
-    view = FollowView(live=is_terminal(), colour=colour_enabled())
     answered = False
     deployments: dict[str, dict[str, Any]] = {}
     while True:
         if daemon.proc is not None and daemon.proc.poll() is not None:
             view.clear()
-            raise daemon_stopped(daemon, daemon.proc.returncode)
+            winner = _winner(daemon)
+            if winner is None:
+                raise daemon_stopped(daemon, daemon.proc.returncode)
+            daemon = winner
         reply = servicectl.daemon_request(daemon.state_dir, {"command": "status"}, timeout=5)
         if reply and reply.get("ok"):
             answered = True
             deployments = {d["name"]: d for d in reply["status"]["deployments"] if d["name"] in wanted}
             view.show(deployments.values(), time.monotonic())
-            if deployments and all(d["rests"] for d in deployments.values()):
+            before = daemon.boots_before
+            if deployments and all(rests_after(d, before.get(name)) for name, d in deployments.items()):
                 view.clear()
                 for dep in deployments.values():
                     click.echo(resting_line(dep, colour=view.colour))
@@ -166,17 +230,25 @@ def shown_phase(dep: Mapping[str, Any]) -> str:
     from dankserve.cli.status import shown_state
 
     state = shown_state(dep)
-    if dep["rests"] or state != dep["state"]:
+    if dep["rests"]:
         return state
-    return f"{state} ({dep['phase']})" if dep["phase"] not in (state, "stopped") else state
+    if state == "stopped":  # the worker has begun, its machine not yet: what `up` asked for is under way
+        return "starting"
+    if state == "pulling":  # the image step: a process has none, a present image is not pulled
+        return "preparing" if dep.get("runtime") == "process" else "image (pulled if missing)"
+    if state != dep["state"]:
+        return state
+    return f"{state} ({dep['phase']})" if dep["phase"] not in (state, "stopped", "pulling") else state
 
 
-def phase_line(dep: Mapping[str, Any]) -> str:
-    """One follow line: the phase, why it waits (if it does), and the seconds it has been in that phase."""
+def phase_line(dep: Mapping[str, Any], elapsed: float | None = None) -> str:
+    """One follow line: the phase, how long it has lasted (once a second or more: a line printed as the phase
+    begins would say [0s]), the time since `up` began following (`+Ns`), and why it waits (if it does)."""
     seconds = dep.get("phase_seconds")
-    took = f" [{format_duration(seconds)}]" if seconds is not None else ""
+    took = f" [{format_duration(seconds)}]" if seconds is not None and seconds >= 1 else ""
+    since = f" (+{format_duration(elapsed)})" if elapsed is not None and elapsed >= 1 else ""
     why = f": {dep['why']}" if dep.get("why") and not dep["rests"] else ""
-    return f"{dep['name']}: {shown_phase(dep)}{took}{why}"
+    return f"{dep['name']}: {shown_phase(dep)}{took}{since}{why}"
 
 
 BOOT_STEPS = {
@@ -224,16 +296,19 @@ class FollowView:
     _shown: dict[str, tuple[str, str]] = field(default_factory=dict)
     _printed_at: dict[str, float] = field(default_factory=dict)
     _drawn: bool = False
+    _began: float | None = None
+    """When the first status was shown (monotonic): a line says how long after that it came."""
 
     def show(self, deployments: Sequence[Mapping[str, Any]] | Any, now: float) -> None:
         deployments = list(deployments)
+        began = self._began = now if self._began is None else self._began
         for dep in deployments:
             name = dep["name"]
             key = (shown_phase(dep), str(dep.get("why") or ""))
             repeat = not self.live and not dep["rests"] and now - self._printed_at.get(name, now) >= STILL_SECONDS
             if self._shown.get(name) != key or repeat:
                 self.clear()
-                click.echo(phase_line(dep))
+                click.echo(phase_line(dep, now - began))
                 self._shown[name] = key
                 self._printed_at[name] = now
         if self.live:

@@ -10,7 +10,7 @@ TOKEN``, compared in constant time before anything else happens, so a follower n
 reads a body) without it.
 
 What a peer can take (dankserve/aioserver.py): at most ``max_connections`` open connections
-(more are closed at once), ``header_timeout_seconds`` from accept to the end of the headers
+(the next few answered 503, more closed at once), ``header_timeout_seconds`` from accept to the end of the headers
 (the TLS handshake included), ``body_timeout_seconds`` for a body of at most MAX_BODY bytes,
 whatever the form of its length (a bad Content-Length is a 400 from the parser; chunked bodies
 are counted as they arrive); one request per connection. The server binds only the address the

@@ -99,9 +99,15 @@ class Access:
             return None
         return self.limits.admit(key, self._clock())
 
-    def release(self, key: Key, tokens: int) -> None:
+    def reserve(self, key: Key, tokens: int) -> Refusal | None:
+        """Charge a let-in request's estimated tokens (settled by `release` with `reserved(key, tokens)`)."""
+        if key is ANONYMOUS:
+            return None
+        return self.limits.reserve(key, tokens, self._clock())
+
+    def release(self, key: Key, tokens: int, reserved: int = 0, *, passed_on: bool = True) -> None:
         if key is not ANONYMOUS:
-            self.limits.release(key, tokens, self._clock())
+            self.limits.release(key, tokens, self._clock(), reserved, passed_on=passed_on)
 
     def record(self, key: str, model: str, code: int, tokens: TokenCount) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """Admission once ready (pure): at most `cap` requests in flight per deployment at the gateway; the rest
 wait in the deployment's one bounded queue (the same that holds requests while it boots or wakes),
-the highest key priority first, then in arrival order.
+the highest key priority first, then in arrival order. A request that finds the queue full takes the
+place of the last in line of a lower priority (`displace`), which leaves it with a 503.
 
 The cap defaults to the plan's `--max-num-seqs` (what vLLM runs at once; beyond it vLLM queues
 internally, where no priority applies and a client's wait is invisible). No cap known: no limit.
@@ -26,6 +27,8 @@ class _Line:
     in_flight: int = 0
     waiting: list[Ticket] = field(default_factory=list)
     gone: set[Ticket] = field(default_factory=set)
+    displaced: set[Ticket] = field(default_factory=set)
+    """Tickets out of line for a higher priority, until their waiters see it (`displaced`) and `drop` them."""
 
     def head(self) -> Ticket | None:
         while self.waiting and self.waiting[0] in self.gone:
@@ -66,11 +69,27 @@ class Admission:
         return True
 
     def drop(self, ticket: Ticket) -> None:
-        """A waiting request gave up (timeout, the client left, refused): it leaves the line."""
+        """A waiting request gave up (timeout, the client left, refused, displaced): it leaves the line."""
         line = self._line(ticket.deployment)
+        line.displaced.discard(ticket)
         if ticket in line.waiting:
             line.gone.add(ticket)
             line.head()
+
+    def displace(self, deployment: str, priority: int) -> Ticket | None:
+        """A request of `priority` finds the line full: the last in line of a lower priority leaves it (its
+        waiter is told by `displaced`); None when every one waiting has `priority` or more."""
+        line = self._line(deployment)
+        last = max((t for t in line.waiting if t not in line.gone), default=None)
+        if last is None or -last.rank[0] >= priority:
+            return None
+        line.gone.add(last)
+        line.displaced.add(last)
+        line.head()
+        return last
+
+    def displaced(self, ticket: Ticket) -> bool:
+        return ticket in self._line(ticket.deployment).displaced
 
     def leave(self, deployment: str) -> None:
         """A request let in ended."""

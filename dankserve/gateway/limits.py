@@ -2,9 +2,14 @@
 requests in flight.
 
 A bucket holds up to a minute's allowance and refills evenly (`requests_per_minute = 60`: one a
-second, up to 60 at once after a quiet minute). A request takes one from the request bucket. Tokens
-are known only once the answer is in, so the token bucket lets a request in while it is not empty and
-is charged afterwards (it may go below zero: the next requests wait until it refills above zero).
+second, up to 60 at once after a quiet minute). A request is checked as soon as its key is known,
+before its body is read (`admit`: in flight, one request from the request bucket, a token bucket
+above zero), so a key over its limits holds no connection with a slow body. Once the body is read
+its tokens are estimated (tokens.estimate) and taken from the token bucket (`reserve`; refused when
+the bucket holds less, at most a minute's allowance asked), so a burst of parallel requests is
+charged as it comes in; when the answer ends the estimate is settled against the tokens used
+(`release`): given back, or the rest charged (the bucket may go below zero: the next requests wait
+until it refills above zero).
 """
 
 from __future__ import annotations
@@ -77,13 +82,38 @@ class KeyLimits:
         state.in_flight += 1
         return None
 
-    def release(self, key: Key, tokens: int, now: float) -> None:
-        """A request of `key` ended, having used `tokens` (prompt and completion)."""
+    def reserve(self, key: Key, tokens: int, now: float) -> Refusal | None:
+        """Take a let-in request's estimated `tokens` from its key's token bucket, or the refusal when the bucket
+        holds less (`release(..., passed_on=False)` ends it then). What it takes is `reserved(key, tokens)`."""
+        if key.tokens_per_minute is None:
+            return None
+        state = self._state(key, now)
+        state.tokens.refill(key.tokens_per_minute, now)
+        wanted = self.reserved(key, tokens)
+        if state.tokens.level < wanted:
+            wait = state.tokens.seconds_until(wanted, key.tokens_per_minute)
+            return Refusal("tokens_per_minute", key.tokens_per_minute, max(1, math.ceil(wait)))
+        state.tokens.level -= wanted
+        return None
+
+    @staticmethod
+    def reserved(key: Key, tokens: int) -> int:
+        """What `reserve` takes for an estimate: at most the key's minute's allowance (so that any request gets
+        in after a quiet minute); nothing for a key without tokens_per_minute."""
+        return 0 if key.tokens_per_minute is None else max(0, min(tokens, key.tokens_per_minute))
+
+    def release(self, key: Key, tokens: int, now: float, reserved: int = 0, *, passed_on: bool = True) -> None:
+        """A request of `key` ended, having used `tokens` (prompt and completion) against the `reserved` it was
+        charged when let in: the difference is settled. One refused after `admit` (its body, its model, its
+        tokens), never `passed_on`, gives its request back."""
         state = self._state(key, now)
         state.in_flight = max(0, state.in_flight - 1)
-        if key.tokens_per_minute is not None and tokens > 0:
+        if not passed_on and key.requests_per_minute is not None:
+            state.requests.refill(key.requests_per_minute, now)
+            state.requests.level = min(float(key.requests_per_minute), state.requests.level + 1.0)
+        if key.tokens_per_minute is not None and tokens != reserved:
             state.tokens.refill(key.tokens_per_minute, now)
-            state.tokens.level -= tokens
+            state.tokens.level = min(float(key.tokens_per_minute), state.tokens.level + reserved - max(0, tokens))
 
     def in_flight(self, name: str) -> int:
         state = self._states.get(name)

@@ -32,9 +32,12 @@ from dankserve.gateway.backend_admission import (
 )
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
+from dankserve.gateway.limits import KeyLimits, Refusal
 from dankserve.gateway.routing import (
     DEV_ROUTES,
+    GENERATING,
     ROUTED_BY_MODEL,
+    USAGE_ON_REQUEST,
     Readiness,
     Route,
     Routed,
@@ -48,7 +51,7 @@ from dankserve.gateway.routing import (
     route_table,
     unknown_model,
 )
-from dankserve.gateway.tokens import AnswerTally, TokenCount
+from dankserve.gateway.tokens import AnswerTally, TokenCount, estimate
 from dankserve.gateway.usage import CLIENT_CLOSED, NO_LABEL
 from dankserve.settings import DeploymentSettings
 
@@ -126,7 +129,6 @@ class Gateway:
         self.access = access
         self._cors = cors if cors is not None else Cors()
         self._refusals = Throttled(log)  # a client retrying with a wrong key must not flood the journal
-        self._waiting: dict[str, int] = {}
         self._admission = Admission()
         self._released: dict[str, asyncio.Event] = {}
         self._tables: tuple[Mapping[str, DeploymentSettings], dict[str, Route]] | None = None
@@ -190,54 +192,49 @@ class Gateway:
             self.access.record(NO_LABEL, NO_LABEL, key.status, TokenCount())
             self._refusals.note("gateway_denied", status=key.status, reason=key.message, path=path)
             return _json_error(key.status, key.message, "AuthenticationError", **{"WWW-Authenticate": "Bearer"})
-        vouch(request)
         if path == "/v1/models" and request.method == "GET":
+            vouch(request)
             return web.json_response(self._models(key))
         if path.startswith("/v1/models/") and request.method == "GET":
-            wanted = path.removeprefix("/v1/models/")
-            listed = self._models(key)["data"]
-            found = [entry for entry in listed if entry["id"] == wanted]
-            if found:
-                return web.json_response(found[0])
-            unknown = unknown_model(wanted)
-            return web.json_response(unknown.document, status=unknown.status)
+            vouch(request)
+            return _one_model(self._models(key)["data"], path.removeprefix("/v1/models/"))
         if path not in ROUTED_BY_MODEL:
             return _json_error(404, f"no route {request.method} {path}", "NotFoundError")
         if request.method != "POST":
             return _json_error(405, f"{path} takes POST", "MethodNotAllowed")
-        try:
-            body = await read_body(request, self._limits)
-        except BodyTooLarge:
-            return _json_error(413, f"the request body exceeds {self._limits.max_body_bytes} bytes", "BadRequestError")
-        except TimeoutError:
-            return _json_error(408, "the request body did not arrive in time", "BadRequestError")
-        try:
-            routed = route_body(body, self._table())
-        except RoutingError as exc:
-            return web.json_response(exc.document, status=exc.status)
-        if not key.allows([routed.model]):  # answered as a model that does not exist: /v1/models hides it too
-            hidden = unknown_model(routed.model)
-            self.access.record(key.name, routed.model, hidden.status, TokenCount())
-            self._refusals.note("gateway_forbidden", key=key.name, model=routed.model)
-            return web.json_response(hidden.document, status=hidden.status)
-        refused = self.access.admit(key)
+        refused = self.access.admit(key)  # before the body: a key over its limits holds no connection with one
         if refused is not None:
-            self.access.record(key.name, routed.model, 429, TokenCount())
-            self._refusals.note("gateway_limited", key=key.name, model=routed.model, limit=refused.limit)
-            message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
-            return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
-        tally = AnswerTally(routed.streamed)
-        status = 500
+            return _limited(self.access, self._refusals, key, NO_LABEL, refused)
+        return await self._let_in(request, key)
+
+    async def _let_in(self, request: web.Request, key: Key) -> web.StreamResponse:
+        """A request its key's limits let in (in flight until it ends): its body read, routed, its estimated
+        tokens charged, then passed on (its connection trusted only now); the tokens settled when it ends."""
+        tally: AnswerTally | None = None
+        reserved, status, label = 0, 500, ""
         try:
+            routed = await _read_routed(request, key, self._limits, self._table(), self.access, refusals=self._refusals)
+            if isinstance(routed, web.Response):
+                return routed
+            wanted = estimate(len(routed.body), routed.max_tokens, request.path in GENERATING)
+            refused = self.access.reserve(key, wanted)
+            if refused is not None:
+                return _limited(self.access, self._refusals, key, routed.model, refused)
+            reserved, label = KeyLimits.reserved(key, wanted), routed.model
+            vouch(request)
+            tally = AnswerTally(routed.streamed, drop_usage=routed.usage_added)
             status, response = await self._admitted(request, key, routed, tally)
             return response
         except asyncio.CancelledError:
-            status = CLIENT_CLOSED  # the client left (aiohttp cancels its handler): not the server's failure
+            # The client left (aiohttp cancels its handler): not the server's failure. One that left after the
+            # stream's [DONE] (an SDK closes as soon as it reads it) had its whole 200.
+            status = 200 if tally is not None and tally.ended else CLIENT_CLOSED
             raise
         finally:
-            tokens = tally.count()
-            self.access.release(key, tokens.total)
-            self.access.record(key.name, routed.model, status, tokens)
+            tokens = tally.count() if tally is not None else TokenCount()
+            self.access.release(key, tokens.total, reserved, passed_on=tally is not None)
+            if tally is not None:
+                self.access.record(key.name, label, status, tokens)
 
     async def _admitted(
         self, request: web.Request, key: Key, routed: Routed, tally: AnswerTally
@@ -254,29 +251,18 @@ class Gateway:
                 return 503, await _unavailable(str(exc), loading, retry_after(exc.ready_in, self._queue.retry_after))
             self._supervisor.touched(name)
             try:
-                begun = loading.response if loading is not None else None
-                return await self._forward(request, name, backend, routed.body, begun, tally=tally)
-            except BackendFull:  # vLLM's own queue is full: wait like a queued request, then ask again
-                log.info("gateway_backend_full", deployment=name, key=key.name)
+                with contextlib.suppress(BackendFull):  # vLLM's own queue is full: wait as a queued request, ask again
+                    return await self._forward(request, name, backend, routed.body, _begun(loading), tally=tally)
             finally:
                 self._supervisor.released(name)  # a member busy with requests is never put to sleep
                 self._admission.leave(name)
                 self._released.pop(name, _NO_EVENT).set()
-            if time.monotonic() + BACKEND_FULL_PAUSE_SECONDS >= deadline:
+            if not await _pause_before_retry(deadline):
                 return 503, await _backend_full(name, loading, self._queue)
-            await asyncio.sleep(BACKEND_FULL_PAUSE_SECONDS)
 
     def _models(self, key: Key) -> dict[str, Any]:
         """The models the key may use."""
-        entries = [e for e in model_entries(self._deployments()) if key.allows([e.id])]
-        readiness = {}
-        for deployment in dict.fromkeys(e.deployment for e in entries):
-            backend = self._supervisor.backend(deployment)
-            ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
-            readiness[deployment] = Readiness(
-                backend.state or backend.availability.value, ready_in, backend.max_model_len
-            )
-        return models_document(entries, self.started, readiness)
+        return _models_document(key, self._deployments(), self._supervisor, self.started)
 
     async def _ready(self, name: str, loading: LoadingStream | None = None, priority: int = 0) -> Backend:
         """The deployment's backend once ready and admitted (Unavailable otherwise); waits in its bounded queue
@@ -290,7 +276,7 @@ class Gateway:
             return backend
         if backend.availability is Availability.OFF:
             raise Unavailable(f"deployment {name!r} is not running: {backend.message or 'stopped'}")
-        if self._waiting.get(name, 0) >= self._queue.size:
+        if self._admission.waiting(name) >= self._queue.size and not self._displace(name, priority):
             if backend.availability is Availability.READY:
                 raise Unavailable(
                     f"deployment {name!r} has {self._admission.in_flight(name)} requests in flight (its cap) and "
@@ -300,7 +286,6 @@ class Gateway:
                 f"deployment {name!r} is not ready and {self._queue.size} requests already wait for it",
                 backend.ready_in,
             )
-        self._waiting[name] = self._waiting.get(name, 0) + 1
         ticket = self._admission.queue(name, priority)
         try:
             if backend.availability is not Availability.READY:
@@ -309,6 +294,12 @@ class Gateway:
             deadline = loop.time() + self._queue.timeout
             announce_at = loop.time()
             while True:
+                if self._admission.displaced(ticket):
+                    raise Unavailable(
+                        f"deployment {name!r} has {self._queue.size} requests waiting and one of a higher key "
+                        "priority took this request's place",
+                        backend.ready_in,
+                    )
                 if backend.availability is Availability.READY:
                     if self._admission.take(ticket, self._cap(backend)):
                         return backend
@@ -339,10 +330,17 @@ class Gateway:
                         backend.ready_in,
                     )
         finally:
-            self._waiting[name] -= 1
             self._admission.drop(ticket)
             if self._admission.waiting(name) and name in self._released:
                 self._released.pop(name).set()  # the next in line may be first now
+
+    def _displace(self, name: str, priority: int) -> bool:
+        """Make room in a full queue for a request of `priority`: the last in line of a lower one is told to leave
+        (503); its waiter is woken to see it."""
+        if self._queue.size == 0 or self._admission.displace(name, priority) is None:
+            return False
+        self._released.pop(name, _NO_EVENT).set()
+        return True
 
     def _cap(self, backend: Backend) -> int | None:
         return self._queue.max_in_flight if self._queue.max_in_flight is not None else backend.max_in_flight
@@ -371,7 +369,7 @@ class Gateway:
             if begun is not None:
                 return 502, await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
             return 502, _json_error(502, message, "BadGatewayError")
-        refusal = await _read_refusal(upstream)  # vLLM's admission refusal is the gateway's, never passed raw
+        refusal = await _read_refusal(upstream, name)  # vLLM's admission refusal is the gateway's, never passed raw
         try:
             response = (
                 begun
@@ -386,17 +384,23 @@ class Gateway:
                 text = refusal or await upstream.content.read(1 << 16)
                 document = " ".join(text.decode(errors="replace").splitlines())
                 return upstream.status, await _end_with_event(response, document)
-            if refusal:  # another 503, read to judge it: passed on as it came
-                tally.feed(refusal)
-                await response.write(refusal)
+            await _write_read(response, tally, refusal)  # another 503, read to judge it: passed on as it came
             async for chunk in upstream.content.iter_any():
-                tally.feed(chunk)
-                await response.write(chunk)
+                passed = tally.feed(chunk)
+                if passed:
+                    await response.write(passed)
+            rest = tally.finish()
+            if rest:
+                await response.write(rest)
             await response.write_eof()
             return response.status, response
         except aiohttp.ClientError as exc:
             # The server broke off mid-response, or the client's connection was reset under a write.
             upstream.close()
+            if tally.streamed and not _client_left(request):  # end it as vLLM ends a failed stream
+                message = f"deployment {name!r} broke off its answer: {exc or type(exc).__name__}"
+                with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                    await _end_with_event(response, json.dumps(error_document(502, message, "BadGatewayError")))
             return (CLIENT_CLOSED if _broken_off(request, name, exc) else response.status), response
         except BaseException:
             # The client left (cancelled or reset) or the server broke off: drop the upstream
@@ -407,13 +411,69 @@ class Gateway:
             upstream.release()
 
 
+def _models_document(
+    key: Key, deployments: Mapping[str, DeploymentSettings], supervisor: Supervisor, started: int
+) -> dict[str, Any]:
+    """`/v1/models` for the key: the names it may use, each with its deployment's readiness."""
+    entries = [e for e in model_entries(deployments) if key.allows([e.id])]
+    readiness = {}
+    for deployment in dict.fromkeys(e.deployment for e in entries):
+        backend = supervisor.backend(deployment)
+        ready_in = 0.0 if backend.availability is Availability.READY else backend.ready_in
+        readiness[deployment] = Readiness(backend.state or backend.availability.value, ready_in, backend.max_model_len)
+    return models_document(entries, started, readiness)
+
+
+def _one_model(listed: list[dict[str, Any]], wanted: str) -> web.Response:
+    """`/v1/models/NAME`: its card, or the 404 of a model that does not exist (a hidden one answers the same)."""
+    found = [entry for entry in listed if entry["id"] == wanted]
+    if found:
+        return web.json_response(found[0])
+    unknown = unknown_model(wanted)
+    return web.json_response(unknown.document, status=unknown.status)
+
+
+async def _read_routed(
+    request: web.Request, key: Key, limits: Limits, table: Mapping[str, Route], access: Access, *, refusals: Throttled
+) -> Routed | web.Response:
+    """A let-in request's body read within the limits and routed, for a model its key may use; else the answer
+    (413, 408, 400, 404: a model outside its scope is answered as one that does not exist)."""
+    try:
+        body = await read_body(request, limits)
+    except BodyTooLarge:
+        return _json_error(413, f"the request body exceeds {limits.max_body_bytes} bytes", "BadRequestError")
+    except TimeoutError:
+        return _json_error(408, "the request body did not arrive in time", "BadRequestError")
+    try:
+        routed = route_body(body, table, ask_usage=request.path in USAGE_ON_REQUEST)
+    except RoutingError as exc:
+        return web.json_response(exc.document, status=exc.status)
+    if not key.allows([routed.model]):  # answered as a model that does not exist: /v1/models hides it too
+        hidden = unknown_model(routed.model)
+        access.record(key.name, routed.model, hidden.status, TokenCount())
+        refusals.note("gateway_forbidden", key=key.name, model=routed.model)
+        return web.json_response(hidden.document, status=hidden.status)
+    return routed
+
+
+def _limited(access: Access, refusals: Throttled, key: Key, model: str, refused: Refusal) -> web.Response:
+    access.record(key.name, model, 429, TokenCount())
+    refusals.note("gateway_limited", key=key.name, model=model, limit=refused.limit)
+    message = f"the API key {key.name!r} is over its {refused.limit} ({refused.value}); retry later"
+    return _json_error(429, message, "RateLimitError", **{"Retry-After": str(refused.retry_after)})
+
+
 _NO_EVENT = asyncio.Event()
 """Set when a deployment's release finds no one waiting (no event made for it)."""
 
 
+def _client_left(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
 def _broken_off(request: web.Request, name: str, exc: aiohttp.ClientError) -> bool:
     """Log an answer broken off mid-way and close the client's connection; True when the client had left."""
-    client_left = request.transport is None or request.transport.is_closing()
+    client_left = _client_left(request)
     log.info(
         "gateway_stream_ended",
         deployment=name,
@@ -442,15 +502,36 @@ async def _backend_full(name: str, loading: LoadingStream | None, queue: QueuePo
     return await _unavailable(message, loading, queue.retry_after)
 
 
-async def _read_refusal(upstream: aiohttp.ClientResponse) -> bytes:
+async def _read_refusal(upstream: aiohttp.ClientResponse, name: str) -> bytes:
     """A 503's body, read to judge it (b"" for any other status); BackendFull when it is vLLM's admission refusal."""
     if upstream.status != 503:
         return b""
     body = await upstream.content.read(MAX_REFUSAL_BYTES + 1)
     if is_admission_refusal(upstream.status, body):
+        log.info("gateway_backend_full", deployment=name)
         upstream.release()
         raise BackendFull
     return body
+
+
+async def _write_read(response: web.StreamResponse, tally: AnswerTally, body: bytes) -> None:
+    """The part of an answer already read (to judge it), passed on first."""
+    if body:
+        tally.feed(body)
+        await response.write(body)
+
+
+def _begun(loading: LoadingStream | None) -> web.StreamResponse | None:
+    """The SSE answer a waiting streamed request's loading comments began (None: none began)."""
+    return loading.response if loading is not None else None
+
+
+async def _pause_before_retry(deadline: float) -> bool:
+    """After vLLM's admission refused: wait a moment and say whether the request may ask again before its deadline."""
+    if time.monotonic() + BACKEND_FULL_PAUSE_SECONDS >= deadline:
+        return False
+    await asyncio.sleep(BACKEND_FULL_PAUSE_SECONDS)
+    return True
 
 
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:

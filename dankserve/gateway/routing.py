@@ -38,6 +38,13 @@ ROUTED_BY_MODEL = frozenset(
 )
 """POST routes of vLLM's OpenAI server whose JSON body names the model."""
 
+GENERATING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
+"""Routes whose answer is generated text (charged a completion at admission, tokens.estimate)."""
+USAGE_ON_REQUEST = frozenset({"/v1/chat/completions", "/v1/completions"})
+"""Routes whose streams carry usage only when asked (`stream_options.include_usage`): the gateway asks."""
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+"""Where a request sets its completion's limit (chat, completions, responses and messages)."""
+
 DEV_ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache"})
 """vLLM's dev-mode routes: they change the server's state and are never passed on."""
 
@@ -151,7 +158,12 @@ def loading_comment(model: str, state: str | None, ready_in: float | None, held:
         doing = f"{model} finishes its requests before a swap; waiting for its next turn"
     else:
         doing = f"starting {model}"
-    about = f", about {ready_in:.1f} s" if ready_in is not None else ""
+    if ready_in is None:
+        about = ""
+    elif ready_in < 0.05:  # due now (past its prediction): never "about 0.0 s", never below zero
+        about = ", any moment now"
+    else:
+        about = f", about {ready_in:.1f} s"
     return f": dankserve: {doing}{about}\n\n".encode()
 
 
@@ -177,6 +189,10 @@ class Routed:
     """The body asks for a stream (`"stream": true`): the answer is SSE."""
     model: str = ""
     """The model name the request sent (what key scopes and usage go by)."""
+    max_tokens: int | None = None
+    """The completion's limit the request sets (LIMIT_FIELDS), for the tokens charged at admission."""
+    usage_added: bool = False
+    """The gateway asked the server for the stream's usage on the client's behalf: the client gets no usage event."""
 
 
 class RoutingError(Exception):
@@ -197,8 +213,9 @@ def unknown_model(model: str) -> RoutingError:
 NESTED_TOO_DEEPLY = "the request body nests arrays or objects too deeply to be read"
 
 
-def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
-    """Find the deployment a JSON body's `model` names; rewrite an alias to the served name."""
+def route_body(body: bytes, table: Mapping[str, Route], *, ask_usage: bool = False) -> Routed:
+    """Find the deployment a JSON body's `model` names; rewrite an alias to the served name. `ask_usage`
+    (a route of USAGE_ON_REQUEST): a stream is asked for its usage (`stream_options.include_usage`)."""
     try:
         document = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -214,10 +231,16 @@ def route_body(body: bytes, table: Mapping[str, Route]) -> Routed:
     if route is None:
         raise unknown_model(model)
     streamed = document.get("stream") is True
-    if model == route.served_name:
-        return Routed(route, body, streamed, model)
+    limits = [v for v in (document.get(f) for f in LIMIT_FIELDS) if isinstance(v, int) and not isinstance(v, bool)]
+    max_tokens = max(0, min(limits)) if limits else None
+    options = document.get("stream_options")
+    usage_added = ask_usage and streamed and not (isinstance(options, dict) and options.get("include_usage") is True)
+    if model == route.served_name and not usage_added:
+        return Routed(route, body, streamed, model, max_tokens)
     document["model"] = route.served_name
+    if usage_added:
+        document["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     try:
-        return Routed(route, json.dumps(document).encode(), streamed, model)
+        return Routed(route, json.dumps(document).encode(), streamed, model, max_tokens, usage_added)
     except RecursionError:
         raise RoutingError(400, NESTED_TOO_DEEPLY, "BadRequestError") from None

@@ -89,10 +89,16 @@ class ModelFacts:
         return 2 * self.num_hidden_layers * heads_per_rank * self.head_dim * kv_element_bytes
 
 
+VLLM_AUTO_DTYPE_BYTES = 2
+"""vLLM's `--dtype auto` computes in bf16 or fp16 (fp32 checkpoints are cast to fp16): the KV cache's element
+size under `--kv-cache-dtype auto` when the checkpoint's dtype is not known (a model_facts without dtype_bytes)."""
+
+
 def kv_element_bytes(kv_cache_dtype: str, model_dtype_bytes: int | None) -> float | None:
-    """Bytes per KV element of a `--kv-cache-dtype` value ('auto': the model's dtype), None if unknown."""
+    """Bytes per KV element of a `--kv-cache-dtype` value ('auto': the model's dtype, bf16/fp16 when unknown, as
+    vLLM's own `--dtype auto`), None for a dtype not known here."""
     if kv_cache_dtype == "auto":
-        return float(model_dtype_bytes) if model_dtype_bytes is not None else None
+        return float(model_dtype_bytes if model_dtype_bytes is not None else VLLM_AUTO_DTYPE_BYTES)
     return KV_DTYPE_BYTES.get(kv_cache_dtype)
 
 

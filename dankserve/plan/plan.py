@@ -343,8 +343,7 @@ def size_memory(
     if learned_kv_cache_memory_bytes is not None:
         kv_capacity = learned_kv_cache_memory_bytes  # measured by vLLM itself on the first boot
     per_token = kv_per_token(tp.value)
-    if per_token is None and model.kv_layout_note:
-        warnings.append(f"KV-cache size not estimated for {model.model}: {model.kv_layout_note}")
+    warnings += _unestimated_kv(model, per_token, dtype.value if element_bytes is None else None)
     if wanted is not None and kv_capacity is not None and per_token is not None:
         checks.check_max_model_len(wanted, kv_capacity, per_token, caps)
     context = rules.max_model_len(
@@ -359,6 +358,20 @@ def size_memory(
         if not ok:
             warnings.append(f"kv_cache_dtype {deployment.kv_cache_dtype} may fail here: {why}")
     return Sizing(util, dtype, offload, tp, used, cc, context, tuple(warnings), kv_capacity, per_token)
+
+
+def _unestimated_kv(model: ModelFacts, per_token: float | None, unknown_dtype: str | None) -> list[str]:
+    """Why the plan gives no KV-cache figure (none when it gives one)."""
+    if per_token is not None:
+        return []
+    if model.kv_layout_note:
+        return [f"KV-cache size not estimated for {model.model}: {model.kv_layout_note}"]
+    if unknown_dtype is not None:
+        return [
+            f"KV-cache size not estimated for {model.model}: the element size of --kv-cache-dtype {unknown_dtype} "
+            "is not known here (context and concurrency are not checked)"
+        ]
+    return []
 
 
 def _idle_warning(assigned: tuple[Gpu, ...], used: tuple[Gpu, ...], tp: int) -> str:

@@ -210,6 +210,15 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class EndedServer:
+    """A deployment's server the runtime has removed: its lines as kept (`runtime.log_archive`)."""
+
+    workload_id: str
+    lines: tuple[tuple[datetime | None, str], ...]
+    """Each line with the time it was written (None where unknown), oldest first."""
+
+
+@dataclass(frozen=True)
 class ExitEvent:
     """A workload ended."""
 
@@ -273,6 +282,12 @@ class Runtime(Protocol):
         keeps them beside its log (`runtime.line_times`)."""
         for line in self.logs(workload_id, follow):
             yield None, line
+
+    def ended_servers(self, deployment: str) -> list[EndedServer]:
+        """The deployment's servers this runtime removed, oldest first, with their lines (bounded).
+
+        Default: none kept. Podman and the process runtime keep the last few (`runtime.log_archive`)."""
+        return []
 
     def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
         """What this runtime's launcher needs to start a server of `spec` (issue 15).

@@ -32,6 +32,7 @@ from dankserve.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_LAUNCHER,
     LABEL_MANAGED,
+    EndedServer,
     ExitEvent,
     ImageInfo,
     LaunchRequest,
@@ -45,6 +46,7 @@ from dankserve.runtime.base import (
     workload_name,
 )
 from dankserve.runtime.line_times_watchers import LineTimeWatchers
+from dankserve.runtime.log_archive import LogArchive
 from dankserve.runtime.logfile import ChangeWatch, follow_file, poll_briefly, read_line_times, timed_file_lines
 from dankserve.secret_files import read_secret
 
@@ -164,10 +166,17 @@ def process_env(spec: WorkloadSpec, base: dict[str, str]) -> dict[str, str]:
 class ProcessRuntime(Runtime):
     """Runs vLLM servers as process groups, remembered under `directory`."""
 
-    def __init__(self, directory: Path, gpu_release: Callable[[tuple[str, ...], float], None] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        gpu_release: Callable[[tuple[str, ...], float], None] | None = None,
+        archive: LogArchive | None = None,
+    ) -> None:
         """`gpu_release(uuids, timeout)` waits after a stop until the GPUs are free (the supervisor hands
-        in its NVML reading; None: no wait)."""
+        in its NVML reading; None: no wait). `archive`: where a removed server's lines are kept (None:
+        only the one before the last start, as `NAME.log.1`)."""
         self.directory = directory
+        self._archive = archive
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._oom_kills_at_start: dict[int, int | None] = {}
         self._killed_by_us: set[int] = set()
@@ -362,6 +371,8 @@ class ProcessRuntime(Runtime):
             return
         if self._alive(record):
             self.stop(workload_id, 10)
+        if self._archive is not None:
+            self._archive.keep(record.deployment, record.id, self.timed_logs(workload_id))
         with contextlib.suppress(FileNotFoundError):
             self._record_path(record.deployment).unlink()
         self._children.pop(record.pid, None)
@@ -399,6 +410,10 @@ class ProcessRuntime(Runtime):
             return times[index] if index < len(times) else None
 
         yield from timed_file_lines(self.logs(workload_id, follow), time_of)
+
+    def ended_servers(self, deployment: str) -> list[EndedServer]:
+        """The deployment's removed servers' lines, oldest first (the archive's)."""
+        return self._archive.ended(deployment) if self._archive is not None else []
 
     def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
         record = self._by_id(workload_id)

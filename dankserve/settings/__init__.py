@@ -40,7 +40,14 @@ from dankserve.settings.files import (
     state_dir_despite_errors,
 )
 from dankserve.settings.model import DEFAULT_HF_CACHE_DIR, Settings, default_hf_cache_dir, keyless_gateway_exposure
-from dankserve.settings.reloading import ON_RELOAD, OnReload, ReloadEffects, global_keys, reload_effects
+from dankserve.settings.reloading import (
+    ON_RELOAD,
+    OnReload,
+    ReloadEffects,
+    global_keys,
+    pending_changes,
+    reload_effects,
+)
 from dankserve.settings.sections import (
     ClusterSettings,
     CpuOffloadSettings,
@@ -85,6 +92,7 @@ __all__ = [
     "load_reload",
     "load_settings",
     "parse_listen",
+    "pending_changes",
     "read_config_file",
     "reload_effects",
     "resolve_config_path",

@@ -113,9 +113,12 @@ def _check_config_file(path: Path, opened: os.stat_result) -> None:
     me = os.geteuid()
     problem = config_file_problem(opened.st_mode, opened.st_uid, me)
     if problem is not None:
+        who = "root" if me == 0 else f"you (uid {me})"
+        owner = "root" if me == 0 else str(me)
         raise ConfigError(
-            f"config file {path} {problem}: whoever can change it decides what dankserve runs as root",
-            fix=f"chmod go-w {path} && chown root {path} (or your own user when you run dankserve yourself)",
+            f"config file {path} {problem}: whoever can change it decides what dankserve runs as {who}; "
+            "it must be writable by its owner only (0600, 0640 or 0644 are fine) and owned by root or you",
+            fix=f"chmod go-w {path} && chown {owner} {path}",
         )
     try:
         steps, found = _lookups(path)

@@ -89,3 +89,14 @@ def reload_effects(running: Settings, loaded: Settings) -> ReloadEffects:
     restart = tuple(key for key in changed if not ON_RELOAD[key].applied)
     kept = loaded.model_copy(update={key: getattr(running, key) for key in restart}) if restart else loaded
     return ReloadEffects(kept, applied, restart)
+
+
+def pending_changes(running: Settings, on_disk: Settings) -> tuple[str, ...]:
+    """What the file on disk changed against the running settings that a reload would apply: each global key
+    applied at a reload whose value differs, and `deployments.NAME` for each deployment added, removed or
+    changed (keys that wait for a restart are `reload_effects`' `needs_restart`, said apart)."""
+    was, now = running.model_dump(mode="json"), on_disk.model_dump(mode="json")
+    keys = [key for key in global_keys() if ON_RELOAD[key].applied and was.get(key) != now.get(key)]
+    before, after = was.get("deployments") or {}, now.get("deployments") or {}
+    names = sorted(set(before) | set(after))
+    return (*keys, *(f"deployments.{name}" for name in names if before.get(name) != after.get(name)))

@@ -46,7 +46,9 @@ class ModelFactsSettings(LoraModelSizes, _Strict):
     moe: bool | None = Field(default=None, description="Mixture-of-experts model.")
     quantization: str | None = Field(default=None, description="e.g. fp8, awq, gptq; unset: unquantised.")
     dtype_bytes: int | None = Field(
-        default=None, gt=0, description="Bytes per KV element of the model dtype (2 for bf16)."
+        default=None,
+        gt=0,
+        description="Bytes per KV element of the model dtype (2 for bf16); unset: 2, as vLLM's --dtype auto.",
     )
 
 

@@ -13,12 +13,17 @@ from typing import TYPE_CHECKING
 from dankserve.host.model import Host
 from dankserve.plan.types import Plan
 from dankserve.runtime.base import Runtime
+from dankserve.runtime.log_archive import LogArchive
 from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source, keyless_gateway_exposure
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher, log
 
 if TYPE_CHECKING:
     from dankserve.cluster.context import ClusterContext
+
+
+SERVER_LOGS = "server-logs"
+"""Under the state dir: the lines of each deployment's last ended servers (`runtime.log_archive`)."""
 
 
 class _Runtimes:
@@ -41,15 +46,18 @@ class _Runtimes:
                 from dankserve.host.gpu_memory import wait_gpu_memory_released
                 from dankserve.runtime.process import ProcessRuntime
 
+                state_dir = self._settings.current().state_dir
                 self._process = ProcessRuntime(
-                    self._settings.current().state_dir / "processes", wait_gpu_memory_released
+                    state_dir / "processes", wait_gpu_memory_released, LogArchive(state_dir / SERVER_LOGS)
                 )
             return self._process
         if self._podman is None:
             from dankserve.runtime.podman import PodmanRuntime
 
             settings = self._settings.current()
-            self._podman = PodmanRuntime(settings.podman_url, cache_dir=settings.state_dir)
+            self._podman = PodmanRuntime(
+                settings.podman_url, cache_dir=settings.state_dir, archive=LogArchive(settings.state_dir / SERVER_LOGS)
+            )
         return self._podman
 
 

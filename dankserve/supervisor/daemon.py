@@ -44,7 +44,7 @@ from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
-from dankserve.supervisor.fleet import Fleet
+from dankserve.supervisor.fleet import Fleet, StatusReadings
 from dankserve.supervisor.gpus import HostGpus
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observatory import Observatory
@@ -188,6 +188,7 @@ class Daemon:
         self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
         held = deps.gpu_held or (lambda pids, uuids: held_bytes(pids, uuids, stand_in_dir(deps.hardware_file)))
         self.swap_verifier = swap_verify.SwapVerifier(self.state, deps.canary, held)
+        self._status_readings = StatusReadings(held, self.swap_groups.idle_sleep_in)
         self.upgrades = Upgrades(self)
         self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
 
@@ -415,13 +416,25 @@ class Daemon:
         dep = self.settings.deployments[name]
         self.fleet.bring_up(name, lambda: DeploymentWorker(name, dep, self.worker_services()))
 
+    def restart(self, name: str) -> None:
+        """`dankserve restart NAME`: one request, its old worker stopped and a new one started; the gateway
+        queues the deployment's requests meanwhile (never the 503 of a deployment taken down)."""
+        worker = self.fleet.leave_for_restart(name)
+        try:
+            if worker is not None:
+                worker.request_stop(keep_launcher=True)
+                worker.join(self.settings.stop_timeout_seconds + 15)
+        finally:
+            dep = self.settings.deployments[name]
+            self.fleet.restarted(name, lambda: DeploymentWorker(name, dep, self.worker_services()))
+
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
         return requests.sleep_or_wake(self.fleet, self.swap_groups, verb, name)
 
     def status(self) -> dict[str, Any]:
         """The `status --json` document while the daemon runs."""
-        deployments = [view.to_json() for view in self.fleet.views()]
+        deployments = [view.to_json() for view in self.fleet.views(readings=self._status_readings)]
         path = str(resolve_config_path(self._config_path)[0].absolute())
         daemon: dict[str, Any] = {
             "running": True,

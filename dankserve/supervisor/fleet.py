@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -30,6 +31,17 @@ log = structlog.get_logger("dankserve")
 
 HostsOf = Callable[[str], list[dict[str, Any]] | None]
 """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
+HeldBy = Callable[[Sequence[int], Sequence[str]], "dict[str, int] | None"]
+"""GPU memory given processes hold on each given GPU (swap_verify.HeldBytes)."""
+
+
+@dataclass(frozen=True)
+class StatusReadings:
+    """What only `dankserve status` reads for its views (a runtime and NVML call per deployment: /metrics does
+    without them): the GPU memory each server's processes hold, and each swap member's idle countdown."""
+
+    held: HeldBy
+    idle_sleep_in: Callable[[str], float | None]
 
 
 class Fleet:
@@ -55,6 +67,8 @@ class Fleet:
         self._workers: dict[str, DeploymentWorker] = {}
         self._retiring: list[DeploymentWorker] = []
         """Workers told to stop by a reload, still stopping: reaped by the main loop, never waited on there."""
+        self._restarting: set[str] = set()
+        """Deployments between their old worker's stop and their new worker's start (`dankserve restart`)."""
 
     @property
     def settings(self) -> Settings:
@@ -107,6 +121,26 @@ class Fleet:
             if existing is None or not existing.alive:
                 self.add(make())
 
+    def leave_for_restart(self, name: str) -> DeploymentWorker | None:
+        """`dankserve restart NAME`: its worker leaves the fleet (returned, for the caller to stop) while the
+        deployment counts as restarting, not down: the gateway queues its requests meanwhile."""
+        with self._lock:
+            self._restarting.add(name)
+            return self._workers.pop(name, None)
+
+    def restarted(self, name: str, make: Callable[[], DeploymentWorker]) -> None:
+        """The end of a restart: the new worker runs (as `bring_up`), the deployment no longer restarting."""
+        with self._lock:
+            try:
+                self.bring_up(name, make)
+            finally:
+                self._restarting.discard(name)
+
+    def restarting(self, name: str) -> bool:
+        """Between the old worker's stop and the new one's start (`dankserve restart`)."""
+        with self._lock:
+            return name in self._restarting
+
     def stop_all(self, timeout: float, failed: Callable[[str], None], runtime_for: RuntimeFactory) -> None:
         """Stop every worker (retired ones too), waiting up to `timeout` s in all; a worker still stopping then
         is `failed`. SIGTERM leaves nothing running: the launchers of deployments without a running worker go
@@ -145,13 +179,23 @@ class Fleet:
         return targets
 
     # -- views ------------------------------------------------------------------------------------
-    def views(self, *, with_hosts: bool = True) -> list[DeploymentView]:
+    def views(self, *, with_hosts: bool = True, readings: StatusReadings | None = None) -> list[DeploymentView]:
         """Every configured deployment's view, by name."""
         workers = self.snapshot()
-        return [self.view(name, workers.get(name), with_hosts=with_hosts) for name in sorted(self.settings.deployments)]
+        return [
+            self.view(name, workers.get(name), with_hosts=with_hosts, readings=readings)
+            for name in sorted(self.settings.deployments)
+        ]
 
-    def view(self, name: str, worker: DeploymentWorker | None, *, with_hosts: bool = True) -> DeploymentView:
-        """The deployment as status, /metrics and `sleep`/`wake` show it."""
+    def view(
+        self,
+        name: str,
+        worker: DeploymentWorker | None,
+        *,
+        with_hosts: bool = True,
+        readings: StatusReadings | None = None,
+    ) -> DeploymentView:
+        """The deployment as status, /metrics and `sleep`/`wake` show it (`readings`: status's own)."""
         dep = self.settings.deployments[name]
         record = self.state.deployment(name)
         observatory = self._observatory
@@ -173,6 +217,10 @@ class Fleet:
             preemptions = sample.preemptions_total
             metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
         hosts = self._describe_hosts(name) if with_hosts and self._describe_hosts is not None else None
+        held = None
+        if readings is not None and worker is not None and machine is not None and machine.gpu_uuids:
+            by_gpu = readings.held(worker.server_pids(), machine.gpu_uuids)
+            held = sum(by_gpu.values()) if by_gpu else None
         return deployment_view(
             name,
             dep,
@@ -188,4 +236,6 @@ class Fleet:
             waiting_for=worker.waiting_for if worker is not None else None,
             phase_since=worker.phase_since if worker is not None else None,
             wall_now=self.clock.time(),
+            held_bytes=held,
+            idle_sleep_in=readings.idle_sleep_in(name) if readings is not None and worker is not None else None,
         )

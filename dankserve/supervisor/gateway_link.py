@@ -16,6 +16,7 @@ from dankserve.gateway.backends import Availability, Backend
 from dankserve.secret_files import read_key_now
 from dankserve.supervisor import prediction
 from dankserve.supervisor.lifecycle import Phase
+from dankserve.supervisor.swap_fit import wake_cost_seconds
 
 if TYPE_CHECKING:
     from dankserve.supervisor.fleet import Fleet
@@ -51,12 +52,18 @@ class DaemonSupervisor:
         fleet = self._fleet
         dep = fleet.settings.deployments.get(deployment)
         if dep is None or not dep.enabled:
-            return Backend(Availability.OFF, "", 0, message="not configured or not enabled")
+            return Backend(Availability.OFF, "", 0, message="not configured or not enabled", state="disabled")
         key = self._key(dep.api_key_file)
         worker = fleet.get(deployment)
+        if worker is None and fleet.restarting(deployment):  # `dankserve restart`: requests wait for the new boot
+            boot = prediction.predict(fleet.state.deployment(deployment).timings).boot()
+            why = "restarting (`dankserve restart`)"
+            return Backend(Availability.PENDING, dep.host, dep.port, key, why, state="restarting", ready_in=boot)
         if worker is None:
-            why = "taken down (`dankserve up NAME` starts it)" if fleet.state.is_down(deployment) else "stopped"
-            return Backend(Availability.OFF, dep.host, dep.port, key, why)
+            down = fleet.state.is_down(deployment)
+            why = f"taken down (`dankserve up {deployment}` starts it)" if down else "stopped"
+            state = "down" if down else "stopped"  # the words `dankserve status` uses
+            return Backend(Availability.OFF, dep.host, dep.port, key, why, state=state)
         machine = worker.machine
         phase, message = machine.phase, machine.message
         swaps = self._swaps
@@ -76,11 +83,15 @@ class DaemonSupervisor:
         refused = swaps.refused(deployment)
         if refused is not None:
             return Backend(Availability.OFF, dep.host, dep.port, key, refused, state=machine.status)
-        predicted = prediction.predict(fleet.state.deployment(deployment).timings)
+        record = fleet.state.deployment(deployment)
+        predicted = prediction.predict(record.timings)
+        # A member asleep by `stop` wakes by booting: its boots predict it, not the sleep-mode wakes it may also
+        # have had (0.2 s against 27 s).
+        wake_seconds = wake_cost_seconds(record, machine.swap.level)
         now = fleet.clock.monotonic()
         if phase is Phase.ASLEEP:
             held = swaps.held_for(deployment)
-            wake = None if predicted.wake is None else round(predicted.wake + (held or 0.0), 3)
+            wake = None if wake_seconds is None else round(wake_seconds + (held or 0.0), 3)
             return Backend(
                 Availability.ASLEEP, dep.host, dep.port, key, "asleep", state="asleep", ready_in=wake, held_for=held
             )
@@ -91,9 +102,9 @@ class DaemonSupervisor:
         ready_in: float | None = None
         if phase is Phase.FALLING_ASLEEP:  # asleep first, then woken (once the swap it makes room for is done)
             left = prediction.remaining(predicted.sleep, now - since)
-            ready_in = None if left is None or predicted.wake is None else round(left + predicted.wake, 3)
+            ready_in = None if left is None or wake_seconds is None else round(left + wake_seconds, 3)
         elif state == "waking":
-            ready_in = prediction.remaining(predicted.wake, now - since)
+            ready_in = prediction.remaining(wake_seconds, now - since)
         else:
             began = machine.boot.started_at if machine.boot is not None else worker.phase_since
             ready_in = prediction.remaining(predicted.boot(), now - began)

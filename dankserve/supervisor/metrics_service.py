@@ -29,7 +29,7 @@ def deployment_facts(view: DeploymentView) -> DeploymentFacts:
         state=view.state,
         phase=view.phase,
         model=view.model,
-        image=view.image,
+        image=view.image or "",
         vllm_version=view.vllm_version,
         kv_cache_memory_bytes=view.kv_cache_memory_bytes,
         kv_cache_learned_used=view.kv_cache_learned_used,

@@ -31,6 +31,8 @@ class Notifier(Protocol):
 
     def watchdog(self) -> bool: ...
 
+    def resend_dropped(self) -> bool: ...
+
 
 class Reporting(Protocol):
     """What is read of a deployment's worker (`worker.DeploymentWorker`)."""
@@ -62,6 +64,7 @@ class Readiness:
 
     def report(self, workers: Mapping[str, Reporting], now: float) -> None:
         notify = self._notify
+        notify.resend_dropped()  # what a full queue dropped (never waited for: the send does not block)
         phases = {name: w.phase for name, w in workers.items()}
         percents = {name: w.machine.weights_percent for name, w in workers.items()}
         text = status_line(phases, percents).text

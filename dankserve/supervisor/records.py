@@ -112,20 +112,31 @@ class StateBook:
         self._change(name, lambda d: replace(d, last_failure=FailureRecord(cause, message, at)))
 
     def record_boot(
-        self, name: str, facts: BootFacts, kv_bytes: int | None, learned_used: bool, *, adopted: bool = False
+        self,
+        name: str,
+        facts: BootFacts,
+        kv_bytes: int | None,
+        learned_used: bool,
+        *,
+        adopted: bool = False,
+        seconds: float | None = None,
+        kind: str | None = None,
     ) -> None:
-        """Remember a boot that turned ready; `adopted` (a server an earlier daemon left serving) keeps the
-        time it first turned ready, so its uptime goes on."""
+        """Remember a boot that turned ready (`seconds` it took, its `kind`); `adopted` (a server an earlier
+        daemon left serving) keeps what that daemon saw of its boot: when it first turned ready (its uptime goes
+        on), how long it took, and where its KV size came from (learned or profiled), unseen by this daemon."""
         earlier = self.deployment(name).last_boot
-        kept = adopted and earlier is not None and earlier.ready
+        kept = earlier if adopted and earlier is not None and earlier.ready else None
         summary = BootSummary(
-            at=earlier.at if kept and earlier is not None else time.time(),
+            at=kept.at if kept is not None else time.time(),
             ready=facts.ready,
             vllm_version=facts.vllm_version,
-            compile_cache_hit=facts.compile_cache_hit,
-            compile_seconds=facts.compile_seconds,
+            compile_cache_hit=facts.compile_cache_hit if kept is None else kept.compile_cache_hit,
+            compile_seconds=facts.compile_seconds if kept is None else kept.compile_seconds,
             kv_cache_memory_bytes=kv_bytes,
-            kv_cache_learned_used=learned_used,
+            kv_cache_learned_used=learned_used if kept is None else kept.kv_cache_learned_used,
+            seconds=seconds if kept is None else kept.seconds,
+            kind=kind if kept is None else kept.kind,
         )
         self._change(name, lambda d: replace(d, last_boot=summary))
 

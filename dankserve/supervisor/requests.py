@@ -1,4 +1,4 @@
-"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `sleep`,
+"""The control socket's requests as one verb table: `status`, `reload`, `settings`, `up`, `down`, `restart`, `sleep`,
 `wake`, `upgrade` and `rollback`, each answered by one function of the running daemon.
 
 The daemon is read through `Answering`, what a request may ask of it; `answer` looks the verb up, and
@@ -47,6 +47,8 @@ class Answering(Protocol):
 
     def bring_up(self, name: str) -> None: ...
 
+    def restart(self, name: str) -> None: ...
+
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> Answer: ...
 
     @property
@@ -75,23 +77,18 @@ def _unknown_deployment(daemon: Answering, name: object) -> Answer | None:
     return {"ok": False, "error": f"unknown deployment {name!r} (configured: {known})"}
 
 
-def _down(daemon: Answering, request: Mapping[str, Any]) -> Answer:
-    """Answered once the deployment's worker stopped (the CLI's `down` returns then)."""
-    name = request.get("deployment")
-    unknown = _unknown_deployment(daemon, name)
-    if unknown is not None:
-        return unknown
-    daemon.take_down(str(name))
-    return {"ok": True}
+def _on_deployment(act: Callable[[Answering, str], None]) -> Callable[[Answering, Mapping[str, Any]], Answer]:
+    """A verb on one configured deployment: `{"ok": true}` once `act` returned (an unknown one is said)."""
 
+    def verb(daemon: Answering, request: Mapping[str, Any]) -> Answer:
+        name = request.get("deployment")
+        unknown = _unknown_deployment(daemon, name)
+        if unknown is not None:
+            return unknown
+        act(daemon, str(name))
+        return {"ok": True}
 
-def _up(daemon: Answering, request: Mapping[str, Any]) -> Answer:
-    name = request.get("deployment")
-    unknown = _unknown_deployment(daemon, name)
-    if unknown is not None:
-        return unknown
-    daemon.bring_up(str(name))
-    return {"ok": True}
+    return verb
 
 
 def _swap(verb: Literal["sleep", "wake"]) -> Callable[[Answering, Mapping[str, Any]], Answer]:
@@ -169,8 +166,11 @@ VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {
     "status": _status,
     "reload": _reload,
     "settings": _settings,
-    "up": _up,
-    "down": _down,
+    "up": _on_deployment(lambda daemon, name: daemon.bring_up(name)),
+    # answered once the worker stopped (the CLI's `down` returns then)
+    "down": _on_deployment(lambda daemon, name: daemon.take_down(name)),
+    # answered once the old server stopped and the new one's boot began (the CLI follows it)
+    "restart": _on_deployment(lambda daemon, name: daemon.restart(name)),
     "sleep": _swap("sleep"),
     "wake": _swap("wake"),
     "upgrade": _upgrade,

@@ -15,7 +15,7 @@ in one line why it is where it is, or what it waits for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from dankserve.state import DeploymentState, FailureRecord, UnsafeSleep
@@ -73,7 +73,8 @@ class DeploymentView:
     phase: str
     endpoint: str
     model: str
-    image: str
+    image: str | None
+    """The container image; None for a process deployment (runtime = "process": no image runs)."""
     runtime: str
     vllm_version: str | None
     uptime_seconds: float | None
@@ -88,6 +89,9 @@ class DeploymentView:
     kv_cache_tokens: int | None
     concurrency: float | None
     gpus: tuple[dict[str, Any], ...]
+    gpu_memory_held_bytes: int | None
+    """GPU memory its server's processes hold, on all its GPUs (NVML's process list; `ollama ps`' SIZE); None:
+    not read (no server, no daemon, or no per-process reading here)."""
     kv_cache_usage_perc: float | None
     preemptions: int | None
     message: str | None
@@ -148,6 +152,8 @@ def deployment_view(
     phase_since: float | None = None,
     wall_now: float | None = None,
     unsupervised: Unsupervised | None = None,
+    held_bytes: int | None = None,
+    idle_sleep_in: float | None = None,
 ) -> DeploymentView:
     """One deployment as status shows it (`to_json`: its document) and /metrics reads it; `now` is the
     machine's clock (for the uptime).
@@ -156,7 +162,8 @@ def deployment_view(
     it started (the numbers /metrics exports; none without a daemon). `waiting_for` is what the
     boot waits for (the worker's words), `phase_since` when (machine clock) the phase began,
     `wall_now` the Unix time (an adopted server's uptime counts from when it first turned ready),
-    `unsupervised` what runs of it while no daemon does."""
+    `unsupervised` what runs of it while no daemon does, `held_bytes` the GPU memory its server's processes
+    hold, `idle_sleep_in` the seconds until a swap group member sleeps for want of requests."""
     last = record.last_boot
     learned = sorted(record.learned_kv.values(), key=lambda e: e.learned_at)
     state: str
@@ -187,7 +194,17 @@ def deployment_view(
         or (learned[-1].kv_cache_memory_bytes if learned else None)
     )
     metrics = metrics or Metrics()
-    learned_used = machine.kv_cache_learned_used if machine is not None else bool(last and last.kv_cache_learned_used)
+    # An adopted server's boot was seen by the daemon before: where its KV size came from and how long it
+    # took are that daemon's record (this one saw no boot).
+    seen_before = machine is None or (boot is not None and boot.adopted)
+    learned_used = (
+        bool(last and last.kv_cache_learned_used)
+        if seen_before and last is not None
+        else bool(machine is not None and machine.kv_cache_learned_used)
+    )
+    observed = observed or DeploymentTelemetry()
+    if observed.last_boot is None and last is not None and last.seconds is not None:
+        observed = replace(observed, last_boot={"kind": last.kind, "seconds": last.seconds})
     rests = machine.stage in RESTING_STAGES if machine is not None else state in RESTING_STATES
     return DeploymentView(
         name=name,
@@ -195,7 +212,7 @@ def deployment_view(
         phase=phase,
         endpoint=f"http://{dep.host}:{dep.port}/v1",
         model=dep.model,
-        image=dep.image,
+        image=None if dep.runtime == "process" else dep.image,
         upgrade=None if record.upgrade is None else record.upgrade.to_json(),
         runtime=dep.runtime,
         vllm_version=(machine.vllm_version if machine is not None else None) or (last.vllm_version if last else None),
@@ -215,6 +232,7 @@ def deployment_view(
         kv_cache_tokens=facts.gpu_kv_cache_tokens if facts else None,
         concurrency=facts.max_concurrency if facts else None,
         gpus=tuple(dict(g) for g in gpus),
+        gpu_memory_held_bytes=held_bytes,
         kv_cache_usage_perc=metrics.kv_cache_usage_perc
         if metrics.kv_cache_usage_perc is not None
         else (facts.kv_cache_usage_perc if facts else None),
@@ -222,8 +240,8 @@ def deployment_view(
         message=machine.message if machine is not None else None,
         hosts=tuple(dict(h) for h in hosts) if hosts is not None else tuple(configured_hosts(dep)),
         serving=dict(serving) if serving is not None else None,
-        observed=observed or DeploymentTelemetry(),
-        swap=swap_view(dep, machine, record.unsafe_sleep),
+        observed=observed,
+        swap=swap_view(dep, machine, record.unsafe_sleep, idle_sleep_in),
         predicted=predict(record.timings).to_json(),
         rests=rests,
         why=why(name, dep=dep, state=state, machine=machine, waiting_for=waiting_for, last_failure=record.last_failure),
@@ -276,6 +294,9 @@ class SwapView:
     last_wake_seconds: float | None
     unsafe_levels: tuple[dict[str, Any], ...] = ()
     """Levels marked unsafe for this vLLM version and model (state.json's unsafe_sleep; swap_checks)."""
+    idle_sleep_in_seconds: float | None = None
+    """Seconds until it sleeps for want of requests (idle_sleep_seconds counting down; `ollama ps`' UNTIL);
+    None while it does not count down (asleep, pinned, serving, no idle_sleep_seconds, no daemon)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -284,9 +305,12 @@ class SwapView:
 
 
 def swap_view(
-    dep: DeploymentSettings, machine: MachineState | None, unsafe: Sequence[UnsafeSleep] = ()
+    dep: DeploymentSettings,
+    machine: MachineState | None,
+    unsafe: Sequence[UnsafeSleep] = (),
+    idle_sleep_in: float | None = None,
 ) -> SwapView | None:
-    """The member's `SwapView` (None outside a group), with the levels marked unsafe."""
+    """The member's `SwapView` (None outside a group), with the levels marked unsafe and its idle countdown."""
     if dep.swap_group is None:
         return None
     times = machine.swap if machine is not None else None
@@ -302,6 +326,7 @@ def swap_view(
             {"level": u.level, "vllm_version": u.vllm_version, "model": u.model, "reason": u.reason, "at": u.at}
             for u in unsafe
         ),
+        idle_sleep_in_seconds=None if idle_sleep_in is None else round(idle_sleep_in, 1),
     )
 
 

@@ -179,17 +179,17 @@ def draining(decision: Swap | Wait | CannotFit, members: Sequence[Member]) -> tu
     return tuple(name for name in decision.waits_for if name in awake)
 
 
+def idle_sleep_in(member: Member, limit: float | None, now: float) -> float | None:
+    """Seconds until an awake member sleeps for want of requests (0: due now); None when it never does now
+    (asleep, pinned, serving a request, or no idle_sleep_seconds)."""
+    if member.state is not MemberState.AWAKE or member.pinned or member.in_flight > 0 or limit is None:
+        return None
+    return max(0.0, limit - (now - member.last_used))
+
+
 def idle_sleepers(members: Sequence[Member], idle_seconds: Mapping[str, float | None], now: float) -> list[str]:
     """Awake members without requests for at least their idle_sleep_seconds (None: never), oldest first."""
-    due = [
-        m
-        for m in members
-        if m.state is MemberState.AWAKE
-        and not m.pinned
-        and m.in_flight == 0
-        and (limit := idle_seconds.get(m.name)) is not None
-        and now - m.last_used >= limit
-    ]
+    due = [m for m in members if idle_sleep_in(m, idle_seconds.get(m.name), now) == 0.0]
     return [m.name for m in sorted(due, key=lambda m: (m.last_used, m.name))]
 
 

@@ -122,6 +122,18 @@ class SwapGroups:
             at = self._bound.held_until(name)
         return None if at is None else max(0.0, at - time.monotonic())
 
+    def idle_sleep_in(self, name: str) -> float | None:
+        """Seconds until awake `name` sleeps for want of requests (its idle_sleep_seconds; `dankserve status`),
+        None when it does not count down now."""
+        group = self.group_of(name)
+        dep = self._fleet.settings.deployments.get(name)
+        if group is None or dep is None:
+            return None
+        with self._lock:
+            admitted = set(self._admitted)
+        member = next((m for m in self._roster.members(group, admitted) if m.name == name), None)
+        return None if member is None else swap.idle_sleep_in(member, dep.idle_sleep_seconds, time.monotonic())
+
     def refused(self, name: str) -> str | None:
         """Why the last wake of `name` cannot happen (the gateway answers 503 with it), or None."""
         with self._lock:

@@ -3,6 +3,11 @@
 The protocol (systemd's sd_notify(3)): newline-separated `KEY=VALUE` assignments in one
 datagram. Without NOTIFY_SOCKET (not started by systemd with Type=notify) every call is a
 no-op returning False; a failed send also returns False: notifying must never stop the daemon.
+
+Sends never block (MSG_DONTWAIT): when the socket's queue is full (a PID 1 that stopped reading
+it), a blocking send would freeze the daemon's main loop, and with it reloads and stops. A
+datagram that finds the queue full is dropped; its state-changing assignments (READY, STOPPING,
+STATUS, ...: all but WATCHDOG, whose next ping comes anyway) go out again with the next send.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class SystemdNotifier:
     def __init__(self, notify_socket: str | None) -> None:
         self._address = _address(notify_socket)
         self._socket: socket.socket | None = None
+        self._dropped: dict[str, str] = {}
+        """Assignments of datagrams the full queue refused, sent again with the next one."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> SystemdNotifier:
@@ -45,15 +52,27 @@ class SystemdNotifier:
         """Send `KEY=VALUE` assignments in one datagram; False when disabled or the send failed."""
         if self._address is None:
             return False
-        payload = "\n".join(f"{key}={value}" for key, value in assignments.items()).encode()
+        merged = {**self._dropped, **{key: str(value) for key, value in assignments.items()}}
+        payload = "\n".join(f"{key}={value}" for key, value in merged.items()).encode()
         try:
             if self._socket is None:
                 self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._socket.sendto(payload, self._address)
+            self._socket.sendto(payload, socket.MSG_DONTWAIT, self._address)
+        except BlockingIOError:  # the queue is full: drop it, never wait for the reader
+            self._dropped = {key: value for key, value in merged.items() if key != "WATCHDOG"}
+            return False
         except OSError:
             self.close()
             return False
+        self._dropped = {}
         return True
+
+    def resend_dropped(self) -> bool:
+        """Send again what a full queue dropped (READY, STATUS ...) if anything; True when nothing waits now.
+        The daemon calls it every turn of its main loop, so a dropped READY=1 arrives once the reader drains."""
+        if not self._dropped:
+            return True
+        return self.notify()
 
     def ready(self, status: str | None = None) -> bool:
         """READY=1 (with a STATUS= line when given)."""

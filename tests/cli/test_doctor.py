@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dankserve.testing.config_file import write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,3 +77,55 @@ def test_doctor_names_the_kernels_a_start_would_fetch(tmp_path: Path) -> None:
         (kept / package).mkdir(parents=True)
     checks = {c["name"]: c for c in json.loads(doctor(config, "--hardware", str(HOST)).stdout)["checks"]}
     assert checks["kernels for new"]["verdict"] == "ok"
+
+
+def test_doctor_warns_when_a_podman_deployment_has_no_gpu_device_on_this_host(tmp_path: Path) -> None:
+    """Issue 39.8: with a recorded host (`--hardware`) doctor used to say all ok while `up` failed for want of a
+    device: a Podman deployment whose GPU has no CDI entry and no device node here is a warning naming the GPU
+    and the fix (`make try-it-podman` to try without a GPU); a process deployment is not checked."""
+    globals_ = {"state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path), "hf_cache_dir": str(tmp_path)}
+    deployments: dict[str, dict[str, object]] = {
+        "chat": {"model": "o/m", "gpus": [1]},
+        "local": {"model": "o/m", "runtime": "process", "port": 8001},
+    }
+    config = write_config(tmp_path / "dankserve.toml", globals_, deployments)
+    done = doctor(config, "--hardware", str(HOST))
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    uuid = json.loads(HOST.read_text())["gpus"][1]["uuid"]
+    devices = checks["GPU devices for chat"]
+    if Path("/dev/nvidia1").exists():
+        pytest.skip("this machine has a GPU 1 device node")
+    assert devices["verdict"] == "warn", devices
+    assert (
+        f"GPU 1 ({uuid}) has no CDI entry" in devices["detail"]
+        and "`dankserve up chat` would fail" in devices["detail"]
+    )
+    assert "make try-it-podman" in devices["fix"] and "nvidia-ctk cdi generate" in devices["fix"]
+    assert "GPU devices for local" not in checks
+
+
+def test_doctor_says_where_it_read_the_free_space_of_a_missing_dir_and_how_to_run_podman_without_systemd(
+    tmp_path: Path,
+) -> None:
+    """Issue 39 (low): a cache dir that does not exist yet is read on the nearest existing dir, and the line says
+    so; where no systemd runs, the Podman fix is `podman system service`, not `systemctl enable podman.socket`."""
+    missing = tmp_path / "not" / "yet"
+    globals_ = {
+        "state_dir": str(tmp_path / "state"),
+        "cache_dir": str(missing),
+        "hf_cache_dir": str(tmp_path),
+        "podman_url": f"unix://{tmp_path}/no-podman.sock",
+    }
+    config = write_config(tmp_path / "dankserve.toml", globals_, {"chat": {"model": "o/m"}})
+    done = doctor(config, "--hardware", str(HOST))
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    disk = checks[f"disk {missing}"]
+    assert f"free on {tmp_path} (the directory does not exist yet" in disk["detail"], disk
+    assert "does not exist" not in checks[f"disk {tmp_path}"]["detail"]
+    podman = checks["podman"]
+    assert podman["verdict"] == "fail"
+    if Path("/run/systemd/system").is_dir():
+        assert "systemctl" in podman["fix"]
+    else:
+        assert f"podman system service --time=0 unix://{tmp_path}/no-podman.sock" in podman["fix"], podman
+        assert "systemctl" not in podman["fix"]

@@ -105,3 +105,72 @@ def test_auto_devices_without_a_gpu_here_is_exit_3_with_the_fix(
         ["--config", config(tmp_path), "export", "quadlet", "chat", "--hardware", str(RECORDED_HOST)], capsys
     )
     assert code == ExitCode.ENVIRONMENT and "--devices cdi" in err
+
+
+def _podman_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str | None) -> None:
+    """PATH with only a `podman` that says `version` (None: no podman at all)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if version is not None:
+        fake = bin_dir / "podman"
+        fake.write_text(f"#!/bin/sh\necho 'podman version {version}'\n")
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        ("4.3.1", "this host's Podman 4.3.1 has no Quadlet (it came with Podman 4.4; Debian 12 ships 4.3)"),
+        ("4.9.3", "this host's Podman 4.9.3 has Quadlet but not the unit's Entrypoint= and Notify=healthy"),
+        (None, "Podman is not installed here: the unit runs where Podman 5.0 or later is"),
+        ("5.4.2", None),
+    ],
+)
+def test_says_when_this_hosts_podman_cannot_use_the_unit(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    version: str | None,
+    said: str | None,
+) -> None:
+    """Issue 39.10: the unit is printed either way (it may be for another host, exit 0), with a warning on stderr
+    when this host's Podman cannot use it (Quadlet came with 4.4; the unit needs 5.0)."""
+    cfg = config(tmp_path)
+    _podman_on_path(tmp_path, monkeypatch, version)
+    code, out, err = run(exported(cfg), capsys)
+    assert code == ExitCode.OK and "[Container]" in out
+    if said is None:
+        assert "warning" not in err
+    else:
+        assert f"warning: {said}" in err
+
+
+@pytest.mark.parametrize(
+    ("image", "auto_update"),
+    [
+        ("docker.io/vllm/vllm-openai:v0.33.0", "registry"),
+        ("registry.example:5000/team/vllm:v1", "registry"),
+        ("localhost/fake-vllm:latest", None),
+        ("docker.io/vllm/vllm-openai@sha256:" + "0" * 64, None),
+    ],
+)
+def test_the_unit_is_started_once_serving_and_auto_updates_a_registry_tag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], image: str, auto_update: str | None
+) -> None:
+    """Issue 39.10: HealthCmd= asks vLLM's /health on the server's port and Notify=healthy makes `systemctl start`
+    return once it serves (the start period is boot_timeout_seconds); an image named by a registry and a tag gets
+    AutoUpdate=registry, a local image or a digest none."""
+    cfg = config(tmp_path, f'image = "{image}"\n')
+    Path(cfg).write_text(Path(cfg).read_text().replace("state_dir =", "boot_timeout_seconds = 1200\nstate_dir =", 1))
+    code, out, err = run(exported(cfg), capsys)
+    assert code == ExitCode.OK, err
+    assert unknown_keys(emitted_keys(out)) == []
+    entries = {e.key: e.words for e in read_entries(out)}
+    command = json.loads(entries["HealthCmd"][0])
+    assert command[:2] == ["python3", "-c"] and "/health" in command[2]
+    assert ":8001/health" in command[2] or ":8000/health" in command[2]
+    assert entries["Notify"] == ("healthy",) and entries["HealthStartPeriod"] == ("1200s",)
+    assert entries["HealthOnFailure"] == ("kill",)
+    assert entries.get("AutoUpdate") == ((auto_update,) if auto_update else None)
+    assert "\nTimeoutStartSec=2100\n" in out  # 900 s for the pull, then the boot's 1200: systemd waits for health

@@ -18,6 +18,7 @@ import pytest
 
 from dankserve.systemd.journal import JournalSender, daemon_identity
 from tests.harness.daemon import (
+    RunningDaemon,
     container_deployment,
     dankserve_cli,
     free_port,
@@ -206,6 +207,8 @@ def follow_across_down_and_up(
             follower.stop()
     stamped = re.compile(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{{3}} (dankserve|dankserve-{name}): ")
     assert all(stamped.match(line) for line in lines), [x for x in lines if not stamped.match(x)]
+    # printed in time order across the sources, within a second too (issue 39, low)
+    assert sorted(lines, key=lambda line: line[:23]) == lines, lines
     first_boot_end = next(i for i, line in enumerate(lines) if "Application startup complete." in line)
     after = lines[first_boot_end + 1 :]
     daemon_after = [line for line in after if line[24:].startswith("dankserve: ")]
@@ -266,3 +269,90 @@ def test_logs_show_only_this_daemons_journal_entries_when_two_daemons_share_jour
             readies = [e for e in daemon_lines if e["message"].startswith("[info] ready ")]
             assert len(readies) == 1, daemon_lines
             assert all(e["deployment"] == name for e in daemon_lines)
+
+
+def logs_after_two_restarts(
+    tmp_path: Path, name: str, deployment: dict[str, Any], kill: Callable[[RunningDaemon], None], **options: Any
+) -> tuple[list[str], list[str], list[str]]:
+    """NAME boots, is restarted through the CLI, then its server dies (`kill`) and the daemon boots it
+    again: `logs NAME`, `logs --previous NAME` and `logs --previous NAME` once NAME is down (lines)."""
+    with running_daemon(tmp_path, {name: deployment}, log_in_state_dir=True, **options) as daemon:
+        daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=120)
+        restart = daemon.cli("restart", name)
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        daemon.wait_for(name, lambda d: d["state"] == "ready" and d["boots"] >= 2, timeout=120)
+        kill(daemon)
+        daemon.wait_for(name, lambda d: d["state"] == "ready" and d["boots"] >= 3, timeout=120)
+        every = daemon.cli("logs", name, "-n", "5000")
+        previous = daemon.cli("logs", "--previous", name)
+        assert every.returncode == 0 and previous.returncode == 0, every.stderr + previous.stderr
+        down = daemon.cli("down", name)
+        assert down.returncode == 0, down.stderr
+        after_down = daemon.cli("logs", "-p", name)
+        assert after_down.returncode == 0, after_down.stderr
+    return every.stdout.splitlines(), previous.stdout.splitlines(), after_down.stdout.splitlines()
+
+
+def check_every_server_kept(name: str, every: list[str], previous: list[str], after_down: list[str]) -> None:
+    started = "Application startup complete."
+    # each of the three servers' boot, under its own label, merged in time with the daemon's lines
+    for label in (f"dankserve-{name}[-2]", f"dankserve-{name}[-1]", f"dankserve-{name}"):
+        assert sum(f" {label}: " in line and started in line for line in every) == 1, (label, every)
+    assert sorted(every, key=lambda line: line[:23]) == every
+    assert any(" dankserve: [info] ready " in line for line in every)
+    # --previous: the one server before the running one, whole: its boot and how it ended
+    assert previous and all(f" dankserve-{name}[-1]: " in line for line in previous), previous
+    assert sum(started in line for line in previous) == 1, previous
+    # once `down` removed the third server, it is the previous one
+    assert after_down and all(f" dankserve-{name}[-1]: " in line for line in after_down), after_down
+    assert after_down != previous and sum(started in line for line in after_down) == 1, after_down
+
+
+def test_logs_keep_the_servers_before_a_restart_and_a_crash_process_runtime(tmp_path: Path) -> None:
+    """Issue 39.2 (process runtime): after a restart and a crash, `logs NAME` shows all three servers' lines in
+    time order, `--previous` the last ended one alone (as kubectl logs --previous)."""
+    name = f"pv{uuid.uuid4().hex[:8]}"
+
+    def kill(daemon: RunningDaemon) -> None:
+        record = json.loads((daemon.state_dir / "processes" / f"{name}.json").read_text())
+        os.killpg(int(record["pid"]), signal.SIGKILL)
+
+    every, previous, after_down = logs_after_two_restarts(tmp_path, name, process_deployment(free_port()), kill)
+    check_every_server_kept(name, every, previous, after_down)
+
+
+@pytest.mark.podman
+def test_logs_keep_the_containers_before_a_restart_and_a_crash_podman(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str
+) -> None:
+    """Issue 39.2 (Podman): a removed container's lines outlive it: `logs NAME` shows the three containers'
+    boots, `--previous` the last removed one's lines alone."""
+    name = f"pc{uuid.uuid4().hex[:8]}"
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+
+    def kill(daemon: RunningDaemon) -> None:
+        podman_env.podman("kill", "-s", "KILL", f"dankserve-{name}")
+
+    every, previous, after_down = logs_after_two_restarts(
+        tmp_path,
+        name,
+        container_deployment(vllm_image, free_port(), gpus=[0]),
+        kill,
+        hardware=host,
+        extra_globals={"podman_url": podman_env.url},
+    )
+    check_every_server_kept(name, every, previous, after_down)
+
+
+def test_previous_without_an_ended_server_or_with_follow_is_an_input_error(tmp_path: Path) -> None:
+    """`logs --previous NAME` before NAME's server was ever replaced, and `--previous -f`: exit 2, saying why."""
+    config = tmp_path / "dankserve.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path}/state"\n[deployments.chat]\nmodel = "m"\nruntime = "process"\n'
+        f'executable = "{sys.executable}"\n'
+    )
+    config.chmod(0o600)
+    done = dankserve_cli(config, "logs", "--previous", "chat")
+    assert done.returncode == 2 and "no ended server" in done.stderr, done.stderr
+    done = dankserve_cli(config, "logs", "--previous", "-f", "chat")
+    assert done.returncode == 2 and "--previous with --follow" in done.stderr, done.stderr

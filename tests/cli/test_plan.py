@@ -318,3 +318,39 @@ def test_five_small_deployments_on_auto_kv_offload_share_the_hosts_ram(
     sizes = [next(f for f in p["flags"] if f["flag"] == "--kv-offloading-size") for p in plans]
     assert [s["value"] for s in sizes] == ["44"] * 5
     assert all("5 deployment(s) on auto share the 220.3 GiB" in s["reason"] for s in sizes)
+
+
+@pytest.mark.parametrize("host", ["rtx3090x1-4core", "rtx3090x2-1numa", "a100-40x8-2numa", "a100-80x4-1numa"])
+def test_a_gpu_without_fp8_still_gets_a_kv_figure_when_model_facts_name_no_dtype(
+    host: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 (low): on RTX 3090 and A100 (no fp8 KV cache: --kv-cache-dtype auto) a deployment whose
+    model_facts name no dtype_bytes got no KV figure and no reason; vLLM computes in bf16/fp16 then, so the KV
+    cache's element is 2 bytes and the plan promises its tokens and concurrency."""
+    cfg = write_config(
+        tmp_path,
+        '[deployments.chat]\nmodel = "org/m"\n[deployments.chat.model_facts]\nparameter_bytes = 2000000000\n'
+        "num_attention_heads = 32\nnum_key_value_heads = 8\nnum_hidden_layers = 16\nhead_dim = 64\n"
+        "max_position_embeddings = 8192\n",
+    )
+    code, out, err = run(["--config", cfg, "plan", "--json", "--hardware", str(HOSTS / f"{host}.json")], capsys)
+    assert code == ExitCode.OK, err
+    [plan] = json.loads(out)
+    assert plan["argv"][plan["argv"].index("--kv-cache-dtype") + 1] == "auto"
+    capacity = plan["capacity"]
+    per_token = 2 * 16 * 8 * 64 * 2  # K and V, layers, KV heads, head_dim, 2 bytes
+    assert capacity["kv_cache_tokens"] is not None and capacity["kv_cache_tokens"] > 0, plan
+    assert capacity["concurrency"] == pytest.approx(capacity["kv_cache_tokens"] / 8192, rel=0.01)
+    code, text, _ = run(["--config", cfg, "plan", "--hardware", str(HOSTS / f"{host}.json")], capsys)
+    assert "the KV cache holds about" in " ".join(text.split())
+    assert per_token == 32768
+
+
+def test_the_example_config_leaves_no_gpu_idle_on_a_two_gpu_host(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39 (low): the shipped example planned with GPU 1 of a 2 x H200 host assigned but idle (a warning);
+    it names GPU 0, which holds the model, and plans without warnings."""
+    host = str(HOSTS / "h200x2-vm-real.json")
+    code, out, err = run(["--config", str(EXAMPLE), "plan", "--json", "--hardware", host], capsys)
+    assert code == ExitCode.OK, err
+    [plan] = json.loads(out)
+    assert plan["gpus"] == [0] and not [w for w in plan["warnings"] if "idle" in w], plan["warnings"]

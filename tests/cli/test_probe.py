@@ -152,7 +152,8 @@ def test_probe_without_gpu_exits_3(tmp_path: Path) -> None:
     assert "libnvidia-ml.so.1" in done.stderr and "/dev/nvidia*" in done.stderr
     assert "--hardware" in done.stderr
     assert "Traceback" not in done.stderr
-    assert done.stdout == ""
+    assert done.stdout.startswith("GPUs: none usable (below)")  # this machine's other facts: issue 39
+    assert dankserve("probe", "--json", env={"DANKSERVE_CACHE_DIR": str(tmp_path)}).stdout == ""
 
 
 @pytest.mark.gpu
@@ -181,3 +182,33 @@ def test_probe_json_on_real_gpus(tmp_path: Path) -> None:
         pynvml.nvmlShutdown()
     assert len(printed["gpus"]) == count
     assert json.loads(target.read_text()) == printed
+
+
+def test_probe_without_a_gpu_still_prints_this_machines_cpus_memory_and_disks_then_the_error(tmp_path: Path) -> None:
+    """Issue 39 (low): with no usable GPU `probe` printed nothing but the error; now the CPU, RAM, NUMA and disk
+    lines come first, then the error and its fix (exit 3)."""
+    if nvml_unusable_reason() is None:
+        pytest.skip("NVML works here: the GPUs are probed")
+    config = tmp_path / "dankserve.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\ncache_dir = "{tmp_path}/cache"\nhf_cache_dir = "{tmp_path}"\n')
+    config.chmod(0o600)
+    done = dankserve("--config", str(config), "probe")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stdout.startswith("GPUs: none usable (below)\nCPU: ") and "\nRAM: " in done.stdout
+    assert f"disk {tmp_path}/cache: " in done.stdout
+    assert "error: no usable NVIDIA GPU" in done.stderr and "--hardware FILE" in done.stderr
+
+
+def test_probe_of_a_recorded_host_says_so_first() -> None:
+    """Issue 39 (low): `probe --hardware FILE` (or DANKSERVE_HARDWARE) says on its first line that the host is the
+    file's, not this machine's; --json stays the file's JSON alone."""
+    path = recorded_host_path("rtx3090x1-4core")
+    for done in (
+        dankserve("probe", "--hardware", str(path)),
+        dankserve("probe", env={"DANKSERVE_HARDWARE": str(path)}),
+    ):
+        assert done.returncode == 0, done.stderr
+        first = done.stdout.splitlines()[0]
+        assert first.startswith(f"recorded host {path} (") and "not this machine" in first
+    as_json = dankserve("probe", "--json", "--hardware", str(path))
+    assert json.loads(as_json.stdout)["gpus"]

@@ -73,6 +73,19 @@ def test_pull_without_a_config_names_the_absent_file_and_its_own_command(
     assert "dankserve pull NAME" in err and "dankserve plan NAME" not in err
 
 
+def test_pull_of_an_unknown_deployment_gives_pulls_own_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39 (low): `pull NOSUCH` said "pass --model to plan an ad-hoc one" (plan's fix): exit 2, and the fix
+    names `dankserve pull --model ORG/NAME`; `plan NOSUCH` keeps its own."""
+    config = tmp_path / "dankserve.toml"
+    config.write_text(f'state_dir = "{tmp_path}/s"\n[deployments.chat]\nmodel = "org/m"\n')
+    config.chmod(0o600)
+    code, _, err = run(["--config", str(config), "pull", "nosuch"], capsys)
+    assert code == ExitCode.INVALID_INPUT and "no deployment named 'nosuch' (deployments: chat)" in err
+    assert "`dankserve pull --model ORG/NAME` to download a model by its Hub id" in err and "plan" not in err
+    code, _, err = run(["--config", str(config), "plan", "nosuch"], capsys)
+    assert code == ExitCode.INVALID_INPUT and "`dankserve plan --model ORG/NAME` to plan an ad-hoc one" in err
+
+
 def test_pull_is_listed_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
     """`dankserve --help` lists pull."""
     code, out, _ = run(["--help"], capsys)

@@ -210,3 +210,27 @@ def test_a_reload_names_the_adapters_it_loaded_and_unloaded_in_the_running_serve
         served = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10).read())
         assert {m["id"] for m in served["data"]} == {"test/tiny", "a2", "a3"}
         assert daemon.deployment("chat")["boots"] == 1  # type: ignore[index]
+
+
+def test_status_and_plan_say_when_the_config_on_disk_differs_from_the_running_one(tmp_path: Path) -> None:
+    """Issue 39 (low): the file edited (valid) but not reloaded: `status` says the config on disk differs and
+    names what (a deployment, a global key), `status --json` lists it under `on_disk.pending`, `plan` notes it on
+    stderr; after `reload` all three are silent."""
+    deployments = {"a": process_deployment(free_port(), gpus=[0])}
+    with running_daemon(tmp_path, deployments) as daemon:
+        daemon.wait_for("a", ready)
+        assert "differs" not in daemon.cli("status").stdout
+        edited = {"a": {**deployments["a"], "max_num_seqs": 32}}
+        write_config(daemon.config, daemon_globals(tmp_path, {"stop_timeout_seconds": 7.0}), edited)
+        shown = daemon.cli("status")
+        assert shown.returncode == 0, shown.stderr
+        line = "the config on disk differs from the running one (stop_timeout_seconds, deployments.a): "
+        assert line + "`dankserve reload` applies it" in shown.stdout, shown.stdout
+        doc = json.loads(daemon.cli("status", "--json").stdout)
+        assert doc["daemon"]["config"]["on_disk"]["pending"] == ["stop_timeout_seconds", "deployments.a"]
+        planned = daemon.cli("plan", "a", "--hardware", str(daemon.hardware))
+        assert planned.returncode == 0, planned.stderr
+        assert "note: this plans the file; the config on disk differs" in planned.stderr, planned.stderr
+        assert daemon.cli("reload").returncode == 0
+        assert "differs" not in daemon.cli("status").stdout
+        assert "differs" not in daemon.cli("plan", "a", "--hardware", str(daemon.hardware)).stderr

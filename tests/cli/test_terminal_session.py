@@ -3,12 +3,15 @@
 The test types into a tmux pane what an operator would type, on the process runtime with the
 stand-in vLLM and a recorded host, and reads the screen back: `up` of a two-member swap group
 (one member rests asleep) returns, `status` is a table, `logs -f` in a second window follows a
-restart (daemon lines and the new server's), a config typo is refused by `dankserve reload`
-while `status` keeps working and names the refusal, and the fixed file is accepted.
+restart (daemon lines and the new server's), `logs --previous` shows the server before the restart,
+a second terminal without the first one's exports is told that the config file does not exist
+(and works once it repeats them), a config typo is refused by `dankserve reload` while `status`
+keeps working and names the refusal, and the fixed file is accepted.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -116,12 +119,18 @@ def terminal(tmp_path: Path) -> Iterator[tuple[Terminal, Path]]:
         "PS1": "$ ",
         "TERM": "xterm-256color",
         "NO_COLOR": "1",
+        # the checkout under test, where the venv's `dankserve` is another checkout's editable install
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}),
     }
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     shell = f"env -i {exports} bash --norc --noprofile"
+    fresh = {k: v for k, v in env.items() if not k.startswith("DANKSERVE_")}
+    fresh_shell = "env -i " + " ".join(f"{k}={shlex.quote(v)}" for k, v in fresh.items()) + " bash --norc --noprofile"
     term.tmux("new-session", "-d", "-s", term.session, "-n", "main", "-x", str(WIDTH), "-y", str(HEIGHT), shell)
     term.tmux("set-option", "-t", term.session, "history-limit", "20000")
     term.tmux("new-window", "-d", "-t", f"{term.session}:", "-n", "logs", shell)
+    # a second terminal as a new one opens: without the first one's DANKSERVE_* exports
+    term.tmux("new-window", "-d", "-t", f"{term.session}:", "-n", "other", fresh_shell)
     try:
         yield term, config
     finally:
@@ -153,6 +162,22 @@ def test_an_operator_session_at_a_terminal(terminal: tuple[Terminal, Path]) -> N
     followed = term.wait_for(r"(?s)started +boot=2 .*deployment=chat.*\bready\b.*deployment=chat", "logs", timeout=60)
     assert followed.count("Application startup complete") >= 2, followed
     term.interrupt("logs")
+
+    # the server before the restart, alone: its boot, under the label of the previous server
+    rc, out = term.type("dankserve logs --previous chat")
+    assert rc == 0, out
+    assert "dankserve-chat[-1]: " in out and "Application startup complete" in out, out
+    assert not re.search(r"dankserve-chat: |dankserve: ", out), out
+
+    # a second terminal without the exports is told why it reaches no daemon, then repeats them
+    rc, out = term.type("dankserve status", window="other")
+    assert rc == 2, out
+    assert "config file /etc/dankserve/dankserve.toml does not exist" in out and "DANKSERVE_CONFIG" in out, out
+    rc, out = term.type("dankserve down", window="other")
+    assert rc == 2 and "does not exist" in out, out
+    term.type(f"export DANKSERVE_CONFIG={shlex.quote(str(config))}", window="other")
+    rc, out = term.type("dankserve status", window="other")
+    assert rc == 0 and re.search(r"chat\b.*\bready\b", out), out
 
     term.type(f"sed -i 's/^max_num_seqs = 64$/max_num_seq = 64/' {config}")
     rc, out = term.type("dankserve reload")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -76,7 +77,9 @@ def test_up_says_what_a_boot_waits_for_and_shows_its_progress_on_a_terminal(tmp_
         shown = run_in_terminal([*argv, "--timeout", "120"], env={"DANKSERVE_CONFIG": ""})
         assert shown.returncode == 0, shown.output
         out = shown.output
-        assert "alpha: planning [0s]: waits: swap group g: first boots come one at a time: beta boots" in out, out
+        assert "alpha: planning: waits: swap group g: first boots come one at a time: beta boots" in out, out
+        # issue 39 (low): a phase line printed as its phase begins says when it came, never [0s]
+        assert "[0s]" not in out and re.search(r"alpha: \w+.* \(\+\d+s\)", out), out
         assert "\r\x1b[K" in out and "loading weights" in out and "capturing CUDA graphs" in out
         assert "beta: waiting" not in out and "alpha: waiting" in out
         assert "\x1b[32mready\x1b[0m, serving at" in out, "the resting state in colour on a terminal"
@@ -150,3 +153,77 @@ def test_a_timeout_of_zero_or_less_is_refused_before_a_daemon_starts(tmp_path: P
             assert "Invalid value for '--timeout'" in done.stderr, done.stderr
             assert "started the dankserve daemon" not in done.stdout + done.stderr
             assert daemon_pid(tmp_path / "state") is None
+
+
+def test_two_ups_at_once_without_a_daemon_both_follow_the_one_that_won(tmp_path: Path) -> None:
+    """Issue 39.13: two `up` started together find no daemon and each starts one; the daemon that loses the lock
+    exits 3, and its `up` follows the winner's daemon instead of ending 3: both end 0 with chat serving, one daemon
+    runs. The one asking for `up chat` gets chat too."""
+    deployments = {"chat": process_deployment(free_port(), gpus=[0]), "code": process_deployment(free_port(), gpus=[1])}
+    with configured(tmp_path, deployments) as (config, host):
+        base = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
+        argv = [sys.executable, "-m", "dankserve", "--config", str(config), "up", "--hardware", str(host)]
+        both = [
+            subprocess.Popen(
+                [*argv, *extra, "--timeout", "90"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base
+            )
+            for extra in ((), ("chat",))
+        ]
+        outs = [proc.communicate(timeout=120) for proc in both]
+        texts = [out.decode() + err.decode() for out, err in outs]
+        started = [text for text in texts if "started the dankserve daemon" in text]
+        for proc, text in zip(both, texts, strict=True):
+            assert proc.returncode == 0, text
+            assert "chat: ready, serving at http://127.0.0.1:" in text, text
+        # Both found no daemon and started one (the usual outcome: a daemon takes its lock only after its
+        # imports); the loser's `up` says whom it follows.
+        followed = sum("another `dankserve up` started the daemon first" in text for text in texts)
+        assert followed == (1 if len(started) == 2 else 0), texts
+        assert daemon_pid(tmp_path / "state") is not None
+
+
+def test_a_request_that_replaces_a_server_rests_only_on_a_later_boot() -> None:
+    """Issue 39.7: `rollback` is answered once the worker was told, while the server it replaces still shows ready
+    (boot 3): that is no rest; the rollback's own boot (4) ready is; asleep or failed rest whatever the count."""
+    from dankserve.cli.up import rests_after
+
+    ready = {"name": "chat", "state": "ready", "rests": True, "boots": 3}
+    assert not rests_after(ready, 3)
+    assert rests_after({**ready, "boots": 4}, 3)
+    assert not rests_after({**ready, "state": "starting", "rests": False, "boots": 4}, 3)
+    assert rests_after({**ready, "state": "failed"}, 3) and rests_after({**ready, "state": "asleep"}, 3)
+    assert rests_after(ready, None)  # `up`: nothing replaced
+
+
+def test_ctrl_c_in_up_says_the_boot_goes_on_and_how_to_follow_or_stop_it(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) while `up chat` follows a long boot: exit 130, saying that the daemon goes on with chat's
+    boot and naming `status`, `logs -f` and `down`; the daemon indeed goes on and chat turns ready."""
+    slow = process_deployment(free_port(), env={"FAKE_VLLM_BOOT_SECONDS": "6"})
+    with configured(tmp_path, {"chat": slow}) as (config, host):
+        base = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "DANKSERVE_CONFIG")}
+        argv = [sys.executable, "-m", "dankserve", "--config", str(config), "up", "chat", "--hardware", str(host)]
+        up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base, text=True)
+        assert up.stdout is not None
+        assert "started the dankserve daemon" in up.stdout.readline()
+        assert up.stdout.readline().startswith("chat: ")  # following its phases now
+        up.send_signal(signal.SIGINT)
+        _, err = up.communicate(timeout=30)
+        assert up.returncode == 130, err
+        assert "the daemon goes on with chat in the background" in err, err
+        assert "`dankserve status chat`" in err and "`dankserve logs -f chat`" in err and "`dankserve down chat`" in err
+        done = dankserve_cli(config, "up", "chat", "--timeout", "60")
+        assert done.returncode == 0 and "chat: ready, serving at" in done.stdout, done.stdout + done.stderr
+
+
+def test_up_names_no_pull_for_a_process_and_no_stopped_while_it_starts() -> None:
+    """Issue 39 (low): the first phase word of a process deployment is not `pulling` (a process pulls nothing) nor
+    `stopped` (what `up` asked for is under way); a container's image step says a pull happens only if missing."""
+    from dankserve.cli.up import shown_phase
+
+    base = {"name": "chat", "rests": False, "runtime": "process", "weights_percent": None}
+    assert shown_phase({**base, "state": "starting", "phase": "pulling"}) == "preparing"
+    assert shown_phase({**base, "state": "stopped", "phase": "stopped"}) == "starting"
+    container = {**base, "runtime": "podman", "state": "starting", "phase": "pulling"}
+    assert shown_phase(container) == "image (pulled if missing)"
+    assert shown_phase({**base, "state": "starting", "phase": "loading", "weights_percent": 40}) == "loading 40%"
+    assert shown_phase({**base, "state": "stopped", "phase": "stopped", "rests": True}) == "stopped"

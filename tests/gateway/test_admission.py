@@ -47,3 +47,19 @@ def test_a_waiter_that_gives_up_leaves_the_line() -> None:
     admission.leave("a")
     assert admission.waiting("a") == 1
     assert admission.take(next_one, 1) and admission.waiting("a") == 0
+
+
+def test_a_full_line_gives_the_last_of_a_lower_priority_place_to_a_higher_one() -> None:
+    """displace: the last in line of the lowest priority leaves (and is told); equal or higher ones never do."""
+    admission = Admission()
+    assert admission.enter("a", 1)
+    early_low, mid, late_low = admission.queue("a", -5), admission.queue("a", 3), admission.queue("a", -5)
+    assert admission.displace("a", -5) is None  # an equal priority displaces no one
+    assert admission.displace("a", 0) == late_low
+    assert admission.displaced(late_low) and not admission.displaced(early_low)
+    assert admission.waiting("a") == 2
+    admission.drop(late_low)
+    assert not admission.displaced(late_low) and admission.waiting("a") == 2
+    assert admission.displace("a", 10) == early_low
+    assert admission.displace("a", 10) == mid
+    assert admission.displace("a", 10) is None and admission.waiting("a") == 0

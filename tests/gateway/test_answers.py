@@ -81,6 +81,28 @@ def test_a_stream_that_ends_in_an_error_ends_with_done(
     assert lines[-2].startswith("data: {") and "does not exist" in lines[-2] and lines[-1] == "data: [DONE]"
 
 
+def test_a_stream_whose_server_dies_mid_way_ends_with_an_error_event_and_done(
+    gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn]
+) -> None:
+    """The server killed after the stream's first events: the client reads the events it got, one error event
+    naming the deployment, then `data: [DONE]`, as vLLM ends a stream that failed."""
+    a = stand_ins("tiny", token_seconds=0.1)
+    gateway = gateway_for(one_model())
+    gateway.supervisor.set("a", Availability.READY, a.port)
+    lines: list[str] = []
+    body = {**CHAT, "stream": True, "max_tokens": 200}
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=30) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            lines.append(line)
+            if len(lines) == 2:
+                a.proc.kill()
+    events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "broke off" in events[-2] and '"code": 502' in events[-2]
+    assert len(events) < 200  # it did end early
+
+
 def test_models_carry_vllms_model_card_fields(
     gateway_for: Callable[..., RunningGateway], stand_ins: Callable[..., StandIn]
 ) -> None:

@@ -113,3 +113,41 @@ def test_daemon_gateway_keys_reload_metrics_and_usage(tmp_path: Path) -> None:
         rows[("alice", "tiny-chat")]["codes"] == {"200": 1} and rows[("alice", "tiny-chat")]["completion_tokens"] == 3
     )
     assert rows[("-", "-")]["codes"] == {"401": 2}
+
+
+def test_restart_is_one_request_and_the_gateway_queues_requests_meanwhile(tmp_path: Path) -> None:
+    """Issue 39.5: requests sent without pause while `dankserve restart chat` runs all get 200 (they wait for the
+    new boot); none gets the 503 of a deployment taken down. After `down`, that 503 names the deployment."""
+    import threading
+
+    gateway_port = free_port()
+    deployments = {"chat": process_deployment(free_port(), served_model_name="tiny-chat", gpus=[0])}
+    url = f"http://127.0.0.1:{gateway_port}/v1/completions"
+    request = {"model": "tiny-chat", "prompt": "hi", "max_tokens": 2}
+    with running_daemon(
+        tmp_path, deployments, extra_globals={"gateway": {"listen": f"127.0.0.1:{gateway_port}"}}
+    ) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "ready", timeout=120)
+        codes: list[tuple[int, str]] = []
+        done = threading.Event()
+
+        def send() -> None:
+            with httpx.Client(timeout=90) as client:
+                while not done.is_set():
+                    reply = client.post(url, json=request)
+                    codes.append((reply.status_code, reply.text[:200]))
+
+        senders = [threading.Thread(target=send, daemon=True) for _ in range(4)]
+        for sender in senders:
+            sender.start()
+        restart = daemon.cli("restart", "chat")
+        done.set()
+        for sender in senders:
+            sender.join(60)
+        assert restart.returncode == 0, restart.stdout + restart.stderr
+        assert daemon.deployment("chat")["boots"] == 2  # type: ignore[index]
+        refused = [(code, text) for code, text in codes if code != 200]
+        assert codes and not refused, refused
+        assert daemon.request({"command": "down", "deployment": "chat"}) == {"ok": True}
+        down = httpx.post(url, json=request, timeout=10)
+        assert down.status_code == 503 and "`dankserve up chat` starts it" in down.json()["error"]["message"]

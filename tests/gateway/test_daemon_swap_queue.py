@@ -111,6 +111,38 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
         assert client.completions.create(model="mb", prompt="hi", max_tokens=2).choices
 
 
+def test_a_member_asleep_by_stop_is_predicted_from_its_boots_in_the_loading_comment(tmp_path: Path) -> None:
+    """Issue 39.6: b sleeps by `stop` (it wakes by booting, ~4 s) and its history holds a sleep-mode wake of 0.2 s:
+    the streamed request's loading comments predict b's wake from its boots, not from that 0.2 s, and never show
+    a count at or below zero."""
+    gateway = free_port()
+    url = f"http://127.0.0.1:{gateway}"
+    stop_member = {**MEMBER, "sleep_level": "stop"}
+    deployments = {
+        "a": process_deployment(free_port(), served_model_name="ma", **stop_member),
+        "b": process_deployment(
+            free_port(), served_model_name="mb", env={"FAKE_VLLM_BOOT_SECONDS": "4"}, **stop_member
+        ),
+    }
+    _seed_wake_history(tmp_path / "state", "b", 0.2)
+    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}", "queue_timeout_seconds": 60}}
+    with running_daemon(tmp_path, deployments, extra_globals=settings) as daemon:
+        daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
+        shown = _asleep(daemon, "b")
+        boot = shown["predicted"]["cold_seconds"] or shown["predicted"]["warm_seconds"]
+        assert boot is not None and boot >= 3.5, shown["predicted"]
+        body = {"model": "mb", "prompt": "hi", "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=90) as reply:
+            lines = [line for line in reply.iter_lines() if line]
+        comments = [line for line in lines if line.startswith(": dankserve: ")]
+        assert comments and lines[-1] == "data: [DONE]", lines
+        first = re.fullmatch(r": dankserve: waking mb, about (\d+\.\d) s", comments[0])
+        assert first is not None and float(first.group(1)) >= 3.0, comments  # its boot, not the 0.2 s wake
+        for comment in comments:
+            counted = re.search(r"about (-?\d+\.\d) s", comment)
+            assert counted is None or float(counted.group(1)) > 0.0, comments
+
+
 def test_access_logs_of_a_swap_group_hold_traffic_not_dankserves_polls(tmp_path: Path) -> None:
     """A swap (a sleeps, b wakes, then back) polls /is_sleeping at each sleep and wake: none of those polls is
     in `dankserve logs` (as /health is not), the clients' requests are; the liveness probe's completion is

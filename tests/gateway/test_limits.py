@@ -80,3 +80,30 @@ def test_removed_keys_are_forgotten_once_idle() -> None:
     limits.release(key, 0, 0.0)
     limits.forget_others(set())
     assert limits.admit(key, 0.0) is None  # a fresh bucket
+
+
+def test_an_estimate_is_charged_when_let_in_and_settled_at_the_end() -> None:
+    """1,000 tokens a minute: two estimates of 400 are let in, a third is refused (the bucket holds 200); the
+    first used 100, so 300 come back; an estimate over the allowance asks for a full bucket only."""
+    key = Key("a", SECRET, tokens_per_minute=1000)
+    limits = KeyLimits()
+    for _ in range(2):
+        assert limits.admit(key, 0.0) is None and limits.reserve(key, 400, 0.0) is None
+    assert limits.admit(key, 0.0) is None
+    refused = limits.reserve(key, 400, 0.0)
+    assert refused is not None and refused.limit == "tokens_per_minute" and refused.retry_after == 12
+    limits.release(key, 0, 0.0, passed_on=False)
+    limits.release(key, 100, 0.0, reserved=400)
+    assert limits.admit(key, 0.0) is None and limits.reserve(key, 400, 0.0) is None
+    assert KeyLimits.reserved(key, 10**9) == 1000 and KeyLimits.reserved(Key("b", SECRET), 500) == 0
+
+
+def test_a_request_refused_after_admission_gives_its_request_back() -> None:
+    """1 rpm: a request refused for its body or model (never passed on) leaves the minute's request unused."""
+    key = Key("a", SECRET, requests_per_minute=1)
+    limits = KeyLimits()
+    assert limits.admit(key, 0.0) is None
+    limits.release(key, 0, 0.0, passed_on=False)
+    assert limits.admit(key, 0.0) is None
+    limits.release(key, 0, 0.0)
+    assert limits.admit(key, 0.0) is not None

@@ -117,6 +117,9 @@ def test_loading_comments_say_what_the_request_waits_for() -> None:
     assert loading_comment("qwen3", "starting", None) == b": dankserve: starting qwen3\n\n"
     assert b"finishes its requests before a swap" in loading_comment("a", "draining", None)
     assert b"next swap its group allows" in loading_comment("b", "asleep", 51.0, held=True)
+    # due now, or past due: never a count of zero or below
+    for due in (0.0, 0.02, -3.0):
+        assert loading_comment("b", "waking", due) == b": dankserve: waking b, any moment now\n\n"
 
 
 def test_retry_after_is_the_prediction_rounded_up() -> None:
@@ -133,3 +136,20 @@ def test_adapters_are_names_of_their_base_deployment() -> None:
     assert routed.route.deployment == "d" and routed.body == b'{"model": "sql", "prompt": "x"}'
     listed = models_document(model_entries(deployments), 0)["data"]
     assert [(m["id"], m.get("parent")) for m in listed] == [("base", None), ("sql", "base")]
+
+
+def test_a_stream_is_asked_for_its_usage_and_the_completion_limit_is_read() -> None:
+    """ask_usage: a stream that did not ask gets include_usage (its other stream_options kept); one that asked,
+    or no stream, is passed as it came. max_tokens (or its kin) is read for the admission estimate."""
+    table = route_table(DEPLOYMENTS)
+    body = json.dumps({"model": "chat", "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    routed = route_body(body.encode(), table, ask_usage=True)
+    assert routed.usage_added and routed.max_tokens is None
+    options = json.loads(routed.body)["stream_options"]
+    assert options == {"continuous_usage_stats": True, "include_usage": True}
+    asked = json.dumps({"model": "chat", "stream": True, "stream_options": {"include_usage": True}}).encode()
+    assert route_body(asked, table, ask_usage=True).body == asked
+    plain = json.dumps({"model": "chat", "max_completion_tokens": 7}).encode()
+    routed = route_body(plain, table, ask_usage=True)
+    assert routed.body == plain and not routed.usage_added and routed.max_tokens == 7
+    assert not route_body(body.encode(), table).usage_added  # a route without stream_options

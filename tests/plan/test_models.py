@@ -113,11 +113,12 @@ def test_kv_bytes_per_token_replicates_heads_beyond_tp() -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "model_bytes", "expected"),
-    [("auto", 2, 2.0), ("auto", None, None), ("fp8", 2, 1), ("int8_per_token_head", 2, 1), ("nvfp4", 2, 0.5),
-     ("bfloat16", 4, 2), ("fp8_ds_mla", 2, None)],
+    [("auto", 2, 2.0), ("auto", 4, 4.0), ("auto", None, 2.0), ("fp8", 2, 1), ("int8_per_token_head", 2, 1),
+     ("nvfp4", 2, 0.5), ("bfloat16", 4, 2), ("fp8_ds_mla", 2, None)],
 )  # fmt: skip
 def test_kv_element_bytes(dtype: str, model_bytes: int | None, expected: float | None) -> None:
-    """KV element size: auto follows the model dtype; quantised dtypes are smaller; unknown ones None."""
+    """KV element size: auto follows the model dtype (bf16/fp16 when unknown, as vLLM's --dtype auto computes);
+    quantised dtypes are smaller; unknown ones None."""
     assert kv_element_bytes(dtype, model_bytes) == expected
 
 

@@ -302,15 +302,17 @@ def test_the_units_podman_run_gives_the_stand_in_what_dankserve_gives_it(
     assert b"VLLM_API_KEY=sk-KEY-quadlet" in exported["environ"]
 
 
-def test_quadlets_generator_writes_the_same_podman_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("image", ["localhost/vllm:0.33.0", "docker.io/vllm/vllm-openai:v0.33.0"])
+def test_quadlets_generator_writes_the_same_podman_run(tmp_path: Path, image: str) -> None:
     """Where this host's Podman has Quadlet (4.4+; Debian 12's 4.3 has none), `quadlet -dryrun` accepts the unit
-    and its ExecStart holds the options and argv `podman_run_args` gives."""
+    and its ExecStart holds the options and argv `podman_run_args` gives (the health check, and for a registry
+    tag AutoUpdate='s label, too)."""
     generator = quadlet_generator()
     if generator is None:
         pytest.skip("no Quadlet generator here (Podman 4.3 has none; it came with 4.4, Entrypoint= with 5.0)")
     if generator_version(generator) < (5, 0):
         pytest.skip(f"Quadlet {generator_version(generator)} predates Entrypoint= (Podman 5.0)")
-    unit = container_unit(full_spec(tmp_path), CDI0, stop_timeout=60)
+    unit = container_unit(full_spec(tmp_path, image=image), CDI0, stop_timeout=60)
     (tmp_path / "units").mkdir()
     (tmp_path / "units" / "dankserve-chat.container").write_text(render_unit(unit, description="d"))
     generated = generated_exec_start(generator, tmp_path / "units")

@@ -29,6 +29,9 @@ class Recording:
     def bring_up(self, name: str) -> None:
         self.asked.append(("up", name))
 
+    def restart(self, name: str) -> None:
+        self.asked.append(("restart", name))
+
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         self.asked.append((verb, name))
         return {"ok": True}
@@ -47,20 +50,22 @@ class Recording:
 
 
 def test_every_verb_the_cli_sends_is_in_the_table() -> None:
-    """status, reload, settings, up, down, sleep, wake, upgrade and rollback each have their answer; another verb
-    is refused."""
-    assert set(VERBS) == {"status", "reload", "settings", "up", "down", "sleep", "wake", "upgrade", "rollback"}
+    """status, reload, settings, up, down, restart, sleep, wake, upgrade and rollback each have their answer;
+    another verb is refused."""
+    expected = {"status", "reload", "settings", "up", "down", "restart", "sleep", "wake", "upgrade", "rollback"}
+    assert set(VERBS) == expected
     assert answer(Recording(), {"command": "bogus"}) == {"ok": False, "error": "unknown command 'bogus'"}
 
 
 def test_a_deployment_verb_names_a_configured_deployment() -> None:
     """up, down, sleep and wake reach the daemon for a configured deployment only; an unknown one is said."""
     daemon = Recording()
-    for verb in ("up", "down", "sleep", "wake"):
+    for verb in ("up", "down", "restart", "sleep", "wake"):
         assert answer(daemon, {"command": verb, "deployment": "chat"})["ok"]
         refused = answer(daemon, {"command": verb, "deployment": "nope"})
         assert refused == {"ok": False, "error": "unknown deployment 'nope' (configured: chat)"}
-    assert daemon.asked == [("up", "chat"), ("down", "chat"), ("sleep", "chat"), ("wake", "chat")]
+    verbs = ("up", "down", "restart", "sleep", "wake")
+    assert daemon.asked == [(verb, "chat") for verb in verbs]
     assert answer(daemon, {"command": "reload"})["ok"] is False
 
 

@@ -127,7 +127,7 @@ def test_a_swap_group_sleeps_and_wakes_its_members_through_the_gateway(
         # By hand, through the CLI: wake a (c makes room), put it to sleep again (twice: nothing to do).
         woken = _cli(daemon, "wake", a, "--json")
         assert woken.returncode == 0, woken.stderr
-        assert json.loads(woken.stdout)["state"] == "ready" and _state(daemon, c)["state"] == "asleep"
+        assert json.loads(woken.stdout)["deployments"][0]["state"] == "ready" and _state(daemon, c)["state"] == "asleep"
         slept = _cli(daemon, "sleep", a)
         assert slept.returncode == 0 and f"{a}: asleep" in slept.stdout, slept.stderr
         assert _cli(daemon, "sleep", a).returncode == 0

@@ -172,8 +172,13 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
         assert _trial_gone(podman_env, name)
         traffic.check_accounted()
 
+        boots = daemon.deployment(name)["boots"]
         back = daemon.cli("rollback", name, "--timeout", "180", timeout=200)
         assert back.returncode == 0, back.stdout + back.stderr
+        # issue 39.7: "ready, serving" is said of the rollback's own boot, never of the server it replaces
+        said = daemon.deployment(name)
+        assert said is not None and said["boots"] > boots and said["image"] == releases["old"], said
+        assert f"{name}: ready, serving at " in back.stdout, back.stdout
         again = daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.33.0", timeout=180)
         assert again["upgrade"]["step"] == "rolled_back" and again["image"] == releases["old"]
         # warm: 0.33.0's compile cache and learned KV bytes were kept while 0.34.0 ran

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,3 +96,45 @@ def test_vanished_socket_is_not_an_error(tmp_path: Path) -> None:
 def test_watchdog_interval(environ: dict[str, str], interval: float | None) -> None:
     """Pings are due at half of WATCHDOG_USEC, only when the watchdog is for this process."""
     assert watchdog_interval(environ) == interval
+
+
+def fill(address: str) -> int:
+    """Fill the receiver's queue from another socket until the kernel refuses more (a reader that stopped)."""
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sent = 0
+    try:
+        while True:
+            sender.sendto(b"STATUS=filler", socket.MSG_DONTWAIT, address)
+            sent += 1
+    except BlockingIOError:
+        return sent
+    finally:
+        sender.close()
+
+
+def test_a_full_queue_drops_the_datagram_without_blocking_and_resends_its_state_later(
+    path_socket: tuple[str, socket.socket],
+) -> None:
+    """Issue 39.15: the reader stopped draining and its queue is full: a send returns False at once instead of
+    blocking the caller (the daemon's main loop); once the reader drains, the next send carries the dropped
+    READY=1 with it, and a dropped WATCHDOG=1 is not repeated."""
+    address, receiver = path_socket
+    filled = fill(address)
+    assert filled > 0
+    notifier = SystemdNotifier(address)
+    results: list[bool] = []
+    sender = threading.Thread(target=lambda: results.extend([notifier.ready(), notifier.watchdog()]), daemon=True)
+    sender.start()
+    sender.join(30)
+    assert not sender.is_alive(), "sd_notify blocked on a full queue"
+    assert results == [False, False]
+    assert notifier.resend_dropped() is False  # still full: dropped again, never blocking
+    for _ in range(filled):
+        assert receiver.recv(4096) == b"STATUS=filler"
+    assert notifier.resend_dropped()  # the main loop's next turn: READY=1 arrives once the reader drained
+    assert receiver.recv(4096) == b"READY=1"
+    assert notifier.resend_dropped()  # nothing waits
+    assert notifier.status("serving")
+    assert receiver.recv(4096) == b"STATUS=serving"
+    assert notifier.watchdog()
+    assert receiver.recv(4096) == b"WATCHDOG=1"

@@ -120,7 +120,17 @@ SYSTEMD_KEYS: Mapping[str, frozenset[str]] = {
 """The systemd keys the unit sets in the sections Quadlet copies to the service unchanged."""
 
 MINIMUM_PODMAN = "5.0"
-"""Quadlet's `Entrypoint=` key came with Podman 5.0 (4.4 to 4.9 refuse the unit)."""
+"""Quadlet's `Entrypoint=` key and `Notify=healthy` came with Podman 5.0 (4.4 to 4.9 refuse the unit)."""
+QUADLET_SINCE = (4, 4)
+"""Podman's first release with Quadlet (Debian 12's 4.3 has none)."""
+
+PULL_SECONDS = 900
+"""What the unit's start allows for pulling the image before the boot's own time (a first pull is large)."""
+HEALTH_INTERVAL = "30s"
+HEALTH_TIMEOUT = "10s"
+HEALTH_RETRIES = "3"
+"""A server whose /health fails this many times in a row (at HEALTH_INTERVAL, each within HEALTH_TIMEOUT) is
+unhealthy: HealthOnFailure=kill ends it and the service's Restart= starts it again, as dankserve would."""
 
 Syntax = Literal["raw", "args", "words", "keyval"]
 
@@ -135,6 +145,14 @@ KEY_SYNTAX: Mapping[str, Syntax] = {
     "ShmSize": "raw",
     "LogDriver": "raw",
     "StopTimeout": "raw",
+    "HealthCmd": "raw",
+    "HealthInterval": "raw",
+    "HealthTimeout": "raw",
+    "HealthRetries": "raw",
+    "HealthStartPeriod": "raw",
+    "HealthOnFailure": "raw",
+    "Notify": "raw",
+    "AutoUpdate": "raw",
     # args: split like a systemd command line, quotes and C escapes (LookupLastArgs / LookupAllArgs)
     "Exec": "args",
     "Mount": "args",
@@ -163,6 +181,12 @@ PODMAN_OPTION: Mapping[str, str] = {
     "AddCapability": "--cap-add",
     "LogDriver": "--log-driver",
     "StopTimeout": "--stop-timeout",
+    "HealthCmd": "--health-cmd",
+    "HealthInterval": "--health-interval",
+    "HealthTimeout": "--health-timeout",
+    "HealthRetries": "--health-retries",
+    "HealthStartPeriod": "--health-start-period",
+    "HealthOnFailure": "--health-on-failure",
 }
 """The `podman run` option Quadlet's generator writes for a key that maps to one option and its value."""
 
@@ -188,6 +212,9 @@ class ContainerUnit:
     entries: tuple[Entry, ...]
     secrets: Mapping[str, Path]
     """Podman secret name -> the host file dankserve reads it from (to `podman secret create` by hand)."""
+    start_timeout_seconds: int = 900
+    """The service's TimeoutStartSec: with Notify=healthy the start lasts until the server serves (PULL_SECONDS
+    for the image, then the boot)."""
 
 
 def exported_secret_name(deployment: str, secret: str) -> str:
@@ -196,8 +223,12 @@ def exported_secret_name(deployment: str, secret: str) -> str:
     return f"{workload_name(deployment)}-{secret}"
 
 
-def container_unit(spec: WorkloadSpec, gpu: GpuPassthrough, *, stop_timeout: float) -> ContainerUnit:
-    """The unit running `spec` as dankserve's Podman runtime creates its container.
+def container_unit(
+    spec: WorkloadSpec, gpu: GpuPassthrough, *, stop_timeout: float, boot_timeout: float = 900.0
+) -> ContainerUnit:
+    """The unit running `spec` as dankserve's Podman runtime creates its container, with a health check of
+    vLLM's /health that `systemctl start` waits for (Notify=healthy: started means serving; `boot_timeout`
+    is the start period), and AutoUpdate=registry for an image named by a registry and a tag.
 
     A launcher workload (issue 15) is exported as the plain `vllm serve` container: nothing would ask
     that launcher for a server without dankserve.
@@ -214,7 +245,68 @@ def container_unit(spec: WorkloadSpec, gpu: GpuPassthrough, *, stop_timeout: flo
             "stop_timeout_seconds: SIGTERM, then SIGKILL after this long, as dankserve stops it",
         )
     )
-    return ContainerUnit(spec.deployment, tuple(entries), {ids[s.name]: s.source for s in plain.secrets})
+    entries += health_entries(spec, boot_timeout)
+    if auto_updatable(spec.image):
+        why = "`podman auto-update` (its timer) pulls a newer image of this tag and restarts the service with it"
+        entries.append(Entry("AutoUpdate", ("registry",), why))
+    secrets = {ids[s.name]: s.source for s in plain.secrets}
+    return ContainerUnit(spec.deployment, tuple(entries), secrets, PULL_SECONDS + math.ceil(boot_timeout))
+
+
+def health_url(spec: WorkloadSpec) -> str:
+    """vLLM's /health as the container itself reaches it: the host's port on the host's network, else the
+    container's own port."""
+    if spec.host_network:
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(spec.bind_host, spec.bind_host)
+        address = f"[{host}]" if ":" in host else host
+        return f"http://{address}:{spec.port}/health"
+    return f"http://127.0.0.1:{spec.container_port}/health"
+
+
+def health_entries(spec: WorkloadSpec, boot_timeout: float) -> list[Entry]:
+    """The health check (vLLM's /health, by the image's python3: the image has no curl) and Notify=healthy."""
+    probe = f"import urllib.request as r; r.urlopen({health_url(spec)!r}, timeout=5)"
+    command = json.dumps(["python3", "-c", probe])
+    return [
+        Entry("HealthCmd", (command,), "vLLM's /health: 200 once the engine serves, 503 when it died"),
+        Entry("HealthInterval", (HEALTH_INTERVAL,)),
+        Entry("HealthTimeout", (HEALTH_TIMEOUT,)),
+        Entry("HealthRetries", (HEALTH_RETRIES,)),
+        Entry("HealthStartPeriod", (f"{max(1, math.ceil(boot_timeout))}s",), "boot_timeout_seconds: loading"),
+        Entry("HealthOnFailure", ("kill",), "an engine that stopped answering is killed: Restart= starts it again"),
+        Entry("Notify", ("healthy",), "`systemctl start` returns once /health answers: started means serving"),
+    ]
+
+
+def auto_updatable(image: str) -> bool:
+    """The image is a registry reference `podman auto-update --policy registry` can follow: a registry host
+    (a dot or a port in the first component, not localhost) and a tag, not a digest (a digest never moves)."""
+    first, slash, rest = image.partition("/")
+    if not slash or "@" in image:
+        return False
+    registry = ("." in first or ":" in first) and first.split(":")[0] != "localhost"
+    return registry and ":" in rest.rsplit("/", 1)[-1]
+
+
+def podman_version_problem(version: tuple[int, ...] | None) -> str | None:
+    """Why this host's Podman cannot use an exported unit (None: it can): no Podman, no Quadlet before 4.4,
+    no Entrypoint=/Notify=healthy before MINIMUM_PODMAN."""
+    if version is None:
+        return f"Podman is not installed here: the unit runs where Podman {MINIMUM_PODMAN} or later is"
+    shown = ".".join(map(str, version))
+    minimum = tuple(int(p) for p in MINIMUM_PODMAN.split("."))
+    if version < QUADLET_SINCE:
+        return (
+            f"this host's Podman {shown} has no Quadlet (it came with Podman 4.4; Debian 12 ships 4.3), and the unit "
+            f"needs Podman {MINIMUM_PODMAN} or later: install it on a host with Podman {MINIMUM_PODMAN}+ (Debian 13, "
+            "Ubuntu 24.10, Fedora 40 and later), or keep this deployment under dankserve"
+        )
+    if version < minimum:
+        return (
+            f"this host's Podman {shown} has Quadlet but not the unit's Entrypoint= and Notify=healthy (Podman "
+            f"{MINIMUM_PODMAN}): install it on a host with Podman {MINIMUM_PODMAN} or later"
+        )
+    return None
 
 
 def request_entries(kwargs: Mapping[str, Any]) -> list[Entry]:
@@ -295,6 +387,10 @@ def podman_run_args(unit: ContainerUnit) -> list[str]:
             argv = list(words)
         elif key == "Entrypoint":
             options.append(f"--entrypoint={words[0]}")
+        elif key == "Notify":
+            continue  # the generator's own --sdnotify (healthy instead of conmon)
+        elif key == "AutoUpdate":
+            options += ["--label", f"io.containers.autoupdate={words[0]}"]
         elif key == "PodmanArgs":
             options += words
         elif key == "AddCapability":
@@ -403,8 +499,11 @@ def render_unit(unit: ContainerUnit, *, description: str, notes: Sequence[str] =
             lines += _comment(entry.comment)
         lines.append(f"{entry.key}={entry_value(entry)}")
     lines += ["", "[Service]"]
-    lines += _comment("dankserve restarts a failed server too; the first start may pull a large image")
-    lines += ["Restart=on-failure", "RestartSec=10", "TimeoutStartSec=900", "", "[Install]"]
+    lines += _comment(
+        "dankserve restarts a failed server too; a start lasts until /health answers (Notify=healthy): "
+        "the image's pull, then the boot (boot_timeout_seconds)"
+    )
+    lines += ["Restart=on-failure", "RestartSec=10", f"TimeoutStartSec={unit.start_timeout_seconds}", "", "[Install]"]
     lines += ["WantedBy=multi-user.target default.target", ""]
     return "\n".join(lines)
 

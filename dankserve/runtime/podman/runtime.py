@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from dankserve.errors import DankserveError
 from dankserve.runtime.base import (
+    EndedServer,
     ExitEvent,
     ImageInfo,
     LaunchRequest,
@@ -17,6 +20,7 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
 )
+from dankserve.runtime.log_archive import LogArchive
 from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
 from dankserve.runtime.podman.containers import ContainerManager
 from dankserve.runtime.podman.images import ImageManager
@@ -44,8 +48,11 @@ class PodmanRuntime(Runtime):
         request_timeout: float = 60.0,
         attempts: int = 3,
         version_timeout: float = 120.0,
+        archive: LogArchive | None = None,
     ) -> None:
+        """`archive`: where a removed container's lines are kept (None: nowhere, they go with it)."""
         self.url = url
+        self._archive = archive
         self._journal_socket = journal_socket
         self._session = PodmanSession(url, request_timeout=request_timeout, attempts=attempts)
         self._containers = ContainerManager(self._session, cdi_dirs=cdi_dirs, dev_root=dev_root)
@@ -93,8 +100,18 @@ class PodmanRuntime(Runtime):
         self._containers.stop(workload_id, timeout)
 
     def remove(self, workload_id: str) -> None:
-        """Remove the container (forcibly) and its deployment's secrets; a gone one is fine."""
+        """Remove the container (forcibly) and its deployment's secrets; a gone one is fine. Its lines
+        are kept in the archive first (Podman deletes its log with it)."""
+        if self._archive is not None:
+            with contextlib.suppress(DankserveError):  # Podman away: the removal below says so
+                workload = self._containers.inspect(workload_id)
+                if workload is not None:
+                    self._archive.keep(workload.deployment, workload.id, self._streams.timed_logs(workload.id))
         self._containers.remove(workload_id)
+
+    def ended_servers(self, deployment: str) -> list[EndedServer]:
+        """The deployment's removed containers' lines, oldest first (the archive's)."""
+        return self._archive.ended(deployment) if self._archive is not None else []
 
     def logs(self, workload_id: str, follow: bool = False) -> Iterator[str]:
         """The container's stdout and stderr as lines; following until it exits if asked."""

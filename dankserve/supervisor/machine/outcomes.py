@@ -10,6 +10,8 @@ from dankserve.supervisor.machine.commands import (
     CountGpuTenants,
     EnsureImage,
     EnsureWeights,
+    RecordFailure,
+    RecordRestart,
     ReleaseGpus,
     RemoveWorkload,
     StopServer,
@@ -24,6 +26,7 @@ from dankserve.supervisor.machine.stages import (
 from dankserve.supervisor.machine.state import (
     Boot,
     Failure,
+    LastFailure,
     MachineState,
 )
 
@@ -79,9 +82,27 @@ def fail(state: MachineState, message: str, cause: str | None) -> Step:
 
 
 def retry_later(state: MachineState, why: str, now: float, cause: str = "retry") -> Step:
-    """Something the boot needs did not answer: wait (`policy.restart_or_give_up`'s retry), no failure counted."""
+    """Something the boot needs did not answer: wait (`policy.restart_or_give_up`'s retry), no failure counted.
+
+    Unless a failure was being decided when it stopped answering (a server that died during a Podman outage:
+    its teardown found Podman away): that failure happened, and the boot after the wait restarts after it, so
+    both are recorded (`last_failure`, `restarts`) as the decision would have."""
     attempts = state.retry_attempts + 1
     delay = policy.restart_or_give_up(policy.Unavailable(attempts), now, state.config.restart).delay_seconds
+    traced: tuple[Command, ...] = ()
+    failure = state.pending
+    if failure is not None:
+        state = replace(
+            state,
+            failures=(*state.failures, now),
+            restarts=state.restarts + 1,
+            last_failure=LastFailure(failure.cause.value, failure.message, now),
+        )
+        traced = (
+            RecordFailure(failure.cause.value, failure.message),
+            note("boot_failed", "warning", failure=failure.cause.value, action="restart", decision=why),
+            RecordRestart(),
+        )
     after = replace(
         state,
         stage=Stage.RETRY_WAIT,
@@ -92,4 +113,4 @@ def retry_later(state: MachineState, why: str, now: float, cause: str = "retry")
         message=f"{why}; retrying in {delay:.1f} s",
     )
     # A running workload is left alone: the next boot adopts it if it kept running, else replaces it.
-    return after, (ReleaseGpus(), note(cause, "warning", error=why, retry_in_seconds=round(delay, 2)))
+    return after, (*traced, ReleaseGpus(), note(cause, "warning", error=why, retry_in_seconds=round(delay, 2)))

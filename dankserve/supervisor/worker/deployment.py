@@ -24,6 +24,7 @@ from dankserve.supervisor.liveness_probe import LivenessMonitor
 from dankserve.supervisor.log_pump import Inbox, Line
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.policy import FailureCause, RestartSettings
+from dankserve.supervisor.swap_verify import workload_pids
 from dankserve.supervisor.worker.commands import Commands
 from dankserve.supervisor.worker.services import WorkerServices
 
@@ -148,6 +149,16 @@ class DeploymentWorker:
     def max_num_seqs(self) -> int | None:
         """The last plan's --max-num-seqs (None before a plan, or none in it)."""
         return self._commands.boots.max_num_seqs
+
+    def server_pids(self) -> list[int]:
+        """The host pids of the current server's processes (none without one, or when the runtime does not
+        answer): what its GPU memory is read by (`dankserve status`)."""
+        workload_id = self.machine.workload_id
+        if workload_id is None:
+            return []
+        with self.lock:
+            dep = self.dep
+        return workload_pids(self._commands.runtimes.of(workload_id, dep), workload_id)
 
     @property
     def waiting_for(self) -> str | None:

@@ -66,7 +66,8 @@ class Recorder:
         machine = self._machine()
         boot = machine.boot
         adopted = boot is not None and boot.adopted
-        state.record_boot(name, command.facts, command.kv_bytes, command.learned_used, adopted=adopted)
+        took: float | None = None
+        kind: str | None = None
         if boot is not None and not boot.adopted:  # an adopted boot's start was not seen: no duration, no kind
             took = round((boot.ready_at or services.clock.monotonic()) - boot.started_at, 3)  # as it turns ready
             kind = boot_kind(
@@ -74,6 +75,10 @@ class Recorder:
                 learned_bytes_used=command.learned_used,
                 wake=machine.swap.since is not None,  # a swap group member woken by booting
             )
+        state.record_boot(
+            name, command.facts, command.kv_bytes, command.learned_used, adopted=adopted, seconds=took, kind=kind
+        )
+        if boot is not None and took is not None and kind is not None:
             services.telemetry.booted(name, kind, took, command.facts.compile_cache_hit)
             if kind != "wake":  # a wake by booting is timed as the wake it is (`published`)
                 self._timed(prediction.timing_kind(kind), took)
