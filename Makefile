@@ -62,7 +62,7 @@ try-it: setup
 try-it-podman: setup system-deps
 	$(BIN)/python -m dankserve.testing.try_it --podman
 
-# Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.33.json
+# Regenerate dankserve/data/vllm_catalogue.json and containers/fake-vllm/vllm_args_0.{33,34}.json
 # from the vLLM wheels on PyPI (by hand, never in CI: the outputs are committed).
 catalogue: setup
 	$(BIN)/python scripts/gen_vllm_catalogue.py

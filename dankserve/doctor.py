@@ -147,6 +147,36 @@ def device_node_verdict(nodes: Iterable[str]) -> Check:
 # -- readers (edges) ------------------------------------------------------------------------------
 
 
+KERNEL_PACKAGES = ("flashinfer_cubin", "flashinfer_jit_cache")
+"""What `vllm download-kernels` installs (FlashInfer's precompiled kernels); missing ones FlashInfer fetches or
+compiles when the server starts (vllm/utils/flashinfer.py warn_if_flashinfer_kernels_missing)."""
+
+
+def kernels_verdict(deployment: str, version: str, kernels_dir: Path, present: Iterable[str]) -> Check:
+    """The kept kernels of a deployment whose vLLM has `vllm download-kernels`: those its next start would fetch."""
+    missing = [name for name in KERNEL_PACKAGES if name not in set(present)]
+    name = f"kernels for {deployment}"
+    if not missing:
+        return Check(name, "ok", f"vLLM {version}'s FlashInfer kernels kept in {kernels_dir}")
+    fetched = ", ".join(m.replace("_", "-") for m in missing)
+    return Check(
+        name,
+        "warn",
+        f"vLLM {version} would fetch {fetched} at start (not kept in {kernels_dir}): downloaded, or compiled where "
+        "the host is offline, each time a container starts",
+        f"let the next boot reach the package index once (its first-boot step runs `vllm download-kernels` into "
+        f"{kernels_dir}), or install them there yourself: PIP_TARGET={kernels_dir} vllm download-kernels",
+    )
+
+
+def read_kernel_packages(kernels_dir: Path) -> list[str]:
+    """The kernel packages a kept kernels dir holds (none when it is missing or unreadable)."""
+    try:
+        return sorted(entry.name for entry in kernels_dir.iterdir() if entry.is_dir())
+    except OSError:
+        return []
+
+
 def read_cdi_specs(dirs: Iterable[Path] = CDI_DIRS) -> dict[str, str]:
     out = {}
     for directory in dirs:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from dankserve.backend_address import UNIX_PATH_MAX, BackendAddress, TcpAddress, UnixAddress, endpoint
 from dankserve.errors import ConfigError
+from dankserve.plan.releases import GatewayQueue
 from dankserve.runtime.base import CONTAINER_BACKEND_RUN, CONTAINER_HF_HOME, CONTAINER_VLLM_CACHE_ROOT
 
 if TYPE_CHECKING:
@@ -237,7 +238,16 @@ def plan_one(
         offload_share=host_offload_share(settings, name, dep, host),
         adapters=adapter_facts(settings.hf_cache_dir, name, dep) if dep.adapters else (),
         socket=vllm_socket(settings, name, dep),
+        gateway=gateway_queue(settings),
     )
+
+
+def gateway_queue(settings: Settings) -> GatewayQueue | None:
+    """The gateway's cap and queue, which vLLM's own admission follows (None: no gateway)."""
+    gateway = settings.gateway
+    if gateway is None:
+        return None
+    return GatewayQueue(gateway.max_in_flight, gateway.queue_size)
 
 
 def host_offload_share(settings: Settings, name: str, dep: DeploymentSettings, host: Host) -> OffloadShare:

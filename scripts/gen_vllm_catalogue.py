@@ -29,9 +29,11 @@ same steps without running them:
 
 Outputs:
 - `dankserve/data/vllm_catalogue.json`: per version the flags (grouped by the wheel file that
-  adds them) and the value sets the planner uses, each with the wheel file it came from.
-- `containers/fake-vllm/vllm_args_0.33.json`: the full argv grammar of `vllm serve` 0.33.0
-  for the stand-in vLLM image (schema fixed by that image's reader).
+  adds them), the value sets the planner uses, each with the wheel file it came from, the
+  variables `vllm/envs.py` reads and refuses (`env`, `removed_env`), the `vllm` subcommands and
+  the server's routes and metrics dankserve keys on; in the header, what replaces removed flags.
+- `containers/fake-vllm/vllm_args_0.33.json` and `vllm_args_0.34.json`: the full argv grammars of
+  `vllm serve` 0.33.0 and 0.34.0 for the stand-in vLLM image (schema fixed by that image's reader).
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE_PATH = REPO / "dankserve" / "data" / "vllm_catalogue.json"
-FAKE_ARGS_PATH = REPO / "containers" / "fake-vllm" / "vllm_args_0.33.json"
-FAKE_VERSION = "0.33.0"
+FAKE_ARGS_DIR = REPO / "containers" / "fake-vllm"
+# The stand-in's grammars: 0.33's for FAKE_VLLM_VERSION 0.26-0.33 (as before), 0.34's for 0.34 and later.
+FAKE_VERSIONS = ("0.33.0", "0.34.0")
 
-# Every vLLM release on PyPI from 0.10.0 to 0.33.0 (patch releases included: 0.10.1 added
+# Every vLLM release on PyPI from 0.10.0 to 0.34.0 (patch releases included: 0.10.1 added
 # --kv-cache-memory-bytes, so a minor's .0 alone would misdescribe its patches).
 RELEASES = (
     "0.10.0", "0.10.1", "0.10.1.1", "0.10.2",
@@ -65,7 +68,7 @@ RELEASES = (
     "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1",
     "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0",
     "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0",
-    "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+    "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
 )  # fmt: skip
 
 # Flags whose presence the planner checks; printed as a table at the end of a run.
@@ -1080,7 +1083,78 @@ def extract(version: str, source: Source) -> tuple[list[Arg], dict[str, Any], li
         args.setdefault(arg.flag, arg)  # argparse would refuse a second definition; keep the first
     notes = interp.notes + sorted(f"unresolved type name {n}" for n in types.unresolved)
     facts = planner_facts(version, list(args.values()), project, arg_utils, features)
+    facts.update(server_facts(source))
     return list(args.values()), facts, notes
+
+
+def environment(source: Source) -> tuple[list[str], dict[str, str]]:
+    """The variables `vllm/envs.py` reads (its `environment_variables` table) and the removed ones it
+    names with a migration hint (`removed_environment_variables`, where the release has it)."""
+    text = source.read("vllm/envs.py") or ""
+    names: list[str] = []
+    removed: dict[str, str] = {}
+    for node in ast.parse(text).body:
+        target: ast.expr | None = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if not isinstance(target, ast.Name) or not isinstance(value, ast.Dict):
+            continue
+        keys = [k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        if target.id == "environment_variables":
+            names = sorted(keys)
+        elif target.id == "removed_environment_variables":
+            for key, hint in zip(value.keys, value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    removed[key.value] = " ".join(str(_literal_text(hint)).split())
+    return names, removed
+
+
+def _literal_text(node: ast.expr) -> str:
+    """A string constant, also one written as adjacent literals or an f-string's literal parts."""
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return ast.unparse(node)
+
+
+CHECKPOINT_ROUTER = "vllm/entrypoints/serve/checkpoint/api_router.py"
+SLEEP_ROUTERS = ("vllm/entrypoints/serve/dev/sleep/api_router.py", "vllm/entrypoints/serve/sleep/api_router.py")
+
+
+def server_facts(source: Source) -> dict[str, Any]:
+    """What the server and the `vllm` command offer beside `vllm serve`'s flags, each with its file."""
+    facts: dict[str, Any] = {}
+    main = source.read("vllm/entrypoints/cli/main.py") or ""
+    subcommands = sorted(
+        {m.replace("_", "-") for m in re.findall(r"vllm\.entrypoints\.cli\.(\w+)", main)} - {"main", "types"}
+    )
+    if subcommands:
+        facts["subcommands"] = {"value": subcommands, "source": "vllm/entrypoints/cli/main.py"}
+    checkpoint = source.read(CHECKPOINT_ROUTER) or ""
+    routes = re.findall(r'@router\.(?:get|post)\(\s*"(/checkpoint/\w+)"', checkpoint)
+    if routes:
+        facts["checkpoint_routes"] = {"value": sorted(routes), "source": CHECKPOINT_ROUTER}
+    for path in SLEEP_ROUTERS:
+        sleep = source.read(path)
+        if sleep is None:
+            continue
+        facts["sleep_answers_json"] = {
+            "value": '{"status": "sleeping", "level": level}' in sleep,
+            "source": path + " (/sleep's answer: JSON, or an empty 200)",
+        }
+        metrics = source.read(path.rsplit("/", 1)[0] + "/metrics.py") or ""
+        if "vllm:sleep_mode_operation_duration_seconds" in metrics:
+            facts["sleep_metrics"] = {
+                "value": ["vllm:sleep_mode_operation_duration_seconds", "vllm:sleep_mode_operations_in_flight"],
+                "source": path.rsplit("/", 1)[0] + "/metrics.py",
+            }
+        break
+    loggers = source.read("vllm/v1/metrics/loggers.py") or ""
+    if '"vllm:admission_rejections"' in loggers:
+        facts["admission_rejections_metric"] = {"value": True, "source": "vllm/v1/metrics/loggers.py"}
+    return facts
 
 
 def planner_facts(
@@ -1172,17 +1246,49 @@ def attention_backends(project: Project) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- outputs
 
 
-def catalogue_entry(version: str, wheel: str, digest: str, args: list[Arg], facts: dict[str, Any]) -> dict[str, Any]:
+def catalogue_entry(
+    version: str, wheel: str, digest: str, args: list[Arg], facts: dict[str, Any], *, source: Source
+) -> dict[str, Any]:
     flags: dict[str, list[str]] = {}
     for arg in args:
         flags.setdefault(arg.path, []).extend([arg.flag, *arg.aliases])
+    env, removed_env = environment(source)
+    # Variables the release still reads but has deprecated for a config field (vllm/config/attention.py,
+    # `_set_from_env_if_set(field, VARIABLE)`: "Please use --attention-config.FIELD ... instead").
+    attention = source.read("vllm/config/attention.py") or ""
+    successors = {
+        variable: f"--attention-config.{name}"
+        for name, variable in re.findall(r'_set_from_env_if_set\(\s*"(\w+)",\s*"(\w+)"', attention)
+    }
     return {
         "wheel": wheel,
         "wheel_sha256": digest,
         "flags": {path: sorted(set(names)) for path, names in sorted(flags.items())},
         "deprecated_flags": sorted(a.flag for a in args if a.deprecated),
         "facts": facts,
+        "env": env,
+        "removed_env": removed_env,
+        "env_successors": successors,
     }
+
+
+# What replaces a `vllm serve` flag a release removed, as the last releases that had it said (their
+# deprecation notices and field docs, file noted). A removed flag not listed here had no named successor.
+FLAG_REPLACEMENTS: dict[str, str] = {
+    # 0.17.1 vllm/config/cache.py: CPU swap space gone with the V0 engine; CPU KV offload replaced it.
+    "--swap-space": "--kv-offloading-size (GiB of CPU memory for the KV cache in total; dankserve's kv_offload)",
+    # 0.11.2 vllm/config/parallel.py: "Please use `eplb_config.X` instead."
+    "--num-redundant-experts": "--eplb-config.num_redundant_experts",
+    "--eplb-window-size": "--eplb-config.window_size",
+    "--eplb-step-interval": "--eplb-config.step_interval",
+    "--eplb-log-balancedness": "--eplb-config.log_balancedness",
+    # 0.11.2 vllm/config/model.py: "Please use `pooler_config` instead."
+    "--override-pooler-config": "--pooler-config",
+    # 0.12.0 vllm/engine/arg_utils.py: "Please use `--mm-encoder-tp-mode data` instead."
+    "--enable-multimodal-encoder-data-parallel": "--mm-encoder-tp-mode data",
+    # 0.27.1 vllm/config/cache.py: without it the scales are loaded from the checkpoint (else 1.0).
+    "--calculate-kv-scales": "the checkpoint's own k/v scales (loaded with --kv-cache-dtype fp8)",
+}
 
 
 def write_catalogue(entries: dict[str, dict[str, Any]], path: Path) -> None:
@@ -1197,6 +1303,7 @@ def write_catalogue(entries: dict[str, dict[str, Any]], path: Path) -> None:
             "strings it adds; 'facts' give the value sets and defaults the planner uses with their source file."
         ),
         "releases": list(ordered),
+        "flag_replacements": FLAG_REPLACEMENTS,
     }
     lines = ["{"]
     for key, value in header.items():
@@ -1211,11 +1318,11 @@ def write_catalogue(entries: dict[str, dict[str, Any]], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_fake_args(args: list[Arg], wheel: str, path: Path) -> None:
+def write_fake_args(version: str, args: list[Arg], wheel: str, path: Path) -> None:
     optional = ", ".join(sorted(a.flag for a in args if a.optional_value and a.kind == "value"))
     kv = next((a for a in args if a.flag == "--kv-cache-dtype"), None)
     payload: dict[str, Any] = {
-        "vllm_version": FAKE_VERSION,
+        "vllm_version": version,
         "source": (
             f"scripts/gen_vllm_catalogue.py: static reading of {wheel} (vllm/entrypoints/cli/serve.py, "
             "vllm/entrypoints/common/cli_args.py, vllm/engine/arg_utils.py, vllm/config/*.py). "
@@ -1276,6 +1383,21 @@ def check_against_facts(entries: dict[str, dict[str, Any]]) -> list[str]:
                 problems.append(f"0.33.0 lacks {flag}")
         if "--swap-space" in flags("0.33.0"):
             problems.append("0.33.0 still has --swap-space")
+    if "0.34.0" in entries:  # FACTS.md, "vLLM 0.27-0.34"
+        entry = entries["0.34.0"]
+        for flag in ("--enable-extensible-kv-cache", "--max-num-queued-reqs", "--max-num-queued-tokens"):
+            if flag not in flags("0.34.0"):
+                problems.append(f"0.34.0 lacks {flag}")
+        for flag in ("--calculate-kv-scales", "--enable-bf16x3-router-gemm", "--max-num-partial-prefills",
+                     "--max-long-partial-prefills", "--override-attention-dtype"):  # fmt: skip
+            if flag in flags("0.34.0"):
+                problems.append(f"0.34.0 still has {flag}")
+        if "VLLM_USE_V2_MODEL_RUNNER" in entry["env"] or "VLLM_ENGINE_ITERATION_TIMEOUT_S" in entry["env"]:
+            problems.append("0.34.0 still reads VLLM_USE_V2_MODEL_RUNNER or VLLM_ENGINE_ITERATION_TIMEOUT_S")
+        if "download-kernels" not in entry["facts"].get("subcommands", {}).get("value", []):
+            problems.append("0.34.0 lacks `vllm download-kernels`")
+        if len(entry["facts"].get("checkpoint_routes", {}).get("value", [])) != 3:
+            problems.append("0.34.0 lacks the /checkpoint routes")
     for version in entries:
         has_swap = "--swap-space" in flags(version)
         if _version_key(version) < (0, 18) and not has_swap:
@@ -1296,13 +1418,13 @@ def main(argv: list[str] | None = None) -> int:
         help="keep each release's vllm/**/*.py under DIR/VERSION and reuse it on later runs",
     )
     parser.add_argument("--catalogue", type=Path, default=CATALOGUE_PATH)
-    parser.add_argument("--fake-args", type=Path, default=FAKE_ARGS_PATH)
+    parser.add_argument("--fake-args-dir", type=Path, default=FAKE_ARGS_DIR)
     options = parser.parse_args(argv)
 
     entries: dict[str, dict[str, Any]] = {}
     if options.catalogue.is_file() and set(options.versions) != set(RELEASES):
         entries = json.loads(options.catalogue.read_text())["versions"]  # partial run: update in place
-    fake: tuple[list[Arg], str] | None = None
+    fake: dict[str, tuple[list[Arg], str]] = {}
     for version in options.versions:
         cached = options.source_cache / version if options.source_cache else None
         meta_file = cached / "wheel.json" if cached else None
@@ -1323,7 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
                 meta_file.write_text(json.dumps(meta))
             source = Source(files=files)
         args, facts, notes = extract(version, source)
-        entries[version] = catalogue_entry(version, meta["wheel"], meta["sha256"], args, facts)
+        entries[version] = catalogue_entry(version, meta["wheel"], meta["sha256"], args, facts, source=source)
         print(
             f"{version}: {len(args)} flags from {len(source.read_paths)} files"
             + (f", wheel {meta['bytes'] / 1e6:.0f} MB in {took:.1f} s" if took else " (cached sources)"),
@@ -1331,14 +1453,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         for note in notes:
             print(f"  note: {note}")
-        if version == FAKE_VERSION:
-            fake = (args, meta["wheel"])
+        if version in FAKE_VERSIONS:
+            fake[version] = (args, meta["wheel"])
 
     write_catalogue(entries, options.catalogue)
     print(f"wrote {options.catalogue}")
-    if fake is not None:
-        write_fake_args(fake[0], fake[1], options.fake_args)
-        print(f"wrote {options.fake_args}")
+    for version, (fake_args, wheel_name) in fake.items():
+        path = options.fake_args_dir / f"vllm_args_{'.'.join(version.split('.')[:2])}.json"
+        write_fake_args(version, fake_args, wheel_name, path)
+        print(f"wrote {path}")
 
     print("\nplanner flags per release (+ present, - absent):")
     print("version   " + " ".join(f.removeprefix("--")[:12].ljust(12) for f in PLANNER_FLAGS))

@@ -59,3 +59,24 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     path.write_text(json.dumps(rules))  # JSON is YAML
     done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_sleep_mode_and_admission_panels_read_relayed_metrics() -> None:
+    """vLLM 0.32+'s sleep-mode durations, operations in flight and admission rejections (issue 42) have panels,
+    and the daemon relays each family they read."""
+    document = json.loads(DASHBOARD.read_text())
+    by_title = {panel["title"]: panel for panel in document["panels"]}
+    wanted = {
+        "Sleep and wake time (p50 / p95)": "vllm:sleep_mode_operation_duration_seconds_bucket",
+        "Sleep-mode operations": "vllm:sleep_mode_operations_in_flight",
+        "Admission rejections": "vllm:admission_rejections_total",
+    }
+    for title, metric in wanted.items():
+        assert title in by_title
+        assert any(metric in target["expr"] for target in by_title[title]["targets"])
+    for family in (
+        "vllm:sleep_mode_operation_duration_seconds",
+        "vllm:sleep_mode_operations_in_flight",
+        "vllm:admission_rejections",
+    ):
+        assert family in RELAYED

@@ -15,7 +15,7 @@ from dankserve.cli.options import hardware_option
 from dankserve.cli.render import print_json
 from dankserve.errors import DankserveError
 from dankserve.exitcodes import ExitCode
-from dankserve.settings import keyless_gateway_exposure
+from dankserve.settings import Settings, keyless_gateway_exposure
 from dankserve.snapshot.criu import criu_path
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def command(as_json: bool, allow_untrusted_code: bool, hardware: Path | None) ->
         ]
 
     checks.append(_snapshots_check(settings))
-    checks += _gateway_key_checks(settings)
+    checks += _kernel_checks(settings) + _gateway_key_checks(settings)
 
     failed = [c for c in checks if c.verdict == "fail"]
     if as_json:
@@ -119,6 +119,23 @@ def _snapshots_check(settings: Settings) -> doctor.Check:
     wanted = not enabled or any(d.snapshot == "auto" for d in enabled.values())
     multi_gpu = [n for n, d in enabled.items() if d.snapshot == "auto" and (d.tensor_parallel_size or 1) > 1]
     return doctor.snapshot_verdict(doctor.read_criu(criu_path()), wanted=wanted, multi_gpu=multi_gpu)
+
+
+def _kernel_checks(settings: Settings) -> list[doctor.Check]:
+    """Kernels each container deployment's vLLM (0.32+, `vllm download-kernels`) would fetch at its next start."""
+    from dankserve.plan.catalogue import capabilities, version_from_image
+    from dankserve.plan.releases import KERNELS_DIR, KERNELS_SUBCOMMAND
+    from dankserve.planning import compile_cache_dir
+
+    checks = []
+    for name, dep in sorted(settings.deployments.items()):
+        if not dep.enabled or dep.runtime != "podman" or dep.launcher:
+            continue
+        caps = capabilities(version_from_image(dep.image) or settings.vllm_version)
+        if KERNELS_SUBCOMMAND in caps.subcommands:
+            kept = compile_cache_dir(settings, name) / KERNELS_DIR / caps.version
+            checks.append(doctor.kernels_verdict(name, caps.version, kept, doctor.read_kernel_packages(kept)))
+    return checks
 
 
 def _recorded_host_check(path: Path) -> tuple[doctor.Check, Host | None]:

@@ -219,6 +219,8 @@ def print_plans(plans: Sequence[Plan], runs: Mapping[str, str] | None = None) ->
             console.print(wrap(f"promises: {plan.capacity.describe()}", "", "  "), soft_wrap=True, markup=False)
         for line in plan.exposure.lines() if plan.exposure is not None else ():
             console.print(wrap(line, "", "  "), soft_wrap=True, markup=False)
+        for note in plan.notes:
+            console.print(wrap(f"note: {note}", "", "  "), soft_wrap=True, markup=False)
         for warning in plan.warnings:
             text = wrap(f"warning: {warning}", "", "  ")
             console.print(Text.assemble(("warning:", "yellow"), text.removeprefix("warning:")), soft_wrap=True)

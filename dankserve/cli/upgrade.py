@@ -85,6 +85,11 @@ def outcome(name: str, record: dict[str, Any]) -> None:
     if step == "switched":
         click.echo(f"{name}: now runs {record.get('new_image')}; checks: {_figures(record.get('report') or {})}")
         click.echo(f"  `dankserve rollback {name}` goes back to {record.get('old_image')}")
+        changes = (record.get("report") or {}).get("plan_changes") or []
+        if changes:
+            click.echo("  the plan for the new release changed:")
+            for change in changes:
+                click.echo(f"    {change}")
         return
     if step == "rolled_back":
         raise DeploymentFailed(

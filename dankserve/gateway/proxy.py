@@ -24,6 +24,12 @@ from dankserve.aioserver import BodyTooLarge, Limits, Throttled, read_body, vouc
 from dankserve.gateway.access import SAVE_SECONDS, Access, Denied
 from dankserve.gateway.admission import Admission
 from dankserve.gateway.answers import Cors, is_preflight, passed_headers, request_id
+from dankserve.gateway.backend_admission import (
+    BACKEND_FULL_PAUSE_SECONDS,
+    MAX_REFUSAL_BYTES,
+    BackendFull,
+    is_admission_refusal,
+)
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
 from dankserve.gateway.limits import KeyLimits, Refusal
@@ -228,22 +234,23 @@ class Gateway:
         """A routed request of a key within its limits: waits for its deployment, then is passed on."""
         name = routed.route.deployment
         loading = LoadingStream(request, routed.route.served_name) if routed.streamed else None
-        try:
-            backend = await self._ready(name, loading, key.priority)
-        except Unavailable as exc:
-            self._refusals.note("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
-            if loading is not None and loading.response is not None:
-                return 503, await loading.fail(error_document(503, str(exc), "ServiceUnavailableError"))
-            wait = retry_after(exc.ready_in, self._queue.retry_after)
-            return 503, _json_error(503, str(exc), "ServiceUnavailableError", **{"Retry-After": str(wait)})
-        self._supervisor.touched(name)
-        try:
-            begun = loading.response if loading is not None else None
-            return await self._forward(request, name, backend, routed.body, begun, tally=tally)
-        finally:
-            self._supervisor.released(name)  # a member busy with requests is never put to sleep
-            self._admission.leave(name)
-            self._released.pop(name, _NO_EVENT).set()
+        deadline = time.monotonic() + self._queue.timeout
+        while True:
+            try:
+                backend = await self._ready(name, loading, key.priority)
+            except Unavailable as exc:
+                self._refusals.note("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
+                return 503, await _unavailable(str(exc), loading, retry_after(exc.ready_in, self._queue.retry_after))
+            self._supervisor.touched(name)
+            try:
+                with contextlib.suppress(BackendFull):  # vLLM's own queue is full: wait as a queued request, ask again
+                    return await self._forward(request, name, backend, routed.body, _begun(loading), tally=tally)
+            finally:
+                self._supervisor.released(name)  # a member busy with requests is never put to sleep
+                self._admission.leave(name)
+                self._released.pop(name, _NO_EVENT).set()
+            if not await _pause_before_retry(deadline):
+                return 503, await _backend_full(name, loading, self._queue)
 
     def _models(self, key: Key) -> dict[str, Any]:
         """The models the key may use."""
@@ -355,6 +362,7 @@ class Gateway:
             if begun is not None:
                 return 502, await _end_with_event(begun, json.dumps(error_document(502, message, "BadGatewayError")))
             return 502, _json_error(502, message, "BadGatewayError")
+        refusal = await _read_refusal(upstream, name)  # vLLM's admission refusal is the gateway's, never passed raw
         try:
             response = (
                 begun
@@ -366,9 +374,10 @@ class Gateway:
                     response.content_length = upstream.content_length
                 await response.prepare(request)
             elif upstream.status != 200:  # an error document (JSON): the one event of the stream
-                text = await upstream.content.read(1 << 16)
+                text = refusal or await upstream.content.read(1 << 16)
                 document = " ".join(text.decode(errors="replace").splitlines())
                 return upstream.status, await _end_with_event(response, document)
+            await _write_read(response, tally, refusal)  # another 503, read to judge it: passed on as it came
             async for chunk in upstream.content.iter_any():
                 passed = tally.feed(chunk)
                 if passed:
@@ -468,6 +477,54 @@ def _broken_off(request: web.Request, name: str, exc: aiohttp.ClientError) -> bo
     if request.transport is not None:
         request.transport.close()
     return client_left
+
+
+async def _unavailable(message: str, loading: LoadingStream | None, wait: int) -> web.StreamResponse:
+    """The gateway's 503: its error event where a streamed answer began, else with Retry-After."""
+    if loading is not None and loading.response is not None:
+        return await loading.fail(error_document(503, message, "ServiceUnavailableError"))
+    return _json_error(503, message, "ServiceUnavailableError", **{"Retry-After": str(wait)})
+
+
+async def _backend_full(name: str, loading: LoadingStream | None, queue: QueuePolicy) -> web.StreamResponse:
+    """The gateway's own 503 for a request vLLM's admission kept refusing past its queue time."""
+    message = (
+        f"deployment {name!r} is full: vLLM's own admission (--max-num-queued-reqs) refused the request "
+        f"for {queue.timeout:g}s"
+    )
+    return await _unavailable(message, loading, queue.retry_after)
+
+
+async def _read_refusal(upstream: aiohttp.ClientResponse, name: str) -> bytes:
+    """A 503's body, read to judge it (b"" for any other status); BackendFull when it is vLLM's admission refusal."""
+    if upstream.status != 503:
+        return b""
+    body = await upstream.content.read(MAX_REFUSAL_BYTES + 1)
+    if is_admission_refusal(upstream.status, body):
+        log.info("gateway_backend_full", deployment=name)
+        upstream.release()
+        raise BackendFull
+    return body
+
+
+async def _write_read(response: web.StreamResponse, tally: AnswerTally, body: bytes) -> None:
+    """The part of an answer already read (to judge it), passed on first."""
+    if body:
+        tally.feed(body)
+        await response.write(body)
+
+
+def _begun(loading: LoadingStream | None) -> web.StreamResponse | None:
+    """The SSE answer a waiting streamed request's loading comments began (None: none began)."""
+    return loading.response if loading is not None else None
+
+
+async def _pause_before_retry(deadline: float) -> bool:
+    """After vLLM's admission refused: wait a moment and say whether the request may ask again before its deadline."""
+    if time.monotonic() + BACKEND_FULL_PAUSE_SECONDS >= deadline:
+        return False
+    await asyncio.sleep(BACKEND_FULL_PAUSE_SECONDS)
+    return True
 
 
 async def _end_with_event(response: web.StreamResponse, data: str) -> web.StreamResponse:

@@ -1,8 +1,8 @@
 """What each vLLM release's `vllm serve` accepts: flags and the value sets the planner uses.
 
 The data is `dankserve/data/vllm_catalogue.json`, generated from the release wheels by
-`scripts/gen_vllm_catalogue.py` (every release from 0.10.0 to 0.33.0; each fact names the
-wheel file it was read from). It is read once, on first use.
+`scripts/gen_vllm_catalogue.py` (every release from 0.10.0 to 0.34.0; each fact names the
+wheel file it was read from), with the variables each release's `vllm/envs.py` reads. It is read once, on first use.
 
 A version that is not catalogued resolves to the newest catalogued patch of the same minor
 release, else to the newest release known; either way the capabilities carry a warning.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -40,6 +40,18 @@ class VllmCapabilities:
     speculative_methods: tuple[str, ...]
     kv_offloading_backends: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    env: frozenset[str] = frozenset()
+    """The variables the release's `vllm/envs.py` reads (empty: not catalogued)."""
+    removed_env: Mapping[str, str] = field(default_factory=dict)
+    """Variables the release refuses, with vLLM's own migration hint."""
+    subcommands: frozenset[str] = frozenset()
+    """`vllm` subcommands (`download-kernels` from 0.32)."""
+    checkpoint_routes: bool = False
+    """`/checkpoint/prepare|restore|status` with sleep mode (0.34)."""
+    sleep_answers_json: bool = False
+    """`/sleep` answers `{"status": "sleeping", "level": n}` (0.32+; before: an empty 200)."""
+    sleep_metrics: bool = False
+    """`vllm:sleep_mode_operation_duration_seconds` and `vllm:sleep_mode_operations_in_flight` (0.32+)."""
 
     def has(self, flag: str) -> bool:
         """Whether this release's `vllm serve` accepts the option string."""
@@ -56,6 +68,8 @@ class Catalogue:
 
     releases: tuple[str, ...]
     entries: Mapping[str, Mapping[str, Any]]
+    replacements: Mapping[str, str] = field(default_factory=dict)
+    """Removed flag -> what replaces it (`flag_replacements` of the catalogue)."""
 
     @property
     def newest(self) -> str:
@@ -74,6 +88,31 @@ class Catalogue:
             if any(flag in names for names in self.entries[version]["flags"].values()):
                 return version
         return None
+
+    def removed_by(self, name: str, version: str, *, env: bool = False) -> str | None:
+        """The release that removed a flag (or, with `env`, a variable of `vllm/envs.py`) that `version` lacks:
+        the one after the newest older release that had it (None: no older release had it)."""
+        key = version_key(version)
+        older = [v for v in self.releases if version_key(v) <= key]
+        for before, after in zip(reversed(older[:-1]), reversed(older[1:]), strict=True):
+            entry = self.entries[before]
+            had = name in entry.get("env", ()) if env else any(name in n for n in entry["flags"].values())
+            if had:
+                return after
+        return None
+
+    def env_successor(self, variable: str) -> str | None:
+        """The flag a release named as the successor of a variable it deprecated (`env_successors`), newest first."""
+        for version in reversed(self.releases):
+            successor = self.entries[version].get("env_successors", {}).get(variable)
+            if successor is not None:
+                return str(successor)
+        return None
+
+    def flag_replacement(self, flag: str) -> str | None:
+        """What replaces a removed flag, as the last releases that had it said (None: nothing named)."""
+        value = self.replacements.get(flag)
+        return str(value) if value is not None else None
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -99,7 +138,11 @@ def version_from_image(image: str) -> str | None:
 def build_catalogue(data: Mapping[str, Any]) -> Catalogue:
     """The catalogue from its JSON form."""
     versions: Mapping[str, Mapping[str, Any]] = data["versions"]
-    return Catalogue(releases=tuple(sorted(versions, key=version_key)), entries=versions)
+    return Catalogue(
+        releases=tuple(sorted(versions, key=version_key)),
+        entries=versions,
+        replacements=data.get("flag_replacements", {}),
+    )
 
 
 @cache
@@ -156,4 +199,10 @@ def capabilities(version: str | None, catalogue: Catalogue | None = None) -> Vll
         speculative_methods=values("speculative_methods"),
         kv_offloading_backends=values("kv_offloading_backends"),
         warnings=warnings,
+        env=frozenset(entry.get("env", ())),
+        removed_env=dict(entry.get("removed_env", {})),
+        subcommands=frozenset(values("subcommands")),
+        checkpoint_routes=bool(facts.get("checkpoint_routes")),
+        sleep_answers_json=bool(facts.get("sleep_answers_json", {}).get("value", False)),
+        sleep_metrics=bool(facts.get("sleep_metrics")),
     )

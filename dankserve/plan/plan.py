@@ -17,7 +17,7 @@ from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, extra_args, families, gpu_choice, lora, rules
+from dankserve.plan import checks, extra_args, families, gpu_choice, lora, releases, rules
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.exposure import DEV_MODE_ENV, env_flag, exposure, exposure_warning
 from dankserve.plan.models import ModelFacts, kv_element_bytes
@@ -74,16 +74,19 @@ def plan_deployment(
     offload_share: rules.OffloadShare | None = None,
     adapters: Sequence[lora.AdapterFacts] = (),
     socket: str | None = None,
+    gateway: releases.GatewayQueue | None = None,
 ) -> Plan:
     """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4).
 
     `socket`: the unix socket path vLLM binds (`--uds`: the deployment's private socket), None: TCP host:port.
 
     `offload_share`: the host RAM this deployment shares with the others for CPU KV offload (None: it is alone).
-    `adapters`: the LoRA adapters' facts (read from their directories by `planning`)."""
+    `adapters`: the LoRA adapters' facts (read from their directories by `planning`).
+    `gateway`: the gateway's queue for this deployment (None: no gateway), which vLLM's admission follows."""
     absorbed = extra_args.absorb(deployment, name)
     deployment = absorbed.deployment
     validate_values(deployment, caps, catalogue)
+    releases.check_removed(name, deployment.extra_args, deployment.env, caps, catalogue)
     assigned = checks.resolve_gpus(host, deployment.gpus, name)
     checks.check_has_gpus(assigned, name)
     lora_plan = lora.lora_sizing(adapters, model)
@@ -102,6 +105,7 @@ def plan_deployment(
     warnings += memory_flags(flags, deployment, sizing, caps, learned_kv_cache_memory_bytes)
     warnings += offload_flags(flags, deployment, host, sizing, caps, share=offload_share)
     serving_flags(flags, deployment)
+    admission_flags(flags, caps, gateway)
     warnings += model_flags(flags, deployment, model, caps)
     access_log_flags(flags, caps, sleeping=has_sleep_mode(deployment))
     numa = rules.numa_binding(host, sizing.gpus, deployment.numa_bind)
@@ -133,6 +137,14 @@ def plan_deployment(
     )
     if (warning := exposure_warning(exposed)) is not None:
         warnings.append(warning)
+    kernels = releases.kernel_download(
+        caps,
+        vllm_cache_root,
+        first_boot=learned_kv_cache_memory_bytes is None,
+        container=deployment.runtime == "podman" and not deployment.launcher,
+    )
+    notes = [releases.kv_sizing_note(caps, learned_kv_cache_memory_bytes)]
+    notes.append(kernels.describe() if kernels is not None and kernels.download else None)
 
     argv: list[str] = [deployment.model]
     for choice in choices:
@@ -172,6 +184,8 @@ def plan_deployment(
         host_ram_bytes=host_ram_bytes(argv, sizing.tensor_parallel.value) + lora_plan.host_bytes,
         lora_mounts=tuple((a.host_dir, a.server_path) for a in adapters if a.host_dir is not None),
         exposure=exposed,
+        notes=tuple(n for n in notes if n),
+        kernels=kernels,
     )
 
 
@@ -249,6 +263,7 @@ def check_inputs(
     fetching them, so a typo is reported as such even where the Hub cannot be reached."""
     deployment = extra_args.absorb(deployment, name).deployment
     validate_values(deployment, caps, catalogue)
+    releases.check_removed(name, deployment.extra_args, deployment.env, caps, catalogue)
     checks.resolve_gpus(host, deployment.gpus, name)
 
 
@@ -467,7 +482,7 @@ def memory_flags(
                 "--kv-cache-memory-bytes",
                 str(learned_kv_cache_memory_bytes),
                 "learned from the first boot's log: vLLM skips memory profiling "
-                "(and then ignores --gpu-memory-utilization)",
+                "(and then ignores --gpu-memory-utilization)" + releases.kv_sizing_reason(caps),
                 "a learned KV-cache size",
             )
         else:
@@ -557,6 +572,14 @@ def serving_flags(flags: _Flags, deployment: DeploymentSettings) -> None:
             "set in config: the name clients send as `model` (and the gateway lists)",
             "served_model_name",
         )
+
+
+def admission_flags(flags: _Flags, caps: VllmCapabilities, gateway: releases.GatewayQueue | None) -> None:
+    """vLLM's own admission (`--max-num-queued-reqs`) from the gateway's queue, where the release has it."""
+    seqs = next((c.value for c in flags.choices if c.flag == "--max-num-seqs" and isinstance(c.value, str)), None)
+    queued = releases.queued_reqs(caps, gateway, int(seqs) if seqs is not None else None)
+    if queued is not None:
+        flags.add(releases.QUEUED_REQS_FLAG, str(queued[0]), queued[1], "the gateway's queue")
 
 
 PROBED_ENDPOINTS = ("/health", "/metrics", "/ping")

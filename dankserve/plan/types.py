@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dankserve.plan.releases import KernelDownload
 
 from dankserve.plan.exposure import Exposure
 
@@ -117,6 +120,11 @@ class Plan:
     """Local LoRA adapter directories and where a container sees them (read-only mounts)."""
     exposure: Exposure | None = None
     """Where the server listens, who can connect and which routes answer them without the key (issue 38)."""
+    notes: tuple[str, ...] = ()
+    """Decisions that set no flag (vLLM sizing the KV cache itself on a first boot, the kernels step)."""
+    kernels: KernelDownload | None = None
+    """The kept kernels (`vllm download-kernels` into the kept cache dir before a first boot; None: the release
+    has no such subcommand, or the server is no container of its own)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""
@@ -129,6 +137,7 @@ class Plan:
             "gpus": list(self.gpu_indices),
             "capacity": self.capacity.to_json() if self.capacity is not None else None,
             "host_ram_bytes": self.host_ram_bytes,
+            "notes": list(self.notes),
             "warnings": list(self.warnings),
             "exposure": self.exposure.to_json() if self.exposure is not None else None,
         }

@@ -81,6 +81,18 @@ class SecretFile:
 
 
 @dataclass(frozen=True)
+class KernelsDir:
+    """FlashInfer's precompiled kernels (`vllm download-kernels`, vLLM 0.32+) kept under the compile cache's mount.
+
+    The entrypoint puts `path` first on PYTHONPATH when it exists; with `download`, a boot that finds it missing
+    runs `vllm download-kernels` into it first (PIP_TARGET), and a failed download (an offline host) only warns."""
+
+    path: str
+    """Inside the container, under VLLM_CACHE_ROOT, one directory per vLLM release (kernels match its FlashInfer)."""
+    download: bool
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     """Everything needed to start one vLLM server for one deployment."""
 
@@ -116,6 +128,8 @@ class WorkloadSpec:
     socket: Path | None = None
     """Serve on this unix socket (host path; vLLM's --uds) instead of bind_host:port: its directory is the
     deployment's private one (0700), mounted into a container at CONTAINER_BACKEND_RUN."""
+    kernels: KernelsDir | None = None
+    """The kept kernels of the image's vLLM release (None: its release has no `vllm download-kernels`)."""
 
 
 @dataclass(frozen=True)

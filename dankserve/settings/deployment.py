@@ -21,7 +21,7 @@ from dankserve.settings.values import (
     is_loopback,
 )
 
-DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.33.0"
+DEFAULT_IMAGE = "docker.io/vllm/vllm-openai:v0.34.0"
 
 PullPolicy = Literal["missing", "always", "never"]
 RuntimeKind = Literal["podman", "process"]

@@ -27,6 +27,9 @@ RELAYED: tuple[str, ...] = (
     "vllm:time_to_first_token_seconds",
     "vllm:e2e_request_latency_seconds",
     "vllm:engine_sleep_state",
+    "vllm:sleep_mode_operation_duration_seconds",  # 0.32+: each sleep, wake and KV release, by operation
+    "vllm:sleep_mode_operations_in_flight",  # 0.32+
+    "vllm:admission_rejections",  # 0.32+: requests vLLM's --max-num-queued-reqs/-tokens refused, by reason
 )
 """vLLM metric families (as the parser names them: counters without `_total`) relayed per deployment."""
 

@@ -5,10 +5,15 @@ The routes exist only with `VLLM_SERVER_DEV_MODE=1` and `--enable-sleep-mode` (.
 `POST /collective_rpc {"method": "reload_weights"}`, `POST /reset_prefix_cache`. A level-2
 wake is staged: weights, reload_weights, kv_cache, then the prefix cache reset. Each function
 answers the machine's event (never raises): the decisions stay in `machine` and `swap`.
+
+Both answer shapes are read: 0.26-0.31 answer an empty 200; 0.32+ answer `/sleep` with
+`{"status": "sleeping", "level": n}` and `/wake_up` with `{"status": "awake"|"sleeping", "tags": ...}`
+(`sleep_answer_problem`); `/is_sleeping` stays the check either way.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -46,6 +51,42 @@ def _call(client: httpx.Client, method: str, path: str, **kwargs: object) -> htt
     return response
 
 
+MAX_ANSWER_BYTES = 4096
+"""A sleep route's answer is a few dozen bytes: anything longer is not one (read as no answer)."""
+
+
+def sleep_answer_problem(body: bytes, *, route: str, level: int | None = None, awake: bool | None = None) -> str | None:
+    """What a 200 answer of `/sleep` or `/wake_up` contradicts (None: nothing; an empty or foreign body says nothing).
+
+    `level`: the level asked of `/sleep`; `awake`: whether this `/wake_up` should leave the server fully awake
+    (False for the first stage of a staged wake)."""
+    if not body or len(body) > MAX_ANSWER_BYTES:
+        return None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    status = document.get("status")
+    if route == "/sleep":
+        if status is not None and status != "sleeping":
+            return f"POST /sleep answered status {str(status)[:40]!r}, not 'sleeping'"
+        answered = document.get("level")
+        if level is not None and isinstance(answered, int) and answered != level:
+            return f"POST /sleep?level={level} answered level {answered}"
+        return None
+    if awake is not None and status in ("awake", "sleeping") and (status == "awake") != awake:
+        return f"POST /wake_up answered status {status!r}, not {'awake' if awake else 'sleeping'!r}"
+    return None
+
+
+def _checked(response: httpx.Response, route: str, *, level: int | None = None, awake: bool | None = None) -> None:
+    problem = sleep_answer_problem(response.content, route=route, level=level, awake=awake)
+    if problem is not None:
+        raise _Failed(problem)
+
+
 def _is_sleeping(client: httpx.Client) -> bool:
     try:
         return bool(_call(client, "GET", "/is_sleeping").json().get("is_sleeping"))
@@ -72,7 +113,7 @@ def sleep_server(
     try:
         with _client(address, api_key, timeout) as client:
             if not _is_sleeping(client):
-                _call(client, "POST", "/sleep", params={"level": level})
+                _checked(_call(client, "POST", "/sleep", params={"level": level}), "/sleep", level=int(level))
             if not _is_sleeping(client):
                 raise _Failed(f"POST /sleep?level={level} answered, yet /is_sleeping says awake")
     except _Unsupported as exc:
@@ -90,12 +131,12 @@ def wake_server(
     try:
         with _client(address, api_key, timeout) as client:
             if level == "2":
-                _call(client, "POST", "/wake_up", params={"tags": "weights"})
+                _checked(_call(client, "POST", "/wake_up", params={"tags": "weights"}), "/wake_up", awake=False)
                 _call(client, "POST", "/collective_rpc", json={"method": "reload_weights"})
-                _call(client, "POST", "/wake_up", params={"tags": "kv_cache"})
+                _checked(_call(client, "POST", "/wake_up", params={"tags": "kv_cache"}), "/wake_up", awake=True)
                 _call(client, "POST", "/reset_prefix_cache")
             else:
-                _call(client, "POST", "/wake_up")
+                _checked(_call(client, "POST", "/wake_up"), "/wake_up", awake=True)
             if _is_sleeping(client):
                 raise _Failed("the wake answered, yet /is_sleeping still says asleep")
     except (_Unsupported, _Failed) as exc:

@@ -47,6 +47,7 @@ from dankserve.supervisor.upgrade import (
     RoomMade,
     VersionRead,
     flags_gone,
+    plan_changes,
 )
 from dankserve.supervisor.upgrade_probe import ProbeFailed, measure
 from dankserve.supervisor.workload import workload_spec
@@ -196,11 +197,20 @@ class DaemonUpgradeEdge:
             plan = self._daemon.deps.planner(
                 self._name, self._new_dep(image), self._daemon.host, m.BootOverrides(), version
             )
-        except DankserveError as exc:
-            return Replanned((), exc.message)
+        except DankserveError as exc:  # e.g. a flag of extra_args the new release removed: the fix names its successor
+            return Replanned((), f"{exc.message} (fix: {exc.fix})" if exc.fix else exc.message)
         self._plan = plan
         caps = capabilities(version)
-        return Replanned(flags_gone(plan.argv, caps.flags))
+        return Replanned(flags_gone(plan.argv, caps.flags), changes=plan_changes(self._old_plan(), plan))
+
+    def _old_plan(self) -> Plan | None:
+        """The running release's plan, to name what the new one changes (None: it cannot be planned now)."""
+        worker = self._worker()
+        version = worker.machine.vllm_version if worker is not None else None
+        try:
+            return self._daemon.deps.planner(self._name, self._dep, self._daemon.host, m.BootOverrides(), version)
+        except DankserveError:
+            return None
 
     def measure_old(self) -> OldMeasured:
         worker = self._worker()

@@ -11,6 +11,7 @@ from dankserve.runtime.base import (
     LABEL_BOOT,
     LABEL_FINGERPRINT,
     GpuRef,
+    KernelsDir,
     LauncherSpec,
     Mount,
     SecretFile,
@@ -52,6 +53,7 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         cache_dir=cache,
         launcher=LauncherSpec(LAUNCHER_SOURCE, launcher_run_dir(settings, plan.deployment)) if dep.launcher else None,
         socket=backend_socket(settings, plan.deployment, dep),
+        kernels=KernelsDir(plan.kernels.target, plan.kernels.download) if plan.kernels is not None else None,
     )
 
 

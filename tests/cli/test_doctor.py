@@ -52,6 +52,33 @@ def test_doctor_with_a_broken_recorded_host_fails_naming_the_file(tmp_path: Path
     assert checks["recorded host"]["verdict"] == "fail" and str(broken) in checks["recorded host"]["detail"]
 
 
+def test_doctor_names_the_kernels_a_start_would_fetch(tmp_path: Path) -> None:
+    """A container deployment whose vLLM has `vllm download-kernels` (0.32+) and no kept kernels: doctor names
+    the ones its start would fetch and the fix; kept ones pass; a 0.26 image has nothing to check (issue 42)."""
+    globals_ = {
+        "state_dir": str(tmp_path / "state"),
+        "cache_dir": str(tmp_path / "cache"),
+        "hf_cache_dir": str(tmp_path),
+        "podman_url": f"unix://{tmp_path}/no-podman.sock",
+    }
+    deployments: dict[str, dict[str, object]] = {
+        "new": {"model": "o/m", "image": "docker.io/vllm/vllm-openai:v0.34.0"},
+        "old": {"model": "o/m", "image": "docker.io/vllm/vllm-openai:v0.26.0", "port": 8001},
+    }
+    config = write_config(tmp_path / "dankserve.toml", globals_, deployments)
+    checks = {c["name"]: c for c in json.loads(doctor(config, "--hardware", str(HOST)).stdout)["checks"]}
+    kernels = checks["kernels for new"]
+    assert kernels["verdict"] == "warn"
+    assert "vLLM 0.34.0 would fetch flashinfer-cubin, flashinfer-jit-cache at start" in kernels["detail"]
+    kept = tmp_path / "cache" / "deployments" / "new" / "vllm" / "kernels" / "0.34.0"
+    assert f"PIP_TARGET={kept} vllm download-kernels" in kernels["fix"]
+    assert "kernels for old" not in checks
+    for package in ("flashinfer_cubin", "flashinfer_jit_cache"):
+        (kept / package).mkdir(parents=True)
+    checks = {c["name"]: c for c in json.loads(doctor(config, "--hardware", str(HOST)).stdout)["checks"]}
+    assert checks["kernels for new"]["verdict"] == "ok"
+
+
 def test_doctor_warns_when_a_podman_deployment_has_no_gpu_device_on_this_host(tmp_path: Path) -> None:
     """Issue 39.8: with a recorded host (`--hardware`) doctor used to say all ok while `up` failed for want of a
     device: a Podman deployment whose GPU has no CDI entry and no device node here is a warning naming the GPU

@@ -42,7 +42,7 @@ def test_model_without_config_prints_the_json_plan(capsys: pytest.CaptureFixture
     [data] = json.loads(out)
     assert list(data) == PLAN_JSON_KEYS
     assert data["deployment"] == "--model Qwen/Qwen3-30B-A3B"
-    assert data["image"] == "docker.io/vllm/vllm-openai:v0.33.0"
+    assert data["image"] == "docker.io/vllm/vllm-openai:v0.34.0"
     assert data["argv"][0] == "Qwen/Qwen3-30B-A3B"
     assert all(isinstance(t, str) for t in data["argv"])
     assert all(list(f) == ["flag", "value", "reason"] for f in data["flags"])

@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import pytest
 
@@ -890,3 +890,122 @@ def test_uds_serves_on_the_unix_socket_instead_of_the_port(serve: StartServer, t
     again = serve("--uds", str(path))  # the socket file is still there: vLLM does not remove it
     assert again.process.wait(timeout=WAIT_SECONDS) == 1
     assert "OSError: [Errno 98] Address already in use" in again.stderr
+
+
+# --- releases (issue 42): FAKE_VLLM_VERSION picks what the HTTP boundary speaks -------------------------------
+
+
+def release_server(serve: StartServer, tmp_path: Path, version: str, *args: str, **knobs: str) -> Served:
+    env = base_env(
+        tmp_path,
+        VLLM_SERVER_DEV_MODE="1",
+        FAKE_VLLM_VERSION=version,
+        FAKE_VLLM_SLEEP_SECONDS="0.05",
+        FAKE_VLLM_WAKE_SECONDS="0.05",
+        **knobs,
+    )
+    served = serve("--enable-sleep-mode", *args, env=env)
+    served.wait_ready()
+    return served
+
+
+def test_0_34_sleep_answers_json_and_counts_the_operations(serve: StartServer, tmp_path: Path) -> None:
+    """0.34: /sleep and /wake_up answer JSON, level 0 exists, and the sleep-mode metrics count each operation."""
+    served = release_server(serve, tmp_path, "0.34.0")
+    assert json.loads(http(served.url("/version"))[1]) == {"version": "0.34.0"}
+    status, body = http(served.url("/sleep?level=2"), "POST")
+    assert status == 200 and json.loads(body) == {"status": "sleeping", "level": 2}
+    status, body = http(served.url("/wake_up?tags=weights"), "POST")
+    assert json.loads(body) == {"status": "sleeping", "tags": ["weights"]}  # the KV cache still sleeps
+    http(served.url("/collective_rpc"), "POST", {"method": "reload_weights"})
+    assert json.loads(http(served.url("/wake_up?tags=kv_cache"), "POST")[1]) == {
+        "status": "awake",
+        "tags": ["kv_cache"],
+    }
+    assert http(served.url("/sleep?level=3"), "POST")[0] == 400
+    metrics = http(served.url("/metrics"))[1].decode()
+    assert 'vllm:sleep_mode_operation_duration_seconds_count{operation="sleep"} 1.0' in metrics
+    assert 'vllm:sleep_mode_operation_duration_seconds_count{operation="wake"} 2.0' in metrics
+    assert 'vllm:sleep_mode_operations_in_flight{operation="wake"} 0.0' in metrics
+    assert 'reason="max_num_queued_reqs"} 0.0' in metrics
+
+
+def test_0_26_sleep_answers_stay_empty(serve: StartServer, tmp_path: Path) -> None:
+    """0.26-0.31 answer an empty 200 and have no sleep-mode metrics, no checkpoint routes, no level 0."""
+    served = release_server(serve, tmp_path, "0.26.0")
+    assert http(served.url("/sleep?level=1"), "POST") == (200, b"")
+    assert http(served.url("/wake_up"), "POST") == (200, b"")
+    assert http(served.url("/sleep?level=0"), "POST")[0] == 400
+    assert "sleep_mode_operation" not in http(served.url("/metrics"))[1].decode()
+    assert http(served.url("/checkpoint/status"))[0] == 404
+
+
+def test_0_34_checkpoint_routes(serve: StartServer, tmp_path: Path) -> None:
+    """0.34 with --enable-sleep-mode: status 503 until prepared, 200 once prepared; restore serves again."""
+    served = release_server(serve, tmp_path, "0.34.0")
+    status, body = http(served.url("/checkpoint/status"))
+    assert status == 503 and json.loads(body) == {"state": "running"}
+    assert json.loads(http(served.url("/checkpoint/prepare"), "POST")[1]) == {"state": "prepared"}
+    assert http(served.url("/checkpoint/status"))[0] == 200
+    assert json.loads(http(served.url("/checkpoint/restore"), "POST")[1]) == {"state": "running"}
+    assert http(served.url("/checkpoint/status"))[0] == 503
+
+
+def test_full_engine_queue_answers_503_and_counts_the_rejection(serve: StartServer, tmp_path: Path) -> None:
+    """--max-num-queued-reqs 1: a second request while one streams is refused with vLLM's 503."""
+    served = release_server(serve, tmp_path, "0.34.0", "--max-num-queued-reqs", "1", FAKE_VLLM_TOKEN_SECONDS="0.3")
+    request = urllib.request.Request(
+        served.url("/v1/completions"),
+        data=json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 5, "stream": True}).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as streaming:
+        streaming.readline()  # admitted and answering
+        status, body = http(served.url("/v1/completions"), "POST", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+        streaming.read()
+    assert status == 503
+    error = json.loads(body)["error"]
+    assert error["code"] == 503 and error["type"] == "Service Unavailable" and "busy" in error["message"]
+    assert completion(served)[0] == 200  # room again once the stream ended
+    metrics = http(served.url("/metrics"))[1].decode()
+    assert 'reason="max_num_queued_reqs"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.33.0", "0.34.0"])
+@pytest.mark.parametrize("level", ["1", "2"])
+def test_dankserve_sleep_edge_reads_each_release_answer(
+    serve: StartServer, tmp_path: Path, version: str, level: Literal["1", "2"]
+) -> None:
+    """supervisor/sleep_mode.py against the stand-in of each release: the empty and the JSON answers both work."""
+    from dankserve.supervisor import machine as m
+    from dankserve.supervisor.sleep_mode import sleep_server as put_to_sleep
+    from dankserve.supervisor.sleep_mode import wake_server
+
+    served = release_server(serve, tmp_path, version, FAKE_VLLM_RELOAD_SECONDS="0.05")
+    assert isinstance(put_to_sleep("127.0.0.1", served.port, None, level), m.FellAsleep)
+    assert isinstance(wake_server("127.0.0.1", served.port, None, level), m.WokeUp)
+    assert completion(served)[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "route", "level", "awake", "problem"),
+    [
+        (b"", "/sleep", 1, None, None),
+        (b'{"status": "sleeping", "level": 1}', "/sleep", 1, None, None),
+        (b'{"status": "sleeping", "level": 0}', "/sleep", 1, None, "answered level 0"),
+        (b'{"status": "awake"}', "/sleep", 2, None, "not 'sleeping'"),
+        (b'{"status": "sleeping", "tags": null}', "/wake_up", None, True, "not 'awake'"),
+        (b'{"status": "sleeping", "tags": ["weights"]}', "/wake_up", None, False, None),
+        (b"[1, 2]", "/wake_up", None, True, None),
+        (b"not json", "/sleep", 1, None, None),
+        (b'{"status": "' + b"x" * 5000 + b'"}', "/sleep", 1, None, None),
+    ],
+)
+def test_sleep_answer_contradictions(
+    body: bytes, route: str, level: int | None, awake: bool | None, problem: str | None
+) -> None:
+    """An answer that contradicts the call fails it; an empty, foreign or oversized body says nothing."""
+    from dankserve.supervisor.sleep_mode import sleep_answer_problem
+
+    found = sleep_answer_problem(body, route=route, level=level, awake=awake)
+    assert (found is None) if problem is None else (found is not None and problem in found)

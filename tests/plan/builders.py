@@ -21,6 +21,7 @@ PLAN_JSON_KEYS = [
     "gpus",
     "capacity",
     "host_ram_bytes",
+    "notes",
     "warnings",
     "exposure",
 ]

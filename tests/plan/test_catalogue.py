@@ -28,12 +28,12 @@ FACTS_033_KV_DTYPES = (
 )  # fmt: skip
 
 
-def test_catalogue_spans_every_release_from_0_10_to_0_33() -> None:
-    """The catalogue holds 0.10.0 through 0.33.0, 0.26.0 included, with each minor's .0."""
+def test_catalogue_spans_every_release_from_0_10_to_0_34() -> None:
+    """The catalogue holds 0.10.0 through 0.34.0, 0.26.0 included, with each minor's .0."""
     releases = load_catalogue().releases
     assert releases[0] == "0.10.0"
-    assert releases[-1] == "0.33.0"
-    for minor in range(10, 34):
+    assert releases[-1] == "0.34.0"
+    for minor in range(10, 35):
         assert f"0.{minor}.0" in releases
     assert list(releases) == sorted(releases, key=version_key)
 
@@ -50,16 +50,16 @@ def test_033_kv_cache_dtypes_match_facts() -> None:
     ("flag", "first", "last"),
     [
         ("--swap-space", "0.10.0", "0.17.1"),
-        ("--kv-cache-memory-bytes", "0.10.2", "0.33.0"),
-        ("--kv-offloading-size", "0.11.1", "0.33.0"),
-        ("--kv-offloading-backend", "0.11.1", "0.33.0"),
-        ("--attention-backend", "0.13.0", "0.33.0"),
-        ("--cpu-offload-params", "0.17.0", "0.33.0"),
-        ("--numa-bind", "0.20.0", "0.33.0"),
-        ("--numa-bind-nodes", "0.20.0", "0.33.0"),
-        ("--spec-method", "0.22.0", "0.33.0"),
-        ("--speculative-config", "0.10.0", "0.33.0"),
-        ("--cpu-offload-gb", "0.10.0", "0.33.0"),
+        ("--kv-cache-memory-bytes", "0.10.2", "0.34.0"),
+        ("--kv-offloading-size", "0.11.1", "0.34.0"),
+        ("--kv-offloading-backend", "0.11.1", "0.34.0"),
+        ("--attention-backend", "0.13.0", "0.34.0"),
+        ("--cpu-offload-params", "0.17.0", "0.34.0"),
+        ("--numa-bind", "0.20.0", "0.34.0"),
+        ("--numa-bind-nodes", "0.20.0", "0.34.0"),
+        ("--spec-method", "0.22.0", "0.34.0"),
+        ("--speculative-config", "0.10.0", "0.34.0"),
+        ("--cpu-offload-gb", "0.10.0", "0.34.0"),
     ],
 )
 def test_flag_lifetimes(flag: str, first: str, last: str) -> None:
@@ -114,10 +114,10 @@ def test_dflash_appears_in_0_20() -> None:
         ("0.10.1.1", "0.10.1.1", False),
         ("v0.26.0", "0.26.0", False),
         ("0.27.5", "0.27.1", True),
-        ("0.34.0", "0.33.0", True),
-        ("0.9.2", "0.33.0", True),
-        ("latest", "0.33.0", True),
-        (None, "0.33.0", True),
+        ("0.35.0", "0.34.0", True),
+        ("0.9.2", "0.34.0", True),
+        ("latest", "0.34.0", True),
+        (None, "0.34.0", True),
     ],
 )
 def test_version_resolution(requested: str | None, chosen: str, warns: bool) -> None:

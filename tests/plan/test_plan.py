@@ -313,7 +313,7 @@ def test_process_runtime_binds_host_and_port() -> None:
 def test_unknown_version_plans_for_the_newest_with_a_warning() -> None:
     """A release newer than the catalogue plans with the newest's flags and says so."""
     plan = plan_deployment("d", DeploymentSettings(model="q"), host(), caps("0.40.0"), QWEN3_30B)
-    assert plan.vllm_version == "0.33.0"
+    assert plan.vllm_version == "0.34.0"
     assert any("0.40.0" in w for w in plan.warnings)
 
 

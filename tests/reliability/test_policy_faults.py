@@ -113,7 +113,7 @@ CASES = [
     Case(
         "bad_argument",
         "config_error: failed at once with vLLM's message, not restarted",
-        {"extra_args": ["--swap-space", "16"]},
+        {"extra_args": ["--max-num-seqz", "16"]},
         failed,
         config_error("bad_argument", 1),
     ),

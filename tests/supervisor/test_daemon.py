@@ -66,7 +66,7 @@ def test_first_boot_learns_and_a_killed_server_restarts_warm(tmp_path: Path) -> 
 
 def test_bad_argument_is_reported_and_not_retried(tmp_path: Path) -> None:
     """A flag vLLM rejects fails the deployment once, with vLLM's message, and is not restarted."""
-    dep = process_deployment(free_port(), extra_args=["--swap-space", "16"])
+    dep = process_deployment(free_port(), extra_args=["--max-num-seqz", "16"])
     with running_daemon(tmp_path, {"chat": dep}) as daemon:
         status = daemon.wait_for("chat", failed)
         assert status["last_failure"]["class"] == "bad_argument"

@@ -170,7 +170,7 @@ def test_failures_of_launcher_servers_are_classified_as_before(
 def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Path) -> None:
     """A flag vLLM rejects fails the deployment with vLLM's message, not restarted; SIGTERM then removes the
     failed deployment's idle launcher too."""
-    dep = launcher_deployment(free_port(), extra_args=["--swap-space", "16"])
+    dep = launcher_deployment(free_port(), extra_args=["--max-num-seqz", "16"])
     with running_daemon(tmp_path, {"chat": dep}) as daemon:
         status = daemon.wait_for("chat", failed)
         assert status["last_failure"]["class"] == "bad_argument"

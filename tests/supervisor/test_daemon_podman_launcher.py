@@ -167,7 +167,7 @@ def test_sigterm_removes_the_idle_launcher_container_of_a_failed_deployment(
     """A flag vLLM rejects fails the deployment (not restarted) while its launcher container idles on for `up`;
     SIGTERM removes that container too."""
     host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
-    bad = {**launcher_deployment, "extra_args": ["--swap-space", "16"]}
+    bad = {**launcher_deployment, "extra_args": ["--max-num-seqz", "16"]}
     with running_daemon(
         tmp_path, {deployment: bad}, hardware=host, extra_globals={"podman_url": podman_env.url}
     ) as daemon:

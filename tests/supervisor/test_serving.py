@@ -106,3 +106,27 @@ def test_a_count_that_falls_sets_a_new_baseline() -> None:
     watch, _ = preemption_notice(PreemptionWatch(), 10, now=0, interval=1)
     watch, notice = preemption_notice(watch, 2, now=5, interval=1)
     assert notice is None and watch.baseline == 2
+
+
+V034_TEXT = """\
+# TYPE vllm:sleep_mode_operation_duration_seconds histogram
+vllm:sleep_mode_operation_duration_seconds_bucket{le="1.0",operation="sleep"} 1.0
+vllm:sleep_mode_operation_duration_seconds_bucket{le="+Inf",operation="sleep"} 1.0
+vllm:sleep_mode_operation_duration_seconds_count{operation="sleep"} 1.0
+vllm:sleep_mode_operation_duration_seconds_sum{operation="sleep"} 0.22
+# TYPE vllm:sleep_mode_operations_in_flight gauge
+vllm:sleep_mode_operations_in_flight{operation="wake"} 0.0
+# TYPE vllm:admission_rejections_total counter
+vllm:admission_rejections_total{engine="0",model_name="m",reason="max_num_queued_reqs"} 3.0
+"""
+
+
+def test_sleep_mode_and_admission_families_are_relayed() -> None:
+    """vLLM 0.32+'s sleep-mode and admission families reach the daemon's /metrics (issue 42)."""
+    families = {family.name: family for family in parse_serving(V034_TEXT, at=1.0).families}
+    assert {
+        "vllm:sleep_mode_operation_duration_seconds",
+        "vllm:sleep_mode_operations_in_flight",
+        "vllm:admission_rejections",
+    } <= set(families)
+    assert families["vllm:admission_rejections"].samples[0].value == 3.0

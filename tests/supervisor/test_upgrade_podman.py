@@ -150,6 +150,11 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
         done, traffic = _upgrade(daemon, name, url, releases["good"])
         assert done.returncode == 0, done.stdout + done.stderr
         assert "now runs" in done.stdout and "greedy ids equal" in done.stdout
+        # The re-plan names what 0.34 changes (issue 42): the release, its own KV sizing on the first boot (the
+        # learned bytes are per release), the kept kernels moving to 0.34.0's directory.
+        assert "the plan for the new release changed:" in done.stdout
+        assert "vLLM 0.33.0 -> 0.34.0" in done.stdout
+        assert "kept kernels /root/.cache/vllm/kernels/0.33.0 -> /root/.cache/vllm/kernels/0.34.0" in done.stdout
         assert _steps(daemon)[:7] == [
             "pulling",
             "reading_version",
@@ -162,6 +167,7 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
         ready = daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.34.0", timeout=180)
         assert ready["compile_cache_hit"] is True, "the trial filled 0.34.0's compile cache"
         assert ready["upgrade"]["step"] == "switched" and ready["upgrade"]["room"] in ("1", "stop")
+        assert "vLLM 0.33.0 -> 0.34.0" in ready["upgrade"]["report"]["plan_changes"]
         assert ready["image"] == releases["good"]
         assert _trial_gone(podman_env, name)
         traffic.check_accounted()

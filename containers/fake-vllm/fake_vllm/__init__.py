@@ -10,5 +10,6 @@ import os
 
 VLLM_VERSION = os.environ.get("FAKE_VLLM_VERSION", "").strip() or "0.33.0"
 """The release it claims to be (`--version`, its log, /version, the compile cache's key):
-FAKE_VLLM_VERSION stands in for another build of the image (an upgrade's new release); the
-flags it accepts stay 0.33's."""
+FAKE_VLLM_VERSION stands in for another build of the image (an upgrade's new release): what it
+speaks at the HTTP boundary follows the release (releases.py), its flags are 0.34's from 0.34 on,
+0.33's before."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, cast
 
-from . import VLLM_VERSION
+from . import VLLM_VERSION, releases
 
 Kind = Literal["value", "switch", "list", "bool_optional"]
 KINDS: Final = ("value", "switch", "list", "bool_optional")
@@ -327,6 +327,8 @@ def build_parser(catalogue: Catalogue) -> tuple[argparse.ArgumentParser, ServeAr
     subparsers = top.add_subparsers(required=False, dest="subparser", parser_class=ServeArgumentParser)
     serve: ServeArgumentParser | None = None
     for name in SUBCOMMANDS:
+        if name == "download-kernels" and not releases.DOWNLOAD_KERNELS:
+            continue  # 0.32+ (vllm/entrypoints/cli/main.py)
         if name == "serve":
             serve = subparsers.add_parser(
                 name,
@@ -335,6 +337,9 @@ def build_parser(catalogue: Catalogue) -> tuple[argparse.ArgumentParser, ServeAr
                 usage=SERVE_USAGE,
                 formatter_class=argparse.RawDescriptionHelpFormatter,
             )
+        elif name == "download-kernels":
+            kernels = subparsers.add_parser(name, help="Install precompiled kernels for faster startup.")
+            kernels.add_argument("--dry-run", action="store_true")
         else:
             subparsers.add_parser(name, help=f"`vllm {name}` (not imitated by the stand-in)")
     assert serve is not None

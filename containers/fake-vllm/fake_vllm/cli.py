@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from . import VLLM_VERSION, compile_cache, imports
+from . import VLLM_VERSION, compile_cache, imports, releases
 from .boot_plan import STAND_IN_PREFIX, BootInputs, CacheStatus, build_boot_plan
 from .catalogue import CatalogueError, build_parser, load_catalogue, non_default_args, prepare_argv
 from .knobs import DEFAULT_COLD_BOOT_SECONDS, REAL_COLD_BOOT_SECONDS, KnobError, Knobs, parse_knobs
@@ -26,7 +26,8 @@ from .timeline import phase_durations
 
 imports.pay_import()  # as real vLLM, importing the CLI costs time (0 unless imitated)
 
-CATALOGUE_FILE = "vllm_args_0.33.json"
+# The argv grammar: 0.34's from FAKE_VLLM_VERSION 0.34 on, 0.33's before (as for 0.26-0.33 until now).
+CATALOGUE_FILE = "vllm_args_0.34.json" if releases.RELEASE >= (0, 34) else "vllm_args_0.33.json"
 GPU_NODE = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)$")
 
 
@@ -268,6 +269,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if namespace.subparser is None:
         top.print_help()
         return 0
+    if namespace.subparser == "download-kernels":
+        return releases.download_kernels(environment, dry_run=bool(getattr(namespace, "dry_run", False)))
     if namespace.subparser != "serve":
         print(
             f"{STAND_IN_PREFIX} `vllm {namespace.subparser}` is not imitated (version {VLLM_VERSION})", file=sys.stderr

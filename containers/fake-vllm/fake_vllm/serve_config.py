@@ -42,6 +42,8 @@ class ServeConfig:
     access_log_excluded_paths: tuple[str, ...]
     hf_token: str | None
     enable_sleep_mode: bool = False
+    max_num_queued_reqs: int | None = None
+    """vLLM's admission limit (0.29+): unfinished requests beyond it get 503."""
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -61,6 +63,11 @@ def _get(namespace: argparse.Namespace, dest: str, default: object = None) -> ob
 def _int(namespace: argparse.Namespace, dest: str, default: int) -> int:
     value = _get(namespace, dest, default)
     return value if isinstance(value, int) else default
+
+
+def _optional_int(namespace: argparse.Namespace, dest: str) -> int | None:
+    value = _get(namespace, dest)
+    return int(value) if isinstance(value, int | str) and str(value).isdigit() else None
 
 
 def _optional_str(namespace: argparse.Namespace, dest: str) -> str | None:
@@ -114,6 +121,7 @@ def serve_config_from(namespace: argparse.Namespace, env_api_key: str | None) ->
         access_log_excluded_paths=tuple(path.strip() for path in excluded.split(",") if path.strip()),
         hf_token=_optional_str(namespace, "hf_token"),
         enable_sleep_mode=bool(_get(namespace, "enable_sleep_mode", False)),
+        max_num_queued_reqs=_optional_int(namespace, "max_num_queued_reqs"),
         enable_lora=bool(_get(namespace, "enable_lora", False)),
         max_loras=_int(namespace, "max_loras", 1),
         max_lora_rank=_int(namespace, "max_lora_rank", 16),

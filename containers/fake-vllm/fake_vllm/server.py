@@ -9,6 +9,7 @@ Minimal /v1/completions and /v1/chat/completions (deterministic text, streaming 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -24,7 +25,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
-from . import VLLM_VERSION
+from . import VLLM_VERSION, releases
 from . import messages as msg
 from .logfmt import access_message
 from .lora import LoraRegistry, adapter_token_ids
@@ -72,6 +73,8 @@ class EngineState:
     ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
     ttft_sum: float = 0.0
     ttft_count: int = 0
+    release: releases.ReleaseState = field(default_factory=releases.ReleaseState)
+    """Admission, sleep-mode metrics and checkpoints of the newer releases (releases.py)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ def metrics_text(facts: ServerFacts, state: EngineState) -> str:
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
         "# TYPE vllm:cache_config_info gauge",
         f"vllm:cache_config_info{{{info_labels}}} 1.0",
+        *releases.metrics_lines(labels, state.release),
     ]
     return "\n".join(lines) + "\n"
 
@@ -317,6 +321,9 @@ class RequestHandler(BaseHTTPRequestHandler):
                     ("POST", "/reset_prefix_cache"): lambda: self._send(200, b""),
                 }
             )
+        if releases.CHECKPOINT and self.server.facts.config.enable_sleep_mode:  # 0.34: no dev mode needed
+            for verb, route in (("POST", "prepare"), ("POST", "restore"), ("GET", "status")):
+                routes[(verb, f"/checkpoint/{route}")] = functools.partial(self._checkpoint, route)
         handler = routes.get((method, path))
         if handler is not None:
             handler()
@@ -426,19 +433,21 @@ class RequestHandler(BaseHTTPRequestHandler):
         if self._sleep_mode_off():
             return
         raw = (self._query().get("level") or ["1"])[0]
-        if raw not in ("1", "2"):
-            self._error(HTTPStatus.BAD_REQUEST, f"level must be 1 or 2, not {raw!r}", "BadRequestError", "level")
+        if raw not in releases.SLEEP_LEVELS:
+            levels = " to ".join((releases.SLEEP_LEVELS[0], releases.SLEEP_LEVELS[-1]))
+            self._error(HTTPStatus.BAD_REQUEST, f"level must be {levels}, not {raw!r}", "BadRequestError", "level")
             return
         facts, state, output = self.server.facts, self.server.state, self.server.output
         with state.lock:
             already = bool(state.sleeping_tags)
+        level = int(raw)
         if already:
             output.log(msg.ALREADY_SLEEPING)
-            self._send(200, b"")
+            self._send(200, releases.sleep_answer(level))
             return
         started = time.monotonic()
-        time.sleep(facts.sleep_seconds)
-        level = int(raw)
+        with state.release.operation("sleep"):
+            time.sleep(facts.sleep_seconds)
         with state.lock:
             state.sleeping_tags = {"weights", "kv_cache"}
             state.sleep_level = level
@@ -447,7 +456,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         # FAKE_VLLM_SLEEP_KEEPS_MEMORY: the log and /is_sleeping say asleep, NVML says otherwise.
         write_record(facts.nvml_dir, facts.own_awake_bytes if facts.sleep_keeps_memory else facts.own_asleep_bytes)
         output.log(msg.FELL_ASLEEP, (time.monotonic() - started,))
-        self._send(200, b"")
+        self._send(200, releases.sleep_answer(level))
 
     def _wake_up(self) -> None:
         """POST /wake_up[?tags=weights|kv_cache ...]: reallocate those pools (all without tags)."""
@@ -459,27 +468,32 @@ class RequestHandler(BaseHTTPRequestHandler):
             sleeping = set(state.sleeping_tags)
         if not sleeping:
             output.log(msg.NOT_SLEEPING)
-            self._send(200, b"")
+            self._send(200, releases.wake_answer(True, tags))
             return
         unknown = [tag for tag in tags if tag not in sleeping]
         if unknown:  # vLLM warns about the first and wakes nothing (a repeated staged wake, H200 2026-12-02)
             output.log(msg.TAG_NOT_SLEEPING, (unknown[0], sleeping))
-            self._send(200, b"")
+            self._send(200, releases.wake_answer(False, tags))
             return
         started = time.monotonic()
-        time.sleep(facts.wake_seconds)
+        with state.release.operation("wake"):
+            time.sleep(facts.wake_seconds)
         waking = set(tags) or sleeping
         with state.lock:
             if "weights" in waking and state.sleep_level == 2:
                 state.weights_stale = True  # allocated, not loaded: reload_weights fills them
             state.sleeping_tags -= waking
-            if not state.sleeping_tags:
+            awake = not state.sleeping_tags
+            if awake:
                 state.sleep_level = 0
                 state.woken = True
         if "weights" in waking or "kv_cache" in waking:
             write_record(facts.nvml_dir, facts.own_awake_bytes)
         output.log(msg.WOKE_UP, (time.monotonic() - started, sorted(waking)))
-        self._send(200, b"")
+        self._send(200, releases.wake_answer(awake, tags))
+
+    def _checkpoint(self, route: str) -> None:
+        self._send(*self.server.state.release.checkpoint_route(route))
 
     def _is_sleeping(self) -> None:
         with self.server.state.lock:
@@ -514,9 +528,20 @@ class RequestHandler(BaseHTTPRequestHandler):
         return document
 
     def _generate(self, chat: bool) -> None:
+        """vLLM's admission after reading the body (0.29+, --max-num-queued-reqs): 503 beyond the limit."""
         request = self._read_json()
         if request is None:
             return
+        limit = self.server.facts.config.max_num_queued_reqs if releases.ADMISSION else None
+        if not self.server.state.release.admit(limit):
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, releases.QUEUE_FULL_MESSAGE, "Service Unavailable")
+            return
+        try:
+            self._generate_admitted(chat, request)
+        finally:
+            self.server.state.release.finish()
+
+    def _generate_admitted(self, chat: bool, request: dict[str, object]) -> None:
         facts, state = self.server.facts, self.server.state
         model = request.get("model") or facts.config.served_model_name
         adapter = isinstance(model, str) and facts.lora.has(model)

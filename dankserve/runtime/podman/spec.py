@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from dankserve.runtime.base import (
     LABEL_DEPLOYMENT,
     LABEL_LAUNCHER,
     LABEL_MANAGED,
+    KernelsDir,
     LaunchRequest,
     SecretFile,
     WorkloadSpec,
@@ -49,16 +51,39 @@ _SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def serve_entrypoint(secrets: Sequence[SecretFile]) -> list[str]:
-    """`vllm serve`, or a shell wrapper that reads value secrets from their files just before exec.
+_KERNELS_PATH = re.compile(r"/[A-Za-z0-9_./-]+")
+
+
+def kernels_steps(kernels: KernelsDir) -> list[str]:
+    """The shell steps of the kept kernels: download them where missing (a first boot), then put them first on
+    PYTHONPATH. The download goes to a partial dir renamed when complete; it fails fast (no retries, a 10 s timeout)
+    and a failure (an offline host) warns only."""
+    if not _KERNELS_PATH.fullmatch(kernels.path) or ".." in kernels.path:
+        raise ValueError(f"kernels dir {kernels.path!r} is not a plain absolute path")
+    k = kernels.path
+    warning = f"dankserve: vllm download-kernels into {k} failed: FlashInfer fetches or compiles kernels at start"
+    pip = f"PIP_TARGET={k}.partial PIP_RETRIES=0 PIP_DEFAULT_TIMEOUT=10"
+    steps = []
+    if kernels.download:
+        fetch = (
+            f"rm -rf {k}.partial; {pip} vllm download-kernels && mv {k}.partial {k} || echo {shlex.quote(warning)} >&2"
+        )
+        steps.append(f"if [ ! -d {k} ]; then {fetch}; fi")
+    steps.append(f'if [ -d {k} ]; then export PYTHONPATH="{k}${{PYTHONPATH:+:$PYTHONPATH}}"; fi')
+    return steps
+
+
+def serve_entrypoint(secrets: Sequence[SecretFile], kernels: KernelsDir | None = None) -> list[str]:
+    """`vllm serve`, or a shell wrapper that reads value secrets from their files (and sets up the kept kernels)
+    just before exec.
 
     The wrapper keeps a value out of `podman inspect` and argv; `set -e` makes an unreadable
     or missing file stop the container rather than start vLLM without its key.
     """
     values = [s for s in secrets if not secret_is_path(s)]
-    if not values:
+    if not values and kernels is None:
         return ["vllm", "serve"]
-    parts = ["set -e"]
+    parts = [*(kernels_steps(kernels) if kernels is not None else []), "set -e"]
     for s in values:
         if not _SHELL_NAME.fullmatch(s.env_var) or not _FILE_NAME.fullmatch(s.name):
             raise ValueError(f"secret {s.name!r} -> {s.env_var!r}: not a plain file or variable name")
@@ -121,7 +146,7 @@ def container_create_kwargs(
             raise ValueError(f"secret name {s.name!r} is not a plain file name")
         secrets.append({"source": secret_ids[s.name], "target": s.name})
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.deployment}
-    entrypoint, command = serve_entrypoint(spec.secrets), list(server_argv(spec))
+    entrypoint, command = serve_entrypoint(spec.secrets, spec.kernels), list(server_argv(spec))
     if spec.launcher is not None:
         # The image's own Python runs the launcher (stdlib only), mounted read-only; servers come from its socket.
         entrypoint = ["python3", f"{CONTAINER_LAUNCHER_DIR}/__main__.py", "--run-dir", CONTAINER_LAUNCHER_RUN]

@@ -41,7 +41,7 @@ from dankserve.supervisor.upgrade.events import (
     RoomMade,
     VersionRead,
 )
-from dankserve.supervisor.upgrade.judging import Limits, Measurement, Verdict, flags_gone, judge
+from dankserve.supervisor.upgrade.judging import Limits, Measurement, Verdict, flags_gone, judge, plan_changes
 from dankserve.supervisor.upgrade.steps import TERMINAL, Room, Step, UpgradeState
 from dankserve.supervisor.upgrade.transitions import advance, begin, recover
 
@@ -82,5 +82,6 @@ __all__ = [
     "begin",
     "flags_gone",
     "judge",
+    "plan_changes",
     "recover",
 ]

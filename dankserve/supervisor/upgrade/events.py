@@ -35,6 +35,8 @@ class Replanned:
     """Planned flags the new release does not accept (empty: the plan holds)."""
     problem: str | None = None
     """The planner refused the deployment for this release (its message)."""
+    changes: tuple[str, ...] = ()
+    """What the new release's plan changes against the running one (`judging.plan_changes`)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dankserve.plan.serve_args import split_options
+from dankserve.plan.types import Plan
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -111,3 +114,30 @@ def judge(old: Measurement, new: Measurement, limits: Limits) -> Verdict:
             )
             report["greedy_ids_first_difference"] = first
     return Verdict(not reasons, tuple(reasons), report)
+
+
+def plan_changes(old: Plan | None, new: Plan) -> tuple[str, ...]:
+    """What the re-plan for the new release changes, one line each: the release, flags added, dropped or
+    given another value, environment variables, the kept kernels, and the plan's new notes (empty: the same)."""
+    if old is None:
+        return ()
+    lines: list[str] = []
+    if old.vllm_version != new.vllm_version:
+        lines.append(f"vLLM {old.vllm_version} -> {new.vllm_version}")
+    before = {o.name: " ".join(o.values) for o in split_options(old.argv[1:])[1]}
+    after = {o.name: " ".join(o.values) for o in split_options(new.argv[1:])[1]}
+    reasons = {c.flag: c.reason for c in new.flags}
+    for flag, value in after.items():
+        if flag not in before:
+            lines.append(f"added {flag}{' ' + value if value else ''}: {reasons.get(flag, 'from extra_args')}")
+        elif before[flag] != value:
+            lines.append(f"{flag} {before[flag]} -> {value}")
+    lines += [f"dropped {flag}" for flag in before if flag not in after]
+    lines += [f"env {key} dropped" for key in old.env if key not in new.env]
+    lines += [f"env {key}={new.env[key]}" for key in new.env if old.env.get(key) != new.env[key]]
+    old_kernels = old.kernels.target if old.kernels is not None else None
+    new_kernels = new.kernels.target if new.kernels is not None else None
+    if old_kernels != new_kernels:
+        lines.append(f"kept kernels {old_kernels or 'none'} -> {new_kernels or 'none'}")
+    lines += [f"note: {note}" for note in new.notes if note not in old.notes]
+    return tuple(lines)

@@ -84,7 +84,7 @@ def _replanned(state: UpgradeState, event: Replanned) -> Outcome:
             reason=f"{release} does not accept the planned flag(s) {names} (gone or renamed): "
             "pin the image, or drop them from extra_args",
         ), ()
-    return state.at(Step.MAKING_ROOM), (MeasureOld(),)
+    return state.at(Step.MAKING_ROOM, report={"plan_changes": list(event.changes)}), (MeasureOld(),)
 
 
 def _measured(state: UpgradeState, event: Measured) -> Outcome:
@@ -95,6 +95,7 @@ def _measured(state: UpgradeState, event: Measured) -> Outcome:
     else:
         verdict = judge(old, event.new, state.limits)
         verdict_reasons, report = verdict.reasons, verdict.report
+    report = {**state.report, **report}  # the re-plan's changes stay beside the figures
     if verdict_reasons:
         rolled, actions = _roll_back(state, "; ".join(verdict_reasons), state.new_workload)
         return rolled.at(Step.ROLLING_BACK, report=report), actions
