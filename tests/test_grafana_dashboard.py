@@ -39,11 +39,14 @@ def test_every_query_names_only_exported_metrics() -> None:
 
 
 def test_the_issues_panels_are_there() -> None:
-    """State, boots, restart causes, boot times by kind, GPU memory, KV-cache usage and preemptions have panels."""
+    """State, boots, restart causes, boot times by kind, GPU memory, KV-cache usage, preemptions, the swap groups'
+    sleep state and checks, and the gateway's requests and tokens have panels."""
     titles = {panel["title"] for panel in json.loads(DASHBOARD.read_text())["panels"]}
     for wanted in ("State", "Boots by kind", "Restarts by cause", "GPU memory", "KV-cache usage", "Preemptions"):
         assert wanted in titles
     assert any(title.startswith("Boot time by kind") for title in titles)
+    for wanted in ("Sleep state", "Swap check failures", "Gateway requests by code", "Gateway tokens by key"):
+        assert wanted in titles  # issue 39 (low): the gateway's and the swap groups' panels
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus package) is missing")

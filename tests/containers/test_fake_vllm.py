@@ -977,13 +977,15 @@ def test_dankserve_sleep_edge_reads_each_release_answer(
     serve: StartServer, tmp_path: Path, version: str, level: Literal["1", "2"]
 ) -> None:
     """supervisor/sleep_mode.py against the stand-in of each release: the empty and the JSON answers both work."""
+    from dankserve.backend_address import TcpAddress
     from dankserve.supervisor import machine as m
     from dankserve.supervisor.sleep_mode import sleep_server as put_to_sleep
     from dankserve.supervisor.sleep_mode import wake_server
 
     served = release_server(serve, tmp_path, version, FAKE_VLLM_RELOAD_SECONDS="0.05")
-    assert isinstance(put_to_sleep("127.0.0.1", served.port, None, level), m.FellAsleep)
-    assert isinstance(wake_server("127.0.0.1", served.port, None, level), m.WokeUp)
+    address = TcpAddress("127.0.0.1", served.port)
+    assert isinstance(put_to_sleep(address, None, level), m.FellAsleep)
+    assert isinstance(wake_server(address, None, level), m.WokeUp)
     assert completion(served)[0] == 200
 
 
