@@ -68,6 +68,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))
 
 
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """Each test starts under the session's umask: commands run in-process (`run`, `up`) set the daemon's
+    private umask for the whole process, and a test after them would otherwise create files 0600."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 def _require_harness() -> None:
     missing = missing_requirements()
     if missing:

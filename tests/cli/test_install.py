@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from dankserve.cli.install import UNIT_TEMPLATE, command, dankserve_executable, render_unit
+from tests.harness.installs import checkout_outside_tmp
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 
@@ -32,6 +33,7 @@ def test_exec_start_points_at_this_installation() -> None:
     assert "ExecStart=/opt/x/bin/dankserve run\n" in text
 
 
+@checkout_outside_tmp()
 def test_install_writes_unit_and_private_example_config(tmp_path: Path) -> None:
     """install writes the unit and an example config readable by root only, keeping an existing one."""
     unit = _installed_unit(tmp_path)
@@ -43,6 +45,7 @@ def test_install_writes_unit_and_private_example_config(tmp_path: Path) -> None:
     assert config.read_text() == "# mine\n"
 
 
+@checkout_outside_tmp()
 @needs_analyze
 def test_installed_unit_verifies_silently(tmp_path: Path) -> None:
     """systemd-analyze verify prints nothing for the installed unit."""
@@ -53,6 +56,7 @@ def test_installed_unit_verifies_silently(tmp_path: Path) -> None:
     assert done.stdout.strip() == "" and done.stderr.strip() == "", done.stdout + done.stderr
 
 
+@checkout_outside_tmp()
 @needs_analyze
 def test_installed_unit_exposure_is_at_most_4_5(tmp_path: Path) -> None:
     """systemd-analyze security rates the installed unit at 4.5 or lower."""
@@ -76,6 +80,7 @@ def test_the_unit_raises_the_descriptor_limit() -> None:
     assert match and int(match.group(1)) >= 65536
 
 
+@checkout_outside_tmp()
 def test_install_writes_a_man_page_for_every_command(tmp_path: Path) -> None:
     """`dankserve install` writes dankserve.1 naming every command, and each command's page naming the command
     and each of its options."""
@@ -104,6 +109,7 @@ def test_without_a_checkout_the_unit_and_example_come_from_the_packages_share_di
     assert shipped(UNIT_TEMPLATE, shared) == UNIT_TEMPLATE  # the checkout's own file first
 
 
+@checkout_outside_tmp()
 def test_install_writes_the_daily_auto_update_timer_and_its_service(tmp_path: Path) -> None:
     """The timer fires daily with a randomized delay (as podman-auto-update.timer); its service runs this
     installation's `dankserve upgrade --auto`."""
@@ -115,6 +121,7 @@ def test_install_writes_the_daily_auto_update_timer_and_its_service(tmp_path: Pa
     assert f"ExecStart={dankserve_executable()} --config {config} upgrade --auto\n" in service
 
 
+@checkout_outside_tmp()
 @needs_analyze
 def test_installed_auto_update_units_verify_silently(tmp_path: Path) -> None:
     """systemd-analyze verify prints nothing for the timer and its service."""

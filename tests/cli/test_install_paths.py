@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli import dankserve_cli
-from tests.harness.installs import make_installation
+from tests.harness.installs import checkout_outside_tmp, make_installation
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 
@@ -29,6 +29,7 @@ def _exec_start(unit: Path) -> list[str]:
     return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$"))
 
 
+@checkout_outside_tmp()
 @needs_analyze
 def test_the_unit_reads_the_config_install_wrote(tmp_path: Path) -> None:
     config_dir = tmp_path / "etc dir"
@@ -47,6 +48,7 @@ def test_the_unit_reads_the_config_install_wrote(tmp_path: Path) -> None:
         assert verify.returncode == 0 and verify.stderr.strip() == "", verify.stderr
 
 
+@checkout_outside_tmp()
 def test_documentation_names_only_what_install_puts_in_place(tmp_path: Path) -> None:
     assert _install(tmp_path).returncode == 0
     for unit in (tmp_path / "units").iterdir():

@@ -13,6 +13,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -68,3 +70,14 @@ def chown_tree(top: Path, uid: int, gid: int) -> None:
     for root, dirs, files in os.walk(top):
         for name in dirs + files:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+
+
+def checkout_outside_tmp() -> pytest.MarkDecorator:
+    """Skip a test that installs units running this checkout's code when the checkout is under /tmp: the unit
+    (PrivateTmp=yes) could not see that code, so `install` refuses it, rightly (tests/cli/test_install_paths.py
+    covers that refusal). CI's clone and `make test` from a usual checkout run these."""
+    from dankserve.cli.install import under_private_tmp
+
+    return pytest.mark.skipif(
+        under_private_tmp(REPO), reason=f"the checkout {REPO} is under /tmp, which a PrivateTmp=yes unit cannot see"
+    )

@@ -46,6 +46,7 @@ def test_token_file_is_read_and_its_problems_are_config_errors(tmp_path: Path) -
     """The token is stripped; a missing, empty or world-readable file is exit 2 naming the key."""
     token = tmp_path / "token"
     token.write_text("hf_abc\n")
+    token.chmod(0o644)
     with pytest.raises(ConfigError, match="open to others"):
         read_token(token, "chat")
     token.chmod(0o600)

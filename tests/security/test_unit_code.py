@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.installs import REPO, Installation, chown_tree, make_installation
+from tests.harness.installs import REPO, Installation, checkout_outside_tmp, chown_tree, make_installation
 from tests.harness.users import LocalUser, unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the checks are about root's units: run as root")
@@ -122,6 +122,7 @@ def test_doctor_fails_on_code_others_can_change_and_passes_once_root_owns_it(pla
     assert "[ok  ] code the unit runs" in doctor.stdout, doctor.stdout
 
 
+@checkout_outside_tmp()
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_a_root_owned_installation_at_a_path_with_blanks_installs_and_verifies(place: Path, tmp_path: Path) -> None:
     """Root's own installation installs; its ExecStart= (a blank and a `%` in the path) is one quoted word
