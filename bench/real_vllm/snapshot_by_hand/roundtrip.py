@@ -3,8 +3,10 @@
 child: holds a tensor on the GPU and answers SIGUSR1 with its checksum in a result file.
 parent: lock -> checkpoint -> [criu dump, kill, criu restore] -> restore -> unlock, timed; the child's
 checksum must match before and after. `--no-gpu` rehearses the CRIU half on a CPU machine."""
+
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -29,7 +31,7 @@ def child(no_gpu: bool) -> None:
         pad.fill_(7)
         torch.cuda.synchronize()
         checksum = lambda: float(x.double().sum().item()) + float(pad[::4096].double().sum().item())  # noqa: E731
-    first = checksum()
+    first: float = checksum()  # type: ignore[no-untyped-call]
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
     (WORK / "ready.tmp").write_text(json.dumps({"pid": os.getpid(), "checksum": first}))
     os.rename(WORK / "ready.tmp", WORK / "ready")
@@ -39,7 +41,7 @@ def child(no_gpu: bool) -> None:
         if sig == signal.SIGUSR2:
             return
         n += 1
-        value = checksum()
+        value: float = checksum()  # type: ignore[no-untyped-call]
         tmp = WORK / f"result{n}.tmp"
         tmp.write_text(json.dumps({"checksum": value, "pid": os.getpid()}))
         os.rename(tmp, WORK / f"result{n}")
@@ -97,7 +99,10 @@ def gpu_mib(pid: int) -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=20,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return f"n/a ({exc})"
@@ -113,10 +118,11 @@ def ask(n: int, pid: int) -> dict[str, object]:
         if time.monotonic() > end:
             return {"error": "no answer in 60 s"}
         time.sleep(0.01)
-    return json.loads(path.read_text())
+    answer: dict[str, object] = json.loads(path.read_text())
+    return answer
 
 
-def parent(no_gpu: bool, criu: list[str]) -> dict[str, object]:
+def parent(no_gpu: bool, criu: list[str]) -> dict[str, object]:  # noqa: PLR0915 - one probe, in order
     import shutil
 
     shutil.rmtree(WORK, ignore_errors=True)
@@ -161,22 +167,32 @@ def parent(no_gpu: bool, criu: list[str]) -> dict[str, object]:
     timed("gpu2_lock", drv.lock, pid)
     timed("gpu2_checkpoint", drv.checkpoint, pid)
     t = time.monotonic()
-    dump = subprocess.run([*criu, "dump", "-t", str(pid), "-D", str(img), "-v4", "-o", "dump.log"], capture_output=True, text=True)
+    dump = subprocess.run(
+        [*criu, "dump", "-t", str(pid), "-D", str(img), "-v4", "-o", "dump.log"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     rows["criu_dump_s"] = round(time.monotonic() - t, 3)
     rows["criu_dump_rc"] = dump.returncode
     rows["image_bytes"] = sum(p.stat().st_size for p in img.iterdir() if p.is_file())
     if dump.returncode != 0:
-        rows["criu_dump_log_tail"] = (img / "dump.log").read_text(errors="replace")[-4000:] if (img / "dump.log").exists() else dump.stderr
+        rows["criu_dump_log_tail"] = (
+            (img / "dump.log").read_text(errors="replace")[-4000:] if (img / "dump.log").exists() else dump.stderr
+        )
         drv.restore(pid)
         drv.unlock(pid)
         os.kill(pid, signal.SIGUSR2)
         return rows
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
     t = time.monotonic()
-    rest = subprocess.run([*criu, "restore", "-D", str(img), "-d", "-v4", "-o", "restore.log"], capture_output=True, text=True)
+    rest = subprocess.run(
+        [*criu, "restore", "-D", str(img), "-d", "-v4", "-o", "restore.log"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     rows["criu_restore_s"] = round(time.monotonic() - t, 3)
     rows["criu_restore_rc"] = rest.returncode
     if rest.returncode != 0:

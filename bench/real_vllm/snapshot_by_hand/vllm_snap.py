@@ -5,6 +5,7 @@ the greedy text compared. Also the cold boot and the manual best (every cache wa
 
 VLLM_CMD: the server command before `serve` (default: python3 -m vllm.entrypoints.cli.main);
 `--no-gpu` rehearses on the stand-in (no CUDA calls)."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from roundtrip import Driver, NoGpu, gpu_mib  # noqa: E402
+import contextlib
+
+from roundtrip import Driver, NoGpu, gpu_mib  # type: ignore[import-not-found]
 
 PROMPT = "The capital of France is"
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
@@ -58,12 +61,22 @@ class Server:
 
     def start(self) -> None:
         cmd = os.environ.get("VLLM_CMD", f"{sys.executable} -m vllm.entrypoints.cli.main").split()
-        args = [*cmd, "serve", self.model, "--port", str(self.port), "--served-model-name", "m",
-                "--enable-sleep-mode", *self.extra]
+        args = [
+            *cmd,
+            "serve",
+            self.model,
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            "m",
+            "--enable-sleep-mode",
+            *self.extra,
+        ]
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", UV_USE_IO_URING="0", TORCHINDUCTOR_COMPILE_THREADS="1")
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True, env=env, cwd="/")
+            self.proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env, cwd="/"
+            )
         self.root = self.proc.pid
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -71,10 +84,8 @@ class Server:
         pid while its threads leave the driver: CRIU restores onto the same pids)."""
         pids = tree(self.root)
         for p in reversed(pids):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(p, sig)
-            except ProcessLookupError:
-                pass
         end = time.monotonic() + 90
         while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < end:
             reap()
@@ -168,8 +179,28 @@ def capture(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, level:
     img.mkdir(parents=True)
     t = time.monotonic()
     leave = ["--leave-running"] if os.environ.get("LEAVE_RUNNING") == "1" else []
-    d = subprocess.run([*criu, "dump", "-t", str(srv.root), "-D", str(img), *leave, "--tcp-established", "--link-remap", "--network-lock", "skip",
-                        "--ext-unix-sk", "-v4", "-o", "dump.log"], capture_output=True, text=True)
+    d = subprocess.run(
+        [
+            *criu,
+            "dump",
+            "-t",
+            str(srv.root),
+            "-D",
+            str(img),
+            *leave,
+            "--tcp-established",
+            "--link-remap",
+            "--network-lock",
+            "skip",
+            "--ext-unix-sk",
+            "-v4",
+            "-o",
+            "dump.log",
+        ],
+        capture_output=True,
+        check=False,
+        text=True,
+    )
     b["criu_dump_s"] = round(time.monotonic() - t, 3)
     if d.returncode:
         b["criu_dump_error"] = (img / "dump.log").read_text(errors="replace")[-3000:]
@@ -207,8 +238,26 @@ def wake(srv: Server, level: int, b: dict[str, object]) -> None:
 def restore(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, t0: float) -> dict[str, object]:
     b: dict[str, object] = {}
     t = time.monotonic()
-    r = subprocess.run([*criu, "restore", "-D", str(img), "-d", "--tcp-established", "--link-remap", "--network-lock", "skip", "--ext-unix-sk", "-v4",
-                        "-o", "restore.log"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            *criu,
+            "restore",
+            "-D",
+            str(img),
+            "-d",
+            "--tcp-established",
+            "--link-remap",
+            "--network-lock",
+            "skip",
+            "--ext-unix-sk",
+            "-v4",
+            "-o",
+            "restore.log",
+        ],
+        capture_output=True,
+        check=False,
+        text=True,
+    )
     b["criu_restore_s"] = round(time.monotonic() - t, 3)
     if r.returncode:
         b["criu_restore_error"] = (img / "restore.log").read_text(errors="replace")[-3000:]
@@ -257,20 +306,37 @@ def main() -> None:
     t0 = time.monotonic()
     srv.start()
     first, text = srv.first_token()
-    row(kind="manual-best", model=label, runtime="process", seconds=round(first - t0, 3), same_text=text == greedy, text=text)
+    row(
+        kind="manual-best",
+        model=label,
+        runtime="process",
+        seconds=round(first - t0, 3),
+        same_text=text == greedy,
+        text=text,
+    )
     greedy = text
     for level in [int(x) for x in os.environ.get("LEVELS", "1").split()]:
         os.environ["SNAP_LEVEL"] = str(level)
         for i in range(repeats):
             b = capture(srv, drv, criu, img, level)
-            row(kind="capture", model=label, runtime="process", seconds=b["outage_s"], level=level, n=i + 1, breakdown=b)
+            row(
+                kind="capture", model=label, runtime="process", seconds=b["outage_s"], level=level, n=i + 1, breakdown=b
+            )
             if not b["ok"]:
                 srv.kill()
                 return
             t0 = time.monotonic()
             r = restore(srv, drv, criu, img, t0)
-            row(kind="restore-kill", model=label, runtime="process", seconds=r.get("seconds"), level=level, n=i + 1,
-                breakdown=r, same_text=r.get("text") == greedy)
+            row(
+                kind="restore-kill",
+                model=label,
+                runtime="process",
+                seconds=r.get("seconds"),
+                level=level,
+                n=i + 1,
+                breakdown=r,
+                same_text=r.get("text") == greedy,
+            )
             if "criu_restore_error" in r:
                 return
     srv.kill(signal.SIGTERM)
