@@ -177,48 +177,48 @@ def capture(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, level:
     b["gpu_mib_checkpointed"] = [gpu_mib(p) for p in gp]
     shutil.rmtree(img, ignore_errors=True)
     img.mkdir(parents=True)
-    t = time.monotonic()
     leave = ["--leave-running"] if os.environ.get("LEAVE_RUNNING") == "1" else []
-    d = subprocess.run(
-        [
-            *criu,
-            "dump",
-            "-t",
-            str(srv.root),
-            "-D",
-            str(img),
-            *leave,
-            "--tcp-established",
-            "--link-remap",
-            "--network-lock",
-            "skip",
-            "--ext-unix-sk",
-            "-v4",
-            "-o",
-            "dump.log",
-        ],
+    dumped = run_criu(criu, ["dump", "-t", str(srv.root), *leave], img, "dump", b)
+    b["image_bytes"] = sum(f.stat().st_size for f in img.rglob("*") if f.is_file())
+    b["ok"] = dumped
+    if leave or not dumped:
+        gpu_resume(drv, gp, b)
+        wake(srv, level, b)
+    else:
+        srv.kill()  # CRIU ended the tree at the dump; reap it
+    b["outage_s"] = round(time.monotonic() - t0, 3)
+    return b
+
+
+CRIU_OPTIONS = ("--tcp-established", "--link-remap", "--network-lock", "skip", "--ext-unix-sk", "-v4")
+"""What the H200 lease taught a vLLM tree needs (docs/hardware/h200x1-snapshot/README.md)."""
+
+
+def run_criu(criu: list[str], action: list[str], img: Path, name: str, b: dict[str, object]) -> bool:
+    """`criu ACTION -D IMG` with CRIU_OPTIONS, timed into b[criu_NAME_s]; its log's tail in b on failure."""
+    t = time.monotonic()
+    done = subprocess.run(
+        [*criu, *action, "-D", str(img), *CRIU_OPTIONS, "-o", f"{name}.log"],
         capture_output=True,
         check=False,
         text=True,
     )
-    b["criu_dump_s"] = round(time.monotonic() - t, 3)
-    if d.returncode:
-        b["criu_dump_error"] = (img / "dump.log").read_text(errors="replace")[-3000:]
-    b["image_bytes"] = sum(f.stat().st_size for f in img.rglob("*") if f.is_file())
-    b["ok"] = d.returncode == 0
-    if leave or not b["ok"]:
-        t = time.monotonic()
-        for p in gp:
-            drv.restore(p)
-        for p in gp:
-            drv.unlock(p)
-        b["gpu_restore_s"] = round(time.monotonic() - t, 3)
-        wake(srv, level, b)
-        b["outage_s"] = round(time.monotonic() - t0, 3)
-    else:
-        srv.kill()  # CRIU ended the tree at the dump; reap it
-        b["outage_s"] = round(time.monotonic() - t0, 3)
-    return b
+    b[f"criu_{name}_s"] = round(time.monotonic() - t, 3)
+    if done.returncode:
+        b[f"criu_{name}_error"] = (img / f"{name}.log").read_text(errors="replace")[-3000:]
+    return done.returncode == 0
+
+
+def gpu_resume(drv: Driver | NoGpu, pids: list[int], b: dict[str, object]) -> None:
+    """CUDA restore then unlock of every checkpointed process, timed into b[gpu_restore_s]."""
+    t = time.monotonic()
+    for p in pids:
+        rc = drv.restore(p)
+        if rc:
+            b[f"gpu_restore_rc_{p}"] = rc
+    for p in pids:
+        drv.unlock(p)
+    b["gpu_restore_s"] = round(time.monotonic() - t, 3)
 
 
 def wake(srv: Server, level: int, b: dict[str, object]) -> None:
@@ -237,41 +237,10 @@ def wake(srv: Server, level: int, b: dict[str, object]) -> None:
 
 def restore(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, t0: float) -> dict[str, object]:
     b: dict[str, object] = {}
-    t = time.monotonic()
-    r = subprocess.run(
-        [
-            *criu,
-            "restore",
-            "-D",
-            str(img),
-            "-d",
-            "--tcp-established",
-            "--link-remap",
-            "--network-lock",
-            "skip",
-            "--ext-unix-sk",
-            "-v4",
-            "-o",
-            "restore.log",
-        ],
-        capture_output=True,
-        check=False,
-        text=True,
-    )
-    b["criu_restore_s"] = round(time.monotonic() - t, 3)
-    if r.returncode:
-        b["criu_restore_error"] = (img / "restore.log").read_text(errors="replace")[-3000:]
+    if not run_criu(criu, ["restore", "-d"], img, "restore", b):
         return b
     pids = tree(srv.root)
-    gp = gpu_pids(drv, pids)
-    t = time.monotonic()
-    for p in gp:
-        rc = drv.restore(p)
-        if rc:
-            b[f"gpu_restore_rc_{p}"] = rc
-    for p in gp:
-        drv.unlock(p)
-    b["gpu_restore_s"] = round(time.monotonic() - t, 3)
+    gpu_resume(drv, gpu_pids(drv, pids), b)
     wake(srv, int(os.environ.get("SNAP_LEVEL", "1")), b)
     t = time.monotonic()
     first, text = srv.first_token(120)
