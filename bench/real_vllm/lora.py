@@ -129,7 +129,7 @@ def token_ids(client: httpx.Client, model: str) -> tuple[int, list[list[int]]]:
 
 def run(out: Path, adapters: Path) -> dict[str, Any]:
     from dankserve.backend_address import TcpAddress
-    from dankserve.supervisor.adapters import AdapterChanges, apply
+    from dankserve.supervisor.worker.adapters import AdapterChanges, apply
 
     ensure_model_config()
     started = time.monotonic()
