@@ -404,7 +404,7 @@ class Daemon:
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """A control request's answer (`supervisor.requests`' verb table)."""
+        """A control request's answer (`supervisor.control.requests`' verb table)."""
         return requests.answer(self, request)
 
     def take_down(self, name: str) -> None:
