@@ -303,7 +303,7 @@ class DeploymentState:
     before it is sent: a daemon following one killed meanwhile sends it again."""
     timings: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     """Seconds the last boots (cold, warm), wakes and sleeps took, latest last: the predictions'
-    history (supervisor.prediction)."""
+    history (supervisor.observe.prediction)."""
     unsafe_sleep: tuple[UnsafeSleep, ...] = ()
     """Sleep levels that failed their check, each for the vLLM version and model it failed with."""
     canaries: Mapping[str, tuple[int, ...]] = field(default_factory=dict)

@@ -160,3 +160,76 @@ def test_every_package_imports_what_the_architecture_doc_draws() -> None:
         if arrows != actual[package]
     }
     assert not wrong, f"docs/ARCHITECTURE.md's import directions are not the imports: {wrong}"
+
+
+SUPERVISOR = PACKAGE / "supervisor"
+WINGS = re.compile(r"<!-- supervisor-directions:begin.*?-->(.*?)<!-- supervisor-directions:end -->", re.S)
+TOP_LEVEL_MODULES = 20
+
+
+def wing(module: str) -> str | None:
+    """The wing of a supervisor module (`fleet` for dankserve.supervisor.fleet.swap_groups), or the top-level
+    module's own name (`records`); None outside the supervisor and for the package itself."""
+    parts = module.split(".")
+    if parts[:2] != ["dankserve", "supervisor"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def wing_graph() -> dict[str, set[str]]:
+    """wing or top-level module of supervisor/ -> the others it imports."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in module_graph().items():
+        own = wing(module)
+        if own is None:
+            continue
+        reached = {wing(target) for target in imported}
+        graph.setdefault(own, set()).update(w for w in reached if w is not None and w != own)
+    return graph
+
+
+def documented_wing_directions() -> dict[str, set[str]]:
+    """docs/ARCHITECTURE.md's supervisor-directions table, read like the package table."""
+    match = WINGS.search(ARCHITECTURE.read_text())
+    assert match is not None, "docs/ARCHITECTURE.md has no supervisor-directions table"
+    table: dict[str, set[str]] = {}
+    for line in match.group(1).splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        for name in re.findall(r"`([\w.]+)`", cells[0]):
+            table[name] = set(re.findall(r"`([\w.]+)`", cells[1]))
+    return table
+
+
+def test_the_supervisor_has_at_most_20_modules_at_its_top_level() -> None:
+    """supervisor/ is wings (folders) over a shared ground: at most 20 .py files directly in it, __init__ counted."""
+    top = sorted(path.name for path in SUPERVISOR.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_MODULES, f"{len(top)} modules at supervisor/'s top level: {top}"
+
+
+def test_no_supervisor_wing_imports_itself_back() -> None:
+    """No cycle between the supervisor's wings and top-level modules, counting every import."""
+    assert cycles(wing_graph()) == []
+
+
+def test_every_supervisor_wing_imports_what_the_architecture_doc_draws() -> None:
+    """Each wing's (and top-level module's) imports among the others are exactly the arrows of
+    docs/ARCHITECTURE.md's supervisor-directions table: an import against the arrows fails here."""
+    documented = documented_wing_directions()
+    actual = wing_graph()
+    assert sorted(documented) == sorted(actual), "a wing or top-level module missing from (or extra in) the table"
+    wrong = {
+        name: {"undocumented": sorted(actual[name] - arrows), "not imported": sorted(arrows - actual[name])}
+        for name, arrows in documented.items()
+        if arrows != actual[name]
+    }
+    assert not wrong, f"docs/ARCHITECTURE.md's supervisor directions are not the imports: {wrong}"
+
+
+def test_an_import_against_the_arrows_is_caught() -> None:
+    """The check is not vacuous: a worker importing the control wing would be both undocumented and a cycle."""
+    graph = {name: set(arrows) for name, arrows in wing_graph().items()}
+    graph["worker"].add("control")
+    assert any({"worker", "control"} <= set(component) for component in cycles(graph))
+    assert "control" not in documented_wing_directions()["worker"]

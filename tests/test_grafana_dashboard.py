@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dankserve.supervisor.metrics import EXPORTED
-from dankserve.supervisor.serving import RELAYED
+from dankserve.supervisor.observe.metrics import EXPORTED
+from dankserve.supervisor.observe.serving import RELAYED
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "dankserve.json"
 METRIC = re.compile(r"\b(?:dankserve_[a-z_]+|vllm:[a-z_:]+)")

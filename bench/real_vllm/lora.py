@@ -7,7 +7,7 @@ dankserve's rules (`plan.lora`), boots `vllm serve MODEL --enable-lora ... --lor
 a1=DIR` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, then:
 
 1. greedy token ids (`ignore_eos`, `return_token_ids`) of the base model and of `a1` (loaded at boot),
-2. `a2` loaded at runtime through dankserve's own edge (`supervisor.adapters.apply`: POST
+2. `a2` loaded at runtime through dankserve's own edge (`supervisor.worker.adapters.apply`: POST
    /v1/load_lora_adapter), its ids, and `a1` unloaded (POST /v1/unload_lora_adapter; then 404),
 3. /v1/models: each adapter listed with `parent` = the base model,
 4. GPU memory in use (NVML) with the adapters' slots, beside the planner's estimate of the slots.
@@ -129,7 +129,7 @@ def token_ids(client: httpx.Client, model: str) -> tuple[int, list[list[int]]]:
 
 def run(out: Path, adapters: Path) -> dict[str, Any]:
     from dankserve.backend_address import TcpAddress
-    from dankserve.supervisor.adapters import AdapterChanges, apply
+    from dankserve.supervisor.worker.adapters import AdapterChanges, apply
 
     ensure_model_config()
     started = time.monotonic()

@@ -80,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.real_vllm.swap import daemon_head
 from dankserve import control
 from dankserve.runtime.base import workload_name
-from dankserve.supervisor.upgrade_edge import trial_name
+from dankserve.supervisor.upgrade.edge import trial_name
 
 WORK = Path(os.environ.get("UPGRADE_WORK", "/tmp/upgrade"))
 NAME = "tiny"

@@ -76,7 +76,7 @@ def command(
     from dankserve.host.probe import load_host
     from dankserve.planning import plan_one
     from dankserve.runtime.podman.quadlet import Unrepresentable, container_unit, podman_version_problem, render_unit
-    from dankserve.supervisor.workload import workload_spec
+    from dankserve.supervisor.worker.workload import workload_spec
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
     plan = plan_one(settings, deployment, dep, host, vllm_version=vllm_version)

@@ -67,7 +67,7 @@ STATE_COLOURS: dict[str, str] = {
     "disabled": "bright_black",
     "stopped": "bright_black",
 }
-"""The colour of each deployment state (`supervisor.status`) on a terminal."""
+"""The colour of each deployment state (`supervisor.observe.status`) on a terminal."""
 
 
 def paint(text: str, state: str, enabled: bool) -> str:

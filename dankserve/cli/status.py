@@ -30,14 +30,14 @@ from dankserve.cli.render import (
 from dankserve.errors import ConfigError, DankserveError, InvalidInput
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.supervisor.status import Unsupervised
+from dankserve.supervisor.observe.status import Unsupervised
 
 
 def offline_status(settings: Settings) -> dict[str, Any]:
     """What status can say from the config, the state store and the runtime while no daemon runs."""
     from dankserve.planning import backend_address, client_endpoint
+    from dankserve.supervisor.observe.status import deployment_view
     from dankserve.supervisor.records import StateBook
-    from dankserve.supervisor.status import deployment_view
 
     store = StateBook(settings.state_dir, persist=False)
     deployments = []
@@ -70,7 +70,7 @@ def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Un
     """The deployment's server as it runs without a daemon: answering /health, running, or None (not found)."""
     from dankserve.planning import backend_address
     from dankserve.supervisor.assembly import runtime_factory
-    from dankserve.supervisor.health import check_health
+    from dankserve.supervisor.probes.health import check_health
 
     try:
         workload = runtime_factory(settings)(dep).find(name)
@@ -83,7 +83,7 @@ def _still_running(settings: Settings, name: str, dep: DeploymentSettings) -> Un
         return "running"
     if dep.swap_group is not None:  # a member left asleep answers /health too: ask it
         from dankserve.secret_files import read_key_now
-        from dankserve.supervisor.sleep_mode import is_sleeping
+        from dankserve.supervisor.probes.sleep_mode import is_sleeping
 
         if is_sleeping(address, read_key_now(dep.api_key_file), timeout=1.0):
             return "asleep"

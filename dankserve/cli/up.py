@@ -3,7 +3,7 @@
 With systemd and the unit installed it asks systemd; otherwise it starts the daemon in the
 background (pid file in the state dir). It then prints each deployment's phase as it changes,
 with what it waits for and for how long (on a terminal also a progress line of the boots), until
-every deployment it follows rests (`supervisor.status.RESTING_STATES`: ready, asleep, failed,
+every deployment it follows rests (`supervisor.observe.status.RESTING_STATES`: ready, asleep, failed,
 down, disabled), and ends with one line per deployment saying where it rests. Running it again
 changes nothing. Exit codes: 5 when one failed, 6 when --timeout ran out; when the daemon stops
 while starting, its own last error and exit code.

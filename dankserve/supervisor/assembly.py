@@ -150,8 +150,8 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
         return close_cluster
     from dankserve.gateway.service import start_gateway
     from dankserve.gateway.usage_store import usage_path
-    from dankserve.supervisor.gateway_link import DaemonSupervisor
-    from dankserve.supervisor.metrics_service import log_feed
+    from dankserve.supervisor.control.gateway_link import DaemonSupervisor
+    from dankserve.supervisor.control.metrics_service import log_feed
 
     try:
         supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)

@@ -41,26 +41,29 @@ from dankserve.settings import (
     as_source,
     resolve_config_path,
 )
-from dankserve.supervisor import adapters, instance, requests, sleep_mode, swap, swap_verify
+from dankserve.supervisor import instance
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
+from dankserve.supervisor.control import requests
+from dankserve.supervisor.control.reload_requests import ReloadRequests
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
-from dankserve.supervisor.fleet import Fleet, StatusReadings
-from dankserve.supervisor.gpus import HostGpus
+from dankserve.supervisor.fleet import swap, swap_verify
+from dankserve.supervisor.fleet.gpus import HostGpus
+from dankserve.supervisor.fleet.swap_groups import SwapGroups
 from dankserve.supervisor.machine import BootOverrides
-from dankserve.supervisor.observatory import Observatory
+from dankserve.supervisor.observe.status import config_status
+from dankserve.supervisor.observe.telemetry import Telemetry
 from dankserve.supervisor.ports import port_holder
+from dankserve.supervisor.probes import sleep_mode
+from dankserve.supervisor.probes.observatory import Observatory
+from dankserve.supervisor.probes.warm_up import WarmUpOutcome, warm_up_server
 from dankserve.supervisor.readiness import Readiness
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.reload_requests import ReloadRequests
 from dankserve.supervisor.reloading import AdaptersInPlace, ConfigRefusal, ReloadOutcome
-from dankserve.supervisor.status import config_status
-from dankserve.supervisor.swap_groups import SwapGroups
-from dankserve.supervisor.telemetry import Telemetry
-from dankserve.supervisor.upgrades import Upgrades
-from dankserve.supervisor.warm_up import WarmUpOutcome, warm_up_server
-from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
+from dankserve.supervisor.upgrade.manager import Upgrades
+from dankserve.supervisor.worker import DeploymentWorker, WorkerServices, adapters
+from dankserve.supervisor.worker.fleet import Fleet, StatusReadings
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 if TYPE_CHECKING:
@@ -238,7 +241,12 @@ class Daemon:
         return code
 
     def _run(self) -> ExitCode:
-        from dankserve.supervisor.metrics_service import console_mount, log_feed, metrics_snapshot, start_metrics
+        from dankserve.supervisor.control.metrics_service import (
+            console_mount,
+            log_feed,
+            metrics_snapshot,
+            start_metrics,
+        )
 
         held = instance.acquire(self.settings.state_dir)
         raise_descriptor_limit()
@@ -396,7 +404,7 @@ class Daemon:
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """A control request's answer (`supervisor.requests`' verb table)."""
+        """A control request's answer (`supervisor.control.requests`' verb table)."""
         return requests.answer(self, request)
 
     def take_down(self, name: str) -> None:

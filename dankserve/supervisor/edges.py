@@ -14,7 +14,7 @@ from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.machine import BootOverrides
-from dankserve.supervisor.warm_up import WarmUpOutcome
+from dankserve.supervisor.probes.warm_up import WarmUpOutcome
 
 Planner = Callable[[str, DeploymentSettings, Host, BootOverrides, str | None], Plan]
 RuntimeFactory = Callable[[DeploymentSettings], Runtime]

@@ -31,7 +31,7 @@ from dankserve.state import (
     UpgradeRecord,
 )
 from dankserve.supervisor.instance import check_private_dir
-from dankserve.supervisor.prediction import remembered
+from dankserve.supervisor.observe.prediction import remembered
 
 log = structlog.get_logger("dankserve")
 

@@ -4,7 +4,7 @@ A reload (SIGHUP, `systemctl reload`, `dankserve reload`) either is refused (the
 validate, or the deployments would not fit together: the running config stays) or is accepted:
 then each deployment restarts (its server plans differently), starts (new, or enabled again),
 stops (removed or disabled) or keeps running (unchanged, only its swap settings changed, or only
-its LoRA adapters, loaded and unloaded in place by `supervisor.adapters`); each changed global key
+its LoRA adapters, loaded and unloaded in place by `supervisor.worker.adapters`); each changed global key
 is applied or waits for a daemon restart (`dankserve.settings.reloading`).
 """
 

@@ -976,11 +976,12 @@ def test_full_engine_queue_answers_503_and_counts_the_rejection(serve: StartServ
 def test_dankserve_sleep_edge_reads_each_release_answer(
     serve: StartServer, tmp_path: Path, version: str, level: Literal["1", "2"]
 ) -> None:
-    """supervisor/sleep_mode.py against the stand-in of each release: the empty and the JSON answers both work."""
+    """supervisor/probes/sleep_mode.py against the stand-in of each release: the empty and the JSON answers both
+    work."""
     from dankserve.backend_address import TcpAddress
     from dankserve.supervisor import machine as m
-    from dankserve.supervisor.sleep_mode import sleep_server as put_to_sleep
-    from dankserve.supervisor.sleep_mode import wake_server
+    from dankserve.supervisor.probes.sleep_mode import sleep_server as put_to_sleep
+    from dankserve.supervisor.probes.sleep_mode import wake_server
 
     served = release_server(serve, tmp_path, version, FAKE_VLLM_RELOAD_SECONDS="0.05")
     address = TcpAddress("127.0.0.1", served.port)
@@ -1007,7 +1008,7 @@ def test_sleep_answer_contradictions(
     body: bytes, route: str, level: int | None, awake: bool | None, problem: str | None
 ) -> None:
     """An answer that contradicts the call fails it; an empty, foreign or oversized body says nothing."""
-    from dankserve.supervisor.sleep_mode import sleep_answer_problem
+    from dankserve.supervisor.probes.sleep_mode import sleep_answer_problem
 
     found = sleep_answer_problem(body, route=route, level=level, awake=awake)
     assert (found is None) if problem is None else (found is not None and problem in found)

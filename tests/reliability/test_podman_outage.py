@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dankserve.backend_address import TcpAddress
-from dankserve.supervisor.health import check_health
+from dankserve.supervisor.probes.health import check_health
 from tests.harness.daemon import RunningDaemon, container_deployment, free_port, running_daemon
 from tests.harness.faults import (
     ContainerWatch,

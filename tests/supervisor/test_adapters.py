@@ -1,5 +1,5 @@
-"""Tests for dankserve.supervisor.adapters: which reloads load and unload adapters in place, and the edge that does
-it against the real stand-in server."""
+"""Tests for dankserve.supervisor.worker.adapters: which reloads load and unload adapters in place, and the edge that
+does it against the real stand-in server."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from dankserve.backend_address import TcpAddress
 from dankserve.errors import ConfigError
 from dankserve.settings import DeploymentSettings
-from dankserve.supervisor.adapters import AdapterChanges, apply, changes
+from dankserve.supervisor.worker.adapters import AdapterChanges, apply, changes
 from tests.harness.daemon import STAND_IN, free_port
 
 BASE = DeploymentSettings(model="org/base", runtime="process", adapters={"sql": "/srv/sql", "chat": "org/chat"})

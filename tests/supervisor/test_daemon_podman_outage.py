@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dankserve.backend_address import TcpAddress
-from dankserve.supervisor.health import check_health
+from dankserve.supervisor.probes.health import check_health
 from tests.harness.daemon import container_deployment, free_port, running_daemon, write_host
 from tests.harness.faults import boot_reached, is_ready, ready_after
 from tests.harness.gpus import StandInGpus

@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.fleet: workers added, taken down, brought up and retired, and the views
+"""Tests for dankserve.supervisor.worker.fleet: workers added, taken down, brought up and retired, and the views
 status renders; in-process over the fake runtime (tests/supervisor/test_worker.py's world)."""
 
 from __future__ import annotations

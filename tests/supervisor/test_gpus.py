@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.gpus: the host's GPUs over a recorded host file (stand-in GPUs)."""
+"""Tests for dankserve.supervisor.fleet.gpus: the host's GPUs over a recorded host file (stand-in GPUs)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from dankserve.host.recorded import read_host
-from dankserve.supervisor.gpus import HostGpus
+from dankserve.supervisor.fleet.gpus import HostGpus
 from dankserve.testing import write_recorded_host
 
 

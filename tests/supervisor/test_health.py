@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.health against a real local HTTP server."""
+"""Tests for dankserve.supervisor.probes.health against a real local HTTP server."""
 
 import http.server
 import json
@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 
 from dankserve.backend_address import TcpAddress, connect_host
-from dankserve.supervisor.health import (
+from dankserve.supervisor.probes.health import (
     HEALTH_RETRY_SECONDS,
     MAX_IDLE_SECONDS,
     BackgroundProbe,

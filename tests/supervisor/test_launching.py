@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.launching: what a found launcher is to the next boot."""
+"""Tests for dankserve.supervisor.worker.launching: what a found launcher is to the next boot."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dankserve.runtime.base import (
     WorkloadSpec,
     container_fingerprint,
 )
-from dankserve.supervisor.launching import found_launcher
+from dankserve.supervisor.worker.launching import found_launcher
 
 SERVER = {"id": 3, "pid": 42, "mode": "fork", "mode_reason": "", "fingerprint": "plan-1", "exited": False}
 

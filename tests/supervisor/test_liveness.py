@@ -1,9 +1,9 @@
-"""Tests for dankserve.supervisor.liveness: stall detection and the token-probe verdicts."""
+"""Tests for dankserve.supervisor.probes.liveness: stall detection and the token-probe verdicts."""
 
 from __future__ import annotations
 
-from dankserve.supervisor.liveness import Liveness, LivenessSettings, observe, probed
-from dankserve.supervisor.serving import ServingSample
+from dankserve.supervisor.observe.serving import ServingSample
+from dankserve.supervisor.probes.liveness import Liveness, LivenessSettings, observe, probed
 
 SETTINGS = LivenessSettings(stall_seconds=10, probe_interval_seconds=60)
 

@@ -1,4 +1,5 @@
-"""Tests for dankserve.supervisor.metrics: the exposition of one snapshot, served over HTTP, linted by promtool."""
+"""Tests for dankserve.supervisor.observe.metrics: the exposition of one snapshot, served over HTTP, linted by
+promtool."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ from prometheus_client.registry import CollectorRegistry
 
 from dankserve.gateway.usage import Counts
 from dankserve.host.gpu_memory import GpuMemory
-from dankserve.supervisor.metrics import EXPORTED, DeploymentFacts, MetricsServer, MetricsSnapshot, SnapshotCollector
-from dankserve.supervisor.serving import RELAYED, parse_serving
-from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.observe.metrics import (
+    EXPORTED,
+    DeploymentFacts,
+    MetricsServer,
+    MetricsSnapshot,
+    SnapshotCollector,
+)
+from dankserve.supervisor.observe.serving import RELAYED, parse_serving
+from dankserve.supervisor.observe.telemetry import Telemetry
 from tests.supervisor.test_serving import TEXT
 
 

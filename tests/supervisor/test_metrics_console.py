@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dankserve.logsources import DAEMON_LOG, LogFeed
-from dankserve.supervisor.metrics import MetricsServer
-from dankserve.supervisor.metrics_service import console_mount
+from dankserve.supervisor.control.metrics_service import console_mount
+from dankserve.supervisor.observe.metrics import MetricsServer
 from dankserve.testing.lifecycle import FakeRuntime
 from tests.gateway.test_console import Daemon, call, daemon_line, read_events
 from tests.supervisor.test_metrics import snapshot

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dankserve.supervisor.serving import PREEMPTION_ADVICE
+from dankserve.supervisor.observe.serving import PREEMPTION_ADVICE
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dankserve.state import KEPT, timings_from_json, timings_json
-from dankserve.supervisor.prediction import (
+from dankserve.supervisor.observe.prediction import (
     Predicted,
     predict,
     remaining,

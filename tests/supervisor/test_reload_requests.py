@@ -1,9 +1,9 @@
-"""Tests for dankserve.supervisor.reload_requests: each reload request is answered by a reload that began
+"""Tests for dankserve.supervisor.control.reload_requests: each reload request is answered by a reload that began
 after it was asked."""
 
 from __future__ import annotations
 
-from dankserve.supervisor.reload_requests import ReloadRequests
+from dankserve.supervisor.control.reload_requests import ReloadRequests
 from dankserve.supervisor.reloading import ReloadOutcome
 
 

@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.requests: the control requests' verb table (the daemon behind it faked at
+"""Tests for dankserve.supervisor.control.requests: the control requests' verb table (the daemon behind it faked at
 its `Answering` seam; tests/cli and tests/supervisor drive the real one)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from dankserve.settings import DeploymentSettings, Settings
+from dankserve.supervisor.control.requests import VERBS, answer
 from dankserve.supervisor.reloading import ReloadOutcome
-from dankserve.supervisor.requests import VERBS, answer
 
 
 class Recording:

@@ -1,10 +1,10 @@
-"""Tests for dankserve.supervisor.serving: reading vLLM's /metrics and the preemption warning."""
+"""Tests for dankserve.supervisor.observe.serving: reading vLLM's /metrics and the preemption warning."""
 
 from __future__ import annotations
 
 import pytest
 
-from dankserve.supervisor.serving import (
+from dankserve.supervisor.observe.serving import (
     PREEMPTION_ADVICE,
     PreemptionWatch,
     parse_serving,

@@ -1,10 +1,10 @@
-"""Tests for dankserve.supervisor.swap: who sleeps so another can wake, idle sleep, sleep level."""
+"""Tests for dankserve.supervisor.fleet.swap: who sleeps so another can wake, idle sleep, sleep level."""
 
 from __future__ import annotations
 
 import pytest
 
-from dankserve.supervisor.swap import (
+from dankserve.supervisor.fleet.swap import (
     CannotFit,
     Member,
     MemberState,
@@ -147,7 +147,7 @@ def test_first_boots_all_but_the_first_sleep() -> None:
 
 def test_a_configured_sleep_level_wins_unless_the_server_has_no_sleep_mode() -> None:
     """sleep_level = 1, 2 or stop is used as set; without sleep mode every level is a stop."""
-    from dankserve.supervisor.swap import forced_level
+    from dankserve.supervisor.fleet.swap import forced_level
 
     assert forced_level("2", sleep_mode=True).level is SleepLevel.LEVEL_2
     assert forced_level("stop", sleep_mode=True).level is SleepLevel.STOP
@@ -164,7 +164,7 @@ def test_a_member_added_to_a_running_group_joins_asleep() -> None:
 def test_a_change_of_what_only_swapping_reads_plans_the_same_server() -> None:
     """pinned, idle_sleep_seconds, sleep_level among auto/1/2: the same server; anything else, or stop, a new one."""
     from dankserve.settings import DeploymentSettings
-    from dankserve.supervisor.swap import server_unchanged
+    from dankserve.supervisor.fleet.swap import server_unchanged
 
     base = {"model": "m", "port": 8001, "swap_group": "g"}
     old = DeploymentSettings.model_validate(base)

@@ -1,9 +1,9 @@
-"""Tests for dankserve.supervisor.swap_bound: a group's swaps per minute, counted once per wake."""
+"""Tests for dankserve.supervisor.fleet.swap_bound: a group's swaps per minute, counted once per wake."""
 
 from __future__ import annotations
 
-from dankserve.supervisor.swap import CannotFit, Swap, Wait
-from dankserve.supervisor.swap_bound import SwapBound
+from dankserve.supervisor.fleet.swap import CannotFit, Swap, Wait
+from dankserve.supervisor.fleet.swap_bound import SwapBound
 
 
 def test_a_swap_beyond_the_bound_is_held_until_the_oldest_leaves_the_minute() -> None:

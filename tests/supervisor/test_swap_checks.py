@@ -1,12 +1,12 @@
-"""Tests for dankserve.supervisor.swap_checks: the verdicts on sleeps and wakes, and the safe level."""
+"""Tests for dankserve.supervisor.fleet.swap_checks: the verdicts on sleeps and wakes, and the safe level."""
 
 from __future__ import annotations
 
 import pytest
 
 from dankserve.state import UnsafeSleep
-from dankserve.supervisor.swap import LevelChoice, SleepLevel
-from dankserve.supervisor.swap_checks import (
+from dankserve.supervisor.fleet.swap import LevelChoice, SleepLevel
+from dankserve.supervisor.fleet.swap_checks import (
     CUDA_CONTEXT_BYTES,
     canary_key,
     check_sleep,

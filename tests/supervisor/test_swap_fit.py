@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.swap_fit and make_room's use of it: groups from fit, eviction by
+"""Tests for dankserve.supervisor.fleet.swap_fit and make_room's use of it: groups from fit, eviction by
 measured cost and recency, minimum residency, and members busy with requests (tables)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dankserve.state import DeploymentState
-from dankserve.supervisor.swap import CannotFit, Member, MemberState, Swap, Wait, make_room
-from dankserve.supervisor.swap_fit import eviction_order, resident, wake_cost_seconds
+from dankserve.supervisor.fleet.swap import CannotFit, Member, MemberState, Swap, Wait, make_room
+from dankserve.supervisor.fleet.swap_fit import eviction_order, resident, wake_cost_seconds
 
 AWAKE, ASLEEP = MemberState.AWAKE, MemberState.ASLEEP
 GPU = frozenset({"GPU-0"})

@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.swap_groups: the coordinator's choices over members' machine states.
+"""Tests for dankserve.supervisor.fleet.swap_groups: the coordinator's choices over members' machine states.
 
 The daemon is a small stand-in at the coordinator's seam (settings, the workers' machines and
 inboxes); the real daemon and Podman are tested in test_swap_podman.py.
@@ -16,8 +16,8 @@ import pytest
 from dankserve.settings import GatewaySettings, Settings
 from dankserve.state import DeploymentState, UnsafeSleep
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.fleet.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.policy import RestartSettings
-from dankserve.supervisor.swap_groups import PlanFacts, SwapGroups
 
 CONFIG = m.MachineConfig(RestartSettings(1, 1, 1, 0, 1, 1))
 

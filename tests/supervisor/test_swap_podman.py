@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from dankserve.runtime.base import workload_name
-from dankserve.supervisor.sleep_mode import available_ram_bytes
+from dankserve.supervisor.probes.sleep_mode import available_ram_bytes
 from tests.harness.daemon import (
     LAUNCHER_ENV,
     MODEL_FACTS,

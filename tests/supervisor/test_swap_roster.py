@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.swap_roster: members in configuration order and as the decisions see them."""
+"""Tests for dankserve.supervisor.fleet.swap_roster: members in configuration order and as the decisions see them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.settings import Settings
 from dankserve.state import DeploymentState
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.fleet.swap import MemberState
+from dankserve.supervisor.fleet.swap_roster import PlanFacts, Roster, member_state, utilization
 from dankserve.supervisor.policy import RestartSettings
-from dankserve.supervisor.swap import MemberState
-from dankserve.supervisor.swap_roster import PlanFacts, Roster, member_state, utilization
 
 CONFIG = m.MachineConfig(RestartSettings(1, 1, 1, 0, 1, 1))
 

@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.swap_verify: the verifier's answers over fake readings (a real StateBook),
+"""Tests for dankserve.supervisor.fleet.swap_verify: the verifier's answers over fake readings (a real StateBook),
 and the canary answer's parsing as an attacker would send it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from dankserve.backend_address import TcpAddress
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.fleet.swap_verify import SwapTarget, SwapVerifier, _token_ids
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.swap_verify import SwapTarget, SwapVerifier, _token_ids
 
 GIB = 1 << 30
 

@@ -1,10 +1,17 @@
-"""Tests for dankserve.supervisor.telemetry: boot kinds, histograms and the counts status shows."""
+"""Tests for dankserve.supervisor.observe.telemetry: boot kinds, histograms and the counts status shows."""
 
 from __future__ import annotations
 
 import pytest
 
-from dankserve.supervisor.telemetry import BOOT_BUCKETS, BOOT_KINDS, FAILURE_CAUSES, Histogram, Telemetry, boot_kind
+from dankserve.supervisor.observe.telemetry import (
+    BOOT_BUCKETS,
+    BOOT_KINDS,
+    FAILURE_CAUSES,
+    Histogram,
+    Telemetry,
+    boot_kind,
+)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from dankserve.runtime.base import workload_name
-from dankserve.supervisor.upgrade_edge import trial_name
+from dankserve.supervisor.upgrade.edge import trial_name
 from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
 from tests.harness.faults import ContainerWatch, containers_of
 from tests.harness.gpus import StandInGpus

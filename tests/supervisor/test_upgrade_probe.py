@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dankserve.backend_address import TcpAddress
-from dankserve.supervisor.upgrade_probe import DECODE_RUNS, DECODE_TOKENS, WARM_RUNS, ProbeFailed, measure
+from dankserve.supervisor.upgrade.probe import DECODE_RUNS, DECODE_TOKENS, WARM_RUNS, ProbeFailed, measure
 from tests.gateway.conftest import StandIn, stand_ins, start_stand_in
 from tests.harness.daemon import free_port
 

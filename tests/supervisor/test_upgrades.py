@@ -8,7 +8,7 @@ from dankserve.settings import Settings
 from dankserve.settings.source import SettingsSource
 from dankserve.state import UpgradeRecord
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.upgrades import Upgrades, serving_image, with_serving_images
+from dankserve.supervisor.upgrade.manager import Upgrades, serving_image, with_serving_images
 
 
 def record(step: str, old: str = "img:old", new: str = "img:new") -> UpgradeRecord:

@@ -1,4 +1,4 @@
-"""Tests for dankserve.supervisor.warm_up: the warm-up requests against real loopback HTTP servers."""
+"""Tests for dankserve.supervisor.probes.warm_up: the warm-up requests against real loopback HTTP servers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dankserve.backend_address import TcpAddress
-from dankserve.supervisor.health import MAX_ANSWER_BYTES
-from dankserve.supervisor.warm_up import WarmUpOutcome, warm_up_server
+from dankserve.supervisor.probes.health import MAX_ANSWER_BYTES
+from dankserve.supervisor.probes.warm_up import WarmUpOutcome, warm_up_server
 
 Answer = Callable[[BaseHTTPRequestHandler, dict[str, object]], None]
 

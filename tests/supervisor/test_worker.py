@@ -22,7 +22,7 @@ from dankserve.settings import load_settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.assembly import make_planner
 from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps
-from dankserve.supervisor.warm_up import WarmUpOutcome
+from dankserve.supervisor.probes.warm_up import WarmUpOutcome
 from dankserve.supervisor.worker import DeploymentWorker
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config

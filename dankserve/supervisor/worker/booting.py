@@ -17,14 +17,15 @@ from dankserve.host.model import Gpu, GpuIdentity, Host
 from dankserve.planning import backend_address, compile_cache_dir
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings
-from dankserve.supervisor import launching, learning
+from dankserve.supervisor import learning
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.gpu_slots import BootSlot
+from dankserve.supervisor.fleet.gpu_slots import BootSlot
+from dankserve.supervisor.fleet.swap_roster import PlanFacts
 from dankserve.supervisor.machine import BootOverrides
-from dankserve.supervisor.swap_roster import PlanFacts
+from dankserve.supervisor.worker import launching
 from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.workload import launcher_run_dir, workload_spec
 from dankserve.supervisor.worker.workloads import WorkloadRuntimes
-from dankserve.supervisor.workload import launcher_run_dir, workload_spec
 
 
 def api_key(dep: DeploymentSettings) -> str | None:

@@ -16,16 +16,16 @@ from dankserve.plan.plan import has_sleep_mode
 from dankserve.plan.serve_args import served_name
 from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings
-from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.health import check_health
-from dankserve.supervisor.log_pump import Inbox
-from dankserve.supervisor.swap_verify import swap_target, workload_pids
+from dankserve.supervisor.fleet.swap_verify import swap_target, workload_pids
+from dankserve.supervisor.probes.health import check_health
+from dankserve.supervisor.worker import launching
 from dankserve.supervisor.worker.booting import Boots, api_key
+from dankserve.supervisor.worker.log_pump import Inbox
 from dankserve.supervisor.worker.recording import Recorder
 from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.workload import launcher_run_dir
 from dankserve.supervisor.worker.workloads import LogFollow, WorkloadRuntimes
-from dankserve.supervisor.workload import launcher_run_dir
 
 
 class Commands:

@@ -19,14 +19,14 @@ from dankserve.plan.serve_args import served_name
 from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.fleet.swap_verify import workload_pids
 from dankserve.supervisor.lifecycle import BOOTING_PHASES, Phase
-from dankserve.supervisor.liveness import LivenessSettings
-from dankserve.supervisor.liveness_probe import LivenessMonitor
-from dankserve.supervisor.log_pump import Inbox, Line
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.policy import FailureCause, RestartSettings
-from dankserve.supervisor.swap_verify import workload_pids
+from dankserve.supervisor.probes.liveness import LivenessSettings
+from dankserve.supervisor.probes.liveness_probe import LivenessMonitor
 from dankserve.supervisor.worker.commands import Commands
+from dankserve.supervisor.worker.log_pump import Inbox, Line
 from dankserve.supervisor.worker.services import WorkerServices
 
 log = structlog.get_logger("dankserve")

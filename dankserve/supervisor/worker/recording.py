@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dankserve.supervisor import learning, prediction
+from dankserve.supervisor import learning
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.observe import prediction
+from dankserve.supervisor.observe.telemetry import boot_kind
 from dankserve.supervisor.policy import FailureCause
-from dankserve.supervisor.telemetry import boot_kind
 from dankserve.supervisor.worker.services import WorkerServices
 
 

@@ -19,12 +19,12 @@ if TYPE_CHECKING:
     import threading
 
     from dankserve.supervisor.clock import Clock
-    from dankserve.supervisor.gpus import HostGpus
-    from dankserve.supervisor.observatory import Observatory
+    from dankserve.supervisor.fleet.gpus import HostGpus
+    from dankserve.supervisor.fleet.swap_roster import PlanFacts
+    from dankserve.supervisor.fleet.swap_verify import SwapVerifier
+    from dankserve.supervisor.observe.telemetry import Telemetry
+    from dankserve.supervisor.probes.observatory import Observatory
     from dankserve.supervisor.records import StateBook
-    from dankserve.supervisor.swap_roster import PlanFacts
-    from dankserve.supervisor.swap_verify import SwapVerifier
-    from dankserve.supervisor.telemetry import Telemetry
 
 
 class BootAdmission(Protocol):

@@ -15,7 +15,7 @@ from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.lifecycle import Phase
-from dankserve.supervisor.log_pump import Inbox, Line, LogPump
+from dankserve.supervisor.worker.log_pump import Inbox, Line, LogPump
 
 
 class WorkloadRuntimes:

@@ -47,8 +47,8 @@ from dankserve.aioserver import GuardedServer, Limits, bearer_matches, vouch
 from dankserve.gateway.usage import Counts
 from dankserve.host.gpu_memory import GpuMemory
 from dankserve.supervisor.lifecycle import Phase
-from dankserve.supervisor.serving import RELAYED, ServingSample, with_deployment
-from dankserve.supervisor.telemetry import DeploymentTelemetry
+from dankserve.supervisor.observe.serving import RELAYED, ServingSample, with_deployment
+from dankserve.supervisor.observe.telemetry import DeploymentTelemetry
 
 STATES: tuple[str, ...] = (
     *("stopped", "starting", "ready", "restarting", "failed", "down", "disabled"),

@@ -22,12 +22,12 @@ import structlog
 from dankserve.plan.catalogue import capabilities
 from dankserve.plan.plan import SLEEP_MODE_FLAG
 from dankserve.supervisor import machine as m
-from dankserve.supervisor import swap
-from dankserve.supervisor.swap import CannotFit, Swap
-from dankserve.supervisor.swap_bound import SwapBound
-from dankserve.supervisor.swap_checks import safe_choice
-from dankserve.supervisor.swap_fit import sleeps_after_first_boot
-from dankserve.supervisor.swap_roster import HOLDING_STAGES, PlanFacts, Roster, SwapFleet, SwapMember
+from dankserve.supervisor.fleet import swap
+from dankserve.supervisor.fleet.swap import CannotFit, Swap
+from dankserve.supervisor.fleet.swap_bound import SwapBound
+from dankserve.supervisor.fleet.swap_checks import safe_choice
+from dankserve.supervisor.fleet.swap_fit import sleeps_after_first_boot
+from dankserve.supervisor.fleet.swap_roster import HOLDING_STAGES, PlanFacts, Roster, SwapFleet, SwapMember
 
 __all__ = ["PlanFacts", "SwapFleet", "SwapGroups", "SwapMember"]
 

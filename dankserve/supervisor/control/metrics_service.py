@@ -19,11 +19,11 @@ from dankserve.logsources import LogFeed
 from dankserve.secret_files import read_secret_file
 from dankserve.settings import GatewaySettings, Settings, is_loopback, parse_listen
 from dankserve.supervisor.edges import WorkerEdges
-from dankserve.supervisor.fleet import Fleet
-from dankserve.supervisor.metrics import DeploymentFacts, MetricsServer, MetricsSnapshot
-from dankserve.supervisor.observatory import Observatory
-from dankserve.supervisor.status import DeploymentView
-from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.observe.metrics import DeploymentFacts, MetricsServer, MetricsSnapshot
+from dankserve.supervisor.observe.status import DeploymentView
+from dankserve.supervisor.observe.telemetry import Telemetry
+from dankserve.supervisor.probes.observatory import Observatory
+from dankserve.supervisor.worker.fleet import Fleet
 
 log = structlog.get_logger("dankserve")
 

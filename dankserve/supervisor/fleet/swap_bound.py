@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import structlog
 
-from dankserve.supervisor import swap
-from dankserve.supervisor.swap import CannotFit, Swap, Wait
+from dankserve.supervisor.fleet import swap
+from dankserve.supervisor.fleet.swap import CannotFit, Swap, Wait
 
 log = structlog.get_logger("dankserve.swap")
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.swap import Member, MemberState
-from dankserve.supervisor.swap_fit import fit_facts
+from dankserve.supervisor.fleet.swap import Member, MemberState
+from dankserve.supervisor.fleet.swap_fit import fit_facts
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings

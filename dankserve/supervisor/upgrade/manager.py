@@ -28,7 +28,7 @@ from dankserve.supervisor.upgrade import (
 )
 from dankserve.supervisor.upgrade.actions import Action
 from dankserve.supervisor.upgrade.driver import drive
-from dankserve.supervisor.upgrade_edge import DaemonUpgradeEdge, UpgradeFleet
+from dankserve.supervisor.upgrade.edge import DaemonUpgradeEdge, UpgradeFleet
 
 log = structlog.get_logger("dankserve.upgrade")
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dankserve.runtime.base import Runtime
-from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.worker import launching
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from dankserve.backend_address import BackendAddress
-from dankserve.supervisor.health import completion_error, post_completion
+from dankserve.supervisor.probes.health import completion_error, post_completion
 
 WARM_UP_PROMPT = "Hello"
 WARM_UP_TOKENS = 4

@@ -28,10 +28,10 @@ from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
-from dankserve.supervisor import swap
-from dankserve.supervisor.health import check_health
+from dankserve.supervisor.fleet import swap
+from dankserve.supervisor.fleet.swap_groups import SwapGroups
+from dankserve.supervisor.probes.health import check_health
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.swap_groups import SwapGroups
 from dankserve.supervisor.upgrade import (
     Measured,
     Measurement,
@@ -49,8 +49,8 @@ from dankserve.supervisor.upgrade import (
     flags_gone,
     plan_changes,
 )
-from dankserve.supervisor.upgrade_probe import ProbeFailed, measure
-from dankserve.supervisor.workload import workload_spec
+from dankserve.supervisor.upgrade.probe import ProbeFailed, measure
+from dankserve.supervisor.worker.workload import workload_spec
 
 
 class UpgradeWorker(Protocol):

@@ -18,9 +18,9 @@ import structlog
 
 from dankserve.backend_address import BackendAddress
 from dankserve.host.gpu_memory import GpuMemory
-from dankserve.supervisor.health import fetch_metrics
-from dankserve.supervisor.serving import PreemptionWatch, ServingSample, parse_serving, preemption_notice
-from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.observe.serving import PreemptionWatch, ServingSample, parse_serving, preemption_notice
+from dankserve.supervisor.observe.telemetry import Telemetry
+from dankserve.supervisor.probes.health import fetch_metrics
 
 log = structlog.get_logger("dankserve")
 

@@ -16,7 +16,7 @@ from dankserve.plan.rules import smallest_gpu, utilisation_row
 from dankserve.runtime.base import Runtime
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor.edges import Planner
-from dankserve.supervisor.gpu_slots import BootSlot, GpuBootLocks
+from dankserve.supervisor.fleet.gpu_slots import BootSlot, GpuBootLocks
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.records import StateBook
 

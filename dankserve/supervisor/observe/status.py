@@ -22,9 +22,9 @@ from dankserve.backend_address import BackendAddress, TcpAddress
 from dankserve.backend_address import endpoint as server_endpoint
 from dankserve.state import DeploymentState, FailureRecord, UnsafeSleep
 from dankserve.supervisor.machine import MachineState, Stage
-from dankserve.supervisor.prediction import predict
+from dankserve.supervisor.observe.prediction import predict
+from dankserve.supervisor.observe.telemetry import DeploymentTelemetry
 from dankserve.supervisor.reloading import ConfigRefusal
-from dankserve.supervisor.telemetry import DeploymentTelemetry
 
 if TYPE_CHECKING:  # the settings type only: importing pydantic-settings here would slow the CLI
     from dankserve.settings import DeploymentSettings
@@ -106,7 +106,7 @@ class DeploymentView:
     """This daemon's counts since it started (the numbers /metrics exports)."""
     swap: SwapView | None
     predicted: dict[str, Any]
-    """Cold, warm and wake seconds predicted from the deployment's history (supervisor/prediction.py)."""
+    """Cold, warm and wake seconds predicted from the deployment's history (supervisor/observe/prediction.py)."""
     rests: bool
     why: str | None
     waiting_for: str | None

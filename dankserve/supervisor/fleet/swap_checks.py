@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dankserve.state import UnsafeSleep
-from dankserve.supervisor.swap import LevelChoice, SleepLevel
+from dankserve.supervisor.fleet.swap import LevelChoice, SleepLevel
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings

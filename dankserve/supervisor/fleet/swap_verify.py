@@ -27,9 +27,7 @@ from dankserve.host.gpu_processes import process_tree
 from dankserve.plan.serve_args import served_name
 from dankserve.state import UnsafeSleep
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.health import post_completion
-from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.swap_checks import (
+from dankserve.supervisor.fleet.swap_checks import (
     CANARY_MAX_TOKENS,
     CANARY_PROMPT,
     canary_key,
@@ -37,6 +35,8 @@ from dankserve.supervisor.swap_checks import (
     check_wake,
     sleep_tolerance_bytes,
 )
+from dankserve.supervisor.probes.health import post_completion
+from dankserve.supervisor.records import StateBook
 
 if TYPE_CHECKING:
     from dankserve.runtime.base import Runtime

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from dankserve.supervisor.serving import ServingSample
+from dankserve.supervisor.observe.serving import ServingSample
 
 PROBE_FAILURES = 2
 """Failed token probes in a row that count as a hung engine."""

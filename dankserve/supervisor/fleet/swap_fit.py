@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from dankserve.supervisor.prediction import predict
+from dankserve.supervisor.observe.prediction import predict
 
 if TYPE_CHECKING:
     from dankserve.settings import DeploymentSettings, Settings

@@ -17,16 +17,15 @@ import structlog
 
 from dankserve.planning import backend_address, client_endpoint
 from dankserve.settings import Settings
-from dankserve.supervisor import launching
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock
 from dankserve.supervisor.edges import RuntimeFactory
 from dankserve.supervisor.lifecycle import Phase
-from dankserve.supervisor.observatory import Observatory, ServingTarget
+from dankserve.supervisor.observe.status import DeploymentView, Metrics, deployment_view
+from dankserve.supervisor.observe.telemetry import Telemetry
+from dankserve.supervisor.probes.observatory import Observatory, ServingTarget
 from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.status import DeploymentView, Metrics, deployment_view
-from dankserve.supervisor.telemetry import Telemetry
-from dankserve.supervisor.worker import DeploymentWorker
+from dankserve.supervisor.worker import DeploymentWorker, launching
 
 log = structlog.get_logger("dankserve")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from dankserve.supervisor.swap_fit import eviction_order, resident
+from dankserve.supervisor.fleet.swap_fit import eviction_order, resident
 
 if TYPE_CHECKING:
     from dankserve.settings import DeploymentSettings

@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Protocol
 from dankserve.gateway.backends import Availability, Backend
 from dankserve.planning import backend_address
 from dankserve.secret_files import read_key_now
-from dankserve.supervisor import prediction
+from dankserve.supervisor.fleet.swap_fit import wake_cost_seconds
 from dankserve.supervisor.lifecycle import Phase
-from dankserve.supervisor.swap_fit import wake_cost_seconds
+from dankserve.supervisor.observe import prediction
 
 if TYPE_CHECKING:
-    from dankserve.supervisor.fleet import Fleet
-    from dankserve.supervisor.swap_groups import SwapGroups
+    from dankserve.supervisor.fleet.swap_groups import SwapGroups
     from dankserve.supervisor.upgrade import UpgradeState
+    from dankserve.supervisor.worker.fleet import Fleet
 
 
 class UpgradeGate(Protocol):
-    """The daemon's upgrades (supervisor/upgrades.py): a deployment whose old server does not serve."""
+    """The daemon's upgrades (supervisor/upgrade/manager.py): a deployment whose old server does not serve."""
 
     def gated(self, name: str) -> UpgradeState | None: ...
 

@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dankserve.settings import IMAGE_FIX, image_reference_problem
 from dankserve.supervisor import machine as m
-from dankserve.supervisor import sleep_mode
+from dankserve.supervisor.probes import sleep_mode
 from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ReloadOutcome
 
 if TYPE_CHECKING:
     from dankserve.runtime.base import PullPolicy
     from dankserve.settings import Settings
-    from dankserve.supervisor.fleet import Fleet
-    from dankserve.supervisor.swap_groups import SwapGroups
+    from dankserve.supervisor.fleet.swap_groups import SwapGroups
+    from dankserve.supervisor.worker.fleet import Fleet
 
 Answer = dict[str, Any]
 
 
 class UpgradeRequests(Protocol):
-    """What `upgrade` and `rollback` ask of the daemon's upgrades (supervisor/upgrades.py)."""
+    """What `upgrade` and `rollback` ask of the daemon's upgrades (supervisor/upgrade/manager.py)."""
 
     def start(
         self, name: str, image: str | None, pull: PullPolicy = "missing", *, if_newer: bool = False

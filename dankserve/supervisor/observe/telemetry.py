@@ -1,7 +1,7 @@
 """The supervisor's own counts since the daemon started: boots by kind, restarts and failures
 by cause, boot durations, compile-cache hits, liveness probes, preemption warnings.
 
-One owner of these numbers: the daemon's /metrics (supervisor.metrics) and `dankserve status`
+One owner of these numbers: the daemon's /metrics (supervisor.observe.metrics) and `dankserve status`
 both read `Telemetry.snapshot()`. Counters live in memory (Prometheus expects a counter to
 restart from zero with the process); the lifetime totals status shows stay in state.json.
 """
@@ -98,7 +98,7 @@ class DeploymentTelemetry:
     slower_than_predicted: Mapping[str, int] = field(
         default_factory=lambda: MappingProxyType(dict.fromkeys(("cold", "warm", "wake"), 0))
     )
-    """Boots (cold, warm) and wakes that took more than twice their prediction (supervisor.prediction)."""
+    """Boots (cold, warm) and wakes that took more than twice their prediction (supervisor.observe.prediction)."""
     swap_checks_failed: Mapping[str, int] = field(
         default_factory=lambda: MappingProxyType(dict.fromkeys(("sleep", "wake"), 0))
     )
@@ -193,7 +193,7 @@ class Telemetry:
             self._change(name, slower_than_predicted=_bump(now.slower_than_predicted, kind))
 
     def swap_check_failed(self, name: str, check: str) -> None:
-        """A sleep (`check` sleep) or wake (wake) failed its verification (supervisor.swap_checks)."""
+        """A sleep (`check` sleep) or wake (wake) failed its verification (supervisor.fleet.swap_checks)."""
         with self._lock:
             now = self._by_name.get(name) or DeploymentTelemetry()
             self._change(name, swap_checks_failed=_bump(now.swap_checks_failed, check))

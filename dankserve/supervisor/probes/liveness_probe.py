@@ -12,10 +12,10 @@ import structlog
 
 from dankserve.backend_address import BackendAddress
 from dankserve.secret_files import read_key_now
-from dankserve.supervisor import liveness
-from dankserve.supervisor.health import BackgroundProbe, token_probe
-from dankserve.supervisor.serving import ServingSample
-from dankserve.supervisor.telemetry import Telemetry
+from dankserve.supervisor.observe.serving import ServingSample
+from dankserve.supervisor.observe.telemetry import Telemetry
+from dankserve.supervisor.probes import liveness
+from dankserve.supervisor.probes.health import BackgroundProbe, token_probe
 
 log = structlog.get_logger("dankserve")
 
