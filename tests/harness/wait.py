@@ -18,7 +18,7 @@ class WaitTimeout(AssertionError):
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = 10.0,
     interval: float = 0.05,
     what: str | Callable[[], str] = "the condition",
