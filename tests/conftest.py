@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +47,41 @@ if TYPE_CHECKING:  # importing the runtime pulls in podman-py
 # HF_ENDPOINT at the stand-in Hub (the `hub` fixture). Set here so daemons the tests start inherit it.
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+
+_SHORT_BASETEMP = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`), a short base temp dir of the run's own.
+
+    The workers' temp dirs sit one level deeper (`popen-gwN/`), and a daemon's state dir under a
+    test's tmp_path must leave room for its backends' unix sockets (107 bytes at most), so the
+    default `/tmp/pytest-of-USER/pytest-N` is replaced by `/tmp/dsXXXXXXXX`; it is removed after a
+    run that passed and kept, for reading, after one that failed.
+    """
+    worker: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if worker is not None:  # an xdist worker starts with COLUMNS=80; the CLI's tables must see the run's own
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+            if worker.get(f"dankserve_{name}") is not None:
+                os.environ[name] = worker[f"dankserve_{name}"]
+    if getattr(config.option, "numprocesses", None) and config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="ds", dir="/tmp")
+        config.stash[_SHORT_BASETEMP] = config.option.basetemp
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(pytest-xdist) Hand each worker this run's COLUMNS and LINES, or their absence."""
+    for name in ("COLUMNS", "LINES"):
+        node.workerinput[f"dankserve_{name}"] = os.environ.get(name)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    short = session.config.stash.get(_SHORT_BASETEMP, None)
+    if short is not None and exitstatus == 0:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

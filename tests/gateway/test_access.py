@@ -168,6 +168,8 @@ def test_tokens_are_counted_from_usage_and_streams_through_the_openai_client(
     )
     usage = [chunk.usage for chunk in stream if chunk.usage is not None]
     assert len(usage) == 1 and usage[0].completion_tokens == 5
+    # counted once the gateway's handler ends, just after the client read the usage event
+    wait_until(lambda: gateway.access.totals()[("alice", "tiny")].requests == {200: 2}, 5, 0.02, what="2 counted")
     counts = gateway.access.totals()[("alice", "tiny")]
     assert counts.completion_tokens == 9 and counts.estimated_tokens == 0
     chunks = list(
