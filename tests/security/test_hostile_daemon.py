@@ -144,7 +144,15 @@ def test_a_restart_without_descriptors_is_retried_not_counted(tmp_path: Path) ->
         assert daemon.proc is not None
         with descriptors_exhausted(daemon.proc.pid):
             os.killpg(server_pid(daemon), signal.SIGKILL)  # a real failure, then restarts that cannot start
-            time.sleep(5.0)  # the death noticed, restarts tried (backoff from 0.2 s)
+            wait_until(  # the death noticed, a restart tried without descriptors (backoff from 0.2 s)
+                lambda: (
+                    daemon.events_named("daemon_resources_exhausted")
+                    or "Too many open files" in daemon.log_path.read_text()
+                ),
+                30,
+                0.1,
+                what=daemon.log_tail,
+            )
         chat = daemon.wait_for("chat", lambda d: ready(d) and d["boots"] >= 2, timeout=60)
         assert chat["restarts"] == 1, chat  # the kill; the starts without descriptors count nothing
         assert daemon.events_named("daemon_resources_exhausted") or "Too many open files" in daemon.log_path.read_text()
