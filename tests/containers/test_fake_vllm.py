@@ -969,9 +969,17 @@ def test_full_engine_queue_answers_503_and_counts_the_rejection(serve: StartServ
     assert status == 503
     error = json.loads(body)["error"]
     assert error["code"] == 503 and error["type"] == "Service Unavailable" and "busy" in error["message"]
-    assert completion(served)[0] == 200  # room again once the stream ended
+    refused_again = 0  # the stream's slot is freed just after its last bytes: a request then may still be refused
+
+    def room() -> bool:
+        nonlocal refused_again
+        code = completion(served)[0]
+        refused_again += code == 503
+        return code == 200
+
+    wait_until(room, 5, 0.05, what="room again once the stream ended")
     metrics = http(served.url("/metrics"))[1].decode()
-    assert 'reason="max_num_queued_reqs"} 1.0' in metrics
+    assert f'reason="max_num_queued_reqs"}} {1.0 + refused_again}' in metrics
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.33.0", "0.34.0"])
