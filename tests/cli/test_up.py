@@ -71,7 +71,7 @@ def test_up_says_what_a_boot_waits_for_and_shows_its_progress_on_a_terminal(tmp_
     seconds so far; on a terminal a progress line names the boot's steps (weights %, compile, graphs), in colour."""
     deployments = _swap_group()
     for dep in deployments.values():
-        dep["env"] = {**dep["env"], "FAKE_VLLM_TIME_SCALE": "0.3"}
+        dep["env"] = {**dep["env"], "FAKE_VLLM_TIME_SCALE": "0.15"}
     with configured(tmp_path, deployments) as (config, host):
         argv = [sys.executable, "-m", "dankserve", "--config", str(config), "up", "--hardware", str(host)]
         shown = run_in_terminal([*argv, "--timeout", "120"], env={"DANKSERVE_CONFIG": ""})
