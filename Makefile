@@ -28,11 +28,16 @@ lint: setup
 base-install-check:
 	$(PYTHON) scripts/base_install_check.py
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (docs/TESTING.md: most tests wait on
+# daemons, containers and sockets, so more workers than cores pay); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+
 test: setup system-deps lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m 'not podman and not journald and not slow'
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m 'not podman and not journald and not slow'
 
 # Checks the host first (`dankserve doctor`: every missing piece with its fix; make up stops there),
 # installs the unit where systemd runs (a fresh install stops after writing the example config, to

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +37,7 @@ from tests.harness.podman_service import (
     remove_images_from,
 )
 from tests.harness.registry import free_loopback_port, local_registry
+from tests.harness.wait import WaitTimeout, wait_until
 
 if TYPE_CHECKING:  # importing the runtime pulls in podman-py
     from dankserve.runtime.podman import PodmanRuntime
@@ -46,12 +49,51 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
+_SHORT_BASETEMP = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`), a short base temp dir of the run's own.
+
+    The workers' temp dirs sit one level deeper (`popen-gwN/`), and a daemon's state dir under a
+    test's tmp_path must leave room for its backends' unix sockets (107 bytes at most), so the
+    default `/tmp/pytest-of-USER/pytest-N` is replaced by `/tmp/dsXXXXXXXX`; it is removed after a
+    run that passed and kept, for reading, after one that failed.
+    """
+    worker: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if worker is not None:  # an xdist worker starts with COLUMNS=80; the CLI's tables must see the run's own
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+            if worker.get(f"dankserve_{name}") is not None:
+                os.environ[name] = worker[f"dankserve_{name}"]
+    if getattr(config.option, "numprocesses", None) and config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="ds", dir="/tmp")
+        config.stash[_SHORT_BASETEMP] = config.option.basetemp
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(pytest-xdist) Hand each worker this run's COLUMNS and LINES, or their absence."""
+    for name in ("COLUMNS", "LINES"):
+        node.workerinput[f"dankserve_{name}"] = os.environ.get(name)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    short = session.config.stash.get(_SHORT_BASETEMP, None)
+    if short is not None and exitstatus == 0:
+        shutil.rmtree(short, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests using the Podman harness `podman`; skip `gpu` tests where NVML cannot be used;
     deselect the `reliability` suite unless the marker expression names it (`make reliability`)."""
     for item in items:
-        if "podman_env" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "podman_env" in fixtures:
             item.add_marker(pytest.mark.podman)
+        if "journald" in fixtures or item.get_closest_marker("journald") is not None:
+            # A standalone journald (where none runs) is machine-wide: one pytest-xdist worker owns it.
+            item.add_marker(pytest.mark.xdist_group("journald"))
     if "reliability" not in (config.getoption("markexpr", "") or ""):
         kept = [item for item in items if item.get_closest_marker("reliability") is None]
         if len(kept) != len(items):
@@ -111,7 +153,7 @@ def podman_env(harness_dir: Path, gpus: StandInGpus, registry: str) -> Iterator[
     _require_harness()
     with podman_service(harness_dir / "podman", insecure_registries=[registry]) as env:
         yield env
-        leaked = leftover_containers(env, [f"{SESSION_LABEL}={env.session}", "io.dankserve.probe"])
+        leaked = leftover_containers(env, [f"{SESSION_LABEL}={env.session}"]) + _leaked_probes(env)
         secrets = leftover_secrets(env, workload_name(f"t{env.session}"))
         remove_containers(env, leaked)
         remove_images_from(env, registry)
@@ -119,6 +161,27 @@ def podman_env(harness_dir: Path, gpus: StandInGpus, registry: str) -> Iterator[
             env.podman("secret", "rm", name, check=False)
         if leaked or secrets:
             pytest.fail(f"the tests left containers {leaked} and secrets {secrets} behind (now removed)")
+
+
+def _leaked_probes(env: PodmanEnv) -> list[str]:
+    """Version-probe containers still there a while after this session's tests ended.
+
+    They carry no session label; under pytest-xdist another worker's probe may be in flight right
+    now (it removes itself within seconds), so only the ones that stay count as leaked.
+    """
+    seen = leftover_containers(env, ["io.dankserve.probe"])
+    if not seen:
+        return []
+    try:
+        wait_until(
+            lambda: not set(seen) & set(leftover_containers(env, ["io.dankserve.probe"])),
+            timeout=30,
+            interval=0.5,
+            what=f"the version probes {seen} to go",
+        )
+    except WaitTimeout:
+        return sorted(set(seen) & set(leftover_containers(env, ["io.dankserve.probe"])))
+    return []
 
 
 @pytest.fixture(scope="session")

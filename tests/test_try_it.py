@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.request
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.harness.daemon import BASE_HOST, STAND_IN, free_port
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -82,16 +82,18 @@ def cli_in(env: dict[str, str], timeout: float = 120) -> Callable[..., subproces
 
 def wait_for(dankserve: Any, predicate: Any, timeout: float = 90) -> dict[str, str]:
     """Poll `status --json` until predicate(state by deployment) holds; the states then."""
-    deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
-    while time.monotonic() < deadline:
+
+    def reached() -> dict[str, str] | None:
+        nonlocal states
         done = dankserve("status", "--json")
         if done.returncode == 0:
             states = {d["name"]: d["state"] for d in json.loads(done.stdout)["deployments"]}
             if predicate(states):
                 return states
-        time.sleep(0.3)
-    raise AssertionError(f"not reached in {timeout}s: {states}")
+        return None
+
+    return wait_until(reached, timeout, 0.3, what=lambda: f"the states; last {states}")
 
 
 def complete(gateway: str, model: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from tests.harness.daemon import (
 from tests.harness.gpus import StandInGpus
 from tests.harness.journald import journald, read_journal
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 
 __all__ = ["journald"]
 
@@ -173,11 +173,12 @@ class Follower:
             self.lines.append(line.rstrip("\n"))
 
     def wait_for(self, predicate: Callable[[list[str]], bool], timeout: float = 60) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while not predicate(list(self.lines)):
+
+        def printed() -> bool:
             assert self.proc.poll() is None, f"logs -f exited with {self.proc.returncode}"
-            assert time.monotonic() < deadline, "logs -f did not print what was expected:\n" + "\n".join(self.lines)
-            time.sleep(0.1)
+            return predicate(list(self.lines))
+
+        wait_until(printed, timeout, 0.1, what=lambda: "logs -f to print what was expected:\n" + "\n".join(self.lines))
         return list(self.lines)
 
     def stop(self) -> None:

@@ -7,7 +7,6 @@ import json
 import re
 import signal
 import socket
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from tests.harness.daemon import (
     running_daemon,
     write_config,
 )
+from tests.harness.wait import wait_until
 
 
 def ready(dep: dict[str, Any]) -> bool:
@@ -38,15 +38,6 @@ def refused(daemon: RunningDaemon) -> dict[str, Any] | None:
     assert status is not None
     config: dict[str, Any] = status["daemon"]["config"]
     return config["refused"]  # type: ignore[no-any-return]
-
-
-def wait_until(predicate: Any, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_refused_config_on_disk_leaves_status_logs_and_reload_working_against_the_running_daemon(
@@ -97,11 +88,11 @@ def test_a_refused_config_on_disk_leaves_status_logs_and_reload_working_against_
         # systemctl reload is SIGHUP (ExecReload): refused and accepted alike, reported in status
         daemon.config.write_text(with_key(good, "a", "max_model_len = 'lots'"))
         daemon.signal(signal.SIGHUP)
-        assert wait_until(lambda: refused(daemon) is not None), daemon.log_tail()
+        wait_until(lambda: refused(daemon) is not None, 30, 0.1, what=daemon.log_tail)
         assert "max_model_len" in refused(daemon)["error"]  # type: ignore[index]
         daemon.config.write_text(good)
         daemon.signal(signal.SIGHUP)
-        assert wait_until(lambda: refused(daemon) is None), daemon.log_tail()
+        wait_until(lambda: refused(daemon) is None, 30, 0.1, what=daemon.log_tail)
 
 
 def test_reload_without_a_running_daemon_says_so_with_exit_3(tmp_path: Path) -> None:
@@ -165,7 +156,7 @@ def test_a_reload_keeps_a_global_key_that_needs_a_restart_and_says_so(tmp_path: 
         assert doc["daemon"]["config"]["needs_restart"] == ["metrics_listen"]
 
         daemon.signal(signal.SIGHUP)  # the same file again: still waiting, named in the log
-        assert wait_until(lambda: len(daemon.events_named("reload_needs_restart")) >= 2), daemon.log_tail()
+        wait_until(lambda: len(daemon.events_named("reload_needs_restart")) >= 2, 30, 0.1, what=daemon.log_tail)
         assert daemon.events_named("reload_needs_restart")[-1]["keys"] == ["metrics_listen"]
         assert daemon.stop() == 0
 

@@ -17,7 +17,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.daemon import free_port, process_deployment, write_config, write_host
+from tests.harness.wait import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -68,26 +68,27 @@ class Terminal:
         marker = f"@@done {self.count} rc="
         typed = f'echo "{marker}$?"'  # ends the typed line; the shell then prints the marker and the code
         self.keys(f"{command}; {typed}", window)
-        deadline = time.monotonic() + timeout
         pattern = re.compile(re.escape(marker) + r"(\d+)\s*$", re.MULTILINE)
-        while time.monotonic() < deadline:
+
+        def finished() -> tuple[int, str] | None:
             text = self.screen(window)
             found = pattern.search(text)
-            if found:
-                start = text.rfind(typed, 0, found.start())
-                output = text[text.find("\n", start) + 1 : found.start()]
-                return int(found.group(1)), output
-            time.sleep(0.2)
-        raise AssertionError(f"`{command}` did not finish in {timeout}s; the screen:\n{self.screen(window)}")
+            if not found:
+                return None
+            start = text.rfind(typed, 0, found.start())
+            return int(found.group(1)), text[text.find("\n", start) + 1 : found.start()]
+
+        return wait_until(
+            finished, timeout, 0.2, what=lambda: f"`{command}` to finish; the screen:\n{self.screen(window)}"
+        )
 
     def wait_for(self, pattern: str, window: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def shown() -> str | None:
             text = self.screen(window)
-            if re.search(pattern, text):
-                return text
-            time.sleep(0.2)
-        raise AssertionError(f"{pattern!r} not on window {window} in {timeout}s:\n{self.screen(window)}")
+            return text if re.search(pattern, text) else None
+
+        return wait_until(shown, timeout, 0.2, what=lambda: f"{pattern!r} on window {window}:\n{self.screen(window)}")
 
 
 @pytest.fixture

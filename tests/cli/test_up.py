@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from dankserve.supervisor.instance import running_daemon as daemon_pid
 from tests.harness.daemon import daemon_globals, dankserve_cli, free_port, process_deployment, write_config, write_host
 from tests.harness.terminal import run_in_terminal
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def test_up_says_what_a_boot_waits_for_and_shows_its_progress_on_a_terminal(tmp_
     seconds so far; on a terminal a progress line names the boot's steps (weights %, compile, graphs), in colour."""
     deployments = _swap_group()
     for dep in deployments.values():
-        dep["env"] = {**dep["env"], "FAKE_VLLM_TIME_SCALE": "0.3"}
+        dep["env"] = {**dep["env"], "FAKE_VLLM_TIME_SCALE": "0.15"}
     with configured(tmp_path, deployments) as (config, host):
         argv = [sys.executable, "-m", "dankserve", "--config", str(config), "up", "--hardware", str(host)]
         shown = run_in_terminal([*argv, "--timeout", "120"], env={"DANKSERVE_CONFIG": ""})
@@ -135,13 +135,12 @@ def test_up_prints_the_daemons_own_error_when_it_stops_while_starting_and_logs_s
 
 
 def _wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}")
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(listening, 10, what=f"a listener on {port}")
 
 
 def test_a_timeout_of_zero_or_less_is_refused_before_a_daemon_starts(tmp_path: Path) -> None:

@@ -132,9 +132,12 @@ def group(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Group]:
         _spawn(leader)
         yield Group(lab, leader, followers)
     finally:
+        running = [d for d in reversed(daemons) if d.proc is not None and d.proc.poll() is None]
+        for daemon in running:  # all stop at once: each one's shutdown (its Ray node's too) takes seconds
+            assert daemon.proc is not None
+            daemon.proc.send_signal(signal.SIGTERM)
         for daemon in reversed(daemons):
-            if daemon.proc is not None and daemon.proc.poll() is None:
-                daemon.proc.send_signal(signal.SIGTERM)
+            if daemon.proc is not None:
                 try:
                     daemon.proc.wait(40)
                 except Exception:

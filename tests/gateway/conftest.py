@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from dankserve.gateway.backends import Availability, Backend
 from dankserve.gateway.service import start_gateway
 from dankserve.settings import DeploymentSettings, GatewaySettings
 from tests.harness.daemon import STAND_IN, free_port
+from tests.harness.wait import wait_until
 
 
 @dataclass
@@ -59,15 +59,20 @@ def start_stand_in(served: str, *args: str, token_seconds: float = 0.0, env: dic
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                return StandIn(port, proc)
+                return True
         except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the stand-in did not become healthy")
+            return False
+
+    try:
+        wait_until(healthy, 60, 0.1, what="the stand-in healthy")
+    except AssertionError:
+        proc.kill()
+        raise
+    return StandIn(port, proc)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from dankserve.errors import ConfigError
 from dankserve.gateway.backends import Availability
 from dankserve.gateway.usage_store import read_usage
 from tests.gateway.conftest import RunningGateway, StandIn
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +168,8 @@ def test_tokens_are_counted_from_usage_and_streams_through_the_openai_client(
     )
     usage = [chunk.usage for chunk in stream if chunk.usage is not None]
     assert len(usage) == 1 and usage[0].completion_tokens == 5
+    # counted once the gateway's handler ends, just after the client read the usage event
+    wait_until(lambda: gateway.access.totals()[("alice", "tiny")].requests == {200: 2}, 5, 0.02, what="2 counted")
     counts = gateway.access.totals()[("alice", "tiny")]
     assert counts.completion_tokens == 9 and counts.estimated_tokens == 0
     chunks = list(
@@ -176,9 +179,8 @@ def test_tokens_are_counted_from_usage_and_streams_through_the_openai_client(
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert all(c.choices and c.usage is None for c in chunks)  # the usage the gateway asked for is not passed on
-    deadline = time.monotonic() + 5
-    while gateway.access.totals()[("alice", "tiny")].requests != {200: 3} and time.monotonic() < deadline:
-        time.sleep(0.02)  # counted once the gateway's handler ends, just after the client read [DONE]
+    # counted once the gateway's handler ends, just after the client read [DONE]
+    wait_until(lambda: gateway.access.totals()[("alice", "tiny")].requests == {200: 3}, 5, 0.02, what="3 counted")
     counts = gateway.access.totals()[("alice", "tiny")]
     assert counts.requests == {200: 3}
     assert counts.completion_tokens == 14 and counts.estimated_tokens == 0  # counted from the usage asked for

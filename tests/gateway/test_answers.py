@@ -6,7 +6,6 @@ real `openai` client."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from dankserve.gateway.backends import Availability
 from tests.gateway.conftest import RunningGateway, StandIn
 from tests.gateway.test_proxy import long_stream
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -46,10 +46,7 @@ def test_a_client_that_leaves_mid_stream_is_counted_499_not_500(
     gateway.supervisor.set("a", Availability.READY, a.port)
     with long_stream(gateway):
         pass
-    deadline = time.monotonic() + 10
-    while not gateway.access.totals().get(("-", "tiny")):
-        assert time.monotonic() < deadline, "the request that was left was never counted"
-        time.sleep(0.05)
+    wait_until(lambda: gateway.access.totals().get(("-", "tiny")), 10, what="the request that was left counted")
     assert gateway.access.totals()[("-", "tiny")].requests == {499: 1}
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from dankserve.backend_address import UnixAddress
 from dankserve.gateway.backends import Availability, Backend
 from tests.gateway.conftest import RunningGateway
 from tests.harness.daemon import STAND_IN, socket_client
+from tests.harness.wait import wait_until
 
 
 @pytest.fixture
@@ -29,15 +29,15 @@ def socket_stand_in(tmp_path: Path) -> Iterator[Path]:
     env = {**os.environ, "FAKE_VLLM_TIME_SCALE": "0.01", "VLLM_API_KEY": "sk-backend"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def healthy() -> bool:
             try:
                 with socket_client(path, timeout=1) as server:
-                    if server.get("/health").status_code == 200:
-                        break
+                    return server.get("/health").status_code == 200
             except httpx.TransportError:
-                assert time.monotonic() < deadline, "the stand-in did not become healthy on its socket"
-                time.sleep(0.1)
+                return False
+
+        wait_until(healthy, 60, 0.1, what="the stand-in healthy on its socket")
         yield path
     finally:
         proc.kill()

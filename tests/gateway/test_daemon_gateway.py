@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.harness.daemon import free_port, process_deployment, running_daemon, server_socket, socket_client
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +36,14 @@ def test_daemon_gateway_waits_for_boot_serves_and_refuses_when_down(tmp_path: Pa
     with running_daemon(
         tmp_path, deployments, extra_globals={"gateway": {"listen": f"127.0.0.1:{gateway_port}"}}
     ) as daemon:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def listed() -> httpx.Response | None:
             try:
-                models = httpx.get(url + "/v1/models", timeout=2)
-                break
+                return httpx.get(url + "/v1/models", timeout=2)
             except httpx.TransportError:
-                assert time.monotonic() < deadline, daemon.log_tail()
-                time.sleep(0.1)
+                return None
+
+        models = wait_until(listed, 30, 0.1, what=daemon.log_tail)
         assert [m["id"] for m in models.json()["data"]] == ["tiny-chat", "gpt-4o-mini", "keyed"]
         booting = daemon.deployment("chat")
         assert booting is not None and booting["phase"] != "ready"

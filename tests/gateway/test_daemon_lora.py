@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.harness.daemon import (
 )
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -46,15 +46,16 @@ def ids(url: str, model: str) -> tuple[int, list[int]]:
 
 def models(target: str | httpx.Client) -> dict[str, Any]:
     """/v1/models as id -> parent, from the gateway's URL or a server's socket client."""
-    deadline = time.monotonic() + 30
-    while True:
+
+    def listed() -> list[dict[str, Any]] | None:
         try:
             reply = target.get("/v1/models") if isinstance(target, httpx.Client) else httpx.get(target + "/v1/models")
-            listed = reply.json()["data"]
-            return {m["id"]: m.get("parent") for m in listed}
         except httpx.TransportError:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+            return None
+        data: list[dict[str, Any]] = reply.json()["data"]
+        return data
+
+    return {m["id"]: m.get("parent") for m in wait_until(listed, 30, 0.1, what="/v1/models")}
 
 
 def reload_with(daemon: RunningDaemon, old: str, new: str) -> str:

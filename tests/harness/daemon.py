@@ -28,6 +28,7 @@ from dankserve import control
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
 from tests.harness.cli import dankserve_cli
+from tests.harness.wait import wait_until
 
 __all__ = [
     "Notifications",
@@ -222,17 +223,19 @@ class RunningDaemon:
 
     def wait_for(self, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict[str, Any]:
         """Poll the deployment's status until `predicate` holds; its status then."""
-        deadline = time.monotonic() + timeout
         last: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
+
+        def met() -> dict[str, Any] | None:
+            nonlocal last
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(OSError, ValueError):
                 last = self.deployment(name)
-            if last is not None and predicate(last):
-                return last
-            time.sleep(0.05)
-        raise AssertionError(f"{name}: condition not met in {timeout}s; last status {last}\n{self.log_tail()}")
+            return last if last is not None and predicate(last) else None
+
+        return wait_until(
+            met, timeout, 0.05, what=lambda: f"{name}: the condition; last status {last}\n{self.log_tail()}"
+        )
 
     def request(self, message: dict[str, Any]) -> dict[str, Any] | None:
         return control.request(control.socket_path(self.state_dir), message, timeout=120)

@@ -279,15 +279,6 @@ def read_state(state_dir: Path) -> State:
     return state_from_json((state_dir / STATE_FILE).read_text(encoding="utf-8"))
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, period: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period)
-    return predicate()
-
-
 # --- mounts --------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ rebuild happens only when the script or busybox changes (the storage persists be
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -17,10 +18,12 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dankserve.runtime.podman import LABEL_VLLM_VERSION
-from dankserve.testing.podman_service import PodmanEnv, build_stand_in_image
+from dankserve.testing.podman_service import PodmanEnv, build_stand_in_image, storage_root
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -77,14 +80,30 @@ def import_image(env: PodmanEnv, reference: str, tarball: bytes, labels: dict[st
     env.podman_bytes(*args, "-", reference, input=tarball)
 
 
+@contextmanager
+def building() -> Iterator[None]:
+    """Held while a test image is built into the shared storage: the pytest-xdist workers each run a
+    Podman service of their own on the same storage, and the first to need an image builds it while
+    the others wait for it (then find it there)."""
+    root = storage_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".dankserve-test-build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def busybox_vllm_image(env: PodmanEnv, *, version_label: bool = True) -> str:
     """The busybox imitation of vLLM, with or without the vLLM-version image label; its ref."""
     labels = {LABEL_VLLM_VERSION: "0.33.0"} if version_label else {}
     tarball = rootfs_tarball()
     digest = hashlib.sha256(tarball + repr(sorted(labels.items())).encode()).hexdigest()[:12]
     reference = f"localhost/dankserve-test-vllm:{digest}"
-    if env.podman("image", "exists", reference, check=False).returncode != 0:
-        import_image(env, reference, tarball, labels)
+    with building():
+        if env.podman("image", "exists", reference, check=False).returncode != 0:
+            import_image(env, reference, tarball, labels)
     return reference
 
 
@@ -107,7 +126,8 @@ def pull_test_image(env: PodmanEnv, registry: str, name: str, size_bytes: int = 
 
 def stand_in_image(env: PodmanEnv) -> str:
     """The faithful vLLM stand-in (containers/, `make fake-vllm-image`), built into the test storage."""
-    return build_stand_in_image(env)
+    with building():
+        return build_stand_in_image(env)
 
 
 def stand_in_release(env: PodmanEnv, base: str, version: str, knobs: dict[str, str] | None = None) -> str:
@@ -120,8 +140,9 @@ def stand_in_release(env: PodmanEnv, base: str, version: str, knobs: dict[str, s
     base_id = env.podman("image", "inspect", "--format", "{{.Id}}", base).stdout.strip()
     digest = hashlib.sha256((base_id + containerfile).encode()).hexdigest()[:12]
     reference = f"localhost/dankserve-test-release:{version}-{digest}"
-    if env.podman("image", "exists", reference, check=False).returncode != 0:
-        with tempfile.TemporaryDirectory() as context:
-            (Path(context) / "Containerfile").write_text(containerfile)
-            env.podman("build", "--quiet", "--pull=never", "--network=none", "--tag", reference, context)
+    with building():
+        if env.podman("image", "exists", reference, check=False).returncode != 0:
+            with tempfile.TemporaryDirectory() as context:
+                (Path(context) / "Containerfile").write_text(containerfile)
+                env.podman("build", "--quiet", "--pull=never", "--network=none", "--tag", reference, context)
     return reference

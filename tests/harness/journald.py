@@ -11,13 +11,13 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dankserve.systemd.journal import JOURNAL_SOCKET, journal_reachable
+from tests.harness.wait import holds_within
 
 JOURNALD = Path("/lib/systemd/systemd-journald")
 
@@ -36,11 +36,10 @@ def journald() -> Iterator[str]:
     dir_existed = socket_dir.exists()
     process = subprocess.Popen([str(JOURNALD)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while not journal_reachable(JOURNAL_SOCKET):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.skip("a standalone journald did not start here")
-            time.sleep(0.05)
+        if not holds_within(lambda: process.poll() is not None or journal_reachable(JOURNAL_SOCKET), 10, 0.05) or (
+            process.poll() is not None
+        ):
+            pytest.skip("a standalone journald did not start here")
         yield JOURNAL_SOCKET
     finally:
         process.terminate()
@@ -55,12 +54,15 @@ def journald() -> Iterator[str]:
 
 def read_journal(*matches: str, expect: int = 1, timeout: float = 5.0) -> list[dict[str, object]]:
     """Entries matching all `FIELD=value` matches, as `journalctl -o json` gives them (waits for `expect`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    entries: list[dict[str, object]] = []
+
+    def read() -> bool:
+        nonlocal entries
         done = subprocess.run(
             ["journalctl", "--no-pager", "-a", "-o", "json", *matches], capture_output=True, text=True, check=False
         )
         entries = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-        if len(entries) >= expect or time.monotonic() > deadline:
-            return entries
-        time.sleep(0.1)
+        return len(entries) >= expect
+
+    holds_within(read, timeout, 0.1)  # the caller asserts on what came, however many
+    return entries

@@ -5,7 +5,6 @@ the fault-injection tests stop and start."""
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from dankserve.testing.podman_service import (
@@ -25,6 +24,7 @@ from dankserve.testing.podman_service import (
     storage_conf,
     storage_root,
 )
+from tests.harness.wait import wait_until
 
 __all__ = [
     "REQUIRED_TOOLS",
@@ -73,11 +73,14 @@ class RestartableService:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        while not (self.socket.exists() and _ping(self.socket)):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"podman system service did not come up:\n{self.log.read_text()[-2000:]}")
-            time.sleep(0.1)
+        process = self._process
+
+        def answers() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"podman system service exited:\n{self.log.read_text()[-2000:]}")
+            return self.socket.exists() and _ping(self.socket)
+
+        wait_until(answers, timeout, 0.1, what=lambda: f"podman system service:\n{self.log.read_text()[-2000:]}")
 
     def pause(self) -> None:
         """SIGSTOP the service: its socket still accepts connections, and no request is answered (a hung Podman)."""

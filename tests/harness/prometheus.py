@@ -10,7 +10,6 @@ import contextlib
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.daemon import free_port
+from tests.harness.wait import wait_until
 
 SCRAPE_INTERVAL = "1s"
 
@@ -44,14 +44,12 @@ class Prometheus:
         return None if not result else float(result[0]["value"][1])
 
     def wait_value(self, expr: str, expected: float, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        seen: float | None = None
-        while time.monotonic() < deadline:
-            seen = self.value(expr)
-            if seen == expected:
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"{expr} = {seen}, not {expected} within {timeout}s; log:\n{self.log_tail()}")
+        wait_until(
+            lambda: self.value(expr) == expected,
+            timeout,
+            0.5,
+            what=lambda: f"{expr} = {expected} (it is {self.value(expr)}); log:\n{self.log_tail()}",
+        )
 
     def log_tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
@@ -91,17 +89,17 @@ def prometheus(directory: Path, targets: Sequence[str]) -> Iterator[Prometheus]:
         )
     server = Prometheus(f"http://127.0.0.1:{port}", process, log)
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"prometheus exited:\n{server.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        break
+                    return bool(response.status == 200)
             except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus did not start:\n{server.log_tail()}")
-            time.sleep(0.2)
+                return False
+
+        wait_until(ready, 30, 0.2, what=lambda: f"prometheus to start:\n{server.log_tail()}")
         yield server
     finally:
         process.terminate()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.harness.wait import wait_until
 
 REGISTRY_BINARY = "/usr/bin/docker-registry"
 
@@ -60,12 +61,16 @@ def local_registry(workdir: Path) -> Iterator[str]:
             [REGISTRY_BINARY, "serve", str(config)], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + 30
-        while not _answers(address):
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = (workdir / "registry.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"docker-registry did not come up on {address} (exit {process.poll()}):\n{tail}")
-            time.sleep(0.1)
+
+        def log_tail() -> str:
+            return (workdir / "registry.log").read_text(errors="replace")[-2000:]
+
+        def answers() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"docker-registry exited {process.poll()} on {address}:\n{log_tail()}")
+            return _answers(address)
+
+        wait_until(answers, 30, 0.1, what=lambda: f"docker-registry on {address}:\n{log_tail()}")
         yield address
     finally:
         process.send_signal(signal.SIGTERM)

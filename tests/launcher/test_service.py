@@ -17,6 +17,7 @@ import pytest
 from dankserve.launcher import protocol
 from dankserve.runtime.base import LaunchRequest
 from dankserve.runtime.launcher_client import LauncherClient, LauncherRefused, ServerInfo
+from tests.harness.wait import wait_until
 
 MAIN = Path(__file__).resolve().parents[2] / "dankserve" / "launcher" / "__main__.py"
 
@@ -179,10 +180,14 @@ def test_a_killed_launcher_leaves_no_server(tmp_path: Path, launched: Launched) 
     server = launched.start(1, "m", "sleep")
     launched.proc.kill()
     launched.proc.wait(5)
-    deadline = time.monotonic() + 5
-    while psutil.pid_exists(server.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not psutil.pid_exists(server.pid) or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_until(gone, 5, what=f"the server (pid {server.pid}) to go")
 
 
 def test_a_malformed_request_is_answered_with_an_error(launched: Launched) -> None:

@@ -67,6 +67,7 @@ from dankserve.runtime.podman import (
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import busybox_vllm_image, pull_test_image
 from tests.harness.podman_service import PodmanEnv, RestartableService
+from tests.harness.wait import wait_until
 
 SpecFactory = Callable[..., WorkloadSpec]
 GPU0 = GpuRef(index=0, uuid="GPU-aaaa")
@@ -607,15 +608,15 @@ def all_command_lines() -> list[str]:
 
 
 def wait_for_http(url: str, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def status() -> int | None:
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 return int(response.status)
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return None
+
+    return wait_until(status, timeout, 0.2, what=f"an answer from {url}")
 
 
 def test_device_nodes_reach_the_container(

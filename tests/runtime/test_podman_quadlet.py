@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ from tests.harness.quadlet import (
     unit_from_text,
     without_generator_options,
 )
+from tests.harness.wait import wait_until
 
 GPU0 = GpuRef(index=0, uuid="GPU-aaaa")
 CDI0 = GpuPassthrough("cdi", ("nvidia.com/gpu=GPU-aaaa",))
@@ -203,8 +203,8 @@ def inspect(env: PodmanEnv, name: str) -> dict[str, Any]:
 
 def wait_for_server(env: PodmanEnv, name: str, timeout: float = 60) -> dict[str, Any]:
     """The container once its PID 1 is the stand-in vLLM (the entrypoint's shell has exec'd)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def serving() -> dict[str, Any] | None:
         data = inspect(env, name)
         pid = data["State"]["Pid"]
         if (
@@ -214,8 +214,9 @@ def wait_for_server(env: PodmanEnv, name: str, timeout: float = 60) -> dict[str,
         ):
             return data
         assert data["State"]["Status"] == "running", env.podman("logs", name).stdout
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.2)
+        return None
+
+    return wait_until(serving, timeout, 0.2, what="the server to start")
 
 
 def container_facts(env: PodmanEnv, name: str) -> dict[str, Any]:

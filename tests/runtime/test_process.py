@@ -15,6 +15,7 @@ import pytest
 from dankserve.errors import InvalidInput
 from dankserve.runtime.base import GpuRef, Mount, SecretFile, WorkloadSpec, with_bind_address
 from dankserve.runtime.process import ProcessRuntime, oom_kills, serve_command
+from tests.harness.wait import wait_until
 
 SERVER = textwrap.dedent(
     """\
@@ -87,12 +88,7 @@ def _runtime(tmp_path: Path) -> ProcessRuntime:
 
 
 def _wait_for(predicate: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+    wait_until(predicate, timeout)  # type: ignore[arg-type]
 
 
 def test_serve_command_for_vllm_script_and_python() -> None:
@@ -218,9 +214,8 @@ def test_a_daemon_killed_before_the_record_is_written_leaves_no_server(tmp_path:
         check=False,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _with_mark(mark):
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not _with_mark(mark), 5, what="the marked servers to go")
     survivors = _with_mark(mark)
     for proc in survivors:
         with contextlib.suppress(psutil.Error):

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from dankserve.testing.config_file import write_config
 from tests.harness.cli import RECORDED_HOST, run_dankserve
 from tests.harness.daemon import free_port, process_deployment, running_daemon
 from tests.harness.users import LocalUser, unprivileged_user
+from tests.harness.wait import wait_until
 
 DEPLOYMENT = '[deployments.chat]\nmodel = "m"\n[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n'
 
@@ -143,12 +143,14 @@ def test_a_config_swapped_between_check_and_read_is_never_loaded(tmp_path: Path)
         os.chown(evil, user.uid, user.gid)
         os.chown(tmp_path, user.uid, user.gid)  # the directory is theirs now (mode 0700: theirs alone)
         swapper = subprocess.Popen(user.argv([sys.executable, "-c", SWAPPER]), cwd=tmp_path)
+
+        def rejected(count: int) -> Callable[[], bool]:
+            return lambda: len(daemon.events_named("reload_rejected")) >= count
+
         try:
             for reloads in range(1, 11):
                 daemon.signal(signal.SIGHUP)
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and len(daemon.events_named("reload_rejected")) < reloads:
-                    time.sleep(0.05)
+                wait_until(rejected(reloads), 20, what=daemon.log_tail)
                 assert len(daemon.events_named("reload_rejected")) == reloads, daemon.log_tail()
                 assert daemon.deployment("pwned") is None
         finally:

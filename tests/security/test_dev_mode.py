@@ -9,7 +9,6 @@ now notices on its next health check, says so, and wakes the server.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,7 @@ import pytest
 
 from tests.harness.cli import RECORDED_HOST, dankserve_cli
 from tests.harness.daemon import free_port, process_deployment, running_daemon
+from tests.harness.wait import wait_until
 from tests.security.test_config import DEPLOYMENT, config
 
 
@@ -44,10 +44,7 @@ def test_a_sleep_the_daemon_did_not_ask_for_is_reported_and_undone(tmp_path: Pat
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(base + "/is_sleeping", timeout=5).json() == {"is_sleeping": False}
         assert httpx.post(base + "/sleep?level=1", timeout=30).status_code == 200
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not daemon.events_named("slept_unasked"):
-            time.sleep(0.1)
-        assert daemon.events_named("slept_unasked"), daemon.log_tail()
+        wait_until(lambda: daemon.events_named("slept_unasked"), 30, 0.1, what=daemon.log_tail)
         chat = daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["phase"] == "ready", timeout=30)
         assert "without dankserve asking" in (chat.get("message") or ""), chat
         assert httpx.get(base + "/is_sleeping", timeout=5).json() == {"is_sleeping": False}

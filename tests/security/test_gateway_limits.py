@@ -27,6 +27,7 @@ from dankserve.gateway.backends import Availability
 from tests.gateway import conftest as gateway_fixtures
 from tests.gateway.conftest import RunningGateway, StandIn
 from tests.gateway.test_access import ALICE, auth, deployments, write_keys
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,10 +70,7 @@ def test_a_stream_without_include_usage_is_charged_its_prompt(
         )
     )
     assert chunks and all(c.usage is None for c in chunks)
-    deadline = time.monotonic() + 5
-    while gateway.access.totals().get(("mallory", "tiny")) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    counted = gateway.access.totals()[("mallory", "tiny")]
+    counted = wait_until(lambda: gateway.access.totals().get(("mallory", "tiny")), 5, 0.02, what="mallory counted")
     assert counted.prompt_tokens > 1500 and counted.estimated_tokens == 0
     with pytest.raises(openai.RateLimitError, match="tokens_per_minute"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)

@@ -8,6 +8,7 @@ The daemon is a real `dankserve run` with the stand-in as a process-runtime serv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
 from tests.harness.faults import descriptors_exhausted
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +59,7 @@ def test_a_failing_reload_keeps_the_running_config_and_deployments(tmp_path: Pat
         pid = server_pid(daemon)
         break_config(daemon.config)
         daemon.signal(signal.SIGHUP)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not daemon.events_named("reload_rejected"):
-            time.sleep(0.1)
-        assert daemon.events_named("reload_rejected"), daemon.log_tail()
+        wait_until(lambda: daemon.events_named("reload_rejected"), 20, 0.1, what=daemon.log_tail)
         time.sleep(1.5)  # a health check or two later
         status = daemon.status()
         assert status is not None and status["daemon"]["config"]["refused"] is not None
@@ -78,9 +77,8 @@ def test_the_daemon_out_of_descriptors_keeps_a_healthy_server(tmp_path: Path) ->
         pid = server_pid(daemon)
         assert daemon.proc is not None
         with descriptors_exhausted(daemon.proc.pid):  # no descriptor left for a new socket
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and "Too many open files" not in daemon.log_tail(200):
-                time.sleep(0.1)
+            with contextlib.suppress(AssertionError):  # asserted below, with the log
+                wait_until(lambda: "Too many open files" in daemon.log_tail(200), 20, 0.1)
             time.sleep(3.0)  # several more probes or log checks that cannot open anything
         assert "Too many open files" in daemon.log_tail(200), daemon.log_tail()  # the fault bit
         chat = daemon.wait_for("chat", ready)
@@ -146,7 +144,15 @@ def test_a_restart_without_descriptors_is_retried_not_counted(tmp_path: Path) ->
         assert daemon.proc is not None
         with descriptors_exhausted(daemon.proc.pid):
             os.killpg(server_pid(daemon), signal.SIGKILL)  # a real failure, then restarts that cannot start
-            time.sleep(5.0)  # the death noticed, restarts tried (backoff from 0.2 s)
+            wait_until(  # the death noticed, a restart tried without descriptors (backoff from 0.2 s)
+                lambda: (
+                    daemon.events_named("daemon_resources_exhausted")
+                    or "Too many open files" in daemon.log_path.read_text()
+                ),
+                30,
+                0.1,
+                what=daemon.log_tail,
+            )
         chat = daemon.wait_for("chat", lambda d: ready(d) and d["boots"] >= 2, timeout=60)
         assert chat["restarts"] == 1, chat  # the kill; the starts without descriptors count nothing
         assert daemon.events_named("daemon_resources_exhausted") or "Too many open files" in daemon.log_path.read_text()

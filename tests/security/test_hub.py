@@ -20,9 +20,10 @@ import pytest
 
 from dankserve.testing.hub import Misbehaviour, StandInHub
 from tests.harness.daemon import free_port, process_deployment, running_daemon
-from tests.harness.faults import fill, small_tmpfs, wait_until
+from tests.harness.faults import fill, small_tmpfs
 from tests.harness.hub import SMALL_CONFIG, hub_env
 from tests.harness.modes import modes_not_private
+from tests.harness.wait import holds_within
 
 pytestmark = pytest.mark.slow
 
@@ -233,7 +234,7 @@ def test_the_disk_margin_holds_while_writing(hub: StandInHub, tmp_path: Path) ->
         )
         try:
             # the transfer writes 8 MiB at a time: the first write has landed, two are to come
-            started = wait_until(lambda: any(p.stat().st_size for p in disk.rglob("*.incomplete")), timeout=30)
+            started = holds_within(lambda: any(p.stat().st_size for p in disk.rglob("*.incomplete")), timeout=30)
             assert started, proc.communicate(timeout=60)
             filler = fill(disk)
             out, err = proc.communicate(timeout=60)

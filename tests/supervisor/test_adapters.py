@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from dankserve.errors import ConfigError
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor.worker.adapters import AdapterChanges, apply, changes
 from tests.harness.daemon import STAND_IN, free_port
+from tests.harness.wait import wait_until
 
 BASE = DeploymentSettings(model="org/base", runtime="process", adapters={"sql": "/srv/sql", "chat": "org/chat"})
 
@@ -54,14 +54,16 @@ def server(tmp_path: Path) -> Iterator[DeploymentSettings]:
     argv += ["--max-lora-rank", "8", "--lora-modules", f"sql={tmp_path / 'sql'}"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answers() -> bool:
+            assert proc.poll() is None, "the stand-in exited"
             try:
                 httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
             except httpx.TransportError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.05)
+                return False
+            return True
+
+        wait_until(answers, 30, what="the stand-in's /health")
         yield BASE.model_copy(update={"port": port, "adapters": {"sql": str(tmp_path / "sql")}})
     finally:
         proc.terminate()

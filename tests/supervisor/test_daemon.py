@@ -18,6 +18,7 @@ import pytest
 
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -240,9 +241,8 @@ def test_up_asked_while_the_daemon_starts_gives_one_worker_and_one_server(tmp_pa
     StateBook(tmp_path / "state").set_down("chat", True)
     deployments = {"chat": process_deployment(free_port())}
     with running_daemon(tmp_path, deployments, extra_globals={"metrics_listen": f"127.0.0.1:{free_port()}"}) as d:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and d.request({"command": "up", "deployment": "chat"}) is None:
-            time.sleep(0.005)  # as soon as the control socket answers, before or while the workers start
+        # as soon as the control socket answers, before or while the workers start
+        wait_until(lambda: d.request({"command": "up", "deployment": "chat"}), 30, 0.005, what="the control socket")
         d.wait_for("chat", ready)
         time.sleep(2)  # a second worker would boot again now and find the port held
         assert [e["boot"] for e in d.events_named("started")] == [1], d.log_tail()
@@ -321,9 +321,7 @@ def test_a_server_left_on_the_port_is_named_and_never_taken_for_the_new_boot(tmp
     port = free_port()
     squatter = subprocess.Popen([sys.executable, "-c", HEALTHY_SERVER, str(port)])
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not _listening(port):
-            time.sleep(0.05)
+        wait_until(lambda: _listening(port), 10, what=f"the squatter on port {port}")
         with running_daemon(tmp_path, {"chat": process_deployment(port)}) as daemon:
             waiting = daemon.wait_for(
                 "chat", lambda d: f"port {port} is in use by pid {squatter.pid}" in (d["message"] or "")

@@ -20,6 +20,7 @@ from dankserve.supervisor.probes.health import (
     idle_seconds,
     token_probe,
 )
+from tests.harness.wait import wait_until
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -165,7 +166,5 @@ def test_background_probe_runs_aside_and_reports() -> None:
     probe = BackgroundProbe(lambda: "failed" if release.wait(5) else None)
     assert not probe.done
     release.set()
-    deadline = time.monotonic() + 5
-    while not probe.done and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert probe.done and probe.error == "failed"
+    wait_until(lambda: probe.done, 5, 0.01, what="the probe to finish")
+    assert probe.error == "failed"

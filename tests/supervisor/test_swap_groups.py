@@ -18,6 +18,7 @@ from dankserve.state import DeploymentState, UnsafeSleep
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_groups import PlanFacts, SwapGroups
 from dankserve.supervisor.policy import RestartSettings
+from tests.harness.wait import wait_until
 
 CONFIG = m.MachineConfig(RestartSettings(1, 1, 1, 0, 1, 1))
 
@@ -231,10 +232,7 @@ def test_a_boot_waiting_for_a_busy_member_drains_it_too() -> None:
     admitted: list[bool] = []
     boot = threading.Thread(target=lambda: admitted.append(groups.admit_boot("b", ("GPU-0",), cancelled)))
     boot.start()
-    deadline = time.monotonic() + 10
-    while groups.draining("a") is None:
-        assert time.monotonic() < deadline, "a never drained"
-        time.sleep(0.01)
+    wait_until(lambda: groups.draining("a") is not None, 10, 0.01, what="a to drain")
     assert groups.draining("a") == "b" and daemon.workers["a"].fed == []
     cancelled.set()
     boot.join(10)

@@ -6,7 +6,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from tests.harness.daemon import (
 )
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 from tests.supervisor.test_daemon_launcher import launcher
 from tests.supervisor.test_daemon_podman_launcher import container_ids, server_pid
 
@@ -462,13 +462,11 @@ def test_a_daemon_killed_while_a_member_stops_to_sleep_is_followed_by_one_that_f
 
 
 def _wait_for_log(podman_env: PodmanEnv, name: str, text: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def logged() -> bool:
         logs = podman_env.podman("logs", workload_name(name), check=False)
-        if text in logs.stdout + logs.stderr:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{name}: {text!r} not in its server's log within {timeout}s")
+        return text in logs.stdout + logs.stderr
+
+    wait_until(logged, timeout, 0.1, what=f"{name}: {text!r} in its server's log")
 
 
 def test_a_daemon_killed_while_a_member_wakes_is_followed_by_one_that_wakes_it_again(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import RunningDaemon, free_port, launcher_deployment, running_daemon
+from tests.harness.wait import wait_until
 from tests.supervisor.test_daemon_launcher import alive, launcher, launcher_pid, log_text, ready, server_pid
 
 pytestmark = pytest.mark.slow
@@ -37,10 +37,7 @@ def _no_server(daemon: RunningDaemon, name: str) -> bool:
 
 
 def _until(check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not in time"
-        time.sleep(0.05)
+    wait_until(check, timeout)
 
 
 def test_a_reload_of_a_sleeping_member_stops_its_server_and_boots_it_only_on_its_next_request(tmp_path: Path) -> None:

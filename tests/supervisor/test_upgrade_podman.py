@@ -5,7 +5,6 @@ each ending switched or rolled back, with every request sent through the gateway
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.harness.faults import ContainerWatch, containers_of
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import stand_in_release
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
@@ -215,12 +215,11 @@ SLOW_STEPS = {**DECODE, "FAKE_VLLM_BOOT_SECONDS": "8", "FAKE_VLLM_SLEEP_SECONDS"
 
 
 def _wait_for_step(daemon: RunningDaemon, step: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if step in _steps(daemon):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached; steps {_steps(daemon)}\n{daemon.log_tail()}")
+    wait_until(
+        lambda: step in _steps(daemon),
+        timeout,
+        what=lambda: f"step {step}; steps {_steps(daemon)}\n{daemon.log_tail()}",
+    )
 
 
 @pytest.mark.parametrize("step", ["pulling", "making_room", "booting", "checking", "switching"])

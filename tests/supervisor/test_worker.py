@@ -7,7 +7,6 @@ runtimes are tested end to end in test_daemon.py (process) and test_daemon_podma
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from dankserve.testing.lifecycle import (
     serving_lines,
 )
 from tests.harness.daemon import MODEL_FACTS
+from tests.harness.wait import wait_until
 
 
 @dataclass
@@ -111,13 +111,12 @@ def make_world(
 
 def wait_for(worker: DeploymentWorker, done: Callable[[m.MachineState], bool], timeout: float = 20.0) -> m.MachineState:
     """The worker's machine once `done` holds (the test's own bounded poll of another thread)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = worker.machine
-        if done(state):
-            return state
-        time.sleep(0.005)
-    raise AssertionError(f"not reached in {timeout} s: {worker.machine.stage} {worker.machine.message}")
+    return wait_until(
+        lambda: worker.machine if done(worker.machine) else None,
+        timeout,
+        0.005,
+        what=lambda: f"the stage; at {worker.machine.stage} {worker.machine.message}",
+    )
 
 
 def ready(state: m.MachineState) -> bool:
