@@ -436,7 +436,12 @@ class Daemon:
             "pid": os.getpid(),
             "config": config_status(path, self.config_loaded_at, self.config_refusal, self.source.needs_restart()),
         }
-        return {"daemon": daemon, "deployments": deployments, "warnings": []}
+        return {
+            "daemon": daemon,
+            "deployments": deployments,
+            "swaps": self.telemetry.swaps.newest_first(),
+            "warnings": [],
+        }
 
 
 def _read_reload(

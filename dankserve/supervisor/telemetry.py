@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dankserve.supervisor.policy import FailureCause
+from dankserve.supervisor.swap_history import SwapHistory
 
 BOOT_KINDS: tuple[str, ...] = ("cold", "warm", "learned_bytes", "launcher", "wake")
 """How a boot went: `cold` (no compile cache, vLLM profiled memory), `warm` (a compile-cache hit),
@@ -127,6 +128,8 @@ class Telemetry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_name: dict[str, DeploymentTelemetry] = {}
+        self.swaps = SwapHistory()
+        """The recent sleeps and wakes with their checks (status' `swaps`; the counts above are /metrics')."""
 
     def _change(self, name: str, **changes: Any) -> None:
         # Called with the lock held.

@@ -20,10 +20,16 @@ function headers(extra) {
 
 function notice(text) { document.getElementById("notice").textContent = text || ""; }
 
+const held = new Map();  // path -> [ETag, body]: a document that changes only with traffic comes back as 304
+
 async function getJson(path) {
-  const response = await fetch(path, { headers: headers(), cache: "no-store" });
+  const kept = held.get(path);
+  const response = await fetch(path, { headers: headers(kept ? { "If-None-Match": kept[0] } : {}), cache: "no-store" });
+  if (response.status === 304 && kept) return kept[1];
   const body = await response.json().catch(() => ({}));
   if (!response.ok) throw new Error((body.error && body.error.message) || ("HTTP " + response.status));
+  const tag = response.headers.get("ETag");
+  if (tag) held.set(path, [tag, body]);
   return body;
 }
 
@@ -34,6 +40,14 @@ function seconds(value) {
   if (s < 7200) return Math.round(s / 60) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+
+function took(value) {
+  if (value === null || value === undefined) return "-";
+  const s = Number(value);
+  return s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(2) + " s";
+}
+
+function when(at) { return at ? new Date(at * 1000).toLocaleTimeString() : "-"; }
 
 function gib(bytes) {
   return bytes === null || bytes === undefined ? "-" : (Number(bytes) / 2 ** 30).toFixed(1) + " GiB";
@@ -78,7 +92,7 @@ function deploymentCard(d) {
     ["uptime", seconds(d.uptime_seconds)], ["boots", d.boots], ["restarts", d.restarts],
     ["boots by kind", compact(d.boots_by_kind)], ["last boot", compact(d.last_boot)],
     ["predicted", compact(predicted)], ["KV cache source", compact(d.kv_cache_source)],
-    ["sleeping", d.swap ? compact(d.swap.sleep_level || d.state) : "not in a swap group"],
+    ["sleeping", d.swap ? compact(d.swap.level || d.state) : "not in a swap group"],
     ["message", compact(d.message)], ["why", compact(d.why)],
     ["last failure", failure ? failure["class"] + ": " + failure.message : "none"],
     ["GPU memory held", gib(d.gpu_memory_held_bytes)],
@@ -88,29 +102,48 @@ function deploymentCard(d) {
 }
 
 function gpuSummary(deployments) {
-  // Each GPU once: its NVML reading (as status reports it) and who is placed on it, asleep or awake.
+  // One bar per GPU: its NVML reading (as status reports it), each deployment's own share of it (its
+  // processes' memory on that GPU), the rest held by other processes; asleep or awake, each is listed.
   const gpus = new Map();
   for (const d of deployments) {
     for (const gpu of d.gpus || []) {
       const entry = gpus.get(gpu.index) || { gpu, members: [] };
-      entry.members.push(d);
+      entry.members.push([d, gpu.held_bytes]);
       gpus.set(gpu.index, entry);
     }
   }
   const box = el("div", null, "gpus");
-  for (const { gpu, members } of gpus.values()) {
-    const line = el("p", "GPU " + gpu.index + ": " + gib(gpu.memory_used_bytes) + " of " + gib(gpu.memory_total_bytes) + " ");
-    if (gpu.memory_total_bytes) {
-      const bar = el("progress");
-      bar.max = Number(gpu.memory_total_bytes);
-      bar.value = Number(gpu.memory_used_bytes || 0);
-      line.appendChild(bar);
-    }
+  for (const { gpu, members } of [...gpus.values()].sort((a, b) => a.gpu.index - b.gpu.index)) {
+    const total = Number(gpu.memory_total_bytes) || 0;
+    const section = el("div", null, "gpu");
+    section.dataset.gpu = gpu.index;
+    section.append(el("p", "GPU " + gpu.index + ": " + gib(gpu.memory_used_bytes) + " used of " + gib(total)));
+    const bar = el("div", null, "bar");
     const list = el("ul");
-    for (const d of members) list.appendChild(el("li", d.name + " (" + d.state + "): holds " + gib(d.gpu_memory_held_bytes)));
-    box.append(line, list);
+    let shares = 0;
+    for (const [d, bytes] of members) {
+      shares += Number(bytes || 0);
+      const item = el("li", d.name + " (" + d.state + "): " + (bytes == null ? "not read" : gib(bytes)));
+      item.dataset.deployment = d.name;
+      list.append(item);
+      if (total && bytes) bar.append(segment(d.name, bytes, total, "share"));
+    }
+    const rest = Number(gpu.memory_used_bytes || 0) - shares;
+    if (total && rest > 0) {
+      bar.append(segment("other", rest, total, "other"));
+      list.append(el("li", "other processes: " + gib(rest)));
+    }
+    section.append(bar, list);
+    box.append(section);
   }
   return box;
+}
+
+function segment(name, bytes, total, cls) {
+  const part = el("span", name, "segment " + cls);
+  part.style.width = (100 * Number(bytes) / total).toFixed(2) + "%";  // CSSOM: allowed by the CSP
+  part.title = name + ": " + gib(bytes);
+  return part;
 }
 
 function renderDeployments(status) {
@@ -122,14 +155,36 @@ function renderDeployments(status) {
   if (chosen) select.value = chosen;
 }
 
+function check(entry, name) {
+  const found = (entry.checks || []).find((c) => c.check === name);
+  return found ? found.verdict + ": " + found.detail : "-";
+}
+
 function renderSwap(status) {
   const members = status.deployments.filter((d) => d.swap);
   const body = document.getElementById("swap-body");
   if (!members.length) { body.replaceChildren(el("p", "No swap groups.")); return; }
+  const swaps = status.swaps || [];
   body.replaceChildren(table(members, [
     ["group", (d) => d.swap.group], ["deployment", (d) => d.name], ["state", (d) => d.state],
-    ["sleep level", (d) => compact(d.swap.sleep_level)], ["predicted", (d) => compact(d.predicted)],
+    ["sleep level", (d) => compact(d.swap.level)], ["predicted", (d) => compact(d.predicted)],
     ["swap", (d) => compact(d.swap)],
+  ]), el("h3", "Recent swaps"), swaps.length ? table(swaps, [
+    ["when", (s) => when(s.at)], ["group", (s) => s.group], ["deployment", (s) => s.deployment],
+    ["did", (s) => (s.kind === "sleep" ? "slept" : "woke")], ["level", (s) => s.level], ["took", (s) => took(s.seconds)],
+    ["memory check", (s) => check(s, "memory")], ["canary check", (s) => check(s, "canary")],
+    ["outcome", (s) => (s.ok ? "ok" : "FAILED: " + s.failure)],
+  ]) : el("p", "No swaps since the daemon started."));
+}
+
+function renderRequests(recent) {
+  const body = document.getElementById("requests-body");
+  if (!recent.requests.length) { body.replaceChildren(el("p", "No requests yet.")); return; }
+  body.replaceChildren(table(recent.requests, [
+    ["when", (r) => when(r.at)], ["key", (r) => r.key], ["model", (r) => r.model], ["code", (r) => r.status],
+    ["queued", (r) => took(r.queued_seconds)], ["first byte", (r) => took(r.first_byte_seconds)],
+    ["total", (r) => took(r.total_seconds)], ["tokens in", (r) => compact(r.prompt_tokens)],
+    ["tokens out", (r) => compact(r.completion_tokens) + (r.tokens_estimated ? " (estimated)" : "")],
   ]));
 }
 
@@ -144,13 +199,22 @@ function renderUsage(usage) {
   ]));
 }
 
+function page() { return (location.hash || "#deployments").slice(1); }
+
 async function refresh() {
+  // Only what the shown page needs, and nothing while the tab is hidden: an open page in the background
+  // costs the daemon nothing.
+  if (document.visibilityState === "hidden") return;
   try {
-    const status = await getJson("/ui/api/status");
-    renderDeployments(status);
-    renderSwap(status);
-    logChoices(status);
-    renderUsage(await getJson("/ui/api/usage"));
+    if (page() === "usage") {
+      renderUsage(await getJson("/ui/api/usage"));
+      renderRequests(await getJson("/ui/api/requests"));
+    } else {
+      const status = await getJson("/ui/api/status");
+      renderDeployments(status);
+      renderSwap(status);
+      logChoices(status);
+    }
     notice("");
   } catch (error) {
     notice("Cannot read the console's data: " + error.message);
@@ -222,10 +286,10 @@ function logChoices(status) {
 }
 
 function show() {
-  const page = (location.hash || "#deployments").slice(1);
-  for (const section of document.querySelectorAll(".page")) section.classList.toggle("shown", section.id === page);
-  if (page === "logs" && !logStream) startLogs();
-  if (page !== "logs") stopLogs();
+  const shown = page();
+  for (const section of document.querySelectorAll(".page")) section.classList.toggle("shown", section.id === shown);
+  if (shown === "logs" && !logStream) startLogs();
+  if (shown !== "logs") stopLogs();
 }
 
 async function act(event) {
@@ -256,7 +320,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   document.getElementById("action-form").addEventListener("submit", act);
   document.getElementById("logs-deployment").addEventListener("change", startLogs);
-  window.addEventListener("hashchange", show);
+  window.addEventListener("hashchange", () => { show(); refresh(); });
+  document.addEventListener("visibilitychange", refresh);
   show();
   refresh();
   setInterval(refresh, POLL_MS);
