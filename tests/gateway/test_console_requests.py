@@ -66,7 +66,12 @@ def test_each_request_with_its_times_and_tokens(served: tuple[str, TableSupervis
     assert answer.status_code == 200 and PROMPT not in answer.text and API not in answer.text
     streamed, waited, *_ = [r for r in answer.json()["requests"] if r["status"] == 200]
     refused = answer.json()["requests"][0]
-    assert (refused["status"], refused["key"], refused["total_seconds"], refused["prompt_tokens"]) == (401, "-", None, None)
+    assert (refused["status"], refused["key"], refused["total_seconds"], refused["prompt_tokens"]) == (
+        401,
+        "-",
+        None,
+        None,
+    )
     assert (waited["key"], waited["model"]) == ("api", "tiny")
     assert waited["queued_seconds"] >= 0.4  # held by the test until the deployment turned ready
     assert streamed["queued_seconds"] < waited["queued_seconds"]
