@@ -374,3 +374,21 @@ def test_logs_page_in_a_real_browser(console: Callable[..., tuple[str, Daemon]],
             assert browser.errors == []
 
     asyncio.run(drive())
+
+
+def test_open_pages_follow_one_pushed_status(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """Pages that follow /ui/api/status/events share each reading of the daemon (asked once for all), and an
+    action's outcome is pushed at once, not at the next reading."""
+    url, daemon = keyed(console, tmp_path)
+    assert call(url, "/ui/api/status/events", key=API)[0] == 403
+    first, [one] = read_events(url, "/ui/api/status/events", READER, 1)
+    second, [two] = read_events(url, "/ui/api/status/events", READER, 1)
+    assert one == two and one["deployments"][0]["state"] == "ready"
+    assert [r["command"] for r in daemon.asked] == ["status"]
+    assert call(url, "/ui/api/action", key=ADMIN, body={"action": "sleep", "deployment": "a"})[0] == 200
+    for stream in (first, second):
+        pushed = next_events(stream, 1)[0]
+        while pushed["deployments"][0]["state"] != "asleep":  # a reading taken before the action may come first
+            pushed = next_events(stream, 1)[0]
+        stream.close()
+    assert len([r for r in daemon.asked if r["command"] == "status"]) <= 3

@@ -3,6 +3,8 @@
     GET  /ui/                 the page (static: it holds no data)
     GET  /ui/static/NAME      its CSS and JS
     GET  /ui/api/status       the `status --json` document            (scope `console`)
+    GET  /ui/api/status/events  the same document as SSE, each time it is read anew (every STATUS_SECONDS, at once
+                              after an action) while any page follows it: what the page reads (scope `console`)
     GET  /ui/api/usage        the `usage --json` rows                 (scope `console`)
     GET  /ui/api/requests     the last requests, newest first         (scope `console`)
     GET  /ui/api/logs         the daemon's and the servers' lines, then each new one, as SSE; `?deployment=NAME`
@@ -107,6 +109,9 @@ class Console:
         self._clock = clock
         self._status_cache: tuple[float, Mapping[str, Any], bytes] | None = None
         self._status_lock = asyncio.Lock()
+        self._followers: set[asyncio.Queue[bytes]] = set()
+        self._pusher: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
         self._assets = {name: _asset(name) for name in STATIC}  # read once: the package does not change
 
     def mount(self, app: web.Application) -> None:
@@ -114,6 +119,7 @@ class Console:
         app.router.add_get("/ui/", self._page)
         app.router.add_get("/ui/static/{name}", self._static)
         app.router.add_get("/ui/api/status", self._guarded(CONSOLE, self._status))
+        app.router.add_get("/ui/api/status/events", self._guarded(CONSOLE, self._follow_status))
         app.router.add_get("/ui/api/usage", self._guarded(CONSOLE, self._usage))
         app.router.add_get("/ui/api/requests", self._guarded(CONSOLE, self._requests))
         app.router.add_get("/ui/api/logs", self._guarded(CONSOLE, self._stream_logs))
@@ -173,6 +179,38 @@ class Console:
         if not answer.get("ok"):
             return _refused(503, str(answer.get("error", "the daemon did not answer")))
         return web.Response(body=body, content_type="application/json", headers=_headers())
+
+    async def _follow_status(self, request: web.Request) -> web.StreamResponse:
+        """The status document as server-sent events: one reading of the daemon and one encoding, per
+        STATUS_SECONDS, written to every page that follows it (a page costs a write, not a request)."""
+        queue: asyncio.Queue[bytes] = asyncio.Queue(1)  # a page that reads slowly gets the newest document only
+        self._followers.add(queue)
+        if self._pusher is None or self._pusher.done():
+            self._pusher = asyncio.create_task(self._push_status())
+        else:
+            self._poke.set()  # a page opened now sees the document now
+        response = web.StreamResponse(headers={**_headers(), "Content-Type": "text/event-stream"})
+        try:
+            await response.prepare(request)
+            while True:
+                await response.write(b"data: " + await queue.get() + b"\n\n")
+        finally:
+            self._followers.discard(queue)
+
+    async def _push_status(self) -> None:
+        """While a page follows the status: read it (shared with the polls) and hand the same bytes to each."""
+        while self._followers:
+            self._poke.clear()
+            answer, body = await self._read_status()
+            if not answer.get("ok"):
+                message = str(answer.get("error", "the daemon did not answer"))
+                body = json.dumps({"error": {"message": message, "code": 503}}).encode()
+            for queue in list(self._followers):
+                if queue.full():
+                    queue.get_nowait()
+                queue.put_nowait(body)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), STATUS_SECONDS + 0.1)
 
     def _shows_key_names(self, request: web.Request) -> bool:
         """Whether the viewer holds `console:admin`: others see every key's name folded into one (as /metrics
@@ -247,6 +285,7 @@ class Console:
             return _refused(400, command)
         answer = await self._ask(command)
         self._status_cache = None  # the next poll shows what the action did
+        self._poke.set()  # and the pages that follow the status, at once
         return web.json_response(dict(answer), status=200 if answer.get("ok") else 409, headers=_headers())
 
     async def _running(self, request: web.Request) -> web.Response:
@@ -265,6 +304,7 @@ class Console:
             if not slept.get("ok"):
                 errors.append(f"{name}: {slept.get('error')}")
         self._status_cache = None
+        self._poke.set()
         if errors:
             return web.Response(status=409, text="; ".join(errors), headers=_headers())
         return web.Response(text="OK", headers=_headers())

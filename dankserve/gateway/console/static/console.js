@@ -201,20 +201,65 @@ function renderUsage(usage) {
 
 function page() { return (location.hash || "#deployments").slice(1); }
 
-async function refresh() {
-  // Only what the shown page needs, and nothing while the tab is hidden: an open page in the background
-  // costs the daemon nothing.
-  if (document.visibilityState === "hidden") return;
-  try {
-    if (page() === "usage") {
-      renderUsage(await getJson("/ui/api/usage"));
-      renderRequests(await getJson("/ui/api/requests"));
-    } else {
-      const status = await getJson("/ui/api/status");
-      renderDeployments(status);
-      renderSwap(status);
-      logChoices(status);
+function renderStatus(status) {
+  if (status.error) { notice("Cannot read the console's data: " + status.error.message); return; }
+  renderDeployments(status);
+  renderSwap(status);
+  logChoices(status);
+  notice("");
+}
+
+// Server-sent events read through fetch (EventSource cannot send the key's header): each `data:` line's
+// JSON handed to `each`; keep-alive comments skipped.
+async function readEvents(path, signal, each) {
+  const response = await fetch(path, { headers: headers(), cache: "no-store", signal });
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    throw new Error((body.error && body.error.message) || ("HTTP " + response.status));
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let pending = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    pending += value;
+    const events = pending.split("\n\n");
+    pending = events.pop();
+    for (const event of events) {
+      if (!event.startsWith("data: ")) continue;
+      let parsed;
+      try { parsed = JSON.parse(event.slice(6)); } catch (error) { continue; }
+      each(parsed);
     }
+  }
+}
+
+// The status comes pushed (one document every 2 s for all open pages, at once after an action) while a
+// page that shows it is visible; the Requests page polls its two documents (304 while unchanged). A hidden
+// tab asks for nothing.
+let statusStream = null;
+
+function follow() {
+  const wanted = document.visibilityState !== "hidden" && page() !== "usage";
+  if (!wanted && statusStream) { statusStream.abort(); statusStream = null; }
+  if (!wanted || statusStream) return;
+  const controller = new AbortController();
+  statusStream = controller;
+  readEvents("/ui/api/status/events", controller.signal, renderStatus)
+    .catch((error) => { if (error.name !== "AbortError") notice("Cannot read the console's data: " + error.message); })
+    .finally(() => {
+      if (statusStream !== controller) return;
+      statusStream = null;
+      setTimeout(follow, POLL_MS);  // the stream ended (a restart of the daemon): follow again
+    });
+}
+
+async function refresh() {
+  follow();
+  if (document.visibilityState === "hidden" || page() !== "usage") return;
+  try {
+    renderUsage(await getJson("/ui/api/usage"));
+    renderRequests(await getJson("/ui/api/requests"));
     notice("");
   } catch (error) {
     notice("Cannot read the console's data: " + error.message);
@@ -248,30 +293,12 @@ async function startLogs() {
   const state = document.getElementById("logs-state");
   document.getElementById("logs-body").replaceChildren();
   const path = "/ui/api/logs" + (deployment ? "?deployment=" + encodeURIComponent(deployment) : "");
+  state.textContent = "following" + (deployment ? " " + deployment : " every deployment and the daemon");
   try {
-    const response = await fetch(path, { headers: headers(), cache: "no-store", signal: controller.signal });
-    if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      state.textContent = "Cannot read the logs: " + ((body.error && body.error.message) || ("HTTP " + response.status));
-      return;
-    }
-    state.textContent = "following" + (deployment ? " " + deployment : " every deployment and the daemon");
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let pending = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      pending += value;
-      const events = pending.split("\n\n");
-      pending = events.pop();
-      for (const event of events) {
-        if (!event.startsWith("data: ")) continue;  // a keep-alive comment
-        try { logLine(JSON.parse(event.slice(6))); } catch (error) { /* not a line: skipped */ }
-      }
-    }
+    await readEvents(path, controller.signal, logLine);
     state.textContent = "the stream ended; choose a deployment to follow again";
   } catch (error) {
-    if (error.name !== "AbortError") state.textContent = "The log stream broke: " + error.message;
+    if (error.name !== "AbortError") state.textContent = "Cannot read the logs: " + error.message;
   }
 }
 
@@ -307,7 +334,6 @@ async function act(event) {
   });
   const body = await response.json().catch(() => ({}));
   answer.textContent = "HTTP " + response.status + "\n" + JSON.stringify(body, null, 2);
-  refresh();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -315,6 +341,8 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     key = document.getElementById("key").value.trim();
     sessionStorage.setItem("dankserve-key", key);
+    if (statusStream) statusStream.abort();
+    statusStream = null;
     refresh();
     if (logStream) startLogs();
   });
