@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dankserve.gateway.tokens import TokenCount
@@ -46,18 +46,7 @@ class RecentRequest:
     tokens_estimated: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "at": self.at,
-            "key": self.key,
-            "model": self.model,
-            "status": self.status,
-            "queued_seconds": self.queued_seconds,
-            "first_byte_seconds": self.first_byte_seconds,
-            "total_seconds": self.total_seconds,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "tokens_estimated": self.tokens_estimated,
-        }
+        return asdict(self)
 
 
 def recent_request(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from dankserve.supervisor import machine as m
@@ -35,7 +35,7 @@ class SwapCheck:
     """The most the member's processes held on one GPU asleep (the memory check's reading)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "verdict": self.verdict, "detail": self.detail, "held_bytes": self.held_bytes}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -53,17 +53,7 @@ class SwapEntry:
     checks: tuple[SwapCheck, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "at": self.at,
-            "deployment": self.deployment,
-            "group": self.group,
-            "kind": self.kind,
-            "level": self.level,
-            "seconds": self.seconds,
-            "ok": self.failure is None,
-            "failure": self.failure,
-            "checks": [c.to_json() for c in self.checks],
-        }
+        return {**asdict(self), "ok": self.failure is None, "checks": [c.to_json() for c in self.checks]}
 
 
 def swap_failure(event: m.Event) -> str | None:
