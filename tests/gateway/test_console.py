@@ -392,3 +392,36 @@ def test_open_pages_follow_one_pushed_status(console: Callable[..., tuple[str, D
             pushed = next_events(stream, 1)[0]
         stream.close()
     assert len([r for r in daemon.asked if r["command"] == "status"]) <= 3
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_hidden_page_asks_for_nothing(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """A tab in the background (document.visibilityState hidden) stops following the status: the daemon is
+    asked nothing more until the tab is shown again."""
+    url, daemon = keyed(console, tmp_path)
+    visibility = (
+        "Object.defineProperty(document, 'visibilityState', {value: '%s', configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange')); true"
+    )
+
+    def asked() -> int:
+        return len([r for r in daemon.asked if r["command"] == "status"])
+
+    async def drive() -> None:
+        async with Browser() as browser:
+            await browser.goto(url + "/ui/")
+            await browser.evaluate(f"sessionStorage.setItem('dankserve-key', {json.dumps(READER)}); true")
+            await browser.goto(url + "/ui/")
+            assert await browser.until(STATE) == "ready"
+            await browser.evaluate(visibility % "hidden")
+            await asyncio.sleep(1)  # a reading begun before the tab hid may still end
+            before = asked()
+            await asyncio.sleep(5)  # two and a half pushes' time
+            assert asked() == before
+            daemon.state = "asleep"
+            await browser.evaluate(visibility % "visible")
+            assert await browser.until(f"{STATE} === 'asleep' && {STATE}") == "asleep"
+            assert asked() > before
+
+    asyncio.run(drive())
