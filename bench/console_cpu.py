@@ -1,10 +1,10 @@
 """The daemon's CPU with the web console open (issue 43): a real daemon (subprocess) with its gateway
 and two stand-in servers (process runtime, one swap group), its CPU seconds (/proc/PID/stat: user +
 system) over a window with no page open, then with N pages of /ui/ open in one headless Chromium
-(each polls its status and usage every 2 s). Per round both windows; figures: the median over rounds,
-as CPU percent of one core.
+(each on the Deployments page: it follows the status pushed every 2 s). Per round both windows; figures: the
+median over rounds, as CPU percent of one core (compare the two columns of one run: the box is shared).
 
-    .venv/bin/python bench/console_cpu.py [--pages 5] [--window 20] [--rounds 3]
+    .venv/bin/python bench/console_cpu.py [--pages 5] [--window 20] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, default=5)
     parser.add_argument("--window", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     gateway = free_port()
     deployments = {

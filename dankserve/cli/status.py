@@ -409,6 +409,8 @@ def status_document(name: str | None) -> dict[str, Any]:
     ]
     if name is not None:
         doc["deployments"] = [d for d in doc["deployments"] if d["name"] == name]
+        if "swaps" in doc:  # a running daemon's recent swaps: NAME's only
+            doc["swaps"] = [s for s in doc["swaps"] if s.get("deployment") == name]
         others = set(settings.deployments) - {name}
         doc["warnings"] = [w for w in doc["warnings"] if w.split(":", 1)[0] not in others]
     return doc

@@ -4,8 +4,9 @@ The key set is read at start and again by every reload, before the reload is acc
 (`prepare_reload`): a key set that cannot be read refuses the reload, which says why, so a reload
 that reports success has put the files' keys in force (a removed key is refused from then on). A
 request in flight keeps the key it was let in with.
-The usage counters are kept in memory under a lock (the gateway's loop writes, /metrics reads from
-another thread) and written to the state dir every `SAVE_SECONDS` when they changed, and at close.
+The usage counters and the last requests (`recent_requests`) are kept in memory under a lock (the gateway's
+loop writes, /metrics reads from another thread); the counters are written to the state dir every
+`SAVE_SECONDS` when they changed, and at close (the last requests are not written).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import structlog
 from dankserve.gateway.keys import API, Key, KeyRing, bearer
 from dankserve.gateway.keys_dir import read_keys
 from dankserve.gateway.limits import KeyLimits, Refusal
+from dankserve.gateway.recent_requests import RecentRequest, RecentRequests, Stopwatch, recent_request
 from dankserve.gateway.tokens import TokenCount
 from dankserve.gateway.usage import NO_LABEL, Counts, Label, Usage
 from dankserve.gateway.usage_store import load_usage, write_usage
@@ -57,6 +59,7 @@ class Access:
         self._clock, self._wall = clock, wall
         self._usage_file = usage_file
         self._usage = load_usage(usage_file) if usage_file is not None else Usage()
+        self._recent = RecentRequests()
         self._lock = threading.Lock()
 
     def ring(self) -> KeyRing:
@@ -109,8 +112,11 @@ class Access:
         if key is not ANONYMOUS:
             self.limits.release(key, tokens, self._clock(), reserved, passed_on=passed_on)
 
-    def record(self, key: str, model: str, code: int, tokens: TokenCount) -> None:
+    def record(self, key: str, model: str, code: int, tokens: TokenCount, watch: Stopwatch | None = None) -> None:
+        """A request ended: counted, and kept among the recent ones (`watch`: its times, once it was routed)."""
+        entry = recent_request(key, model, code, tokens, watch, at=self._wall(), now=self._clock())
         with self._lock:
+            self._recent.add(entry)
             self._usage.record(
                 (key, model),
                 code,
@@ -119,6 +125,11 @@ class Access:
                 estimated=tokens.estimated,
                 now=self._wall(),
             )
+
+    def recent(self) -> list[RecentRequest]:
+        """The last requests that ended, newest first (the console's Requests page)."""
+        with self._lock:
+            return self._recent.newest_first()
 
     def totals(self) -> dict[Label, Counts]:
         """All-time counters per key and model (a copy, for /metrics)."""

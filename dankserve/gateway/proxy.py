@@ -33,6 +33,7 @@ from dankserve.gateway.backend_admission import (
 from dankserve.gateway.backends import Availability, Backend, Supervisor
 from dankserve.gateway.keys import Key
 from dankserve.gateway.limits import KeyLimits, Refusal
+from dankserve.gateway.recent_requests import Stopwatch, first_byte_timed
 from dankserve.gateway.routing import (
     DEV_ROUTES,
     GENERATING,
@@ -203,7 +204,7 @@ class Gateway:
         """A request its key's limits let in (in flight until it ends): its body read, routed, its estimated
         tokens charged, then passed on (its connection trusted only now); the tokens settled when it ends."""
         tally: AnswerTally | None = None
-        reserved, status, label = 0, 500, ""
+        reserved, status, label, watch = 0, 500, "", Stopwatch(time.monotonic())
         try:
             routed = await _read_routed(request, key, self._limits, self._table(), self.access, refusals=self._refusals)
             if isinstance(routed, web.Response):
@@ -215,7 +216,7 @@ class Gateway:
             reserved, label = KeyLimits.reserved(key, wanted), routed.model
             vouch(request)
             tally = AnswerTally(routed.streamed, drop_usage=routed.usage_added)
-            status, response = await self._admitted(request, key, routed, tally)
+            status, response = await self._admitted(request, key, routed, tally, watch)
             return response
         except asyncio.CancelledError:
             # The client left (aiohttp cancels its handler): not the server's failure. One that left after the
@@ -226,25 +227,30 @@ class Gateway:
             tokens = tally.count() if tally is not None else TokenCount()
             self.access.release(key, tokens.total, reserved, passed_on=tally is not None)
             if tally is not None:
-                self.access.record(key.name, label, status, tokens)
+                self.access.record(key.name, label, status, tokens, watch)
 
     async def _admitted(
-        self, request: web.Request, key: Key, routed: Routed, tally: AnswerTally
+        self, request: web.Request, key: Key, routed: Routed, tally: AnswerTally, watch: Stopwatch
     ) -> tuple[int, web.StreamResponse]:
         """A routed request of a key within its limits: waits for its deployment, then is passed on."""
         name = routed.route.deployment
         loading = LoadingStream(request, routed.route.served_name) if routed.streamed else None
         deadline = time.monotonic() + self._queue.timeout
         while True:
+            waited = time.monotonic()
             try:
                 backend = await self._ready(name, loading, key.priority)
             except Unavailable as exc:
                 self._refusals.note("gateway_unavailable", deployment=name, reason=str(exc), key=key.name)
                 return 503, await _unavailable(str(exc), loading, retry_after(exc.ready_in, self._queue.retry_after))
+            finally:
+                watch.queued_seconds += time.monotonic() - waited
             self._supervisor.touched(name)
             try:
                 with contextlib.suppress(BackendFull):  # vLLM's own queue is full: wait as a queued request, ask again
-                    return await self._forward(request, name, backend, routed.body, _begun(loading), tally=tally)
+                    return await self._forward(
+                        request, name, backend, routed.body, _begun(loading), tally=tally, watch=watch
+                    )
             finally:
                 self._supervisor.released(name)  # a member busy with requests is never put to sleep
                 self._admission.leave(name)
@@ -346,6 +352,7 @@ class Gateway:
         begun: web.StreamResponse | None,
         *,
         tally: AnswerTally,
+        watch: Stopwatch,
     ) -> tuple[int, web.StreamResponse]:
         """Pass the request on and stream the answer back: the status to count and the answer; `begun`: the SSE
         answer its loading comments began (status sent), into which the server's events go, or its error as one
@@ -378,7 +385,7 @@ class Gateway:
                 document = " ".join(text.decode(errors="replace").splitlines())
                 return upstream.status, await _end_with_event(response, document)
             await _write_read(response, tally, refusal)  # another 503, read to judge it: passed on as it came
-            async for chunk in upstream.content.iter_any():
+            async for chunk in first_byte_timed(upstream.content.iter_any(), watch, time.monotonic):
                 passed = tally.feed(chunk)
                 if passed:
                     await response.write(passed)

@@ -444,7 +444,8 @@ class Daemon:
             "pid": os.getpid(),
             "config": config_status(path, self.config_loaded_at, self.config_refusal, self.source.needs_restart()),
         }
-        return {"daemon": daemon, "deployments": deployments, "warnings": []}
+        swaps = self.telemetry.swaps.newest_first()
+        return {"daemon": daemon, "deployments": deployments, "swaps": swaps, "warnings": []}
 
 
 def _read_reload(

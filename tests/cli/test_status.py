@@ -153,6 +153,7 @@ def test_status_at_80_columns_keeps_why_whole_and_shows_gpu_memory_idle_countdow
         woken_doc = json.loads(woken.stdout)
         status_doc = json.loads(dankserve_cli(daemon.config, "status", "alpha", "--json").stdout)
         assert set(woken_doc) == set(status_doc) and [d["name"] for d in woken_doc["deployments"]] == ["alpha"]
+        assert {s["deployment"] for s in status_doc["swaps"]} <= {"alpha"}  # NAME's swaps only
         assert set(woken_doc["deployments"][0]) == set(status_doc["deployments"][0])
         assert woken_doc["deployments"][0]["state"] == "ready" and woken_doc["deployments"][0]["image"] is None
         asleep, awake = "beta", "alpha"
@@ -166,6 +167,7 @@ def test_status_at_80_columns_keeps_why_whole_and_shows_gpu_memory_idle_countdow
         assert "GPU MEM" in header and "WHY" not in header
         why = json.loads(dankserve_cli(daemon.config, "status", "--json").stdout)
         sentence = next(d["why"] for d in why["deployments"] if d["name"] == asleep)
+        assert ("beta", "sleep") in {(s["deployment"], s["kind"]) for s in why["swaps"]}  # every member's
         assert sentence.startswith("swap group pair, asleep")
         assert sentence in " ".join(line.strip().removeprefix("why: ") for line in lines[3:]), done.stdout
         row = {line.split()[0]: line for line in lines[3:] if line.split()[0] in deployments}

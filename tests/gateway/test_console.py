@@ -374,3 +374,54 @@ def test_logs_page_in_a_real_browser(console: Callable[..., tuple[str, Daemon]],
             assert browser.errors == []
 
     asyncio.run(drive())
+
+
+def test_open_pages_follow_one_pushed_status(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """Pages that follow /ui/api/status/events share each reading of the daemon (asked once for all), and an
+    action's outcome is pushed at once, not at the next reading."""
+    url, daemon = keyed(console, tmp_path)
+    assert call(url, "/ui/api/status/events", key=API)[0] == 403
+    first, [one] = read_events(url, "/ui/api/status/events", READER, 1)
+    second, [two] = read_events(url, "/ui/api/status/events", READER, 1)
+    assert one == two and one["deployments"][0]["state"] == "ready"
+    assert [r["command"] for r in daemon.asked] == ["status"]
+    assert call(url, "/ui/api/action", key=ADMIN, body={"action": "sleep", "deployment": "a"})[0] == 200
+    for stream in (first, second):
+        pushed = next_events(stream, 1)[0]
+        while pushed["deployments"][0]["state"] != "asleep":  # a reading taken before the action may come first
+            pushed = next_events(stream, 1)[0]
+        stream.close()
+    assert len([r for r in daemon.asked if r["command"] == "status"]) <= 3
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_a_hidden_page_asks_for_nothing(console: Callable[..., tuple[str, Daemon]], tmp_path: Path) -> None:
+    """A tab in the background (document.visibilityState hidden) stops following the status: the daemon is
+    asked nothing more until the tab is shown again."""
+    url, daemon = keyed(console, tmp_path)
+    visibility = (
+        "Object.defineProperty(document, 'visibilityState', {value: '%s', configurable: true});"
+        "document.dispatchEvent(new Event('visibilitychange')); true"
+    )
+
+    def asked() -> int:
+        return len([r for r in daemon.asked if r["command"] == "status"])
+
+    async def drive() -> None:
+        async with Browser() as browser:
+            await browser.goto(url + "/ui/")
+            await browser.evaluate(f"sessionStorage.setItem('dankserve-key', {json.dumps(READER)}); true")
+            await browser.goto(url + "/ui/")
+            assert await browser.until(STATE) == "ready"
+            await browser.evaluate(visibility % "hidden")
+            await asyncio.sleep(1)  # a reading begun before the tab hid may still end
+            before = asked()
+            await asyncio.sleep(5)  # two and a half pushes' time
+            assert asked() == before
+            daemon.state = "asleep"
+            await browser.evaluate(visibility % "visible")
+            assert await browser.until(f"{STATE} === 'asleep' && {STATE}") == "asleep"
+            assert asked() > before
+
+    asyncio.run(drive())

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from dankserve.host.gpu_processes import RECORD_BYTES, held_bytes, process_tree, stand_in_dir
 
@@ -47,6 +51,23 @@ def test_the_records_live_beside_the_recorded_host_and_a_tree_holds_its_root(tmp
     assert stand_in_dir(None) is None
     assert process_tree(os.getpid())[0] == os.getpid()
     assert process_tree(None) == []
+
+
+def test_a_tree_holds_every_descendant_as_psutil_finds_them() -> None:
+    """/proc's children files give the same tree as psutil's scan of every process (grandchildren too)."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(shell.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        expected = [os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))]
+        assert sorted(process_tree(os.getpid())) == sorted(expected) and len(expected) >= 4
+        assert process_tree(2**22 + 1) == [2**22 + 1]  # no such process: itself, as psutil's answer was
+    finally:
+        for child in psutil.Process(shell.pid).children(recursive=True):
+            child.kill()
+        shell.kill()
+        shell.wait()
 
 
 def test_the_stand_in_reads_its_swap_failure_knobs() -> None:

@@ -12,6 +12,7 @@ import pytest
 from dankserve.backend_address import TcpAddress
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import SwapTarget, SwapVerifier, _token_ids
+from dankserve.supervisor.observe.swap_history import SwapCheck, SwapHistory, swap_failure
 from dankserve.supervisor.records import StateBook
 
 GIB = 1 << 30
@@ -87,3 +88,32 @@ def test_marking_a_level_unsafe_is_kept_once_per_level(tmp_path: Path) -> None:
 def test_the_canary_answer_is_read_defensively(body: object, expected: tuple[int, ...] | str) -> None:
     """Only a list of ints counts as ids, cut at the canary's length; anything else is named."""
     assert _token_ids(json.dumps(body).encode()) == expected
+
+
+def test_each_check_is_noted_with_its_verdict(tmp_path: Path) -> None:
+    """The checks a sleep and a wake were given (the swap history's): NVML's reading, the canary's."""
+    check = verifier(tmp_path, {"GPU-0": 200 << 20}, [(1, 2, 3), (1, 2, 4)])
+    noted: list[SwapCheck] = []
+    check.sleep(target(), lambda: m.FellAsleep(0.2), noted)
+    check.wake(target(), lambda: m.WokeUp(0.3), noted)
+    assert [(c.check, c.verdict) for c in noted] == [("memory", "passed"), ("canary", "failed")]
+    assert noted[0].held_bytes == 200 << 20 and "other tokens" in noted[1].detail
+    unread: list[SwapCheck] = []
+    (tmp_path / "x").mkdir()
+    verifier(tmp_path / "x", None, []).wake(target(), lambda: m.WokeUp(0.3), unread)
+    assert [(c.check, c.verdict) for c in unread] == [("canary", "not checked")]
+
+
+def test_the_swap_history_is_bounded_newest_first_with_its_checks() -> None:
+    history = SwapHistory(size=3)
+    memory = SwapCheck("memory", "passed", "fine", 1)
+    history.checked("a", "sleep", [memory], failure=None, level="1", group="g", at=1.0)
+    history.ended("a", "sleep", "1", 0.5, group="g", at=2.0)
+    history.checked("b", "wake", [], failure=swap_failure(m.WakeFailed("HTTP 500")), level="1", group="g", at=3.0)
+    for at in (4.0, 5.0):
+        history.ended("b", "wake", "stop", 9.0, group="g", at=at)  # woken by booting: no checks
+    entries = history.newest_first()
+    assert [e["at"] for e in entries] == [5.0, 4.0, 3.0]
+    assert entries[2]["failure"] == "HTTP 500" and not entries[2]["ok"] and entries[0]["checks"] == []
+    history.ended("a", "sleep", "1", 0.5, group="g", at=6.0)
+    assert history.newest_first()[0]["checks"] == []  # a's checks went with its first sleep

@@ -73,6 +73,15 @@ def test_a_sleep_that_keeps_its_memory_is_stopped_and_its_levels_marked_unsafe_o
         assert [u["level"] for u in _state_file(daemon)["deployments"]["b"]["unsafe_sleep"]] == ["1", "2"]
         status = daemon.cli("status", "b")
         assert "unsafe here" in status.stdout
+        swaps = (daemon.status() or {})["swaps"]  # the console's Swap page: newest first, checks and failures
+        failed = [s for s in swaps if not s["ok"]]
+        assert [(s["deployment"], s["kind"], s["level"]) for s in failed] == [("b", "sleep", "2"), ("b", "sleep", "1")]
+        assert all(s["checks"][0]["verdict"] == "failed" and "still hold" in s["failure"] for s in failed)
+        assert failed[0]["checks"][0]["held_bytes"] > 2 << 30
+        passed = next(s for s in swaps if s["deployment"] == "a" and s["kind"] == "sleep")
+        assert passed["ok"] and passed["checks"][0]["verdict"] == "passed" and passed["seconds"] is not None
+        assert any(s["deployment"] == "b" and s["level"] == "stop" and s["ok"] for s in swaps)  # stopped instead
+        assert [s["at"] for s in swaps] == sorted((s["at"] for s in swaps), reverse=True)
 
 
 def test_a_wake_that_answers_other_tokens_is_restarted_by_stop_and_boot(tmp_path: Path) -> None:

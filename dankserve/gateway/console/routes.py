@@ -3,7 +3,10 @@
     GET  /ui/                 the page (static: it holds no data)
     GET  /ui/static/NAME      its CSS and JS
     GET  /ui/api/status       the `status --json` document            (scope `console`)
+    GET  /ui/api/status/events  the same document as SSE, each time it is read anew (every STATUS_SECONDS, at once
+                              after an action) while any page follows it: what the page reads (scope `console`)
     GET  /ui/api/usage        the `usage --json` rows                 (scope `console`)
+    GET  /ui/api/requests     the last requests, newest first         (scope `console`)
     GET  /ui/api/logs         the daemon's and the servers' lines, then each new one, as SSE; `?deployment=NAME`
                               for one deployment's                    (scope `console`)
     POST /ui/api/action       {"action": VERB, "deployment": NAME}    (scope `console:admin`)
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import threading
 import time
@@ -31,7 +35,8 @@ from aiohttp import web
 from dankserve.gateway.access import Access, Denied
 from dankserve.gateway.console.guard import ACTION_HEADER, Verdict, action_request, keyless
 from dankserve.gateway.keys import CONSOLE, CONSOLE_ADMIN
-from dankserve.gateway.usage import usage_rows
+from dankserve.gateway.recent_requests import RECENT_REQUESTS, hide_request_keys
+from dankserve.gateway.usage import hide_key_names, usage_rows
 
 Control = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 """The daemon's control verb table (the control socket's handler): one request, one answer."""
@@ -56,8 +61,9 @@ LOG_KEEPALIVE_SECONDS = 15.0
 ACTIONS = frozenset({"sleep", "wake", "restart", "reload", "upgrade", "rollback"})
 """What the page may ask; `reload` takes no deployment."""
 MAX_ACTION_BYTES = 4096
-STATUS_SECONDS = 1.5
-"""Open pages share one status document this long: five pages cost the daemon what one does."""
+STATUS_SECONDS = 1.9
+"""Open pages share one status document (asked once, encoded once) this long: just under the page's 2 s poll, so
+five pages cost the daemon what one does and each still sees a document no older than its poll."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -101,8 +107,11 @@ class Console:
         self._control = control
         self._logs = logs
         self._clock = clock
-        self._status_cache: tuple[float, Mapping[str, Any]] | None = None
+        self._status_cache: tuple[float, Mapping[str, Any], bytes] | None = None
         self._status_lock = asyncio.Lock()
+        self._followers: set[asyncio.Queue[bytes]] = set()
+        self._pusher: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
         self._assets = {name: _asset(name) for name in STATIC}  # read once: the package does not change
 
     def mount(self, app: web.Application) -> None:
@@ -110,7 +119,9 @@ class Console:
         app.router.add_get("/ui/", self._page)
         app.router.add_get("/ui/static/{name}", self._static)
         app.router.add_get("/ui/api/status", self._guarded(CONSOLE, self._status))
+        app.router.add_get("/ui/api/status/events", self._guarded(CONSOLE, self._follow_status))
         app.router.add_get("/ui/api/usage", self._guarded(CONSOLE, self._usage))
+        app.router.add_get("/ui/api/requests", self._guarded(CONSOLE, self._requests))
         app.router.add_get("/ui/api/logs", self._guarded(CONSOLE, self._stream_logs))
         app.router.add_post("/ui/api/action", self._guarded(CONSOLE_ADMIN, self._action))
         app.router.add_get("/running", self._guarded(CONSOLE, self._running))
@@ -151,24 +162,70 @@ class Console:
     async def _ask(self, command: Mapping[str, Any]) -> Mapping[str, Any]:
         return await asyncio.get_running_loop().run_in_executor(None, self._control, command)
 
-    async def _read_status(self) -> Mapping[str, Any]:
-        """The daemon's status answer, asked at most once per STATUS_SECONDS whoever polls."""
+    async def _read_status(self) -> tuple[Mapping[str, Any], bytes]:
+        """The daemon's status answer and its document as JSON, asked and encoded at most once per STATUS_SECONDS
+        whoever polls."""
         async with self._status_lock:
             cached = self._status_cache
             if cached is not None and self._clock() - cached[0] < STATUS_SECONDS:
-                return cached[1]
+                return cached[1], cached[2]
             answer = await self._ask({"command": "status"})
-            self._status_cache = (self._clock(), answer) if answer.get("ok") else None
-            return answer
+            body = json.dumps(answer["status"]).encode() if answer.get("ok") else b""
+            self._status_cache = (self._clock(), answer, body) if answer.get("ok") else None
+            return answer, body
 
     async def _status(self, request: web.Request) -> web.Response:
-        answer = await self._read_status()
+        answer, body = await self._read_status()
         if not answer.get("ok"):
             return _refused(503, str(answer.get("error", "the daemon did not answer")))
-        return web.json_response(answer["status"], headers=_headers())
+        return web.Response(body=body, content_type="application/json", headers=_headers())
+
+    async def _follow_status(self, request: web.Request) -> web.StreamResponse:
+        """The status document as server-sent events: one reading of the daemon and one encoding, per
+        STATUS_SECONDS, written to every page that follows it (a page costs a write, not a request)."""
+        queue: asyncio.Queue[bytes] = asyncio.Queue(1)  # a page that reads slowly gets the newest document only
+        self._followers.add(queue)
+        if self._pusher is None or self._pusher.done():
+            self._pusher = asyncio.create_task(self._push_status())
+        else:
+            self._poke.set()  # a page opened now sees the document now
+        response = web.StreamResponse(headers={**_headers(), "Content-Type": "text/event-stream"})
+        try:
+            await response.prepare(request)
+            while True:
+                await response.write(b"data: " + await queue.get() + b"\n\n")
+        finally:
+            self._followers.discard(queue)
+
+    async def _push_status(self) -> None:
+        """While a page follows the status: read it (shared with the polls) and hand the same bytes to each."""
+        while self._followers:
+            self._poke.clear()
+            answer, body = await self._read_status()
+            if not answer.get("ok"):
+                message = str(answer.get("error", "the daemon did not answer"))
+                body = json.dumps({"error": {"message": message, "code": 503}}).encode()
+            for queue in list(self._followers):
+                if queue.full():
+                    queue.get_nowait()
+                queue.put_nowait(body)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), STATUS_SECONDS + 0.1)
+
+    def _shows_key_names(self, request: web.Request) -> bool:
+        """Whether the viewer holds `console:admin`: others see every key's name folded into one (as /metrics
+        without its key shows them), not who uses the box how much."""
+        return not isinstance(self._access.identify(request.headers.getall("Authorization", []), CONSOLE_ADMIN), Denied)
 
     async def _usage(self, request: web.Request) -> web.Response:
-        return web.json_response({"rows": usage_rows(self._access.totals())}, headers=_headers())
+        totals = self._access.totals()
+        rows = usage_rows(totals if self._shows_key_names(request) else hide_key_names(totals))
+        return _unless_unchanged(request, {"rows": rows})
+
+    async def _requests(self, request: web.Request) -> web.Response:
+        entries = self._access.recent()
+        shown = entries if self._shows_key_names(request) else hide_request_keys(entries)
+        return _unless_unchanged(request, {"requests": [e.to_json() for e in shown], "kept": RECENT_REQUESTS})
 
     async def _stream_logs(self, request: web.Request) -> web.StreamResponse:
         """The last LOG_HISTORY_LINES lines, then each new one as it comes, as server-sent events (`data:` one
@@ -228,10 +285,11 @@ class Console:
             return _refused(400, command)
         answer = await self._ask(command)
         self._status_cache = None  # the next poll shows what the action did
+        self._poke.set()  # and the pages that follow the status, at once
         return web.json_response(dict(answer), status=200 if answer.get("ok") else 409, headers=_headers())
 
     async def _running(self, request: web.Request) -> web.Response:
-        answer = await self._read_status()
+        answer, _ = await self._read_status()
         if not answer.get("ok"):
             return _refused(503, str(answer.get("error", "the daemon did not answer")))
         return web.json_response(running(answer["status"]), headers=_headers())
@@ -246,6 +304,7 @@ class Console:
             if not slept.get("ok"):
                 errors.append(f"{name}: {slept.get('error')}")
         self._status_cache = None
+        self._poke.set()
         if errors:
             return web.Response(status=409, text="; ".join(errors), headers=_headers())
         return web.Response(text="OK", headers=_headers())
@@ -269,6 +328,17 @@ def awake_members(status: Mapping[str, Any]) -> list[str]:
         for d in status.get("deployments", [])
         if d.get("swap") is not None and d.get("state") not in ("asleep", "stopped", "failed", "down")
     ]
+
+
+def _unless_unchanged(request: web.Request, document: Mapping[str, Any]) -> web.Response:
+    """The document, or 304 when the page already holds it (its ETag: a hash of the JSON): a page polling a
+    document that changes only with traffic is answered without a body."""
+    body = json.dumps(document).encode()
+    tag = '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+    headers = {**_headers(), "ETag": tag}
+    if request.headers.get("If-None-Match") == tag:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 def _event(line: str) -> bytes:

@@ -35,6 +35,7 @@ from dankserve.supervisor.fleet.swap_checks import (
     check_wake,
     sleep_tolerance_bytes,
 )
+from dankserve.supervisor.observe.swap_history import SwapCheck, Verdict
 from dankserve.supervisor.probes.health import post_completion
 from dankserve.supervisor.records import StateBook
 
@@ -115,9 +116,12 @@ class SwapVerifier:
         self._canary = canary
         self._held = held
 
-    def sleep(self, target: SwapTarget, do_sleep: Callable[[], m.Event]) -> m.Event:
+    def sleep(
+        self, target: SwapTarget, do_sleep: Callable[[], m.Event], checks: list[SwapCheck] | None = None
+    ) -> m.Event:
         """Take the fingerprint if this configuration has none yet, sleep, then check NVML's reading
-        (the sleep's seconds are /sleep's own: the reading takes a few milliseconds)."""
+        (the sleep's seconds are /sleep's own: the reading takes a few milliseconds); its verdict goes into
+        `checks` (the swap history's)."""
         if target.canary_key not in self._state.deployment(target.name).canaries:
             ids = self._canary(target.address, target.api_key, target.served_name)
             if isinstance(ids, tuple):
@@ -128,26 +132,37 @@ class SwapVerifier:
         event = do_sleep()
         if not isinstance(event, m.FellAsleep):
             return event
-        verdict = check_sleep(self._held(target.pids(), target.uuids), sleep_tolerance_bytes(target.margin_bytes))
+        held = self._held(target.pids(), target.uuids)
+        verdict = check_sleep(held, sleep_tolerance_bytes(target.margin_bytes))
+        said: Verdict = "not checked" if held is None else "passed" if verdict.released else "failed"
+        (checks if checks is not None else []).append(SwapCheck("memory", said, verdict.message, verdict.held_bytes))
         if not verdict.released:
             return m.SleepKeptMemory(verdict.held_bytes, verdict.message)
         log.info("sleep_verified", deployment=target.name, held_bytes=verdict.held_bytes, check=verdict.message)
         return event
 
-    def wake(self, target: SwapTarget, do_wake: Callable[[], m.Event]) -> m.Event:
-        """Wake, then the canary: the same ids as the fingerprint, or WokeWrong. Its time is the wake's."""
+    def wake(
+        self, target: SwapTarget, do_wake: Callable[[], m.Event], checks: list[SwapCheck] | None = None
+    ) -> m.Event:
+        """Wake, then the canary: the same ids as the fingerprint, or WokeWrong. Its time is the wake's; its
+        verdict goes into `checks`."""
         event = do_wake()
         if not isinstance(event, m.WokeUp):
             return event
+        noted = checks if checks is not None else []
         fingerprint = self._state.deployment(target.name).canaries.get(target.canary_key)
         if fingerprint is None:
             log.info("wake_unverified", deployment=target.name, reason="no fingerprint for this configuration")
+            noted.append(SwapCheck("canary", "not checked", "no fingerprint taken for this configuration"))
             return event
         canary_started = time.monotonic()
         problem = check_wake(fingerprint, self._canary(target.address, target.api_key, target.served_name))
         canary_seconds = time.monotonic() - canary_started
         if problem is not None:
+            noted.append(SwapCheck("canary", "failed", problem))
             return m.WokeWrong(problem)
+        same = f"the same {len(fingerprint)} token ids as before the first sleep ({canary_seconds:.3f} s)"
+        noted.append(SwapCheck("canary", "passed", same))
         log.info("wake_verified", deployment=target.name, canary_seconds=round(canary_seconds, 4))
         return m.WokeUp(event.seconds + canary_seconds)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from dankserve.supervisor.observe.swap_history import SwapHistory
 from dankserve.supervisor.policy import FailureCause
 
 BOOT_KINDS: tuple[str, ...] = ("cold", "warm", "learned_bytes", "launcher", "wake")
@@ -127,6 +128,8 @@ class Telemetry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_name: dict[str, DeploymentTelemetry] = {}
+        self.swaps = SwapHistory()
+        """The recent sleeps and wakes with their checks (status' `swaps`; the counts above are /metrics')."""
 
     def _change(self, name: str, **changes: Any) -> None:
         # Called with the lock held.

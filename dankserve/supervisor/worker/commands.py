@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from dankserve.backend_address import BackendAddress
 from dankserve.plan.plan import has_sleep_mode
@@ -18,6 +18,7 @@ from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import swap_target, workload_pids
+from dankserve.supervisor.observe.swap_history import SwapCheck, swap_failure
 from dankserve.supervisor.probes.health import check_health
 from dankserve.supervisor.worker import launching
 from dankserve.supervisor.worker.booting import Boots, api_key
@@ -177,6 +178,24 @@ class Commands:
             self._log.info("launcher_removed", container_id=removed)
 
     def _swap(self, dep: DeploymentSettings, command: m.SleepServer | m.WakeServer) -> m.Event:
+        """Sleep or wake, its checks kept in the swap history (with the failure, when it failed)."""
+        checks: list[SwapCheck] = []
+        event = self._sleep_or_wake(dep, command, checks)
+        kind: Literal["sleep", "wake"] = "wake" if isinstance(command, m.WakeServer) else "sleep"
+        self._services.telemetry.swaps.checked(
+            self._name,
+            kind,
+            checks,
+            failure=swap_failure(event),
+            level=command.level,
+            group=dep.swap_group,
+            at=self._services.clock.time(),
+        )
+        return event
+
+    def _sleep_or_wake(
+        self, dep: DeploymentSettings, command: m.SleepServer | m.WakeServer, checks: list[SwapCheck]
+    ) -> m.Event:
         """Sleep at level 1 or 2 through vLLM's route, or (`stop`) stop and remove the server; or wake it."""
         edges, clock, verifier = self._services.edges, self._services.clock, self._services.swap_verifier
         workload_id, level, key = command.workload_id, command.level, api_key(dep)
@@ -194,13 +213,13 @@ class Commands:
             def wake() -> m.Event:
                 return edges.wake_server(self._address(dep), key, level)
 
-            return wake() if verifier is None else verifier.wake(target, wake)
+            return wake() if verifier is None else verifier.wake(target, wake, checks)
         if level != "stop":
 
             def sleep() -> m.Event:
                 return edges.sleep_server(self._address(dep), key, level)
 
-            return sleep() if verifier is None else verifier.sleep(target, sleep)
+            return sleep() if verifier is None else verifier.sleep(target, sleep, checks)
         started = clock.monotonic()
         settings = self._services.settings()
         self.logs.unfollow(workload_id)

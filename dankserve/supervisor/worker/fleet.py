@@ -200,14 +200,18 @@ class Fleet:
         record = self.state.deployment(name)
         observatory = self._observatory
         machine = worker.machine if worker is not None else None
+        by_gpu = None
+        if readings is not None and worker is not None and machine is not None and machine.gpu_uuids:
+            by_gpu = readings.held(worker.server_pids(), machine.gpu_uuids)
         gpus = []
         if machine is not None and machine.gpu_uuids:
-            for reading in observatory.gpus(machine.gpu_uuids).values():
+            for uuid, reading in observatory.gpus(machine.gpu_uuids).items():
                 gpus.append(
                     {
                         "index": reading.index,
                         "memory_used_bytes": reading.used_bytes,
                         "memory_total_bytes": reading.total_bytes,
+                        "held_bytes": by_gpu.get(uuid) if by_gpu else None,  # its own share of this GPU
                     }
                 )
         # vLLM's numbers as the observatory last read them (the same ones /metrics relays).
@@ -217,10 +221,7 @@ class Fleet:
             preemptions = sample.preemptions_total
             metrics = Metrics(int(preemptions) if preemptions is not None else None, sample.kv_cache_usage_perc)
         hosts = self._describe_hosts(name) if with_hosts and self._describe_hosts is not None else None
-        held = None
-        if readings is not None and worker is not None and machine is not None and machine.gpu_uuids:
-            by_gpu = readings.held(worker.server_pids(), machine.gpu_uuids)
-            held = sum(by_gpu.values()) if by_gpu else None
+        held = sum(by_gpu.values()) if by_gpu else None
         return deployment_view(
             name,
             dep,

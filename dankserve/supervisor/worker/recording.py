@@ -52,6 +52,15 @@ class Recorder:
             took = done.last_sleep_seconds if done.last_kind == "sleep" else done.last_wake_seconds
             if took is not None:
                 self._services.telemetry.swapped(self._name, done.last_kind, took)
+                dep = self._services.settings().deployments.get(self._name)
+                self._services.telemetry.swaps.ended(
+                    self._name,
+                    done.last_kind,
+                    done.last_level,
+                    took,
+                    group=dep.swap_group if dep is not None else None,
+                    at=self._services.clock.time(),
+                )
                 self._timed(done.last_kind, took)
         record = after.sleep_record
         if record != before.sleep_record:  # written before status shows it (and /sleep is sent)

@@ -20,10 +20,16 @@ function headers(extra) {
 
 function notice(text) { document.getElementById("notice").textContent = text || ""; }
 
+const held = new Map();  // path -> [ETag, body]: a document that changes only with traffic comes back as 304
+
 async function getJson(path) {
-  const response = await fetch(path, { headers: headers(), cache: "no-store" });
+  const kept = held.get(path);
+  const response = await fetch(path, { headers: headers(kept ? { "If-None-Match": kept[0] } : {}), cache: "no-store" });
+  if (response.status === 304 && kept) return kept[1];
   const body = await response.json().catch(() => ({}));
   if (!response.ok) throw new Error((body.error && body.error.message) || ("HTTP " + response.status));
+  const tag = response.headers.get("ETag");
+  if (tag) held.set(path, [tag, body]);
   return body;
 }
 
@@ -34,6 +40,14 @@ function seconds(value) {
   if (s < 7200) return Math.round(s / 60) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+
+function took(value) {
+  if (value === null || value === undefined) return "-";
+  const s = Number(value);
+  return s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(2) + " s";
+}
+
+function when(at) { return at ? new Date(at * 1000).toLocaleTimeString() : "-"; }
 
 function gib(bytes) {
   return bytes === null || bytes === undefined ? "-" : (Number(bytes) / 2 ** 30).toFixed(1) + " GiB";
@@ -78,7 +92,7 @@ function deploymentCard(d) {
     ["uptime", seconds(d.uptime_seconds)], ["boots", d.boots], ["restarts", d.restarts],
     ["boots by kind", compact(d.boots_by_kind)], ["last boot", compact(d.last_boot)],
     ["predicted", compact(predicted)], ["KV cache source", compact(d.kv_cache_source)],
-    ["sleeping", d.swap ? compact(d.swap.sleep_level || d.state) : "not in a swap group"],
+    ["sleeping", d.swap ? compact(d.swap.level || d.state) : "not in a swap group"],
     ["message", compact(d.message)], ["why", compact(d.why)],
     ["last failure", failure ? failure["class"] + ": " + failure.message : "none"],
     ["GPU memory held", gib(d.gpu_memory_held_bytes)],
@@ -88,29 +102,48 @@ function deploymentCard(d) {
 }
 
 function gpuSummary(deployments) {
-  // Each GPU once: its NVML reading (as status reports it) and who is placed on it, asleep or awake.
+  // One bar per GPU: its NVML reading (as status reports it), each deployment's own share of it (its
+  // processes' memory on that GPU), the rest held by other processes; asleep or awake, each is listed.
   const gpus = new Map();
   for (const d of deployments) {
     for (const gpu of d.gpus || []) {
       const entry = gpus.get(gpu.index) || { gpu, members: [] };
-      entry.members.push(d);
+      entry.members.push([d, gpu.held_bytes]);
       gpus.set(gpu.index, entry);
     }
   }
   const box = el("div", null, "gpus");
-  for (const { gpu, members } of gpus.values()) {
-    const line = el("p", "GPU " + gpu.index + ": " + gib(gpu.memory_used_bytes) + " of " + gib(gpu.memory_total_bytes) + " ");
-    if (gpu.memory_total_bytes) {
-      const bar = el("progress");
-      bar.max = Number(gpu.memory_total_bytes);
-      bar.value = Number(gpu.memory_used_bytes || 0);
-      line.appendChild(bar);
-    }
+  for (const { gpu, members } of [...gpus.values()].sort((a, b) => a.gpu.index - b.gpu.index)) {
+    const total = Number(gpu.memory_total_bytes) || 0;
+    const section = el("div", null, "gpu");
+    section.dataset.gpu = gpu.index;
+    section.append(el("p", "GPU " + gpu.index + ": " + gib(gpu.memory_used_bytes) + " used of " + gib(total)));
+    const bar = el("div", null, "bar");
     const list = el("ul");
-    for (const d of members) list.appendChild(el("li", d.name + " (" + d.state + "): holds " + gib(d.gpu_memory_held_bytes)));
-    box.append(line, list);
+    let shares = 0;
+    for (const [d, bytes] of members) {
+      shares += Number(bytes || 0);
+      const item = el("li", d.name + " (" + d.state + "): " + (bytes == null ? "not read" : gib(bytes)));
+      item.dataset.deployment = d.name;
+      list.append(item);
+      if (total && bytes) bar.append(segment(d.name, bytes, total, "share"));
+    }
+    const rest = Number(gpu.memory_used_bytes || 0) - shares;
+    if (total && rest > 0) {
+      bar.append(segment("other", rest, total, "other"));
+      list.append(el("li", "other processes: " + gib(rest)));
+    }
+    section.append(bar, list);
+    box.append(section);
   }
   return box;
+}
+
+function segment(name, bytes, total, cls) {
+  const part = el("span", name, "segment " + cls);
+  part.style.width = (100 * Number(bytes) / total).toFixed(2) + "%";  // CSSOM: allowed by the CSP
+  part.title = name + ": " + gib(bytes);
+  return part;
 }
 
 function renderDeployments(status) {
@@ -122,14 +155,36 @@ function renderDeployments(status) {
   if (chosen) select.value = chosen;
 }
 
+function check(entry, name) {
+  const found = (entry.checks || []).find((c) => c.check === name);
+  return found ? found.verdict + ": " + found.detail : "-";
+}
+
 function renderSwap(status) {
   const members = status.deployments.filter((d) => d.swap);
   const body = document.getElementById("swap-body");
   if (!members.length) { body.replaceChildren(el("p", "No swap groups.")); return; }
+  const swaps = status.swaps || [];
   body.replaceChildren(table(members, [
     ["group", (d) => d.swap.group], ["deployment", (d) => d.name], ["state", (d) => d.state],
-    ["sleep level", (d) => compact(d.swap.sleep_level)], ["predicted", (d) => compact(d.predicted)],
+    ["sleep level", (d) => compact(d.swap.level)], ["predicted", (d) => compact(d.predicted)],
     ["swap", (d) => compact(d.swap)],
+  ]), el("h3", "Recent swaps"), swaps.length ? table(swaps, [
+    ["when", (s) => when(s.at)], ["group", (s) => s.group], ["deployment", (s) => s.deployment],
+    ["did", (s) => (s.kind === "sleep" ? "slept" : "woke")], ["level", (s) => s.level], ["took", (s) => took(s.seconds)],
+    ["memory check", (s) => check(s, "memory")], ["canary check", (s) => check(s, "canary")],
+    ["outcome", (s) => (s.ok ? "ok" : "FAILED: " + s.failure)],
+  ]) : el("p", "No swaps since the daemon started."));
+}
+
+function renderRequests(recent) {
+  const body = document.getElementById("requests-body");
+  if (!recent.requests.length) { body.replaceChildren(el("p", "No requests yet.")); return; }
+  body.replaceChildren(table(recent.requests, [
+    ["when", (r) => when(r.at)], ["key", (r) => r.key], ["model", (r) => r.model], ["code", (r) => r.status],
+    ["queued", (r) => took(r.queued_seconds)], ["first byte", (r) => took(r.first_byte_seconds)],
+    ["total", (r) => took(r.total_seconds)], ["tokens in", (r) => compact(r.prompt_tokens)],
+    ["tokens out", (r) => compact(r.completion_tokens) + (r.tokens_estimated ? " (estimated)" : "")],
   ]));
 }
 
@@ -144,13 +199,67 @@ function renderUsage(usage) {
   ]));
 }
 
+function page() { return (location.hash || "#deployments").slice(1); }
+
+function renderStatus(status) {
+  if (status.error) { notice("Cannot read the console's data: " + status.error.message); return; }
+  renderDeployments(status);
+  renderSwap(status);
+  logChoices(status);
+  notice("");
+}
+
+// Server-sent events read through fetch (EventSource cannot send the key's header): each `data:` line's
+// JSON handed to `each`; keep-alive comments skipped.
+async function readEvents(path, signal, each) {
+  const response = await fetch(path, { headers: headers(), cache: "no-store", signal });
+  if (!response.ok) {
+    const body = await response.json().catch(() => ({}));
+    throw new Error((body.error && body.error.message) || ("HTTP " + response.status));
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let pending = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    pending += value;
+    const events = pending.split("\n\n");
+    pending = events.pop();
+    for (const event of events) {
+      if (!event.startsWith("data: ")) continue;
+      let parsed;
+      try { parsed = JSON.parse(event.slice(6)); } catch (error) { continue; }
+      each(parsed);
+    }
+  }
+}
+
+// The status comes pushed (one document every 2 s for all open pages, at once after an action) while a
+// page that shows it is visible; the Requests page polls its two documents (304 while unchanged). A hidden
+// tab asks for nothing.
+let statusStream = null;
+
+function follow() {
+  const wanted = document.visibilityState !== "hidden" && page() !== "usage";
+  if (!wanted && statusStream) { statusStream.abort(); statusStream = null; }
+  if (!wanted || statusStream) return;
+  const controller = new AbortController();
+  statusStream = controller;
+  readEvents("/ui/api/status/events", controller.signal, renderStatus)
+    .catch((error) => { if (error.name !== "AbortError") notice("Cannot read the console's data: " + error.message); })
+    .finally(() => {
+      if (statusStream !== controller) return;
+      statusStream = null;
+      setTimeout(follow, POLL_MS);  // the stream ended (a restart of the daemon): follow again
+    });
+}
+
 async function refresh() {
+  follow();
+  if (document.visibilityState === "hidden" || page() !== "usage") return;
   try {
-    const status = await getJson("/ui/api/status");
-    renderDeployments(status);
-    renderSwap(status);
-    logChoices(status);
     renderUsage(await getJson("/ui/api/usage"));
+    renderRequests(await getJson("/ui/api/requests"));
     notice("");
   } catch (error) {
     notice("Cannot read the console's data: " + error.message);
@@ -184,30 +293,12 @@ async function startLogs() {
   const state = document.getElementById("logs-state");
   document.getElementById("logs-body").replaceChildren();
   const path = "/ui/api/logs" + (deployment ? "?deployment=" + encodeURIComponent(deployment) : "");
+  state.textContent = "following" + (deployment ? " " + deployment : " every deployment and the daemon");
   try {
-    const response = await fetch(path, { headers: headers(), cache: "no-store", signal: controller.signal });
-    if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      state.textContent = "Cannot read the logs: " + ((body.error && body.error.message) || ("HTTP " + response.status));
-      return;
-    }
-    state.textContent = "following" + (deployment ? " " + deployment : " every deployment and the daemon");
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let pending = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      pending += value;
-      const events = pending.split("\n\n");
-      pending = events.pop();
-      for (const event of events) {
-        if (!event.startsWith("data: ")) continue;  // a keep-alive comment
-        try { logLine(JSON.parse(event.slice(6))); } catch (error) { /* not a line: skipped */ }
-      }
-    }
+    await readEvents(path, controller.signal, logLine);
     state.textContent = "the stream ended; choose a deployment to follow again";
   } catch (error) {
-    if (error.name !== "AbortError") state.textContent = "The log stream broke: " + error.message;
+    if (error.name !== "AbortError") state.textContent = "Cannot read the logs: " + error.message;
   }
 }
 
@@ -222,10 +313,10 @@ function logChoices(status) {
 }
 
 function show() {
-  const page = (location.hash || "#deployments").slice(1);
-  for (const section of document.querySelectorAll(".page")) section.classList.toggle("shown", section.id === page);
-  if (page === "logs" && !logStream) startLogs();
-  if (page !== "logs") stopLogs();
+  const shown = page();
+  for (const section of document.querySelectorAll(".page")) section.classList.toggle("shown", section.id === shown);
+  if (shown === "logs" && !logStream) startLogs();
+  if (shown !== "logs") stopLogs();
 }
 
 async function act(event) {
@@ -243,7 +334,6 @@ async function act(event) {
   });
   const body = await response.json().catch(() => ({}));
   answer.textContent = "HTTP " + response.status + "\n" + JSON.stringify(body, null, 2);
-  refresh();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -251,12 +341,15 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     key = document.getElementById("key").value.trim();
     sessionStorage.setItem("dankserve-key", key);
+    if (statusStream) statusStream.abort();
+    statusStream = null;
     refresh();
     if (logStream) startLogs();
   });
   document.getElementById("action-form").addEventListener("submit", act);
   document.getElementById("logs-deployment").addEventListener("change", startLogs);
-  window.addEventListener("hashchange", show);
+  window.addEventListener("hashchange", () => { show(); refresh(); });
+  document.addEventListener("visibilitychange", refresh);
   show();
   refresh();
   setInterval(refresh, POLL_MS);
