@@ -28,7 +28,7 @@ from .server import completion_token_ids
 
 ACTION_SIGNAL = signal.SIGUSR2
 REQUEST_BYTES = 4096
-SHM_BYTES = 1 << 20
+SHM_BYTES = 64 << 10
 _PR_SET_PDEATHSIG = 1
 _OK, _ILLEGAL_STATE, _INVALID_VALUE = 0, 401, 1
 
