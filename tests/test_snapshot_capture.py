@@ -14,7 +14,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ from dankserve.snapshot.steps import Hooks, Outcome, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.sleep_mode import sleep_server, wake_server
 from dankserve.supervisor.swap_verify import canary_ids
+from tests.containers.test_fake_vllm import free_port
+from tests.test_snapshot_criu import damage_images
 
 _reading = read_criu(criu_path())
 pytestmark = pytest.mark.skipif(
@@ -48,12 +49,6 @@ ROOT = Path(__file__).resolve().parents[1]
 STAND_IN = ROOT / "containers" / "fake-vllm" / "vllm.py"
 MODEL = "stand-in/model"
 READY = b"Application startup complete."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -95,7 +90,7 @@ def _subreaper() -> None:
 
 
 def _start(tmp_path: Path, **knobs: str) -> Server:
-    port = _free_port()
+    port = free_port()
     records = tmp_path / "host.json.processes"
     records.mkdir(exist_ok=True)
     env = {
@@ -208,20 +203,20 @@ def test_a_failing_gpu_checkpoint_leaves_the_server_serving_with_the_reason(tmp_
         _kill(server)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage"])
-def test_a_damaged_snapshot_fails_the_restore_cleanly(server: Server, tmp_path: Path, damage: str) -> None:
+def _captured_then_killed(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome]:
     gpu = StandInGpuCheckpoint(server.records)
     images = tmp_path / "images"
     images.mkdir()
     captured = capture(server.proc.pid, images, gpu, server.hooks())
     assert captured.ok, captured.reason
     _kill(server)
-    for image in images.glob("*.img"):
-        if damage == "truncate":
-            with image.open("r+b") as f:
-                f.truncate(image.stat().st_size // 3)
-        else:
-            image.write_bytes(b"\xff" * 64)
+    return gpu, images, captured
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_damaged_snapshot_fails_the_restore_cleanly(server: Server, tmp_path: Path, damage: str) -> None:
+    gpu, images, captured = _captured_then_killed(server, tmp_path)
+    damage_images(images, damage)
     outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
     _kill(server, outcome.pid)
     assert not outcome.ok and outcome.failure is not None
@@ -242,12 +237,7 @@ def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
 
 
 def test_a_taken_pid_fails_the_restore_and_leaves_the_taker_alone(server: Server, tmp_path: Path) -> None:
-    gpu = StandInGpuCheckpoint(server.records)
-    images = tmp_path / "images"
-    images.mkdir()
-    captured = capture(server.proc.pid, images, gpu, server.hooks())
-    assert captured.ok, captured.reason
-    _kill(server)
+    gpu, images, captured = _captured_then_killed(server, tmp_path)
     taker = _take_pid(captured.holders[0])
     if taker is None:
         pytest.skip("another process took the pid first (a busy host)")
