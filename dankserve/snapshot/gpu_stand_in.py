@@ -33,6 +33,9 @@ from dankserve.snapshot.gpu import (
 )
 
 REQUEST_SUFFIX = ".request"
+ENGINE_CORE_NAME = "VLLM::EngineCor"
+"""The stand-in engine core's process name (vLLM's "VLLM::EngineCore" as the kernel keeps it): only a
+process so named is signalled (SIGUSR2 would end any other; a stale record may name a reused pid)."""
 ACTION_SIGNAL = signal.SIGUSR2
 _ANSWER_TIMEOUT_S = 30.0
 _POLL_S = 0.005
@@ -46,12 +49,18 @@ class StandInGpuCheckpoint:
         self.answer_timeout_s = answer_timeout_s
 
     def holders(self, pids: list[int]) -> list[int]:
-        found = []
-        for pid in pids:
-            path = stand_in_record_path(self.directory, pid)
-            if path is not None and read_stand_in_record(path) is not None:
-                found.append(pid)
-        return found
+        return [pid for pid in pids if self._record(pid) is not None]
+
+    def _record(self, pid: int) -> Path | None:
+        """The record of the stand-in engine core with this pid; None for any other process."""
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return None
+        path = stand_in_record_path(self.directory, pid)
+        if name != ENGINE_CORE_NAME or path is None or read_stand_in_record(path) is None:
+            return None
+        return path
 
     def lock(self, pid: int, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
         self._ask(pid, "lock", timeout_s)
@@ -77,9 +86,9 @@ class StandInGpuCheckpoint:
         return pid  # the stand-in restores on its main thread
 
     def _ask(self, pid: int, action: str, timeout_s: float | None = None) -> dict[str, Any]:
-        record = stand_in_record_path(self.directory, pid)
-        if record is None or read_stand_in_record(record) is None:
-            raise GpuProcessNotFound(action, pid, "no stand-in GPU context for this pid")
+        record = self._record(pid)
+        if record is None:
+            raise GpuProcessNotFound(action, pid, "no stand-in engine core with a GPU context has this pid")
         ident = secrets.token_hex(8)
         request = record.with_suffix(REQUEST_SUFFIX)
         temp = request.with_name(f".{request.name}.{ident}")

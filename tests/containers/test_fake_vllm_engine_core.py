@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from dankserve.host.gpu_processes import process_tree, read_stand_in_record, stand_in_record_path
-from dankserve.snapshot.gpu import GpuWrongState
+from dankserve.snapshot.gpu import GpuProcessNotFound, GpuWrongState
 from dankserve.snapshot.gpu_stand_in import ACTION_SIGNAL, StandInGpuCheckpoint
 from tests.containers.test_fake_vllm import PROGRAM, base_env, free_port
 
 sys.path.insert(0, str(PROGRAM.parent))
 from fake_vllm.knobs import KnobError, parse_knobs
+from fake_vllm.nvml_record import write_record
 
 MODEL = "stand-in/model"
 
@@ -141,3 +142,12 @@ def test_sigterm_tears_down_the_engine_core_its_record_and_the_segment(running: 
     while Path(f"/proc/{engine}").exists() and time.monotonic() < end:
         time.sleep(0.05)
     assert not Path(f"/proc/{engine}").exists() or "Z" in Path(f"/proc/{engine}/stat").read_text().split()[2]
+
+
+def test_a_record_naming_another_process_is_never_signalled(tmp_path: Path) -> None:
+    """A stale record whose pid now belongs to another process (here: this one, which SIGUSR2 would end)."""
+    write_record(str(tmp_path), 123, gpu_state="running")
+    gpu = StandInGpuCheckpoint(tmp_path)
+    assert gpu.holders([os.getpid()]) == []
+    with pytest.raises(GpuProcessNotFound):
+        gpu.lock(os.getpid())

@@ -30,6 +30,8 @@ ACTION_SIGNAL = signal.SIGUSR2
 REQUEST_BYTES = 4096
 SHM_BYTES = 64 << 10
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+ENGINE_CORE_NAME = "VLLM::EngineCor"
 _OK, _ILLEGAL_STATE, _INVALID_VALUE = 0, 401, 1
 
 
@@ -133,7 +135,11 @@ def _engine_main(link: socket.socket, parent: int, nvml_dir: str | None, checkpo
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server shuts it down
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # vLLM's own name for it (setproctitle "VLLM::EngineCore"; the kernel keeps 15 bytes): dankserve's
+        # stand-in GpuCheckpoint signals only a process so named, never a stranger that reused a pid.
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(ENGINE_CORE_NAME.encode()), 0, 0, 0)
     if os.getppid() != parent:
         os._exit(0)
     signal.pthread_sigmask(signal.SIG_BLOCK, {ACTION_SIGNAL})  # the thread below inherits the mask
