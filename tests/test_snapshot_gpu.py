@@ -3,6 +3,7 @@ caller can do, and the driver implementation fed the codes a real driver returns
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from enum import IntEnum
@@ -22,7 +23,8 @@ from dankserve.snapshot.gpu import (
     GpuWrongState,
     error_for,
 )
-from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint, gpu_checkpoint_for
+from dankserve.snapshot.gpu_helper import IsolatedGpuCheckpoint, gpu_checkpoint_for
+from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,19 @@ def test_without_cuda_bindings_the_fix_names_the_extra(monkeypatch: pytest.Monke
 
 
 def test_the_implementation_is_chosen_once_by_where_the_host_comes_from(tmp_path: Any) -> None:
-    assert isinstance(gpu_checkpoint_for(None), DriverGpuCheckpoint)
+    assert isinstance(gpu_checkpoint_for(None), IsolatedGpuCheckpoint)
     chosen = gpu_checkpoint_for(tmp_path)
     assert isinstance(chosen, StandInGpuCheckpoint) and chosen.directory == tmp_path
     assert gpu.STATE_AFTER["restore"] == "locked"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None, reason="cuda-bindings is installed here")
+def test_the_driver_s_helper_process_says_when_cuda_bindings_are_missing() -> None:
+    """The driver's actions run in the helper process; its typed error comes back across it."""
+    gpu = IsolatedGpuCheckpoint(deadline_s=60)
+    try:
+        with pytest.raises(GpuCheckpointUnavailable) as err:
+            gpu.state(os.getpid())
+        assert "dankserve[snapshot]" in (err.value.fix or "") and err.value.remedy == "host"
+    finally:
+        gpu.close()

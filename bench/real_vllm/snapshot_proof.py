@@ -46,8 +46,8 @@ from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import spawn_detached
 from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot.criu import CriuFailed, criu_path
-from dankserve.snapshot.gpu import DriverGpuCheckpoint, GpuCheckpoint, GpuCheckpointError
-from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+from dankserve.snapshot.gpu import GpuCheckpoint, GpuCheckpointError
+from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
 from dankserve.snapshot.restore import restore
 from dankserve.snapshot.steps import Hooks, Outcome, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
@@ -79,7 +79,8 @@ class Proof:
         self.out.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
         self.records = self.out / "stand-in-gpu"  # the stand-in's GPU records (its "NVML")
-        self.gpu: GpuCheckpoint = StandInGpuCheckpoint(self.records) if args.stand_in else DriverGpuCheckpoint()
+        # The daemon's own choice: the stand-in's, or the driver in its helper process.
+        self.gpu: GpuCheckpoint = gpu_checkpoint_for(self.records if args.stand_in else None)
 
     def row(self, kind: str, seconds: float | None, **extra: Any) -> None:
         row = {"kind": kind, "model": self.args.model_name, "runtime": "process", "seconds": seconds, **extra}

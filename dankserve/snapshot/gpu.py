@@ -7,7 +7,8 @@ optional extra `dankserve[snapshot]`). The order around CRIU is lock → checkpo
 `criu restore` → restore → unlock.
 
 `GpuCheckpoint` is what the snapshot sequences drive. Two implementations, chosen once by the
-caller (`gpu_stand_in.gpu_checkpoint_for`): `DriverGpuCheckpoint` here, and the stand-in vLLM's
+caller (`gpu_helper.gpu_checkpoint_for`): `DriverGpuCheckpoint` here, run by the daemon in a helper
+process under a deadline (`gpu_helper.IsolatedGpuCheckpoint`), and the stand-in vLLM's
 (`gpu_stand_in.StandInGpuCheckpoint`) on hosts recorded in a file, where no driver exists.
 
 Errors are grouped by what the caller can do (`remedy`): `host` (snapshots cannot work on this

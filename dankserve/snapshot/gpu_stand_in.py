@@ -23,8 +23,6 @@ from dankserve.host.gpu_processes import read_stand_in_record, stand_in_record_p
 from dankserve.snapshot.gpu import (
     DEFAULT_LOCK_TIMEOUT_S,
     STATES,
-    DriverGpuCheckpoint,
-    GpuCheckpoint,
     GpuCheckpointError,
     GpuLockTimeout,
     GpuProcessNotFound,
@@ -117,9 +115,3 @@ class StandInGpuCheckpoint:
         if code != 0:
             raise error_for(action, pid, code)
         return data
-
-
-def gpu_checkpoint_for(stand_in: Path | None) -> GpuCheckpoint:
-    """The one choice of implementation, made by the caller once: the stand-in's records directory on a
-    recorded host (`host.gpu_processes.stand_in_dir`), else the driver."""
-    return DriverGpuCheckpoint() if stand_in is None else StandInGpuCheckpoint(stand_in)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dankserve.host.gpu_processes import process_tree, read_stand_in_record, stand_in_record_path
-from dankserve.snapshot.gpu import GpuProcessNotFound, GpuWrongState
+from dankserve.snapshot.gpu import GpuCheckpointError, GpuProcessNotFound, GpuWrongState
+from dankserve.snapshot.gpu_helper import IsolatedGpuCheckpoint
 from dankserve.snapshot.gpu_stand_in import ACTION_SIGNAL, StandInGpuCheckpoint
 from tests.containers.test_fake_vllm import PROGRAM, base_env, free_port
 
@@ -151,3 +152,37 @@ def test_a_record_naming_another_process_is_never_signalled(tmp_path: Path) -> N
     assert gpu.holders([os.getpid()]) == []
     with pytest.raises(GpuProcessNotFound):
         gpu.lock(os.getpid())
+
+
+def test_the_helper_process_runs_the_actions_and_returns_typed_errors(running: Running) -> None:
+    """IsolatedGpuCheckpoint (the driver's way: a helper process) over the stand-in's implementation."""
+    gpu = IsolatedGpuCheckpoint(["--stand-in", str(running.records)], deadline_s=20)
+    try:
+        engine = running.engine
+        assert gpu.holders(process_tree(running.proc.pid)) == [engine]
+        gpu.lock(engine)
+        with pytest.raises(GpuWrongState) as err:
+            gpu.restore(engine)
+        assert err.value.pid == engine and err.value.code == 401
+        gpu.checkpoint(engine)
+        assert gpu.state(engine) == "checkpointed"
+        gpu.restore(engine)
+        gpu.unlock(engine)
+        assert gpu.state(engine) == "running" and gpu.restore_thread_id(engine) == engine
+    finally:
+        gpu.close()
+
+
+def test_an_action_past_its_deadline_kills_the_helper_and_the_next_one_starts_afresh(running: Running) -> None:
+    gpu = IsolatedGpuCheckpoint(["--stand-in", str(running.records)], deadline_s=1)
+    engine = running.engine
+    try:
+        os.kill(engine, signal.SIGSTOP)  # a driver call that never returns
+        with pytest.raises(GpuCheckpointError) as err:
+            gpu.checkpoint(engine)
+        assert "no answer in 1 s" in err.value.reason and err.value.remedy == "undo"
+        os.kill(engine, signal.SIGCONT)
+        assert gpu.state(engine) == "running"
+    finally:
+        os.kill(engine, signal.SIGCONT)
+        gpu.close()
