@@ -198,7 +198,7 @@ class Proof:
         images = self.out / "images"
         shutil.rmtree(images, ignore_errors=True)
         images.mkdir()
-        captured = capture(server.pid, images, self.gpu, self.hooks())
+        captured = capture(server.pid, images, self.gpu, self.hooks(), criu_options=self.args.criu_option)
         image_bytes = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
         self._outcome_row("capture", captured, outage_seconds=outage_seconds(captured), image_bytes=image_bytes)
         if not captured.ok:
@@ -218,6 +218,7 @@ class Proof:
                 holders=captured.holders,
                 expected_ids=captured.canary_ids,
                 appended=(log,),
+                criu_options=self.args.criu_option,
             )
             first_token = _first_token_seconds(PORT) if restored.ok else None
             seconds = time.monotonic() - event if restored.ok and first_token is not None else None
@@ -322,6 +323,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--boot-seconds", type=float, default=20.0, help="the stand-in's boot (FAKE_VLLM_BOOT_SECONDS)")
     parser.add_argument("--boot-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--criu-option",
+        action="append",
+        default=[],
+        help="one more CRIU option for dump and restore (repeat; e.g. --criu-option=--ghost-limit=64M)",
+    )
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/snapshot-proof")))
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more `vllm serve` flags")
     args = parser.parse_args()

@@ -8,6 +8,7 @@ outcome says why. Holding the gateway's requests and writing the store's manifes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
@@ -24,11 +25,21 @@ def capture(
     *,
     criu_binary: str | None = None,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    criu_options: Sequence[str] = (),
 ) -> Outcome:
     """Captures the tree rooted at `pid` into `images` (an existing, empty directory)."""
     holders = tuple(gpu.holders(process_tree(pid)))
     outcome = Outcome("capture", pid, holders=holders)
-    runner = Runner("capture", gpu, hooks, images, outcome, criu_binary=criu_binary, lock_timeout_s=lock_timeout_s)
+    runner = Runner(
+        "capture",
+        gpu,
+        hooks,
+        images,
+        outcome,
+        criu_binary=criu_binary,
+        lock_timeout_s=lock_timeout_s,
+        criu_options=tuple(criu_options),
+    )
     runner.run(capture_steps(holders))
     if not outcome.ok:
         clear_images(images)

@@ -55,22 +55,37 @@ def find_criu() -> str:
 
 
 def dump(
-    pid: int, images: Path, *, leave_running: bool = True, criu: str | None = None, timeout_s: float = 300.0
+    pid: int,
+    images: Path,
+    *,
+    leave_running: bool = True,
+    criu: str | None = None,
+    timeout_s: float = 300.0,
+    options: Sequence[str] = (),
 ) -> None:
-    """Dumps the tree rooted at `pid` into `images` (an existing, empty directory)."""
-    args = ["dump", "-t", str(pid), "-D", str(images), *_TCP, "-o", "dump.log", "-v2"]
+    """Dumps the tree rooted at `pid` into `images` (an existing, empty directory). `options`: more of
+    CRIU's own (e.g. `--ghost-limit 64M` for a server with large deleted files still open)."""
+    args = ["dump", "-t", str(pid), "-D", str(images), *_TCP, "-o", "dump.log", "-v2", *options]
     if leave_running:
         args.append("--leave-running")
     _run(criu, "dump", args, images / "dump.log", timeout_s)
 
 
-def restore(images: Path, *, criu: str | None = None, timeout_s: float = 300.0, appended: Sequence[Path] = ()) -> int:
+def restore(
+    images: Path,
+    *,
+    criu: str | None = None,
+    timeout_s: float = 300.0,
+    appended: Sequence[Path] = (),
+    options: Sequence[str] = (),
+) -> int:
     """Restores the tree in `images`, detached; returns its root's pid. `appended`: files the tree writes
     that grew since the dump (its log): handed to it opened for appending (`--inherit-fd`), since CRIU
     refuses a regular file whose size changed."""
     pidfile = images / "restore.pid"
     pidfile.unlink(missing_ok=True)
     args = ["restore", "-D", str(images), "-d", *_TCP, "--pidfile", str(pidfile), "-o", "restore.log", "-v2"]
+    args += options
     fds: list[int] = []
     try:
         for path in appended:

@@ -25,6 +25,7 @@ def restore(
     expected_ids: Sequence[int],
     criu_binary: str | None = None,
     appended: Sequence[Path] = (),
+    criu_options: Sequence[str] = (),
 ) -> Outcome:
     """Restores the tree in `images`; `holders` and `expected_ids` are the capture's; `appended` the files
     it writes that grew since (its log: the process runtime's server log)."""
@@ -38,5 +39,6 @@ def restore(
         expected_ids=tuple(expected_ids),
         criu_binary=criu_binary,
         appended=tuple(appended),
+        criu_options=tuple(criu_options),
     )
     return runner.run(restore_steps(holders))

@@ -77,6 +77,8 @@ class Runner:
     criu_timeout_s: float = 300.0
     appended: tuple[Path, ...] = ()
     """Files the tree writes that grow (its log), handed to `criu restore` (criu.restore)."""
+    criu_options: tuple[str, ...] = ()
+    """More of CRIU's own options, for both `dump` and `restore`."""
     clock: Callable[[], float] = time.monotonic
 
     def run(self, steps: Sequence[Step]) -> Outcome:
@@ -113,10 +115,20 @@ class Runner:
                 self.gpu.unlock(pid)
             case "criu_dump":
                 assert self.outcome.pid is not None
-                criu.dump(self.outcome.pid, self.images, criu=self.criu_binary, timeout_s=self.criu_timeout_s)
+                criu.dump(
+                    self.outcome.pid,
+                    self.images,
+                    criu=self.criu_binary,
+                    timeout_s=self.criu_timeout_s,
+                    options=self.criu_options,
+                )
             case "criu_restore":
                 self.outcome.pid = criu.restore(
-                    self.images, criu=self.criu_binary, timeout_s=self.criu_timeout_s, appended=self.appended
+                    self.images,
+                    criu=self.criu_binary,
+                    timeout_s=self.criu_timeout_s,
+                    appended=self.appended,
+                    options=self.criu_options,
                 )
             case "canary":
                 self.outcome.canary_ids = self.hooks.canary()
