@@ -246,6 +246,7 @@ def test_a_taken_pid_fails_the_restore_and_leaves_the_taker_alone(server: Server
         _kill(server, outcome.pid)
         assert not outcome.ok and outcome.failure is not None
         assert outcome.failure.step.name == "criu_restore"
+        assert f"pid {captured.holders[0]} is taken by another process" in (outcome.reason or "")
         assert taker.poll() is None, "the process holding the pid is untouched"
     finally:
         taker.send_signal(signal.SIGKILL)

@@ -21,6 +21,7 @@ _TCP = ("--tcp-established",)
 _LOG_TAIL_BYTES = 64 * 1024
 _INSTALLED = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 _TASK_ERROR = re.compile(r"^\d+: Error ")
+_SUMMARY = re.compile(r"\d+ exited, status=")
 
 
 class CriuMissing(MissingTool):
@@ -142,4 +143,22 @@ def _reason(log: Path, said: str) -> str:
     # first error a restored task logged ("PID: Error (...): File X has bad size ...") when there is one.
     errors = [ln for ln in lines if ("Error" in ln or "error" in ln) and "FAILED" not in ln]
     tasks = [ln for ln in errors if _TASK_ERROR.match(ln)]
-    return (tasks[0] if tasks else errors[-1] if errors else (lines[-1] if lines else ""))[:500]
+    causes = tasks[:1] or [ln for ln in errors if not _SUMMARY.search(ln)][-1:] or errors[-1:] or lines[-1:]
+    line = causes[0] if causes else ""
+    return _explained(line)[:500]
+
+
+# CRIU's words for the failures a restore meets in practice, said in the user's terms (its line kept).
+_EXPLAINED = (
+    (re.compile(r"Can't fork for (\d+): File exists"), "pid {0} is taken by another process"),
+    (re.compile(r"File (\S+) has bad size"), "the file /{0} changed size since the capture"),
+    (re.compile(r"Can't open file (\S+)"), "the file /{0} is gone since the capture"),
+)
+
+
+def _explained(line: str) -> str:
+    for pattern, words in _EXPLAINED:
+        found = pattern.search(line)
+        if found:
+            return f"{words.format(*found.groups())} ({line})"
+    return line
