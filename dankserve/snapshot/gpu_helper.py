@@ -25,11 +25,6 @@ from dankserve.snapshot.gpu import (
     DriverGpuCheckpoint,
     GpuCheckpoint,
     GpuCheckpointError,
-    GpuCheckpointUnavailable,
-    GpuCheckpointUnsupported,
-    GpuLockTimeout,
-    GpuProcessNotFound,
-    GpuWrongState,
     ProcessState,
 )
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
@@ -37,17 +32,9 @@ from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 DEFAULT_DEADLINE_S = 120.0
 _ACTIONS = ("holders", "lock", "checkpoint", "restore", "unlock", "state", "restore_thread_id")
 _ANSWER_BYTES = 64 * 1024
-_ERRORS: dict[str, type[GpuCheckpointError]] = {
-    cls.__name__: cls
-    for cls in (
-        GpuCheckpointError,
-        GpuCheckpointUnavailable,
-        GpuCheckpointUnsupported,
-        GpuLockTimeout,
-        GpuProcessNotFound,
-        GpuWrongState,
-    )
-}
+# The typed errors an answer may name (gpu.py's, one level below the base).
+_KINDS: list[type[GpuCheckpointError]] = [GpuCheckpointError, *GpuCheckpointError.__subclasses__()]
+_ERRORS: dict[str, type[GpuCheckpointError]] = {cls.__name__: cls for cls in _KINDS}
 
 
 class IsolatedGpuCheckpoint:
