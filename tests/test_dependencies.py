@@ -10,8 +10,9 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Imported only where an optional extra is installed (cluster: Ray) or inside shipped test helpers.
-OPTIONAL = {"ray"}
+# Imported only where an optional extra is installed (cluster: Ray; snapshot: cuda-bindings, imported on
+# the first GPU checkpoint action) or inside shipped test helpers.
+OPTIONAL = {"ray", "cuda"}
 
 
 def imported_top_level_modules(package: Path) -> dict[str, Path]:

@@ -132,6 +132,16 @@ def test_restore_of_an_empty_directory_is_a_typed_error(tmp_path: Path) -> None:
     assert err.value.action == "restore"
 
 
+def damage_images(images: Path, damage: str) -> None:
+    """Every image file cut to a third ("truncate") or overwritten ("garbage")."""
+    for image in images.glob("*.img"):
+        if damage == "truncate":
+            with image.open("r+b") as f:
+                f.truncate(image.stat().st_size // 3)
+        else:
+            image.write_bytes(b"\xff" * 64)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_corrupt_or_truncated_images_are_a_typed_error(
     server: tuple[subprocess.Popen[bytes], int], tmp_path: Path, damage: str
@@ -142,12 +152,7 @@ def test_corrupt_or_truncated_images_are_a_typed_error(
     dump(proc.pid, images)
     _kill_tree(proc.pid)
     proc.wait()
-    for image in images.glob("*.img"):
-        if damage == "truncate":
-            with image.open("r+b") as f:
-                f.truncate(image.stat().st_size // 3)
-        else:
-            image.write_bytes(b"\xff" * 64)
+    damage_images(images, damage)
     with pytest.raises(CriuFailed) as err:
         pid = restore(images)
         _kill_tree(pid)

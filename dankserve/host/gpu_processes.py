@@ -110,15 +110,35 @@ def _namespace_pid(pid: int) -> tuple[str, int] | None:
     return None
 
 
+def stand_in_record_path(directory: Path, pid: int) -> Path | None:
+    """Where the stand-in process with this host pid keeps its record (`<namespace>-<pid>.json`, the pid as
+    it sees itself); None when the pid is gone."""
+    found = _namespace_pid(pid)
+    if found is None:
+        return None
+    namespace, inner = found
+    return directory / f"{namespace.removeprefix('pid:[').removesuffix(']')}-{inner}.json"
+
+
+def read_stand_in_record(path: Path) -> dict[str, Any] | None:
+    """One record, read bounded (the directory is writable by the stand-in: hostile); None when unusable."""
+    try:
+        with path.open("rb") as handle:
+            data = json.loads(handle.read(RECORD_BYTES))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and all(isinstance(data.get(k), int) for k in ("pid", "used_bytes")):
+        return data
+    return None
+
+
 def _stand_in_held(pids: Collection[int], uuids: Sequence[str], directory: Path) -> dict[str, int] | None:
     records: dict[tuple[str, int], int] = {}
     with contextlib.suppress(OSError):
         for path in directory.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                with path.open("rb") as handle:
-                    data = json.loads(handle.read(RECORD_BYTES))
-                if isinstance(data, dict) and all(isinstance(data.get(k), int) for k in ("pid", "used_bytes")):
-                    records[str(data.get("pid_namespace")), int(data["pid"])] = max(0, int(data["used_bytes"]))
+            data = read_stand_in_record(path)
+            if data is not None:
+                records[str(data.get("pid_namespace")), int(data["pid"])] = max(0, int(data["used_bytes"]))
     found = [records[key] for pid in pids if (key := _namespace_pid(pid)) is not None and key in records]
     if not found:
         return None

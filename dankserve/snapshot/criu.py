@@ -8,8 +8,10 @@ Which tree, where the directory lives and whether a snapshot is valid are decide
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from dankserve.errors import EnvironmentUnusable, MissingTool
@@ -18,6 +20,8 @@ from dankserve.errors import EnvironmentUnusable, MissingTool
 _TCP = ("--tcp-established",)
 _LOG_TAIL_BYTES = 64 * 1024
 _INSTALLED = ("/usr/local/sbin/criu", "/usr/sbin/criu")
+_TASK_ERROR = re.compile(r"^\d+: Error ")
+_SUMMARY = re.compile(r"\d+ exited, status=")
 
 
 class CriuMissing(MissingTool):
@@ -52,21 +56,49 @@ def find_criu() -> str:
 
 
 def dump(
-    pid: int, images: Path, *, leave_running: bool = True, criu: str | None = None, timeout_s: float = 300.0
+    pid: int,
+    images: Path,
+    *,
+    leave_running: bool = True,
+    criu: str | None = None,
+    timeout_s: float = 300.0,
+    options: Sequence[str] = (),
 ) -> None:
-    """Dumps the tree rooted at `pid` into `images` (an existing, empty directory)."""
-    args = ["dump", "-t", str(pid), "-D", str(images), *_TCP, "-o", "dump.log", "-v2"]
+    """Dumps the tree rooted at `pid` into `images` (an existing, empty directory). `options`: more of
+    CRIU's own (e.g. `--ghost-limit 64M` for a server with large deleted files still open)."""
+    args = ["dump", "-t", str(pid), "-D", str(images), *_TCP, "-o", "dump.log", "-v2", *options]
     if leave_running:
         args.append("--leave-running")
     _run(criu, "dump", args, images / "dump.log", timeout_s)
 
 
-def restore(images: Path, *, criu: str | None = None, timeout_s: float = 300.0) -> int:
-    """Restores the tree in `images`, detached; returns its root's pid."""
+def restore(
+    images: Path,
+    *,
+    criu: str | None = None,
+    timeout_s: float = 300.0,
+    appended: Sequence[Path] = (),
+    options: Sequence[str] = (),
+) -> int:
+    """Restores the tree in `images`, detached; returns its root's pid. `appended`: files the tree writes
+    that grew since the dump (its log): handed to it opened for appending (`--inherit-fd`), since CRIU
+    refuses a regular file whose size changed."""
     pidfile = images / "restore.pid"
     pidfile.unlink(missing_ok=True)
     args = ["restore", "-D", str(images), "-d", *_TCP, "--pidfile", str(pidfile), "-o", "restore.log", "-v2"]
-    _run(criu, "restore", args, images / "restore.log", timeout_s)
+    args += options
+    fds: list[int] = []
+    try:
+        for path in appended:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fds.append(fd)
+            args += ["--inherit-fd", f"fd[{fd}]:{str(path.absolute()).lstrip('/')}"]
+        _run(criu, "restore", args, images / "restore.log", timeout_s, pass_fds=tuple(fds))
+    except OSError as exc:
+        raise CriuFailed("restore", f"cannot open {exc.filename}: {exc.strerror}", None) from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
     try:
         text = pidfile.read_bytes()[:32].decode("ascii", errors="replace").strip()
         return int(text)
@@ -74,11 +106,18 @@ def restore(images: Path, *, criu: str | None = None, timeout_s: float = 300.0) 
         raise CriuFailed("restore", f"no pid in {pidfile}: {exc}", images / "restore.log") from exc
 
 
-def _run(criu: str | None, action: str, args: list[str], log: Path, timeout_s: float) -> None:
+def _run(
+    criu: str | None, action: str, args: list[str], log: Path, timeout_s: float, *, pass_fds: tuple[int, ...] = ()
+) -> None:
     binary = criu or find_criu()
     try:
         done = subprocess.run(
-            [binary, *args], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=False
+            [binary, *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+            pass_fds=pass_fds,
         )
     except subprocess.TimeoutExpired as exc:
         raise CriuFailed(action, f"did not finish in {timeout_s:g} s", log) from exc
@@ -100,6 +139,26 @@ def _reason(log: Path, said: str) -> str:
     except OSError:
         pass
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # CRIU ends with "Restoring FAILED."; the line before it names the cause.
+    # CRIU ends with "Restoring FAILED." after its own summary ("PID exited, status=1"); the cause is the
+    # first error a restored task logged ("PID: Error (...): File X has bad size ...") when there is one.
     errors = [ln for ln in lines if ("Error" in ln or "error" in ln) and "FAILED" not in ln]
-    return (errors[-1] if errors else (lines[-1] if lines else ""))[:500]
+    tasks = [ln for ln in errors if _TASK_ERROR.match(ln)]
+    causes = tasks[:1] or [ln for ln in errors if not _SUMMARY.search(ln)][-1:] or errors[-1:] or lines[-1:]
+    line = causes[0] if causes else ""
+    return _explained(line)[:500]
+
+
+# CRIU's words for the failures a restore meets in practice, said in the user's terms (its line kept).
+_EXPLAINED = (
+    (re.compile(r"Can't fork for (\d+): File exists"), "pid {0} is taken by another process"),
+    (re.compile(r"File (\S+) has bad size"), "the file /{0} changed size since the capture"),
+    (re.compile(r"Can't open file (\S+)"), "the file /{0} is gone since the capture"),
+)
+
+
+def _explained(line: str) -> str:
+    for pattern, words in _EXPLAINED:
+        found = pattern.search(line)
+        if found:
+            return f"{words.format(*found.groups())} ({line})"
+    return line

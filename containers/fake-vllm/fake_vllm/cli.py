@@ -14,6 +14,7 @@ from pathlib import Path
 from . import VLLM_VERSION, compile_cache, imports, releases
 from .boot_plan import STAND_IN_PREFIX, BootInputs, CacheStatus, build_boot_plan
 from .catalogue import CatalogueError, build_parser, load_catalogue, non_default_args, prepare_argv
+from .engine_core import EngineLink
 from .knobs import DEFAULT_COLD_BOOT_SECONDS, REAL_COLD_BOOT_SECONDS, KnobError, Knobs, parse_knobs
 from .logfmt import use_colour
 from .lora import LoraRegistry, parse_lora_modules
@@ -224,6 +225,9 @@ def serve(
     )
     state = EngineState()
     server = FakeVllmHTTPServer(config.uds or (host, config.port), facts, state, output)
+    engine = EngineLink(knobs.nvml_dir)
+    engine.start(checkpoint_fail=knobs.gpu_checkpoint_fail, shm_dir=knobs.shm_dir, close_in_child=(server.socket,))
+    server.engine = engine
     context = ServeContext(
         config=config,
         knobs=knobs,
@@ -236,7 +240,10 @@ def serve(
         ),
         keep_alive_on_engine_death=_truthy_int(env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH")),
     )
-    return Runner(context).run(build_boot_plan(inputs))
+    try:
+        return Runner(context).run(build_boot_plan(inputs))
+    finally:
+        engine.close_shm()
 
 
 def load_static_loras(registry: LoraRegistry, config: ServeConfig) -> tuple[tuple[str, str, str | None], ...]:

@@ -77,6 +77,11 @@ class Knobs:
     (vllm issue 32714: a sleep freeing a fraction of it)."""
     wake_tokens_differ: bool = False
     """FAKE_VLLM_WAKE_TOKENS_DIFFER: after any wake, completions answer other token ids (vllm issue 29341)."""
+    gpu_checkpoint_fail: int = 0
+    """FAKE_VLLM_GPU_CHECKPOINT_FAIL: the engine core's GPU checkpoint answers this CUresult (1/true: 801,
+    CUDA_ERROR_NOT_SUPPORTED, as for a process with CUDA IPC or UVM memory); 0 succeeds (engine_core.py)."""
+    shm_dir: str = "/dev/shm"
+    """FAKE_VLLM_SHM_DIR: where the API server and the engine core share their segment (vLLM's shm queue)."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -107,6 +112,24 @@ def _integer(env: Mapping[str, str], name: str, default: int) -> int:
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+CUDA_ERROR_NOT_SUPPORTED: Final = 801
+
+
+def _cuda_error(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return 0
+    if raw in ("1", "true", "yes", "on"):
+        return CUDA_ERROR_NOT_SUPPORTED
+    try:
+        value = int(raw)
+    except ValueError:
+        raise KnobError(f"{name}={raw!r} is not a CUresult number or 1") from None
+    if not 0 < value < 10000:
+        raise KnobError(f"{name}={raw!r} is not a CUresult error code")
+    return value
 
 
 def parse_knobs(env: Mapping[str, str]) -> Knobs:
@@ -151,4 +174,6 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         nvml_dir=env.get("FAKE_VLLM_NVML_DIR", "").strip() or None,
         sleep_keeps_memory=_flag(env, "FAKE_VLLM_SLEEP_KEEPS_MEMORY"),
         wake_tokens_differ=_flag(env, "FAKE_VLLM_WAKE_TOKENS_DIFFER"),
+        gpu_checkpoint_fail=_cuda_error(env, "FAKE_VLLM_GPU_CHECKPOINT_FAIL"),
+        shm_dir=env.get("FAKE_VLLM_SHM_DIR", "").strip() or "/dev/shm",
     )

@@ -2,8 +2,10 @@
 
 With FAKE_VLLM_NVML_DIR set, the stand-in keeps one file there, `<pid namespace>-<pid>.json`:
 `{"pid": N, "pid_namespace": "pid:[…]", "used_bytes": N}` (rank 0's bytes), rewritten as it boots,
-sleeps and wakes. dankserve reads it in place of NVML when it runs from a recorded host file
-(dankserve/host/gpu_processes.py), matching a host pid through /proc/PID/ns/pid and NSpid.
+sleeps and wakes. The process is the engine core, which holds the GPU (engine_core.py); its record also
+carries `gpu_state` and the answer to the last GPU checkpoint action. dankserve reads it in place of
+NVML when it runs from a recorded host file (dankserve/host/gpu_processes.py), matching a host pid
+through /proc/PID/ns/pid and NSpid.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ def record_path(directory: str) -> Path:
     return Path(directory) / f"{token}-{os.getpid()}.json"
 
 
-def write_record(directory: str | None, used_bytes: int) -> None:
-    """Say that this process holds `used_bytes` now (atomically: a reader never sees half a file)."""
+def write_record(directory: str | None, used_bytes: int, **extra: object) -> None:
+    """Say that this process holds `used_bytes` now (atomically: a reader never sees half a file); `extra`:
+    the engine core's GPU checkpoint state and its last answer (engine_core.py)."""
     if not directory:
         return
     path = record_path(directory)
-    data = {"pid": os.getpid(), "pid_namespace": _namespace(), "used_bytes": max(0, int(used_bytes))}
+    data = {"pid": os.getpid(), "pid_namespace": _namespace(), "used_bytes": max(0, int(used_bytes)), **extra}
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_suffix(".tmp")

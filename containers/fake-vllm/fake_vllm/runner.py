@@ -176,7 +176,11 @@ class Runner:
         output.uvicorn("Waiting for application shutdown.")
         # The lifespan's end shuts the engine client down: the process lives on with its port closed.
         time.sleep(self.context.knobs.shutdown_seconds)
-        remove_record(self.context.knobs.nvml_dir)  # the engine's memory is freed with it
+        engine = self.context.server.engine  # the engine core's teardown frees its memory
+        if engine is not None:
+            engine.stop()
+        else:
+            remove_record(self.context.knobs.nvml_dir)
         output.uvicorn("Application shutdown complete.")
         output.uvicorn(f"Finished server process [{output.api_pid}]")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from . import VLLM_VERSION, releases
 from . import messages as msg
@@ -33,6 +33,9 @@ from .messages import ENGINE_DEAD_CLIENT_MESSAGE, JIT_DURING_INFERENCE
 from .nvml_record import write_record
 from .output import Output
 from .serve_config import ServeConfig
+
+if TYPE_CHECKING:
+    from .engine_core import EngineLink
 
 GIB: Final = 1 << 30
 GUARDED_PREFIXES: Final = ("/v1", "/v2", "/inference", "/cohere")
@@ -215,6 +218,8 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
         self.facts = facts
         self.state = state
         self.output = output
+        self.engine: EngineLink | None = None
+        """The engine core (engine_core.py); None: this process plays it (GPU records written here)."""
 
     def bind(self) -> None:
         """Bind without listening: connections are refused while the engine loads."""
@@ -229,7 +234,14 @@ class FakeVllmHTTPServer(ThreadingHTTPServer):
 
     def listen(self) -> None:
         self.server_activate()
-        write_record(self.facts.nvml_dir, self.facts.own_awake_bytes)
+        self.engine_memory(self.facts.own_awake_bytes)
+
+    def engine_memory(self, used_bytes: int) -> None:
+        """The GPU memory the engine holds now: the engine core's record (the CUDA calls are its)."""
+        if self.engine is not None:
+            self.engine.memory(used_bytes)
+        else:
+            write_record(self.facts.nvml_dir, used_bytes)
 
 
 class RequestHandler(BaseHTTPRequestHandler):
@@ -454,7 +466,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             state.weights_stale = False
         output.log(msg.SLEEP_FREED, (facts.sleep_freed_bytes / GIB, facts.asleep_used_bytes / GIB))
         # FAKE_VLLM_SLEEP_KEEPS_MEMORY: the log and /is_sleeping say asleep, NVML says otherwise.
-        write_record(facts.nvml_dir, facts.own_awake_bytes if facts.sleep_keeps_memory else facts.own_asleep_bytes)
+        self.server.engine_memory(facts.own_awake_bytes if facts.sleep_keeps_memory else facts.own_asleep_bytes)
         output.log(msg.FELL_ASLEEP, (time.monotonic() - started,))
         self._send(200, releases.sleep_answer(level))
 
@@ -488,7 +500,7 @@ class RequestHandler(BaseHTTPRequestHandler):
                 state.sleep_level = 0
                 state.woken = True
         if "weights" in waking or "kv_cache" in waking:
-            write_record(facts.nvml_dir, facts.own_awake_bytes)
+            self.server.engine_memory(facts.own_awake_bytes)
         output.log(msg.WOKE_UP, (time.monotonic() - started, sorted(waking)))
         self._send(200, releases.wake_answer(awake, tags))
 
@@ -559,9 +571,12 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         if self._wait_while_hung():
             return
-        self._compile_kernels_once()
         raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
+        engine_ids = self._engine_step(max_tokens)
+        if engine_ids is None:
+            return
+        self._compile_kernels_once()
         prompt_text = json.dumps(request.get("messages") if chat else request.get("prompt", ""))
         prompt_tokens = _approximate_tokens(prompt_text)
         text = "" if stale else completion_text(max_tokens, reverse=adapter)
@@ -595,7 +610,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
         if request.get("return_token_ids") is True:  # vLLM's extra field (0.10.2+): the choice's token ids
-            ids = adapter_token_ids(str(model), max_tokens) if adapter else completion_token_ids(max_tokens)
+            ids = adapter_token_ids(str(model), max_tokens) if adapter else engine_ids
             with state.lock:
                 differ = facts.wake_tokens_differ and state.woken
             choice["token_ids"] = [] if stale else [i + 1 for i in ids] if differ else ids
@@ -613,6 +628,17 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._stream(response, chat, text, include_usage)
         else:
             self._json(200, response)
+
+    def _engine_step(self, max_tokens: int) -> list[int] | None:
+        """The completion forwarded to the engine core (it blocks while the GPU is locked); None, answered
+        with vLLM's EngineDeadError, when the engine core is gone."""
+        engine = self.server.engine
+        ids = engine.generate(max_tokens) if engine is not None else completion_token_ids(max_tokens)
+        if ids is None:
+            with self.server.state.lock:
+                self.server.state.dead = True
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")
+        return ids
 
     def _compile_kernels_once(self) -> None:
         """The first completion compiles the attention kernel (FAKE_VLLM_FIRST_REQUEST_SECONDS), as vLLM 0.26 does."""

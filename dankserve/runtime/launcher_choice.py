@@ -1,0 +1,70 @@
+"""Whether a deployment runs under dankserve's launcher (docs/launcher.md): `launcher = "auto"` (pure).
+
+The launcher takes the place of the command that starts vLLM: in a container it replaces the image's
+entrypoint, in the process runtime it runs the executable's Python. That is right only when that
+command is vLLM's own (`vllm serve`, the `vllm` script, a Python with vLLM): an entrypoint that does
+more (a wrapper script, a shell) would be bypassed. `true` and `false` keep their meaning.
+
+Not wired yet: the setting is a bool read by the supervisor (`worker/booting.py`, `workload.py`,
+`fleet.py`, `upgrades.py`); `auto` needs the image's entrypoint from `ensure_image` (Podman's
+`Config.Entrypoint`) and this answer kept beside the plan (docs/snapshots.md, "Built so far").
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+from typing import Literal
+
+LauncherSetting = bool | Literal["auto"]
+RuntimeKind = Literal["podman", "process"]
+
+# vLLM's own entrypoints: the vllm/vllm-openai images since 0.10 (`vllm serve`), the older ones
+# (the OpenAI server module), and the `vllm` CLI itself.
+_VLLM_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
+
+
+def _is_python(word: str) -> bool:
+    """As the process runtime tells a Python from a `vllm` script (process.serve_command)."""
+    return PurePosixPath(word).name.startswith("python")
+
+
+def _vllm_own(command: Sequence[str]) -> bool:
+    if not command:
+        return False
+    head = PurePosixPath(command[0]).name
+    if head == "vllm":
+        return len(command) == 1 or command[1] == "serve"
+    if _is_python(command[0]):
+        rest = list(command[1:])
+        return len(rest) == 0 or (len(rest) >= 2 and rest[0] == "-m" and rest[1] in _VLLM_MODULES)
+    return False
+
+
+def launcher_choice(
+    setting: LauncherSetting, image_entrypoint: Sequence[str] | None, runtime_kind: RuntimeKind
+) -> tuple[bool, str]:
+    """(use the launcher, why). `image_entrypoint`: the image's entrypoint (Podman), or the process
+    runtime's `executable` split as a shell would; None when it could not be read."""
+    if setting is True:
+        return True, "launcher = true"
+    if setting is False:
+        return False, "launcher = false"
+    if image_entrypoint is None:
+        where = "the image's entrypoint" if runtime_kind == "podman" else "the executable"
+        return False, f"launcher = auto: {where} could not be read, so the launcher could bypass what it does"
+    shown = shlex.join(image_entrypoint) or "(none)"
+    if runtime_kind == "process":
+        if _vllm_own(image_entrypoint[:1]):
+            return True, f"launcher = auto: the process runtime runs vLLM's own `{shown}`"
+        return False, (
+            f"launcher = auto: the executable `{shown}` is neither the `vllm` script nor a Python; the launcher "
+            "would bypass what it does (set launcher = true to use it anyway)"
+        )
+    if _vllm_own(image_entrypoint):
+        return True, f"launcher = auto: the image's entrypoint `{shown}` is vLLM's own"
+    return False, (
+        f"launcher = auto: the image's entrypoint `{shown}` is not vLLM's own; the launcher would bypass it "
+        "(set launcher = true to use it anyway)"
+    )

@@ -1,0 +1,37 @@
+"""The reason a failed `criu restore` gives (dankserve/snapshot/criu.py): the restored task's own error,
+said in the user's terms where it is one a restore meets in practice (no CRIU needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dankserve.snapshot.criu import _reason
+
+RLIMIT = "Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted"
+SUMMARY = "Error (criu/cr-restore.c:1265): 29618 exited, status=1\nError (criu/cr-restore.c:2331): Restoring FAILED."
+
+
+@pytest.mark.parametrize(
+    ("task_error", "said"),
+    [
+        (
+            " 29618: Error (criu/files-reg.c:2175): File tmp/x/server.log has bad size 9379 (expect 8407)",
+            "the file /tmp/x/server.log changed size since the capture",
+        ),
+        ("Error (criu/cr-restore.c:1237): Can't fork for 28373: File exists", "pid 28373 is taken by another process"),
+        (" 77: Error (criu/files-reg.c:2100): Can't open file dev/shm/seg on restore", "the file /dev/shm/seg is gone"),
+        (" 77: Error (criu/x.c:1): something new", "77: Error (criu/x.c:1): something new"),
+    ],
+)
+def test_the_cause_is_named_not_criu_s_summary(tmp_path: Path, task_error: str, said: str) -> None:
+    log = tmp_path / "restore.log"
+    log.write_text(f"{RLIMIT}\n(00.1) info\n{task_error}\n{SUMMARY}\n")
+    reason = _reason(log, "")
+    assert said in reason
+    assert "RLIMIT" not in reason and "status=1" not in reason
+
+
+def test_without_a_log_the_output_is_read(tmp_path: Path) -> None:
+    assert "taken" in _reason(tmp_path / "none.log", "Error (criu/cr-restore.c:1237): Can't fork for 5: File exists")
