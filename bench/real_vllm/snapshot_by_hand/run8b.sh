@@ -4,9 +4,9 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONPATH=/tmp/site:$here VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 LD_LIBRARY_PATH=/tmp/criu/lib
 size=${1:-8b}
-[ -f /tmp/q$size/config.json ] || { s0=$SECONDS; python3 "$here/../real-vllm/make_qwen3.py" /tmp/q$size $size > "$OUT/make-$size.log" 2>&1; echo "model $size built in $((SECONDS-s0)) s"; }
+[ -f /tmp/q$size/config.json ] || { s0=$SECONDS; python3 "$here/../make_qwen3.py" /tmp/q$size $size > "$OUT/make-$size.log" 2>&1; echo "model $size built in $((SECONDS-s0)) s"; }
 sysctl -w kernel.io_uring_disabled=2 || echo "cannot disable io_uring"
-export CRIU=/tmp/criu/criu SNAP_DIR=/dev/shm/snap REPEATS=${REPEATS:-3} SNAP_LEVEL=${SNAP_LEVEL:-1}
+export CRIU=/tmp/criu/criu SNAP_DIR=/dev/shm/snap REPEATS=${REPEATS:-3}
 export SERVE_ARGS="--attention-backend TRITON_ATTN --max-model-len 4096 --gpu-memory-utilization ${UTIL:-0.6}"
 timeout ${BUDGET:-540} python3 "$here/vllm_snap.py" /tmp/q$size $size 8011
 rc=$?

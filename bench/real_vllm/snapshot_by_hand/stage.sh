@@ -2,7 +2,7 @@
 # Carries real vLLM 0.26.0 and CRIU onto the device in three calls (64 MiB each): stage.sh 1|2|3.
 # Call 3 installs into /tmp/site (as ../real-vllm/install-on-gpu.sh does) and unpacks CRIU into /tmp/criu.
 set -eu
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$(dirname "$0")/../../.." && pwd)
 mkdir -p /tmp/stage
 cp "$root/.dev/b$1"/* /tmp/stage/
 if [ "$1" = 1 ]; then mkdir -p /tmp/criu && tar -C /tmp -xJf /tmp/stage/criu.txz; fi

@@ -97,7 +97,14 @@ class Server:
         while time.monotonic() < end:
             try:
                 with httpx.Client(timeout=httpx.Timeout(60, connect=0.5), headers={"Connection": "close"}) as c:
-                    body = {"model": "m", "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stream": True}
+                    body = {
+                        "model": "m",
+                        "prompt": PROMPT,
+                        "max_tokens": 16,
+                        "temperature": 0,
+                        "stream": True,
+                        "return_token_ids": True,
+                    }
                     with c.stream("POST", self.base + "/v1/completions", json=body) as r:
                         if r.status_code != 200:
                             time.sleep(0.05)
@@ -109,7 +116,10 @@ class Server:
                                 chunk = json.loads(line[6:])
                                 if not first:
                                     first = time.monotonic()
-                                text += chunk["choices"][0].get("text", "")
+                                choice = chunk["choices"][0]
+                                text += choice.get("text", "")
+                                ids = choice.get("token_ids") or []
+                                text += "".join(f"<{i}>" for i in ids) if ids else ""
                         return first, text
             except (httpx.HTTPError, OSError):
                 time.sleep(0.05)
@@ -177,6 +187,7 @@ def capture(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, level:
     b["gpu_mib_checkpointed"] = [gpu_mib(p) for p in gp]
     shutil.rmtree(img, ignore_errors=True)
     img.mkdir(parents=True)
+    shared = shm_files(pids)
     leave = ["--leave-running"] if os.environ.get("LEAVE_RUNNING") == "1" else []
     dumped = run_criu(criu, ["dump", "-t", str(srv.root), *leave], img, "dump", b)
     b["image_bytes"] = sum(f.stat().st_size for f in img.rglob("*") if f.is_file())
@@ -185,12 +196,75 @@ def capture(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, level:
         gpu_resume(drv, gp, b)
         wake(srv, level, b)
     else:
-        srv.kill()  # CRIU ended the tree at the dump; reap it
+        srv.kill()  # CRIU ended the tree at the dump; wait until its pids are gone
+        b["shm_kept"] = keep_shm(img, shared)
+        back = restore(srv, drv, criu, img, t0)  # serve again from the image: the snapshot proves itself
+        b["restore"] = back
+        b["ok"] = "seconds" in back
     b["outage_s"] = round(time.monotonic() - t0, 3)
     return b
 
 
-CRIU_OPTIONS = ("--tcp-established", "--link-remap", "--network-lock", "skip", "--ext-unix-sk", "-v4")
+SHM = Path("/dev/shm")
+"""Where vLLM keeps shared files (segments, POSIX semaphores) and CRIU's --link-remap leaves `link_remap.N`."""
+
+
+def shm_files(pids: list[int]) -> set[str]:
+    """The /dev/shm files the tree has open or mapped: CRIU saves their paths, not their bytes."""
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
+                if path.startswith("/dev/shm/") and not path.endswith(" (deleted)"):
+                    found.add(path)
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("/dev/shm/") and not target.endswith(" (deleted)"):
+                        found.add(target)
+    return found
+
+
+def keep_shm(img: Path, names: set[str]) -> list[str]:
+    """Copy the tree's /dev/shm files as they were at the dump, and CRIU's link_remap files (a restore consumes
+    them; a clean stop deletes the segments; a restored server changes them): every restore gets them back."""
+    kept = img / "shm"
+    kept.mkdir(exist_ok=True)
+    files = [Path(n) for n in names] + list(SHM.glob("link_remap.*"))
+    for f in files:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy2(f, kept / f.name)
+    return sorted(f.name for f in kept.iterdir())
+
+
+def put_back_shm(img: Path) -> None:
+    for f in (img / "shm").glob("*"):
+        shutil.copy2(f, SHM / f.name)
+
+
+def gpu_used_mib() -> str:
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"n/a ({exc})"
+
+
+CRIU_OPTIONS = (
+    "--tcp-established",
+    "--link-remap",
+    "--network-lock",
+    "skip",
+    "--ext-unix-sk",
+    f"-v{os.environ.get('CRIU_V', '2')}",  # -v4 logs every VMA: seconds of a restore's time
+)
 """What the H200 lease taught a vLLM tree needs (docs/hardware/h200x1-snapshot/README.md)."""
 
 
@@ -237,6 +311,7 @@ def wake(srv: Server, level: int, b: dict[str, object]) -> None:
 
 def restore(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, t0: float) -> dict[str, object]:
     b: dict[str, object] = {}
+    put_back_shm(img)
     if not run_criu(criu, ["restore", "-d"], img, "restore", b):
         return b
     pids = tree(srv.root)
@@ -284,32 +359,35 @@ def main() -> None:
         text=text,
     )
     greedy = text
-    for level in [int(x) for x in os.environ.get("LEVELS", "1").split()]:
+    for level in [int(x) for x in os.environ.get("LEVELS", "2").split()]:
         os.environ["SNAP_LEVEL"] = str(level)
-        for i in range(repeats):
-            b = capture(srv, drv, criu, img, level)
-            row(
-                kind="capture", model=label, runtime="process", seconds=b["outage_s"], level=level, n=i + 1, breakdown=b
-            )
-            if not b["ok"]:
-                srv.kill()
-                return
-            t0 = time.monotonic()
-            r = restore(srv, drv, criu, img, t0)
-            row(
-                kind="restore-kill",
-                model=label,
-                runtime="process",
-                seconds=r.get("seconds"),
-                level=level,
-                n=i + 1,
-                breakdown=r,
-                same_text=r.get("text") == greedy,
-            )
-            if "criu_restore_error" in r:
-                return
+        b = capture(srv, drv, criu, img, level)
+        row(kind="capture", model=label, runtime="process", seconds=b["outage_s"], level=level, breakdown=b)
+        if not b["ok"]:
+            srv.kill()
+            return
+        for kind, sig in (("restore-kill", signal.SIGKILL), ("restore-down-up", signal.SIGTERM)):
+            for i in range(repeats):
+                t0 = time.monotonic()
+                srv.kill(sig)
+                stopped = round(time.monotonic() - t0, 3)
+                r = restore(srv, drv, criu, img, t0)
+                r["stop_s"] = stopped
+                same = r.get("text") == greedy
+                row(
+                    kind=kind,
+                    model=label,
+                    runtime="process",
+                    seconds=r.get("seconds"),
+                    level=level,
+                    n=i + 1,
+                    breakdown=r,
+                    same_text=same,
+                )
+                if "seconds" not in r:
+                    return
     srv.kill(signal.SIGTERM)
-    row(kind="down", model=label, gpu_mib_after=gpu_mib(srv.root))
+    row(kind="down", model=label, gpu_used_mib_after=gpu_used_mib())
 
 
 if __name__ == "__main__":
