@@ -45,10 +45,22 @@ from dankserve.supervisor import instance
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.control import requests
+from dankserve.supervisor.control.reload_plan import (
+    DeploymentAction,
+    DeploymentNow,
+    ImageFromConfig,
+    Keep,
+    LoadAdapters,
+    ReloadPlan,
+    Restart,
+    Start,
+    Stop,
+    plan_reload,
+)
 from dankserve.supervisor.control.reload_requests import ReloadRequests
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
-from dankserve.supervisor.fleet import swap, swap_verify
+from dankserve.supervisor.fleet import swap_verify
 from dankserve.supervisor.fleet.gpus import HostGpus
 from dankserve.supervisor.fleet.swap_groups import SwapGroups
 from dankserve.supervisor.machine import BootOverrides
@@ -199,7 +211,6 @@ class Daemon:
         self.swap_verifier = swap_verify.SwapVerifier(self.state, deps.canary, held)
         self._status_readings = StatusReadings(held, self.swap_groups.idle_sleep_in)
         self.upgrades = Upgrades(self)
-        self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
 
     @property
     def settings(self) -> Settings:
@@ -328,7 +339,7 @@ class Daemon:
     def check_fit(self, settings: Settings) -> None:
         """Plan every enabled deployment of `settings` and check they fit together (`fit.check_fit`); raises
         the user error. At start (preflight) and before a reload takes effect."""
-        check_fit(self.deps.planner, self.host, settings)
+        check_fit(self.deps.planner, self.host, settings, self.state.as_run)
 
     # -- reloads -----------------------------------------------------------------------------
     def request_reload(self) -> None:
@@ -343,64 +354,86 @@ class Daemon:
         return self._reloads.wait(mine, timeout)
 
     def _apply_reload(self) -> ReloadOutcome:
+        """Read the file, plan the reload (`control.reload_plan.plan_reload`, pure) and carry the plan out."""
         now = time.time()
         read = _read_reload(self.settings, self._config_path, now, fit=self.check_fit, reads=self.reload_checks)
+        if not isinstance(read, ConfigRefusal):
+            effects, uses = read
+            views = self._reload_views()
+            down = [n for n in effects.settings.deployments if n not in views and self.state.is_down(n)]
+            plan = plan_reload(self.settings, effects, views, down)
+            if plan.refusal is not None:
+                read = ConfigRefusal(now, plan.refusal, plan.refusal_fix)
         if isinstance(read, ConfigRefusal):
             log.error("reload_rejected", error=read.error, fix=read.fix, keeping="the running configuration")
             self.config_refusal = read
             return ReloadOutcome(now, read)
-        effects, uses = read
         self.config_refusal = None
         self.config_loaded_at = now
-        effects = replace(effects, settings=self.upgrades.settings_for(effects.settings))  # a switched image
-        old, new = self.settings, effects.settings
         self.source.accept(effects)
         for use in uses:
             use()
         if effects.needs_restart:
             log.warning("reload_needs_restart", keys=list(effects.needs_restart), keeping="their running values")
-        restart, start, stop, keep = [], [], [], []  # deployment names, by what the reload does to each
+        return self._carry_out(plan, now)
+
+    def _reload_views(self) -> dict[str, DeploymentNow]:
+        """What a reload's plan reads of each supervised deployment."""
+        return {
+            name: DeploymentNow(
+                alive=worker.alive,
+                ready=worker.alive and worker.machine.stage is m.Stage.READY,
+                upgrading=self.upgrades.current(name) is not None,
+                upgrade=self.state.deployment(name).upgrade,
+            )
+            for name, worker in self.fleet.snapshot().items()
+        }
+
+    def _carry_out(self, plan: ReloadPlan, now: float) -> ReloadOutcome:
+        """Each action of an accepted reload's plan, in its order; what each deployment did."""
+        settings = self.settings
+        for image in plan.images:
+            self._leave_upgrade(image)
+        done: dict[type[Any], list[str]] = {Restart: [], Start: [], Stop: [], Keep: []}
         in_place: dict[str, AdaptersInPlace] = {}
-        for name, worker in self.fleet.snapshot().items():
-            dep = new.deployments.get(name)
-            if dep is None or not dep.enabled:
+        workers = self.fleet.snapshot()
+        for planned in plan.actions:
+            worker = workers.get(planned.name)
+            action: DeploymentAction = planned
+            if isinstance(planned, LoadAdapters):
+                if worker is not None and _load_adapters(planned, settings):
+                    worker.use_settings(planned.dep)  # only adapters changed: loaded and unloaded, the server kept
+                    in_place[planned.name] = AdaptersInPlace.of(tuple(planned.change.load), planned.change.unload)
+                    done[Keep].append(planned.name)
+                    continue
+                action = Restart(planned.name, planned.dep)  # a load refused: the server restarts instead
+            done[type(action)].append(action.name)
+            if isinstance(action, Stop) and worker is not None:
                 # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
-                log.info("reload_stop", deployment=name)
-                stop.append(name)
+                log.info("reload_stop", deployment=action.name)
                 self.fleet.retire(worker)
-            elif dep != (before := old.deployments.get(name)):
-                if before is not None and (change := _in_place(name, worker, before, dep, new)) is not None:
-                    worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
-                    keep.append(name)
-                    in_place[name] = change
-                    continue
-                if worker.alive and before is not None and swap.server_unchanged(before, dep):
-                    # Only what the swap coordinator reads changed (it reads the new settings): the
-                    # server, awake or asleep, stays as it is.
-                    log.info("reload_swap_settings", deployment=name, server="unchanged")
-                    worker.use_settings(dep)
-                    keep.append(name)
-                    continue
-                log.info("reload_replan", deployment=name)
-                if worker.alive:
-                    restart.append(name)
-                    worker.request_replan(dep)
-                else:
-                    start.append(name)
-                    self._start_worker(name, dep)
-            else:
-                keep.append(name)
-        running = self.fleet.snapshot()
-        groups = [new.deployments[n].swap_group for n, w in running.items() if w.alive and n in new.deployments]
-        for name, dep in new.deployments.items():
-            if name not in running and dep.enabled and not self.state.is_down(name):
-                asleep = swap.joins_asleep(dep.swap_group, groups)
-                log.info("reload_start", deployment=name, joins_asleep=asleep)
-                start.append(name)
-                self._start_worker(name, dep, join_asleep=asleep)
-        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(effects.applied))
-        lists = (tuple(restart), tuple(start), tuple(stop), tuple(keep), effects.applied, effects.needs_restart)
-        return ReloadOutcome(now, None, *lists, adapters=in_place)
+            elif isinstance(action, Restart) and worker is not None:
+                log.info("reload_replan", deployment=action.name)
+                worker.request_replan(action.dep)
+            elif isinstance(action, Start):
+                log.info("reload_start", deployment=action.name, joins_asleep=action.join_asleep)
+                self._start_worker(action.name, action.dep, join_asleep=action.join_asleep)
+            elif isinstance(action, Keep) and action.dep is not None and worker is not None:
+                # Only what the swap coordinator reads changed (it reads the new settings): the server, awake or
+                # asleep, stays as it is.
+                log.info("reload_swap_settings", deployment=action.name, server="unchanged")
+                worker.use_settings(action.dep)
+        restart, start, stop, keep = (tuple(done[kind]) for kind in (Restart, Start, Stop, Keep))
+        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(plan.applied))
+        return ReloadOutcome(now, None, restart, start, stop, keep, plan.applied, plan.needs_restart, in_place)
+
+    def _leave_upgrade(self, image: ImageFromConfig) -> None:
+        """The file names another image than the one an upgrade switched the deployment to: the file wins."""
+        log.warning("reload_image_from_config", deployment=image.name, image=image.configured, leaving=image.upgraded)
+        record = self.state.deployment(image.name).upgrade
+        if record is not None and record.step == "switched":
+            reason = f"the configuration names image {image.configured}"
+            self.state.set_upgrade(image.name, replace(record, step="rolled_back", reason=reason))
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -471,17 +504,13 @@ def _read_reload(
     return new, uses
 
 
-def _in_place(
-    name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings, settings: Settings
-) -> AdaptersInPlace | None:
-    """The adapters a reload loaded and unloaded in `name`'s ready server; None: it restarts instead."""
-    change = adapters.reload_in_place(
-        name,
-        before,
-        dep,
-        ready=worker.alive and worker.machine.stage is m.Stage.READY,
-        hf_cache_dir=settings.hf_cache_dir,
-        address=backend_address(settings, name, dep),
-        api_key=read_key_now(dep.api_key_file),
-    )
-    return None if change is None else AdaptersInPlace.of(tuple(change.load), change.unload)
+def _load_adapters(action: LoadAdapters, settings: Settings) -> bool:
+    """A reload's adapter changes loaded into and unloaded from the ready server; False: restart it instead."""
+    dep = action.dep
+    change = action.change
+
+    def paths() -> dict[str, str]:
+        return adapters.server_paths_for(settings.hf_cache_dir, action.name, dep, list(change.load))
+
+    address = backend_address(settings, action.name, dep)
+    return adapters.apply(address, read_key_now(dep.api_key_file), change, paths)

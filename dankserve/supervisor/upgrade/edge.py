@@ -83,20 +83,11 @@ class UpgradeWorkers(Protocol):
     def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
 
 
-class SettingsHolder(Protocol):
-    """The daemon's `SettingsSource`: an upgrade's switch or rollback replaces the running settings."""
-
-    def replace(self, settings: Settings) -> None: ...
-
-
 class UpgradeFleet(Protocol):
-    """What an upgrade reads of the daemon, and `source`, where it replaces the settings (an upgrade's image)."""
+    """What an upgrade reads of the daemon (the image it switches to is kept in `state`, never in the settings)."""
 
     @property
     def settings(self) -> Settings: ...
-
-    @property
-    def source(self) -> SettingsHolder: ...
 
     @property
     def state(self) -> StateBook: ...
@@ -150,7 +141,8 @@ class DaemonUpgradeEdge:
     # -- what is read ------------------------------------------------------------------------------
     @property
     def _dep(self) -> DeploymentSettings:
-        return self._daemon.settings.deployments[self._name]
+        """The deployment as it runs (the image an earlier upgrade switched it to)."""
+        return self._daemon.state.as_run(self._name, self._daemon.settings.deployments[self._name])
 
     def _runtime(self) -> Runtime:
         return self._daemon.deps.runtime_for(self._dep)
