@@ -67,8 +67,8 @@ class DeploymentWorker:
         self._services = services
         self.dep = dep = self._as_run(dep)
         self.lock = threading.Lock()
-        self.clock = services.clock
-        remembered = services.state.deployment(name)
+        self.clock = services.world.clock
+        remembered = services.world.state.deployment(name)
         remediated = frozenset(FailureCause(c) for c in remembered.remediated if c in FailureCause._value2member_map_)
         self._machine = m.initial_state(
             self._config(dep), overrides=BootOverrides.from_remediation(remembered.overrides), remediated=remediated
@@ -95,11 +95,11 @@ class DeploymentWorker:
 
     def _as_run(self, dep: DeploymentSettings) -> DeploymentSettings:
         """The configured settings with the image an upgrade switched the deployment to (state.json keeps it)."""
-        return self._services.state.as_run(self.name, dep)
+        return self._services.world.state.as_run(self.name, dep)
 
     def _config(self, dep: DeploymentSettings) -> m.MachineConfig:
-        download = self._services.edges.fetch_weights is not None
-        return machine_config(self._services.settings(), dep, download_weights=download)
+        download = self._services.world.fetch_weights is not None
+        return machine_config(self._services.world.settings, dep, download_weights=download)
 
     # -- control (any thread) ------------------------------------------------------------------
     def start(self) -> None:
@@ -212,7 +212,7 @@ class DeploymentWorker:
 
     def _liveness_monitor(self, workload_id: str | None, now: float) -> LivenessMonitor:
         services = self._services
-        settings = services.settings()
+        settings = services.world.settings
         with self.lock:
             dep = self.dep
         return LivenessMonitor(
