@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml
+from dankserve.host.gpu_memory import GpuMemory, from_host, read_nvml
 from dankserve.host.gpu_processes import held_bytes, stand_in_dir
 from dankserve.host.model import Host
 
@@ -47,7 +47,8 @@ class NvmlGpus:
     """As probed at start."""
 
     def memory(self, uuids: Sequence[str]) -> dict[str, GpuMemory]:
-        return read_gpu_memory(uuids, None, self.host)
+        readings = read_nvml(uuids)
+        return readings if readings is not None else from_host(self.host, uuids)
 
     def free_memory(self, uuids: Sequence[str]) -> dict[str, GpuMemory]:
         return read_nvml(uuids) or {}
@@ -75,7 +76,12 @@ class RecordedGpus:
     """As read at start (what a reading falls back to when the file cannot be read now)."""
 
     def memory(self, uuids: Sequence[str]) -> dict[str, GpuMemory]:
-        return read_gpu_memory(uuids, self.hardware_file, self.host)
+        from dankserve.host.recorded import read_host
+
+        try:
+            return from_host(read_host(self.hardware_file), uuids)
+        except Exception:  # a file a test is rewriting, or gone: the host as read at start
+            return from_host(self.host, uuids)
 
     def free_memory(self, uuids: Sequence[str]) -> dict[str, GpuMemory]:
         return self.memory(uuids)

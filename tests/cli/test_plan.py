@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from dankserve.exitcodes import ExitCode
+from dankserve.testing import HOSTS_DIR
 from tests.harness.cli import run_in_process
 from tests.plan.builders import PLAN_JSON_KEYS
 
 REPO = Path(__file__).resolve().parent.parent.parent
-HOSTS = REPO / "tests" / "hosts"
+HOSTS = HOSTS_DIR
 EXAMPLE = REPO / "config" / "dankserve.toml"
 H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
 

@@ -74,7 +74,9 @@ def test_a_member_joining_a_running_group_joins_asleep_and_a_new_group_boots() -
     """A swap member added to a group that already runs joins asleep; the first member of a new group boots."""
     member = {"gpus": [0], "gpu_memory_utilization": 0.4, "swap_group": "g", "sleep_level": "1"}
     old = settings({"a": dep(8001, **member)})
-    new = settings({"a": dep(8001, **member), "b": dep(8002, **member), "c": dep(8003, **{**member, "swap_group": "h"})})
+    new = settings(
+        {"a": dep(8001, **member), "b": dep(8002, **member), "c": dep(8003, **{**member, "swap_group": "h"})}
+    )
     done = plan(old, new, {"a": ALIVE})
     assert done.actions[1:] == (
         Start("b", new.deployments["b"], join_asleep=True),

@@ -17,17 +17,16 @@ import pytest
 from dankserve.bootlog.facts import FailureClass
 from dankserve.bootlog.patterns import ALL_PATTERNS
 from dankserve.errors import GroupNotFormed, MemberUnreachable
-from dankserve.settings import load_settings
+from dankserve.host.gpu_reader import RecordedGpus
+from dankserve.settings import SettingsSource, load_settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.assembly import make_planner
-from dankserve.host.gpu_reader import RecordedGpus
-from dankserve.settings import SettingsSource
 from dankserve.supervisor.daemon import BootOverrides, Daemon
+from dankserve.supervisor.probes.warm_up import WarmUpOutcome
 from dankserve.supervisor.records import StateBook
+from dankserve.supervisor.worker import DeploymentWorker
 from dankserve.supervisor.world import ServerEdges
 from dankserve.supervisor.world import World as DaemonWorld
-from dankserve.supervisor.probes.warm_up import WarmUpOutcome
-from dankserve.supervisor.worker import DeploymentWorker
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
 from dankserve.testing.lifecycle import (
