@@ -17,6 +17,7 @@ from dankserve.runtime.log_archive import LogArchive
 from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source, keyless_gateway_exposure
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonParts, Planner, Services, WeightsFetcher, log
+from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.world import ClusterEdges, World
 
 if TYPE_CHECKING:
@@ -146,9 +147,8 @@ def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Pa
     source = SettingsSource(settings)  # the one holder: every part below and the daemon read it
     cluster = ClusterContext(source)
     world = build_world(source, hardware_file, config_path, cluster)
-    daemon = Daemon(world, services=lambda parts: start_services(parts, cluster))
-    preflight(daemon)
-    return daemon
+    preflight(world)
+    return Daemon(world, services=lambda parts: start_services(parts, cluster))
 
 
 def start_services(parts: DaemonParts, cluster: ClusterContext) -> Services:
@@ -193,14 +193,15 @@ def start_services(parts: DaemonParts, cluster: ClusterContext) -> Services:
     )
 
 
-def preflight(daemon: Daemon) -> None:
-    """Check that the enabled deployments' plans fit together (`Daemon.check_fit`), then reach each one's
-    runtime; raise the user error if one fails.
+def preflight(world: World) -> None:
+    """Check that the enabled deployments' plans fit together (`fit.check_fit`, each as it runs: the image an
+    upgrade switched it to), then reach each one's runtime; raise the user error if one fails.
 
     Every plan comes first: a configuration error (exit 2) is reported as such even when a
     runtime is unreachable too (exit 3), whatever the order of the deployments.
     """
-    daemon.check_fit(daemon.settings)
-    for dep in daemon.settings.deployments.values():
+    settings = world.settings
+    check_fit(world.planner, world.host, settings, world.state.as_run)
+    for dep in settings.deployments.values():
         if dep.enabled:
-            daemon.world.runtime_for(dep).list_workloads()
+            world.runtime_for(dep).list_workloads()
