@@ -52,21 +52,3 @@ def write_recorded_host(
         gpu["memory_free_bytes"] = int(gpu["memory_total_bytes"] * free_fraction)
     path.write_text(json.dumps(data))
     return path
-
-
-def nvml_unusable_reason() -> str | None:
-    """Why NVML cannot be used here (no package, no driver, no GPU), or None when it can."""
-    try:
-        import pynvml
-    except ImportError:
-        return "the nvidia-ml-py package is not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return f"NVML cannot be initialised ({exc})"
-    try:
-        if pynvml.nvmlDeviceGetCount() == 0:
-            return "NVML sees no GPU"
-    finally:
-        pynvml.nvmlShutdown()
-    return None

@@ -200,7 +200,7 @@ def test_without_gpus_and_without_a_recorded_host_it_is_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without --hardware on a machine where NVML finds no GPU, plan exits 3 naming the way out."""
-    from dankserve.testing import nvml_unusable_reason
+    from tests.harness.gpus import nvml_unusable_reason
 
     if nvml_unusable_reason() is None:
         pytest.skip("NVML works here: the probe succeeds")
