@@ -46,3 +46,18 @@ def test_the_upgraded_image_comes_from_state_survives_a_reload_and_yields_to_a_n
     finally:
         worker.request_stop()
         worker.join(10)
+
+
+def test_status_without_a_daemon_shows_the_image_an_upgrade_switched_to(tmp_path: Path) -> None:
+    """`dankserve status` while no daemon runs reads the image from state.json too, not from the settings."""
+    from dankserve.cli.status import offline_status
+    from dankserve.settings import Settings
+    from dankserve.supervisor.records import StateBook
+
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    StateBook(state_dir).set_upgrade("chat", UpgradeRecord("switched", CONFIGURED, UPGRADED, 0.0))
+    chat = {"model": "org/m", "image": CONFIGURED, "port": 18001, "enabled": False}
+    settings = Settings.model_validate({"state_dir": str(state_dir), "deployments": {"chat": chat}})
+    (shown,) = offline_status(settings)["deployments"]
+    assert shown["image"] == UPGRADED
