@@ -27,7 +27,7 @@ from dankserve.testing.hub import StandInHub
 from tests.harness.hub import populate
 
 REPO = Path(__file__).resolve().parent.parent
-HOST = REPO / "tests" / "hosts" / "plan-h100-80gb-x1-64gb.json"
+HOST = REPO / "dankserve" / "testing" / "hosts" / "plan-h100-80gb-x1-64gb.json"
 MODEL = "Qwen/Qwen3-30B-A3B"
 TARGET_MS = 300.0
 FIRST_TARGET_MS = 1000.0

@@ -3,7 +3,7 @@
 - `probe_host()` in-process with real NVML, when this machine has a usable NVIDIA driver
   (otherwise the row says it was skipped and why); the first call is shown apart, since it
   also loads the NVML library.
-- whole process: `python -m dankserve probe --json --hardware tests/hosts/h200x1-vm.json` (and
+- whole process: `python -m dankserve probe --json --hardware dankserve/testing/hosts/h200x1-vm.json` (and
   the text table) against `python3 -c pass` in the same run, median of BENCH_REPEAT (>= 15)
   runs each, with the ratio. Target: under 300 ms.
 
@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:  # run as a script: make `bench` and `dankserve` i
 from bench.common import median_ms, report, time_call, time_command  # noqa: E402
 
 REPEAT = max(15, int(os.environ.get("BENCH_REPEAT", "15")))
-RECORDED = REPO / "tests" / "hosts" / "h200x1-vm.json"
+RECORDED = REPO / "dankserve" / "testing" / "hosts" / "h200x1-vm.json"
 TARGET_MS = 300.0
 
 

@@ -2,7 +2,7 @@
 
 It is a demo and says so: the server is the stand-in of containers/ (docs/stand-in-vllm.md),
 which speaks vLLM 0.33's command line, log lines and endpoints and sleeps a scaled copy of a
-real H200 boot, but runs no model. The host is a recorded 2 x H200 machine (tests/hosts/) and
+real H200 boot, but runs no model. The host is a recorded 2 x H200 machine (dankserve/testing/hosts/) and
 the GPUs are stand-in device nodes. Everything else is real: the dankserve CLI and daemon,
 Podman, the container, the compile cache on disk and the learned KV-cache size.
 

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "build" / "base-install"
 STAND_IN = REPO / "containers" / "fake-vllm" / "vllm.py"
-HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+HOST = REPO / "dankserve" / "testing" / "hosts" / "h200x2-vm-real.json"
 READY_SECONDS = 60.0
 
 

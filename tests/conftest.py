@@ -102,7 +102,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
-    from dankserve.testing import nvml_unusable_reason
+    from tests.harness.gpus import nvml_unusable_reason
 
     reason = nvml_unusable_reason()
     if reason is not None:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.testing import HOSTS_DIR
+
 REPO = Path(__file__).resolve().parents[1]
-HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 
 def dankserve(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dankserve.servicectl import systemd_running
-from dankserve.testing import nvml_unusable_reason
 from dankserve.testing.config_file import write_config
+from tests.harness.gpus import nvml_unusable_reason
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -41,7 +41,8 @@ def offline_status(settings: Settings) -> dict[str, Any]:
 
     store = StateBook(settings.state_dir, persist=False)
     deployments = []
-    for name, dep in sorted(settings.deployments.items()):
+    for name, configured in sorted(settings.deployments.items()):
+        dep = store.as_run(name, configured)  # the image an upgrade switched it to (state.json keeps it)
         down = store.is_down(name)
         running = _still_running(settings, name, dep) if dep.enabled and not down else None
         deployments.append(

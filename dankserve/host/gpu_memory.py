@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from dankserve.host.model import Host
@@ -79,21 +78,6 @@ def read_nvml(uuids: Sequence[str]) -> dict[str, GpuMemory] | None:
         return out
 
     return _with_nvml(read)
-
-
-def read_gpu_memory(uuids: Sequence[str], hardware_file: Path | None, fallback: Host | None) -> dict[str, GpuMemory]:
-    """Free/used memory of the given GPUs now: recorded file if one drives this run, else NVML."""
-    if hardware_file is not None:
-        from dankserve.host.recorded import read_host
-
-        try:
-            return from_host(read_host(hardware_file), uuids)
-        except Exception:
-            return from_host(fallback, uuids) if fallback else {}
-    readings = read_nvml(uuids)
-    if readings is not None:
-        return readings
-    return from_host(fallback, uuids) if fallback else {}
 
 
 def nvml_compute_pids(uuids: Sequence[str]) -> list[int] | None:

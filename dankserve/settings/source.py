@@ -32,15 +32,11 @@ class SettingsSource:
             return self._needs_restart
 
     def accept(self, effects: ReloadEffects) -> None:
-        """An accepted reload: its settings from now on."""
+        """An accepted reload: its settings from now on (the only change: runtime facts such as the image an
+        upgrade switched to live in state.json, never here)."""
         with self._lock:
             self._current = effects.settings
             self._needs_restart = effects.needs_restart
-
-    def replace(self, settings: Settings) -> None:
-        """Run with these settings (tests, and a daemon assembled again)."""
-        with self._lock:
-            self._current = settings
 
 
 def as_source(settings: Settings | SettingsSource) -> SettingsSource:

@@ -16,7 +16,9 @@ from dankserve.runtime.base import Runtime
 from dankserve.runtime.log_archive import LogArchive
 from dankserve.settings import DeploymentSettings, Settings, SettingsSource, as_source, keyless_gateway_exposure
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps, Planner, WeightsFetcher, log
+from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonParts, Planner, Services, WeightsFetcher, log
+from dankserve.supervisor.fit import check_fit
+from dankserve.supervisor.world import ClusterEdges, World
 
 if TYPE_CHECKING:
     from dankserve.cluster.context import ClusterContext
@@ -109,68 +111,73 @@ def weights_fetcher(settings: Settings | SettingsSource) -> WeightsFetcher:
     return fetch_weights
 
 
+def build_world(
+    source: SettingsSource, hardware_file: Path | None, config_path: Path | None, cluster: ClusterContext
+) -> World:
+    """The daemon's world, built once: the settings' holder, the state store, the host and the one GPU reader
+    (the recorded host file where one drives this run, else NVML), the runtimes, the planner, the Hub."""
+    from dankserve.host.gpu_reader import gpu_reader
+    from dankserve.host.probe import load_host
+    from dankserve.supervisor.records import StateBook
+
+    settings = source.current()
+    host = load_host(hardware_file, cache_dirs=[settings.cache_dir, settings.hf_cache_dir])
+    return World(
+        source=source,
+        state=StateBook(settings.state_dir),
+        host=host,
+        gpus=gpu_reader(hardware_file, host),
+        planner=make_planner(source, cluster),
+        runtime_for=runtime_factory(source, cluster),
+        fetch_weights=weights_fetcher(source),
+        cluster=ClusterEdges(
+            describe_hosts=cluster.hosts,
+            follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
+        ),
+        config_path=config_path,
+    )
+
+
 def build_daemon(settings: Settings, hardware_file: Path | None, config_path: Path | None) -> Daemon:
     """A daemon ready to run, after checking that its dirs are its own and every enabled deployment can be planned."""
-    from dankserve.host.probe import load_host
+    from dankserve.cluster.context import ClusterContext
     from dankserve.supervisor.instance import check_daemon_dirs
 
     check_daemon_dirs(settings.state_dir, {"cache_dir": settings.cache_dir, "hf_cache_dir": settings.hf_cache_dir})
-
     source = SettingsSource(settings)  # the one holder: every part below and the daemon read it
-
-    def host_loader() -> Host:
-        now = source.current()
-        return load_host(hardware_file, cache_dirs=[now.cache_dir, now.hf_cache_dir])
-
-    from dankserve.cluster.context import ClusterContext
-
     cluster = ClusterContext(source)
-    runtimes = runtime_factory(source, cluster)
-    planner = make_planner(source, cluster)
-    deps = DaemonDeps(
-        planner=planner,
-        runtime_for=runtimes,
-        load_host=host_loader,
-        hardware_file=hardware_file,
-        services=lambda daemon: start_services(daemon, cluster),
-        describe_hosts=cluster.hosts,
-        follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
-        fetch_weights=weights_fetcher(source),
-    )
-    daemon = Daemon(source, deps, config_path=config_path)
-    preflight(daemon)
-    return daemon
+    world = build_world(source, hardware_file, config_path, cluster)
+    preflight(world)
+    return Daemon(world, services=lambda parts: start_services(parts, cluster))
 
 
-def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None]:
-    """The cluster API (with [cluster]) and the gateway (with [gateway]); the function that stops them."""
-    close_cluster = cluster.start_api(lambda: daemon.host, daemon.gpus.memory)
-    gateway_settings = daemon.settings.gateway
+def start_services(parts: DaemonParts, cluster: ClusterContext) -> Services:
+    """The cluster API (with [cluster]) and the gateway (with [gateway]), handed the daemon's parts they use."""
+    world = parts.world
+    close_cluster = cluster.start_api(lambda: world.host, parts.gpus.memory)
+    gateway_settings = world.settings.gateway
     if gateway_settings is None:
-        return close_cluster
+        return Services(close_cluster)
     from dankserve.gateway.service import start_gateway
     from dankserve.gateway.usage_store import usage_path
     from dankserve.supervisor.control.gateway_link import DaemonSupervisor
     from dankserve.supervisor.control.metrics_service import log_feed
 
     try:
-        supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)
+        supervisor = DaemonSupervisor(parts.fleet, parts.swap_groups, parts.upgrades)
         gateway, access = start_gateway(
             gateway_settings,
-            lambda: daemon.settings.deployments,
+            lambda: world.settings.deployments,
             supervisor,
-            usage_file=usage_path(daemon.settings.state_dir),
-            console=daemon.handle_request,  # the web console asks what the control socket answers
-            logs=log_feed(daemon),  # and reads the lines `dankserve logs` reads
+            usage_file=usage_path(world.settings.state_dir),
+            console=parts.answer,  # the web console asks what the control socket answers
+            logs=log_feed(world),  # and reads the lines `dankserve logs` reads
         )
-        daemon.gateway_usage = access.totals  # /metrics: requests and tokens per key
-        # Every reload reads the key files again before it is accepted: one that cannot be read refuses it.
-        daemon.reload_checks.append(lambda settings: access.prepare_reload(settings.gateway or gateway_settings))
     except BaseException:
         close_cluster()
         raise
-    for name in daemon.settings.deployments:
-        exposure = keyless_gateway_exposure(daemon.settings, name)
+    for name in world.settings.deployments:
+        exposure = keyless_gateway_exposure(world.settings, name)
         if exposure is not None:
             log.warning("gateway_passes_key", deployment=name, message=exposure)
 
@@ -178,17 +185,23 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
         gateway.close()
         close_cluster()
 
-    return close
+    # Every reload reads the key files again before it is accepted: one that cannot be read refuses it.
+    return Services(
+        close,
+        gateway_usage=access.totals,  # /metrics: requests and tokens per key
+        reload_check=lambda settings: access.prepare_reload(settings.gateway or gateway_settings),
+    )
 
 
-def preflight(daemon: Daemon) -> None:
-    """Check that the enabled deployments' plans fit together (`Daemon.check_fit`), then reach each one's
-    runtime; raise the user error if one fails.
+def preflight(world: World) -> None:
+    """Check that the enabled deployments' plans fit together (`fit.check_fit`, each as it runs: the image an
+    upgrade switched it to), then reach each one's runtime; raise the user error if one fails.
 
     Every plan comes first: a configuration error (exit 2) is reported as such even when a
     runtime is unreachable too (exit 3), whatever the order of the deployments.
     """
-    daemon.check_fit(daemon.settings)
-    for dep in daemon.settings.deployments.values():
+    settings = world.settings
+    check_fit(world.planner, world.host, settings, world.state.as_run)
+    for dep in settings.deployments.values():
         if dep.enabled:
-            daemon.deps.runtime_for(dep).list_workloads()
+            world.runtime_for(dep).list_workloads()

@@ -12,58 +12,50 @@ which hands each request to `Daemon.handle_request` (`requests`' verb table).
 from __future__ import annotations
 
 import os
-import random
 import resource
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from dankserve.backend_address import BackendAddress
 from dankserve.control import ControlServer, socket_path
 from dankserve.errors import DankserveError, EnvironmentUnusable
 from dankserve.exitcodes import ExitCode
-from dankserve.host.gpu_processes import held_bytes, stand_in_dir
-from dankserve.host.model import GpuIdentity, Host
-from dankserve.planning import backend_address
-from dankserve.secret_files import read_key_now
+from dankserve.host.model import Host
 from dankserve.settings import (
     DeploymentSettings,
     ReloadEffects,
     Settings,
-    SettingsSource,
-    as_source,
     resolve_config_path,
 )
 from dankserve.supervisor import instance
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.control import requests
+from dankserve.supervisor.control.reload_plan import DeploymentNow, plan_reload
 from dankserve.supervisor.control.reload_requests import ReloadRequests
-from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
+from dankserve.supervisor.control.reload_run import carry_out
+from dankserve.supervisor.edges import Planner, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
-from dankserve.supervisor.fleet import swap, swap_verify
+from dankserve.supervisor.fleet import swap_verify
 from dankserve.supervisor.fleet.gpus import HostGpus
 from dankserve.supervisor.fleet.swap_groups import SwapGroups
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observe.status import config_status
 from dankserve.supervisor.observe.telemetry import Telemetry
-from dankserve.supervisor.ports import port_holder
-from dankserve.supervisor.probes import sleep_mode
 from dankserve.supervisor.probes.observatory import Observatory
-from dankserve.supervisor.probes.warm_up import WarmUpOutcome, warm_up_server
 from dankserve.supervisor.readiness import Readiness
-from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.reloading import AdaptersInPlace, ConfigRefusal, ReloadOutcome
+from dankserve.supervisor.reloading import ConfigRefusal, ReloadOutcome
+from dankserve.supervisor.upgrade.edge import UpgradeFleet
 from dankserve.supervisor.upgrade.manager import Upgrades
-from dankserve.supervisor.worker import DeploymentWorker, WorkerServices, adapters
+from dankserve.supervisor.worker import DeploymentWorker, WorkerServices
 from dankserve.supervisor.worker.fleet import Fleet, StatusReadings
+from dankserve.supervisor.world import World
 from dankserve.systemd.notify import SystemdNotifier, watchdog_interval
 
 if TYPE_CHECKING:
@@ -71,9 +63,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("dankserve")
 
-HostLoader = Callable[[], Host]
-
-__all__ = ["BootOverrides", "Daemon", "DaemonDeps", "DeploymentWorker", "Planner", "WeightsFetcher"]
+__all__ = [
+    "BootOverrides",
+    "Daemon",
+    "DaemonParts",
+    "DeploymentWorker",
+    "Planner",
+    "Services",
+    "WeightsFetcher",
+    "World",
+]
 
 
 def raise_descriptor_limit() -> None:
@@ -109,59 +108,49 @@ def install_signals(stop: Callable[[], None], reload: Callable[[], None]) -> dic
 
 
 @dataclass(frozen=True)
-class DaemonDeps:
-    """The edges the daemon uses; in-process tests hand in a fake runtime and a fake clock."""
+class DaemonParts:
+    """What the services started beside the daemon (the cluster API, the gateway) use of it: never the daemon."""
 
-    planner: Planner
-    runtime_for: RuntimeFactory
-    load_host: HostLoader
-    hardware_file: Path | None = None
-    services: Callable[[Daemon], Callable[[], None]] | None = None
-    """Started after the control socket (e.g. the cluster API); returns the function that stops it."""
-    describe_hosts: Callable[[str], list[dict[str, Any]] | None] | None = None
-    """The hosts of a multi-host deployment for `status` (None: a single-host one)."""
-    follower_gpus: Callable[[str, DeploymentSettings, bool], Sequence[tuple[GpuIdentity, int]]] | None = None
-    """A group's followers' GPUs (identity, free bytes now) for boot learning; with strict=True a follower that
-    does not answer raises, otherwise it is left out (so learned bytes are not reused)."""
-    clock: Clock = field(default_factory=SystemClock)
-    fetch_weights: WeightsFetcher | None = None
-    """Downloads a deployment's weights before its boot, reporting percent done (None: vLLM fetches them)."""
-    check_port: Callable[[BackendAddress], str | None] = port_holder
-    """Who listens on (host, port) already, or None when it is free."""
-    health: Callable[[BackendAddress, float], m.HealthChecked] | None = None
-    """/health of (address, timeout); None: the real HTTP probe."""
-    warm_up: Callable[[BackendAddress, str, str | None, float], WarmUpOutcome] = warm_up_server
-    """The warm-up before READY to (host, port, served model, API key, timeout): None, or what failed."""
-    draw: Callable[[], float] = random.random
-    """The uniform draw in [0, 1) behind the restart jitter."""
-    # Swap groups (issue 16).
-    sleep_server: Callable[[BackendAddress, str | None, m.SleepLevel], m.Event] = sleep_mode.sleep_server
-    """Put the server on (host, port) with this API key to sleep at level 1 or 2."""
-    wake_server: Callable[[BackendAddress, str | None, m.SleepLevel], m.Event] = sleep_mode.wake_server
-    """Wake it (level 2: the staged wake with reload_weights)."""
-    available_ram: Callable[[], int | None] = sleep_mode.available_ram_bytes
-    """The host's available RAM now (level 1 pins the weights there)."""
-    is_sleeping: Callable[[BackendAddress, str | None], bool | None] = sleep_mode.is_sleeping
-    """Whether the server on (host, port) sleeps (None: no answer): a member an earlier daemon left running."""
-    canary: swap_verify.Canary = swap_verify.canary_ids
-    """The greedy token ids of the canary prompt from (host, port, key, model): every wake is checked by it."""
-    gpu_held: swap_verify.HeldBytes | None = None
-    """Bytes given pids hold on given GPUs (None: NVML, or the stand-in's records beside the hardware file)."""
+    world: World
+    gpus: HostGpus
+    fleet: Fleet
+    swap_groups: SwapGroups
+    upgrades: Upgrades
+    answer: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """A control request's answer (what the control socket answers; the web console asks it)."""
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the services started beside the daemon hand back."""
+
+    close: Callable[[], None]
+    """Stops them."""
+    gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] | None = None
+    """The gateway's requests and tokens per key (/metrics), when a gateway runs."""
+    reload_check: Callable[[Settings], Callable[[], None]] | None = None
+    """A read a reload needs (the gateway's key files): reads what the new settings name and returns how to put
+    it in force once the reload is accepted, or raises the user error that refuses the reload."""
+
+
+ServiceStarter = Callable[[DaemonParts], Services]
+"""Started after the control socket (`assembly.start_services`)."""
 
 
 class Daemon:
     """Supervises every enabled deployment until told to stop."""
 
-    def __init__(self, settings: Settings | SettingsSource, deps: DaemonDeps, config_path: Path | None = None) -> None:
-        self.source = as_source(settings)
+    def __init__(self, world: World, services: ServiceStarter | None = None) -> None:
+        self.world = world
+        """What the daemon reaches, built once (`assembly.build_world`)."""
+        self.source = world.source
         """The one holder of the running settings: every part of the daemon reads them through it."""
         settings = self.source.current()
-        self._config_path = config_path
-        self.deps = deps
-        self.state = StateBook(settings.state_dir)
+        self._services = services
+        self.state = world.state
         self.notifier = SystemdNotifier.from_environ()
-        self.host: Host = deps.load_host()
-        self.gpus = HostGpus(self.host, deps.hardware_file)
+        self.host: Host = world.host
+        self.gpus = HostGpus(self.host, world.gpus)
         self._stops_failed: set[str] = set()
         """Deployments whose server a stop could not reach (run exits 3 then)."""
         self._stops_lock = threading.Lock()
@@ -175,9 +164,7 @@ class Daemon:
         """The last reload's refusal (the running config stayed), None once a reload is accepted."""
         self.gateway_usage: Callable[[], Mapping[tuple[str, str], Counts]] = dict  # set once the gateway runs
         self.reload_checks: list[Callable[[Settings], Callable[[], None]]] = []
-        """Services' reads a reload needs (the gateway's key files): each reads what the new settings name
-        and returns how to put it in force once the reload is accepted, or raises the user error that
-        refuses the reload (set as the services start)."""
+        """Services' reads a reload needs (`Services.reload_check`), set as the services start."""
         self.telemetry = Telemetry()
         self.observatory = Observatory(
             targets=lambda: self.fleet.serving_targets(),  # noqa: PLW0108 (the fleet is made next, with it)
@@ -189,17 +176,15 @@ class Daemon:
         self.fleet = Fleet(
             lambda: self.settings,
             self.state,
-            clock=deps.clock,
+            clock=world.clock,
             telemetry=self.telemetry,
             observatory=self.observatory,
-            describe_hosts=deps.describe_hosts,
+            describe_hosts=world.cluster.describe_hosts,
         )
-        self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
-        held = deps.gpu_held or (lambda pids, uuids: held_bytes(pids, uuids, stand_in_dir(deps.hardware_file)))
-        self.swap_verifier = swap_verify.SwapVerifier(self.state, deps.canary, held)
-        self._status_readings = StatusReadings(held, self.swap_groups.idle_sleep_in)
-        self.upgrades = Upgrades(self)
-        self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
+        self.swap_groups = SwapGroups(self.fleet, world.available_ram)
+        self.swap_verifier = swap_verify.SwapVerifier(self.state, world.servers.canary, world.gpus.held)
+        self._status_readings = StatusReadings(world.gpus.held, self.swap_groups.idle_sleep_in)
+        self.upgrades = Upgrades(UpgradeFleet(world, self.fleet, self.swap_groups))
 
     @property
     def settings(self) -> Settings:
@@ -207,12 +192,9 @@ class Daemon:
         return self.source.current()
 
     def worker_services(self) -> WorkerServices:
-        """What this daemon's workers are handed (the edges as `deps` says now)."""
+        """What this daemon's workers are handed (the world as `world` says now)."""
         return WorkerServices(
-            settings=lambda: self.settings,
-            edges=self.deps,
-            clock=self.deps.clock,
-            state=self.state,
+            world=self.world,
             telemetry=self.telemetry,
             observatory=self.observatory,
             gpus=self.gpus,
@@ -267,15 +249,15 @@ class Daemon:
                 self.settings,
                 lambda: metrics_snapshot(self.fleet, self.telemetry, self.observatory, self.gateway_usage),
                 # without a gateway the console is served beside /metrics (the gateway's listener has it otherwise)
-                console=None if self.settings.gateway else console_mount(self.handle_request, log_feed(self)),
+                console=None if self.settings.gateway else console_mount(self.handle_request, log_feed(self.world)),
             )
-            if self.deps.services is not None:
-                close_services = self.deps.services(self)
+            if self._services is not None:
+                close_services = self._start_services(self._services)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
             self.swap_groups.start()
             self.upgrades.recover_before_workers()  # an earlier daemon's trial server goes first
             starting = {n: self.settings.deployments[n] for n in starting}
-            self.gpus.claim_running_boots(starting, self.deps.runtime_for, self.deps.planner, self.state)
+            self.gpus.claim_running_boots(starting, self.world.runtime_for, self.world.planner, self.state)
             for name, dep in starting.items():
                 self._start_worker(name, dep, unless_running=True)
             self.upgrades.resume_after_workers()
@@ -297,9 +279,19 @@ class Daemon:
                 signal.signal(sig, handler)
             log.info("daemon_stopped")
 
+    def _start_services(self, start: ServiceStarter) -> Callable[[], None]:
+        """The services beside the daemon, handed the parts they use; the function that stops them."""
+        parts = DaemonParts(self.world, self.gpus, self.fleet, self.swap_groups, self.upgrades, self.handle_request)
+        started = start(parts)
+        if started.gateway_usage is not None:
+            self.gateway_usage = started.gateway_usage
+        if started.reload_check is not None:
+            self.reload_checks.append(started.reload_check)
+        return started.close
+
     def _stop_all(self) -> None:
         """Every worker stopped (`Fleet.stop_all`), and the idle launchers removed."""
-        self.fleet.stop_all(self.settings.stop_timeout_seconds + 15, self.stop_failed, self.deps.runtime_for)
+        self.fleet.stop_all(self.settings.stop_timeout_seconds + 15, self.stop_failed, self.world.runtime_for)
 
     def _start_worker(
         self, name: str, dep: DeploymentSettings, *, join_asleep: bool = False, unless_running: bool = False
@@ -328,7 +320,7 @@ class Daemon:
     def check_fit(self, settings: Settings) -> None:
         """Plan every enabled deployment of `settings` and check they fit together (`fit.check_fit`); raises
         the user error. At start (preflight) and before a reload takes effect."""
-        check_fit(self.deps.planner, self.host, settings)
+        check_fit(self.world.planner, self.host, settings, self.state.as_run)
 
     # -- reloads -----------------------------------------------------------------------------
     def request_reload(self) -> None:
@@ -343,64 +335,40 @@ class Daemon:
         return self._reloads.wait(mine, timeout)
 
     def _apply_reload(self) -> ReloadOutcome:
+        """Read the file, plan the reload (`control.reload_plan.plan_reload`, pure) and carry the plan out."""
         now = time.time()
-        read = _read_reload(self.settings, self._config_path, now, fit=self.check_fit, reads=self.reload_checks)
+        read = _read_reload(self.settings, self.world.config_path, now, fit=self.check_fit, reads=self.reload_checks)
+        if not isinstance(read, ConfigRefusal):
+            effects, uses = read
+            views = self._reload_views()
+            down = [n for n in effects.settings.deployments if n not in views and self.state.is_down(n)]
+            plan = plan_reload(self.settings, effects, views, down)
+            if plan.refusal is not None:
+                read = ConfigRefusal(now, plan.refusal, plan.refusal_fix)
         if isinstance(read, ConfigRefusal):
             log.error("reload_rejected", error=read.error, fix=read.fix, keeping="the running configuration")
             self.config_refusal = read
             return ReloadOutcome(now, read)
-        effects, uses = read
         self.config_refusal = None
         self.config_loaded_at = now
-        effects = replace(effects, settings=self.upgrades.settings_for(effects.settings))  # a switched image
-        old, new = self.settings, effects.settings
         self.source.accept(effects)
         for use in uses:
             use()
         if effects.needs_restart:
             log.warning("reload_needs_restart", keys=list(effects.needs_restart), keeping="their running values")
-        restart, start, stop, keep = [], [], [], []  # deployment names, by what the reload does to each
-        in_place: dict[str, AdaptersInPlace] = {}
-        for name, worker in self.fleet.snapshot().items():
-            dep = new.deployments.get(name)
-            if dep is None or not dep.enabled:
-                # Not waited for here: this thread sends WATCHDOG=1, and a stop may take stop_timeout_seconds.
-                log.info("reload_stop", deployment=name)
-                stop.append(name)
-                self.fleet.retire(worker)
-            elif dep != (before := old.deployments.get(name)):
-                if before is not None and (change := _in_place(name, worker, before, dep, new)) is not None:
-                    worker.use_settings(dep)  # only adapters changed: loaded and unloaded, the server kept
-                    keep.append(name)
-                    in_place[name] = change
-                    continue
-                if worker.alive and before is not None and swap.server_unchanged(before, dep):
-                    # Only what the swap coordinator reads changed (it reads the new settings): the
-                    # server, awake or asleep, stays as it is.
-                    log.info("reload_swap_settings", deployment=name, server="unchanged")
-                    worker.use_settings(dep)
-                    keep.append(name)
-                    continue
-                log.info("reload_replan", deployment=name)
-                if worker.alive:
-                    restart.append(name)
-                    worker.request_replan(dep)
-                else:
-                    start.append(name)
-                    self._start_worker(name, dep)
-            else:
-                keep.append(name)
-        running = self.fleet.snapshot()
-        groups = [new.deployments[n].swap_group for n, w in running.items() if w.alive and n in new.deployments]
-        for name, dep in new.deployments.items():
-            if name not in running and dep.enabled and not self.state.is_down(name):
-                asleep = swap.joins_asleep(dep.swap_group, groups)
-                log.info("reload_start", deployment=name, joins_asleep=asleep)
-                start.append(name)
-                self._start_worker(name, dep, join_asleep=asleep)
-        log.info("reload_accepted", restart=restart, start=start, stop=stop, keep=keep, applied=list(effects.applied))
-        lists = (tuple(restart), tuple(start), tuple(stop), tuple(keep), effects.applied, effects.needs_restart)
-        return ReloadOutcome(now, None, *lists, adapters=in_place)
+        return carry_out(plan, now, self.settings, fleet=self.fleet, state=self.state, start=self._start_worker)
+
+    def _reload_views(self) -> dict[str, DeploymentNow]:
+        """What a reload's plan reads of each supervised deployment."""
+        return {
+            name: DeploymentNow(
+                alive=worker.alive,
+                ready=worker.alive and worker.machine.stage is m.Stage.READY,
+                upgrading=self.upgrades.current(name) is not None,
+                upgrade=self.state.deployment(name).upgrade,
+            )
+            for name, worker in self.fleet.snapshot().items()
+        }
 
     # -- control requests --------------------------------------------------------------------
     def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -438,7 +406,7 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """The `status --json` document while the daemon runs."""
         deployments = [view.to_json() for view in self.fleet.views(readings=self._status_readings)]
-        path = str(resolve_config_path(self._config_path)[0].absolute())
+        path = str(resolve_config_path(self.world.config_path)[0].absolute())
         daemon: dict[str, Any] = {
             "running": True,
             "pid": os.getpid(),
@@ -469,19 +437,3 @@ def _read_reload(
             return ConfigRefusal(now, exc.message, exc.fix)
         return ConfigRefusal(now, f"internal error: {type(exc).__name__}: {exc}", None)
     return new, uses
-
-
-def _in_place(
-    name: str, worker: DeploymentWorker, before: DeploymentSettings, dep: DeploymentSettings, settings: Settings
-) -> AdaptersInPlace | None:
-    """The adapters a reload loaded and unloaded in `name`'s ready server; None: it restarts instead."""
-    change = adapters.reload_in_place(
-        name,
-        before,
-        dep,
-        ready=worker.alive and worker.machine.stage is m.Stage.READY,
-        hf_cache_dir=settings.hf_cache_dir,
-        address=backend_address(settings, name, dep),
-        api_key=read_key_now(dep.api_key_file),
-    )
-    return None if change is None else AdaptersInPlace.of(tuple(change.load), change.unload)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -34,6 +35,19 @@ from dankserve.supervisor.instance import check_private_dir
 from dankserve.supervisor.observe.prediction import remembered
 
 log = structlog.get_logger("dankserve")
+
+if TYPE_CHECKING:
+    from dankserve.settings import DeploymentSettings
+
+
+def serving_image(configured: str, record: UpgradeRecord | None) -> str:
+    """The image a deployment runs: an upgrade's new image once switched away from the configured one.
+
+    A runtime fact of state.json, never written into the settings: a configuration that names another
+    image than the one the upgrade left wins (the record's old image is no longer the configured one)."""
+    if record is not None and record.step == "switched" and record.old_image == configured:
+        return record.new_image
+    return configured
 
 
 class StateBook:
@@ -94,6 +108,11 @@ class StateBook:
     def deployment(self, name: str) -> DeploymentState:
         with self._lock:
             return self._state.deployment(name)
+
+    def as_run(self, name: str, dep: DeploymentSettings) -> DeploymentSettings:
+        """The deployment as it runs: its configured settings with the image an upgrade switched it to."""
+        image = serving_image(dep.image, self.deployment(name).upgrade)
+        return dep if image == dep.image else dep.model_copy(update={"image": image})
 
     def learned(self, name: str, fingerprint: str) -> LearnedKv | None:
         return self.deployment(name).learned(fingerprint)

@@ -1,6 +1,6 @@
 """Helpers for dankserve's tests, benchmarks and `make demo` (and anyone testing against it).
 
-Recorded hosts live in the source tree under `tests/hosts/NAME.json`: typical GPU machines
+Recorded hosts live in the source tree under `dankserve/testing/hosts/NAME.json`: typical GPU machines
 (RTX 3090/4090, A100 40/80 GB, H100, H200; 1 to 8 GPUs; 1 and 2 NUMA nodes) in the
 `dankserve probe --save` format, so planner tests need no GPU. Submodules: `podman_service`
 (a private Podman service), `gpus` (stand-in GPU device nodes and a CDI spec), `config_file`
@@ -15,11 +15,12 @@ from pathlib import Path
 
 from dankserve.host.model import Host
 
-HOSTS_DIR = Path(__file__).resolve().parents[2] / "tests" / "hosts"
+HOSTS_DIR = Path(__file__).resolve().parent / "hosts"
+"""The recorded hosts (package data: an installed dankserve has them too; nothing here reads `tests/`)."""
 
 
 def recorded_host_names() -> list[str]:
-    """The names of the recorded hosts shipped with the source tree, sorted."""
+    """The names of the recorded hosts shipped with the package, sorted."""
     return sorted(path.stem for path in HOSTS_DIR.glob("*.json"))
 
 
@@ -27,7 +28,7 @@ def recorded_host_path(name: str) -> Path:
     """The file of a recorded host, by name with or without '.json' (e.g. 'h100x4-2numa')."""
     path = HOSTS_DIR / (name if name.endswith(".json") else f"{name}.json")
     if not path.is_file():
-        known = ", ".join(recorded_host_names()) or f"none: {HOSTS_DIR} is absent (not a source checkout?)"
+        known = ", ".join(recorded_host_names()) or f"none: {HOSTS_DIR} is absent (a broken install?)"
         raise FileNotFoundError(f"no recorded host {name!r}; known: {known}")
     return path
 
@@ -51,21 +52,3 @@ def write_recorded_host(
         gpu["memory_free_bytes"] = int(gpu["memory_total_bytes"] * free_fraction)
     path.write_text(json.dumps(data))
     return path
-
-
-def nvml_unusable_reason() -> str | None:
-    """Why NVML cannot be used here (no package, no driver, no GPU), or None when it can."""
-    try:
-        import pynvml
-    except ImportError:
-        return "the nvidia-ml-py package is not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return f"NVML cannot be initialised ({exc})"
-    try:
-        if pynvml.nvmlDeviceGetCount() == 0:
-            return "NVML sees no GPU"
-    finally:
-        pynvml.nvmlShutdown()
-    return None

@@ -243,20 +243,6 @@ def remove_containers(env: PodmanEnv, names: Sequence[str]) -> None:
         env.podman("rm", "-f", "-t", "0", *names, check=False)
 
 
-def leftover_secrets(env: PodmanEnv, prefix: str) -> list[str]:
-    """Names of Podman secrets starting with prefix."""
-    done = env.podman("secret", "ls", "--format", "{{.Name}}")
-    return sorted(name for name in done.stdout.split() if name.startswith(prefix))
-
-
-def remove_images_from(env: PodmanEnv, registry: str) -> None:
-    """Remove the local copies of images pulled from a registry (the tests' pulls)."""
-    done = env.podman("images", "--format", "{{.Repository}}:{{.Tag}}")
-    pulled = [ref for ref in done.stdout.split() if ref.startswith(f"{registry}/")]
-    if pulled:
-        env.podman("rmi", "--force", *pulled, check=False)
-
-
 def build_stand_in_image(env: PodmanEnv, *, quiet: bool = False) -> str:
     """The stand-in vLLM image (containers/, `make fake-vllm-image`) built into this storage; its ref.
 

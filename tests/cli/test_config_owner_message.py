@@ -10,11 +10,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dankserve.testing import HOSTS_DIR
 from tests.harness.cli import REPO
 from tests.harness.users import LocalUser, unprivileged_user
 
 DEPLOYMENT = '[deployments.chat]\nmodel = "m"\n[deployments.chat.model_facts]\nparameter_bytes = 2_000_000_000\n'
-HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 
 def _plan(config: Path, argv_prefix: list[str]) -> subprocess.CompletedProcess[str]:

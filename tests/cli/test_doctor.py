@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.testing import HOSTS_DIR
 from dankserve.testing.config_file import write_config
 
 REPO = Path(__file__).resolve().parents[2]
-HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 
 def doctor(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

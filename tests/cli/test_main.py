@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from dankserve.exitcodes import ExitCode
+from dankserve.testing import HOSTS_DIR
 from tests.harness.daemon import REPO, daemon_globals, free_port, process_deployment, write_config
 
 PIPE_BYTES = 4096
 """The pipe's capacity (Linux's smallest): output larger than this blocks until its reader reads or goes away."""
 
-HOST = REPO / "tests" / "hosts" / "plan-h100-80gb-x4-2numa-128gb.json"
+HOST = HOSTS_DIR / "plan-h100-80gb-x4-2numa-128gb.json"
 
 
 def through_pipe(argv: list[str], lines: int, *, buffered: bool) -> tuple[int, str]:

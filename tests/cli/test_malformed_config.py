@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
+from dankserve.testing import HOSTS_DIR
 from dankserve.testing.hub import StandInHub
 from tests.harness.broken_config import HOSTILE, BrokenConfig, Config, base_configs, broken_configs, render, set_field
 
-HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x2-vm-real.json"
+HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 
 def safe_globals(root: Path) -> dict[str, str]:

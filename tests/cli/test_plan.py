@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from dankserve.exitcodes import ExitCode
+from dankserve.testing import HOSTS_DIR
 from tests.harness.cli import run_in_process
 from tests.plan.builders import PLAN_JSON_KEYS
 
 REPO = Path(__file__).resolve().parent.parent.parent
-HOSTS = REPO / "tests" / "hosts"
+HOSTS = HOSTS_DIR
 EXAMPLE = REPO / "config" / "dankserve.toml"
 H100 = str(HOSTS / "plan-h100-80gb-x1-64gb.json")
 
@@ -199,7 +200,7 @@ def test_without_gpus_and_without_a_recorded_host_it_is_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without --hardware on a machine where NVML finds no GPU, plan exits 3 naming the way out."""
-    from dankserve.testing import nvml_unusable_reason
+    from tests.harness.gpus import nvml_unusable_reason
 
     if nvml_unusable_reason() is None:
         pytest.skip("NVML works here: the probe succeeds")

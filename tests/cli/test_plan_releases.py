@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.exitcodes import ExitCode
+from dankserve.testing import HOSTS_DIR
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import MODEL_FACTS
 
-HOST = Path(__file__).resolve().parents[2] / "tests" / "hosts" / "h200x2-vm-real.json"
+HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 
 def plan(tmp_path: Path, deployments: dict[str, dict[str, Any]]) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dankserve.host.recorded import host_to_json
-from dankserve.testing import nvml_unusable_reason, recorded_host, recorded_host_path
+from dankserve.testing import recorded_host, recorded_host_path
+from tests.harness.gpus import nvml_unusable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 

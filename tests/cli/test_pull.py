@@ -10,6 +10,7 @@ import pytest
 
 from dankserve.cli.main import main
 from dankserve.exitcodes import ExitCode
+from dankserve.testing import HOSTS_DIR
 from dankserve.testing.hub import Misbehaviour, StandInHub
 from tests.harness.hub import small_repo, tensors_of
 from tests.harness.terminal import run_in_terminal
@@ -45,7 +46,7 @@ def test_pull_then_plan_reads_the_cache(hub: StandInHub, tmp_path: Path, capsys:
     """After a pull the plan's facts come from the HF cache snapshot."""
     small_repo(hub, "cli/cached", 2 * MIB)
     assert run(["pull", "--model", "cli/cached", "-q"], capsys)[0] == ExitCode.OK
-    host = str(Path(__file__).resolve().parents[1] / "hosts" / "plan-h100-80gb-x1-64gb.json")
+    host = str(HOSTS_DIR / "plan-h100-80gb-x1-64gb.json")
     before = len(hub.requests)
     code, _, _ = run(["plan", "--json", "--model", "cli/cached", "--hardware", host], capsys)
     assert code == ExitCode.OK and len(hub.requests) == before  # no Hub request: the cache answered

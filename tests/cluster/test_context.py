@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dankserve.cluster.context import ClusterContext
-from dankserve.settings import DeploymentSettings, Settings, SettingsSource
+from dankserve.settings import DeploymentSettings, ReloadEffects, Settings, SettingsSource
 
 
 def test_a_group_added_by_a_reload_is_seen_through_the_daemons_settings_source() -> None:
@@ -15,7 +15,7 @@ def test_a_group_added_by_a_reload_is_seen_through_the_daemons_settings_source()
     context = ClusterContext(source)
     assert context.hosts("group") is None
     added = DeploymentSettings(model="org/big", hosts=["10.0.0.2:7390"])
-    source.replace(source.current().model_copy(update={"deployments": {"group": added}}))
+    source.accept(ReloadEffects(source.current().model_copy(update={"deployments": {"group": added}}), (), ()))
     assert context.hosts("group") == [
         {"address": "10.0.0.2:7390", "role": "follower", "state": "unknown", "message": None}
     ]

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.testing import HOSTS_DIR
+
 REPO = Path(__file__).resolve().parents[2]
-RECORDED_HOST = REPO / "tests" / "hosts" / "h200x1-vm.json"
+RECORDED_HOST = HOSTS_DIR / "h200x1-vm.json"
 
 
 def dankserve_cli(

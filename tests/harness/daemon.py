@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from dankserve import control
-from dankserve.testing import write_recorded_host
+from dankserve.testing import HOSTS_DIR, write_recorded_host
 from dankserve.testing.config_file import write_config
 from tests.harness.cli import dankserve_cli
 from tests.harness.wait import wait_until
@@ -45,7 +45,7 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[2]
 STAND_IN = REPO / "containers" / "fake-vllm" / "vllm.py"
-BASE_HOST = REPO / "tests" / "hosts" / "h200x2-vm-real.json"
+BASE_HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 # A small Llama-shaped model, declared (no HF cache in tests).
 MODEL_FACTS = {

@@ -1,6 +1,6 @@
 """The private Podman service of the tests: shipped as dankserve.testing.podman_service (the demo
 uses it too); re-exported here under the names the tests and benchmarks import, plus a service
-the fault-injection tests stop and start."""
+the fault-injection tests stop and start, and the tests' own clean-up (leftover secrets, pulled images)."""
 
 import os
 import signal
@@ -14,12 +14,10 @@ from dankserve.testing.podman_service import (
     _ping,
     containers_conf,
     leftover_containers,
-    leftover_secrets,
     missing_requirements,
     podman_service,
     registries_conf,
     remove_containers,
-    remove_images_from,
     run_root,
     storage_conf,
     storage_root,
@@ -105,3 +103,17 @@ class RestartableService:
                 self._process.wait()
         self._process = None
         self.socket.unlink(missing_ok=True)
+
+
+def leftover_secrets(env: PodmanEnv, prefix: str) -> list[str]:
+    """Names of Podman secrets starting with prefix."""
+    done = env.podman("secret", "ls", "--format", "{{.Name}}")
+    return sorted(name for name in done.stdout.split() if name.startswith(prefix))
+
+
+def remove_images_from(env: PodmanEnv, registry: str) -> None:
+    """Remove the local copies of images pulled from a registry (the tests' pulls)."""
+    done = env.podman("images", "--format", "{{.Repository}}:{{.Tag}}")
+    pulled = [ref for ref in done.stdout.split() if ref.startswith(f"{registry}/")]
+    if pulled:
+        env.podman("rmi", "--force", *pulled, check=False)

@@ -34,7 +34,7 @@ from dankserve.host.nvml import (
     read_nvml,
     sysfs_numa_node,
 )
-from dankserve.testing import nvml_unusable_reason
+from tests.harness.gpus import nvml_unusable_reason
 
 GIB = 2**30
 

@@ -9,7 +9,8 @@ import pytest
 
 from dankserve.errors import NvmlUnavailable
 from dankserve.host.probe import HARDWARE_ENV, hardware_file, load_host, probe_host
-from dankserve.testing import nvml_unusable_reason, recorded_host, recorded_host_path
+from dankserve.testing import recorded_host, recorded_host_path
+from tests.harness.gpus import nvml_unusable_reason
 
 
 @pytest.mark.parametrize(

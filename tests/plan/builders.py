@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dankserve.host.model import Cpu, Gpu, Host, Memory, NumaNode
 from dankserve.host.recorded import read_host
 from dankserve.plan.catalogue import VllmCapabilities, capabilities
 from dankserve.plan.models import ModelFacts
+from dankserve.testing import HOSTS_DIR
 
-HOSTS = Path(__file__).resolve().parent.parent / "hosts"
+HOSTS = HOSTS_DIR
 GIB = 1 << 30
 MIB = 1 << 20
 PLAN_JSON_KEYS = [
@@ -54,7 +53,7 @@ LLAMA_70B = ModelFacts(
 
 
 def recorded(name: str) -> Host:
-    """A recorded host from tests/hosts/NAME.json."""
+    """A recorded host from dankserve/testing/hosts/NAME.json."""
     return read_host(HOSTS / f"{name}.json")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dankserve.testing import HOSTS_DIR
 from tests.harness.installs import REPO, Installation, checkout_outside_tmp, chown_tree, make_installation
 from tests.harness.users import LocalUser, unprivileged_user
 
@@ -110,7 +111,7 @@ def test_doctor_fails_on_code_others_can_change_and_passes_once_root_owns_it(pla
     config = tmp_path / "dankserve.toml"
     config.write_text("")
     config.chmod(0o600)
-    hardware = REPO / "tests" / "hosts" / "h200x1-vm.json"
+    hardware = HOSTS_DIR / "h200x1-vm.json"
     chown_tree(installation.source, user.uid, user.gid)
     doctor = installation.run("--config", str(config), "doctor", "--hardware", str(hardware))
     assert doctor.returncode == 3, doctor.stdout + doctor.stderr

@@ -9,8 +9,9 @@ import pytest
 from dankserve.errors import ConfigError
 from dankserve.settings import load_settings
 from dankserve.supervisor.assembly import build_daemon
+from dankserve.testing import HOSTS_DIR
 
-HOST = Path(__file__).resolve().parents[1] / "hosts" / "h200x2-vm-real.json"
+HOST = HOSTS_DIR / "h200x2-vm-real.json"
 
 
 def test_a_configuration_error_wins_over_an_unreachable_runtime(

@@ -96,7 +96,7 @@ def test_a_reload_that_stops_a_slow_deployment_keeps_the_watchdog_fed(
     wait_for(daemon.fleet.snapshot()["chat"], ready)
     thread, errors = run_main_loop(daemon)
     assert watchdog_pings(notify_socket, 0.5) >= 1
-    config = daemon._config_path
+    config = daemon.world.config_path
     assert config is not None
     write_config(config, world_globals(tmp_path), {})
     daemon.request_reload()

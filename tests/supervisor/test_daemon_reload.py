@@ -14,7 +14,7 @@ def _deployment(port: int, **extra: Any) -> dict[str, Any]:
 
 
 def _reload(daemon: Any, tmp_path: Path, deployments: dict[str, dict[str, Any]]) -> None:
-    write_config(daemon._config_path, world_globals(tmp_path), deployments)
+    write_config(daemon.world.config_path, world_globals(tmp_path), deployments)
     daemon._apply_reload()
 
 

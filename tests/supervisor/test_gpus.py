@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from dankserve.host.gpu_reader import RecordedGpus
 from dankserve.host.recorded import read_host
 from dankserve.supervisor.fleet.gpus import HostGpus
 from dankserve.testing import write_recorded_host
@@ -12,7 +13,8 @@ from dankserve.testing import write_recorded_host
 
 def gpus(tmp_path: Path) -> HostGpus:
     path = write_recorded_host(tmp_path / "host.json", free_fraction=0.5)
-    return HostGpus(read_host(path), path)
+    host = read_host(path)
+    return HostGpus(host, RecordedGpus(path, host))
 
 
 def test_a_claimed_slot_is_handed_out_once_and_holds_the_gpus_meanwhile(tmp_path: Path) -> None:

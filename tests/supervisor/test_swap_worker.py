@@ -46,7 +46,8 @@ def member(
         calls.append(("wake", level))
         return wake
 
-    world.daemon.deps = dataclasses.replace(world.daemon.deps, sleep_server=sleep_server, wake_server=wake_server)
+    servers = dataclasses.replace(world.daemon.world.servers, sleep_server=sleep_server, wake_server=wake_server)
+    world.daemon.world = dataclasses.replace(world.daemon.world, servers=servers)
     worker = world.worker()
     stopping.append(worker)
     wait_for(worker, ready)

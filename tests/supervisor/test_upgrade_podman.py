@@ -172,7 +172,13 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
         assert _trial_gone(podman_env, name)
         traffic.check_accounted()
 
+        # The switched image is a fact of state.json, not of the settings: a reload of the same file keeps it.
         boots = daemon.deployment(name)["boots"]
+        kept = daemon.cli("reload")
+        assert kept.returncode == 0 and f"{name}: keeps running" in kept.stdout, kept.stdout + kept.stderr
+        said = daemon.deployment(name)
+        assert said is not None and said["image"] == releases["good"] and said["boots"] == boots, said
+
         back = daemon.cli("rollback", name, "--timeout", "180", timeout=200)
         assert back.returncode == 0, back.stdout + back.stderr
         # issue 39.7: "ready, serving" is said of the rollback's own boot, never of the server it replaces

@@ -7,8 +7,8 @@ from pathlib import Path
 from dankserve.settings import Settings
 from dankserve.settings.source import SettingsSource
 from dankserve.state import UpgradeRecord
-from dankserve.supervisor.records import StateBook
-from dankserve.supervisor.upgrade.manager import Upgrades, serving_image, with_serving_images
+from dankserve.supervisor.records import StateBook, serving_image
+from dankserve.supervisor.upgrade.manager import Upgrades
 
 
 def record(step: str, old: str = "img:old", new: str = "img:new") -> UpgradeRecord:
@@ -32,15 +32,16 @@ def test_a_configuration_naming_another_image_wins() -> None:
     assert serving_image("img:third", record("switched")) == "img:third"
 
 
-def test_the_settings_carry_the_switched_image_and_only_that_change() -> None:
-    """Only the switched deployment's image changes; unchanged settings are the same object."""
+def test_a_deployment_runs_the_image_state_keeps_and_the_settings_stay_the_configs(tmp_path: Path) -> None:
+    """The switched image is read from state (`StateBook.as_run`); an unswitched deployment is the same object."""
     settings = Settings.model_validate(
         {"deployments": {"a": {"model": "m", "image": "img:old", "port": 8001}, "b": {"model": "m", "port": 8002}}}
     )
-    changed = with_serving_images(settings, {"a": record("switched"), "b": None})
-    assert changed.deployments["a"].image == "img:new"
-    assert changed.deployments["b"] == settings.deployments["b"]
-    assert with_serving_images(settings, {}) is settings
+    state = StateBook(tmp_path, persist=False)
+    state.set_upgrade("a", record("switched"))
+    assert state.as_run("a", settings.deployments["a"]).image == "img:new"
+    assert settings.deployments["a"].image == "img:old"
+    assert state.as_run("b", settings.deployments["b"]) is settings.deployments["b"]
 
 
 class _Fleet:
@@ -82,9 +83,9 @@ def test_rollback_refuses_a_moving_tag_it_cannot_go_back_through(tmp_path: Path)
 
 
 def test_rollback_records_it_and_runs_the_old_image(tmp_path: Path) -> None:
-    """A switched upgrade: recorded rolled back, the settings run the old image again."""
+    """A switched upgrade: recorded rolled back, the deployment runs the configured (old) image again."""
     error, daemon = _rollback(tmp_path, record("switched"))
     assert error is None
     assert daemon.state.deployment("a").upgrade is not None
     assert daemon.state.deployment("a").upgrade.step == "rolled_back"  # type: ignore[union-attr]
-    assert daemon.settings.deployments["a"].image == "img:old"
+    assert daemon.state.as_run("a", daemon.settings.deployments["a"]).image == "img:old"

@@ -17,12 +17,16 @@ import pytest
 from dankserve.bootlog.facts import FailureClass
 from dankserve.bootlog.patterns import ALL_PATTERNS
 from dankserve.errors import GroupNotFormed, MemberUnreachable
-from dankserve.settings import load_settings
+from dankserve.host.gpu_reader import RecordedGpus
+from dankserve.settings import SettingsSource, load_settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.assembly import make_planner
-from dankserve.supervisor.daemon import BootOverrides, Daemon, DaemonDeps
+from dankserve.supervisor.daemon import BootOverrides, Daemon
 from dankserve.supervisor.probes.warm_up import WarmUpOutcome
+from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.worker import DeploymentWorker
+from dankserve.supervisor.world import ServerEdges
+from dankserve.supervisor.world import World as DaemonWorld
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
 from dankserve.testing.lifecycle import (
@@ -95,18 +99,24 @@ def make_world(
     runtime = runtime or FakeRuntime(handler)
     clock = FakeClock()
     holders: list[str | None] = []
-    deps = DaemonDeps(
+    host = read_host(host_file)
+    daemon_world = DaemonWorld(
+        source=SettingsSource(settings),
+        state=StateBook(settings.state_dir),
+        host=host,
+        gpus=RecordedGpus(host_file, host),
         planner=make_planner(settings),
         runtime_for=lambda dep: runtime,
-        load_host=lambda: read_host(host_file),
-        hardware_file=host_file,
         clock=clock,
-        check_port=lambda address: holders.pop(0) if holders else None,
-        health=lambda address, timeout: runtime.health("chat"),
-        warm_up=lambda address, model, key, timeout: WarmUpOutcome(),
+        servers=ServerEdges(
+            check_port=lambda address: holders.pop(0) if holders else None,
+            health=lambda address, timeout: runtime.health("chat"),
+            warm_up=lambda address, model, key, timeout: WarmUpOutcome(),
+        ),
         draw=lambda: 0.0,
+        config_path=config,
     )
-    return World(Daemon(settings, deps, config_path=config), runtime, clock, holders)
+    return World(Daemon(daemon_world), runtime, clock, holders)
 
 
 def wait_for(worker: DeploymentWorker, done: Callable[[m.MachineState], bool], timeout: float = 20.0) -> m.MachineState:
@@ -238,7 +248,7 @@ def test_a_running_server_of_the_same_plan_is_adopted(tmp_path: Path, stopping: 
     """A workload an earlier daemon left running with this plan is followed, not restarted."""
     world = make_world(tmp_path)
     dep = world.daemon.settings.deployments["chat"]
-    plan = world.daemon.deps.planner("chat", dep, world.daemon.host, BootOverrides(), "0.8.5")
+    plan = world.daemon.world.planner("chat", dep, world.daemon.host, BootOverrides(), "0.8.5")
     left = world.runtime.run_existing("chat", plan.fingerprint)
     worker = world.worker()
     stopping.append(worker)
@@ -346,7 +356,7 @@ def test_cluster_errors_are_retried_like_a_podman_outage(
 ) -> None:
     """A group member not answering (or Ray not forming) is retried with backoff, never counted as a failure."""
     world = make_world(tmp_path)
-    planner = world.daemon.deps.planner
+    planner = world.daemon.world.planner
     raised: list[bool] = []
 
     def flaky(*args: Any) -> Any:
@@ -355,7 +365,7 @@ def test_cluster_errors_are_retried_like_a_podman_outage(
             raise error
         return planner(*args)
 
-    world.daemon.deps = dataclasses.replace(world.daemon.deps, planner=flaky)
+    world.daemon.world = dataclasses.replace(world.daemon.world, planner=flaky)
     worker = world.worker()
     stopping.append(worker)
     state = wait_for(worker, ready)
@@ -380,7 +390,7 @@ def test_a_weights_download_shows_its_percentage_before_the_boot(
             seen.append((state.phase.value, state.weights_percent))
         return None
 
-    world.daemon.deps = dataclasses.replace(world.daemon.deps, fetch_weights=fetch)
+    world.daemon.world = dataclasses.replace(world.daemon.world, fetch_weights=fetch)
     worker = world.worker()
     stopping.append(worker)
     wait_for(worker, ready)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Protocol
 
 import structlog
 from aiohttp import web
@@ -18,12 +17,12 @@ from dankserve.gateway.usage import Counts, hide_key_names
 from dankserve.logsources import LogFeed
 from dankserve.secret_files import read_secret_file
 from dankserve.settings import GatewaySettings, Settings, is_loopback, parse_listen
-from dankserve.supervisor.edges import WorkerEdges
 from dankserve.supervisor.observe.metrics import DeploymentFacts, MetricsServer, MetricsSnapshot
 from dankserve.supervisor.observe.status import DeploymentView
 from dankserve.supervisor.observe.telemetry import Telemetry
 from dankserve.supervisor.probes.observatory import Observatory
 from dankserve.supervisor.worker.fleet import Fleet
+from dankserve.supervisor.world import World
 
 log = structlog.get_logger("dankserve")
 
@@ -73,21 +72,11 @@ def _without_key_names(snapshot: Callable[[], MetricsSnapshot]) -> Callable[[], 
     return shown
 
 
-class Configured(Protocol):
-    """What a log feed reads of the daemon: its settings now and its runtimes."""
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def deps(self) -> WorkerEdges: ...
-
-
-def log_feed(daemon: Configured) -> LogFeed:
+def log_feed(world: World) -> LogFeed:
     """The lines `dankserve logs` reads, for the console: each configured deployment's runtime now."""
     return LogFeed(
-        daemon.settings.state_dir,
-        lambda: {name: daemon.deps.runtime_for(dep) for name, dep in daemon.settings.deployments.items()},
+        world.settings.state_dir,
+        lambda: {name: world.runtime_for(dep) for name, dep in world.settings.deployments.items()},
     )
 
 

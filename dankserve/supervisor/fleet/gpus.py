@@ -1,16 +1,16 @@
-"""The host's GPUs as the daemon uses them: the host probed at start, their memory read now (NVML, or the
-recorded host file that drives a test or demo run), their boot slots, and the slots claimed at start-up
-for the workloads an earlier daemon left running."""
+"""The host's GPUs as the daemon uses them: the host probed at start, their memory read now (through the one
+`GpuReader` assembly chose: NVML, or the recorded host file that drives a test or demo run), their boot
+slots, and the slots claimed at start-up for the workloads an earlier daemon left running."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import structlog
 
-from dankserve.host.gpu_memory import GpuMemory, read_gpu_memory, read_nvml
+from dankserve.host.gpu_memory import GpuMemory
+from dankserve.host.gpu_reader import GpuReader
 from dankserve.host.model import Host
 from dankserve.plan.rules import smallest_gpu, utilisation_row
 from dankserve.runtime.base import Runtime
@@ -26,9 +26,9 @@ log = structlog.get_logger("dankserve")
 class HostGpus:
     """This host's GPUs: readings, boot slots and start-up claims (thread-safe)."""
 
-    def __init__(self, host: Host, hardware_file: Path | None) -> None:
+    def __init__(self, host: Host, reader: GpuReader) -> None:
         self.host = host
-        self._hardware_file = hardware_file
+        self.reader = reader
         self.slots = GpuBootLocks()
         self._claimed: dict[str, BootSlot] = {}
         self._lock = threading.Lock()
@@ -71,20 +71,18 @@ class HostGpus:
             return self._claimed.pop(name, None)
 
     def memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
-        return read_gpu_memory(uuids, self._hardware_file, self.host)
+        return self.reader.memory(uuids)
 
     def all_memory(self) -> dict[str, GpuMemory]:
         """Every GPU of the host (the observatory's reading)."""
         return self.memory(tuple(g.uuid for g in self.host.gpus))
 
     def free_memory(self, uuids: tuple[str, ...]) -> dict[str, GpuMemory]:
-        """Free memory for boot learning: the recorded host file when one drives this run, else NVML.
+        """Free memory for boot learning.
 
         Never the start-up snapshot: a GPU NVML cannot read now is left out (unknown), and an
         unknown reading never passes the learned-bytes guard."""
-        if self._hardware_file is not None:
-            return self.memory(uuids)
-        return read_nvml(uuids) or {}
+        return self.reader.free_memory(uuids)
 
     def utilization_band_top(self, uuids: tuple[str, ...]) -> float | None:
         """The top of the utilisation table band of the smallest of these GPUs."""
@@ -100,16 +98,7 @@ class HostGpus:
     def tenants(self, uuids: tuple[str, ...]) -> tuple[bool | None, tuple[int | None, ...]]:
         """`other_processes`, and each GPU's free bytes in `uuids`' order (None: unknown), from one reading
         (what the failure policy weighs after an OOM)."""
-        if self._hardware_file is not None:
-            memory = self.memory(uuids)
-            return False, tuple(memory[u].free_bytes if u in memory else None for u in uuids)
-        readings = read_nvml(uuids)
-        if readings is None:
-            return None, tuple(None for _ in uuids)
-        free = tuple(readings[u].free_bytes if u in readings else None for u in uuids)
-        if any(r.other_processes is None for r in readings.values()):
-            return None, free
-        return any((r.other_processes or 0) > 0 for r in readings.values()), free
+        return self.reader.tenants(uuids)
 
     def index_of(self) -> dict[str, int]:
         """Each GPU's index by its UUID (what status and messages call it)."""

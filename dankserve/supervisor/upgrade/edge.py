@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -51,6 +51,7 @@ from dankserve.supervisor.upgrade import (
 )
 from dankserve.supervisor.upgrade.probe import ProbeFailed, measure
 from dankserve.supervisor.worker.workload import workload_spec
+from dankserve.supervisor.world import World
 
 
 class UpgradeWorker(Protocol):
@@ -67,51 +68,32 @@ class UpgradeWorker(Protocol):
     def request_replan(self, dep: DeploymentSettings) -> None: ...
 
 
-class UpgradeDeps(Protocol):
-    """The daemon's planner and runtimes (`DaemonDeps`)."""
-
-    @property
-    def planner(self) -> Callable[[str, DeploymentSettings, Host, m.BootOverrides, str | None], Plan]: ...
-
-    @property
-    def runtime_for(self) -> Callable[[DeploymentSettings], Runtime]: ...
-
-
 class UpgradeWorkers(Protocol):
     """The daemon's workers (`fleet.Fleet`)."""
 
     def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
 
 
-class SettingsHolder(Protocol):
-    """The daemon's `SettingsSource`: an upgrade's switch or rollback replaces the running settings."""
+@dataclass(frozen=True)
+class UpgradeFleet:
+    """What an upgrade uses of the daemon (never the daemon itself): its world (settings, state, host, planner,
+    runtimes), its workers and its swap groups. The image an upgrade switches to is kept in `state`."""
 
-    def replace(self, settings: Settings) -> None: ...
-
-
-class UpgradeFleet(Protocol):
-    """What an upgrade reads of the daemon, and `source`, where it replaces the settings (an upgrade's image)."""
-
-    @property
-    def settings(self) -> Settings: ...
+    world: World
+    fleet: UpgradeWorkers
+    swap_groups: SwapGroups
 
     @property
-    def source(self) -> SettingsHolder: ...
+    def settings(self) -> Settings:
+        return self.world.settings
 
     @property
-    def state(self) -> StateBook: ...
+    def state(self) -> StateBook:
+        return self.world.state
 
     @property
-    def host(self) -> Host: ...
-
-    @property
-    def deps(self) -> UpgradeDeps: ...
-
-    @property
-    def swap_groups(self) -> SwapGroups: ...
-
-    @property
-    def fleet(self) -> UpgradeWorkers: ...
+    def host(self) -> Host:
+        return self.world.host
 
 
 log = structlog.get_logger("dankserve.upgrade")
@@ -150,10 +132,11 @@ class DaemonUpgradeEdge:
     # -- what is read ------------------------------------------------------------------------------
     @property
     def _dep(self) -> DeploymentSettings:
-        return self._daemon.settings.deployments[self._name]
+        """The deployment as it runs (the image an earlier upgrade switched it to)."""
+        return self._daemon.state.as_run(self._name, self._daemon.settings.deployments[self._name])
 
     def _runtime(self) -> Runtime:
-        return self._daemon.deps.runtime_for(self._dep)
+        return self._daemon.world.runtime_for(self._dep)
 
     def _worker(self) -> UpgradeWorker | None:
         return self._daemon.fleet.snapshot().get(self._name)
@@ -194,7 +177,7 @@ class DaemonUpgradeEdge:
 
     def replan(self, image: str, version: str | None) -> Replanned:
         try:
-            plan = self._daemon.deps.planner(
+            plan = self._daemon.world.planner(
                 self._name, self._new_dep(image), self._daemon.host, m.BootOverrides(), version
             )
         except DankserveError as exc:  # e.g. a flag of extra_args the new release removed: the fix names its successor
@@ -208,7 +191,7 @@ class DaemonUpgradeEdge:
         worker = self._worker()
         version = worker.machine.vllm_version if worker is not None else None
         try:
-            return self._daemon.deps.planner(self._name, self._dep, self._daemon.host, m.BootOverrides(), version)
+            return self._daemon.world.planner(self._name, self._dep, self._daemon.host, m.BootOverrides(), version)
         except DankserveError:
             return None
 

@@ -1,8 +1,10 @@
 """The daemon's upgrades: one at a time per deployment, each on a thread of its own, driven through
 `upgrade_edge.DaemonUpgradeEdge`; `rollback`; and what a daemon following one killed mid-upgrade does.
 
-Which image a deployment runs is `serving_image`: the configured one, unless an upgrade switched it
-away (then the new one, until `rollback` or a configuration naming another image)."""
+Which image a deployment runs is `records.serving_image`: the configured one, unless an upgrade switched it
+away (then the new one, until `rollback` or a configuration naming another image). It is kept in state.json
+(the upgrade's record), never written into the running settings: a worker reads it through
+`StateBook.as_run` at each plan."""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ import structlog
 
 from dankserve.errors import DankserveError
 from dankserve.runtime.base import PullPolicy
-from dankserve.settings import Settings
-from dankserve.state import UpgradeRecord
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.upgrade import (
     Limits,
@@ -36,25 +36,6 @@ GATED = frozenset({Step.MAKING_ROOM, Step.BOOTING, Step.CHECKING, Step.SWITCHING
 """Steps in which the old server does not serve: the gateway queues the deployment's requests."""
 
 
-def serving_image(configured: str, record: UpgradeRecord | None) -> str:
-    """The image a deployment runs: an upgrade's new image once switched away from the configured one."""
-    if record is not None and record.step == "switched" and record.old_image == configured:
-        return record.new_image
-    return configured
-
-
-def with_serving_images(settings: Settings, records: dict[str, UpgradeRecord | None]) -> Settings:
-    """The settings with each switched deployment's image replaced by the one it was upgraded to."""
-    changed = {}
-    for name, dep in settings.deployments.items():
-        image = serving_image(dep.image, records.get(name))
-        if image != dep.image:
-            changed[name] = dep.model_copy(update={"image": image})
-    if not changed:
-        return settings
-    return settings.model_copy(update={"deployments": {**settings.deployments, **changed}})
-
-
 class Upgrades:
     """Upgrades and rollbacks of the daemon's deployments."""
 
@@ -64,12 +45,6 @@ class Upgrades:
         self._running: dict[str, UpgradeState] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._after_start: list[tuple[str, RestoreOld]] = []
-
-    def settings_for(self, settings: Settings) -> Settings:
-        """`settings` as the deployments run them (an upgrade's image where one switched)."""
-        return with_serving_images(
-            settings, {n: self._daemon.state.deployment(n).upgrade for n in settings.deployments}
-        )
 
     def limits(self) -> Limits:
         up = self._daemon.settings.upgrade
@@ -98,7 +73,7 @@ class Upgrades:
 
         `if_newer` (auto-update): only when the image's digest differs from the one the server runs."""
         daemon = self._daemon
-        dep = daemon.settings.deployments[name]
+        dep = daemon.state.as_run(name, daemon.settings.deployments[name])
         worker = daemon.fleet.snapshot().get(name)
         if worker is None or worker.machine.stage is not m.Stage.READY:
             now = worker.machine.status if worker is not None else "not running"
@@ -150,9 +125,8 @@ class Upgrades:
             self._running.pop(name, None)
 
     def _replan(self, name: str) -> None:
-        """The worker boots the image the deployment now runs."""
+        """The worker boots the image the deployment now runs (its record in state says which)."""
         daemon = self._daemon
-        daemon.source.replace(self.settings_for(daemon.settings))
         worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
             worker.request_replan(daemon.settings.deployments[name])
@@ -175,13 +149,9 @@ class Upgrades:
             )
         log.info("upgrade_rollback", deployment=name, image=record.old_image, leaving=record.new_image)
         daemon.state.set_upgrade(name, replace(record, step="rolled_back", reason="rolled back by hand"))
-        dep = daemon.settings.deployments[name].model_copy(update={"image": record.old_image})
-        daemon.source.replace(
-            daemon.settings.model_copy(update={"deployments": {**daemon.settings.deployments, name: dep}})
-        )
         worker = daemon.fleet.snapshot().get(name)
-        if worker is not None:
-            worker.request_replan(dep)
+        if worker is not None:  # the record rolled back: the worker plans the configured image again
+            worker.request_replan(daemon.settings.deployments[name])
         return None
 
     # -- a daemon following one killed -------------------------------------------------------------
@@ -206,8 +176,6 @@ class Upgrades:
                 log.error("upgrade_recovery_failed", deployment=name, error=exc.message)
                 continue
             self._after_start.extend((name, a) for a in later)
-            if state.step is Step.SWITCHED:
-                daemon.source.replace(self.settings_for(daemon.settings))
         with self._lock:
             for name in [n for n, s in self._running.items() if s.done]:
                 self._running.pop(name)

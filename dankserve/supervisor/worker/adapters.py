@@ -103,25 +103,3 @@ def server_paths_for(hf_cache_dir: Path, deployment: str, dep: DeploymentSetting
 
     only = dep.model_copy(update={"adapters": {n: dep.adapters[n] for n in names}})
     return {f.name: f.server_path for f in adapter_facts(hf_cache_dir, deployment, only)}
-
-
-def reload_in_place(
-    deployment: str,
-    old: DeploymentSettings,
-    new: DeploymentSettings,
-    *,
-    ready: bool,
-    hf_cache_dir: Path,
-    address: BackendAddress,
-    api_key: str | None,
-) -> AdapterChanges | None:
-    """A reload's adapter changes applied to the ready server, as done (the reload reports them); None: restart it
-    (more changed, or a load failed)."""
-    change = changes(old, new)
-    if change is None or not ready:
-        return None
-
-    def paths() -> dict[str, str]:
-        return server_paths_for(hf_cache_dir, deployment, new, list(change.load))
-
-    return change if apply(address, api_key, change, paths) else None

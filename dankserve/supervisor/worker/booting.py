@@ -71,7 +71,7 @@ class Boots:
             self._waiting = why
 
     def fetch_weights(self, dep: DeploymentSettings, progress: Callable[[int], None]) -> m.Event:
-        fetch = self._services.edges.fetch_weights
+        fetch = self._services.world.fetch_weights
         if fetch is not None:
             # Progress is stepped at once (it only updates the percentage); the answer ends the command.
             failed = fetch(self._name, dep, progress)
@@ -118,10 +118,10 @@ class Boots:
         self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None, digest: str | None
     ) -> m.Event:
         services, name = self._services, self._name
-        edges, settings = services.edges, services.settings()
+        world, settings = services.world, services.world.settings
         runtime = self._runtimes.current(dep)
         host = services.gpus.host
-        plan = edges.planner(name, dep, host, replace(overrides, kv_cache_memory_bytes=None), version)
+        plan = world.planner(name, dep, host, replace(overrides, kv_cache_memory_bytes=None), version)
         for warning in plan.warnings:
             self._log.warning("plan_warning", warning=warning)
         uuids = plan.gpu_uuids
@@ -159,13 +159,13 @@ class Boots:
             server_runs = server_runs and existing.launcher.server_running
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
-            sleeping = edges.is_sleeping(backend_address(settings, name, dep), api_key(dep))
-        kept = services.state.deployment(name)
+            sleeping = world.servers.is_sleeping(backend_address(settings, name, dep), api_key(dep))
+        kept = services.world.state.deployment(name)
         remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
             uuids=uuids,
             boot_key=boot_key,
-            learned=services.state.learned(name, boot_key),
+            learned=services.world.state.learned(name, boot_key),
             vllm_version=version or plan.vllm_version,
             planned_utilization=plan.gpu_memory_utilization,
             band_top=services.gpus.utilization_band_top(uuids),
@@ -180,13 +180,13 @@ class Boots:
         self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None, launcher_id: str | None
     ) -> m.Event:
         services, name = self._services, self._name
-        edges, settings = services.edges, services.settings()
+        world, settings = services.world, services.world.settings
         # A kept launcher's container publishes the port itself: the check is for a new workload.
-        holder = edges.check_port(backend_address(settings, name, dep)) if launcher_id is None else None
+        holder = world.servers.check_port(backend_address(settings, name, dep)) if launcher_id is None else None
         if holder is not None:
             return m.PortBusy(dep.port, holder)
-        plan = edges.planner(name, dep, services.gpus.host, overrides, version)
-        boot = services.state.next_boot(name)
+        plan = world.planner(name, dep, services.gpus.host, overrides, version)
+        boot = services.world.state.next_boot(name)
         # Both are mounted into the container; a missing source would fail the start.
         compile_cache_dir(settings, name).mkdir(parents=True, exist_ok=True, mode=0o700)
         settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -209,7 +209,7 @@ class Boots:
 
     def _follower_gpus(self, dep: DeploymentSettings, *, strict: bool) -> Sequence[tuple[GpuIdentity, int]]:
         """A group's followers' GPUs (none for a single host)."""
-        found = self._services.edges.follower_gpus
+        found = self._services.world.cluster.follower_gpus
         return found(self._name, dep, strict) if found is not None and dep.hosts else ()
 
 

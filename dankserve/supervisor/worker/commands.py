@@ -49,7 +49,7 @@ class Commands:
         self._services = services
         self._log = logger
         self._progress = progress
-        self.runtimes = WorkloadRuntimes(services.edges.runtime_for)
+        self.runtimes = WorkloadRuntimes(services.world.runtime_for)
         self.logs = LogFollow(name, inbox, logger)
         self.boots = Boots(
             name,
@@ -64,8 +64,8 @@ class Commands:
 
     def run(self, command: m.Command, dep: DeploymentSettings) -> m.Event | None:
         """Run `command` for the deployment configured as `dep` now."""
-        edges = self._services.edges
-        stop_timeout = self._services.settings().stop_timeout_seconds
+        world = self._services.world
+        stop_timeout = self._services.world.settings.stop_timeout_seconds
         match command:
             case m.Note(event=event, level=level, fields=fields):
                 getattr(self._log, level)(event, **dict(fields))
@@ -92,7 +92,7 @@ class Commands:
             case m.StartWorkload(overrides=overrides, vllm_version=version, launcher_id=launcher_id):
                 return self.boots.start(dep, overrides, version, launcher_id)
             case m.CheckPort():
-                holder = edges.check_port(self._address(dep))
+                holder = world.servers.check_port(self._address(dep))
                 return m.PortFree() if holder is None else m.PortBusy(dep.port, holder)
             case m.StopServer() | m.WaitExit(server=int()):
                 return self._launcher_command(command, dep)
@@ -108,11 +108,11 @@ class Commands:
             case m.WarmUp(timeout=timeout):
                 began = time.monotonic()
                 model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-                outcome = edges.warm_up(self._address(dep), model, api_key(dep), timeout)
+                outcome = world.servers.warm_up(self._address(dep), model, api_key(dep), timeout)
                 return m.WarmedUp(outcome.error, time.monotonic() - began, outcome.unwarmed)
             case m.CountGpuTenants(uuids=uuids):
                 others, free = self._services.gpus.tenants(uuids)
-                return m.GpuTenants(others, edges.draw(), free)
+                return m.GpuTenants(others, world.draw(), free)
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
             case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
@@ -126,7 +126,7 @@ class Commands:
 
     def _address(self, dep: DeploymentSettings) -> BackendAddress:
         """Where the deployment's server listens (its private socket, or TCP)."""
-        return backend_address(self._services.settings(), self._name, dep)
+        return backend_address(self._services.world.settings, self._name, dep)
 
     def _remove(self, workload_id: str, dep: DeploymentSettings, best_effort: bool) -> None:
         self.logs.unfollow(workload_id)
@@ -140,20 +140,20 @@ class Commands:
 
     def _probe_health(self, dep: DeploymentSettings, timeout: float) -> m.Event | None:
         """/health of the server, and whether a sleep-mode server sleeps (None: no verdict, probed again)."""
-        edges, address = self._services.edges, self._address(dep)
-        if edges.health is not None:
-            return edges.health(address, timeout)
+        servers, address = self._services.world.servers, self._address(dep)
+        if servers.health is not None:
+            return servers.health(address, timeout)
         result = check_health(address, timeout=timeout)
         if result.own_error:  # out of descriptors or memory here: no verdict on the server, probed again
             self._log.warning("health_probe_not_sent", error=result.error)
             return None
         # Dev mode's /sleep is open to whoever reaches a TCP port: a sleep dankserve did not ask for is noticed.
-        sleeping = result.healthy and has_sleep_mode(dep) and edges.is_sleeping(address, api_key(dep))
+        sleeping = result.healthy and has_sleep_mode(dep) and servers.is_sleeping(address, api_key(dep))
         return m.HealthChecked(result.status, result.error, sleeping=bool(sleeping))
 
     def _launcher_command(self, command: m.StopServer | m.WaitExit, dep: DeploymentSettings) -> m.Event | None:
         """The commands about a launcher's server (issue 15)."""
-        settings = self._services.settings()
+        settings = self._services.world.settings
         run_dir = launcher_run_dir(settings, self._name)
         if isinstance(command, m.StopServer):
             self.logs.unfollow(command.workload_id)
@@ -167,7 +167,7 @@ class Commands:
         if not dep.launcher:
             return
         try:
-            stop_timeout = self._services.settings().stop_timeout_seconds
+            stop_timeout = self._services.world.settings.stop_timeout_seconds
             removed = launching.remove_launcher(self.runtimes.current(dep), self._name, stop_timeout)
         except Exception as exc:
             self._log.warning("launcher_remove_failed", error=str(exc))
@@ -189,7 +189,7 @@ class Commands:
             failure=swap_failure(event),
             level=command.level,
             group=dep.swap_group,
-            at=self._services.clock.time(),
+            at=self._services.world.clock.time(),
         )
         return event
 
@@ -197,7 +197,8 @@ class Commands:
         self, dep: DeploymentSettings, command: m.SleepServer | m.WakeServer, checks: list[SwapCheck]
     ) -> m.Event:
         """Sleep at level 1 or 2 through vLLM's route, or (`stop`) stop and remove the server; or wake it."""
-        edges, clock, verifier = self._services.edges, self._services.clock, self._services.swap_verifier
+        world, verifier = self._services.world, self._services.swap_verifier
+        servers, clock = world.servers, world.clock
         workload_id, level, key = command.workload_id, command.level, api_key(dep)
         runtime = self.runtimes.of(workload_id, dep)
         target = swap_target(
@@ -211,17 +212,17 @@ class Commands:
         if isinstance(command, m.WakeServer):
 
             def wake() -> m.Event:
-                return edges.wake_server(self._address(dep), key, level)
+                return servers.wake_server(self._address(dep), key, level)
 
             return wake() if verifier is None else verifier.wake(target, wake, checks)
         if level != "stop":
 
             def sleep() -> m.Event:
-                return edges.sleep_server(self._address(dep), key, level)
+                return servers.sleep_server(self._address(dep), key, level)
 
             return sleep() if verifier is None else verifier.sleep(target, sleep, checks)
         started = clock.monotonic()
-        settings = self._services.settings()
+        settings = self._services.world.settings
         self.logs.unfollow(workload_id)
         if command.server is not None:  # the launcher stays: the wake asks it for a new server
             launching.stop_server(launcher_run_dir(settings, self._name), settings.stop_timeout_seconds)

@@ -64,11 +64,11 @@ class DeploymentWorker:
     ) -> None:
         self.name = name
         self._join_asleep = join_asleep  # a swap member added by a reload to a running group: no first boot
-        self.dep = dep
         self._services = services
+        self.dep = dep = self._as_run(dep)
         self.lock = threading.Lock()
-        self.clock = services.clock
-        remembered = services.state.deployment(name)
+        self.clock = services.world.clock
+        remembered = services.world.state.deployment(name)
         remediated = frozenset(FailureCause(c) for c in remembered.remediated if c in FailureCause._value2member_map_)
         self._machine = m.initial_state(
             self._config(dep), overrides=BootOverrides.from_remediation(remembered.overrides), remediated=remediated
@@ -93,9 +93,13 @@ class DeploymentWorker:
         services.telemetry.track(name)
         self._phase_since = self.clock.monotonic()
 
+    def _as_run(self, dep: DeploymentSettings) -> DeploymentSettings:
+        """The configured settings with the image an upgrade switched the deployment to (state.json keeps it)."""
+        return self._services.world.state.as_run(self.name, dep)
+
     def _config(self, dep: DeploymentSettings) -> m.MachineConfig:
-        download = self._services.edges.fetch_weights is not None
-        return machine_config(self._services.settings(), dep, download_weights=download)
+        download = self._services.world.fetch_weights is not None
+        return machine_config(self._services.world.settings, dep, download_weights=download)
 
     # -- control (any thread) ------------------------------------------------------------------
     def start(self) -> None:
@@ -109,11 +113,13 @@ class DeploymentWorker:
 
     def use_settings(self, dep: DeploymentSettings) -> None:
         """Settings that plan the same server (`swap.server_unchanged`): kept for the next boot, nothing restarts."""
+        dep = self._as_run(dep)
         with self.lock:
             self.dep = dep
 
     def request_replan(self, dep: DeploymentSettings) -> None:
-        """Apply a changed configuration: the next boot uses it."""
+        """Apply a changed configuration (or a switched image): the next boot uses it."""
+        dep = self._as_run(dep)
         with self.lock:
             self.dep = dep
         self._inbox.put(m.Reconfigured(self._config(dep), swap_member=dep.swap_group is not None))
@@ -206,7 +212,7 @@ class DeploymentWorker:
 
     def _liveness_monitor(self, workload_id: str | None, now: float) -> LivenessMonitor:
         services = self._services
-        settings = services.settings()
+        settings = services.world.settings
         with self.lock:
             dep = self.dep
         return LivenessMonitor(

@@ -196,7 +196,7 @@ class Fleet:
         readings: StatusReadings | None = None,
     ) -> DeploymentView:
         """The deployment as status, /metrics and `sleep`/`wake` show it (`readings`: status's own)."""
-        dep = self.settings.deployments[name]
+        dep = self.state.as_run(name, self.settings.deployments[name])  # the image it runs
         record = self.state.deployment(name)
         observatory = self._observatory
         machine = worker.machine if worker is not None else None

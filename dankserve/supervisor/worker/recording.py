@@ -32,17 +32,17 @@ class Recorder:
         match command:
             case m.RecordFailure(cause=cause, message=message):
                 services.telemetry.failed(name, cause)
-                services.state.record_failure(name, cause, message, services.clock.time())
+                services.world.state.record_failure(name, cause, message, services.world.clock.time())
                 self._last_cause = cause
             case m.RecordRestart():
                 services.telemetry.restarted(name, self._last_cause or FailureCause.OTHER.value)
-                services.state.record_restart(name)
+                services.world.state.record_restart(name)
             case m.RecordBoot():
                 self._record_boot(command)
             case m.ForgetLearned(boot_key=key):
-                services.state.forget_learned(name, key)
+                services.world.state.forget_learned(name, key)
             case m.SetRemediation(overrides=values, remediated=causes):
-                services.state.set_remediation(name, dict(values), causes)
+                services.world.state.set_remediation(name, dict(values), causes)
 
     def published(self, before: m.MachineState, after: m.MachineState) -> None:
         """Before status shows `after`: a swap's timing, and the sleep record (to outlive a kill -9)."""
@@ -52,19 +52,19 @@ class Recorder:
             took = done.last_sleep_seconds if done.last_kind == "sleep" else done.last_wake_seconds
             if took is not None:
                 self._services.telemetry.swapped(self._name, done.last_kind, took)
-                dep = self._services.settings().deployments.get(self._name)
+                dep = self._services.world.settings.deployments.get(self._name)
                 self._services.telemetry.swaps.ended(
                     self._name,
                     done.last_kind,
                     done.last_level,
                     took,
                     group=dep.swap_group if dep is not None else None,
-                    at=self._services.clock.time(),
+                    at=self._services.world.clock.time(),
                 )
                 self._timed(done.last_kind, took)
         record = after.sleep_record
         if record != before.sleep_record:  # written before status shows it (and /sleep is sent)
-            self._services.state.set_asleep(
+            self._services.world.state.set_asleep(
                 self._name,
                 record.level if record is not None else None,
                 record.moving if record is not None else None,
@@ -72,14 +72,14 @@ class Recorder:
 
     def _record_boot(self, command: m.RecordBoot) -> None:
         services, name = self._services, self._name
-        state = services.state
+        state = services.world.state
         machine = self._machine()
         boot = machine.boot
         adopted = boot is not None and boot.adopted
         took: float | None = None
         kind: str | None = None
         if boot is not None and not boot.adopted:  # an adopted boot's start was not seen: no duration, no kind
-            took = round((boot.ready_at or services.clock.monotonic()) - boot.started_at, 3)  # as it turns ready
+            took = round((boot.ready_at or services.world.clock.monotonic()) - boot.started_at, 3)  # as it turns ready
             kind = boot_kind(
                 compile_cache_hit=command.facts.compile_cache_hit,
                 learned_bytes_used=command.learned_used,
@@ -94,7 +94,7 @@ class Recorder:
                 self._timed(prediction.timing_kind(kind), took)
         services.observatory.poke()
         if command.baseline and command.boot_key is not None:
-            learned = learning.learn_from_boot(command.facts, command.baseline, services.clock.time())
+            learned = learning.learn_from_boot(command.facts, command.baseline, services.world.clock.time())
             if learned is not None and state.learned(name, command.boot_key) is None:
                 state.remember_learned(name, command.boot_key, learned)
                 self._log.info("kv_cache_learned", kv_cache_memory_bytes=learned.kv_cache_memory_bytes)
@@ -102,8 +102,8 @@ class Recorder:
     def _timed(self, kind: str, seconds: float) -> None:
         """A boot, wake or sleep took `seconds`: compared with its prediction (before it joins the history)."""
         services = self._services
-        expected = prediction.predict(services.state.deployment(self._name).timings).of(kind)
+        expected = prediction.predict(services.world.state.deployment(self._name).timings).of(kind)
         if kind != "sleep" and prediction.slower_than_predicted(seconds, expected):
             self._log.warning("slower_than_predicted", kind=kind, seconds=seconds, predicted_seconds=expected)
             services.telemetry.slower_than_predicted(self._name, kind)
-        services.state.record_timing(self._name, kind, seconds)
+        services.world.state.record_timing(self._name, kind, seconds)

@@ -1,9 +1,10 @@
 """What a deployment's worker needs of the rest of the daemon, and no more: `WorkerServices`.
 
-A worker runs its machine's commands through these edges and collaborators (the runtime, the
-planner, the state store, the GPUs, telemetry, the swap groups' boot admission) and tells the
-daemon two things back (a phase changed, a stop failed). It never sees the daemon itself: tests
-build a worker from a `WorkerServices` of fakes, and new wiring is one field here.
+A worker runs its machine's commands through the daemon's `World` (the runtimes, the planner, the
+state store, the clock, the loopback edges: built once by `assembly.py`) and the daemon's shared
+collaborators (the GPUs' boot slots, telemetry, the observatory, the swap groups' boot admission),
+and tells the daemon two things back (a phase changed, a stop failed). It never sees the daemon
+itself: tests build a worker from a world of fakes.
 """
 
 from __future__ import annotations
@@ -12,19 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from dankserve.settings import Settings
-from dankserve.supervisor.edges import WorkerEdges
+from dankserve.supervisor.world import World
 
 if TYPE_CHECKING:
     import threading
 
-    from dankserve.supervisor.clock import Clock
     from dankserve.supervisor.fleet.gpus import HostGpus
     from dankserve.supervisor.fleet.swap_roster import PlanFacts
     from dankserve.supervisor.fleet.swap_verify import SwapVerifier
     from dankserve.supervisor.observe.telemetry import Telemetry
     from dankserve.supervisor.probes.observatory import Observatory
-    from dankserve.supervisor.records import StateBook
 
 
 class BootAdmission(Protocol):
@@ -39,13 +37,9 @@ class BootAdmission(Protocol):
 
 @dataclass(frozen=True)
 class WorkerServices:
-    """The edges and collaborators of every worker of one daemon."""
+    """The world and the daemon's collaborators every worker of one daemon is handed."""
 
-    settings: Callable[[], Settings]
-    """The running settings (a reload replaces them: read them when needed, never keep them)."""
-    edges: WorkerEdges
-    clock: Clock
-    state: StateBook
+    world: World
     telemetry: Telemetry
     observatory: Observatory
     gpus: HostGpus
