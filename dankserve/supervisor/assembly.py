@@ -154,7 +154,7 @@ def start_services(daemon: Daemon, cluster: ClusterContext) -> Callable[[], None
     from dankserve.supervisor.control.metrics_service import log_feed
 
     try:
-        supervisor = DaemonSupervisor(daemon.fleet, daemon.swap_groups, daemon.upgrades)
+        supervisor = DaemonSupervisor(daemon.fleet, daemon.coordinator, daemon.upgrades)
         gateway, access = start_gateway(
             gateway_settings,
             lambda: daemon.settings.deployments,

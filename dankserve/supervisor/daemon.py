@@ -49,8 +49,8 @@ from dankserve.supervisor.control.reload_requests import ReloadRequests
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import swap, swap_verify
+from dankserve.supervisor.fleet.coordinator import FleetCoordinator
 from dankserve.supervisor.fleet.gpus import HostGpus
-from dankserve.supervisor.fleet.swap_groups import SwapGroups
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observe.status import config_status
 from dankserve.supervisor.observe.telemetry import Telemetry
@@ -194,10 +194,10 @@ class Daemon:
             observatory=self.observatory,
             describe_hosts=deps.describe_hosts,
         )
-        self.swap_groups = SwapGroups(self.fleet, deps.available_ram)
+        self.coordinator = FleetCoordinator(self.fleet, deps.available_ram, deps.clock)
         held = deps.gpu_held or (lambda pids, uuids: held_bytes(pids, uuids, stand_in_dir(deps.hardware_file)))
         self.swap_verifier = swap_verify.SwapVerifier(self.state, deps.canary, held)
-        self._status_readings = StatusReadings(held, self.swap_groups.idle_sleep_in)
+        self._status_readings = StatusReadings(held, self.coordinator.idle_sleep_in)
         self.upgrades = Upgrades(self)
         self.source.replace(self.upgrades.settings_for(self.settings))  # an upgrade's image where one switched
 
@@ -216,7 +216,7 @@ class Daemon:
             telemetry=self.telemetry,
             observatory=self.observatory,
             gpus=self.gpus,
-            swaps=self.swap_groups,
+            swaps=self.coordinator,
             phase_changed=self.phase_changed,
             stop_failed=self.stop_failed,
             swap_verifier=self.swap_verifier,
@@ -224,7 +224,7 @@ class Daemon:
 
     def phase_changed(self) -> None:
         self._changed.set()
-        self.swap_groups.poke()
+        self.coordinator.poke()
 
     def stop_failed(self, name: str) -> None:
         """A worker could not stop its server (the daemon out of descriptors or memory throughout)."""
@@ -272,7 +272,7 @@ class Daemon:
             if self.deps.services is not None:
                 close_services = self.deps.services(self)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
-            self.swap_groups.start()
+            self.coordinator.start()
             self.upgrades.recover_before_workers()  # an earlier daemon's trial server goes first
             starting = {n: self.settings.deployments[n] for n in starting}
             self.gpus.claim_running_boots(starting, self.deps.runtime_for, self.deps.planner, self.state)
@@ -286,7 +286,7 @@ class Daemon:
         finally:
             self.notifier.stopping()
             close_metrics()  # first: the descriptors its peers hold are free for stopping the servers
-            self.swap_groups.close()
+            self.coordinator.close()
             self._stop_all()
             close_services()
             self.observatory.close()
@@ -433,7 +433,7 @@ class Daemon:
 
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
-        return requests.sleep_or_wake(self.fleet, self.swap_groups, verb, name)
+        return requests.sleep_or_wake(self.fleet, self.coordinator, verb, name)
 
     def status(self) -> dict[str, Any]:
         """The `status --json` document while the daemon runs."""

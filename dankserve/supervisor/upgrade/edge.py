@@ -28,8 +28,9 @@ from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.clock import Clock
 from dankserve.supervisor.fleet import swap
-from dankserve.supervisor.fleet.swap_groups import SwapGroups
+from dankserve.supervisor.fleet.coordinator import LOOK_SECONDS, FleetCoordinator
 from dankserve.supervisor.probes.health import check_health
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.upgrade import (
@@ -78,7 +79,10 @@ class UpgradeDeps(Protocol):
 
 
 class UpgradeWorkers(Protocol):
-    """The daemon's workers (`fleet.Fleet`)."""
+    """The daemon's workers (`fleet.Fleet`) and its clock."""
+
+    @property
+    def clock(self) -> Clock: ...
 
     def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
 
@@ -108,7 +112,7 @@ class UpgradeFleet(Protocol):
     def deps(self) -> UpgradeDeps: ...
 
     @property
-    def swap_groups(self) -> SwapGroups: ...
+    def coordinator(self) -> FleetCoordinator: ...
 
     @property
     def fleet(self) -> UpgradeWorkers: ...
@@ -160,14 +164,6 @@ class DaemonUpgradeEdge:
 
     def _new_dep(self, image: str) -> DeploymentSettings:
         return self._dep.model_copy(update={"image": image})
-
-    def _wait(self, done: Callable[[], bool], seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if done():
-                return True
-            time.sleep(POLL_SECONDS)
-        return done()
 
     def _measure(self, address: BackendAddress, kv_tokens: int | None) -> Measurement:
         dep = self._dep
@@ -223,22 +219,27 @@ class DaemonUpgradeEdge:
             return OldMeasured(Measurement(kv, None))
 
     def make_room(self) -> RoomMade:
-        daemon, name = self._daemon, self._name
-        self._wait(lambda: daemon.swap_groups.in_flight(name) == 0, DRAIN_SECONDS)
+        """The old server sleeps (level 1) or stops, asked of the fleet coordinator, which holds its GPUs for
+        the trial from now on: no other member of its swap group is woken or booted onto them."""
+        coordinator, name = self._daemon.coordinator, self._name
+        coordinator.wait_until(lambda: coordinator.in_flight(name) == 0, DRAIN_SECONDS)
         worker = self._worker()
         if worker is None or worker.machine.stage is not m.Stage.READY:
             return RoomMade("stop", "the old server was not serving")
         level: m.SleepLevel = "stop"
         why = "it is in no swap group (no sleep mode): stopped, booted again on rollback"
         if self._dep.swap_group is not None:
-            choice = daemon.swap_groups.sleep_level(name, worker.machine)
+            choice = coordinator.sleep_level(name, worker.machine)
             why = choice.reason
             if choice.level is swap.SleepLevel.LEVEL_1:
                 level = "1"
-        worker.feed(m.SleepRequested(level, "upgrade: making room for the new server"))
-        self._wait(
+        coordinator.hold_for_upgrade(name, worker.machine.gpu_uuids)
+        error = coordinator.sleep(name, "upgrade: making room for the new server", by="upgrade", level=level)
+        if error is not None:
+            log.warning("upgrade_room_not_made", deployment=name, error=error)
+        coordinator.wait_until(
             lambda: worker.machine.stage is m.Stage.ASLEEP or not worker.alive,
-            daemon.settings.stop_timeout_seconds + 30,
+            self._daemon.settings.stop_timeout_seconds + 30,
         )
         return RoomMade("1" if level == "1" else "stop", why)
 
@@ -312,20 +313,25 @@ class DaemonUpgradeEdge:
         return NewStopped()
 
     def restore_old(self, room: str | None) -> OldRestored:
-        """The old server serves again: woken when asleep (a daemon just started may first adopt it
-        asleep), booted by its worker when stopped; returns once it is ready or its worker gave up."""
+        """The old server serves again: the upgrade's hold goes and the coordinator wakes it (asleep: woken; a
+        daemon just started may first adopt it asleep; stopped: booted by its worker); returns once it is ready
+        or its worker gave up."""
+        coordinator, name = self._daemon.coordinator, self._name
+        coordinator.release_upgrade(name)
         worker = self._worker()
         if worker is None:
             return OldRestored()  # taken down meanwhile: `up` boots it
-        woken = False
+        clock = self._daemon.fleet.clock
+        asked = -LOOK_SECONDS
 
         def serving() -> bool:
-            nonlocal woken
+            nonlocal asked
             stage = worker.machine.stage
-            if stage is m.Stage.ASLEEP and not woken:
-                worker.feed(m.WakeRequested())
-                woken = True
+            if stage is m.Stage.ASLEEP and clock.monotonic() - asked >= LOOK_SECONDS:
+                asked = clock.monotonic()  # asked again while asleep: a worker of a daemon just started adopts first
+                coordinator.wake(name, by="upgrade")
             return stage is m.Stage.READY or stage in m.TERMINAL or not worker.alive
 
-        self._wait(serving, self._daemon.settings.boot_timeout_seconds)
+        coordinator.wake(name, by="upgrade")
+        coordinator.wait_until(serving, self._daemon.settings.boot_timeout_seconds)
         return OldRestored()

@@ -144,6 +144,7 @@ class Upgrades:
     def _finish(self, end: UpgradeState) -> None:
         name = end.deployment
         log.info("upgrade_done", deployment=name, step=end.step.value, reason=end.reason)
+        self._daemon.coordinator.release_upgrade(name)  # (restoring the old server released it already)
         if end.step is Step.SWITCHED:
             self._replan(name)
         with self._lock:
@@ -157,7 +158,7 @@ class Upgrades:
         if worker is not None:
             worker.request_replan(daemon.settings.deployments[name])
             if daemon.settings.deployments[name].swap_group is not None:
-                worker.feed(m.WakeRequested())  # a member asleep stays asleep on a replan: it serves now
+                daemon.coordinator.wake(name, by="upgrade")  # a member asleep stays asleep on a replan: it serves now
 
     def rollback(self, name: str) -> str | None:
         """Back to the image before the last switch (its learned bytes and compile cache are kept per
@@ -228,5 +229,6 @@ class Upgrades:
 
     def _restore(self, state: UpgradeState, edge: DaemonUpgradeEdge, action: RestoreOld) -> None:
         end = drive(state, (action,), edge, self._record)
+        self._daemon.coordinator.release_upgrade(end.deployment)
         with self._lock:
             self._running.pop(end.deployment, None)

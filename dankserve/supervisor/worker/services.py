@@ -1,7 +1,7 @@
 """What a deployment's worker needs of the rest of the daemon, and no more: `WorkerServices`.
 
 A worker runs its machine's commands through these edges and collaborators (the runtime, the
-planner, the state store, the GPUs, telemetry, the swap groups' boot admission) and tells the
+planner, the state store, the GPUs, telemetry, the fleet coordinator's boot admission) and tells the
 daemon two things back (a phase changed, a stop failed). It never sees the daemon itself: tests
 build a worker from a `WorkerServices` of fakes, and new wiring is one field here.
 """
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class BootAdmission(Protocol):
-    """What a worker asks of the swap groups (`SwapGroups` is it): may it boot now, and what its plan says."""
+    """What a worker asks of the fleet coordinator (`FleetCoordinator`): may it boot now, and what its plan says."""
 
     def admit_boot(
         self, name: str, uuids: tuple[str, ...], cancelled: threading.Event, waits: Callable[[str], None]
@@ -51,7 +51,7 @@ class WorkerServices:
     gpus: HostGpus
     swaps: BootAdmission
     phase_changed: Callable[[], None]
-    """A worker's phase changed: the main loop and the swap groups look again."""
+    """A worker's phase changed: the main loop and the fleet coordinator look again."""
     stop_failed: Callable[[str], None]
     """A worker could not stop its server (`run` exits 3 then)."""
     swap_verifier: SwapVerifier | None = None
