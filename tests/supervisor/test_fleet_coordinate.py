@@ -241,7 +241,7 @@ def test_a_wake_whose_swap_began_is_counted_once_by_the_bound() -> None:
     """While a falls asleep for b (b waits for room), looking again does not count b's swap a second time."""
     fleet = view({"a": (m.Stage.READY, 0.9), "b": (m.Stage.ASLEEP, 0.9)}, bound=1)
     state, _ = coordinate(booted(fleet), fleet, Wake("b", "gateway"), NOW)
-    state, out = coordinate(state, at(fleet, "a", stage=m.Stage.FALLING_ASLEEP), Look(), NOW + 1)
+    state, _ = coordinate(state, at(fleet, "a", stage=m.Stage.FALLING_ASLEEP), Look(), NOW + 1)
     assert c.held_for(state, "b", NOW + 1) is None and state.swaps["g"] == (NOW,)
 
 

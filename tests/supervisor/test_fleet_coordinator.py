@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dankserve.settings import GatewaySettings, Settings
+from dankserve.settings import Settings
 from dankserve.state import DeploymentState, UnsafeSleep
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet import coordinate as c
@@ -162,9 +162,6 @@ def test_idle_sleep_counts_down_on_the_injected_clock() -> None:
     groups.apply(c.Look())
     (fed,) = daemon.workers["a"].fed
     assert isinstance(fed, m.SleepRequested) and daemon.workers["b"].fed == []
-
-
-
 
 
 @pytest.mark.parametrize(
