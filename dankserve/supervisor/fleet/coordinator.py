@@ -61,6 +61,7 @@ class FleetCoordinator:
         self._tickets = itertools.count(1)
         self._requests: dict[int, _Request] = {}
         self._guard = threading.Lock()  # the requests table (callers' threads and the coordinator's)
+        self._deciding = threading.Lock()  # one intent at a time (the thread's; a caller's before it starts)
         self._looked = threading.Condition()
         self._poked = threading.Event()
         self._stop = threading.Event()
@@ -103,10 +104,11 @@ class FleetCoordinator:
 
     def apply(self, intent: c.Intent) -> None:
         """One intent decided and its directives executed (the coordinator's thread; tests call it directly)."""
-        view = self._view()
-        self._state, directives = c.coordinate(self._state, view, intent, self._clock.monotonic())
-        for directive in directives:
-            self._execute(directive)
+        with self._deciding:
+            view = self._view()
+            self._state, directives = c.coordinate(self._state, view, intent, self._clock.monotonic())
+            for directive in directives:
+                self._execute(directive)
         with self._looked:
             self._looked.notify_all()
 
@@ -186,7 +188,10 @@ class FleetCoordinator:
         ticket = next(self._tickets)
         with self._guard:
             self._requests[ticket] = request
-        self._inbox.put(make(ticket))
+        if self._thread is None:
+            self.apply(make(ticket))  # not started (a daemon built but not run: in-process tests): decided here
+        else:
+            self._inbox.put(make(ticket))
         return ticket
 
     def wake(self, name: str, by: c.By = "gateway") -> None:
