@@ -9,6 +9,7 @@ follows one killed with -9 finds it by that name and removes it before any serve
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -24,13 +25,14 @@ from dankserve.plan.catalogue import capabilities
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import TRIAL_SOCKET, backend_address, compile_cache_dir
-from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
+from dankserve.runtime.base import PullPolicy, PullProgress, Runtime, WorkloadSpec
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock
 from dankserve.supervisor.fleet import swap
 from dankserve.supervisor.fleet.coordinator import LOOK_SECONDS, FleetCoordinator
+from dankserve.supervisor.fleet.gpus import HostGpus
 from dankserve.supervisor.probes.health import check_health
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.upgrade import (
@@ -77,6 +79,9 @@ class UpgradeDeps(Protocol):
     @property
     def runtime_for(self) -> Callable[[DeploymentSettings], Runtime]: ...
 
+    @property
+    def check_port(self) -> Callable[[BackendAddress], str | None]: ...
+
 
 class UpgradeWorkers(Protocol):
     """The daemon's workers (`fleet.Fleet`) and its clock."""
@@ -113,6 +118,9 @@ class UpgradeFleet(Protocol):
 
     @property
     def coordinator(self) -> FleetCoordinator: ...
+
+    @property
+    def gpus(self) -> HostGpus: ...
 
     @property
     def fleet(self) -> UpgradeWorkers: ...
@@ -265,6 +273,19 @@ class DaemonUpgradeEdge:
             pull="never",
             launcher=None,
         )
+        holder = daemon.deps.check_port(trial)  # the same check as any boot's: a port someone holds is named
+        if holder is not None:
+            return NewFailed(f"the trial's address {trial} is held by {holder}")
+        # The GPUs' boot slot, as any boot takes it: no other boot on these GPUs measures or starts meanwhile.
+        slot = daemon.gpus.slots.acquire(plan.gpu_uuids, threading.Event(), holder=trial_name(self._name))
+        try:
+            return self._start_trial(spec, trial)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    def _start_trial(self, spec: WorkloadSpec, trial: BackendAddress) -> NewBooted | NewFailed:
+        daemon = self._daemon
         runtime = self._runtime()
         try:
             workload = runtime.start(spec)
