@@ -134,6 +134,22 @@ def _steps(daemon: RunningDaemon) -> list[str]:
     return [e["step"] for e in daemon.events_named("upgrade_step")]
 
 
+def _serving(podman_env: PodmanEnv, name: str) -> list[str]:
+    """The ids of the containers under the deployment's own name (a handed-over trial keeps its labels)."""
+    found = podman_env.podman("ps", "-a", "--no-trunc", "-q", "--filter", f"name=^{workload_name(name)}$")
+    return found.stdout.split()
+
+
+def _handed_over(daemon: RunningDaemon, podman_env: PodmanEnv, name: str, boots: int) -> None:
+    """Issue 40: after the switch the trial's container is the one serving: the same container id, no second
+    boot (boots unchanged, no `started` after the switch), adopted through the lifecycle."""
+    (moved,) = [e for e in daemon.events_named("handover_socket") if e.get("deployment") == name]
+    assert _serving(podman_env, name) == [moved["container_id"]]
+    assert daemon.deployment(name)["boots"] == boots  # type: ignore[index]
+    assert not _events_between(daemon, "started", name, "switching", "no such step"), "a second boot"
+    assert [e for e in daemon.events_named("adopting") if e.get("deployment") == name]
+
+
 def _trial_gone(podman_env: PodmanEnv, name: str) -> bool:
     return podman_env.podman("ps", "-aq", "--filter", f"name=^{workload_name(trial_name(name))}$").stdout.strip() == ""
 
@@ -147,9 +163,13 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
     name, podman_env = rig.name, rig.podman_env
     daemon_cm, url = _daemon(tmp_path, rig, releases["old"], swap=True)
     with daemon_cm as daemon:
+        first = daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
         done, traffic = _upgrade(daemon, name, url, releases["good"])
         assert done.returncode == 0, done.stdout + done.stderr
         assert "now runs" in done.stdout and "greedy ids equal" in done.stdout
+        # issue 40: it returns once the deployment serves on the new image, the trial server handed over
+        assert f"{name}: ready, serving {releases['good']} at " in done.stdout, done.stdout
+        assert "the trial server handed over: no second boot" in done.stdout, done.stdout
         # The re-plan names what 0.34 changes (issue 42): the release, its own KV sizing on the first boot (the
         # learned bytes are per release), the kept kernels moving to 0.34.0's directory.
         assert "the plan for the new release changed:" in done.stdout
@@ -165,7 +185,7 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
             "switching",
         ]
         ready = daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.34.0", timeout=180)
-        assert ready["compile_cache_hit"] is True, "the trial filled 0.34.0's compile cache"
+        _handed_over(daemon, podman_env, name, first["boots"])
         assert ready["upgrade"]["step"] == "switched" and ready["upgrade"]["room"] in ("1", "stop")
         assert "vLLM 0.33.0 -> 0.34.0" in ready["upgrade"]["report"]["plan_changes"]
         assert ready["image"] == releases["good"]
@@ -247,7 +267,9 @@ def test_a_daemon_killed_at_any_step_leaves_what_the_next_one_finishes_or_undoes
             assert ready["upgrade"]["step"] == "rolled_back"
             assert daemon.events_named("upgrade_recovering")
         assert _trial_gone(podman_env, name)
-        assert len(containers_of(podman_env, name)) == 1
+        # one container serves: the deployment's own, or the trial handed over (which keeps its labels)
+        assert len(containers_of(podman_env, name)) + len(containers_of(podman_env, trial_name(name))) == 1
+        assert len(_serving(podman_env, name)) == 1
     assert not [b for b in watch.breaches if trial_name(name) not in b], watch.breaches
 
 
@@ -306,7 +328,7 @@ def test_a_release_without_a_planned_flag_is_refused_before_the_old_server_is_to
 
 def _events_between(daemon: RunningDaemon, event: str, name: str, first: str, last: str) -> list[dict[str, Any]]:
     """`event`s of `name` logged after the upgrade's step `first` began and before its step `last` did."""
-    seen, out = None, []
+    seen, out = False, list[dict[str, Any]]()
     for item in daemon.events():
         if item.get("event") == "upgrade_step" and item.get("step") == first:
             seen = True
@@ -363,7 +385,8 @@ def test_the_other_member_of_a_swap_group_is_not_woken_onto_the_gpu_the_trial_ho
             asked, answered = _in_thread(ask)
             woken, woke = _in_thread(lambda: daemon.cli("wake", other, timeout=400))
             while upgrade.is_alive() and "switching" not in _steps(daemon):
-                assert daemon.deployment(other)["state"] == "asleep", "woken onto the trial's GPU"  # type: ignore[index]
+                now = daemon.deployment(other)
+                assert now is not None and now["state"] == "asleep", "woken onto the trial's GPU"
                 upgrade.join(0.2)
             upgrade.join(420)
             assert upgraded and upgraded[0].returncode == 0, upgraded[0].stdout + upgraded[0].stderr

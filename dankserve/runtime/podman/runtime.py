@@ -102,6 +102,11 @@ class PodmanRuntime(Runtime):
         """SIGTERM, then SIGKILL after `timeout` seconds (podman stop); a stopped or gone one is fine."""
         self._containers.stop(workload_id, timeout)
 
+    def rename(self, workload_id: str, deployment: str) -> bool:
+        """The container renamed to `deployment`'s (`podman rename`): an upgrade's trial handed over."""
+        self._containers.rename(workload_id, deployment)
+        return True
+
     def remove(self, workload_id: str) -> None:
         """Remove the container (forcibly) and its deployment's secrets; a gone one is fine. Its lines
         are kept in the archive first (Podman deletes its log with it)."""

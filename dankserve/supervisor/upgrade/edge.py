@@ -8,6 +8,7 @@ follows one killed with -9 finds it by that name and removes it before any serve
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -67,7 +68,7 @@ class UpgradeWorker(Protocol):
 
     def feed(self, event: m.Event) -> None: ...
 
-    def request_replan(self, dep: DeploymentSettings) -> None: ...
+    def request_replan(self, dep: DeploymentSettings, handover: str | None = None) -> None: ...
 
 
 class UpgradeDeps(Protocol):
@@ -150,10 +151,17 @@ def free_port(host: str) -> int:
 class DaemonUpgradeEdge:
     """One upgrade's actions on the running daemon."""
 
-    def __init__(self, daemon: UpgradeFleet, name: str, pull: PullPolicy = "missing") -> None:
+    def __init__(
+        self, daemon: UpgradeFleet, name: str, pull: PullPolicy = "missing", *, hand_over: bool = False
+    ) -> None:
         self._daemon = daemon
         self._name = name
         self._pull = pull
+        self._hand_over = hand_over
+        """Whether the switch hands the trial server over (a live upgrade; a recovery stops it)."""
+        self._trial_id: str | None = None
+        self.handed_over: str | None = None
+        """The trial server the switch handed over to the deployment's worker (None: it was stopped)."""
         self._version: str | None = None
         self._digest: str | None = None
         self._plan: Plan | None = None
@@ -291,6 +299,7 @@ class DaemonUpgradeEdge:
             workload = runtime.start(spec)
         except DankserveError as exc:
             return NewFailed(exc.message)
+        self._trial_id = workload.id
         started = time.monotonic()
         while time.monotonic() - started < daemon.settings.boot_timeout_seconds:
             found = runtime.inspect(workload.id)
@@ -324,8 +333,24 @@ class DaemonUpgradeEdge:
             runtime.remove(wid)
 
     def stop_old(self) -> OldStopped:
-        """The switch: the trial goes, and the deployment's worker boots the new image (its compile
-        cache filled by the trial, keyed by version inside vLLM)."""
+        """The switch. On the deployment's private socket the trial server is handed over: its socket takes the
+        deployment's path (one rename: the gateway's next connection reaches it, the old server asleep or
+        stopped behind it), and the deployment's worker stops the old server and adopts the trial's workload
+        through the lifecycle's adoption (readiness as for any adopted server), with no second boot. On TCP
+        (its port is the trial's own) the trial goes and the worker boots the new image (its compile cache
+        filled by the trial, keyed by version inside vLLM)."""
+        trial, workload = self._trial, self._trial_id
+        if self._hand_over and isinstance(trial, UnixAddress) and workload is not None:
+            server = backend_address(self._daemon.settings, self._name, self._dep)
+            if isinstance(server, UnixAddress):
+                try:
+                    os.replace(trial.path, server.path)
+                except OSError as exc:
+                    log.warning("handover_refused", deployment=self._name, error=str(exc))
+                else:
+                    log.info("handover_socket", deployment=self._name, container_id=workload, socket=str(server.path))
+                    self.handed_over = workload
+                    return OldStopped()
         self.stop_trial(None)
         return OldStopped()
 

@@ -123,7 +123,7 @@ class Upgrades:
                 old_digest=worker.machine.image_digest,
                 if_newer=if_newer,
             )
-            edge = DaemonUpgradeEdge(daemon, name, pull)
+            edge = DaemonUpgradeEdge(daemon, name, pull, hand_over=True)
             thread = threading.Thread(
                 target=self._drive, args=(state, actions, edge), name=f"upgrade-{name}", daemon=True
             )
@@ -139,24 +139,24 @@ class Upgrades:
             current = self.current(state.deployment) or state
             end, more = recover(current.at(current.step, reason=f"internal error: {type(exc).__name__}: {exc}"))
             end = drive(end, more, edge, self._record)
-        self._finish(end)
+        self._finish(end, edge.handed_over if end.step is Step.SWITCHED else None)
 
-    def _finish(self, end: UpgradeState) -> None:
+    def _finish(self, end: UpgradeState, handover: str | None) -> None:
         name = end.deployment
         log.info("upgrade_done", deployment=name, step=end.step.value, reason=end.reason)
         self._daemon.coordinator.release_upgrade(name)  # (restoring the old server released it already)
         if end.step is Step.SWITCHED:
-            self._replan(name)
+            self._replan(name, handover)
         with self._lock:
             self._running.pop(name, None)
 
-    def _replan(self, name: str) -> None:
-        """The worker boots the image the deployment now runs."""
+    def _replan(self, name: str, handover: str | None) -> None:
+        """The worker serves the image the deployment now runs: adopts the trial server handed over, else boots."""
         daemon = self._daemon
         daemon.source.replace(self.settings_for(daemon.settings))
         worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
-            worker.request_replan(daemon.settings.deployments[name])
+            worker.request_replan(daemon.settings.deployments[name], handover)
             if daemon.settings.deployments[name].swap_group is not None:
                 daemon.coordinator.wake(name, by="upgrade")  # a member asleep stays asleep on a replan: it serves now
 
@@ -192,6 +192,8 @@ class Upgrades:
         daemon = self._daemon
         for name in list(daemon.settings.deployments):
             record = daemon.state.deployment(name).upgrade
+            if record is not None and record.step == "switched":
+                self._remove_left_trial(name)
             if record is None or record.step in ("switched", "rolled_back", "refused"):
                 continue
             state, actions = recover(UpgradeState.from_record(name, record, self.limits()))
@@ -212,6 +214,14 @@ class Upgrades:
         with self._lock:
             for name in [n for n, s in self._running.items() if s.done]:
                 self._running.pop(name)
+
+    def _remove_left_trial(self, name: str) -> None:
+        """A trial server a daemon killed between the switch and its worker's adoption left under the trial's
+        name: removed before any boot (the worker boots the new image instead)."""
+        try:
+            DaemonUpgradeEdge(self._daemon, name).stop_trial(None)
+        except DankserveError as exc:
+            log.error("upgrade_recovery_failed", deployment=name, error=exc.message)
 
     def resume_after_workers(self) -> None:
         """The old servers a recovery gives back (a member found asleep is woken), each on a thread."""
