@@ -9,9 +9,9 @@ follows one killed with -9 finds it by that name and removes it before any serve
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
@@ -19,7 +19,7 @@ from typing import Protocol
 import structlog
 
 from dankserve.backend_address import BackendAddress, TcpAddress, UnixAddress
-from dankserve.bootlog.reader import BootLogReader
+from dankserve.bootlog.reader import BootLogReader, read_boot_facts
 from dankserve.errors import DankserveError
 from dankserve.host.model import Host
 from dankserve.plan.catalogue import capabilities
@@ -300,16 +300,22 @@ class DaemonUpgradeEdge:
         except DankserveError as exc:
             return NewFailed(exc.message)
         self._trial_id = workload.id
-        started = time.monotonic()
-        while time.monotonic() - started < daemon.settings.boot_timeout_seconds:
+        # Ready by the lifecycle's rule: this boot's log said `Application startup complete.` and /health answers
+        # 200 (a server left on the address cannot pass for it); waits on the daemon's clock.
+        clock = daemon.fleet.clock
+        nothing: queue.Queue[None] = queue.Queue()
+        deadline = clock.monotonic() + daemon.settings.boot_timeout_seconds
+        while clock.monotonic() < deadline:
             found = runtime.inspect(workload.id)
             if found is None or not found.running:
-                tail = list(runtime.logs(workload.id))[-3:]
+                lines = list(runtime.logs(workload.id))
+                facts = read_boot_facts(lines)
                 code = found.exit_code if found is not None else None
-                return NewFailed(f"exited with {code}: {' | '.join(tail)[-400:]}", workload.id)
-            if check_health(trial).healthy:
+                why = facts.failure_message or " | ".join(lines[-3:])
+                return NewFailed(f"exited with {code}: {why[-400:]}", workload.id)
+            if check_health(trial).healthy and read_boot_facts(runtime.logs(workload.id)).ready:
                 return NewBooted(workload.id)
-            time.sleep(POLL_SECONDS)
+            clock.wait(nothing, POLL_SECONDS)
         return NewFailed(f"not ready within {daemon.settings.boot_timeout_seconds:g} s", workload.id)
 
     def measure_new(self, workload: str) -> Measured | NewFailed:
