@@ -173,11 +173,7 @@ def test_a_member_sleeps_the_next_safe_way_when_its_level_is_marked_unsafe(unsaf
     groups, daemon = world({"a": (m.Stage.READY, 0.5, {}), "b": (m.Stage.READY, 0.4, {})})
     records = tuple(UnsafeSleep(u, None, "m", "kept its memory", 0.0) for u in unsafe)
     daemon.state.records["a"] = DeploymentState(unsafe_sleep=records)
-    groups.start()
-    try:
-        assert groups.sleep("a", "by hand") is None
-    finally:
-        groups.close()
+    assert groups.sleep("a", "by hand") is None  # (decided at once: the coordinator's thread is not started)
     (event,) = daemon.workers["a"].fed
     assert isinstance(event, m.SleepRequested) and event.level == level
 
@@ -186,10 +182,6 @@ def test_a_level_unsafe_for_another_model_or_release_is_still_used() -> None:
     """An unsafe mark holds for its vLLM version and model only."""
     groups, daemon = world({"a": (m.Stage.READY, 0.5, {})})
     daemon.state.records["a"] = DeploymentState(unsafe_sleep=(UnsafeSleep("1", "0.26.0", "test/a", "x", 0.0),))
-    groups.start()
-    try:
-        assert groups.sleep("a", "by hand") is None
-    finally:
-        groups.close()
+    assert groups.sleep("a", "by hand") is None  # (decided at once: the coordinator's thread is not started)
     (event,) = daemon.workers["a"].fed
     assert isinstance(event, m.SleepRequested) and event.level == "1"

@@ -3,24 +3,14 @@ the lifecycle's adoption path, over the fake runtime; the real daemon and Podman
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from dankserve.runtime.base import LABEL_FINGERPRINT
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import DeploymentWorker
-from tests.supervisor.test_worker import make_world, ready, wait_for
+from tests.supervisor.test_worker import make_world, ready, stopping, wait_for
 
-
-@pytest.fixture
-def stopping() -> Iterator[list[DeploymentWorker]]:
-    workers: list[DeploymentWorker] = []
-    yield workers
-    for worker in workers:
-        worker.request_stop()
-        worker.join(10)
+__all__ = ["stopping"]  # the fixture
 
 
 def test_a_workload_handed_over_is_adopted_with_no_second_boot(
