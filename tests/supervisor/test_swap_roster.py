@@ -75,7 +75,7 @@ def test_a_group_lists_its_enabled_members_in_configuration_order() -> None:
 def test_members_carry_their_use_and_share_into_the_coordinators_view() -> None:
     """Requests in flight never go below 0; the plan's share wins over the setting; pinned is the setting's."""
     fleet_ = fleet()
-    coordinator = FleetCoordinator(fleet_, lambda: None, FakeClock())  # type: ignore[arg-type]
+    coordinator = FleetCoordinator(fleet_, lambda: None, FakeClock())
     roster = coordinator._roster
     roster.touched("b", 5.0)
     roster.released("b", 6.0)
