@@ -196,6 +196,8 @@ class FleetCoordinator:
 
     def wake(self, name: str, by: c.By = "gateway") -> None:
         """Make `name` ready (from the gateway's loop, the control socket or an upgrade: returns at once)."""
+        if by == "gateway" and name in self._state.wanted:
+            return  # asked already (a burst of requests for a member asleep is one wake)
         self._inbox.put(c.Wake(name, by))
 
     def sleep(self, name: str, reason: str, by: c.By = "cli", level: m.SleepLevel | None = None) -> str | None:
