@@ -330,13 +330,15 @@ class DaemonUpgradeEdge:
         except ProbeFailed as exc:
             return NewFailed(str(exc))
 
-    def stop_trial(self, workload: str | None) -> None:
-        """Stop and remove the trial server (found by name when its id is not known)."""
+    def stop_trial(self, workload: str | None) -> bool:
+        """Stop and remove the trial server (found by name when its id is not known); whether there was one."""
         runtime = self._runtime()
         found = runtime.find(trial_name(self._name))
-        for wid in {w for w in (workload, found.id if found is not None else None) if w is not None}:
+        gone = {w for w in (workload, found.id if found is not None else None) if w is not None}
+        for wid in gone:
             runtime.stop(wid, self._daemon.settings.stop_timeout_seconds)
             runtime.remove(wid)
+        return bool(gone)
 
     def stop_old(self) -> OldStopped:
         """The switch. On the deployment's private socket the trial server is handed over: its socket takes the

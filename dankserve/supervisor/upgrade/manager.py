@@ -64,6 +64,8 @@ class Upgrades:
         self._running: dict[str, UpgradeState] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._after_start: list[tuple[str, RestoreOld]] = []
+        self._serve_after_start: list[str] = []
+        """Switched deployments whose trial a killed daemon left before handing it over: made to serve."""
 
     def settings_for(self, settings: Settings) -> Settings:
         """`settings` as the deployments run them (an upgrade's image where one switched)."""
@@ -192,8 +194,8 @@ class Upgrades:
         daemon = self._daemon
         for name in list(daemon.settings.deployments):
             record = daemon.state.deployment(name).upgrade
-            if record is not None and record.step == "switched":
-                self._remove_left_trial(name)
+            if record is not None and record.step == "switched" and self._remove_left_trial(name):
+                self._serve_after_start.append(name)
             if record is None or record.step in ("switched", "rolled_back", "refused"):
                 continue
             state, actions = recover(UpgradeState.from_record(name, record, self.limits()))
@@ -215,17 +217,22 @@ class Upgrades:
             for name in [n for n, s in self._running.items() if s.done]:
                 self._running.pop(name)
 
-    def _remove_left_trial(self, name: str) -> None:
+    def _remove_left_trial(self, name: str) -> bool:
         """A trial server a daemon killed between the switch and its worker's adoption left under the trial's
-        name: removed before any boot (the worker boots the new image instead)."""
+        name: removed before any boot (the worker boots the new image instead); whether there was one."""
         try:
-            DaemonUpgradeEdge(self._daemon, name).stop_trial(None)
+            return DaemonUpgradeEdge(self._daemon, name).stop_trial(None)
         except DankserveError as exc:
             log.error("upgrade_recovery_failed", deployment=name, error=exc.message)
+            return False
 
     def resume_after_workers(self) -> None:
         """The old servers a recovery gives back (a member found asleep is woken), each on a thread."""
         pending, self._after_start = self._after_start, []
+        serve, self._serve_after_start = self._serve_after_start, []
+        for name in serve:  # the switch's promise: it serves the new image (a member adopted asleep is woken)
+            edge = DaemonUpgradeEdge(self._daemon, name)
+            threading.Thread(target=edge.restore_old, args=(None,), name=f"upgrade-{name}", daemon=True).start()
         for name, action in pending:
             record = self._daemon.state.deployment(name).upgrade
             if record is None:
