@@ -20,6 +20,7 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
     prepare_socket,
+    workload_name,
 )
 from dankserve.runtime.log_archive import LogArchive
 from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
@@ -114,7 +115,11 @@ class PodmanRuntime(Runtime):
             with contextlib.suppress(DankserveError):  # Podman away: the removal below says so
                 workload = self._containers.inspect(workload_id)
                 if workload is not None:
-                    self._archive.keep(workload.deployment, workload.id, self._streams.timed_logs(workload.id))
+                    # by its name: an upgrade's trial handed over (renamed) keeps the trial's labels
+                    prefix = workload_name("")
+                    named = workload.name
+                    owner = named.removeprefix(prefix) if named.startswith(prefix) else workload.deployment
+                    self._archive.keep(owner, workload.id, self._streams.timed_logs(workload.id))
         self._containers.remove(workload_id)
 
     def ended_servers(self, deployment: str) -> list[EndedServer]:
