@@ -168,7 +168,7 @@ TOP_LEVEL_MODULES = 20
 
 
 def wing(module: str) -> str | None:
-    """The wing of a supervisor module (`fleet` for dankserve.supervisor.fleet.swap_groups), or the top-level
+    """The wing of a supervisor module (`fleet` for dankserve.supervisor.fleet.coordinator), or the top-level
     module's own name (`records`); None outside the supervisor and for the package itself."""
     parts = module.split(".")
     if parts[:2] != ["dankserve", "supervisor"] or len(parts) < 3:

@@ -36,8 +36,8 @@ def daemon_request(request: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     return reply, settings
 
 
-def upgrade_record(state_dir: Any, name: str) -> dict[str, Any] | None:
-    """The deployment's upgrade record as the daemon's status shows it (None: none, or no answer)."""
+def deployment_status(state_dir: Any, name: str) -> dict[str, Any] | None:
+    """The deployment as the daemon's status shows it (None: not there, or no answer)."""
     from dankserve import servicectl
 
     reply = servicectl.daemon_request(state_dir, {"command": "status"})
@@ -45,9 +45,38 @@ def upgrade_record(state_dir: Any, name: str) -> dict[str, Any] | None:
         return None
     for dep in reply.get("status", {}).get("deployments", []):
         if isinstance(dep, dict) and dep.get("name") == name:
-            record = dep.get("upgrade")
-            return record if isinstance(record, dict) else None
+            return dep
     return None
+
+
+def upgrade_record(state_dir: Any, name: str) -> dict[str, Any] | None:
+    """The deployment's upgrade record as the daemon's status shows it (None: none, or no answer)."""
+    dep = deployment_status(state_dir, name)
+    record = dep.get("upgrade") if dep is not None else None
+    return record if isinstance(record, dict) else None
+
+
+def serving(state_dir: Any, name: str, image: str, boots: int | None, deadline: float | None) -> None:
+    """Wait until the deployment serves on `image` after a switch, and say so: whether the trial server was
+    handed over (its boots unchanged: no second boot) or the new image booted."""
+    while deadline is None or time.monotonic() < deadline:
+        dep = deployment_status(state_dir, name)
+        if dep is not None and dep.get("state") == "ready" and dep.get("image") == image:
+            how = "the trial server handed over: no second boot"
+            if boots is None or dep.get("boots") != boots:
+                how = "booted on the new image"
+            click.echo(f"{name}: ready, serving {image} at {dep.get('endpoint')} ({how})")
+            return
+        if dep is not None and dep.get("state") == "failed":
+            raise DeploymentFailed(
+                f"{name!r} switched to {image} but failed to serve: {dep.get('message') or 'see the log'}",
+                fix=f"`dankserve logs {name}`; `dankserve rollback {name}` goes back",
+            )
+        time.sleep(POLL_SECONDS)
+    raise TimedOut(
+        f"{name!r} switched to {image} but did not serve in time",
+        fix=f"the daemon carries on: follow it with `dankserve status {name}`",
+    )
 
 
 def step_line(record: dict[str, Any]) -> str:
@@ -125,9 +154,19 @@ def command(deployment: str | None, image: str | None, auto: bool, timeout: floa
         problem = image_reference_problem(image)
         if problem is not None:
             raise InvalidInput(f"--image {image!r} {problem}", fix=IMAGE_FIX)
+    before = deployment_status(cli_context().daemon_settings().settings.state_dir, deployment)
+    boots = before.get("boots") if before is not None else None  # a handover leaves them as they are
     sent = time.time()
     _, settings = daemon_request({"command": "upgrade", "deployment": deployment, "image": image})
-    outcome(deployment, follow(settings.state_dir, deployment, sent, deadline))
+    record = follow(settings.state_dir, deployment, sent, deadline)
+    outcome(deployment, record)
+    serving(
+        settings.state_dir,
+        deployment,
+        str(record.get("new_image")),
+        boots if isinstance(boots, int) else None,
+        deadline,
+    )
     return ExitCode.OK
 
 
@@ -155,6 +194,7 @@ def _auto(only: str | None, deadline: float | None) -> ExitCode:
             continue
         try:
             outcome(name, record)
+            serving(settings.state_dir, name, str(record.get("new_image")), None, deadline)
         except (DeploymentFailed, InvalidInput) as exc:
             click.echo(f"{name}: {exc.message}", err=True)
             rolled_back.append(name)

@@ -306,6 +306,11 @@ class Runtime(Protocol):
             f"deployment {spec.deployment!r}: this runtime cannot run the launcher", fix="set launcher = false"
         )
 
+    def rename(self, workload_id: str, deployment: str) -> bool:
+        """Give the workload `deployment`'s name (an upgrade's trial server handed over to the deployment), so
+        that `find(deployment)` finds it. Default: this runtime cannot (False): the handover boots instead."""
+        return False
+
     def adoptable(self) -> bool:
         """Whether a running workload found at start-up may be adopted. Default: yes (a multi-host group
         only while it watches its members)."""

@@ -164,7 +164,7 @@ def start_services(parts: DaemonParts, cluster: ClusterContext) -> Services:
     from dankserve.supervisor.control.metrics_service import log_feed
 
     try:
-        supervisor = DaemonSupervisor(parts.fleet, parts.swap_groups, parts.upgrades)
+        supervisor = DaemonSupervisor(parts.fleet, parts.coordinator, parts.upgrades)
         gateway, access = start_gateway(
             gateway_settings,
             lambda: world.settings.deployments,

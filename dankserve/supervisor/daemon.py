@@ -43,8 +43,8 @@ from dankserve.supervisor.control.reload_run import carry_out
 from dankserve.supervisor.edges import Planner, WeightsFetcher
 from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import swap_verify
+from dankserve.supervisor.fleet.coordinator import FleetCoordinator
 from dankserve.supervisor.fleet.gpus import HostGpus
-from dankserve.supervisor.fleet.swap_groups import SwapGroups
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observe.status import config_status
 from dankserve.supervisor.observe.telemetry import Telemetry
@@ -114,7 +114,7 @@ class DaemonParts:
     world: World
     gpus: HostGpus
     fleet: Fleet
-    swap_groups: SwapGroups
+    coordinator: FleetCoordinator
     upgrades: Upgrades
     answer: Callable[[Mapping[str, Any]], dict[str, Any]]
     """A control request's answer (what the control socket answers; the web console asks it)."""
@@ -181,10 +181,10 @@ class Daemon:
             observatory=self.observatory,
             describe_hosts=world.cluster.describe_hosts,
         )
-        self.swap_groups = SwapGroups(self.fleet, world.available_ram)
+        self.coordinator = FleetCoordinator(self.fleet, world.available_ram, world.clock)
         self.swap_verifier = swap_verify.SwapVerifier(self.state, world.servers.canary, world.gpus.held)
-        self._status_readings = StatusReadings(world.gpus.held, self.swap_groups.idle_sleep_in)
-        self.upgrades = Upgrades(UpgradeFleet(world, self.fleet, self.swap_groups))
+        self._status_readings = StatusReadings(world.gpus.held, self.coordinator.idle_sleep_in)
+        self.upgrades = Upgrades(UpgradeFleet(world, self.fleet, self.coordinator, self.gpus))
 
     @property
     def settings(self) -> Settings:
@@ -198,7 +198,7 @@ class Daemon:
             telemetry=self.telemetry,
             observatory=self.observatory,
             gpus=self.gpus,
-            swaps=self.swap_groups,
+            swaps=self.coordinator,
             phase_changed=self.phase_changed,
             stop_failed=self.stop_failed,
             swap_verifier=self.swap_verifier,
@@ -206,7 +206,7 @@ class Daemon:
 
     def phase_changed(self) -> None:
         self._changed.set()
-        self.swap_groups.poke()
+        self.coordinator.poke()
 
     def stop_failed(self, name: str) -> None:
         """A worker could not stop its server (the daemon out of descriptors or memory throughout)."""
@@ -254,7 +254,7 @@ class Daemon:
             if self._services is not None:
                 close_services = self._start_services(self._services)
             starting = {n: d for n, d in self.settings.deployments.items() if d.enabled and not self.state.is_down(n)}
-            self.swap_groups.start()
+            self.coordinator.start()
             self.upgrades.recover_before_workers()  # an earlier daemon's trial server goes first
             starting = {n: self.settings.deployments[n] for n in starting}
             self.gpus.claim_running_boots(starting, self.world.runtime_for, self.world.planner, self.state)
@@ -268,7 +268,7 @@ class Daemon:
         finally:
             self.notifier.stopping()
             close_metrics()  # first: the descriptors its peers hold are free for stopping the servers
-            self.swap_groups.close()
+            self.coordinator.close()
             self._stop_all()
             close_services()
             self.observatory.close()
@@ -281,7 +281,7 @@ class Daemon:
 
     def _start_services(self, start: ServiceStarter) -> Callable[[], None]:
         """The services beside the daemon, handed the parts they use; the function that stops them."""
-        parts = DaemonParts(self.world, self.gpus, self.fleet, self.swap_groups, self.upgrades, self.handle_request)
+        parts = DaemonParts(self.world, self.gpus, self.fleet, self.coordinator, self.upgrades, self.handle_request)
         started = start(parts)
         if started.gateway_usage is not None:
             self.gateway_usage = started.gateway_usage
@@ -401,7 +401,7 @@ class Daemon:
 
     def swap_and_wait(self, verb: Literal["sleep", "wake"], name: str) -> dict[str, Any]:
         """`dankserve sleep NAME` / `dankserve wake NAME`: answered once asleep or ready (or given up)."""
-        return requests.sleep_or_wake(self.fleet, self.swap_groups, verb, name)
+        return requests.sleep_or_wake(self.fleet, self.coordinator, verb, name)
 
     def status(self) -> dict[str, Any]:
         """The `status --json` document while the daemon runs."""

@@ -207,6 +207,16 @@ class FakeRuntime(Runtime):
                     return self._now(running)
         return None
 
+    def rename(self, workload_id: str, deployment: str) -> bool:
+        """The workload takes `deployment`'s name (an upgrade's trial handed over); its labels stay."""
+        self._call("rename", f"{workload_id} {deployment}")
+        with self._lock:
+            running = self._workloads[workload_id]
+            w = running.workload
+            moved = replace(w, name=workload_name(deployment), deployment=deployment)
+            self._workloads[workload_id] = replace(running, workload=moved)
+        return True
+
     def list_workloads(self) -> list[Workload]:
         self._call("list_workloads")
         with self._lock:

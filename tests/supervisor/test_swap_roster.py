@@ -9,9 +9,12 @@ from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.settings import Settings
 from dankserve.state import DeploymentState
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.fleet.coordinate import FleetState, members_of
+from dankserve.supervisor.fleet.coordinator import FleetCoordinator
 from dankserve.supervisor.fleet.swap import MemberState
 from dankserve.supervisor.fleet.swap_roster import PlanFacts, Roster, member_state, utilization
 from dankserve.supervisor.policy import RestartSettings
+from dankserve.testing.lifecycle import FakeClock
 
 CONFIG = m.MachineConfig(RestartSettings(1, 1, 1, 0, 1, 1))
 
@@ -69,20 +72,20 @@ def test_a_group_lists_its_enabled_members_in_configuration_order() -> None:
     assert Roster(fleet(frozenset({"b"}))).names("g") == ["a"]
 
 
-def test_members_carry_their_use_share_and_the_boot_asking_for_room_counts_as_asleep() -> None:
-    """Requests in flight never go below 0; the plan's share wins over the setting; the target is asleep."""
-    roster = Roster(fleet())
+def test_members_carry_their_use_and_share_into_the_coordinators_view() -> None:
+    """Requests in flight never go below 0; the plan's share wins over the setting; pinned is the setting's."""
+    fleet_ = fleet()
+    coordinator = FleetCoordinator(fleet_, lambda: None, FakeClock())
+    roster = coordinator._roster
     roster.touched("b", 5.0)
     roster.released("b", 6.0)
     roster.released("b", 7.0)
+    assert roster.use("b") == (7.0, 0)
     roster.record_plan("a", PlanFacts(0.3, None, sleep_mode=True))
-    members = {member.name: member for member in roster.members("g", set(), target="b", target_gpus=("GPU-1",))}
-    assert members["b"].in_flight == 0 and members["b"].last_used == 7.0
-    assert members["b"].state is MemberState.ASLEEP and members["b"].gpus == frozenset({"GPU-1"})
+    members = {member.name: member for member in members_of(FleetState(), coordinator._view(), "g")}
+    assert members["b"].in_flight == 0 and members["b"].last_used == 7.0 and members["b"].utilization == 0.6
     assert members["a"].utilization == 0.3 and members["a"].pinned and members["a"].state is MemberState.AWAKE
-    roster.used("a", 9.0, unless_known=True)
-    roster.used("a", 10.0, unless_known=True)
-    assert {m.name: m.last_used for m in roster.members("g", set())}["a"] == 9.0
+    assert list(members) == ["b", "a"]
 
 
 def test_a_member_state_follows_its_stage_and_admission() -> None:

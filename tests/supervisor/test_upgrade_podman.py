@@ -134,6 +134,22 @@ def _steps(daemon: RunningDaemon) -> list[str]:
     return [e["step"] for e in daemon.events_named("upgrade_step")]
 
 
+def _serving(podman_env: PodmanEnv, name: str) -> list[str]:
+    """The ids of the containers under the deployment's own name (a handed-over trial keeps its labels)."""
+    found = podman_env.podman("ps", "-a", "--no-trunc", "-q", "--filter", f"name=^{workload_name(name)}$")
+    return found.stdout.split()
+
+
+def _handed_over(daemon: RunningDaemon, podman_env: PodmanEnv, name: str, boots: int) -> None:
+    """Issue 40: after the switch the trial's container is the one serving: the same container id, no second
+    boot (boots unchanged, no `started` after the switch), adopted through the lifecycle."""
+    (moved,) = [e for e in daemon.events_named("handover_socket") if e.get("deployment") == name]
+    assert _serving(podman_env, name) == [moved["container_id"]]
+    assert daemon.deployment(name)["boots"] == boots  # type: ignore[index]
+    assert not _events_between(daemon, "started", name, "switching", "no such step"), "a second boot"
+    assert [e for e in daemon.events_named("adopting") if e.get("deployment") == name]
+
+
 def _trial_gone(podman_env: PodmanEnv, name: str) -> bool:
     return podman_env.podman("ps", "-aq", "--filter", f"name=^{workload_name(trial_name(name))}$").stdout.strip() == ""
 
@@ -147,9 +163,13 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
     name, podman_env = rig.name, rig.podman_env
     daemon_cm, url = _daemon(tmp_path, rig, releases["old"], swap=True)
     with daemon_cm as daemon:
+        first = daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
         done, traffic = _upgrade(daemon, name, url, releases["good"])
         assert done.returncode == 0, done.stdout + done.stderr
         assert "now runs" in done.stdout and "greedy ids equal" in done.stdout
+        # issue 40: it returns once the deployment serves on the new image, the trial server handed over
+        assert f"{name}: ready, serving {releases['good']} at " in done.stdout, done.stdout
+        assert "the trial server handed over: no second boot" in done.stdout, done.stdout
         # The re-plan names what 0.34 changes (issue 42): the release, its own KV sizing on the first boot (the
         # learned bytes are per release), the kept kernels moving to 0.34.0's directory.
         assert "the plan for the new release changed:" in done.stdout
@@ -165,7 +185,7 @@ def test_a_new_release_no_worse_is_switched_to_and_rolled_back_by_hand(
             "switching",
         ]
         ready = daemon.wait_for(name, lambda d: d["state"] == "ready" and d["vllm_version"] == "0.34.0", timeout=180)
-        assert ready["compile_cache_hit"] is True, "the trial filled 0.34.0's compile cache"
+        _handed_over(daemon, podman_env, name, first["boots"])
         assert ready["upgrade"]["step"] == "switched" and ready["upgrade"]["room"] in ("1", "stop")
         assert "vLLM 0.33.0 -> 0.34.0" in ready["upgrade"]["report"]["plan_changes"]
         assert ready["image"] == releases["good"]
@@ -253,7 +273,9 @@ def test_a_daemon_killed_at_any_step_leaves_what_the_next_one_finishes_or_undoes
             assert ready["upgrade"]["step"] == "rolled_back"
             assert daemon.events_named("upgrade_recovering")
         assert _trial_gone(podman_env, name)
-        assert len(containers_of(podman_env, name)) == 1
+        # one container serves: the deployment's own, or the trial handed over (which keeps its labels)
+        assert len(containers_of(podman_env, name)) + len(containers_of(podman_env, trial_name(name))) == 1
+        assert len(_serving(podman_env, name)) == 1
     assert not [b for b in watch.breaches if trial_name(name) not in b], watch.breaches
 
 
@@ -308,3 +330,102 @@ def test_a_release_without_a_planned_flag_is_refused_before_the_old_server_is_to
         assert after is not None and after["state"] == "ready" and after["boots"] == 1
         assert after["upgrade"]["step"] == "refused" and "making_room" not in _steps(daemon)
         assert _trial_gone(podman_env, name)
+
+
+def _events_between(daemon: RunningDaemon, event: str, name: str, first: str, last: str) -> list[dict[str, Any]]:
+    """`event`s of `name` logged after the upgrade's step `first` began and before its step `last` did."""
+    seen, out = False, list[dict[str, Any]]()
+    for item in daemon.events():
+        if item.get("event") == "upgrade_step" and item.get("step") == first:
+            seen = True
+        elif item.get("event") == "upgrade_step" and item.get("step") == last and seen:
+            return out
+        elif seen and item.get("event") == event and item.get("deployment") == name:
+            out.append(item)
+    return out
+
+
+def _pair(tmp_path: Path, rig: Rig, image: str) -> tuple[Any, str, str]:
+    """Two members of swap group g that do not fit on GPU 0 together: NAME (the group's first, awake) and NAME-b."""
+    other = f"{rig.name}-b"
+    gateway = free_port()
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in rig.gpus.gpus])
+    globals_ = {"podman_url": rig.podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    deployments = {
+        rig.name: {**_deployment(image, swap=True), "gpu_memory_utilization": 0.9},
+        other: {**_deployment(image, swap=True), "served_model_name": "other", "gpu_memory_utilization": 0.9},
+    }
+    daemon = running_daemon(tmp_path, deployments, hardware=host, extra_globals=globals_)
+    return daemon, other, f"http://127.0.0.1:{gateway}/v1/completions"
+
+
+def _in_thread(run: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(run()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_the_other_member_of_a_swap_group_is_not_woken_onto_the_gpu_the_trial_holds(
+    tmp_path: Path, rig: Rig, releases: dict[str, str], podman_env: PodmanEnv
+) -> None:
+    """Issue 40: a two-member swap group, NAME upgraded: a request for the other member through the gateway and
+    `dankserve wake` of it while the trial boots and is checked do not wake it onto the GPU the trial holds (it
+    stays asleep, no `swap_wake`); once the upgrade ends its wake is served and the request answered."""
+    name = rig.name
+    daemon_cm, other, url = _pair(tmp_path, rig, releases["old"])
+    try:
+        with daemon_cm as daemon:
+            daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
+            daemon.wait_for(other, lambda d: d["state"] == "asleep", timeout=180)
+            upgrade, upgraded = _in_thread(
+                lambda: daemon.cli("upgrade", name, "--image", releases["slow"], "--timeout", "400", timeout=420)
+            )
+            _wait_for_step(daemon, "booting")
+
+            def ask() -> int:
+                with httpx.Client(timeout=400) as client:
+                    body = {"model": "other", "prompt": "hi", "max_tokens": 4}
+                    return client.post(url, json=body).status_code
+
+            asked, answered = _in_thread(ask)
+            woken, woke = _in_thread(lambda: daemon.cli("wake", other, timeout=400))
+            while upgrade.is_alive() and "switching" not in _steps(daemon):
+                now = daemon.deployment(other)
+                assert now is not None and now["state"] == "asleep", "woken onto the trial's GPU"
+                upgrade.join(0.2)
+            upgrade.join(420)
+            assert upgraded and upgraded[0].returncode == 0, upgraded[0].stdout + upgraded[0].stderr
+            assert not _events_between(daemon, "swap_wake", other, "booting", "switching")
+            assert daemon.events_named("upgrade_hold") and daemon.events_named("upgrade_release")
+            asked.join(400)
+            woken.join(400)
+            assert answered in ([200], [503]) and woke[0].returncode == 0, woke[0].stdout + woke[0].stderr
+    finally:
+        podman_env.podman("rm", "-f", "-t", "0", workload_name(other), check=False)
+
+
+def test_wake_by_hand_during_an_upgrade_is_held_like_the_gateways(
+    tmp_path: Path, rig: Rig, releases: dict[str, str]
+) -> None:
+    """Issue 40: `dankserve wake NAME` while NAME's upgrade tries its new server does not wake the old server
+    asleep for the trial (the gateway's wake is held the same way): the upgrade goes on undisturbed and switches,
+    and the wake answers once NAME serves on the new release."""
+    name = rig.name
+    daemon_cm, _ = _daemon(tmp_path, rig, releases["old"], swap=True)
+    with daemon_cm as daemon:
+        daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
+        upgrade, upgraded = _in_thread(
+            lambda: daemon.cli("upgrade", name, "--image", releases["slow"], "--timeout", "400", timeout=420)
+        )
+        _wait_for_step(daemon, "booting")
+        woken, woke = _in_thread(lambda: daemon.cli("wake", name, timeout=400))
+        upgrade.join(420)
+        assert upgraded and upgraded[0].returncode == 0, upgraded[0].stdout + upgraded[0].stderr
+        assert [e for e in daemon.events_named("wake_held") if e.get("deployment") == name]
+        assert not _events_between(daemon, "swap_wake", name, "booting", "switching")
+        assert "rolling_back" not in _steps(daemon)
+        woken.join(400)
+        assert woke and woke[0].returncode == 0, woke[0].stdout + woke[0].stderr
+        ready = daemon.wait_for(name, lambda d: d["state"] == "ready", timeout=180)
+        assert ready["vllm_version"] == "0.34.9"

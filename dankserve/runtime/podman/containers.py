@@ -126,6 +126,18 @@ class ContainerManager:
         workload = workload_from_inspect(attrs)
         return workload if workload.labels.get(LABEL_MANAGED) == "true" else None
 
+    def rename(self, workload_id: str, deployment: str) -> None:
+        """`podman rename`: the container takes `deployment`'s name (its labels stay as created)."""
+        session = self._session
+
+        def run() -> None:
+            response = session.client.api.post(
+                f"/containers/{workload_id}/rename", params={"name": workload_name(deployment)}
+            )
+            response.raise_for_status()
+
+        session.call(f"rename container {workload_id}", run)
+
     def stop(self, workload_id: str, timeout: float) -> None:
         """SIGTERM, then SIGKILL after `timeout` seconds (podman stop); a stopped or gone one is fine."""
         seconds = max(0, math.ceil(timeout))

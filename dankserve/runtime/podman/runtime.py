@@ -20,6 +20,7 @@ from dankserve.runtime.base import (
     Workload,
     WorkloadSpec,
     prepare_socket,
+    workload_name,
 )
 from dankserve.runtime.log_archive import LogArchive
 from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
@@ -102,6 +103,11 @@ class PodmanRuntime(Runtime):
         """SIGTERM, then SIGKILL after `timeout` seconds (podman stop); a stopped or gone one is fine."""
         self._containers.stop(workload_id, timeout)
 
+    def rename(self, workload_id: str, deployment: str) -> bool:
+        """The container renamed to `deployment`'s (`podman rename`): an upgrade's trial handed over."""
+        self._containers.rename(workload_id, deployment)
+        return True
+
     def remove(self, workload_id: str) -> None:
         """Remove the container (forcibly) and its deployment's secrets; a gone one is fine. Its lines
         are kept in the archive first (Podman deletes its log with it)."""
@@ -109,7 +115,11 @@ class PodmanRuntime(Runtime):
             with contextlib.suppress(DankserveError):  # Podman away: the removal below says so
                 workload = self._containers.inspect(workload_id)
                 if workload is not None:
-                    self._archive.keep(workload.deployment, workload.id, self._streams.timed_logs(workload.id))
+                    # by its name: an upgrade's trial handed over (renamed) keeps the trial's labels
+                    prefix = workload_name("")
+                    named = workload.name
+                    owner = named.removeprefix(prefix) if named.startswith(prefix) else workload.deployment
+                    self._archive.keep(owner, workload.id, self._streams.timed_logs(workload.id))
         self._containers.remove(workload_id)
 
     def ended_servers(self, deployment: str) -> list[EndedServer]:

@@ -1,8 +1,8 @@
 """The daemon's side of the gateway's Supervisor protocol: each deployment's phase and address.
 
-Reads only what the workers already publish (their machine state), the settings, the swap groups'
+Reads only what the workers already publish (their machine state), the settings, the fleet coordinator's
 draining and bound, and the boot and wake history (predicted ready seconds); it decides nothing.
-`wake`, `touched` and `released` go to the daemon's swap groups (a deployment outside one that is
+`wake`, `touched` and `released` go to the daemon's fleet coordinator (a deployment outside one that is
 booting or restarting gets ready on its own).
 """
 
@@ -20,7 +20,7 @@ from dankserve.supervisor.lifecycle import Phase
 from dankserve.supervisor.observe import prediction
 
 if TYPE_CHECKING:
-    from dankserve.supervisor.fleet.swap_groups import SwapGroups
+    from dankserve.supervisor.fleet.coordinator import FleetCoordinator
     from dankserve.supervisor.upgrade import UpgradeState
     from dankserve.supervisor.worker.fleet import Fleet
 
@@ -32,10 +32,10 @@ class UpgradeGate(Protocol):
 
 
 class DaemonSupervisor:
-    """Implements gateway.backends.Supervisor over a running daemon's fleet, swap groups and upgrades
+    """Implements gateway.backends.Supervisor over a running daemon's fleet, its coordinator and upgrades
     (a deployment being upgraded queues its requests while its old server does not serve)."""
 
-    def __init__(self, fleet: Fleet, swaps: SwapGroups, upgrades: UpgradeGate | None = None) -> None:
+    def __init__(self, fleet: Fleet, swaps: FleetCoordinator, upgrades: UpgradeGate | None = None) -> None:
         self._fleet = fleet
         self._swaps = swaps
         self._upgrades = upgrades
@@ -109,9 +109,9 @@ class DaemonSupervisor:
         return Backend(Availability.PENDING, address, key, phase.value, state=state, ready_in=ready_in)
 
     def wake(self, deployment: str) -> None:
-        if self._upgrades is not None and self._upgrades.gated(deployment) is not None:
-            return  # the upgrade wakes the old server itself when it rolls back
-        self._swaps.wake(deployment)  # booting and restarting ones get ready by themselves
+        # The coordinator holds it while an upgrade is under way (the upgrade decides which server serves);
+        # booting and restarting ones get ready by themselves.
+        self._swaps.wake(deployment, by="gateway")
 
     def touched(self, deployment: str) -> None:
         self._swaps.touched(deployment)

@@ -6,7 +6,6 @@ an unknown verb or deployment is said, never raised."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -18,7 +17,7 @@ from dankserve.supervisor.reloading import RELOAD_WAIT_SECONDS, ReloadOutcome
 if TYPE_CHECKING:
     from dankserve.runtime.base import PullPolicy
     from dankserve.settings import Settings
-    from dankserve.supervisor.fleet.swap_groups import SwapGroups
+    from dankserve.supervisor.fleet.coordinator import FleetCoordinator
     from dankserve.supervisor.worker.fleet import Fleet
 
 Answer = dict[str, Any]
@@ -132,9 +131,10 @@ def _rollback(daemon: Answering, request: Mapping[str, Any]) -> Answer:
     return {"ok": False, "error": error} if error is not None else {"ok": True}
 
 
-def sleep_or_wake(fleet: Fleet, swaps: SwapGroups, verb: Literal["sleep", "wake"], name: str) -> Answer:
-    """`dankserve sleep NAME` / `dankserve wake NAME` (the daemon's `swap_and_wait`): answered once asleep
-    or ready (or given up)."""
+def sleep_or_wake(fleet: Fleet, coordinator: FleetCoordinator, verb: Literal["sleep", "wake"], name: str) -> Answer:
+    """`dankserve sleep NAME` / `dankserve wake NAME` (the daemon's `swap_and_wait`), asked of the fleet
+    coordinator like the gateway's wakes (an upgrade under way holds them): answered once asleep or ready (or
+    given up)."""
     settings = fleet.settings
     if settings.deployments[name].swap_group is None:
         return {"ok": False, "error": f"deployment {name!r} is in no swap group: set swap_group to let it sleep"}
@@ -142,27 +142,34 @@ def sleep_or_wake(fleet: Fleet, swaps: SwapGroups, verb: Literal["sleep", "wake"
     if worker is None:
         return {"ok": False, "error": f"deployment {name!r} is not running (`dankserve up {name}` starts it)"}
     if verb == "sleep":
-        error = swaps.sleep(name, "by hand (`dankserve sleep`)")
+        error = coordinator.sleep(name, "by hand (`dankserve sleep`)")
         goal, wait = m.Stage.ASLEEP, sleep_mode.SLEEP_TIMEOUT_SECONDS
     else:
         error = None
-        swaps.wake(name)
+        coordinator.wake(name, by="cli")
         goal, wait = m.Stage.READY, settings.boot_timeout_seconds
     if error is not None:
         return {"ok": False, "error": error}
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
+    answer: Answer | None = None
+
+    def decided() -> bool:
+        nonlocal answer
         state = worker.machine
-        refused = swaps.refused(name)
+        refused = coordinator.refused(name)
         if state.stage is goal:
-            return {"ok": True, "status": fleet.view(name, worker).to_json()}
-        if refused is not None:
-            return {"ok": False, "error": f"cannot wake {name!r}: {refused}"}
-        if state.stage in m.TERMINAL or (state.stage is m.Stage.BACKOFF and state.last_failure is not None):
+            answer = {"ok": True, "status": fleet.view(name, worker).to_json()}
+        elif refused is not None:
+            answer = {"ok": False, "error": f"cannot wake {name!r}: {refused}"}
+        elif state.stage in m.TERMINAL or (state.stage is m.Stage.BACKOFF and state.last_failure is not None):
             failure = state.last_failure.message if state.last_failure is not None else state.message
-            return {"ok": False, "error": f"{name!r} is {state.status}: {failure or 'see the log'}"}
-        time.sleep(0.05)
-    return {"ok": False, "error": f"{name!r} did not become {goal.value} within {wait:g} s"}
+            answer = {"ok": False, "error": f"{name!r} is {state.status}: {failure or 'see the log'}"}
+        return answer is not None
+
+    if coordinator.wait_until(decided, wait) and answer is not None:
+        return answer
+    held = coordinator.upgrade_hold(name)
+    why = f" (held: {held}'s upgrade is under way)" if held is not None else ""
+    return {"ok": False, "error": f"{name!r} did not become {goal.value} within {wait:g} s{why}"}
 
 
 VERBS: Mapping[str, Callable[[Answering, Mapping[str, Any]], Answer]] = {

@@ -1,18 +1,17 @@
 """The swap groups' roster: who is in which group (configuration order, enabled, not taken down), and what
-the coordinator keeps of each member between looks (its last use, requests in flight, its latest plan's
-facts), turned into the `swap.Member`s the pure decisions take."""
+the gateway and the workers tell of each member between looks (its last use, requests in flight, its latest
+plan's facts), read by the fleet coordinator into the `coordinate.FleetView` the pure decisions take."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from dankserve.plan.rules import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.fleet.swap import Member, MemberState
-from dankserve.supervisor.fleet.swap_fit import fit_facts
+from dankserve.supervisor.fleet.swap import MemberState
 
 if TYPE_CHECKING:
     from dankserve.settings import Settings
@@ -117,11 +116,10 @@ class Roster:
         with self._lock:
             return self._in_flight.get(name, 0)
 
-    def used(self, name: str, now: float, *, unless_known: bool = False) -> None:
-        """`name` counts as used at `now` (woken; or, `unless_known`, ready with no use recorded yet)."""
+    def use(self, name: str) -> tuple[float, int]:
+        """`name`'s last request start or end (0: none yet) and its requests in flight."""
         with self._lock:
-            if not unless_known or name not in self._last_used:
-                self._last_used[name] = now
+            return self._last_used.get(name, 0.0), self._in_flight.get(name, 0)
 
     def record_plan(self, name: str, facts: PlanFacts) -> None:
         with self._lock:
@@ -130,27 +128,3 @@ class Roster:
     def facts(self, name: str) -> PlanFacts | None:
         with self._lock:
             return self._facts.get(name)
-
-    def members(
-        self, group: str, admitted: Collection[str], *, target: str | None = None, target_gpus: tuple[str, ...] = ()
-    ) -> list[Member]:
-        """The group's members now, as the decisions see them; `target` (a boot asking for room) counts as
-        asleep on `target_gpus`."""
-        workers = self.fleet.snapshot()
-        deps = self.fleet.settings.deployments
-        out = []
-        for name in self.names(group):
-            worker = workers.get(name)
-            if worker is None:
-                continue
-            machine = worker.machine
-            with self._lock:
-                facts = self._facts.get(name)
-                last_used = self._last_used.get(name, 0.0)
-                in_flight = self._in_flight.get(name, 0)
-            gpus = frozenset(target_gpus if name == target else machine.gpu_uuids)
-            state = MemberState.ASLEEP if name == target else member_state(machine.stage, name in admitted)
-            share = utilization(facts, deps[name].gpu_memory_utilization)
-            fit = fit_facts(machine, deps[name], self.fleet.state.deployment(name))
-            out.append(Member(name, gpus, share, state, last_used, in_flight, deps[name].pinned, *fit))
-        return out

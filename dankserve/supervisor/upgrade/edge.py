@@ -8,8 +8,10 @@ follows one killed with -9 finds it by that name and removes it before any serve
 
 from __future__ import annotations
 
+import os
+import queue
 import socket
-import time
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -17,19 +19,21 @@ from typing import Protocol
 import structlog
 
 from dankserve.backend_address import BackendAddress, TcpAddress, UnixAddress
-from dankserve.bootlog.reader import BootLogReader
+from dankserve.bootlog.reader import BootLogReader, read_boot_facts
 from dankserve.errors import DankserveError
 from dankserve.host.model import Host
 from dankserve.plan.catalogue import capabilities
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import TRIAL_SOCKET, backend_address, compile_cache_dir
-from dankserve.runtime.base import PullPolicy, PullProgress, Runtime
+from dankserve.runtime.base import PullPolicy, PullProgress, Runtime, WorkloadSpec
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.clock import Clock
 from dankserve.supervisor.fleet import swap
-from dankserve.supervisor.fleet.swap_groups import SwapGroups
+from dankserve.supervisor.fleet.coordinator import LOOK_SECONDS, FleetCoordinator
+from dankserve.supervisor.fleet.gpus import HostGpus
 from dankserve.supervisor.probes.health import check_health
 from dankserve.supervisor.records import StateBook
 from dankserve.supervisor.upgrade import (
@@ -65,11 +69,14 @@ class UpgradeWorker(Protocol):
 
     def feed(self, event: m.Event) -> None: ...
 
-    def request_replan(self, dep: DeploymentSettings) -> None: ...
+    def request_replan(self, dep: DeploymentSettings, handover: str | None = None) -> None: ...
 
 
 class UpgradeWorkers(Protocol):
-    """The daemon's workers (`fleet.Fleet`)."""
+    """The daemon's workers (`fleet.Fleet`) and its clock."""
+
+    @property
+    def clock(self) -> Clock: ...
 
     def snapshot(self) -> Mapping[str, UpgradeWorker]: ...
 
@@ -77,11 +84,13 @@ class UpgradeWorkers(Protocol):
 @dataclass(frozen=True)
 class UpgradeFleet:
     """What an upgrade uses of the daemon (never the daemon itself): its world (settings, state, host, planner,
-    runtimes), its workers and its swap groups. The image an upgrade switches to is kept in `state`."""
+    runtimes), its workers, the fleet coordinator (the only author of sleep and wake: the upgrade's hold) and the
+    GPUs' boot slots (the trial takes one as any boot does). The image an upgrade switches to is kept in `state`."""
 
     world: World
     fleet: UpgradeWorkers
-    swap_groups: SwapGroups
+    coordinator: FleetCoordinator
+    gpus: HostGpus
 
     @property
     def settings(self) -> Settings:
@@ -120,10 +129,17 @@ def free_port(host: str) -> int:
 class DaemonUpgradeEdge:
     """One upgrade's actions on the running daemon."""
 
-    def __init__(self, daemon: UpgradeFleet, name: str, pull: PullPolicy = "missing") -> None:
+    def __init__(
+        self, daemon: UpgradeFleet, name: str, pull: PullPolicy = "missing", *, hand_over: bool = False
+    ) -> None:
         self._daemon = daemon
         self._name = name
         self._pull = pull
+        self._hand_over = hand_over
+        """Whether the switch hands the trial server over (a live upgrade; a recovery stops it)."""
+        self._trial_id: str | None = None
+        self.handed_over: str | None = None
+        """The trial server the switch handed over to the deployment's worker (None: it was stopped)."""
         self._version: str | None = None
         self._digest: str | None = None
         self._plan: Plan | None = None
@@ -143,14 +159,6 @@ class DaemonUpgradeEdge:
 
     def _new_dep(self, image: str) -> DeploymentSettings:
         return self._dep.model_copy(update={"image": image})
-
-    def _wait(self, done: Callable[[], bool], seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if done():
-                return True
-            time.sleep(POLL_SECONDS)
-        return done()
 
     def _measure(self, address: BackendAddress, kv_tokens: int | None) -> Measurement:
         dep = self._dep
@@ -206,22 +214,27 @@ class DaemonUpgradeEdge:
             return OldMeasured(Measurement(kv, None))
 
     def make_room(self) -> RoomMade:
-        daemon, name = self._daemon, self._name
-        self._wait(lambda: daemon.swap_groups.in_flight(name) == 0, DRAIN_SECONDS)
+        """The old server sleeps (level 1) or stops, asked of the fleet coordinator, which holds its GPUs for
+        the trial from now on: no other member of its swap group is woken or booted onto them."""
+        coordinator, name = self._daemon.coordinator, self._name
+        coordinator.wait_until(lambda: coordinator.in_flight(name) == 0, DRAIN_SECONDS)
         worker = self._worker()
         if worker is None or worker.machine.stage is not m.Stage.READY:
             return RoomMade("stop", "the old server was not serving")
         level: m.SleepLevel = "stop"
         why = "it is in no swap group (no sleep mode): stopped, booted again on rollback"
         if self._dep.swap_group is not None:
-            choice = daemon.swap_groups.sleep_level(name, worker.machine)
+            choice = coordinator.sleep_level(name, worker.machine)
             why = choice.reason
             if choice.level is swap.SleepLevel.LEVEL_1:
                 level = "1"
-        worker.feed(m.SleepRequested(level, "upgrade: making room for the new server"))
-        self._wait(
+        coordinator.hold_for_upgrade(name, worker.machine.gpu_uuids)
+        error = coordinator.sleep(name, "upgrade: making room for the new server", by="upgrade", level=level)
+        if error is not None:
+            log.warning("upgrade_room_not_made", deployment=name, error=error)
+        coordinator.wait_until(
             lambda: worker.machine.stage is m.Stage.ASLEEP or not worker.alive,
-            daemon.settings.stop_timeout_seconds + 30,
+            self._daemon.settings.stop_timeout_seconds + 30,
         )
         return RoomMade("1" if level == "1" else "stop", why)
 
@@ -247,21 +260,41 @@ class DaemonUpgradeEdge:
             pull="never",
             launcher=None,
         )
+        holder = daemon.world.servers.check_port(trial)  # the same check as any boot's: a port someone holds is named
+        if holder is not None:
+            return NewFailed(f"the trial's address {trial} is held by {holder}")
+        # The GPUs' boot slot, as any boot takes it: no other boot on these GPUs measures or starts meanwhile.
+        slot = daemon.gpus.slots.acquire(plan.gpu_uuids, threading.Event(), holder=trial_name(self._name))
+        try:
+            return self._start_trial(spec, trial)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    def _start_trial(self, spec: WorkloadSpec, trial: BackendAddress) -> NewBooted | NewFailed:
+        daemon = self._daemon
         runtime = self._runtime()
         try:
             workload = runtime.start(spec)
         except DankserveError as exc:
             return NewFailed(exc.message)
-        started = time.monotonic()
-        while time.monotonic() - started < daemon.settings.boot_timeout_seconds:
+        self._trial_id = workload.id
+        # Ready by the lifecycle's rule: this boot's log said `Application startup complete.` and /health answers
+        # 200 (a server left on the address cannot pass for it); waits on the daemon's clock.
+        clock = daemon.fleet.clock
+        nothing: queue.Queue[None] = queue.Queue()
+        deadline = clock.monotonic() + daemon.settings.boot_timeout_seconds
+        while clock.monotonic() < deadline:
             found = runtime.inspect(workload.id)
             if found is None or not found.running:
-                tail = list(runtime.logs(workload.id))[-3:]
+                lines = list(runtime.logs(workload.id))
+                facts = read_boot_facts(lines)
                 code = found.exit_code if found is not None else None
-                return NewFailed(f"exited with {code}: {' | '.join(tail)[-400:]}", workload.id)
-            if check_health(trial).healthy:
+                why = facts.failure_message or " | ".join(lines[-3:])
+                return NewFailed(f"exited with {code}: {why[-400:]}", workload.id)
+            if check_health(trial).healthy and read_boot_facts(runtime.logs(workload.id)).ready:
                 return NewBooted(workload.id)
-            time.sleep(POLL_SECONDS)
+            clock.wait(nothing, POLL_SECONDS)
         return NewFailed(f"not ready within {daemon.settings.boot_timeout_seconds:g} s", workload.id)
 
     def measure_new(self, workload: str) -> Measured | NewFailed:
@@ -276,17 +309,35 @@ class DaemonUpgradeEdge:
         except ProbeFailed as exc:
             return NewFailed(str(exc))
 
-    def stop_trial(self, workload: str | None) -> None:
-        """Stop and remove the trial server (found by name when its id is not known)."""
+    def stop_trial(self, workload: str | None) -> bool:
+        """Stop and remove the trial server (found by name when its id is not known); whether there was one."""
         runtime = self._runtime()
         found = runtime.find(trial_name(self._name))
-        for wid in {w for w in (workload, found.id if found is not None else None) if w is not None}:
+        gone = {w for w in (workload, found.id if found is not None else None) if w is not None}
+        for wid in gone:
             runtime.stop(wid, self._daemon.settings.stop_timeout_seconds)
             runtime.remove(wid)
+        return bool(gone)
 
     def stop_old(self) -> OldStopped:
-        """The switch: the trial goes, and the deployment's worker boots the new image (its compile
-        cache filled by the trial, keyed by version inside vLLM)."""
+        """The switch. On the deployment's private socket the trial server is handed over: its socket takes the
+        deployment's path (one rename: the gateway's next connection reaches it, the old server asleep or
+        stopped behind it), and the deployment's worker stops the old server and adopts the trial's workload
+        through the lifecycle's adoption (readiness as for any adopted server), with no second boot. On TCP
+        (its port is the trial's own) the trial goes and the worker boots the new image (its compile cache
+        filled by the trial, keyed by version inside vLLM)."""
+        trial, workload = self._trial, self._trial_id
+        if self._hand_over and isinstance(trial, UnixAddress) and workload is not None:
+            server = backend_address(self._daemon.settings, self._name, self._dep)
+            if isinstance(server, UnixAddress):
+                try:
+                    os.replace(trial.path, server.path)
+                except OSError as exc:
+                    log.warning("handover_refused", deployment=self._name, error=str(exc))
+                else:
+                    log.info("handover_socket", deployment=self._name, container_id=workload, socket=str(server.path))
+                    self.handed_over = workload
+                    return OldStopped()
         self.stop_trial(None)
         return OldStopped()
 
@@ -295,20 +346,25 @@ class DaemonUpgradeEdge:
         return NewStopped()
 
     def restore_old(self, room: str | None) -> OldRestored:
-        """The old server serves again: woken when asleep (a daemon just started may first adopt it
-        asleep), booted by its worker when stopped; returns once it is ready or its worker gave up."""
+        """The old server serves again: the upgrade's hold goes and the coordinator wakes it (asleep: woken; a
+        daemon just started may first adopt it asleep; stopped: booted by its worker); returns once it is ready
+        or its worker gave up."""
+        coordinator, name = self._daemon.coordinator, self._name
+        coordinator.release_upgrade(name)
         worker = self._worker()
         if worker is None:
             return OldRestored()  # taken down meanwhile: `up` boots it
-        woken = False
+        clock = self._daemon.fleet.clock
+        asked = -LOOK_SECONDS
 
         def serving() -> bool:
-            nonlocal woken
+            nonlocal asked
             stage = worker.machine.stage
-            if stage is m.Stage.ASLEEP and not woken:
-                worker.feed(m.WakeRequested())
-                woken = True
+            if stage is m.Stage.ASLEEP and clock.monotonic() - asked >= LOOK_SECONDS:
+                asked = clock.monotonic()  # asked again while asleep: a worker of a daemon just started adopts first
+                coordinator.wake(name, by="upgrade")
             return stage is m.Stage.READY or stage in m.TERMINAL or not worker.alive
 
-        self._wait(serving, self._daemon.settings.boot_timeout_seconds)
+        coordinator.wake(name, by="upgrade")
+        coordinator.wait_until(serving, self._daemon.settings.boot_timeout_seconds)
         return OldRestored()

@@ -45,6 +45,8 @@ class Upgrades:
         self._running: dict[str, UpgradeState] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._after_start: list[tuple[str, RestoreOld]] = []
+        self._serve_after_start: list[str] = []
+        """Switched deployments whose trial a killed daemon left before handing it over: made to serve."""
 
     def limits(self) -> Limits:
         up = self._daemon.settings.upgrade
@@ -98,7 +100,7 @@ class Upgrades:
                 old_digest=worker.machine.image_digest,
                 if_newer=if_newer,
             )
-            edge = DaemonUpgradeEdge(daemon, name, pull)
+            edge = DaemonUpgradeEdge(daemon, name, pull, hand_over=True)
             thread = threading.Thread(
                 target=self._drive, args=(state, actions, edge), name=f"upgrade-{name}", daemon=True
             )
@@ -114,24 +116,25 @@ class Upgrades:
             current = self.current(state.deployment) or state
             end, more = recover(current.at(current.step, reason=f"internal error: {type(exc).__name__}: {exc}"))
             end = drive(end, more, edge, self._record)
-        self._finish(end)
+        self._finish(end, edge.handed_over if end.step is Step.SWITCHED else None)
 
-    def _finish(self, end: UpgradeState) -> None:
+    def _finish(self, end: UpgradeState, handover: str | None) -> None:
         name = end.deployment
         log.info("upgrade_done", deployment=name, step=end.step.value, reason=end.reason)
+        self._daemon.coordinator.release_upgrade(name)  # (restoring the old server released it already)
         if end.step is Step.SWITCHED:
-            self._replan(name)
+            self._replan(name, handover)
         with self._lock:
             self._running.pop(name, None)
 
-    def _replan(self, name: str) -> None:
-        """The worker boots the image the deployment now runs (its record in state says which)."""
+    def _replan(self, name: str, handover: str | None) -> None:
+        """The worker serves the image the deployment now runs: adopts the trial server handed over, else boots."""
         daemon = self._daemon
         worker = daemon.fleet.snapshot().get(name)
         if worker is not None:
-            worker.request_replan(daemon.settings.deployments[name])
+            worker.request_replan(daemon.settings.deployments[name], handover)
             if daemon.settings.deployments[name].swap_group is not None:
-                worker.feed(m.WakeRequested())  # a member asleep stays asleep on a replan: it serves now
+                daemon.coordinator.wake(name, by="upgrade")  # a member asleep stays asleep on a replan: it serves now
 
     def rollback(self, name: str) -> str | None:
         """Back to the image before the last switch (its learned bytes and compile cache are kept per
@@ -161,6 +164,8 @@ class Upgrades:
         daemon = self._daemon
         for name in list(daemon.settings.deployments):
             record = daemon.state.deployment(name).upgrade
+            if record is not None and record.step == "switched" and self._remove_left_trial(name):
+                self._serve_after_start.append(name)
             if record is None or record.step in ("switched", "rolled_back", "refused"):
                 continue
             state, actions = recover(UpgradeState.from_record(name, record, self.limits()))
@@ -180,9 +185,22 @@ class Upgrades:
             for name in [n for n, s in self._running.items() if s.done]:
                 self._running.pop(name)
 
+    def _remove_left_trial(self, name: str) -> bool:
+        """A trial server a daemon killed between the switch and its worker's adoption left under the trial's
+        name: removed before any boot (the worker boots the new image instead); whether there was one."""
+        try:
+            return DaemonUpgradeEdge(self._daemon, name).stop_trial(None)
+        except DankserveError as exc:
+            log.error("upgrade_recovery_failed", deployment=name, error=exc.message)
+            return False
+
     def resume_after_workers(self) -> None:
         """The old servers a recovery gives back (a member found asleep is woken), each on a thread."""
         pending, self._after_start = self._after_start, []
+        serve, self._serve_after_start = self._serve_after_start, []
+        for name in serve:  # the switch's promise: it serves the new image (a member adopted asleep is woken)
+            edge = DaemonUpgradeEdge(self._daemon, name)
+            threading.Thread(target=edge.restore_old, args=(None,), name=f"upgrade-{name}", daemon=True).start()
         for name, action in pending:
             record = self._daemon.state.deployment(name).upgrade
             if record is None:
@@ -196,5 +214,6 @@ class Upgrades:
 
     def _restore(self, state: UpgradeState, edge: DaemonUpgradeEdge, action: RestoreOld) -> None:
         end = drive(state, (action,), edge, self._record)
+        self._daemon.coordinator.release_upgrade(end.deployment)
         with self._lock:
             self._running.pop(end.deployment, None)

@@ -12,9 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from dankserve.errors import DankserveError
 from dankserve.host.gpu_memory import wait_dead_processes_released
 from dankserve.host.model import Gpu, GpuIdentity, Host
 from dankserve.planning import backend_address, compile_cache_dir
+from dankserve.runtime.base import Runtime, Workload
 from dankserve.secret_files import read_key_now
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import learning
@@ -56,6 +58,8 @@ class Boots:
         self._log = logger
         self._slot: BootSlot | None = None
         self._waiting: str | None = None
+        self.handover: str | None = None
+        """A running workload the next plan adopts (an upgrade's trial server), once."""
         self.max_num_seqs: int | None = None
         """The last plan's --max-num-seqs: the gateway's default cap of requests in flight to it."""
         self._lock = threading.Lock()
@@ -146,6 +150,9 @@ class Boots:
             self.release()
             self._slot = claimed
         found = runtime.find(name)
+        handover, self.handover = self.handover, None
+        if handover is not None:
+            found = self._hand_over(runtime, handover) if found is None else self._discard(runtime, handover, found)
         existing = None
         if found is not None:
             self._runtimes.seen(found.id, runtime)
@@ -175,6 +182,25 @@ class Boots:
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
             remembered_moving=m.SWAP_MOVES.get(moving or ""),
         )
+
+    def _hand_over(self, runtime: Runtime, workload: str) -> Workload | None:
+        """An upgrade's trial server renamed to this deployment's workload, for the machine to adopt like a server
+        an earlier daemon left (same plan: adopted; another: replaced). A runtime that cannot rename has it
+        stopped and removed: the boot starts one instead."""
+        name = self._name
+        try:
+            if runtime.rename(workload, name):
+                self._log.info("handover", container_id=workload)
+                return runtime.find(name)
+        except DankserveError as exc:
+            self._log.warning("handover_failed", container_id=workload, error=exc.message)
+        return self._discard(runtime, workload, None)
+
+    def _discard(self, runtime: Runtime, workload: str, found: Workload | None) -> Workload | None:
+        """A workload handed over that cannot be adopted (its old one still there, or no rename) goes."""
+        runtime.stop(workload, self._services.world.settings.stop_timeout_seconds)
+        runtime.remove(workload)
+        return found
 
     def start(
         self, dep: DeploymentSettings, overrides: BootOverrides, version: str | None, launcher_id: str | None

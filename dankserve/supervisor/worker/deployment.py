@@ -117,11 +117,13 @@ class DeploymentWorker:
         with self.lock:
             self.dep = dep
 
-    def request_replan(self, dep: DeploymentSettings) -> None:
-        """Apply a changed configuration (or a switched image): the next boot uses it."""
+    def request_replan(self, dep: DeploymentSettings, handover: str | None = None) -> None:
+        """Apply a changed configuration (or a switched image): the next boot uses it. `handover`: a running
+        workload of that configuration (an upgrade's trial server) the next boot adopts instead of starting one."""
         dep = self._as_run(dep)
         with self.lock:
             self.dep = dep
+        self._commands.boots.handover = handover
         self._inbox.put(m.Reconfigured(self._config(dep), swap_member=dep.swap_group is not None))
 
     def feed(self, event: m.Event) -> None:

@@ -2,9 +2,9 @@
 
 A worker runs its machine's commands through the daemon's `World` (the runtimes, the planner, the
 state store, the clock, the loopback edges: built once by `assembly.py`) and the daemon's shared
-collaborators (the GPUs' boot slots, telemetry, the observatory, the swap groups' boot admission),
-and tells the daemon two things back (a phase changed, a stop failed). It never sees the daemon
-itself: tests build a worker from a world of fakes.
+collaborators (the GPUs' boot slots, telemetry, the observatory, the fleet coordinator's boot
+admission), and tells the daemon two things back (a phase changed, a stop failed). It never sees the
+daemon itself: tests build a worker from a world of fakes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class BootAdmission(Protocol):
-    """What a worker asks of the swap groups (`SwapGroups` is it): may it boot now, and what its plan says."""
+    """What a worker asks of the fleet coordinator (`FleetCoordinator`): may it boot now, and what its plan says."""
 
     def admit_boot(
         self, name: str, uuids: tuple[str, ...], cancelled: threading.Event, waits: Callable[[str], None]
@@ -45,7 +45,7 @@ class WorkerServices:
     gpus: HostGpus
     swaps: BootAdmission
     phase_changed: Callable[[], None]
-    """A worker's phase changed: the main loop and the swap groups look again."""
+    """A worker's phase changed: the main loop and the fleet coordinator look again."""
     stop_failed: Callable[[str], None]
     """A worker could not stop its server (`run` exits 3 then)."""
     swap_verifier: SwapVerifier | None = None
