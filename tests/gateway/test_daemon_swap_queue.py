@@ -17,10 +17,12 @@ import openai
 import pytest
 
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
 MEMBER = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g", "sleep_level": "1"}
+LIVENESS_LINE = '"POST /v1/completions?dankserve=liveness-probe HTTP/1.1" 200'
 
 
 def _seed_wake_history(state_dir: Path, name: str, seconds: float) -> None:
@@ -37,7 +39,19 @@ def _post(url: str, model: str, done: dict[str, tuple[int, float]], key: str, ma
     done[key] = (reply.status_code, time.monotonic())
 
 
+def _running(port: int) -> float | None:
+    """The stand-in's count of requests running (None until its /metrics answers with it)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def _models(url: str) -> dict[str, dict[str, Any]]:
+    return {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]}
+
+
 def _asleep(daemon: RunningDaemon, name: str) -> dict[str, Any]:
+
     return daemon.wait_for(name, lambda d: d["state"] == "asleep", timeout=60)
 
 
@@ -47,10 +61,10 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
     not kept busy); status and /v1/models show b's predicted wake; a streamed request for b gets
     `: dankserve: waking mb, about N s`; the group's fourth swap within a minute (max_swaps_per_minute = 3)
     is refused at once with a Retry-After past the held wait."""
-    gateway, metrics = free_port(), free_port()
+    gateway, metrics, a_port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{gateway}"
     deployments = {
-        "a": process_deployment(free_port(), served_model_name="ma", env={"FAKE_VLLM_TOKEN_SECONDS": "0.1"}, **MEMBER),
+        "a": process_deployment(a_port, served_model_name="ma", env={"FAKE_VLLM_TOKEN_SECONDS": "0.1"}, **MEMBER),
         "b": process_deployment(free_port(), served_model_name="mb", env={"FAKE_VLLM_WAKE_SECONDS": "1.5"}, **MEMBER),
     }
     _seed_wake_history(tmp_path / "state", "b", 0.2)
@@ -66,10 +80,10 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
         done: dict[str, tuple[int, float]] = {}
         long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20))
         long_a.start()
-        time.sleep(0.5)
+        wait_until(lambda: _running(a_port) == 1, 30, what="a's long request in flight at a's server")
         for_b = threading.Thread(target=_post, args=(url, "mb", done, "b"))
         for_b.start()
-        time.sleep(0.5)
+        wait_until(lambda: _models(url)["ma"]["state"] == "draining", 30, what="a draining for b's wake")
         late_a = threading.Thread(target=_post, args=(url, "ma", done, "late a"))
         late_a.start()
         for thread in (long_a, for_b, late_a):
@@ -161,11 +175,12 @@ def test_access_logs_of_a_swap_group_hold_traffic_not_dankserves_polls(tmp_path:
             done: dict[str, tuple[int, float]] = {}
             _post(url, model, done, model)
             assert done[model][0] == 200
-        time.sleep(2.5)  # idle and ready: the liveness probe's completions
+        # idle and ready: the liveness probe's completions reach a's log
+        wait_until(lambda: LIVENESS_LINE in daemon.cli("logs", "a").stdout, 30, 0.5, what="a liveness probe in a's log")
         logs = {name: daemon.cli("logs", name) for name in ("a", "b")}
     for name, shown in logs.items():
         assert shown.returncode == 0, shown.stderr
         access = [line for line in shown.stdout.splitlines() if '" 200' in line and "HTTP/1.1" in line]
         assert not [line for line in access if "/is_sleeping" in line], name
         assert [line for line in access if '"POST /v1/completions HTTP/1.1" 200' in line], name
-    assert '"POST /v1/completions?dankserve=liveness-probe HTTP/1.1" 200' in logs["a"].stdout
+    assert LIVENESS_LINE in logs["a"].stdout
