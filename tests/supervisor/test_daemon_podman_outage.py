@@ -11,7 +11,7 @@ import pytest
 
 from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.probes.health import check_health
-from tests.harness.daemon import container_deployment, free_port, running_daemon, write_host
+from tests.harness.daemon import RunningDaemon, container_deployment, free_port, running_daemon, write_host
 from tests.harness.faults import boot_reached, is_ready, ready_after
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv, RestartableService
@@ -53,10 +53,7 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         first = daemon.wait_for(deployment, is_ready, timeout=120)
         service.stop(signal.SIGKILL)
         stays_true(
-            lambda: (
-                check_health(TcpAddress("127.0.0.1", port)).healthy
-                and daemon.deployment(deployment)["state"] == "ready"
-            ),  # type: ignore[index]
+            lambda: check_health(TcpAddress("127.0.0.1", port)).healthy and _state(daemon, deployment) == "ready",
             3,
             0.5,
             what="the server answering and the deployment ready with Podman gone",
@@ -70,7 +67,7 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         podman_env.podman("kill", f"dankserve-{deployment}")
         daemon.wait_for(deployment, lambda d: d["state"] != "ready", timeout=30)
         stays_true(
-            lambda: daemon.deployment(deployment)["state"] != "failed",  # type: ignore[index]
+            lambda: _state(daemon, deployment) != "failed",
             2,
             what="a container dead during the outage not failing the deployment",
         )
@@ -83,7 +80,13 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         assert daemon.stop() == 0
 
 
+def _state(daemon: RunningDaemon, deployment: str) -> str | None:
+    shown = daemon.deployment(deployment)
+    return None if shown is None else str(shown["state"])
+
+
 PAUSE_SECONDS = 70.0
+
 """Longer than the daemon's Podman request timeout (60 s): the request waiting on the paused service fails."""
 
 
