@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, server_socket
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -33,15 +33,19 @@ def _seed_wake_history(state_dir: Path, name: str, seconds: float) -> None:
     path.chmod(0o600)
 
 
-def _post(url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2) -> None:
-    body = {"model": model, "prompt": "hi", "max_tokens": max_tokens}
+def _post(
+    url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2, stream: bool = False
+) -> None:
+    """A completion, its status and when it ended put in `done` (streamed: it lasts the stand-in's token time)."""
+    body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, "stream": stream}
     reply = httpx.post(url + "/v1/completions", json=body, timeout=60)
     done[key] = (reply.status_code, time.monotonic())
 
 
-def _running(port: int) -> float | None:
-    """The stand-in's count of requests running (None until its /metrics answers with it)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+def _running(tmp_path: Path, deployment: str) -> float | None:
+    """The stand-in's count of requests running, read on its private socket (None until /metrics shows it)."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(server_socket(tmp_path, deployment)))) as client:
+        text = client.get("http://server/metrics", timeout=5).text
     found = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M)
     return float(found.group(1)) if found else None
 
@@ -61,10 +65,10 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
     not kept busy); status and /v1/models show b's predicted wake; a streamed request for b gets
     `: dankserve: waking mb, about N s`; the group's fourth swap within a minute (max_swaps_per_minute = 3)
     is refused at once with a Retry-After past the held wait."""
-    gateway, metrics, a_port = free_port(), free_port(), free_port()
+    gateway, metrics = free_port(), free_port()
     url = f"http://127.0.0.1:{gateway}"
     deployments = {
-        "a": process_deployment(a_port, served_model_name="ma", env={"FAKE_VLLM_TOKEN_SECONDS": "0.1"}, **MEMBER),
+        "a": process_deployment(free_port(), served_model_name="ma", env={"FAKE_VLLM_TOKEN_SECONDS": "0.1"}, **MEMBER),
         "b": process_deployment(free_port(), served_model_name="mb", env={"FAKE_VLLM_WAKE_SECONDS": "1.5"}, **MEMBER),
     }
     _seed_wake_history(tmp_path / "state", "b", 0.2)
@@ -78,9 +82,11 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
 
         # Swaps 1 and 2: a busy when b's request comes; a's next request waits for its next turn.
         done: dict[str, tuple[int, float]] = {}
-        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20))
+        # streamed, so it lasts (20 tokens at 0.1 s) and counts as running at a's server
+        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20, True))
+
         long_a.start()
-        wait_until(lambda: _running(a_port) == 1, 30, what="a's long request in flight at a's server")
+        wait_until(lambda: _running(tmp_path, "a") == 1, 30, what="a's long request in flight at a's server")
         for_b = threading.Thread(target=_post, args=(url, "mb", done, "b"))
         for_b.start()
         wait_until(lambda: _models(url)["ma"]["state"] == "draining", 30, what="a draining for b's wake")
