@@ -201,7 +201,6 @@ def test_link_cut_and_restored(group: Group) -> None:
         hold_for(3, "the link stays cut a while after the loss was seen")
     finally:
         group.lab.hosts[1].link(True)
-
     group.leader.wait_for("big", ready, timeout=150)
     assert len(ray_nodes(group)) == 2
 

@@ -531,7 +531,6 @@ def test_engine_hang_keeps_health_200_while_completions_wait(serve: StartServer,
     # the hang shows nowhere (as in vLLM: no line, /health 200), so the time past it is the only sign
     hold_for(0.5, "past the engine's silent hang 0.2 s after ready")
     assert http(served.url("/health"))[0] == 200
-
     request = urllib.request.Request(
         served.url("/v1/completions"),
         data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode(),

@@ -22,12 +22,11 @@ from dankserve.snapshot.gpu import GpuCheckpointError, GpuProcessNotFound, GpuWr
 from dankserve.snapshot.gpu_helper import IsolatedGpuCheckpoint
 from dankserve.snapshot.gpu_stand_in import ACTION_SIGNAL, StandInGpuCheckpoint
 from tests.containers.test_fake_vllm import PROGRAM, base_env, free_port
+from tests.harness.wait import wait_until
 
 sys.path.insert(0, str(PROGRAM.parent))
 from fake_vllm.knobs import KnobError, parse_knobs
 from fake_vllm.nvml_record import write_record
-
-from tests.harness.wait import wait_until
 
 MODEL = "stand-in/model"
 

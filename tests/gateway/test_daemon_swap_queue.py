@@ -34,7 +34,7 @@ def _seed_wake_history(state_dir: Path, name: str, seconds: float) -> None:
 
 
 def _post(
-    url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2, stream: bool = False
+    url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2, *, stream: bool = False
 ) -> None:
     """A completion, its status and when it ended put in `done` (streamed: it lasts the stand-in's token time)."""
     body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, "stream": stream}
@@ -55,7 +55,6 @@ def _models(url: str) -> dict[str, dict[str, Any]]:
 
 
 def _asleep(daemon: RunningDaemon, name: str) -> dict[str, Any]:
-
     return daemon.wait_for(name, lambda d: d["state"] == "asleep", timeout=60)
 
 
@@ -83,7 +82,7 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
         # Swaps 1 and 2: a busy when b's request comes; a's next request waits for its next turn.
         done: dict[str, tuple[int, float]] = {}
         # streamed, so it lasts (20 tokens at 0.1 s) and counts as running at a's server
-        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20, True))
+        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20), kwargs={"stream": True})
 
         long_a.start()
         wait_until(lambda: _running(tmp_path, "a") == 1, 30, what="a's long request in flight at a's server")

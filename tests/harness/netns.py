@@ -106,7 +106,6 @@ class Lab:
             holds_within(
                 lambda: not any(_ip("netns", "pids", h.name, check=False).stdout.split() for h in self.hosts), 5
             )
-
         for host in self.hosts:
             _ip("link", "del", host.veth, check=False)
             _ip("netns", "del", host.name, check=False)

@@ -60,7 +60,6 @@ def test_a_tree_holds_every_descendant_as_psutil_finds_them() -> None:
         wait_until(
             lambda: len(psutil.Process(shell.pid).children(recursive=True)) >= 2, 10, what="the shell's two sleeps"
         )
-
         expected = [os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))]
         assert sorted(process_tree(os.getpid())) == sorted(expected) and len(expected) >= 4
         assert process_tree(2**22 + 1) == [2**22 + 1]  # no such process: itself, as psutil's answer was

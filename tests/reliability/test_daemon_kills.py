@@ -75,7 +75,6 @@ def test_daemon_killed_with_9_at_random_phases_adopts_or_replaces(
             else:
                 status = daemon.wait_for(victim, is_ready, timeout=120)
             hold_for(rng.uniform(0, 0.2), "a random moment into the phase, so kills land at varied points")
-
             before = {name: {c["Id"] for c in watch.sample()[name]} for name in (first, second)}
             daemon.kill()
             record.inject(f"killed while {'a' if victim == first else 'b'} was {status['phase']}")

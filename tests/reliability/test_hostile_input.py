@@ -180,7 +180,6 @@ def test_the_daemon_out_of_descriptors_keeps_its_deployment(
             with descriptors_exhausted(daemon.proc.pid):
                 holds_within(more_events(daemon, "health_probe_not_sent", not_sent), 15)
                 hold_for(4, "the fault held: more probes meet the exhausted descriptor table")
-
             try:
                 now = daemon.wait_for(name, is_ready, timeout=30)
             except AssertionError as exc:

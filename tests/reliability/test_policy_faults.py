@@ -58,7 +58,6 @@ def config_error(cause: str, boots: int) -> Callable[[Status, RunningDaemon, Pod
         if again is not None:
             return again
         status = daemon.deployment(name) or status
-
         if failure_class(status) != cause:
             return f"last failure {failure_class(status)}, not {cause}"
         if status["boots"] != boots or status["state"] != "failed":

@@ -200,7 +200,6 @@ def test_a_higher_priority_takes_the_place_of_a_lower_one_in_a_full_queue(
             low.append(pool.submit(post, MALLORY))
             # in this order in the line: the gateway asks for a wake as each joins it
             wait_until(lambda: len(gateway.supervisor.wakes) == queued, 10, what=f"{queued} in the queue")  # noqa: B023
-
         high = pool.submit(post, ALICE)
         last = low[-1].result(timeout=10)
         assert last.status_code == 503 and last.headers["Retry-After"] == "30"

@@ -80,7 +80,6 @@ def test_the_daemon_out_of_descriptors_keeps_a_healthy_server(tmp_path: Path) ->
             with contextlib.suppress(AssertionError):  # asserted below, with the log
                 wait_until(lambda: "Too many open files" in daemon.log_tail(200), 20, 0.1)
             hold_for(3.0, "the fault held: several more probes or log checks that cannot open anything")
-
         assert "Too many open files" in daemon.log_tail(200), daemon.log_tail()  # the fault bit
         chat = daemon.wait_for("chat", ready)
         assert chat["boots"] == 1 and chat["restarts"] == 0 and chat["last_failure"] is None

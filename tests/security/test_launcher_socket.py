@@ -77,6 +77,5 @@ def test_hostile_requests_to_the_launcher_change_nothing(tmp_path: Path) -> None
             0.2,
             what="the launcher and server alive and chat ready",
         )
-
         chat = daemon.wait_for("chat", lambda d: d["state"] == "ready")
         assert chat["boots"] == 1 and chat["restarts"] == 0 and chat["last_failure"] is None, chat

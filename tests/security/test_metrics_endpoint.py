@@ -128,7 +128,6 @@ def test_sigterm_while_out_of_descriptors_still_stops_the_server(tmp_path: Path)
         with contextlib.suppress(psutil.Error), descriptors_exhausted(daemon.proc.pid):
             daemon.signal(signal.SIGTERM)
             hold_for(2.0, "descriptors stay exhausted 2 s after the SIGTERM, so the stop must be tried again")
-
         assert daemon.proc.wait(60) == 0, daemon.log_tail()
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

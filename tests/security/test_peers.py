@@ -99,7 +99,6 @@ def calls_answered(call: Any) -> int:
             if call():
                 answered += 1
         hold_for(0.1, "the calls spread over the attack, 0.1 s apart")
-
     return answered
 
 

@@ -328,7 +328,6 @@ def test_a_server_left_on_the_port_is_named_and_never_taken_for_the_new_boot(tmp
                 1.0,
                 what="no boot while the squatter holds the port",
             )
-
             squatter.terminate()
             squatter.wait(10)
             status = daemon.wait_for("chat", ready)

@@ -176,7 +176,6 @@ def test_a_bad_argument_is_a_configuration_error_under_the_launcher(tmp_path: Pa
         assert status["last_failure"]["class"] == "bad_argument"
         assert "unrecognized arguments" in status["message"]
         stays_true(lambda: len(daemon.events_named("started")) == 1, 0.5, what="one boot (no retry)")
-
         keeper = launcher_pid(daemon, "chat")
         assert alive(keeper)
         assert daemon.stop() == 0

@@ -86,7 +86,6 @@ def _state(daemon: RunningDaemon, deployment: str) -> str | None:
 
 
 PAUSE_SECONDS = 70.0
-
 """Longer than the daemon's Podman request timeout (60 s): the request waiting on the paused service fails."""
 
 

@@ -118,7 +118,6 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
         )
         if self.mode == "hang":
             hold_for(2, "a server that answers long after the probe's 0.3 s timeout")
-
         payload = b'{"choices": [{"text": "x"}]}' if self.mode in ("ok", "hang") else b'{"error": "boom"}'
         self.send_response({"error": 500, "unsupported": 404}.get(self.mode, 200))
         self.send_header("Content-Length", str(len(payload)))
