@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, server_socket
+from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -33,25 +33,10 @@ def _seed_wake_history(state_dir: Path, name: str, seconds: float) -> None:
     path.chmod(0o600)
 
 
-def _post(
-    url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2, *, stream: bool = False
-) -> None:
-    """A completion, its status and when it ended put in `done` (streamed: it lasts the stand-in's token time)."""
-    body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, "stream": stream}
+def _post(url: str, model: str, done: dict[str, tuple[int, float]], key: str, max_tokens: int = 2) -> None:
+    body = {"model": model, "prompt": "hi", "max_tokens": max_tokens}
     reply = httpx.post(url + "/v1/completions", json=body, timeout=60)
     done[key] = (reply.status_code, time.monotonic())
-
-
-def _running(tmp_path: Path, deployment: str) -> float | None:
-    """The stand-in's count of requests running, read on its private socket (None until /metrics shows it)."""
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(server_socket(tmp_path, deployment)))) as client:
-        text = client.get("http://server/metrics", timeout=5).text
-    found = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M)
-    return float(found.group(1)) if found else None
-
-
-def _models(url: str) -> dict[str, dict[str, Any]]:
-    return {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]}
 
 
 def _asleep(daemon: RunningDaemon, name: str) -> dict[str, Any]:
@@ -81,14 +66,13 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
 
         # Swaps 1 and 2: a busy when b's request comes; a's next request waits for its next turn.
         done: dict[str, tuple[int, float]] = {}
-        # streamed, so it lasts (20 tokens at 0.1 s) and counts as running at a's server
-        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20), kwargs={"stream": True})
-
+        long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20))
         long_a.start()
-        wait_until(lambda: _running(tmp_path, "a") == 1, 30, what="a's long request in flight at a's server")
+        wait_until(lambda: "long a" in done, 30, what="a's first request answered")
         for_b = threading.Thread(target=_post, args=(url, "mb", done, "b"))
         for_b.start()
-        wait_until(lambda: _models(url)["ma"]["state"] == "draining", 30, what="a draining for b's wake")
+        _asleep(daemon, "a")  # a made room: b's wake is under way (it takes 1.5 s)
+
         late_a = threading.Thread(target=_post, args=(url, "ma", done, "late a"))
         late_a.start()
         for thread in (long_a, for_b, late_a):
