@@ -139,10 +139,9 @@ def test_half_sent_requests_are_capped_and_timed_out(
             if index % 2:
                 sock.sendall(b"\x16\x03\x01\x00")  # the start of a TLS record, never finished
             attackers.append(sock)
-        time.sleep(0.3)
         held = LIMITS.max_connections + overflow(LIMITS)  # the slots, and those held to be answered 503
+        wait_until(lambda: _turned_away(server) >= 1021 - held, 10, what="the connections beyond the slots closed")
         assert server.guarded.open_connections() <= held
-        assert server.guarded.refused + server.guarded.evicted >= 1021 - held
         wait_until(
             lambda: server.guarded.open_connections() == 0,
             LIMITS.header_timeout + 3,
@@ -242,6 +241,11 @@ def test_a_slow_body_is_a_408(served: tuple[ClusterServer, Recorder], certs: dic
     assert handler.calls == []
 
 
+def _turned_away(server: ClusterServer) -> int:
+    """Connections the server closed without serving: refused at once, or evicted for another."""
+    return server.guarded.refused + server.guarded.evicted
+
+
 def test_file_descriptor_count_stays_bounded(
     served: tuple[ClusterServer, Recorder], certs: dict[str, HostCert]
 ) -> None:
@@ -251,7 +255,8 @@ def test_file_descriptor_count_stays_bounded(
     before = len(os.listdir("/proc/self/fd"))
     attackers = [socket.create_connection(server.address, timeout=5) for _ in range(1021)]
     try:
-        time.sleep(0.3)
+        held = LIMITS.max_connections + overflow(LIMITS)
+        wait_until(lambda: _turned_away(server) >= 1021 - held, 10, what="the connections beyond the slots closed")
         grown = len(os.listdir("/proc/self/fd")) - before - len(attackers)
         assert grown <= LIMITS.max_connections + 4
     finally:

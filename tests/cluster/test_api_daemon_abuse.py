@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import resource
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.harness.certs import group_certs
 from tests.harness.daemon import free_port, process_deployment, running_daemon
+from tests.harness.wait import stays_true
 
 pytestmark = pytest.mark.slow
 
@@ -55,13 +55,16 @@ def test_half_sent_requests_neither_exhaust_descriptors_nor_kill_a_healthy_deplo
                 sock = socket.create_connection(("127.0.0.1", api_port), timeout=5)
                 sock.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n" if index % 2 else b"\x16\x03\x01")
                 attackers.append(sock)
-            peak = baseline
-            deadline = time.monotonic() + 6  # two health checks and three header timeouts
-            while time.monotonic() < deadline:
-                peak = max(peak, len(os.listdir(fds)))
+            peaks = [baseline]
+
+            def serving() -> bool:
+                peaks.append(len(os.listdir(fds)))
                 chat = daemon.deployment("chat")
-                assert chat is not None and chat["state"] == "ready", chat
-                time.sleep(0.2)
+                return chat is not None and chat["state"] == "ready"
+
+            # the attack held for two health checks and three header timeouts, watched all along
+            stays_true(serving, 6, 0.2, what="chat ready with the attackers' connections held")
+            peak = max(peaks)
         finally:
             for sock in attackers:
                 sock.close()

@@ -28,6 +28,7 @@ from tests.harness.daemon import (
     write_config,
     write_host,
 )
+from tests.harness.wait import hold_for
 
 TOKEN = "group-token-0123456789abcdef0123"
 API_PORT = 7390
@@ -197,7 +198,7 @@ def test_link_cut_and_restored(group: Group) -> None:
     group.lab.hosts[1].link(False)
     try:
         assert wait_unready(group.leader, cut) < 15
-        time.sleep(3)
+        hold_for(3, "the link stays cut a while after the loss was seen")
     finally:
         group.lab.hosts[1].link(True)
     group.leader.wait_for("big", ready, timeout=150)

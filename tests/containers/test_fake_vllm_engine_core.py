@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from dankserve.snapshot.gpu import GpuCheckpointError, GpuProcessNotFound, GpuWr
 from dankserve.snapshot.gpu_helper import IsolatedGpuCheckpoint
 from dankserve.snapshot.gpu_stand_in import ACTION_SIGNAL, StandInGpuCheckpoint
 from tests.containers.test_fake_vllm import PROGRAM, base_env, free_port
+from tests.harness.wait import wait_until
 
 sys.path.insert(0, str(PROGRAM.parent))
 from fake_vllm.knobs import KnobError, parse_knobs
@@ -74,10 +74,12 @@ def running(tmp_path: Path) -> Iterator[Running]:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    end = time.monotonic() + 20
-    while not list(records.glob("*.json")):
-        assert proc.poll() is None and time.monotonic() < end
-        time.sleep(0.05)
+
+    def recorded() -> list[Path]:
+        assert proc.poll() is None, "the stand-in exited before writing its GPU record"
+        return list(records.glob("*.json"))
+
+    wait_until(recorded, 20, what="the stand-in's GPU record")
     try:
         yield Running(proc, port, records, shm)
     finally:
@@ -139,10 +141,14 @@ def test_sigterm_tears_down_the_engine_core_its_record_and_the_segment(running: 
     assert running.proc.wait(20) == 0
     assert not list(running.records.glob("*.json")), "its GPU memory freed"
     assert not list(running.shm.iterdir())
-    end = time.monotonic() + 10
-    while Path(f"/proc/{engine}").exists() and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{engine}").exists() or "Z" in Path(f"/proc/{engine}/stat").read_text().split()[2]
+    wait_until(lambda: _gone(engine), 10, what=f"the engine core (pid {engine}) gone or a zombie")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return True
 
 
 def test_a_record_naming_another_process_is_never_signalled(tmp_path: Path) -> None:

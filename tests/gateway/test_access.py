@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,13 @@ from dankserve.errors import ConfigError
 from dankserve.gateway.backends import Availability
 from dankserve.gateway.usage_store import read_usage
 from tests.gateway.conftest import RunningGateway, StandIn
-from tests.harness.wait import wait_until
+from tests.harness.wait import hold_for, wait_until
 
 pytestmark = pytest.mark.slow
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+QUEUE_JOIN_SECONDS = 0.2
+"""Time for requests sent together to reach the gateway's queue, which no endpoint shows."""
 ALICE, BOB, CAROL = "sk-alice-0123456789abcdef", "sk-bob-0123456789abcdef", "sk-carol-0123456789abcdef"
 
 
@@ -226,7 +227,7 @@ def test_a_reload_changes_the_keys_without_dropping_requests_in_flight(
 
     thread = threading.Thread(target=stream)
     thread.start()
-    time.sleep(0.5)
+    wait_until(lambda: events, 10, what="the first streamed tokens (the stream in flight)")
     write_keys(tmp_path / "keys", carol=f'key = "{CAROL}"')
     gateway.reload_keys()
     url = gateway.url + "/v1/chat/completions"
@@ -263,13 +264,15 @@ def test_admission_caps_requests_in_flight_and_serves_priority_first(
             finished.append(f"{who}:{reply.status_code}")
 
     threads = [threading.Thread(target=ask, args=(f"alice{i}", ALICE)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.1)
-    assert server.metric("vllm:num_requests_running") == 1  # one in flight, two wait at the gateway
+    threads[0].start()
+    wait_until(lambda: server.metric("vllm:num_requests_running") == 1, 10, what="alice0 in flight at the server")
     bob = threading.Thread(target=ask, args=("bob", BOB))
-    bob.start()
-    time.sleep(0.1)
+    for thread in [*threads[1:], bob]:
+        thread.start()
+    # the gateway's queue shows nowhere outside it: give the three their moment to join it (bob's
+    # priority, not his arrival, puts him first)
+    hold_for(QUEUE_JOIN_SECONDS, "three requests join the gateway's queue before the fourth finds it full")
+    assert server.metric("vllm:num_requests_running") == 1  # one in flight, three wait at the gateway
     full = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=auth(ALICE), timeout=30)
     assert full.status_code == 503 and "Retry-After" in full.headers
     assert "in flight" in full.json()["error"]["message"]

@@ -17,10 +17,12 @@ import openai
 import pytest
 
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
 MEMBER = {"gpus": [0], "gpu_memory_utilization": 0.9, "swap_group": "g", "sleep_level": "1"}
+LIVENESS_LINE = '"POST /v1/completions?dankserve=liveness-probe HTTP/1.1" 200'
 
 
 def _seed_wake_history(state_dir: Path, name: str, seconds: float) -> None:
@@ -66,10 +68,11 @@ def test_predicted_waits_drained_swaps_and_the_swap_bound_through_the_real_daemo
         done: dict[str, tuple[int, float]] = {}
         long_a = threading.Thread(target=_post, args=(url, "ma", done, "long a", 20))
         long_a.start()
-        time.sleep(0.5)
+        wait_until(lambda: "long a" in done, 30, what="a's first request answered")
         for_b = threading.Thread(target=_post, args=(url, "mb", done, "b"))
         for_b.start()
-        time.sleep(0.5)
+        _asleep(daemon, "a")  # a made room: b's wake is under way (it takes 1.5 s)
+
         late_a = threading.Thread(target=_post, args=(url, "ma", done, "late a"))
         late_a.start()
         for thread in (long_a, for_b, late_a):
@@ -161,11 +164,12 @@ def test_access_logs_of_a_swap_group_hold_traffic_not_dankserves_polls(tmp_path:
             done: dict[str, tuple[int, float]] = {}
             _post(url, model, done, model)
             assert done[model][0] == 200
-        time.sleep(2.5)  # idle and ready: the liveness probe's completions
+        # idle and ready: the liveness probe's completions reach a's log
+        wait_until(lambda: LIVENESS_LINE in daemon.cli("logs", "a").stdout, 30, 0.5, what="a liveness probe in a's log")
         logs = {name: daemon.cli("logs", name) for name in ("a", "b")}
     for name, shown in logs.items():
         assert shown.returncode == 0, shown.stderr
         access = [line for line in shown.stdout.splitlines() if '" 200' in line and "HTTP/1.1" in line]
         assert not [line for line in access if "/is_sleeping" in line], name
         assert [line for line in access if '"POST /v1/completions HTTP/1.1" 200' in line], name
-    assert '"POST /v1/completions?dankserve=liveness-probe HTTP/1.1" 200' in logs["a"].stdout
+    assert LIVENESS_LINE in logs["a"].stdout

@@ -190,7 +190,8 @@ def test_full_queue_timeout_and_failed_wake_get_503_with_retry_after(
     waiters = [threading.Thread(target=waiter) for _ in range(2)]
     for thread in waiters:
         thread.start()
-    time.sleep(0.5)
+    # the gateway asks for a wake as each waiter joins its queue
+    wait_until(lambda: len(gateway.supervisor.wakes) == 2, 10, what="two requests waiting (two wakes asked)")
     full = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=10)
     assert full.status_code == 503 and full.headers["Retry-After"] == "7"
     assert "2 requests already wait" in full.json()["error"]["message"]

@@ -12,9 +12,10 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from tests.harness.wait import holds_within
 
 
 def available() -> str | None:
@@ -101,8 +102,10 @@ class Lab:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
-        if self.hosts:
-            time.sleep(0.2)
+        if self.hosts:  # a namespace is deleted only once nothing runs in it
+            holds_within(
+                lambda: not any(_ip("netns", "pids", h.name, check=False).stdout.split() for h in self.hosts), 5
+            )
         for host in self.hosts:
             _ip("link", "del", host.veth, check=False)
             _ip("netns", "del", host.name, check=False)

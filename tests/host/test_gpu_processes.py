@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from dankserve.host.gpu_processes import RECORD_BYTES, held_bytes, process_tree, stand_in_dir
+from tests.harness.wait import wait_until
 
 STANDIN = Path(__file__).resolve().parents[2] / "containers" / "fake-vllm"
 sys.path.insert(0, str(STANDIN))
@@ -57,9 +57,9 @@ def test_a_tree_holds_every_descendant_as_psutil_finds_them() -> None:
     """/proc's children files give the same tree as psutil's scan of every process (grandchildren too)."""
     shell = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"])
     try:
-        deadline = time.monotonic() + 10
-        while len(psutil.Process(shell.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(
+            lambda: len(psutil.Process(shell.pid).children(recursive=True)) >= 2, 10, what="the shell's two sleeps"
+        )
         expected = [os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))]
         assert sorted(process_tree(os.getpid())) == sorted(expected) and len(expected) >= 4
         assert process_tree(2**22 + 1) == [2**22 + 1]  # no such process: itself, as psutil's answer was

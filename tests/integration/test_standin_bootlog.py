@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from dankserve.bootlog import (
     StatsUpdated,
     read_boot_facts,
 )
+from tests.harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "containers" / "fake-vllm"
@@ -135,12 +135,16 @@ def run_standin(directory: Path, cache_root: Path, scenario: Scenario) -> Run:
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + WAIT_SECONDS
-        while scenario.stop_when is not None and process.poll() is None and time.monotonic() < deadline:
-            if scenario.stop_when(log_path.read_bytes().decode(errors="replace")):
+        stop_when = scenario.stop_when
+        if stop_when is not None:
+
+            def settled() -> str | None:
+                if process.poll() is not None:
+                    return "exited"
+                return "stop" if stop_when(log_path.read_bytes().decode(errors="replace")) else None
+
+            if wait_until(settled, WAIT_SECONDS, 0.02, what="the line to stop at, or the stand-in's exit") == "stop":
                 process.send_signal(signal.SIGTERM)
-                break
-            time.sleep(0.02)
         returncode = process.wait(timeout=WAIT_SECONDS)
     finally:
         if process.poll() is None:

@@ -4,7 +4,6 @@ never two containers for one deployment, never one GPU in two deployments' conta
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.harness.faults import (
     tally,
 )
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import hold_for
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -74,7 +74,7 @@ def test_daemon_killed_with_9_at_random_phases_adopts_or_replaces(
                 status = daemon.wait_for(victim, boot_reached(target, after=boots), timeout=120)
             else:
                 status = daemon.wait_for(victim, is_ready, timeout=120)
-            time.sleep(rng.uniform(0, 0.2))
+            hold_for(rng.uniform(0, 0.2), "a random moment into the phase, so kills land at varied points")
             before = {name: {c["Id"] for c in watch.sample()[name]} for name in (first, second)}
             daemon.kill()
             record.inject(f"killed while {'a' if victim == first else 'b'} was {status['phase']}")

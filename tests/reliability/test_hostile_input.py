@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from tests.harness.faults import (
     tally,
 )
 from tests.harness.podman_service import PodmanEnv
-from tests.harness.wait import holds_within
+from tests.harness.wait import hold_for, holds_within
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -180,7 +179,7 @@ def test_the_daemon_out_of_descriptors_keeps_its_deployment(
             record.inject("EMFILE")
             with descriptors_exhausted(daemon.proc.pid):
                 holds_within(more_events(daemon, "health_probe_not_sent", not_sent), 15)
-                time.sleep(4)  # more probes meet the exhausted table (the fault held, not a wait)
+                hold_for(4, "the fault held: more probes meet the exhausted descriptor table")
             try:
                 now = daemon.wait_for(name, is_ready, timeout=30)
             except AssertionError as exc:

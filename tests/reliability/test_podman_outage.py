@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from tests.harness.faults import (
     tally,
 )
 from tests.harness.podman_service import PodmanEnv, RestartableService
+from tests.harness.wait import first_problem
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -47,6 +48,31 @@ def supervised_again(daemon: RunningDaemon, env: PodmanEnv, name: str) -> bool:
     env.podman("kill", f"dankserve-{name}")
     daemon.wait_for(name, ready_after(boots), timeout=120)
     return True
+
+
+def _outage_watch(
+    daemon: RunningDaemon, podman_env: PodmanEnv, name: str, port: int, variant: str
+) -> Callable[[], str | None]:
+    """One look during an outage: the first problem seen, or None; kills the container 4 s before the
+    outage ends where the variant says so."""
+    deadline = time.monotonic() + OUTAGE_SECONDS
+    killed = False
+
+    def look() -> str | None:
+        nonlocal killed
+        if daemon.proc is None or daemon.proc.poll() is not None:
+            return "the daemon exited"
+        status = daemon.deployment(name)
+        if status is not None and status["state"] == "failed":
+            return f"failed during the outage: {status.get('message')}"
+        if variant.startswith("while ready") and not check_health(TcpAddress("127.0.0.1", port)).healthy:
+            return "the server stopped answering during the outage"
+        if variant == "container died during it" and not killed and time.monotonic() > deadline - 4:
+            podman_env.podman("kill", f"dankserve-{name}")
+            killed = True
+        return None
+
+    return look
 
 
 def test_podman_outages_are_survived(
@@ -91,27 +117,11 @@ def test_podman_outages_are_survived(
                     daemon.wait_for(name, is_ready, timeout=120)
                 service.stop(signal.SIGKILL if "SIGKILL" in variant else signal.SIGTERM)
                 record.inject(variant)
-                problems = []
-                deadline = time.monotonic() + OUTAGE_SECONDS
-                killed = False
-                while time.monotonic() < deadline:
-                    if daemon.proc is None or daemon.proc.poll() is not None:
-                        problems.append("the daemon exited")
-                        break
-                    status = daemon.deployment(name)
-                    if status is not None and status["state"] == "failed":
-                        problems.append(f"failed during the outage: {status.get('message')}")
-                        break
-                    if variant.startswith("while ready") and not check_health(TcpAddress("127.0.0.1", port)).healthy:
-                        problems.append("the server stopped answering during the outage")
-                        break
-                    if variant == "container died during it" and not killed and time.monotonic() > deadline - 4:
-                        podman_env.podman("kill", f"dankserve-{name}")
-                        killed = True
-                    time.sleep(0.5)
+                # the outage's length is the fault: watched the whole time, the first problem ends it
+                problem = first_problem(_outage_watch(daemon, podman_env, name, port, variant), OUTAGE_SECONDS, 0.5)
                 service.start()
-                if problems:
-                    record.lose(f"cycle {cycle}, {variant}: {problems[0]}")
+                if problem is not None:
+                    record.lose(f"cycle {cycle}, {variant}: {problem}")
                     break
                 try:
                     # Ready, and no word of Podman being unreachable: the daemon has reconnected.

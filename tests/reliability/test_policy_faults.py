@@ -4,7 +4,6 @@ docs/failure-policy.md says (tests/supervisor/test_daemon.py covers the same on 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from dankserve.runtime.base import workload_name
 from tests.harness.daemon import RunningDaemon, container_deployment, free_port, running_daemon
 from tests.harness.faults import FaultTally, containers_of, cycles, is_ready, reproduce, tally
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import first_problem
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -50,7 +50,13 @@ def config_error(cause: str, boots: int) -> Callable[[Status, RunningDaemon, Pod
     """Failed with this cause after `boots` boots, never restarted beyond them, no container left."""
 
     def check(status: Status, daemon: RunningDaemon, env: PodmanEnv, name: str) -> str | None:
-        time.sleep(1.0)  # a wrongful restart would show by now
+        # a wrongful restart would show within a second: watched for the whole of it
+        again = first_problem(
+            lambda: None if (daemon.deployment(name) or status)["boots"] <= boots else f"booted again after {boots}",
+            1.0,
+        )
+        if again is not None:
+            return again
         status = daemon.deployment(name) or status
         if failure_class(status) != cause:
             return f"last failure {failure_class(status)}, not {cause}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -145,8 +144,7 @@ def test_a_limited_key_cannot_take_every_connection(
         sock = socket.create_connection(gateway.server.address, timeout=5)
         sock.sendall(head + b'{"model": "tiny", ')
         sockets.append(sock)
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_until(lambda: sum(_peeked_status(s) == b"429" for s in sockets) == 9, 10, what="nine of mallory's ten refused")
     headers, body = chat(ALICE)
     answered: list[int | str] = []
     for _ in range(8):
@@ -158,6 +156,16 @@ def test_a_limited_key_cannot_take_every_connection(
     assert answered == [200] * 8
     refused = [s for s in sockets if _status(s) == b"429"]
     assert len(refused) == 9, "all but one of mallory's requests refused before their bodies"
+
+
+def _peeked_status(sock: socket.socket) -> bytes:
+    """The status of an answer already there, left unread (b"" while none came)."""
+    try:
+        head = sock.recv(200, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return b""
+    parts = head.split(b" ")
+    return parts[1] if len(parts) > 1 else b""
 
 
 def _status(sock: socket.socket) -> bytes:
@@ -188,9 +196,10 @@ def test_a_higher_priority_takes_the_place_of_a_lower_one_in_a_full_queue(
 
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
         low = []
-        for _ in range(4):
+        for queued in range(1, 5):
             low.append(pool.submit(post, MALLORY))
-            time.sleep(0.1)  # in this order in the line
+            # in this order in the line: the gateway asks for a wake as each joins it
+            wait_until(lambda: len(gateway.supervisor.wakes) == queued, 10, what=f"{queued} in the queue")  # noqa: B023
         high = pool.submit(post, ALICE)
         last = low[-1].result(timeout=10)
         assert last.status_code == 503 and last.headers["Retry-After"] == "30"

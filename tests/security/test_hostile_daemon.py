@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import pytest
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
 from tests.harness.faults import descriptors_exhausted
-from tests.harness.wait import wait_until
+from tests.harness.wait import hold_for, stays_true, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +59,8 @@ def test_a_failing_reload_keeps_the_running_config_and_deployments(tmp_path: Pat
         break_config(daemon.config)
         daemon.signal(signal.SIGHUP)
         wait_until(lambda: daemon.events_named("reload_rejected"), 20, 0.1, what=daemon.log_tail)
-        time.sleep(1.5)  # a health check or two later
+        # a health check or two later the server is still the one it was, ready
+        stays_true(lambda: ready(daemon.deployment("chat") or {}) and server_pid(daemon) == pid, 1.5, 0.3)
         status = daemon.status()
         assert status is not None and status["daemon"]["config"]["refused"] is not None
         chat = daemon.wait_for("chat", ready)
@@ -79,7 +79,7 @@ def test_the_daemon_out_of_descriptors_keeps_a_healthy_server(tmp_path: Path) ->
         with descriptors_exhausted(daemon.proc.pid):  # no descriptor left for a new socket
             with contextlib.suppress(AssertionError):  # asserted below, with the log
                 wait_until(lambda: "Too many open files" in daemon.log_tail(200), 20, 0.1)
-            time.sleep(3.0)  # several more probes or log checks that cannot open anything
+            hold_for(3.0, "the fault held: several more probes or log checks that cannot open anything")
         assert "Too many open files" in daemon.log_tail(200), daemon.log_tail()  # the fault bit
         chat = daemon.wait_for("chat", ready)
         assert chat["boots"] == 1 and chat["restarts"] == 0 and chat["last_failure"] is None

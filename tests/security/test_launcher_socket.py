@@ -19,6 +19,7 @@ import pytest
 
 from dankserve.launcher import protocol
 from tests.harness.daemon import RunningDaemon, free_port, launcher_deployment, running_daemon
+from tests.harness.wait import hold_for, stays_true
 from tests.supervisor.test_daemon_launcher import alive, launcher, launcher_pid, server_pid
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,8 @@ def ask(daemon: RunningDaemon, payload: bytes, drip: float = 0.0, seconds: float
                 if time.monotonic() > deadline:
                     break
                 conn.sendall(piece)
-                time.sleep(drip)
+                if drip:
+                    hold_for(drip, "a deliberately slow client: one byte per drip")
         data = b""
         with contextlib.suppress(OSError):
             while not data.endswith(b"\n") and (chunk := conn.recv(65536)):
@@ -68,6 +70,12 @@ def test_hostile_requests_to_the_launcher_change_nothing(tmp_path: Path) -> None
         assert dripped is None or dripped["ok"] is False
         assert launcher(daemon, "chat").server is not None  # the socket answers again
         assert all(alive(pid) for pid in pids)
-        time.sleep(2.0)  # health checks
+        # a few health checks later: still the same launcher and server, ready
+        stays_true(
+            lambda: all(alive(pid) for pid in pids) and (daemon.deployment("chat") or {}).get("state") == "ready",
+            2.0,
+            0.2,
+            what="the launcher and server alive and chat ready",
+        )
         chat = daemon.wait_for("chat", lambda d: d["state"] == "ready")
         assert chat["boots"] == 1 and chat["restarts"] == 0 and chat["last_failure"] is None, chat

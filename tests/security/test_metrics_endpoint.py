@@ -26,6 +26,7 @@ import pytest
 
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
 from tests.harness.faults import descriptors_exhausted
+from tests.harness.wait import hold_for, stays_true
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +90,9 @@ def test_idle_connections_to_metrics_cost_the_daemon_nothing(tmp_path: Path) -> 
         assert daemon.proc is not None
         pid = server_pid(daemon)
         with idle_connections(metrics, FLOOD, seconds=40):
-            time.sleep(3.0)  # ten health checks with the flood held
-            assert len(os.listdir(f"/proc/{daemon.proc.pid}/fd")) < NOFILE
+            fds = f"/proc/{daemon.proc.pid}/fd"
+            # ten health checks with the flood held, the daemon's descriptors watched all along
+            stays_true(lambda: len(os.listdir(fds)) < NOFILE, 3.0, 0.2, what=f"fewer than {NOFILE} descriptors")
             status = daemon.status()
             assert status is not None, daemon.log_tail()
             chat = next(d for d in status["deployments"] if d["name"] == "chat")
@@ -125,7 +127,7 @@ def test_sigterm_while_out_of_descriptors_still_stops_the_server(tmp_path: Path)
         pid = server_pid(daemon)
         with contextlib.suppress(psutil.Error), descriptors_exhausted(daemon.proc.pid):
             daemon.signal(signal.SIGTERM)
-            time.sleep(2.0)
+            hold_for(2.0, "descriptors stay exhausted 2 s after the SIGTERM, so the stop must be tried again")
         assert daemon.proc.wait(60) == 0, daemon.log_tail()
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

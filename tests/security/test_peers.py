@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from dankserve.cluster.api import MAX_BODY, ClusterClient, ClusterServer
 from tests.harness import netns
 from tests.harness.certs import group_certs
 from tests.harness.daemon import free_port, process_deployment, running_daemon
+from tests.harness.wait import hold_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(netns.available() is not None, reason=str(netns.available()))]
 
@@ -36,8 +36,7 @@ import select, socket, sys, time
 host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 seconds, payload = float(sys.argv[4]), bytes.fromhex(sys.argv[5])
 deadline = time.monotonic() + seconds
-held, opened = [], 0
-print("started", flush=True)
+held, opened, announced = [], 0, False
 while time.monotonic() < deadline:
     alive = []
     for sock in held:
@@ -60,6 +59,9 @@ while time.monotonic() < deadline:
             sock.sendall(payload)
         held.append(sock)
         opened += 1
+    if not announced:  # the first round opened all it could: the slots are taken
+        print("started", flush=True)
+        announced = True
     time.sleep(0.02)
 print(opened, flush=True)
 """
@@ -81,8 +83,8 @@ def attacking(lab: netns.Lab, address: str, port: int, payload: bytes, seconds: 
     argv = [sys.executable, "-c", HOLD, address, str(port), str(ATTACKERS), str(seconds), payload.hex()]
     proc = subprocess.Popen(lab.hosts[0].command(argv), stdout=subprocess.PIPE, text=True)
     try:
+        # the child says "started" once its first round has opened all the connections it could
         assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
-        time.sleep(1.0)  # the slots taken
         yield
     finally:
         proc.kill()
@@ -96,7 +98,7 @@ def calls_answered(call: Any) -> int:
         with contextlib.suppress(Exception):
             if call():
                 answered += 1
-        time.sleep(0.1)
+        hold_for(0.1, "the calls spread over the attack, 0.1 s apart")
     return answered
 
 

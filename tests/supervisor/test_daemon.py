@@ -18,7 +18,7 @@ import pytest
 
 from dankserve.testing.config_file import write_config
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon
-from tests.harness.wait import wait_until
+from tests.harness.wait import hold_for, stays_true, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,8 +73,7 @@ def test_bad_argument_is_reported_and_not_retried(tmp_path: Path) -> None:
         assert status["last_failure"]["class"] == "bad_argument"
         assert "unrecognized arguments" in status["message"]
         assert status["restarts"] == 0
-        time.sleep(1.0)
-        assert len(daemon.events_named("started")) == 1
+        stays_true(lambda: len(daemon.events_named("started")) == 1, 1.0, what="one boot (no retry)")
         assert daemon.notifications.first("READY=1") is not None
 
 
@@ -244,8 +243,8 @@ def test_up_asked_while_the_daemon_starts_gives_one_worker_and_one_server(tmp_pa
         # as soon as the control socket answers, before or while the workers start
         wait_until(lambda: d.request({"command": "up", "deployment": "chat"}), 30, 0.005, what="the control socket")
         d.wait_for("chat", ready)
-        time.sleep(2)  # a second worker would boot again now and find the port held
-        assert [e["boot"] for e in d.events_named("started")] == [1], d.log_tail()
+        # a second worker would boot again within these 2 s and find the port held
+        stays_true(lambda: [e["boot"] for e in d.events_named("started")] == [1], 2.0, what=d.log_tail)
         assert not d.events_named("port_in_use") and d.deployment("chat")["state"] == "ready"  # type: ignore[index]
 
 
@@ -261,7 +260,7 @@ def test_learned_bytes_wait_for_freed_memory_and_are_refused_while_others_hold_i
         d.wait_for("chat", ready)
         write_host(host, free_fraction=0.5)  # memory still held just after the crash ...
         os.killpg(server_pid(d, "chat"), signal.SIGKILL)
-        time.sleep(1.0)
+        hold_for(1.0, "the dead server's memory stays held a moment, within the 3 s settle window")
         write_host(host)  # ... and freed a moment later
         second = d.wait_for("chat", lambda s: ready(s) and s["boots"] == 2)
         assert second["kv_cache_learned_used"] is True
@@ -282,10 +281,7 @@ def test_an_adopted_boot_keeps_its_gpu_until_ready(tmp_path: Path) -> None:
         "b": process_deployment(free_port(), gpus=[0], gpu_memory_utilization=0.45, env=slow),
     }
     with running_daemon(tmp_path, deployments) as daemon:
-        started = daemon.events_named("started")
-        while not started:
-            time.sleep(0.05)
-            started = daemon.events_named("started")
+        started = wait_until(lambda: daemon.events_named("started"), 30, what="a first boot")
         booting = started[0]["deployment"]
         daemon.wait_for(booting, lambda d: d["phase"] in ("loading", "compiling", "profiling", "capturing"))
         daemon.kill()
@@ -327,9 +323,11 @@ def test_a_server_left_on_the_port_is_named_and_never_taken_for_the_new_boot(tmp
                 "chat", lambda d: f"port {port} is in use by pid {squatter.pid}" in (d["message"] or "")
             )
             assert waiting["state"] == "restarting"
-            time.sleep(1.0)
-            assert daemon.deployment("chat")["state"] != "ready"  # type: ignore[index]
-            assert daemon.events_named("started") == []
+            stays_true(
+                lambda: daemon.deployment("chat")["state"] != "ready" and daemon.events_named("started") == [],  # type: ignore[index]
+                1.0,
+                what="no boot while the squatter holds the port",
+            )
             squatter.terminate()
             squatter.wait(10)
             status = daemon.wait_for("chat", ready)

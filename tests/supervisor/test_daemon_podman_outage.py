@@ -4,7 +4,6 @@ or an unreachable service used to fail the deployment for good). tests/reliabili
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +11,11 @@ import pytest
 
 from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.probes.health import check_health
-from tests.harness.daemon import container_deployment, free_port, running_daemon, write_host
+from tests.harness.daemon import RunningDaemon, container_deployment, free_port, running_daemon, write_host
 from tests.harness.faults import boot_reached, is_ready, ready_after
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv, RestartableService
+from tests.harness.wait import hold_for, stays_true
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +52,12 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
     with running_daemon(tmp_path, {deployment: dep}, hardware=host, extra_globals=globals_) as daemon:
         first = daemon.wait_for(deployment, is_ready, timeout=120)
         service.stop(signal.SIGKILL)
-        time.sleep(3)
-        assert check_health(TcpAddress("127.0.0.1", port)).healthy
-        assert daemon.deployment(deployment)["state"] == "ready"  # type: ignore[index]
+        stays_true(
+            lambda: check_health(TcpAddress("127.0.0.1", port)).healthy and _state(daemon, deployment) == "ready",
+            3,
+            0.5,
+            what="the server answering and the deployment ready with Podman gone",
+        )
         service.start()
         daemon.wait_for(deployment, lambda d: is_ready(d) and not d["message"], timeout=60)
         # The same container, followed again (from its log file, or the API once it is back): no new boot.
@@ -63,8 +66,11 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         service.stop(signal.SIGTERM)
         podman_env.podman("kill", f"dankserve-{deployment}")
         daemon.wait_for(deployment, lambda d: d["state"] != "ready", timeout=30)
-        time.sleep(2)
-        assert daemon.deployment(deployment)["state"] != "failed"  # type: ignore[index]
+        stays_true(
+            lambda: _state(daemon, deployment) != "failed",
+            2,
+            what="a container dead during the outage not failing the deployment",
+        )
         service.start()
         daemon.wait_for(deployment, ready_after(first["boots"]), timeout=120)
         after = daemon.deployment(deployment) or {}
@@ -72,6 +78,11 @@ def test_a_podman_outage_neither_fails_nor_stops_the_deployment(
         # the death during the outage is counted as any death is (issue 39, low): a restart and its failure
         assert after["restarts"] == first["restarts"] + 1 and after["last_failure"] is not None, after
         assert daemon.stop() == 0
+
+
+def _state(daemon: RunningDaemon, deployment: str) -> str | None:
+    shown = daemon.deployment(deployment)
+    return None if shown is None else str(shown["state"])
 
 
 PAUSE_SECONDS = 70.0
@@ -94,7 +105,7 @@ def test_a_paused_podman_service_in_a_boot_and_a_stop_is_waited_out(
             service.pause()
             try:
                 daemon.cli(move, deployment, "--timeout", "2")
-                time.sleep(PAUSE_SECONDS)
+                hold_for(PAUSE_SECONDS, "Podman stays paused past the daemon's 60 s request timeout")
                 assert daemon.deployment(deployment)["state"] != "failed"  # type: ignore[index]
             finally:
                 service.resume()

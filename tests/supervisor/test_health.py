@@ -4,7 +4,6 @@ import http.server
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -20,7 +19,7 @@ from dankserve.supervisor.probes.health import (
     idle_seconds,
     token_probe,
 )
-from tests.harness.wait import wait_until
+from tests.harness.wait import hold_for, wait_until
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -118,7 +117,7 @@ class _CompletionHandler(http.server.BaseHTTPRequestHandler):
             }
         )
         if self.mode == "hang":
-            time.sleep(2)
+            hold_for(2, "a server that answers long after the probe's 0.3 s timeout")
         payload = b'{"choices": [{"text": "x"}]}' if self.mode in ("ok", "hang") else b'{"error": "boom"}'
         self.send_response({"error": 500, "unsupported": 404}.get(self.mode, 200))
         self.send_header("Content-Length", str(len(payload)))

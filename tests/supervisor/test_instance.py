@@ -5,13 +5,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from dankserve.errors import EnvironmentUnusable
 from dankserve.supervisor import instance
+from tests.harness.wait import wait_until
 
 HOLD = (
     "import sys,time; from pathlib import Path; from dankserve.supervisor import instance; "
@@ -43,8 +43,7 @@ def test_lock_dies_with_a_killed_daemon(tmp_path: Path) -> None:
     proc = _holder(tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(0.05)
-    assert instance.running_daemon(tmp_path) is None
+    wait_until(lambda: instance.running_daemon(tmp_path) is None, 5, what="the dead holder's lock released")
     held = instance.acquire(tmp_path)
     assert instance.read_pid(tmp_path) == os.getpid()
     held.release()

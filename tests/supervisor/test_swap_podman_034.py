@@ -7,7 +7,6 @@ from the gateway's queue, and keeps FlashInfer's kernels (`vllm download-kernels
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from tests.harness.daemon import free_port, running_daemon, write_host
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import stand_in_release
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 from tests.supervisor.test_swap_podman import _member
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
@@ -68,16 +68,15 @@ def test_a_0_34_swap_group_sleeps_wakes_and_reports_its_operations(
             kept = tmp_path / "cache" / "deployments" / name / "vllm" / "kernels" / "0.34.0"
             assert (kept / "flashinfer_cubin").is_dir() and (kept / "flashinfer_jit_cache").is_dir()
 
-        def relayed() -> str:
+        def relayed() -> str | None:
+            """The relayed metrics once they hold a's wake and the admission counter."""
             with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as answer:
-                return str(answer.read().decode())
+                text = str(answer.read().decode())
+            return text if 'operation="wake"' in text and "vllm:admission_rejections_total" in text else None
 
-        text = ""
-        for _ in range(60):  # the observatory reads each server's /metrics every 0.5 s
-            text = relayed()
-            if 'operation="wake"' in text and "vllm:admission_rejections_total" in text:
-                break
-            time.sleep(0.5)
+        # the observatory reads each server's /metrics every 0.5 s
+        text = wait_until(relayed, 30, 0.5, what="the relayed wake and admission metrics")
+
         wakes = [
             line for line in text.splitlines() if line.startswith("vllm:sleep_mode_operation_duration_seconds_count")
         ]

@@ -14,6 +14,7 @@ import pytest
 from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.probes.health import MAX_ANSWER_BYTES
 from dankserve.supervisor.probes.warm_up import WarmUpOutcome, warm_up_server
+from tests.harness.wait import hold_for
 
 Answer = Callable[[BaseHTTPRequestHandler, dict[str, object]], None]
 
@@ -104,7 +105,7 @@ def test_a_4xx_is_no_failure_but_is_said_as_unwarmed() -> None:
 
 def test_no_answer_within_the_timeout_is_a_failure_and_bounded() -> None:
     """A server that never answers fails the warm-up after the timeout, not later."""
-    for port, _ in serve(lambda h, b: time.sleep(3)):
+    for port, _ in serve(lambda h, b: hold_for(3, "a server that never answers within the warm-up's 0.5 s")):
         began = time.monotonic()
         error = warm_up_server(TcpAddress("127.0.0.1", port), "m", None, 0.5).error
         assert error is not None and "no answer within" in error
