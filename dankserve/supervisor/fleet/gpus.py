@@ -30,6 +30,8 @@ class HostGpus:
         self.host = host
         self._hardware_file = hardware_file
         self.slots = GpuBootLocks()
+        self.hardware_file = hardware_file
+        """The recorded host file (None: a real host): the stand-in's records lie beside it."""
         self._claimed: dict[str, BootSlot] = {}
         self._lock = threading.Lock()
 

@@ -24,6 +24,7 @@ from dankserve.supervisor.fleet.swap_roster import PlanFacts
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.worker import launching
 from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.snapshots import SnapshotEdge
 from dankserve.supervisor.worker.workload import launcher_run_dir, workload_spec
 from dankserve.supervisor.worker.workloads import WorkloadRuntimes
 
@@ -59,6 +60,8 @@ class Boots:
         self.max_num_seqs: int | None = None
         """The last plan's --max-num-seqs: the gateway's default cap of requests in flight to it."""
         self._lock = threading.Lock()
+        self.snapshots: SnapshotEdge | None = None
+        """The deployment's snapshots (issue 41): their verdict is part of the plan."""
 
     @property
     def waiting_for(self) -> str | None:
@@ -160,6 +163,7 @@ class Boots:
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
             sleeping = edges.is_sleeping(backend_address(settings, name, dep), api_key(dep))
+        snapshot = self.snapshots.verdict(dep, runtime, plan, digest, version) if self.snapshots is not None else None
         kept = services.state.deployment(name)
         remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
@@ -174,6 +178,7 @@ class Boots:
             sleeping=sleeping,
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
             remembered_moving=m.SWAP_MOVES.get(moving or ""),
+            snapshot=snapshot,
         )
 
     def start(

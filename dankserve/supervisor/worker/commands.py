@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from dankserve.backend_address import BackendAddress
@@ -25,6 +26,7 @@ from dankserve.supervisor.worker.booting import Boots, api_key
 from dankserve.supervisor.worker.log_pump import Inbox
 from dankserve.supervisor.worker.recording import Recorder
 from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.snapshots import SnapshotEdge
 from dankserve.supervisor.worker.workload import launcher_run_dir
 from dankserve.supervisor.worker.workloads import LogFollow, WorkloadRuntimes
 
@@ -61,6 +63,10 @@ class Commands:
             logger=logger,
         )
         self.records = Recorder(name, services, machine, logger)
+        self.snapshots = SnapshotEdge(
+            name, services.settings, services.gpus.host, services.gpus.hardware_file, services.edges, logger
+        )
+        self.boots.snapshots = self.snapshots
 
     def run(self, command: m.Command, dep: DeploymentSettings) -> m.Event | None:
         """Run `command` for the deployment configured as `dep` now."""
@@ -115,6 +121,10 @@ class Commands:
                 return m.GpuTenants(others, edges.draw(), free)
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
+            case m.CaptureSnapshot(workload_id=wid):
+                return self.snapshots.capture(dep, self.runtimes.of(wid, dep), wid)
+            case m.RestoreSnapshot():
+                return self._restore(dep)
             case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
                 self._services.telemetry.swap_check_failed(self._name, check)
                 if self._services.swap_verifier is not None:
@@ -123,6 +133,15 @@ class Commands:
             case _:
                 self.records.record(command)
         return None
+
+    def _restore(self, dep: DeploymentSettings) -> m.Event:
+        """A snapshot restored in a boot's place: counted as a boot once it serves."""
+        runtime = self.runtimes.current(dep)
+        event = self.snapshots.restore(dep, runtime, 0)
+        if isinstance(event, m.Restored):
+            self.runtimes.seen(event.workload_id, runtime)
+            return replace(event, boot=self._services.state.next_boot(self._name))
+        return event
 
     def _address(self, dep: DeploymentSettings) -> BackendAddress:
         """Where the deployment's server listens (its private socket, or TCP)."""
