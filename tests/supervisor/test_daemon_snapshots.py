@@ -83,3 +83,125 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
         assert restored["restarts"] == 1
         metrics = daemon.cli("status", "chat")
         assert "snapshot" in metrics.stdout
+
+
+def _booted_normally(daemon: RunningDaemon, boots: int) -> dict[str, Any]:
+    """Ready after a normal boot (not a restore), captured again."""
+    return daemon.wait_for(
+        "chat",
+        lambda d: d["state"] == "ready"
+        and d["boots"] == boots
+        and (d["last_boot"] or {}).get("kind") != "restore"
+        and d["snapshot"]["state"] == "ready",
+        timeout=90,
+    )
+
+
+def _no_failure_counted(daemon: RunningDaemon) -> None:
+    assert not daemon.events_named("deployment_failed")
+    assert [e["failure"] for e in daemon.events_named("boot_failed")] in ([], ["engine_dead"])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_corrupt_or_truncated_snapshot_is_discarded_and_the_same_restart_boots(tmp_path: Path, damage: str) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        damage_images(daemon.state_dir / "snapshots" / "chat" / "images", damage)
+        _kill(daemon)
+        after = _booted_normally(daemon, 2)
+        assert "criu restore failed" in after["snapshot"]["last_failure"]
+        assert after["restarts"] == 1
+        assert _ids(port) == ids
+        (failed,) = daemon.events_named("snapshot_restore_failed")
+        assert failed["then"] == "a normal boot"
+        _no_failure_counted(daemon)
+        shown = daemon.cli("status", "chat").stdout
+        assert "snapshot ready" in shown and "last failure: restore failed at criu_restore" in shown, shown
+
+
+def _second_daemon(tmp_path: Path, deployment: dict[str, Any], host: Path, **extra: Any) -> Any:
+    return running_daemon(tmp_path, {"chat": deployment}, hardware=host, **extra)
+
+
+def _captured_then_daemon_and_server_killed(tmp_path: Path, deployment: dict[str, Any], host: Path) -> int:
+    """Daemon 1 captures; it is killed with -9, then its server: the pid the tree had (its pids freed)."""
+    with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon:
+        _captured(daemon)
+        pid = _server_pid(daemon)
+        tree = [pid, *_children(pid)]
+        daemon.kill()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in tree) or None, 30, 0.05, what="the tree gone")
+    return pid
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(p) for p in text.split()]
+
+
+def test_a_changed_plan_deletes_the_snapshot_with_its_reason_and_boots(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    _captured_then_daemon_and_server_killed(tmp_path, _deployment(host, port), host)
+    changed = _deployment(host, port, max_num_seqs=16)
+    with _second_daemon(tmp_path, changed, host) as daemon:
+        after = _booted_normally(daemon, 2)
+        assert after["snapshot"]["last_failure"] == "the plan's arguments changed since the capture"
+        (discarded,) = daemon.events_named("snapshot_discarded")
+        assert "16" not in discarded["reason"], "argv values are never shown"
+        assert not daemon.events_named("restoring_snapshot")
+        _ids(port)
+
+
+def test_a_daemon_restart_restores_and_a_taken_pid_falls_back_to_a_boot(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    deployment = _deployment(host, port)
+    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    with _second_daemon(tmp_path, deployment, host) as daemon:  # its first boot restores
+        daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
+        assert _server_pid(daemon) == pid
+        _ids(port)
+        daemon.kill()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
+    taker = _take_pid(pid)
+    if taker is None:
+        pytest.skip(f"could not take pid {pid} for the test")
+    try:
+        with _second_daemon(tmp_path, deployment, host) as daemon:
+            after = _booted_normally(daemon, 3)
+            assert f"pid {pid} is taken by another process" in after["snapshot"]["last_failure"]
+            assert taker.poll() is None, "the process holding the pid is untouched"
+            _ids(port)
+    finally:
+        taker.kill()
+        taker.wait()
+
+
+def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
+    """A process with exactly this pid (ns_last_pid, as CRIU itself sets it), or None after some tries."""
+    for _ in range(50):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        taker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        if taker.pid == pid:
+            return taker
+        taker.kill()
+        taker.wait()
+    return None
+
+
+def test_criu_missing_boots_normally_and_keeps_the_snapshot(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    _captured_then_daemon_and_server_killed(tmp_path, _deployment(host, port), host)
+    with _second_daemon(tmp_path, _deployment(host, port), host, extra_env={"DANKSERVE_CRIU": ""}) as daemon:
+        after = daemon.wait_for("chat", lambda d: d["state"] == "ready")
+        assert after["snapshot"]["state"] == "off"
+        assert "CRIU is not installed" in after["snapshot"]["reason"]
+        assert (daemon.state_dir / "snapshots" / "chat" / "manifest.json").exists(), "nothing lost"
+        _ids(port)

@@ -83,6 +83,8 @@ class SnapshotPlan:
 
     state: SnapshotState
     reason: str
+    discarded: str | None = None
+    """Why planning deleted the snapshot there was (a changed plan, a corrupt entry), else None."""
 
 
 @dataclass(frozen=True)

@@ -113,10 +113,11 @@ class SnapshotEdge:
             if why is None:
                 return m.SnapshotPlan("ready", "valid for this plan: the next start restores it")
             self._discard(root, why)
-            return m.SnapshotPlan("absent", f"the last snapshot was deleted: {why}")
+            return m.SnapshotPlan("absent", f"the last snapshot was deleted: {why}", discarded=why)
         if (root / self._name).exists() or (root / self._name).is_symlink():
-            self._discard(root, entry.reason or entry.state)
-            return m.SnapshotPlan("absent", f"the last snapshot was deleted: {entry.reason or entry.state}")
+            why = entry.reason or entry.state
+            self._discard(root, why)
+            return m.SnapshotPlan("absent", f"the last snapshot was deleted: {why}", discarded=why)
         return m.SnapshotPlan("absent", "none captured yet: the ready server is captured once")
 
     def _current_key(
