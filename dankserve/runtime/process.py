@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -462,33 +462,22 @@ class ProcessRuntime(Runtime):
         record = self._by_id(workload_id)
         return None if record is None else self._workload(record)
 
-    # -- snapshots (issue 41) ------------------------------------------------------------------
     def log_path(self, deployment: str) -> Path:
-        """The server's log: a restored server goes on appending to it (`criu restore --inherit-fd`)."""
+        """The server's log; snapshots (issue 41): a restored server appends to it (`criu restore --inherit-fd`)."""
         return self._log_path(deployment)
 
-    def record_of(self, workload_id: str) -> ProcessRecord | None:
-        """What the runtime remembers of a workload (a capture keeps it for the restore)."""
-        return self._by_id(workload_id)
-
     def adopt_restored(self, restored: ProcessRecord) -> Workload:
-        """A tree CRIU restored (its root at `restored.pid`, not our child): recorded as the deployment's
-        server with the root's new start time, its log lines timed again."""
-        create_time = start_time_of(restored.pid)
-        record = ProcessRecord(
-            deployment=restored.deployment,
-            pid=restored.pid,
-            create_time=create_time,
-            argv=restored.argv,
-            labels=restored.labels,
-            started_at=time.time(),
-            gpu_uuids=restored.gpu_uuids,
-        )
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """A tree CRIU restored (its root at `restored.pid`, not our child): the deployment's server."""
+        record = replace(restored, create_time=start_time_of(restored.pid), started_at=time.time())
         write_private_file(self._record_path(record.deployment), json.dumps(record.to_json()))
-        log_path, times_path = self._log_path(record.deployment), self._times_path(record.deployment)
-        self._watchers.start(record.pid, create_time, log_path, times_path)
+        name = record.deployment
+        self._watchers.start(record.pid, record.create_time, self._log_path(name), self._times_path(name))
         return self._workload(record)
+
+
+def record_of(runtime: ProcessRuntime, workload_id: str) -> ProcessRecord | None:
+    """What the runtime remembers of a workload (a capture keeps it for the restore)."""
+    return runtime._by_id(workload_id)  # noqa: SLF001 (this module's own class)
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:

@@ -68,8 +68,9 @@ def _kill(daemon: RunningDaemon) -> int:
 
 def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids(tmp_path: Path) -> None:
     host = write_host(tmp_path / "host.json")
-    port = free_port()
-    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+    port, metrics_port = free_port(), free_port()
+    listen = {"metrics_listen": f"127.0.0.1:{metrics_port}"}
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host, extra_globals=listen) as daemon:
         first = _captured(daemon)
         assert first["snapshot"]["last_capture_outage_seconds"] > 0
         ids = _ids(port)
@@ -81,8 +82,14 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
         assert _boots_in_log(daemon) == booted, "restored, not booted"
         assert restored["snapshot"]["last_restore_seconds"] > 0
         assert restored["restarts"] == 1
-        metrics = daemon.cli("status", "chat")
-        assert "snapshot" in metrics.stdout
+        shown = daemon.cli("status", "chat").stdout
+        assert "snapshot ready: restored from it" in shown and "last restore" in shown, shown
+        assert "restore 1" in shown, "boots by kind"
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert 'dankserve_boots_total{deployment="chat",kind="restore"} 1.0' in scraped
+        assert 'dankserve_snapshot_captures_total{deployment="chat",result="ok"} 1.0' in scraped
+        assert 'dankserve_snapshot_restores_total{deployment="chat",result="restored"} 1.0' in scraped
+        assert 'dankserve_snapshot_seconds_total{deployment="chat",kind="restore"}' in scraped
 
 
 def _booted_normally(daemon: RunningDaemon, boots: int) -> dict[str, Any]:

@@ -111,6 +111,12 @@ class DeploymentTelemetry:
         default_factory=lambda: MappingProxyType(dict.fromkeys(("sleep", "wake"), 0))
     )
     """Sleeps NVML showed still holding memory (`sleep`), wakes whose canary answered other tokens (`wake`)."""
+    snapshots: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(SNAPSHOT_EVENTS, 0)))
+    """Snapshots (issue 41): captures (ok, failed) and restores (restored, fallback: discarded, booted)."""
+    snapshot_seconds: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"capture_outage": 0.0, "restore": 0.0})
+    )
+    """Seconds in all: the captures' outages and the restores (kill to serving excluded: the restore only)."""
 
     def status_json(self) -> dict[str, Any]:
         """What `status --json` shows of these numbers."""
@@ -123,6 +129,9 @@ class DeploymentTelemetry:
             "liveness": self.liveness,
             "preemption_warning": self.preemption_warning,
         }
+
+
+SNAPSHOT_EVENTS: tuple[str, ...] = ("captured", "capture_failed", "restored", "restore_fallback")
 
 
 def _bump(counts: Mapping[str, int], key: str) -> Mapping[str, int]:
@@ -207,6 +216,17 @@ class Telemetry:
         with self._lock:
             now = self._by_name.get(name) or DeploymentTelemetry()
             self._change(name, swap_checks_failed=_bump(now.swap_checks_failed, check))
+
+    def snapshot_event(self, name: str, event: str, seconds: float | None = None) -> None:
+        """A capture or restore ended (`event`: SNAPSHOT_EVENTS); `seconds` the outage or the restore."""
+        with self._lock:
+            now = self._by_name.get(name) or DeploymentTelemetry()
+            changes: dict[str, Any] = {"snapshots": _bump(now.snapshots, event)}
+            kind = {"captured": "capture_outage", "restored": "restore"}.get(event)
+            if kind is not None and seconds is not None:
+                total = now.snapshot_seconds.get(kind, 0.0) + seconds
+                changes["snapshot_seconds"] = MappingProxyType({**now.snapshot_seconds, kind: total})
+            self._change(name, **changes)
 
     def preemption_warned(self, name: str, at: float, message: str, new_preemptions: int) -> None:
         with self._lock:

@@ -122,7 +122,11 @@ class Commands:
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
             case m.CaptureSnapshot(workload_id=wid):
-                return self.snapshots.capture(dep, self.runtimes.of(wid, dep), wid)
+                captured = self.snapshots.capture(dep, self.runtimes.of(wid, dep), wid)
+                outage = captured.outage_seconds if isinstance(captured, m.SnapshotCaptured) else None
+                event = "captured" if outage is not None else "capture_failed"
+                self._services.telemetry.snapshot_event(self._name, event, outage)
+                return captured
             case m.RestoreSnapshot():
                 return self._restore(dep)
             case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
@@ -138,9 +142,12 @@ class Commands:
         """A snapshot restored in a boot's place: counted as a boot once it serves."""
         runtime = self.runtimes.current(dep)
         event = self.snapshots.restore(dep, runtime, 0)
+        telemetry = self._services.telemetry
         if isinstance(event, m.Restored):
+            telemetry.snapshot_event(self._name, "restored", event.seconds)
             self.runtimes.seen(event.workload_id, runtime)
             return replace(event, boot=self._services.state.next_boot(self._name))
+        telemetry.snapshot_event(self._name, "restore_fallback")
         return event
 
     def _address(self, dep: DeploymentSettings) -> BackendAddress:

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
 from dankserve.runtime.base import Runtime
-from dankserve.runtime.process import ProcessRecord, ProcessRuntime
+from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import capture as capturing
 from dankserve.snapshot import criu, store
@@ -151,7 +151,7 @@ class SnapshotEdge:
 
     def _capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
         key = self._key
-        record = runtime.record_of(workload_id) if isinstance(runtime, ProcessRuntime) else None
+        record = record_of(runtime, workload_id) if isinstance(runtime, ProcessRuntime) else None
         if key is None or record is None:
             return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         settings = self._settings()
@@ -229,7 +229,7 @@ class SnapshotEdge:
         )
         if not outcome.ok or outcome.pid is None:
             return m.RestoreFailed(outcome.reason or "the restore failed")
-        restored = ProcessRecord(**{**asdict(captured.record), "pid": outcome.pid})
+        restored = replace(captured.record, pid=outcome.pid)
         workload = runtime.adopt_restored(restored)
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
