@@ -477,7 +477,7 @@ class ProcessRuntime(Runtime):
 
 def record_of(runtime: ProcessRuntime, workload_id: str) -> ProcessRecord | None:
     """What the runtime remembers of a workload (a capture keeps it for the restore)."""
-    return runtime._by_id(workload_id)  # noqa: SLF001 (this module's own class)
+    return runtime._by_id(workload_id)
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:

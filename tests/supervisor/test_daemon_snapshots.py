@@ -76,7 +76,9 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
         ids = _ids(port)
         booted = _boots_in_log(daemon)
         pid = _kill(daemon)
-        restored = daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=60)
+        restored = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=60
+        )
         assert _server_pid(daemon) == pid, "CRIU restores the tree with its pids"
         assert _ids(port) == ids
         assert _boots_in_log(daemon) == booted, "restored, not booted"
@@ -96,10 +98,12 @@ def _booted_normally(daemon: RunningDaemon, boots: int) -> dict[str, Any]:
     """Ready after a normal boot (not a restore), captured again."""
     return daemon.wait_for(
         "chat",
-        lambda d: d["state"] == "ready"
-        and d["boots"] == boots
-        and (d["last_boot"] or {}).get("kind") != "restore"
-        and d["snapshot"]["state"] == "ready",
+        lambda d: (
+            d["state"] == "ready"
+            and d["boots"] == boots
+            and (d["last_boot"] or {}).get("kind") != "restore"
+            and d["snapshot"]["state"] == "ready"
+        ),
         timeout=90,
     )
 

@@ -6,6 +6,7 @@ goes on as the normal boot in the same restart, no failure counted."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from dankserve.bootlog.facts import BootFacts
 from dankserve.supervisor import machine as m
@@ -15,7 +16,7 @@ ABSENT = m.SnapshotPlan("absent", "none captured yet")
 READY = m.SnapshotPlan("ready", "valid for this plan")
 
 
-def _warming(snapshot: m.SnapshotPlan | None, **boot: object) -> m.MachineState:
+def _warming(snapshot: m.SnapshotPlan | None, **boot: Any) -> m.MachineState:
     facts = BootFacts(ready=True)
     b = m.Boot(started_at=0.0, uuids=("GPU-0",), workload_id="w1", warm_up_since=5.0, facts=facts, deadline=999.0)
     return m.MachineState(CONFIG, stage=m.Stage.BOOTING, boot=replace(b, snapshot=snapshot, **boot))
@@ -27,7 +28,7 @@ def test_a_ready_boot_without_a_snapshot_captures_at_the_next_look_and_holds_req
     capturing, commands = m.step(ready, m.Tick(), 10.0)
     assert capturing.stage is m.Stage.SNAPSHOTTING and capturing.status == "snapshotting"
     assert m.CaptureSnapshot("w1") in commands
-    again, notes = m.step(capturing, m.SnapshotCaptured(0.7, 100), 11.0)
+    again, _ = m.step(capturing, m.SnapshotCaptured(0.7, 100), 11.0)
     assert again.stage is m.Stage.READY and again.snapshot.last_capture_outage_seconds == 0.7
     assert again.snapshot.plan is not None and again.snapshot.plan.state == "ready"
     assert not any(isinstance(c, m.CaptureSnapshot) for c in m.step(again, m.Tick(), 20.0)[1]), "captured once"
@@ -36,7 +37,7 @@ def test_a_ready_boot_without_a_snapshot_captures_at_the_next_look_and_holds_req
 def test_a_failed_capture_leaves_the_server_ready_with_the_reason() -> None:
     ready, _ = m.step(_warming(ABSENT), m.WarmedUp(None, 0.1), 10.0)
     capturing, _ = m.step(ready, m.Tick(), 10.0)
-    after, commands = m.step(capturing, m.SnapshotCaptureFailed("capture failed at gpu_lock: timeout"), 11.0)
+    after, _ = m.step(capturing, m.SnapshotCaptureFailed("capture failed at gpu_lock: timeout"), 11.0)
     assert after.stage is m.Stage.READY and after.failures == () and after.restarts == 0
     assert after.snapshot.last_failure == "capture failed at gpu_lock: timeout"
     assert after.snapshot.plan is not None and "the last capture failed" in after.snapshot.plan.reason

@@ -73,9 +73,7 @@ def on_snapshot_captured(state: MachineState, event: SnapshotCaptured, now: floa
     plan = SnapshotPlan("ready", "captured from this plan's ready server: restarts restore it")
     outage = round(event.outage_seconds, 3)
     after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_capture_outage_seconds=outage))
-    return after, (
-        note("snapshot_captured", outage_seconds=round(event.outage_seconds, 3), bytes=event.bytes),
-    )
+    return after, (note("snapshot_captured", outage_seconds=round(event.outage_seconds, 3), bytes=event.bytes),)
 
 
 def on_capture_failed(state: MachineState, event: SnapshotCaptureFailed, now: float) -> Step:

@@ -211,7 +211,9 @@ def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Me
 def _snapshot_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Metric]:
     """Snapshots (issue 41): captures and restores by result, and their seconds."""
     captures = CounterMetricFamily(
-        "dankserve_snapshot_captures_total", "Snapshot captures, by result (ok, failed).", labels=["deployment", "result"]
+        "dankserve_snapshot_captures_total",
+        "Snapshot captures, by result (ok, failed).",
+        labels=["deployment", "result"],
     )
     restores = CounterMetricFamily(
         "dankserve_snapshot_restores_total",

@@ -40,9 +40,13 @@ class Predicted:
     """A snapshot's restore (issue 41)."""
 
     def of(self, kind: str) -> float | None:
-        return {"cold": self.cold, "warm": self.warm, "wake": self.wake, "sleep": self.sleep, "restore": self.restore}.get(
-            kind
-        )
+        return {
+            "cold": self.cold,
+            "warm": self.warm,
+            "wake": self.wake,
+            "sleep": self.sleep,
+            "restore": self.restore,
+        }.get(kind)
 
     def boot(self) -> float | None:
         """A boot's prediction before its kind is known: warm once it booted warm before (the compile cache

@@ -20,7 +20,7 @@ from dankserve.supervisor.policy import FailureCause
 BOOT_KINDS: tuple[str, ...] = ("cold", "warm", "learned_bytes", "launcher", "wake", "restore")
 """How a boot went: `cold` (no compile cache, vLLM profiled memory), `warm` (a compile-cache hit),
 `learned_bytes` (the learned KV size skipped profiling), `launcher` (the pre-imported launcher),
-`wake` (woken from sleep), `restore` (a snapshot restored, issue 41). The last two are reported once those ways of booting exist."""
+`wake` (woken from sleep), `restore` (a snapshot restored, issue 41)."""
 
 BOOT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
 SWAP_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)

@@ -64,7 +64,12 @@ class Commands:
         )
         self.records = Recorder(name, services, machine, logger)
         self.snapshots = SnapshotEdge(
-            name, services.settings, services.gpus.host, services.gpus.hardware_file, services.edges, logger
+            name,
+            settings=services.settings,
+            host=services.gpus.host,
+            hardware_file=services.gpus.hardware_file,
+            edges=services.edges,
+            logger=logger,
         )
         self.boots.snapshots = self.snapshots
 
@@ -122,11 +127,7 @@ class Commands:
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
             case m.CaptureSnapshot(workload_id=wid):
-                captured = self.snapshots.capture(dep, self.runtimes.of(wid, dep), wid)
-                outage = captured.outage_seconds if isinstance(captured, m.SnapshotCaptured) else None
-                event = "captured" if outage is not None else "capture_failed"
-                self._services.telemetry.snapshot_event(self._name, event, outage)
-                return captured
+                return self._capture(dep, wid)
             case m.RestoreSnapshot():
                 return self._restore(dep)
             case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
@@ -137,6 +138,15 @@ class Commands:
             case _:
                 self.records.record(command)
         return None
+
+    def _capture(self, dep: DeploymentSettings, workload_id: str) -> m.Event:
+        """The ready server captured (issue 41), counted."""
+        captured = self.snapshots.capture(dep, self.runtimes.of(workload_id, dep), workload_id)
+        outage = captured.outage_seconds if isinstance(captured, m.SnapshotCaptured) else None
+        self._services.telemetry.snapshot_event(
+            self._name, "captured" if outage is not None else "capture_failed", outage
+        )
+        return captured
 
     def _restore(self, dep: DeploymentSettings) -> m.Event:
         """A snapshot restored in a boot's place: counted as a boot once it serves."""

@@ -61,6 +61,7 @@ class SnapshotEdge:
     def __init__(
         self,
         name: str,
+        *,
         settings: Callable[[], Settings],
         host: Host,
         hardware_file: Path | None,
@@ -163,9 +164,7 @@ class SnapshotEdge:
         images = entry / "images"
         images.mkdir(mode=0o700)
         pids = tuple(process_tree(record.pid))
-        outcome = capturing.capture(
-            record.pid, images, self._gpu(), self._hooks(dep), criu_binary=criu.criu_path()
-        )
+        outcome = capturing.capture(record.pid, images, self._gpu(), self._hooks(dep), criu_binary=criu.criu_path())
         if not outcome.ok:
             store.remove(root, self._name)
             return m.SnapshotCaptureFailed(outcome.reason or "the capture failed")
