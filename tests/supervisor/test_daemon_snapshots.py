@@ -216,3 +216,25 @@ def test_criu_missing_boots_normally_and_keeps_the_snapshot(tmp_path: Path) -> N
         assert "CRIU is not installed" in after["snapshot"]["reason"]
         assert (daemon.state_dir / "snapshots" / "chat" / "manifest.json").exists(), "nothing lost"
         _ids(port)
+
+
+def test_down_then_up_and_restart_restore_after_a_graceful_stop(tmp_path: Path) -> None:
+    """A graceful stop deletes the server's /dev/shm segment; the snapshot keeps a copy, put back at restore."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())
+        assert manifest["shm"], "the engine core's segment is kept"
+        assert daemon.cli("down", "chat").returncode == 0
+        assert not any((Path("/dev/shm") / name).exists() for name in manifest["shm"]), "deleted by the stop"
+        assert daemon.cli("up", "chat").returncode == 0
+        daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
+        assert _ids(port) == ids
+        assert daemon.cli("restart", "chat").returncode == 0
+        after = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and d["boots_by_kind"].get("restore") == 2, timeout=60
+        )
+        assert after["snapshot"]["last_failure"] is None
+        assert _ids(port) == ids

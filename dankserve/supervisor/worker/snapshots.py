@@ -30,7 +30,7 @@ from dankserve.runtime.base import Runtime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import capture as capturing
-from dankserve.snapshot import criu, store
+from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
@@ -53,6 +53,7 @@ class Captured:
     canary_ids: tuple[int, ...]
     record: ProcessRecord
     sleeps: bool
+    shm: tuple[str, ...]
 
 
 class SnapshotEdge:
@@ -144,8 +145,10 @@ class SnapshotEdge:
         """Captures the ready server; a failure is undone (the server serves) and said."""
         try:
             return self._capture(dep, runtime, workload_id)
-        except (DankserveError, OSError) as exc:
-            reason = exc.message if isinstance(exc, DankserveError) else str(exc)
+        except Exception as exc:  # a capture never takes the serving server down: said, and left serving
+            if not isinstance(exc, (DankserveError, OSError)):
+                self._log.exception("snapshot_capture_error")
+            reason = exc.message if isinstance(exc, DankserveError) else f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(DankserveError, OSError):
                 store.remove(store.store_root(self._settings().state_dir), self._name)
             return m.SnapshotCaptureFailed(reason)
@@ -164,7 +167,13 @@ class SnapshotEdge:
         images = entry / "images"
         images.mkdir(mode=0o700)
         pids = tuple(process_tree(record.pid))
-        outcome = capturing.capture(record.pid, images, self._gpu(), self._hooks(dep), criu_binary=criu.criu_path())
+        saved: list[str] = []
+
+        def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
+            saved[:] = shm.save(shm.segments(pids), entry / "shm")
+
+        hooks = self._hooks(dep, after_sleep=keep_segments)
+        outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
         if not outcome.ok:
             store.remove(root, self._name)
             return m.SnapshotCaptureFailed(outcome.reason or "the capture failed")
@@ -186,6 +195,7 @@ class SnapshotEdge:
             "canary_ids": list(outcome.canary_ids),
             "record": record.to_json(),
             "sleeps": self._sleeps,
+            "shm": saved,
             "outage_seconds": round(capturing.outage_seconds(outcome), 3),
             "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
         }
@@ -199,8 +209,10 @@ class SnapshotEdge:
         root = store.store_root(self._settings().state_dir)
         try:
             event = self._restore(dep, runtime, root, boot, began)
-        except (DankserveError, OSError) as exc:
-            event = m.RestoreFailed(exc.message if isinstance(exc, DankserveError) else str(exc))
+        except Exception as exc:  # anything wrong: the normal boot runs
+            if not isinstance(exc, (DankserveError, OSError, ValueError)):
+                self._log.exception("snapshot_restore_error")
+            event = m.RestoreFailed(exc.message if isinstance(exc, DankserveError) else f"{type(exc).__name__}: {exc}")
         if isinstance(event, m.RestoreFailed):
             self._discard(root, event.reason)
         return event
@@ -216,6 +228,7 @@ class SnapshotEdge:
         waited = time.monotonic()
         _free_pids(captured.pids)
         waited = time.monotonic() - waited
+        shm.put_back(captured.shm, entry.path / "shm")
         self._sleeps = captured.sleeps
         outcome = restoring.restore(
             entry.path / "images",
@@ -241,7 +254,7 @@ class SnapshotEdge:
     def _gpu(self) -> Any:
         return gpu_checkpoint_for(stand_in_dir(self._hardware_file))
 
-    def _hooks(self, dep: DeploymentSettings) -> Hooks:
+    def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
         """The server's sleep (level 2), wake and greedy canary; without sleep mode the sleep and wake are
         skipped (the GPU checkpoint then copies the weights too: a bigger snapshot)."""
         settings = self._settings()
@@ -255,6 +268,7 @@ class SnapshotEdge:
                 answer = self._edges.sleep_server(address, key, "2")
                 if not isinstance(answer, m.FellAsleep):
                     raise StepFailed(str(getattr(answer, "message", answer)))
+            after_sleep()
 
         def wake() -> None:
             if sleeps:
@@ -289,6 +303,7 @@ class SnapshotEdge:
                 canary_ids=tuple(int(i) for i in data["canary_ids"]),
                 record=ProcessRecord.from_json(data["record"]),
                 sleeps=bool(data.get("sleeps", False)),
+                shm=tuple(str(n) for n in data.get("shm", ())),
             )
         except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
             return None
