@@ -125,8 +125,9 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
     snapshot: Literal["auto", "off"] = Field(
         default="auto",
-        description="Snapshots of the warm server, restored on restarts instead of a boot (docs/snapshots.md; "
-        "being built: today no snapshot is captured). off: never capture or restore; a snapshot holds the "
+        description="Snapshots of the warm server (docs/snapshots.md): auto captures the ready server once per "
+        "plan and restores it on restarts instead of a boot (the process runtime, one GPU; anything wrong boots "
+        "normally). off: never capture or restore, and the snapshot there was is deleted; a snapshot holds the "
         "server's memory, secrets included.",
     )
     served_model_name: str | None = Field(

@@ -85,7 +85,10 @@ class SnapshotEdge:
         """ready (valid for this plan), absent (capture once ready) or off, and why; an invalid snapshot is
         deleted here with its reason (a changed configuration deletes it: it holds the server's secrets)."""
         self._key = None
-        if dep.snapshot == "off":
+        if dep.snapshot == "off":  # the one there was holds the server's secrets: deleted
+            with contextlib.suppress(DankserveError, OSError):
+                if store.remove(store.store_root(self._settings().state_dir), self._name):
+                    self._log.info("snapshot_discarded", reason='snapshot = "off"')
             return m.SnapshotPlan("off", 'snapshot = "off"')
         if not isinstance(runtime, ProcessRuntime):
             return m.SnapshotPlan("off", "Podman's checkpoint and restore are not wired yet: the process runtime only")
