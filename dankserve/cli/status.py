@@ -390,6 +390,8 @@ def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
         lines.append(f"  {swap_line(dep['swap'])}")
     if dep.get("snapshot"):
         lines.append(f"  {snapshot_line(dep['snapshot'])}")
+    if dep.get("launcher"):
+        lines.append(f"  launcher {'used' if dep['launcher']['used'] else 'not used'}: {dep['launcher']['why']}")
     predicted = predicted_line(dep.get("predicted") or {})
     if predicted:
         lines.append(f"  {predicted}")

@@ -114,6 +114,8 @@ class DeploymentView:
     kv_cache_source: str | None
     upgrade: dict[str, Any] | None = None
     """The last `dankserve upgrade` or `rollback` as state.json records it (supervisor/upgrade/)."""
+    launcher: dict[str, Any] | None = None
+    """Whether its boots go through the launcher, and why (`launcher = "auto"`: dankserve/launcher_choice.py)."""
     snapshot: dict[str, Any] | None = None
     """Its snapshot (issue 41): ready, absent, off or capturing, why, the last capture's outage and
     restore's seconds, the last failure."""
@@ -262,6 +264,7 @@ def deployment_view(
         waiting_for=waiting_for,
         phase_seconds=round(now - phase_since, 1) if phase_since is not None else None,
         kv_cache_source=("learned" if learned_used else "profiled") if kv_bytes is not None else None,
+        launcher=dict(zip(("used", "why"), dep.launcher_choice(), strict=True)),
         snapshot=snapshot_view(dep, machine),
     )
 

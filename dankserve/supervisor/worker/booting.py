@@ -154,7 +154,7 @@ class Boots:
             self._runtimes.seen(found.id, runtime)
             existing = m.ExistingWorkload(found.id, found.running, found.fingerprint == plan.fingerprint)
             if launching.is_launcher(found) and found.running:
-                spec = workload_spec(plan, dep, settings, 0) if dep.launcher else None
+                spec = workload_spec(plan, dep, settings, 0) if dep.uses_launcher else None
                 existing = launching.found_launcher(found, launcher_run_dir(settings, name), spec, plan.fingerprint)
         sleeping = None
         server_runs = existing is not None and existing.running

@@ -200,7 +200,7 @@ class Commands:
 
     def _remove_launcher(self, dep: DeploymentSettings) -> None:
         """The deployment's launcher, kept running without a server, goes (best effort: the daemon is stopping)."""
-        if not dep.launcher:
+        if not dep.uses_launcher:
             return
         try:
             stop_timeout = self._services.settings().stop_timeout_seconds
