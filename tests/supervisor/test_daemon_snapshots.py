@@ -238,3 +238,33 @@ def test_down_then_up_and_restart_restore_after_a_graceful_stop(tmp_path: Path) 
         )
         assert after["snapshot"]["last_failure"] is None
         assert _ids(port) == ids
+
+
+def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_again(tmp_path: Path) -> None:
+    """The daemon killed with -9 between the GPU checkpoint and the manifest leaves the server locked and
+    checkpointed beside an entry without a manifest (made here as that moment leaves them): the next daemon
+    restores and unlocks it, adopts it serving, deletes the entry with its reason and captures again."""
+    from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    deployment = _deployment(host, port)
+    with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        pid = _server_pid(daemon)
+        daemon.kill()
+    gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
+    (engine,) = gpu.holders([pid, *_children(pid)])
+    gpu.lock(engine)
+    gpu.checkpoint(engine)
+    (tmp_path / "state" / "snapshots" / "chat" / "manifest.json").unlink()
+    with _second_daemon(tmp_path, deployment, host) as daemon:
+        after = _booted_normally(daemon, 1)
+        assert _server_pid(daemon) == pid, "adopted, not booted again"
+        assert gpu.state(engine) == "running"
+        (repaired,) = daemon.events_named("snapshot_capture_interrupted")
+        assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
+        assert _ids(port) == ids
+        assert daemon.events_named("snapshot_captured"), "captured again"

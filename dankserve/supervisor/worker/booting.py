@@ -149,6 +149,8 @@ class Boots:
             self.release()
             self._slot = claimed
         found = runtime.find(name)
+        if found is not None and found.running and self.snapshots is not None:
+            self.snapshots.repair_interrupted(dep, found.pid)  # a capture a killed daemon left midway
         existing = None
         if found is not None:
             self._runtimes.seen(found.id, runtime)

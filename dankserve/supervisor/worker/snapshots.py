@@ -143,6 +143,37 @@ class SnapshotEdge:
             weights=weights_files(dep, self._settings().hf_cache_dir),
         )
 
+    def repair_interrupted(self, dep: DeploymentSettings, pid: int | None) -> None:
+        """A server found running beside an entry without a manifest: a capture the daemon did not finish
+        (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
+        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict."""
+        root = store.store_root(self._settings().state_dir)
+        with contextlib.suppress(DankserveError, OSError):
+            if pid is None or not store.check_root(root) or store.read_entry(root, self._name).state != "incomplete":
+                return
+        if pid is None:
+            return
+        done: list[str] = []
+        try:
+            gpu = self._gpu()
+            for holder in gpu.holders(process_tree(pid)):
+                state = gpu.state(holder)
+                if state == "checkpointed":
+                    gpu.restore(holder)
+                    done.append(f"GPU restore of pid {holder}")
+                if state in ("checkpointed", "locked"):
+                    gpu.unlock(holder)
+                    done.append(f"GPU unlock of pid {holder}")
+            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
+            if self._edges.is_sleeping(address, key):
+                self._edges.wake_server(address, key, "2")
+                done.append("wake")
+        except (DankserveError, OSError) as exc:
+            reason = exc.message if isinstance(exc, DankserveError) else str(exc)
+            self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
+            return
+        self._log.warning("snapshot_capture_interrupted", pid=pid, repaired=done or ["nothing to undo"])
+
     # -- capture --------------------------------------------------------------------------------
     def capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
         """Captures the ready server; a failure is undone (the server serves) and said."""
