@@ -268,3 +268,34 @@ def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_agai
         assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
         assert _ids(port) == ids
         assert daemon.events_named("snapshot_captured"), "captured again"
+
+
+def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path: Path) -> None:
+    """The daemon killed with -9 after `criu restore` and before it recorded the tree (made here as that moment
+    leaves it: the tree restored from the snapshot, its engine core still checkpointed, asleep): the next daemon
+    finds the captured command line at the captured pid, takes the tree over, finishes its GPU restore and
+    unlock, and serves the captured ids (boot kind restore), without a second restore or a boot."""
+    from dankserve.snapshot import criu
+    from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    deployment = _deployment(host, port)
+    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    entry = tmp_path / "state" / "snapshots" / "chat"
+    for name in json.loads((entry / "manifest.json").read_text())["shm"]:
+        (Path("/dev/shm") / name).write_bytes((entry / "shm" / name).read_bytes())
+    restored = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
+    assert restored == pid
+    gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
+    (engine,) = _children(pid)
+    assert gpu.state(engine) == "checkpointed"
+    with _second_daemon(tmp_path, deployment, host) as daemon:
+        after = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore"
+        )
+        assert _server_pid(daemon) == pid and gpu.state(engine) == "running"
+        (resumed,) = daemon.events_named("snapshot_restore_resumed")
+        assert resumed["done"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
+        _ids(port)

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,8 @@ from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
-from dankserve.snapshot.steps import Hooks, StepFailed
+from dankserve.snapshot.sequence import canary_problem
+from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import canary_ids
 
@@ -113,7 +114,7 @@ class SnapshotEdge:
             return m.SnapshotPlan("off", exc.message)
         entry = store.read_entry(root, self._name)
         if entry.state == "ready":
-            captured = self._captured(entry.path)
+            captured = read_captured(entry.path)
             why = "its manifest is unreadable" if captured is None else invalid_reason(captured.key, self._key)
             if why is None:
                 return m.SnapshotPlan("ready", "valid for this plan: the next start restores it")
@@ -156,14 +157,7 @@ class SnapshotEdge:
         done: list[str] = []
         try:
             gpu = self._gpu()
-            for holder in gpu.holders(process_tree(pid)):
-                state = gpu.state(holder)
-                if state == "checkpointed":
-                    gpu.restore(holder)
-                    done.append(f"GPU restore of pid {holder}")
-                if state in ("checkpointed", "locked"):
-                    gpu.unlock(holder)
-                    done.append(f"GPU unlock of pid {holder}")
+            self._gpu_running(gpu.holders(process_tree(pid)), done)
             address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
             if self._edges.is_sleeping(address, key):
                 self._edges.wake_server(address, key, "2")
@@ -173,6 +167,18 @@ class SnapshotEdge:
             self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
             return
         self._log.warning("snapshot_capture_interrupted", pid=pid, repaired=done or ["nothing to undo"])
+
+    def _gpu_running(self, holders: Iterable[int], done: list[str]) -> None:
+        """Each CUDA process back to running from wherever a stopped sequence left it."""
+        gpu = self._gpu()
+        for holder in holders:
+            state = gpu.state(holder)
+            if state == "checkpointed":
+                gpu.restore(holder)
+                done.append(f"GPU restore of pid {holder}")
+            if state in ("checkpointed", "locked"):
+                gpu.unlock(holder)
+                done.append(f"GPU unlock of pid {holder}")
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
@@ -253,12 +259,14 @@ class SnapshotEdge:
 
     def _restore(self, dep: DeploymentSettings, runtime: Runtime, root: Path, boot: int, began: float) -> m.Event:
         entry = store.read_entry(root, self._name)
-        captured = self._captured(entry.path) if entry.state == "ready" else None
+        captured = read_captured(entry.path) if entry.state == "ready" else None
         if captured is None or self._key is None or not isinstance(runtime, ProcessRuntime):
             return m.RestoreFailed(entry.reason or "the snapshot's manifest is unreadable")
         why = invalid_reason(captured.key, self._key)
         if why is not None:
             return m.RestoreFailed(why)
+        if _restored_already(captured):  # a daemon killed during its restore left the tree running
+            return self._resume(dep, runtime, captured, boot, began)
         waited = time.monotonic()
         _free_pids(captured.pids)
         waited = time.monotonic() - waited
@@ -283,6 +291,29 @@ class SnapshotEdge:
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
         return m.Restored(workload.id, boot, seconds)
+
+    def _resume(
+        self, dep: DeploymentSettings, runtime: ProcessRuntime, captured: Captured, boot: int, began: float
+    ) -> m.Event:
+        """The tree CRIU restored for a daemon killed before it took it over: adopted, its GPU restore,
+        unlock and wake done (what was not), and judged by the canary like any restore."""
+        workload = runtime.adopt_restored(replace(captured.record, pid=captured.pids[0]))
+        done: list[str] = []
+        self._sleeps = captured.sleeps
+        hooks = self._hooks(dep)
+        try:
+            self._gpu_running(captured.holders, done)
+            if self._edges.is_sleeping(backend_address(self._settings(), self._name, dep), _read_key(dep)):
+                hooks.wake()
+            problem = canary_problem(captured.canary_ids, hooks.canary())
+        except (DankserveError, OSError, StepFailed) as exc:
+            problem = exc.message if isinstance(exc, DankserveError) else str(exc)
+        if problem is not None:
+            kill_tree(captured.pids[0])
+            runtime.remove(workload.id)
+            return m.RestoreFailed(f"the restore a stopped daemon left running failed: {problem}")
+        self._log.warning("snapshot_restore_resumed", pid=captured.pids[0], done=done)
+        return m.Restored(workload.id, boot, time.monotonic() - began)
 
     # -- shared ---------------------------------------------------------------------------------
     def _gpu(self) -> Any:
@@ -318,34 +349,35 @@ class SnapshotEdge:
 
         return Hooks(sleep=sleep, wake=wake, canary=canary)
 
-    def _captured(self, path: Path) -> Captured | None:
-        """The manifest's capture, read as hostile input (None: not one of ours)."""
-        import json
-
-        try:
-            data = json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])
-            key = data["key"]
-            return Captured(
-                key=SnapshotKey(
-                    argv=tuple(str(a) for a in key["argv"]),
-                    env=tuple((str(k), str(v)) for k, v in key["env"]),
-                    weights=tuple(WeightsFile(str(w[0]), int(w[1]), int(w[2])) for w in key["weights"]),
-                    **{f: str(key[f]) for f in _KEY_TEXT},
-                ),
-                pids=tuple(int(p) for p in data["pids"]),
-                holders=tuple(int(p) for p in data["holders"]),
-                canary_ids=tuple(int(i) for i in data["canary_ids"]),
-                record=ProcessRecord.from_json(data["record"]),
-                sleeps=bool(data.get("sleeps", False)),
-                shm=tuple(str(n) for n in data.get("shm", ())),
-            )
-        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
-            return None
-
     def _discard(self, root: Path, why: str) -> None:
         self._log.warning("snapshot_discarded", reason=why)
         with contextlib.suppress(DankserveError, OSError):
             store.remove(root, self._name)
+
+
+def read_captured(path: Path) -> Captured | None:
+    """The manifest's capture, read as hostile input (None: not one of ours)."""
+    import json
+
+    try:
+        data = json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])
+        key = data["key"]
+        return Captured(
+            key=SnapshotKey(
+                argv=tuple(str(a) for a in key["argv"]),
+                env=tuple((str(k), str(v)) for k, v in key["env"]),
+                weights=tuple(WeightsFile(str(w[0]), int(w[1]), int(w[2])) for w in key["weights"]),
+                **{f: str(key[f]) for f in _KEY_TEXT},
+            ),
+            pids=tuple(int(p) for p in data["pids"]),
+            holders=tuple(int(p) for p in data["holders"]),
+            canary_ids=tuple(int(i) for i in data["canary_ids"]),
+            record=ProcessRecord.from_json(data["record"]),
+            sleeps=bool(data.get("sleeps", False)),
+            shm=tuple(str(n) for n in data.get("shm", ())),
+        )
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
 
 
 _KEY_TEXT = (
@@ -418,3 +450,15 @@ def _gone_or_zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def _restored_already(captured: Captured) -> bool:
+    """The captured root pid runs the captured command line: the tree is restored already (by a daemon
+    killed before it recorded it), not a stranger holding the pid."""
+    try:
+        cmdline = Path(f"/proc/{captured.pids[0]}/cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+    argv = [a.encode() for a in captured.record.argv]
+    # A script's interpreter comes first (`#!`): the command line ends with the recorded argv.
+    return bool(argv) and cmdline.rstrip(b"\0").split(b"\0")[-len(argv) :] == argv
