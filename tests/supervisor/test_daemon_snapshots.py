@@ -299,3 +299,30 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
         assert resumed["done"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
         assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
         _ids(port)
+
+
+def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(tmp_path: Path) -> None:
+    """The store on an 8 MiB file system (the stand-in's image is about 30 MB): the dump fails for want of
+    space, the capture is undone (engine core unlocked, awake), nothing half-written is kept, the reason is
+    in status, and the server serves throughout."""
+    store_dir = tmp_path / "state" / "snapshots"
+    store_dir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "state").chmod(0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(store_dir)], check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        host = write_host(tmp_path / "host.json")
+        port = free_port()
+        with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+            after = daemon.wait_for(
+                "chat", lambda d: d["state"] == "ready" and d["snapshot"]["last_failure"] is not None, timeout=60
+            )
+            assert after["snapshot"]["state"] == "absent"
+            assert "capture failed at criu_dump" in after["snapshot"]["last_failure"]
+            assert "space" in after["snapshot"]["last_failure"].lower()
+            assert list(store_dir.iterdir()) == [], "nothing half-written is kept"
+            _ids(port)
+            assert not daemon.events_named("boot_failed")
+    finally:
+        subprocess.run(["umount", str(store_dir)], check=False)

@@ -11,6 +11,7 @@ so). The server's tree keeps its pids through a restore: they must be free then,
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -357,8 +358,6 @@ class SnapshotEdge:
 
 def read_captured(path: Path) -> Captured | None:
     """The manifest's capture, read as hostile input (None: not one of ours)."""
-    import json
-
     try:
         data = json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])
         key = data["key"]
