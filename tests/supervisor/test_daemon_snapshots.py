@@ -321,7 +321,9 @@ def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(t
             assert after["snapshot"]["state"] == "absent"
             assert "capture failed at criu_dump" in after["snapshot"]["last_failure"]
             assert "space" in after["snapshot"]["last_failure"].lower()
-            assert list(store_dir.iterdir()) == [], "nothing half-written is kept"
+            kept = store_dir / ".chat.criu.log"
+            assert [p.name for p in store_dir.iterdir()] == [kept.name], "nothing half-written, CRIU's log kept"
+            assert f"(log: {kept})" in after["snapshot"]["last_failure"] and "No space" in kept.read_text()
             _ids(port)
             assert not daemon.events_named("boot_failed")
     finally:

@@ -216,8 +216,9 @@ class SnapshotEdge:
         hooks = self._hooks(dep, after_sleep=keep_segments)
         outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
         if not outcome.ok:
+            reason = self._keep_criu_log(root, outcome.reason or "the capture failed")
             store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(outcome.reason or "the capture failed")
+            return m.SnapshotCaptureFailed(reason)
         size = store.read_entry(root, self._name).bytes
         store.evict(root, max_bytes=settings.snapshot_max_bytes, incoming_bytes=0, keep=self._name)
         total = sum(e.bytes for e in store.list_entries(root))
@@ -255,6 +256,7 @@ class SnapshotEdge:
                 self._log.exception("snapshot_restore_error")
             event = m.RestoreFailed(exc.message if isinstance(exc, DankserveError) else f"{type(exc).__name__}: {exc}")
         if isinstance(event, m.RestoreFailed):
+            event = m.RestoreFailed(self._keep_criu_log(root, event.reason))
             self._discard(root, event.reason)
         return event
 
@@ -350,7 +352,24 @@ class SnapshotEdge:
 
         return Hooks(sleep=sleep, wake=wake, canary=canary)
 
+    def _keep_criu_log(self, root: Path, reason: str) -> str:
+        """CRIU's log of a failed dump or restore, kept beside the store (`.NAME.criu.log`, 0600) as the entry
+        it was in is deleted: the reason names the kept copy."""
+        for log in ("dump.log", "restore.log"):
+            source = root / self._name / "images" / log
+            if f"(log: {source})" not in reason:
+                continue
+            kept = root / f".{self._name}.criu.log"
+            with contextlib.suppress(OSError):
+                kept.unlink(missing_ok=True)
+                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(source.read_bytes()[-(1 << 20) :])
+                return reason.replace(f"(log: {source})", f"(log: {kept})")
+        return reason
+
     def _discard(self, root: Path, why: str) -> None:
+        why = self._keep_criu_log(root, why)
         self._log.warning("snapshot_discarded", reason=why)
         with contextlib.suppress(DankserveError, OSError):
             store.remove(root, self._name)
