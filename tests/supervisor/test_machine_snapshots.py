@@ -83,3 +83,12 @@ def test_a_failed_restore_is_the_normal_boot_of_the_same_restart_not_a_failure()
 def test_a_kept_launcher_boots_rather_than_restores() -> None:
     after, commands = m.step(_acquiring(READY, launcher_id="l1"), m.GpusAcquired(), 1.0)
     assert after.stage is m.Stage.MEASURING and m.RestoreSnapshot() not in commands
+
+
+def test_a_swap_member_woken_by_a_restore_ends_its_wake() -> None:
+    """A member asleep by stop boots to wake; restored instead, its wake ends with the restore (timed, logged)."""
+    state = replace(_acquiring(READY), swap=m.SwapTimes(level="stop", since=0.5))
+    starting, _ = m.step(state, m.GpusAcquired(), 1.0)
+    ready, commands = m.step(starting, m.Restored("w2", 3, 0.4), 1.5)
+    assert ready.status == "ready" and ready.swap.since is None and ready.swap.last_wake_seconds == 1.0
+    assert any(isinstance(c, m.Note) and c.event == "woke_up" for c in commands)

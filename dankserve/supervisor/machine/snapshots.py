@@ -33,6 +33,7 @@ from dankserve.supervisor.machine.events import (
 )
 from dankserve.supervisor.machine.outcomes import Step
 from dankserve.supervisor.machine.stages import Stage
+from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
 from dankserve.supervisor.machine.state import Boot, MachineState, SnapshotPlan, SnapshotTimes
 from dankserve.supervisor.machine.timing import MAX_IDLE_SECONDS
 
@@ -97,6 +98,8 @@ def on_restored(state: MachineState, event: Restored, now: float) -> Step:
     )
     plan = SnapshotPlan("ready", "restored from it")
     snapshot = replace(state.snapshot, plan=plan, last_restore_seconds=round(event.seconds, 3))
+    # A swap member asleep by stop woken by this boot: the wake ends here, as on_warmed_up ends it.
+    swap = swap_done(state.swap, "wake", now) if state.swap.since is not None else state.swap
     after = replace(
         state,
         stage=Stage.READY,
@@ -104,9 +107,11 @@ def on_restored(state: MachineState, event: Restored, now: float) -> Step:
         boots=event.boot,
         message=None,
         snapshot=snapshot,
+        swap=swap,
         wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS),
     )
     return after, (
+        *woke_by_boot(state, now),
         RecordBoot(boot.facts, state.kv_cache_memory_bytes, False, boot.boot_key, None, restored=True),
         note(
             "ready",
