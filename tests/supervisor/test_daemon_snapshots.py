@@ -328,3 +328,30 @@ def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(t
             assert not daemon.events_named("boot_failed")
     finally:
         subprocess.run(["umount", str(store_dir)], check=False)
+
+
+def test_requests_during_a_capture_wait_in_the_gateway_and_are_served(tmp_path: Path) -> None:
+    """A swap group member (sleep mode: the capture sleeps it at level 2) whose sleep takes 3 s: while it is
+    captured, status says `snapshotting` and a request through the gateway waits, then is served (not refused)."""
+    import threading
+
+    host = write_host(tmp_path / "host.json")
+    port, gateway = free_port(), free_port()
+    dep = _deployment(host, port, swap_group="g", env={"FAKE_VLLM_SLEEP_SECONDS": "3"})
+    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    with running_daemon(tmp_path, {"chat": dep}, hardware=host, extra_globals=settings) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "snapshotting", timeout=60)
+        answers: list[httpx.Response] = []
+        body = {"model": "test/tiny", "prompt": "x", "max_tokens": 2}
+        sender = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(f"http://127.0.0.1:{gateway}/v1/completions", json=body, timeout=60)
+            )
+        )
+        sender.start()
+        sender.join(1.0)
+        assert not answers, "held while the server is captured"
+        after = _captured(daemon)
+        sender.join(30)
+        assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+        assert after["snapshot"]["last_capture_outage_seconds"] >= 3
