@@ -33,8 +33,8 @@ from dankserve.supervisor.machine.events import (
 )
 from dankserve.supervisor.machine.outcomes import Step
 from dankserve.supervisor.machine.stages import Stage
-from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
 from dankserve.supervisor.machine.state import Boot, MachineState, SnapshotPlan, SnapshotTimes
+from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
 from dankserve.supervisor.machine.timing import MAX_IDLE_SECONDS
 
 
