@@ -92,6 +92,9 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
         assert 'dankserve_snapshot_captures_total{deployment="chat",result="ok"} 1.0' in scraped
         assert 'dankserve_snapshot_restores_total{deployment="chat",result="restored"} 1.0' in scraped
         assert 'dankserve_snapshot_seconds_total{deployment="chat",kind="restore"}' in scraped
+        listed = json.loads(daemon.cli("snapshot", "list", "--json").stdout)
+        (entry,) = [e for e in listed["snapshots"] if e["deployment"] == "chat"]
+        assert entry["state"] == "ready" and entry["last_restore_seconds"] > 0 and entry["bytes"] > 0
 
 
 def _booted_normally(daemon: RunningDaemon, boots: int) -> dict[str, Any]:
@@ -355,3 +358,27 @@ def test_requests_during_a_capture_wait_in_the_gateway_and_are_served(tmp_path: 
         sender.join(30)
         assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
         assert after["snapshot"]["last_capture_outage_seconds"] >= 3
+
+
+def test_launcher_auto_uses_the_launcher_for_vllms_own_command_unless_snapshots_restore(tmp_path: Path) -> None:
+    """`launcher = "auto"` (the default) on the process runtime: a `vllm` executable boots through the launcher
+    when snapshots are off, and not when `snapshot = "auto"` restores the restarts; status says why."""
+    from tests.harness.daemon import LAUNCHER_ENV, STAND_IN
+
+    vllm = tmp_path / "bin" / "vllm"
+    vllm.parent.mkdir()
+    vllm.symlink_to(STAND_IN)
+    host = write_host(tmp_path / "host.json")
+    env = {**LAUNCHER_ENV, "DANKSERVE_LAUNCHER_PATH": str(STAND_IN.parent)}
+    deployments = {
+        "a": process_deployment(free_port(), gpus=[0], executable=str(vllm), env=env, launcher="auto"),
+        "b": _deployment(host, free_port(), executable=str(vllm), env=env, launcher="auto") | {"gpus": [1]},
+    }
+    with running_daemon(tmp_path, deployments, hardware=host) as daemon:
+        a = daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=90)
+        b = daemon.wait_for("b", lambda d: d["state"] == "ready", timeout=90)
+        assert a["launcher"]["used"] and "vLLM's own" in a["launcher"]["why"]
+        assert not b["launcher"]["used"] and 'snapshot = "auto" restores' in b["launcher"]["why"]
+        assert (daemon.state_dir / "launchers" / "a").exists() and not (daemon.state_dir / "launchers" / "b").exists()
+        shown = daemon.cli("status", "a").stdout
+        assert "launcher used: launcher = auto" in shown, shown
