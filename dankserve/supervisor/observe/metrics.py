@@ -55,7 +55,7 @@ from dankserve.supervisor.observe.telemetry import DeploymentTelemetry
 
 STATES: tuple[str, ...] = (
     *("stopped", "starting", "ready", "restarting", "failed", "down", "disabled"),
-    *("falling_asleep", "asleep", "waking"),
+    *("falling_asleep", "asleep", "waking", "snapshotting"),
 )
 PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 
