@@ -458,8 +458,19 @@ def _free_pids(pids: tuple[int, ...]) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(root, signal.SIGKILL)
     end = time.monotonic() + PIDS_FREE_SECONDS
-    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < end:
+    while time.monotonic() < end:
+        held = [p for p in pids if Path(f"/proc/{p}").exists()]
+        if not held or any(_stranger(p, root) for p in held):
+            return  # free, or one taken by another process: no use waiting (the restore says which)
         time.sleep(0.02)
+
+
+def _stranger(pid: int, group: int) -> bool:
+    """A live process outside the killed tree's process group: it will not go away by itself."""
+    try:
+        return not _gone_or_zombie(pid) and os.getpgid(pid) != group
+    except OSError:
+        return False
 
 
 def _gone_or_zombie(pid: int) -> bool:
