@@ -216,7 +216,7 @@ class SnapshotEdge:
         hooks = self._hooks(dep, after_sleep=keep_segments)
         outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
         if not outcome.ok:
-            reason = self._keep_criu_log(root, outcome.reason or "the capture failed")
+            reason = keep_criu_log(root, self._name, outcome.reason or "the capture failed")
             store.remove(root, self._name)
             return m.SnapshotCaptureFailed(reason)
         size = store.read_entry(root, self._name).bytes
@@ -256,7 +256,7 @@ class SnapshotEdge:
                 self._log.exception("snapshot_restore_error")
             event = m.RestoreFailed(exc.message if isinstance(exc, DankserveError) else f"{type(exc).__name__}: {exc}")
         if isinstance(event, m.RestoreFailed):
-            event = m.RestoreFailed(self._keep_criu_log(root, event.reason))
+            event = m.RestoreFailed(keep_criu_log(root, self._name, event.reason))
             self._discard(root, event.reason)
         return event
 
@@ -352,24 +352,8 @@ class SnapshotEdge:
 
         return Hooks(sleep=sleep, wake=wake, canary=canary)
 
-    def _keep_criu_log(self, root: Path, reason: str) -> str:
-        """CRIU's log of a failed dump or restore, kept beside the store (`.NAME.criu.log`, 0600) as the entry
-        it was in is deleted: the reason names the kept copy."""
-        for log in ("dump.log", "restore.log"):
-            source = root / self._name / "images" / log
-            if f"(log: {source})" not in reason:
-                continue
-            kept = root / f".{self._name}.criu.log"
-            with contextlib.suppress(OSError):
-                kept.unlink(missing_ok=True)
-                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(source.read_bytes()[-(1 << 20) :])
-                return reason.replace(f"(log: {source})", f"(log: {kept})")
-        return reason
-
     def _discard(self, root: Path, why: str) -> None:
-        why = self._keep_criu_log(root, why)
+        why = keep_criu_log(root, self._name, why)
         self._log.warning("snapshot_discarded", reason=why)
         with contextlib.suppress(DankserveError, OSError):
             store.remove(root, self._name)
@@ -396,6 +380,23 @@ def read_captured(path: Path) -> Captured | None:
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
+
+
+def keep_criu_log(root: Path, name: str, reason: str) -> str:
+    """CRIU's log of a failed dump or restore, kept beside the store (`.NAME.criu.log`, 0600) as the entry
+    it was in is deleted: the reason names the kept copy."""
+    for log in ("dump.log", "restore.log"):
+        source = root / name / "images" / log
+        if f"(log: {source})" not in reason:
+            continue
+        kept = root / f".{name}.criu.log"
+        with contextlib.suppress(OSError):
+            kept.unlink(missing_ok=True)
+            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(source.read_bytes()[-(1 << 20) :])
+            return reason.replace(f"(log: {source})", f"(log: {kept})")
+    return reason
 
 
 _KEY_TEXT = (
