@@ -16,7 +16,6 @@ WAITING_HELPERS = TESTS / "harness"
 """Where sleeping is allowed: the wait helpers themselves and the harness's own retry loops."""
 
 NOT_YET_CONVERTED: dict[str, str] = {
-    "supervisor/test_swap_groups.py": "rewritten on another branch while this rule landed",
     "supervisor/test_upgrade_probe.py": "rewritten on another branch while this rule landed",
     "test_snapshot_capture.py": "rewritten on another branch while this rule landed",
     "test_snapshot_criu.py": "rewritten on another branch while this rule landed",

@@ -129,7 +129,7 @@ def _kernel_checks(settings: Settings) -> list[doctor.Check]:
 
     checks = []
     for name, dep in sorted(settings.deployments.items()):
-        if not dep.enabled or dep.runtime != "podman" or dep.launcher:
+        if not dep.enabled or dep.runtime != "podman" or dep.uses_launcher:
             continue
         caps = capabilities(version_from_image(dep.image) or settings.vllm_version)
         if KERNELS_SUBCOMMAND in caps.subcommands:

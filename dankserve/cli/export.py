@@ -88,7 +88,7 @@ def command(
         f" ({gpu.mode}); `dankserve plan {deployment}` gives the reason for each flag.",
         "vLLM profiles its KV cache at each start here (dankserve's learned bytes are not pinned).",
     ]
-    if dep.launcher:
+    if dep.uses_launcher:
         notes.append("launcher = true is dankserve's: this container runs `vllm serve` itself.")
     if settings.serves_on_socket(dep):
         notes.append(

@@ -63,6 +63,7 @@ STATE_COLOURS: dict[str, str] = {
     "starting": "cyan",
     "waking": "cyan",
     "falling_asleep": "cyan",
+    "snapshotting": "cyan",
     "down": "bright_black",
     "disabled": "bright_black",
     "stopped": "bright_black",

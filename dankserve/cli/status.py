@@ -184,7 +184,7 @@ def predicted_line(predicted: Mapping[str, Any]) -> str | None:
     """The predicted cold boot, warm boot and wake seconds (from its history), or None without any."""
     parts = [
         f"{kind} {predicted[f'{kind}_seconds']:.2f} s"
-        for kind in ("cold", "warm", "wake")
+        for kind in ("cold", "warm", "wake", "restore")
         if predicted.get(f"{kind}_seconds") is not None
     ]
     return "predicted: " + ", ".join(parts) if parts else None
@@ -341,6 +341,18 @@ def _observed(dep: dict[str, Any]) -> list[str]:
     return lines
 
 
+def snapshot_line(snapshot: dict[str, Any]) -> str:
+    """The snapshot's state and why (issue 41), with the last capture's outage and restore's seconds."""
+    parts = [f"snapshot {snapshot.get('state')}: {snapshot.get('reason')}"]
+    if snapshot.get("last_capture_outage_seconds") is not None:
+        parts.append(f"capture outage {snapshot['last_capture_outage_seconds']:.2f} s")
+    if snapshot.get("last_restore_seconds") is not None:
+        parts.append(f"last restore {snapshot['last_restore_seconds']:.2f} s")
+    if snapshot.get("last_failure"):
+        parts.append(f"last failure: {snapshot['last_failure']}")
+    return "; ".join(parts)
+
+
 def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
     """Everything status knows of one deployment (`status NAME`); unknown values are left out."""
     uptime = f", up {format_duration(dep['uptime_seconds'])}" if dep.get("uptime_seconds") is not None else ""
@@ -377,6 +389,10 @@ def detail_lines(dep: dict[str, Any], *, colour: bool) -> list[str]:
         lines.append(f"  host {member['address']} ({member['role']}): {member['state']}{note}")
     if dep.get("swap"):
         lines.append(f"  {swap_line(dep['swap'])}")
+    if dep.get("snapshot"):
+        lines.append(f"  {snapshot_line(dep['snapshot'])}")
+    if dep.get("launcher"):
+        lines.append(f"  launcher {'used' if dep['launcher']['used'] else 'not used'}: {dep['launcher']['why']}")
     predicted = predicted_line(dep.get("predicted") or {})
     if predicted:
         lines.append(f"  {predicted}")

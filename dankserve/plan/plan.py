@@ -141,10 +141,12 @@ def plan_deployment(
         caps,
         vllm_cache_root,
         first_boot=learned_kv_cache_memory_bytes is None,
-        container=deployment.runtime == "podman" and not deployment.launcher,
+        container=deployment.runtime == "podman" and not deployment.uses_launcher,
     )
     notes = [releases.kv_sizing_note(caps, learned_kv_cache_memory_bytes)]
     notes.append(kernels.describe() if kernels is not None and kernels.download else None)
+    uses_launcher, why_launcher = deployment.launcher_choice()
+    notes.append(f"launcher: {'used' if uses_launcher else 'not used'} ({why_launcher})")
 
     argv: list[str] = [deployment.model]
     for choice in choices:

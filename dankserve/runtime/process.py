@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -461,6 +461,23 @@ class ProcessRuntime(Runtime):
     def inspect(self, workload_id: str) -> Workload | None:
         record = self._by_id(workload_id)
         return None if record is None else self._workload(record)
+
+    def log_path(self, deployment: str) -> Path:
+        """The server's log; snapshots (issue 41): a restored server appends to it (`criu restore --inherit-fd`)."""
+        return self._log_path(deployment)
+
+    def adopt_restored(self, restored: ProcessRecord) -> Workload:
+        """A tree CRIU restored (its root at `restored.pid`, not our child): the deployment's server."""
+        record = replace(restored, create_time=start_time_of(restored.pid), started_at=time.time())
+        write_private_file(self._record_path(record.deployment), json.dumps(record.to_json()))
+        name = record.deployment
+        self._watchers.start(record.pid, record.create_time, self._log_path(name), self._times_path(name))
+        return self._workload(record)
+
+
+def record_of(runtime: ProcessRuntime, workload_id: str) -> ProcessRecord | None:
+    """What the runtime remembers of a workload (a capture keeps it for the restore)."""
+    return runtime._by_id(workload_id)
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:

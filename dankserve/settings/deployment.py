@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from dankserve.launcher_choice import launcher_choice
 from dankserve.lora_adapters import LoraAdaptersTable
 from dankserve.owned import env_problems, extra_args_problems
 from dankserve.settings.sections import CpuOffloadSettings, ModelFactsSettings, SpeculativeSettings
@@ -115,18 +117,21 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
         description="Extra vLLM arguments, last; a flag the plan also sets replaces the planned one (checks use it).",
     )
     enabled: bool = Field(default=True, description="Whether the daemon runs this deployment.")
-    launcher: bool = Field(
-        default=False,
+    launcher: bool | Literal["auto"] = Field(
+        default="auto",
         description="Run vLLM under dankserve's launcher, which imports vLLM once and forks a server per boot: "
         "restarts, down/up and reloads that keep the image, GPUs, mounts and ports skip the container start "
-        "and vLLM's import (docs/launcher.md).",
+        "and vLLM's import (docs/launcher.md). auto: where the command it replaces is vLLM's own (the `vllm` "
+        "script or a Python with vLLM) and snapshots do not restore the restarts instead (`dankserve plan` "
+        "and `status` say which and why).",
     )
     hosts: list[str] = Field(default_factory=list, description="Other dankserve daemons of a multi-host group.")
     cluster_token_file: Path | None = Field(default=None, description="Shared token of a multi-host group.")
     snapshot: Literal["auto", "off"] = Field(
         default="auto",
-        description="Snapshots of the warm server, restored on restarts instead of a boot (docs/snapshots.md; "
-        "being built: today no snapshot is captured). off: never capture or restore; a snapshot holds the "
+        description="Snapshots of the warm server (docs/snapshots.md): auto captures the ready server once per "
+        "plan and restores it on restarts instead of a boot (the process runtime, one GPU; anything wrong boots "
+        "normally). off: never capture or restore, and the snapshot there was is deleted; a snapshot holds the "
         "server's memory, secrets included.",
     )
     served_model_name: str | None = Field(
@@ -256,3 +261,13 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
                 'the key, or bind to host = "127.0.0.1" and put a proxy with authentication in front'
             )
         return self
+
+    def launcher_choice(self) -> tuple[bool, str]:
+        """Whether this deployment's boots go through the launcher, and why (`launcher = "auto"`: the one
+        answer; dankserve/launcher_choice.py)."""
+        entrypoint = shlex.split(self.executable) if self.runtime == "process" and self.executable else None
+        return launcher_choice(self.launcher, entrypoint, self.runtime, snapshot=self.snapshot)
+
+    @property
+    def uses_launcher(self) -> bool:
+        return self.launcher_choice()[0]

@@ -42,7 +42,7 @@ def capture(
     )
     runner.run(capture_steps(holders))
     if not outcome.ok:
-        clear_images(images)
+        clear_images(images, keep=("dump.log",) if outcome.failure and outcome.failure.step.name == "criu_dump" else ())
     return outcome
 
 

@@ -41,10 +41,27 @@ class CriuFailed(EnvironmentUnusable):
         self.reason = reason
 
 
+CRIU_ENV = "DANKSERVE_CRIU"
+"""Names the criu binary to use (a non-standard install; tests point it at nothing: CRIU missing)."""
+
+
 def criu_path() -> str | None:
-    """The criu binary: PATH first, then where `make system-deps` installs it (root's PATH may
-    lack /usr/local/sbin under some service managers)."""
+    """The criu binary: DANKSERVE_CRIU when set, else PATH first, then where `make system-deps` installs
+    it (root's PATH may lack /usr/local/sbin under some service managers)."""
+    named = os.environ.get(CRIU_ENV)
+    if named is not None:
+        return named if named and os.access(named, os.X_OK) else None
     return shutil.which("criu") or next((p for p in _INSTALLED if os.access(p, os.X_OK)), None)
+
+
+def criu_version(binary: str) -> str | None:
+    """`criu --version`'s version (None when it does not answer)."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"Version:\s*(\S+)", done.stdout)
+    return found.group(1) if done.returncode == 0 and found else None
 
 
 def find_criu() -> str:

@@ -49,14 +49,16 @@ class StandInGpuCheckpoint:
     def holders(self, pids: list[int]) -> list[int]:
         return [pid for pid in pids if self._record(pid) is not None]
 
-    def _record(self, pid: int) -> Path | None:
-        """The record of the stand-in engine core with this pid; None for any other process."""
+    def _record(self, pid: int, *, published: bool = True) -> Path | None:
+        """The record of the stand-in engine core with this pid; None for any other process. A tree CRIU
+        restored after a graceful stop (which deleted the record, as NVML forgets an ended process) is
+        asked without one (`published` off): its answer writes the record again."""
         try:
             name = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
         except OSError:
             return None
         path = stand_in_record_path(self.directory, pid)
-        if name != ENGINE_CORE_NAME or path is None or read_stand_in_record(path) is None:
+        if name != ENGINE_CORE_NAME or path is None or (published and read_stand_in_record(path) is None):
             return None
         return path
 
@@ -84,7 +86,7 @@ class StandInGpuCheckpoint:
         return pid  # the stand-in restores on its main thread
 
     def _ask(self, pid: int, action: str, timeout_s: float | None = None) -> dict[str, Any]:
-        record = self._record(pid)
+        record = self._record(pid, published=action in ("lock", "checkpoint"))
         if record is None:
             raise GpuProcessNotFound(action, pid, "no stand-in engine core with a GPU context has this pid")
         ident = secrets.token_hex(8)

@@ -172,9 +172,12 @@ def kill_tree(pid: int | None, *, wait_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def clear_images(images: Path) -> None:
-    """A discarded snapshot's files (the directory itself is the caller's)."""
+def clear_images(images: Path, *, keep: tuple[str, ...] = ()) -> None:
+    """A discarded snapshot's files (the directory itself is the caller's), but those named in `keep`
+    (CRIU's log of the failed dump, which the failure's reason names)."""
     for entry in images.iterdir() if images.is_dir() else ():
+        if entry.name in keep:
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:

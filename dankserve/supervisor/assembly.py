@@ -116,8 +116,10 @@ def build_world(
 ) -> World:
     """The daemon's world, built once: the settings' holder, the state store, the host and the one GPU reader
     (the recorded host file where one drives this run, else NVML), the runtimes, the planner, the Hub."""
+    from dankserve.host.gpu_processes import stand_in_dir
     from dankserve.host.gpu_reader import gpu_reader
     from dankserve.host.probe import load_host
+    from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
     from dankserve.supervisor.records import StateBook
 
     settings = source.current()
@@ -135,6 +137,7 @@ def build_world(
             follower_gpus=lambda name, dep, strict: cluster.follower_gpus(name, dep, strict=strict),
         ),
         config_path=config_path,
+        gpu_checkpoint=lambda: gpu_checkpoint_for(stand_in_dir(hardware_file)),
     )
 
 

@@ -34,6 +34,8 @@ class Phase(StrEnum):
     FALLING_ASLEEP = "falling_asleep"
     ASLEEP = "asleep"
     WAKING = "waking"
+    # Snapshots (issue 41): the ready server captured once per plan; requests wait meanwhile.
+    SNAPSHOTTING = "snapshotting"
 
 
 BOOTING_PHASES = frozenset(
@@ -51,7 +53,8 @@ BOOTING_PHASES = frozenset(
         Phase.RESTARTING,
     }
 )
-SETTLED_PHASES = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPED, Phase.ASLEEP})
+SETTLED_PHASES = frozenset({Phase.READY, Phase.FAILED, Phase.STOPPED, Phase.ASLEEP, Phase.SNAPSHOTTING})
+"""Snapshotting counts: the server was ready and is ready again within seconds (requests wait meanwhile)."""
 
 # Boot phases only move forward: a late log line of an earlier phase must not move status back.
 _BOOT_ORDER = (Phase.STARTING, Phase.LOADING, Phase.COMPILING, Phase.PROFILING, Phase.CAPTURING, Phase.READY)

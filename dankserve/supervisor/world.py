@@ -20,6 +20,8 @@ from dankserve.backend_address import BackendAddress
 from dankserve.host.gpu_reader import GpuReader
 from dankserve.host.model import GpuIdentity, Host
 from dankserve.settings import DeploymentSettings, Settings, SettingsSource
+from dankserve.snapshot.gpu import GpuCheckpoint
+from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
@@ -86,6 +88,9 @@ class World:
     """The host's available RAM now (a level 1 sleep pins the weights there)."""
     config_path: Path | None = None
     """The config file a reload reads (None: the default search)."""
+    gpu_checkpoint: Callable[[], GpuCheckpoint] = lambda: gpu_checkpoint_for(None)
+    """The CUDA checkpoint edge a snapshot's capture and restore use: the driver's (in its helper process), or
+    the stand-in's records on a recorded host; chosen once, as the GPU reader is."""
 
     @property
     def settings(self) -> Settings:

@@ -84,7 +84,9 @@ def write_host(path: Path, uuids: Sequence[str] | None = None, free_fraction: fl
 
 
 def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
-    """A deployment running the stand-in as a plain process."""
+    """A deployment running the stand-in as a plain process. Snapshots off unless a test turns them on
+    (`snapshot="auto"`): the tests of restarts mean a boot (tests/supervisor/test_daemon_snapshots.py
+    tests the restores)."""
     env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
     return {
         "model": "test/tiny",
@@ -93,6 +95,7 @@ def process_deployment(port: int, **extra: Any) -> dict[str, Any]:
         "port": port,
         "env": env,
         "model_facts": MODEL_FACTS,
+        "snapshot": "off",
         **extra,
     }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dankserve.runtime.launcher_choice import launcher_choice
+from dankserve.launcher_choice import launcher_choice
 
 
 @pytest.mark.parametrize(
@@ -48,3 +48,23 @@ def test_auto_refuses_a_wrapper_executable_and_an_unread_entrypoint() -> None:
 def test_true_and_false_keep_their_meaning() -> None:
     assert launcher_choice(True, ["/entrypoint.sh"], "podman") == (True, "launcher = true")
     assert launcher_choice(False, ["vllm", "serve"], "podman") == (False, "launcher = false")
+
+
+def test_auto_leaves_the_restarts_to_snapshots_on_the_process_runtime() -> None:
+    """snapshot = "auto" restores a process deployment's restarts (issue 41): auto does not use the launcher, and
+    says so; true still does; snapshot = "off" lets auto choose as before."""
+    used, why = launcher_choice("auto", ["/venv/bin/vllm"], "process", snapshot="auto")
+    assert not used and 'snapshot = "auto" restores' in why and "launcher = true" in why
+    assert launcher_choice(True, ["/venv/bin/vllm"], "process", snapshot="auto")[0]
+    assert launcher_choice("auto", ["/venv/bin/vllm"], "process", snapshot="off")[0]
+
+
+def test_the_settings_default_is_auto_and_their_answer_is_the_choice() -> None:
+    from dankserve.settings import DeploymentSettings
+
+    dep = DeploymentSettings(model="m", runtime="process", executable="/venv/bin/vllm", snapshot="off")
+    assert dep.launcher == "auto" and dep.uses_launcher
+    assert not DeploymentSettings(model="m", runtime="process", executable="/venv/bin/vllm").uses_launcher
+    assert not DeploymentSettings(model="m", runtime="process", executable="/x/run.sh", snapshot="off").uses_launcher
+    assert not DeploymentSettings(model="m", image="vllm/vllm-openai:v0.33.0").uses_launcher, "entrypoint not read"
+    assert DeploymentSettings(model="m", launcher=True).uses_launcher

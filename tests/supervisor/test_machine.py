@@ -63,6 +63,10 @@ SAMPLES: dict[type[Any], Any] = {
     m.WakeRequested: m.WakeRequested(),
     m.WokeUp: m.WokeUp(0.2),
     m.WakeFailed: m.WakeFailed("HTTP 500"),
+    m.SnapshotCaptured: m.SnapshotCaptured(0.5, 1 << 20),
+    m.SnapshotCaptureFailed: m.SnapshotCaptureFailed("capture failed at gpu_checkpoint (pid 7): NOT_SUPPORTED"),
+    m.Restored: m.Restored("w2", 2, 0.4),
+    m.RestoreFailed: m.RestoreFailed("restore failed at criu_restore: pid 7 is taken by another process"),
 }
 
 

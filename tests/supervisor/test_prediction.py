@@ -16,7 +16,19 @@ from dankserve.supervisor.observe.prediction import (
 def test_no_history_predicts_nothing() -> None:
     """Without timings every prediction is None (status shows none, the gateway falls back to its constant)."""
     assert predict({}) == Predicted()
-    assert predict({}).to_json() == {"cold_seconds": None, "warm_seconds": None, "wake_seconds": None}
+    assert predict({}).to_json() == {
+        "cold_seconds": None,
+        "warm_seconds": None,
+        "wake_seconds": None,
+        "restore_seconds": None,
+    }
+
+
+def test_restores_are_predicted_apart_from_boots() -> None:
+    """A snapshot's restore (issue 41) has its own history: it never pulls a boot's prediction down."""
+    got = predict({"restore": (1.4, 1.5, 1.6), "warm": (20.0,)})
+    assert got.restore == 1.5 and got.of("restore") == 1.5 and got.boot() == 20.0
+    assert timing_kind("restore") == "restore"
 
 
 def test_a_prediction_is_the_median_of_the_latest_five_of_its_kind() -> None:

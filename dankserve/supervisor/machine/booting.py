@@ -19,6 +19,7 @@ from dankserve.supervisor.machine.commands import (
     ReleaseGpus,
     RemoveLauncher,
     RemoveWorkload,
+    RestoreSnapshot,
     SetRemediation,
     SleepServer,
     StartWorkload,
@@ -50,6 +51,7 @@ from dankserve.supervisor.machine.outcomes import (
     retry_later,
     teardown,
 )
+from dankserve.supervisor.machine.snapshots import restores
 from dankserve.supervisor.machine.stages import (
     SleepLevel,
     Stage,
@@ -151,8 +153,12 @@ def on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Step
         learned=event.learned,
         planned_utilization=event.planned_utilization,
         band_top=event.band_top,
+        snapshot=event.snapshot,
     )
     state = replace(state, gpu_uuids=event.uuids, vllm_version=event.vllm_version or state.vllm_version)
+    if event.snapshot is not None:
+        failure = event.snapshot.discarded or state.snapshot.last_failure
+        state = replace(state, snapshot=replace(state.snapshot, plan=event.snapshot, last_failure=failure))
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     server_runs = launcher is None or (launcher.server_running and launcher.server is not None)
@@ -288,6 +294,8 @@ def adopt_asleep(state: MachineState, boot: Boot, event: BootPlanned, level: Sle
 
 def on_gpus_acquired(state: MachineState, event: GpusAcquired, now: float) -> Step:
     boot = state.boot or Boot(started_at=now)
+    if restores(boot):  # a valid snapshot: restored instead of a boot (issue 41)
+        return replace(state, stage=Stage.STARTING, boot=boot), (note("restoring_snapshot"), RestoreSnapshot())
     boot = replace(boot, settle_until=now + state.config.gpu_memory_settle_seconds)
     return replace(state, stage=Stage.MEASURING, boot=boot), (ReadFreeMemory(boot.uuids, settle_first=True),)
 

@@ -159,6 +159,8 @@ class RecordBoot:
     boot_key: str | None
     baseline: tuple[int, ...] | None
     """Learn from this boot against this baseline (None: do not learn)."""
+    restored: bool = False
+    """A snapshot's restore (boot kind `restore`, issue 41)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,19 @@ class MarkSleepUnsafe:
     """Which check failed, for the metric: `sleep` (NVML) or `wake` (the canary, or the wake itself)."""
 
 
+@dataclass(frozen=True)
+class CaptureSnapshot:
+    """Snapshots (issue 41): capture the ready server (answered by SnapshotCaptured or SnapshotCaptureFailed)."""
+
+    workload_id: str
+
+
+@dataclass(frozen=True)
+class RestoreSnapshot:
+    """Snapshots: restore the deployment's snapshot instead of starting a workload (answered by Restored or
+    RestoreFailed)."""
+
+
 Command = (
     EnsureWeights
     | EnsureImage
@@ -238,6 +253,8 @@ Command = (
     | SleepServer
     | WakeServer
     | MarkSleepUnsafe
+    | CaptureSnapshot
+    | RestoreSnapshot
 )
 
 

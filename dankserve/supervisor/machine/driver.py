@@ -48,11 +48,15 @@ from dankserve.supervisor.machine.events import (
     PortFree,
     Reconfigured,
     Refused,
+    Restored,
+    RestoreFailed,
     RuntimeUnreachable,
     SleepFailed,
     SleepKeptMemory,
     SleepRequested,
     SleepUnsupported,
+    SnapshotCaptured,
+    SnapshotCaptureFailed,
     StillRunning,
     StopRequested,
     Tick,
@@ -82,6 +86,12 @@ from dankserve.supervisor.machine.running import (
     on_tick,
     on_unreachable,
     on_warmed_up,
+)
+from dankserve.supervisor.machine.snapshots import (
+    on_capture_failed,
+    on_restore_failed,
+    on_restored,
+    on_snapshot_captured,
 )
 from dankserve.supervisor.machine.state import (
     MachineState,
@@ -137,6 +147,10 @@ _HANDLERS: dict[type, Callable[[MachineState, Any, float], Step]] = {
     WokeUp: on_woke_up,
     WokeWrong: on_woke_wrong,
     WakeFailed: on_swap_failed,
+    SnapshotCaptured: on_snapshot_captured,
+    SnapshotCaptureFailed: on_capture_failed,
+    Restored: on_restored,
+    RestoreFailed: on_restore_failed,
 }
 
 

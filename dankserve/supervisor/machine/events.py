@@ -14,6 +14,7 @@ from dankserve.supervisor.machine.stages import (
 )
 from dankserve.supervisor.machine.state import (
     MachineConfig,
+    SnapshotPlan,
 )
 from dankserve.supervisor.policy import FailureCause
 
@@ -119,6 +120,8 @@ class BootPlanned:
     """The level the state file says this member slept at when the earlier daemon ended (killed with -9)."""
     remembered_moving: SwapMove | None = None
     """The state file says it was falling asleep or waking at `remembered_asleep` then (killed mid-swap)."""
+    snapshot: SnapshotPlan | None = None
+    """The deployment's snapshot for this plan (issue 41; None: not asked)."""
 
 
 @dataclass(frozen=True)
@@ -328,6 +331,40 @@ class WakeFailed:
     message: str
 
 
+# Snapshots (issue 41): CaptureSnapshot and RestoreSnapshot are answered by these.
+
+
+@dataclass(frozen=True)
+class SnapshotCaptured:
+    """The ready server was captured and is serving again; requests waited `outage_seconds`."""
+
+    outage_seconds: float
+    bytes: int
+
+
+@dataclass(frozen=True)
+class SnapshotCaptureFailed:
+    """The capture failed (undone: the server serves); `reason` says where and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The snapshot was restored: the server serves the captured greedy ids, `seconds` after the restore began."""
+
+    workload_id: str
+    boot: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RestoreFailed:
+    """The restore failed (what CRIU restored is killed, the snapshot discarded): the normal boot runs."""
+
+    reason: str
+
+
 Event = (
     Begin
     | StopRequested
@@ -365,5 +402,9 @@ Event = (
     | WokeUp
     | WokeWrong
     | WakeFailed
+    | SnapshotCaptured
+    | SnapshotCaptureFailed
+    | Restored
+    | RestoreFailed
 )
 EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)

@@ -43,6 +43,7 @@ from dankserve.supervisor.machine.outcomes import (
     retry_later,
     teardown,
 )
+from dankserve.supervisor.machine.snapshots import start_capture, wants_capture
 from dankserve.supervisor.machine.stages import (
     SLEEP_STAGES,
     Stage,
@@ -135,7 +136,7 @@ def on_exited(state: MachineState, event: Exited, now: float) -> Step:
         return state, ()
     if state.stage is Stage.ENDING and state.pending is not None:
         return decide_after(state, state.pending, exited_teardown(state, event.launcher_gone))
-    served = state.stage is Stage.READY or state.stage in SLEEP_STAGES
+    served = state.stage in (Stage.READY, Stage.SNAPSHOTTING) or state.stage in SLEEP_STAGES
     facts = boot.facts
     if facts.failure is not None:
         cause = FailureCause.from_log(facts.failure)
@@ -218,6 +219,7 @@ def on_warmed_up(state: MachineState, event: WarmedUp, now: float) -> Step:
     config = state.config
     kv_bytes = boot.learned_used if boot.learned_used is not None else facts.kv_cache_memory_bytes
     boot = replace(boot, ready_at=now, next_health=now + config.health_interval_seconds, phase=Phase.READY)
+    boot = replace(boot, capture_due=wants_capture(boot))  # captured at the next look around (issue 41)
     # A learned boot whose KV cache is smaller than the profiled one's (vllm issue 57936) is said.
     shrunk = learning.kv_shrink_warning(boot.learned, facts.gpu_kv_cache_tokens) if boot.learned_used else None
     after = replace(
@@ -228,7 +230,7 @@ def on_warmed_up(state: MachineState, event: WarmedUp, now: float) -> Step:
         kv_cache_memory_bytes=kv_bytes,
         compile_cache_hit=facts.compile_cache_hit,
         compile_seconds=facts.compile_seconds,
-        wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS),
+        wake_at=now if boot.capture_due else min(boot.next_health, now + MAX_IDLE_SECONDS),
     )
     learn_baseline = boot.baseline if boot.learned_used is None else None
     if state.swap.since is not None:
@@ -354,6 +356,8 @@ def watch(state: MachineState, now: float) -> Step:
                 return replace(state, boot=boot, wake_at=now + HEALTH_RETRY_SECONDS), (ProbeHealth(1.0),)
             wake = min(wake, boot.next_health)
         return replace(state, wake_at=wake), ()
+    if boot.capture_due:
+        return start_capture(state, now)
     if now >= boot.next_health:
         boot = replace(boot, next_health=now + config.health_interval_seconds)
         wake = min(boot.next_health, now + MAX_IDLE_SECONDS)

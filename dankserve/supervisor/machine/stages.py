@@ -49,10 +49,14 @@ class Stage(StrEnum):
     """Asleep: level 1 or 2 (the server runs, its GPU memory freed) or stopped (no sleep mode: boots on wake)."""
     WAKING = "waking"
     """vLLM's /wake_up is asked (level 2: the staged wake with reload_weights)."""
+    # Snapshots (issue 41): this one only follows READY.
+    SNAPSHOTTING = "snapshotting"
+    """The ready server is captured (sleep, GPU checkpoint, `criu dump --leave-running`, wake, canary):
+    the gateway holds its requests, as during a wake."""
 
 
 TERMINAL = frozenset({Stage.FAILED, Stage.STOPPED})
-RUNNING = frozenset({Stage.BOOTING, Stage.READY, Stage.ENDING})
+RUNNING = frozenset({Stage.BOOTING, Stage.READY, Stage.ENDING, Stage.SNAPSHOTTING})
 """Stages in which a workload of this deployment runs and is followed."""
 PREPARING = frozenset(
     {Stage.DOWNLOADING, Stage.PULLING, Stage.PLANNING, Stage.WAITING_GPUS, Stage.MEASURING, Stage.STARTING}
@@ -78,8 +82,11 @@ STAGE_PHASE: dict[Stage, Phase] = {
     Stage.FALLING_ASLEEP: Phase.FALLING_ASLEEP,
     Stage.ASLEEP: Phase.ASLEEP,
     Stage.WAKING: Phase.WAKING,
+    Stage.SNAPSHOTTING: Phase.SNAPSHOTTING,
 }
-StatusState = Literal["starting", "ready", "restarting", "failed", "stopped", "falling_asleep", "asleep", "waking"]
+StatusState = Literal[
+    "starting", "ready", "restarting", "failed", "stopped", "falling_asleep", "asleep", "waking", "snapshotting"
+]
 STAGE_STATUS: dict[Stage, StatusState] = {
     Stage.IDLE: "stopped",
     Stage.READY: "ready",
@@ -91,6 +98,7 @@ STAGE_STATUS: dict[Stage, StatusState] = {
     Stage.FALLING_ASLEEP: "falling_asleep",
     Stage.ASLEEP: "asleep",
     Stage.WAKING: "waking",
+    Stage.SNAPSHOTTING: "snapshotting",
 }
 
 SleepLevel = Literal["1", "2", "stop"]

@@ -72,6 +72,32 @@ class Outage:
     next_try: float
 
 
+SnapshotState = Literal["ready", "absent", "off"]
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What planning found of the deployment's snapshot (issue 41): `ready` (valid for this plan: the boot
+    restores it), `absent` (none, or one discarded: the ready boot captures one), `off` (never: the
+    setting, the runtime, CRIU missing ...), and why."""
+
+    state: SnapshotState
+    reason: str
+    discarded: str | None = None
+    """Why planning deleted the snapshot there was (a changed plan, a corrupt entry), else None."""
+
+
+@dataclass(frozen=True)
+class SnapshotTimes:
+    """What status shows of the deployment's snapshots: the last verdict, the last capture's outage and
+    restore's seconds, and the last failure (a capture that failed, a snapshot discarded at restore)."""
+
+    plan: SnapshotPlan | None = None
+    last_capture_outage_seconds: float | None = None
+    last_restore_seconds: float | None = None
+    last_failure: str | None = None
+
+
 @dataclass(frozen=True)
 class Boot:
     """One boot: from planning until its workload is gone."""
@@ -106,6 +132,13 @@ class Boot:
     """A running launcher (kept from an earlier boot) that starts this boot's server."""
     server: int | None = None
     """This boot's server number in its launcher (None: the workload is the server itself)."""
+    # snapshots (issue 41)
+    snapshot: SnapshotPlan | None = None
+    """What planning found of the snapshot (None: not asked, e.g. an adopted server)."""
+    restored: bool = False
+    """This boot is a snapshot's restore (boot kind `restore`)."""
+    capture_due: bool = False
+    """Ready without a valid snapshot: capture one at the next look around."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +224,8 @@ class MachineState:
     compile_seconds: float | None = None
     swap: SwapTimes = SwapTimes()
     """Swap groups (issue 16): sleep level and timings."""
+    snapshot: SnapshotTimes = SnapshotTimes()
+    """Snapshots (issue 41): the last verdict and timings, for status."""
     port_holder: str | None = None
     """Who holds the deployment's port while RETRY_WAIT waits for it (CheckPort every PORT_RECHECK_SECONDS)."""
 

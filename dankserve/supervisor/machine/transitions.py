@@ -31,11 +31,15 @@ from dankserve.supervisor.machine.events import (
     PortFree,
     Reconfigured,
     Refused,
+    Restored,
+    RestoreFailed,
     RuntimeUnreachable,
     SleepFailed,
     SleepKeptMemory,
     SleepRequested,
     SleepUnsupported,
+    SnapshotCaptured,
+    SnapshotCaptureFailed,
     StillRunning,
     StopRequested,
     Tick,
@@ -140,6 +144,7 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.RETRY_WAIT, PortBusy] = _allowed(Stage.RETRY_WAIT, note="looks at the port again")
     t[Stage.RETRY_WAIT, PortFree] = _allowed(*_RESTART)
     _swap_transitions(t)
+    _snapshot_transitions(t)
     for stage in TERMINAL:
         for kind in EVENT_TYPES:
             if t[stage, kind] is REFUSED:
@@ -170,6 +175,16 @@ def _swap_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
         t[stage, LogEnded] = _allowed(stage)
         t[stage, Exited] = _allowed(*_ON_FAILURE, stage, note="stop: nothing ran")
         t[stage, StillRunning] = _allowed(stage)
+
+
+def _snapshot_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
+    """Snapshots (issue 41): a ready server captured, a boot restored instead of started."""
+    t[Stage.READY, Tick] = _allowed(Stage.READY, *_ON_FAILURE, Stage.SNAPSHOTTING, note="a capture due")
+    t[Stage.SNAPSHOTTING, SnapshotCaptured] = _allowed(Stage.READY)
+    t[Stage.SNAPSHOTTING, SnapshotCaptureFailed] = _allowed(Stage.READY, note="undone: serving")
+    t[Stage.SNAPSHOTTING, Exited] = _allowed(*_ON_FAILURE)
+    t[Stage.STARTING, Restored] = _allowed(Stage.READY)
+    t[Stage.STARTING, RestoreFailed] = _allowed(Stage.MEASURING, note="the normal boot, no failure counted")
 
 
 TRANSITIONS: Mapping[tuple[Stage, type[Event]], Transition] = _transitions()

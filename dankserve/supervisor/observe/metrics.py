@@ -11,7 +11,7 @@ Exported (every deployment-level series carries `deployment`):
   0 for the others; `dankserve_deployment_info{model,image,vllm_version}` 1;
   `dankserve_deployment_ready_seconds` (time since ready, absent when not ready)
 - `dankserve_boots_total{kind}`, `dankserve_boot_duration_seconds{kind}` (histogram), kinds
-  cold / warm / learned_bytes / launcher / wake
+  cold / warm / learned_bytes / launcher / wake / restore
 - `dankserve_restarts_total{cause}`, `dankserve_failures_total{cause}` (the failure policy's causes)
 - `dankserve_kv_cache_memory_bytes`, `dankserve_kv_cache_learned_used` (0/1)
 - `dankserve_compile_cache_hits_total`, `dankserve_compile_cache_misses_total`
@@ -19,6 +19,9 @@ Exported (every deployment-level series carries `deployment`):
 - `dankserve_slower_than_predicted_total{kind}`: boots (cold, warm) and wakes over twice their prediction
 - `dankserve_swap_check_failures_total{check}`: sleeps NVML showed still holding memory (`sleep`),
   wakes whose canary answered other tokens (`wake`); each marks its level unsafe (issue 29)
+- snapshots (issue 41): `dankserve_snapshot_captures_total{result}` (ok, failed),
+  `dankserve_snapshot_restores_total{result}` (restored, fallback), `dankserve_snapshot_seconds_total{kind}`
+  (capture_outage, restore)
 - `dankserve_serving_scrape_ok` (0/1: the server's /metrics was read in the last round)
 - gateway: `dankserve_gateway_requests_total{key,model,code}` and
   `dankserve_gateway_tokens_total{key,model,kind}` (prompt, completion): the key's name, never its
@@ -52,7 +55,7 @@ from dankserve.supervisor.observe.telemetry import DeploymentTelemetry
 
 STATES: tuple[str, ...] = (
     *("stopped", "starting", "ready", "restarting", "failed", "down", "disabled"),
-    *("falling_asleep", "asleep", "waking"),
+    *("falling_asleep", "asleep", "waking", "snapshotting"),
 )
 PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 
@@ -91,6 +94,7 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
     out: list[Metric] = []
     out += _deployment_families(snapshot.deployments)
     out += _telemetry_families(snapshot.telemetry)
+    out += _snapshot_families(snapshot.telemetry)
     out += _sleep_and_swap(snapshot.deployments, snapshot.telemetry)
     scrape = GaugeMetricFamily(
         "dankserve_serving_scrape_ok", "1 when the server's /metrics was read in the last round.", labels=["deployment"]
@@ -204,6 +208,33 @@ def _telemetry_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Me
     return [boots, durations, restarts, failures, hits, misses, probes, preemption_warnings, slower, checks]
 
 
+def _snapshot_families(telemetry: Mapping[str, DeploymentTelemetry]) -> list[Metric]:
+    """Snapshots (issue 41): captures and restores by result, and their seconds."""
+    captures = CounterMetricFamily(
+        "dankserve_snapshot_captures_total",
+        "Snapshot captures, by result (ok, failed).",
+        labels=["deployment", "result"],
+    )
+    restores = CounterMetricFamily(
+        "dankserve_snapshot_restores_total",
+        "Snapshot restores, by result (restored; fallback: discarded, and the normal boot ran).",
+        labels=["deployment", "result"],
+    )
+    seconds = CounterMetricFamily(
+        "dankserve_snapshot_seconds_total",
+        "Seconds of the captures' outages (capture_outage) and of the restores (restore).",
+        labels=["deployment", "kind"],
+    )
+    for name, t in sorted(telemetry.items()):
+        captures.add_metric([name, "ok"], float(t.snapshots.get("captured", 0)))
+        captures.add_metric([name, "failed"], float(t.snapshots.get("capture_failed", 0)))
+        restores.add_metric([name, "restored"], float(t.snapshots.get("restored", 0)))
+        restores.add_metric([name, "fallback"], float(t.snapshots.get("restore_fallback", 0)))
+        for kind, total in t.snapshot_seconds.items():
+            seconds.add_metric([name, kind], total)
+    return [captures, restores, seconds]
+
+
 def _le(bound: float) -> str:
     return f"{float(bound)}"
 
@@ -271,6 +302,9 @@ EXPORTED: frozenset[str] = frozenset(
         "dankserve_preemption_warnings_total",
         "dankserve_slower_than_predicted_total",
         "dankserve_swap_check_failures_total",
+        "dankserve_snapshot_captures_total",
+        "dankserve_snapshot_restores_total",
+        "dankserve_snapshot_seconds_total",
         "dankserve_serving_scrape_ok",
         "dankserve_gateway_requests_total",
         "dankserve_gateway_tokens_total",

@@ -23,7 +23,7 @@ SLOWER_FACTOR = 2.0
 
 def timing_kind(boot_kind: str) -> str:
     """The prediction a boot of `boot_kind` (telemetry.BOOT_KINDS) counts towards."""
-    if boot_kind in ("cold", "wake"):
+    if boot_kind in ("cold", "wake", "restore"):
         return boot_kind
     return "warm"
 
@@ -36,9 +36,17 @@ class Predicted:
     warm: float | None = None
     wake: float | None = None
     sleep: float | None = None
+    restore: float | None = None
+    """A snapshot's restore (issue 41)."""
 
     def of(self, kind: str) -> float | None:
-        return {"cold": self.cold, "warm": self.warm, "wake": self.wake, "sleep": self.sleep}.get(kind)
+        return {
+            "cold": self.cold,
+            "warm": self.warm,
+            "wake": self.wake,
+            "sleep": self.sleep,
+            "restore": self.restore,
+        }.get(kind)
 
     def boot(self) -> float | None:
         """A boot's prediction before its kind is known: warm once it booted warm before (the compile cache
@@ -46,7 +54,12 @@ class Predicted:
         return self.warm if self.warm is not None else self.cold
 
     def to_json(self) -> dict[str, float | None]:
-        return {"cold_seconds": self.cold, "warm_seconds": self.warm, "wake_seconds": self.wake}
+        return {
+            "cold_seconds": self.cold,
+            "warm_seconds": self.warm,
+            "wake_seconds": self.wake,
+            "restore_seconds": self.restore,
+        }
 
 
 def predict(timings: Mapping[str, Sequence[float]], window: int = WINDOW) -> Predicted:
@@ -56,7 +69,7 @@ def predict(timings: Mapping[str, Sequence[float]], window: int = WINDOW) -> Pre
         latest = list(timings.get(kind, ()))[-window:]
         return round(statistics.median(latest), 3) if latest else None
 
-    return Predicted(median("cold"), median("warm"), median("wake"), median("sleep"))
+    return Predicted(median("cold"), median("warm"), median("wake"), median("sleep"), median("restore"))
 
 
 def remembered(

@@ -114,6 +114,11 @@ class DeploymentView:
     kv_cache_source: str | None
     upgrade: dict[str, Any] | None = None
     """The last `dankserve upgrade` or `rollback` as state.json records it (supervisor/upgrade/)."""
+    launcher: dict[str, Any] | None = None
+    """Whether its boots go through the launcher, and why (`launcher = "auto"`: dankserve/launcher_choice.py)."""
+    snapshot: dict[str, Any] | None = None
+    """Its snapshot (issue 41): ready, absent, off or capturing, why, the last capture's outage and
+    restore's seconds, the last failure."""
 
     @property
     def swap_group(self) -> str | None:
@@ -259,7 +264,30 @@ def deployment_view(
         waiting_for=waiting_for,
         phase_seconds=round(now - phase_since, 1) if phase_since is not None else None,
         kv_cache_source=("learned" if learned_used else "profiled") if kv_bytes is not None else None,
+        launcher=dict(zip(("used", "why"), dep.launcher_choice(), strict=True)),
+        snapshot=snapshot_view(dep, machine),
     )
+
+
+def snapshot_view(dep: DeploymentSettings, machine: MachineState | None) -> dict[str, Any]:
+    """The `snapshot` entry of status: what planning last found, or `capturing` while it captures."""
+    times = machine.snapshot if machine is not None else None
+    plan = times.plan if times is not None else None
+    if dep.snapshot == "off":
+        state, reason = "off", 'snapshot = "off"'
+    elif machine is not None and machine.stage is Stage.SNAPSHOTTING:
+        state, reason = "capturing", "the ready server is captured: its requests wait"
+    elif plan is not None:
+        state, reason = plan.state, plan.reason
+    else:
+        state, reason = "unknown", "not planned yet (no daemon, or before its first boot)"
+    return {
+        "state": state,
+        "reason": reason,
+        "last_capture_outage_seconds": times.last_capture_outage_seconds if times is not None else None,
+        "last_restore_seconds": times.last_restore_seconds if times is not None else None,
+        "last_failure": times.last_failure if times is not None else None,
+    }
 
 
 def why(

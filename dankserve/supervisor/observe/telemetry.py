@@ -17,10 +17,10 @@ from typing import Any
 from dankserve.supervisor.observe.swap_history import SwapHistory
 from dankserve.supervisor.policy import FailureCause
 
-BOOT_KINDS: tuple[str, ...] = ("cold", "warm", "learned_bytes", "launcher", "wake")
+BOOT_KINDS: tuple[str, ...] = ("cold", "warm", "learned_bytes", "launcher", "wake", "restore")
 """How a boot went: `cold` (no compile cache, vLLM profiled memory), `warm` (a compile-cache hit),
 `learned_bytes` (the learned KV size skipped profiling), `launcher` (the pre-imported launcher),
-`wake` (woken from sleep). The last two are reported once those ways of booting exist."""
+`wake` (woken from sleep), `restore` (a snapshot restored, issue 41)."""
 
 BOOT_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200, 1800)
 SWAP_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
@@ -43,9 +43,16 @@ OBSERVED_FIELDS: tuple[str, ...] = (
 
 
 def boot_kind(
-    *, compile_cache_hit: bool | None, learned_bytes_used: bool, launcher: bool = False, wake: bool = False
+    *,
+    compile_cache_hit: bool | None,
+    learned_bytes_used: bool,
+    launcher: bool = False,
+    wake: bool = False,
+    restore: bool = False,
 ) -> str:
     """The kind of a boot that reached ready (the fastest thing it skipped names it)."""
+    if restore:
+        return "restore"
     if wake:
         return "wake"
     if launcher:
@@ -104,6 +111,12 @@ class DeploymentTelemetry:
         default_factory=lambda: MappingProxyType(dict.fromkeys(("sleep", "wake"), 0))
     )
     """Sleeps NVML showed still holding memory (`sleep`), wakes whose canary answered other tokens (`wake`)."""
+    snapshots: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(SNAPSHOT_EVENTS, 0)))
+    """Snapshots (issue 41): captures (ok, failed) and restores (restored, fallback: discarded, booted)."""
+    snapshot_seconds: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({"capture_outage": 0.0, "restore": 0.0})
+    )
+    """Seconds in all: the captures' outages and the restores (kill to serving excluded: the restore only)."""
 
     def status_json(self) -> dict[str, Any]:
         """What `status --json` shows of these numbers."""
@@ -116,6 +129,9 @@ class DeploymentTelemetry:
             "liveness": self.liveness,
             "preemption_warning": self.preemption_warning,
         }
+
+
+SNAPSHOT_EVENTS: tuple[str, ...] = ("captured", "capture_failed", "restored", "restore_fallback")
 
 
 def _bump(counts: Mapping[str, int], key: str) -> Mapping[str, int]:
@@ -200,6 +216,17 @@ class Telemetry:
         with self._lock:
             now = self._by_name.get(name) or DeploymentTelemetry()
             self._change(name, swap_checks_failed=_bump(now.swap_checks_failed, check))
+
+    def snapshot_event(self, name: str, event: str, seconds: float | None = None) -> None:
+        """A capture or restore ended (`event`: SNAPSHOT_EVENTS); `seconds` the outage or the restore."""
+        with self._lock:
+            now = self._by_name.get(name) or DeploymentTelemetry()
+            changes: dict[str, Any] = {"snapshots": _bump(now.snapshots, event)}
+            kind = {"captured": "capture_outage", "restored": "restore"}.get(event)
+            if kind is not None and seconds is not None:
+                total = now.snapshot_seconds.get(kind, 0.0) + seconds
+                changes["snapshot_seconds"] = MappingProxyType({**now.snapshot_seconds, kind: total})
+            self._change(name, **changes)
 
     def preemption_warned(self, name: str, at: float, message: str, new_preemptions: int) -> None:
         with self._lock:

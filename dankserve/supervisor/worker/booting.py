@@ -26,6 +26,7 @@ from dankserve.supervisor.fleet.swap_roster import PlanFacts
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.worker import launching
 from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.snapshots import SnapshotEdge
 from dankserve.supervisor.worker.workload import launcher_run_dir, workload_spec
 from dankserve.supervisor.worker.workloads import WorkloadRuntimes
 
@@ -63,6 +64,8 @@ class Boots:
         self.max_num_seqs: int | None = None
         """The last plan's --max-num-seqs: the gateway's default cap of requests in flight to it."""
         self._lock = threading.Lock()
+        self.snapshots: SnapshotEdge | None = None
+        """The deployment's snapshots (issue 41): their verdict is part of the plan."""
 
     @property
     def waiting_for(self) -> str | None:
@@ -153,12 +156,14 @@ class Boots:
         handover, self.handover = self.handover, None
         if handover is not None:
             found = self._hand_over(runtime, handover) if found is None else self._discard(runtime, handover, found)
+        if found is not None and found.running and self.snapshots is not None:
+            self.snapshots.repair_interrupted(dep, found.pid)  # a capture a killed daemon left midway
         existing = None
         if found is not None:
             self._runtimes.seen(found.id, runtime)
             existing = m.ExistingWorkload(found.id, found.running, found.fingerprint == plan.fingerprint)
             if launching.is_launcher(found) and found.running:
-                spec = workload_spec(plan, dep, settings, 0) if dep.launcher else None
+                spec = workload_spec(plan, dep, settings, 0) if dep.uses_launcher else None
                 existing = launching.found_launcher(found, launcher_run_dir(settings, name), spec, plan.fingerprint)
         sleeping = None
         server_runs = existing is not None and existing.running
@@ -167,6 +172,7 @@ class Boots:
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
             sleeping = world.servers.is_sleeping(backend_address(settings, name, dep), api_key(dep))
+        snapshot = self.snapshots.verdict(dep, runtime, plan, digest, version) if self.snapshots is not None else None
         kept = services.world.state.deployment(name)
         remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
@@ -181,6 +187,7 @@ class Boots:
             sleeping=sleeping,
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
             remembered_moving=m.SWAP_MOVES.get(moving or ""),
+            snapshot=snapshot,
         )
 
     def _hand_over(self, runtime: Runtime, workload: str) -> Workload | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from dankserve.backend_address import BackendAddress
@@ -25,6 +26,7 @@ from dankserve.supervisor.worker.booting import Boots, api_key
 from dankserve.supervisor.worker.log_pump import Inbox
 from dankserve.supervisor.worker.recording import Recorder
 from dankserve.supervisor.worker.services import WorkerServices
+from dankserve.supervisor.worker.snapshots import SnapshotEdge
 from dankserve.supervisor.worker.workload import launcher_run_dir
 from dankserve.supervisor.worker.workloads import LogFollow, WorkloadRuntimes
 
@@ -61,6 +63,15 @@ class Commands:
             logger=logger,
         )
         self.records = Recorder(name, services, machine, logger)
+        self.snapshots = SnapshotEdge(
+            name,
+            settings=lambda: services.world.settings,
+            host=services.gpus.host,
+            gpu=services.world.gpu_checkpoint,
+            edges=services.world.servers,
+            logger=logger,
+        )
+        self.boots.snapshots = self.snapshots
 
     def run(self, command: m.Command, dep: DeploymentSettings) -> m.Event | None:
         """Run `command` for the deployment configured as `dep` now."""
@@ -115,6 +126,10 @@ class Commands:
                 return m.GpuTenants(others, world.draw(), free)
             case m.SleepServer() | m.WakeServer():
                 return self._swap(dep, command)
+            case m.CaptureSnapshot(workload_id=wid):
+                return self._capture(dep, wid)
+            case m.RestoreSnapshot():
+                return self._restore(dep)
             case m.MarkSleepUnsafe(level=level, reason=reason, check=check):
                 self._services.telemetry.swap_check_failed(self._name, check)
                 if self._services.swap_verifier is not None:
@@ -123,6 +138,27 @@ class Commands:
             case _:
                 self.records.record(command)
         return None
+
+    def _capture(self, dep: DeploymentSettings, workload_id: str) -> m.Event:
+        """The ready server captured (issue 41), counted."""
+        captured = self.snapshots.capture(dep, self.runtimes.of(workload_id, dep), workload_id)
+        outage = captured.outage_seconds if isinstance(captured, m.SnapshotCaptured) else None
+        self._services.telemetry.snapshot_event(
+            self._name, "captured" if outage is not None else "capture_failed", outage
+        )
+        return captured
+
+    def _restore(self, dep: DeploymentSettings) -> m.Event:
+        """A snapshot restored in a boot's place: counted as a boot once it serves."""
+        runtime = self.runtimes.current(dep)
+        event = self.snapshots.restore(dep, runtime, 0)
+        telemetry = self._services.telemetry
+        if isinstance(event, m.Restored):
+            telemetry.snapshot_event(self._name, "restored", event.seconds)
+            self.runtimes.seen(event.workload_id, runtime)
+            return replace(event, boot=self._services.world.state.next_boot(self._name))
+        telemetry.snapshot_event(self._name, "restore_fallback")
+        return event
 
     def _address(self, dep: DeploymentSettings) -> BackendAddress:
         """Where the deployment's server listens (its private socket, or TCP)."""
@@ -164,7 +200,7 @@ class Commands:
 
     def _remove_launcher(self, dep: DeploymentSettings) -> None:
         """The deployment's launcher, kept running without a server, goes (best effort: the daemon is stopping)."""
-        if not dep.launcher:
+        if not dep.uses_launcher:
             return
         try:
             stop_timeout = self._services.world.settings.stop_timeout_seconds

@@ -159,7 +159,7 @@ class Fleet:
         supervised = {w.name for w in workers if w.alive}
         settings = self.settings
         for name, dep in settings.deployments.items():
-            if name in supervised or not dep.launcher:
+            if name in supervised or not dep.uses_launcher:
                 continue
             try:
                 removed = launching.remove_launcher(runtime_for(dep), name, settings.stop_timeout_seconds)

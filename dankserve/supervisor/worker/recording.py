@@ -84,6 +84,7 @@ class Recorder:
                 compile_cache_hit=command.facts.compile_cache_hit,
                 learned_bytes_used=command.learned_used,
                 wake=machine.swap.since is not None,  # a swap group member woken by booting
+                restore=command.restored,
             )
         state.record_boot(
             name, command.facts, command.kv_bytes, command.learned_used, adopted=adopted, seconds=took, kind=kind

@@ -51,7 +51,9 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         privileged=dep.privileged,
         executable=dep.executable,
         cache_dir=cache,
-        launcher=LauncherSpec(LAUNCHER_SOURCE, launcher_run_dir(settings, plan.deployment)) if dep.launcher else None,
+        launcher=LauncherSpec(LAUNCHER_SOURCE, launcher_run_dir(settings, plan.deployment))
+        if dep.uses_launcher
+        else None,
         socket=backend_socket(settings, plan.deployment, dep),
         kernels=KernelsDir(plan.kernels.target, plan.kernels.download) if plan.kernels is not None else None,
     )

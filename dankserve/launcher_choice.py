@@ -5,9 +5,12 @@ entrypoint, in the process runtime it runs the executable's Python. That is righ
 command is vLLM's own (`vllm serve`, the `vllm` script, a Python with vLLM): an entrypoint that does
 more (a wrapper script, a shell) would be bypassed. `true` and `false` keep their meaning.
 
-Not wired yet: the setting is a bool read by the supervisor (`worker/booting.py`, `workload.py`,
-`fleet.py`, `upgrades.py`); `auto` needs the image's entrypoint from `ensure_image` (Podman's
-`Config.Entrypoint`) and this answer kept beside the plan (docs/snapshots.md, "Built so far").
+`auto` is the default. Where snapshots restore the deployment's restarts (`snapshot = "auto"` on the
+process runtime, issue 41) the launcher is not used: a restore is several times faster than a launcher
+boot, and a launcher's server (its child) is not captured. Podman's image entrypoint is not read yet
+(it comes with `ensure_image`): `auto` does not use the launcher there, and says so.
+`DeploymentSettings.uses_launcher` is the one answer the rest of dankserve reads (a leaf, so that the
+settings can ask it).
 """
 
 from __future__ import annotations
@@ -43,7 +46,11 @@ def _vllm_own(command: Sequence[str]) -> bool:
 
 
 def launcher_choice(
-    setting: LauncherSetting, image_entrypoint: Sequence[str] | None, runtime_kind: RuntimeKind
+    setting: LauncherSetting,
+    image_entrypoint: Sequence[str] | None,
+    runtime_kind: RuntimeKind,
+    *,
+    snapshot: Literal["auto", "off"] = "off",
 ) -> tuple[bool, str]:
     """(use the launcher, why). `image_entrypoint`: the image's entrypoint (Podman), or the process
     runtime's `executable` split as a shell would; None when it could not be read."""
@@ -51,6 +58,11 @@ def launcher_choice(
         return True, "launcher = true"
     if setting is False:
         return False, "launcher = false"
+    if snapshot == "auto" and runtime_kind == "process":
+        return False, (
+            'launcher = auto: snapshot = "auto" restores this deployment\'s restarts (faster than a launcher '
+            "boot; a launcher's server is not captured): set launcher = true to boot through it anyway"
+        )
     if image_entrypoint is None:
         where = "the image's entrypoint" if runtime_kind == "podman" else "the executable"
         return False, f"launcher = auto: {where} could not be read, so the launcher could bypass what it does"

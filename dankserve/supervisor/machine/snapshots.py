@@ -1,0 +1,138 @@
+"""Handlers of snapshots (issue 41, docs/snapshots.md): the capture of a ready server that had no valid
+snapshot, and the restore that takes a boot's place when it has one.
+
+Capture: a boot planned with an `absent` snapshot becomes READY as any boot (recorded, counted, its GPUs'
+slot released), marked `capture_due`; the next look around (`watch`) moves it to SNAPSHOTTING, where the
+gateway holds its requests, and asks for `CaptureSnapshot`. Captured or not, it is READY again: a failed
+capture leaves the server serving and says why.
+
+Restore: a boot planned with a `ready` snapshot and its GPUs' slot held asks for `RestoreSnapshot`
+instead of measuring memory and starting a workload. Restored: READY at once (boot kind `restore`).
+Failed: the snapshot is discarded (the worker deleted it) with its reason, and the same boot goes on as
+a normal one (free memory read, a workload started); no failure is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dankserve.supervisor.lifecycle import Phase
+from dankserve.supervisor.machine.commands import (
+    CaptureSnapshot,
+    FollowLogs,
+    ReadFreeMemory,
+    RecordBoot,
+    ReleaseGpus,
+    note,
+)
+from dankserve.supervisor.machine.events import (
+    Restored,
+    RestoreFailed,
+    SnapshotCaptured,
+    SnapshotCaptureFailed,
+)
+from dankserve.supervisor.machine.outcomes import Step
+from dankserve.supervisor.machine.stages import Stage
+from dankserve.supervisor.machine.state import Boot, MachineState, SnapshotPlan, SnapshotTimes
+from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
+from dankserve.supervisor.machine.timing import MAX_IDLE_SECONDS
+
+
+def wants_capture(boot: Boot) -> bool:
+    """A ready boot captures when planning found no valid snapshot (and snapshots are on), unless it is
+    itself a restore or runs under a launcher (the launcher's server is its child: not captured yet)."""
+    plan = boot.snapshot
+    return plan is not None and plan.state == "absent" and not boot.restored and boot.server is None
+
+
+def restores(boot: Boot) -> bool:
+    """The boot restores its snapshot instead of starting a workload (not through a kept launcher)."""
+    plan = boot.snapshot
+    return plan is not None and plan.state == "ready" and boot.launcher_id is None
+
+
+def start_capture(state: MachineState, now: float) -> Step:
+    """READY with a capture due: SNAPSHOTTING (the gateway holds requests) and the capture."""
+    boot = state.boot
+    assert boot is not None
+    boot = replace(boot, capture_due=False)
+    after = replace(state, stage=Stage.SNAPSHOTTING, boot=boot, wake_at=None)
+    return after, (note("snapshot_capturing"), CaptureSnapshot(boot.workload_id or ""))
+
+
+def _ready_again(state: MachineState, now: float, snapshot: SnapshotTimes) -> MachineState:
+    boot = state.boot
+    assert boot is not None
+    interval = state.config.health_interval_seconds
+    boot = replace(boot, snapshot=snapshot.plan, next_health=now + interval, unhealthy=0)
+    return replace(
+        state, stage=Stage.READY, boot=boot, snapshot=snapshot, wake_at=min(now + interval, now + MAX_IDLE_SECONDS)
+    )
+
+
+def on_snapshot_captured(state: MachineState, event: SnapshotCaptured, now: float) -> Step:
+    plan = SnapshotPlan("ready", "captured from this plan's ready server: restarts restore it")
+    outage = round(event.outage_seconds, 3)
+    after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_capture_outage_seconds=outage))
+    return after, (note("snapshot_captured", outage_seconds=round(event.outage_seconds, 3), bytes=event.bytes),)
+
+
+def on_capture_failed(state: MachineState, event: SnapshotCaptureFailed, now: float) -> Step:
+    plan = SnapshotPlan("absent", f"the last capture failed: {event.reason}")
+    after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_failure=event.reason))
+    return after, (note("snapshot_capture_failed", "warning", reason=event.reason),)
+
+
+def on_restored(state: MachineState, event: Restored, now: float) -> Step:
+    """Restored: READY at once (the canary answered the captured ids), a boot of kind `restore`."""
+    config = state.config
+    boot = replace(
+        state.boot or Boot(started_at=now),
+        workload_id=event.workload_id,
+        restored=True,
+        ready_at=now,
+        deadline=now + config.boot_timeout_seconds,
+        next_health=now + config.health_interval_seconds,
+        phase=Phase.READY,
+        server=None,
+    )
+    plan = SnapshotPlan("ready", "restored from it")
+    snapshot = replace(state.snapshot, plan=plan, last_restore_seconds=round(event.seconds, 3))
+    # A swap member asleep by stop woken by this boot: the wake ends here, as on_warmed_up ends it.
+    swap = swap_done(state.swap, "wake", now) if state.swap.since is not None else state.swap
+    after = replace(
+        state,
+        stage=Stage.READY,
+        boot=replace(boot, snapshot=plan),
+        boots=event.boot,
+        message=None,
+        snapshot=snapshot,
+        swap=swap,
+        wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS),
+    )
+    return after, (
+        *woke_by_boot(state, now),
+        RecordBoot(boot.facts, state.kv_cache_memory_bytes, False, boot.boot_key, None, restored=True),
+        note(
+            "ready",
+            boot_seconds=round(now - boot.started_at, 3),
+            restored=True,
+            restore_seconds=round(event.seconds, 3),
+            container_id=event.workload_id,
+        ),
+        FollowLogs(event.workload_id),
+        ReleaseGpus(),
+    )
+
+
+def on_restore_failed(state: MachineState, event: RestoreFailed, now: float) -> Step:
+    """The snapshot is gone with its reason; the same boot goes on normally (free memory, then a start)."""
+    boot = state.boot or Boot(started_at=now)
+    plan = SnapshotPlan("absent", f"discarded at restore: {event.reason}")
+    boot = replace(boot, snapshot=plan, settle_until=now + state.config.gpu_memory_settle_seconds)
+    snapshot = replace(state.snapshot, plan=plan, last_failure=event.reason)
+    after = replace(state, stage=Stage.MEASURING, boot=boot, snapshot=snapshot)
+    return after, (
+        note("snapshot_restore_failed", "warning", reason=event.reason, then="a normal boot"),
+        ReadFreeMemory(boot.uuids, settle_first=True),
+    )

@@ -1,0 +1,384 @@
+"""Snapshots in the lifecycle (issue 41) through a real daemon on the process runtime, with real CRIU and the
+stand-in vLLM (an API server and its engine core, the engine core's GPU record checkpointed through the
+stand-in's GPU edge): the ready server is captured once; a kill -9 of it restores the snapshot (boot kind
+`restore`, the same greedy ids, no boot in its log); each failure (a corrupt or truncated snapshot, one of
+another plan, a taken pid, CRIU missing) falls back to the normal boot in the same restart, with the reason
+in status, no failure counted, and the server serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dankserve.doctor import read_criu
+from dankserve.snapshot.criu import criu_path
+from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
+from tests.harness.wait import wait_until
+from tests.test_snapshot_criu import damage_images
+
+_reading = read_criu(criu_path())
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        _reading.path is None or not _reading.check_ok or os.geteuid() != 0,
+        reason="needs root and a working CRIU >= 4.2 (make system-deps)",
+    ),
+]
+READY = "Application startup complete."
+
+
+def _deployment(host: Path, port: int, **extra: Any) -> dict[str, Any]:
+    env = {"FAKE_VLLM_NVML_DIR": str(host.with_name(host.name + ".processes")), **extra.pop("env", {})}
+    return process_deployment(port, gpus=[0], listen="tcp", snapshot="auto", env=env, **extra)
+
+
+def _server_pid(daemon: RunningDaemon) -> int:
+    pid: int = json.loads((daemon.state_dir / "processes" / "chat.json").read_text())["pid"]
+    return pid
+
+
+def _ids(port: int) -> list[int]:
+    body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5, "temperature": 0, "return_token_ids": True}
+    answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return list(answer.json()["choices"][0]["token_ids"])
+
+
+def _captured(daemon: RunningDaemon) -> dict[str, Any]:
+    return daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=90)
+
+
+def _boots_in_log(daemon: RunningDaemon) -> int:
+    return (daemon.state_dir / "processes" / "chat.log").read_text(errors="replace").count(READY)
+
+
+def _kill(daemon: RunningDaemon) -> int:
+    pid = _server_pid(daemon)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port, metrics_port = free_port(), free_port()
+    listen = {"metrics_listen": f"127.0.0.1:{metrics_port}"}
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host, extra_globals=listen) as daemon:
+        first = _captured(daemon)
+        assert first["snapshot"]["last_capture_outage_seconds"] > 0
+        ids = _ids(port)
+        booted = _boots_in_log(daemon)
+        pid = _kill(daemon)
+        restored = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=60
+        )
+        assert _server_pid(daemon) == pid, "CRIU restores the tree with its pids"
+        assert _ids(port) == ids
+        assert _boots_in_log(daemon) == booted, "restored, not booted"
+        assert restored["snapshot"]["last_restore_seconds"] > 0
+        assert restored["restarts"] == 1
+        shown = daemon.cli("status", "chat").stdout
+        assert "snapshot ready: restored from it" in shown and "last restore" in shown, shown
+        assert "restore 1" in shown, "boots by kind"
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        assert 'dankserve_boots_total{deployment="chat",kind="restore"} 1.0' in scraped
+        assert 'dankserve_snapshot_captures_total{deployment="chat",result="ok"} 1.0' in scraped
+        assert 'dankserve_snapshot_restores_total{deployment="chat",result="restored"} 1.0' in scraped
+        assert 'dankserve_snapshot_seconds_total{deployment="chat",kind="restore"}' in scraped
+        listed = json.loads(daemon.cli("snapshot", "list", "--json").stdout)
+        (entry,) = [e for e in listed["snapshots"] if e["deployment"] == "chat"]
+        assert entry["state"] == "ready" and entry["last_restore_seconds"] > 0 and entry["bytes"] > 0
+
+
+def _booted_normally(daemon: RunningDaemon, boots: int) -> dict[str, Any]:
+    """Ready after a normal boot (not a restore), captured again."""
+    return daemon.wait_for(
+        "chat",
+        lambda d: (
+            d["state"] == "ready"
+            and d["boots"] == boots
+            and (d["last_boot"] or {}).get("kind") != "restore"
+            and d["snapshot"]["state"] == "ready"
+        ),
+        timeout=90,
+    )
+
+
+def _no_failure_counted(daemon: RunningDaemon) -> None:
+    assert not daemon.events_named("deployment_failed")
+    assert [e["failure"] for e in daemon.events_named("boot_failed")] in ([], ["engine_dead"])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_corrupt_or_truncated_snapshot_is_discarded_and_the_same_restart_boots(tmp_path: Path, damage: str) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        damage_images(daemon.state_dir / "snapshots" / "chat" / "images", damage)
+        _kill(daemon)
+        after = _booted_normally(daemon, 2)
+        assert "criu restore failed" in after["snapshot"]["last_failure"]
+        assert after["restarts"] == 1
+        assert _ids(port) == ids
+        (failed,) = daemon.events_named("snapshot_restore_failed")
+        assert failed["then"] == "a normal boot"
+        _no_failure_counted(daemon)
+        shown = daemon.cli("status", "chat").stdout
+        assert "snapshot ready" in shown and "last failure: restore failed at criu_restore" in shown, shown
+
+
+def _second_daemon(tmp_path: Path, deployment: dict[str, Any], host: Path, **extra: Any) -> Any:
+    return running_daemon(tmp_path, {"chat": deployment}, hardware=host, **extra)
+
+
+def _captured_then_daemon_and_server_killed(tmp_path: Path, deployment: dict[str, Any], host: Path) -> int:
+    """Daemon 1 captures; it is killed with -9, then its server: the pid the tree had (its pids freed)."""
+    with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon:
+        _captured(daemon)
+        pid = _server_pid(daemon)
+        tree = [pid, *_children(pid)]
+        daemon.kill()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in tree) or None, 30, 0.05, what="the tree gone")
+    return pid
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(p) for p in text.split()]
+
+
+def test_a_changed_plan_deletes_the_snapshot_with_its_reason_and_boots(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    _captured_then_daemon_and_server_killed(tmp_path, _deployment(host, port), host)
+    changed = _deployment(host, port, max_num_seqs=16)
+    with _second_daemon(tmp_path, changed, host) as daemon:
+        after = _booted_normally(daemon, 2)
+        assert after["snapshot"]["last_failure"] == "the plan's arguments changed since the capture"
+        (discarded,) = daemon.events_named("snapshot_discarded")
+        assert "16" not in discarded["reason"], "argv values are never shown"
+        assert not daemon.events_named("restoring_snapshot")
+        _ids(port)
+
+
+def test_a_daemon_restart_restores_and_a_taken_pid_falls_back_to_a_boot(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    deployment = _deployment(host, port)
+    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    with _second_daemon(tmp_path, deployment, host) as daemon:  # its first boot restores
+        daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
+        assert _server_pid(daemon) == pid
+        _ids(port)
+        daemon.kill()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
+    taker = _take_pid(pid)
+    if taker is None:
+        pytest.skip(f"could not take pid {pid} for the test")
+    try:
+        with _second_daemon(tmp_path, deployment, host) as daemon:
+            after = _booted_normally(daemon, 3)
+            assert f"pid {pid} is taken by another process" in after["snapshot"]["last_failure"]
+            assert taker.poll() is None, "the process holding the pid is untouched"
+            _ids(port)
+    finally:
+        taker.kill()
+        taker.wait()
+
+
+def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
+    """A process with exactly this pid (ns_last_pid, as CRIU itself sets it), or None after some tries."""
+    for _ in range(50):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        taker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        if taker.pid == pid:
+            return taker
+        taker.kill()
+        taker.wait()
+    return None
+
+
+def test_criu_missing_boots_normally_and_keeps_the_snapshot(tmp_path: Path) -> None:
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    _captured_then_daemon_and_server_killed(tmp_path, _deployment(host, port), host)
+    with _second_daemon(tmp_path, _deployment(host, port), host, extra_env={"DANKSERVE_CRIU": ""}) as daemon:
+        after = daemon.wait_for("chat", lambda d: d["state"] == "ready")
+        assert after["snapshot"]["state"] == "off"
+        assert "CRIU is not installed" in after["snapshot"]["reason"]
+        assert (daemon.state_dir / "snapshots" / "chat" / "manifest.json").exists(), "nothing lost"
+        _ids(port)
+
+
+def test_down_then_up_and_restart_restore_after_a_graceful_stop(tmp_path: Path) -> None:
+    """A graceful stop deletes the server's /dev/shm segment; the snapshot keeps a copy, put back at restore."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())
+        assert manifest["shm"], "the engine core's segment is kept"
+        assert daemon.cli("down", "chat").returncode == 0
+        assert not any((Path("/dev/shm") / name).exists() for name in manifest["shm"]), "deleted by the stop"
+        assert daemon.cli("up", "chat").returncode == 0
+        daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
+        assert _ids(port) == ids
+        assert daemon.cli("restart", "chat").returncode == 0
+        after = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and d["boots_by_kind"].get("restore") == 2, timeout=60
+        )
+        assert after["snapshot"]["last_failure"] is None
+        assert _ids(port) == ids
+
+
+def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_again(tmp_path: Path) -> None:
+    """The daemon killed with -9 between the GPU checkpoint and the manifest leaves the server locked and
+    checkpointed beside an entry without a manifest (made here as that moment leaves them): the next daemon
+    restores and unlocks it, adopts it serving, deletes the entry with its reason and captures again."""
+    from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    deployment = _deployment(host, port)
+    with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        pid = _server_pid(daemon)
+        daemon.kill()
+    gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
+    (engine,) = gpu.holders([pid, *_children(pid)])
+    gpu.lock(engine)
+    gpu.checkpoint(engine)
+    (tmp_path / "state" / "snapshots" / "chat" / "manifest.json").unlink()
+    with _second_daemon(tmp_path, deployment, host) as daemon:
+        after = _booted_normally(daemon, 1)
+        assert _server_pid(daemon) == pid, "adopted, not booted again"
+        assert gpu.state(engine) == "running"
+        (repaired,) = daemon.events_named("snapshot_capture_interrupted")
+        assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
+        assert _ids(port) == ids
+        assert daemon.events_named("snapshot_captured"), "captured again"
+
+
+def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path: Path) -> None:
+    """The daemon killed with -9 after `criu restore` and before it recorded the tree (made here as that moment
+    leaves it: the tree restored from the snapshot, its engine core still checkpointed, asleep): the next daemon
+    finds the captured command line at the captured pid, takes the tree over, finishes its GPU restore and
+    unlock, and serves the captured ids (boot kind restore), without a second restore or a boot."""
+    from dankserve.snapshot import criu
+    from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    deployment = _deployment(host, port)
+    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    entry = tmp_path / "state" / "snapshots" / "chat"
+    for name in json.loads((entry / "manifest.json").read_text())["shm"]:
+        (Path("/dev/shm") / name).write_bytes((entry / "shm" / name).read_bytes())
+    restored = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
+    assert restored == pid
+    gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
+    (engine,) = _children(pid)
+    assert gpu.state(engine) == "checkpointed"
+    with _second_daemon(tmp_path, deployment, host) as daemon:
+        after = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore"
+        )
+        assert _server_pid(daemon) == pid and gpu.state(engine) == "running"
+        (resumed,) = daemon.events_named("snapshot_restore_resumed")
+        assert resumed["done"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
+        _ids(port)
+
+
+def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(tmp_path: Path) -> None:
+    """The store on an 8 MiB file system (the stand-in's image is about 30 MB): the dump fails for want of
+    space, the capture is undone (engine core unlocked, awake), nothing half-written is kept, the reason is
+    in status, and the server serves throughout."""
+    store_dir = tmp_path / "state" / "snapshots"
+    store_dir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "state").chmod(0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(store_dir)], check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        host = write_host(tmp_path / "host.json")
+        port = free_port()
+        with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+            after = daemon.wait_for(
+                "chat", lambda d: d["state"] == "ready" and d["snapshot"]["last_failure"] is not None, timeout=60
+            )
+            assert after["snapshot"]["state"] == "absent"
+            assert "capture failed at criu_dump" in after["snapshot"]["last_failure"]
+            assert "space" in after["snapshot"]["last_failure"].lower()
+            kept = store_dir / ".chat.criu.log"
+            assert [p.name for p in store_dir.iterdir()] == [kept.name], "nothing half-written, CRIU's log kept"
+            assert f"(log: {kept})" in after["snapshot"]["last_failure"] and "No space" in kept.read_text()
+            _ids(port)
+            assert not daemon.events_named("boot_failed")
+    finally:
+        subprocess.run(["umount", str(store_dir)], check=False)
+
+
+def test_requests_during_a_capture_wait_in_the_gateway_and_are_served(tmp_path: Path) -> None:
+    """A swap group member (sleep mode: the capture sleeps it at level 2) whose sleep takes 3 s: while it is
+    captured, status says `snapshotting` and a request through the gateway waits, then is served (not refused)."""
+    import threading
+
+    host = write_host(tmp_path / "host.json")
+    port, gateway = free_port(), free_port()
+    dep = _deployment(host, port, swap_group="g", env={"FAKE_VLLM_SLEEP_SECONDS": "3"})
+    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    with running_daemon(tmp_path, {"chat": dep}, hardware=host, extra_globals=settings) as daemon:
+        daemon.wait_for("chat", lambda d: d["state"] == "snapshotting", timeout=60)
+        answers: list[httpx.Response] = []
+        body = {"model": "test/tiny", "prompt": "x", "max_tokens": 2}
+        sender = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(f"http://127.0.0.1:{gateway}/v1/completions", json=body, timeout=60)
+            )
+        )
+        sender.start()
+        sender.join(1.0)
+        assert not answers, "held while the server is captured"
+        after = _captured(daemon)
+        sender.join(30)
+        assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+        assert after["snapshot"]["last_capture_outage_seconds"] >= 3
+
+
+def test_launcher_auto_uses_the_launcher_for_vllms_own_command_unless_snapshots_restore(tmp_path: Path) -> None:
+    """`launcher = "auto"` (the default) on the process runtime: a `vllm` executable boots through the launcher
+    when snapshots are off, and not when `snapshot = "auto"` restores the restarts; status says why."""
+    from tests.harness.daemon import LAUNCHER_ENV, STAND_IN
+
+    vllm = tmp_path / "bin" / "vllm"
+    vllm.parent.mkdir()
+    vllm.symlink_to(STAND_IN)
+    host = write_host(tmp_path / "host.json")
+    env = {**LAUNCHER_ENV, "DANKSERVE_LAUNCHER_PATH": str(STAND_IN.parent)}
+    deployments = {
+        "a": process_deployment(free_port(), gpus=[0], executable=str(vllm), env=env, launcher="auto"),
+        "b": _deployment(host, free_port(), executable=str(vllm), env=env, launcher="auto") | {"gpus": [1]},
+    }
+    with running_daemon(tmp_path, deployments, hardware=host) as daemon:
+        a = daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=90)
+        b = daemon.wait_for("b", lambda d: d["state"] == "ready", timeout=90)
+        assert a["launcher"]["used"] and "vLLM's own" in a["launcher"]["why"]
+        assert not b["launcher"]["used"] and 'snapshot = "auto" restores' in b["launcher"]["why"]
+        assert (daemon.state_dir / "launchers" / "a").exists() and not (daemon.state_dir / "launchers" / "b").exists()
+        shown = daemon.cli("status", "a").stdout
+        assert "launcher used: launcher = auto" in shown, shown

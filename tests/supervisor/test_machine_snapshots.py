@@ -1,0 +1,94 @@
+"""The machine's snapshot rules (issue 41), pure: a ready boot without a valid snapshot captures once (the
+gateway holds requests meanwhile: `snapshotting`), a failed capture leaves it ready with the reason; a boot
+with a valid snapshot restores instead of starting a workload (boot kind `restore`), and a failed restore
+goes on as the normal boot in the same restart, no failure counted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dankserve.bootlog.facts import BootFacts
+from dankserve.supervisor import machine as m
+from tests.supervisor.test_machine import CONFIG
+
+ABSENT = m.SnapshotPlan("absent", "none captured yet")
+READY = m.SnapshotPlan("ready", "valid for this plan")
+
+
+def _warming(snapshot: m.SnapshotPlan | None, **boot: Any) -> m.MachineState:
+    facts = BootFacts(ready=True)
+    b = m.Boot(started_at=0.0, uuids=("GPU-0",), workload_id="w1", warm_up_since=5.0, facts=facts, deadline=999.0)
+    return m.MachineState(CONFIG, stage=m.Stage.BOOTING, boot=replace(b, snapshot=snapshot, **boot))
+
+
+def test_a_ready_boot_without_a_snapshot_captures_at_the_next_look_and_holds_requests() -> None:
+    ready, _ = m.step(_warming(ABSENT), m.WarmedUp(None, 0.1), 10.0)
+    assert ready.stage is m.Stage.READY and ready.wake_at == 10.0, "ready first (recorded, counted), then captured"
+    capturing, commands = m.step(ready, m.Tick(), 10.0)
+    assert capturing.stage is m.Stage.SNAPSHOTTING and capturing.status == "snapshotting"
+    assert m.CaptureSnapshot("w1") in commands
+    again, _ = m.step(capturing, m.SnapshotCaptured(0.7, 100), 11.0)
+    assert again.stage is m.Stage.READY and again.snapshot.last_capture_outage_seconds == 0.7
+    assert again.snapshot.plan is not None and again.snapshot.plan.state == "ready"
+    assert not any(isinstance(c, m.CaptureSnapshot) for c in m.step(again, m.Tick(), 20.0)[1]), "captured once"
+
+
+def test_a_failed_capture_leaves_the_server_ready_with_the_reason() -> None:
+    ready, _ = m.step(_warming(ABSENT), m.WarmedUp(None, 0.1), 10.0)
+    capturing, _ = m.step(ready, m.Tick(), 10.0)
+    after, _ = m.step(capturing, m.SnapshotCaptureFailed("capture failed at gpu_lock: timeout"), 11.0)
+    assert after.stage is m.Stage.READY and after.failures == () and after.restarts == 0
+    assert after.snapshot.last_failure == "capture failed at gpu_lock: timeout"
+    assert after.snapshot.plan is not None and "the last capture failed" in after.snapshot.plan.reason
+
+
+def test_no_capture_when_snapshots_are_off_a_restore_or_a_launcher_server() -> None:
+    for state in (
+        _warming(None),
+        _warming(m.SnapshotPlan("off", 'snapshot = "off"')),
+        _warming(ABSENT, restored=True),
+        _warming(ABSENT, server=1),
+    ):
+        ready, _ = m.step(state, m.WarmedUp(None, 0.1), 10.0)
+        assert ready.boot is not None and not ready.boot.capture_due
+
+
+def _acquiring(snapshot: m.SnapshotPlan, launcher_id: str | None = None) -> m.MachineState:
+    boot = m.Boot(started_at=0.0, uuids=("GPU-0",), snapshot=snapshot, launcher_id=launcher_id)
+    return m.MachineState(CONFIG, stage=m.Stage.WAITING_GPUS, boot=boot, restarts=1)
+
+
+def test_a_valid_snapshot_is_restored_instead_of_a_boot() -> None:
+    starting, commands = m.step(_acquiring(READY), m.GpusAcquired(), 1.0)
+    assert starting.stage is m.Stage.STARTING and m.RestoreSnapshot() in commands
+    ready, commands = m.step(starting, m.Restored("w2", 3, 0.4), 1.5)
+    assert ready.stage is m.Stage.READY and ready.boots == 3 and ready.workload_id == "w2"
+    assert ready.boot is not None and ready.boot.restored and not ready.boot.capture_due
+    (record,) = [c for c in commands if isinstance(c, m.RecordBoot)]
+    assert record.restored and record.baseline is None, "a restore teaches nothing of KV sizes"
+    assert m.FollowLogs("w2") in commands and ready.snapshot.last_restore_seconds == 0.4
+
+
+def test_a_failed_restore_is_the_normal_boot_of_the_same_restart_not_a_failure() -> None:
+    starting, _ = m.step(_acquiring(READY), m.GpusAcquired(), 1.0)
+    measuring, commands = m.step(starting, m.RestoreFailed("restore failed at canary: ids differ"), 2.0)
+    assert measuring.stage is m.Stage.MEASURING and measuring.restarts == 1 and measuring.failures == ()
+    assert m.ReadFreeMemory(("GPU-0",), settle_first=True) in commands
+    assert measuring.snapshot.last_failure == "restore failed at canary: ids differ"
+    assert measuring.boot is not None and measuring.boot.snapshot is not None
+    assert measuring.boot.snapshot.state == "absent", "the normal boot captures again once ready"
+
+
+def test_a_kept_launcher_boots_rather_than_restores() -> None:
+    after, commands = m.step(_acquiring(READY, launcher_id="l1"), m.GpusAcquired(), 1.0)
+    assert after.stage is m.Stage.MEASURING and m.RestoreSnapshot() not in commands
+
+
+def test_a_swap_member_woken_by_a_restore_ends_its_wake() -> None:
+    """A member asleep by stop boots to wake; restored instead, its wake ends with the restore (timed, logged)."""
+    state = replace(_acquiring(READY), swap=m.SwapTimes(level="stop", since=0.5))
+    starting, _ = m.step(state, m.GpusAcquired(), 1.0)
+    ready, commands = m.step(starting, m.Restored("w2", 3, 0.4), 1.5)
+    assert ready.status == "ready" and ready.swap.since is None and ready.swap.last_wake_seconds == 1.0
+    assert any(isinstance(c, m.Note) and c.event == "woke_up" for c in commands)
