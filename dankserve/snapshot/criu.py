@@ -16,8 +16,11 @@ from pathlib import Path
 
 from dankserve.errors import EnvironmentUnusable, MissingTool
 
-# What CRIU needs to dump a listening server (FACTS: "Snapshots"): its TCP sockets in any state.
-_TCP = ("--tcp-established",)
+# What CRIU needs to dump a vLLM server's tree (FACTS: "Snapshots"; docs/hardware/h200x1-snapshot): its TCP
+# sockets in any state; the POSIX semaphores vLLM opens under a temporary name and renames (`--link-remap`);
+# the engine core's loopback connection to the API server, both ends in the frozen tree, so no iptables lock
+# is needed (`--network-lock skip`: GPU hosts such as Firecracker VMs have no iptables).
+_TCP = ("--tcp-established", "--link-remap", "--network-lock", "skip")
 _LOG_TAIL_BYTES = 64 * 1024
 _INSTALLED = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 _TASK_ERROR = re.compile(r"^\d+: Error ")
