@@ -26,6 +26,7 @@ from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, WorkloadSpec, 
 from dankserve.testing.hub import StandInHub
 from tests.harness.gpus import StandInGpus, stand_in_gpus
 from tests.harness.hub import hub_env, populate
+from tests.harness.pids import roomy_pid_space
 from tests.harness.podman_service import (
     SESSION_LABEL,
     PodmanEnv,
@@ -66,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
             if worker.get(f"dankserve_{name}") is not None:
                 os.environ[name] = worker[f"dankserve_{name}"]
+    if worker is None:
+        roomy_pid_space()
     if getattr(config.option, "numprocesses", None) and config.option.basetemp is None:
         config.option.basetemp = tempfile.mkdtemp(prefix="ds", dir="/tmp")
         config.stash[_SHORT_BASETEMP] = config.option.basetemp

@@ -73,7 +73,10 @@ def test_each_request_with_its_times_and_tokens(served: tuple[str, TableSupervis
         None,
     )
     assert (waited["key"], waited["model"]) == ("api", "tiny")
-    assert waited["queued_seconds"] >= 0.4  # held by the test until the deployment turned ready
+    # Held by the test until the deployment turned ready (0.5 s after the timer started; when the request
+    # arrived within that window depends on the machine's load, so no lower bound but "some", and more than
+    # a request to a ready deployment waited).
+    assert 0 < waited["queued_seconds"] <= waited["total_seconds"]
     assert streamed["queued_seconds"] < waited["queued_seconds"]
     for entry in (waited, streamed):
         assert 0 < entry["first_byte_seconds"] <= entry["total_seconds"]
