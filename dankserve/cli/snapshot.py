@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import click
 
 from dankserve.cli.context import cli_context
-from dankserve.cli.render import format_bytes, print_json
+from dankserve.cli.render import colour_enabled, format_bytes, print_json, table, terminal_width
 from dankserve.errors import InvalidInput
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import state_dir_despite_errors
@@ -51,15 +51,23 @@ def list_command(as_json: bool) -> ExitCode:
         return ExitCode.OK
     if not rows:
         click.echo(f"no snapshots in {root}")
+    lines: list[tuple[list[str], str]] = []
     for r in rows:
         restore = r["last_restore_seconds"]
-        restored = f"{restore:.2f} s" if isinstance(restore, float) else "-"
         size = r["bytes"]
-        click.echo(
-            f"{r['deployment']}  {r['state']}  {format_bytes(size if isinstance(size, int) else None)}  "
-            f"captured {r['captured_at'] or '-'}  last restore {restored}  {r['path']}"
-            + (f"  ({r['reason']})" if r["reason"] else "")
-        )
+        cells = [
+            str(r["deployment"]),
+            str(r["state"]),
+            format_bytes(size if isinstance(size, int) else None),
+            str(r["captured_at"] or "-"),
+            f"{restore:.2f} s" if isinstance(restore, float) else "-",
+            str(r["path"]) + (f"  ({r['reason']})" if r["reason"] else ""),
+        ]
+        lines.append((cells, str(r["state"])))
+    if lines:
+        header = ["DEPLOYMENT", "STATE", "SIZE", "CAPTURED", "LAST RESTORE", "PATH"]
+        for line in table(header, lines, colour=colour_enabled(), width=terminal_width()):
+            click.echo(line)
     return ExitCode.OK
 
 

@@ -64,7 +64,9 @@ def test_list_and_rm_through_the_cli(tmp_path: Path, root: Path) -> None:
     rows = {r["deployment"]: r for r in json.loads(done.stdout)["snapshots"]}
     assert rows["a"]["state"] == "ready" and rows["a"]["bytes"] >= 4096 and rows["a"]["captured_at"]
     assert rows["half"]["state"] == "incomplete"
-    assert "a" in cli(tmp_path, "list").stdout
+    listed = cli(tmp_path, "list").stdout.splitlines()
+    assert listed[0].split() == ["DEPLOYMENT", "STATE", "SIZE", "CAPTURED", "LAST", "RESTORE", "PATH"]
+    assert [line.split()[:2] for line in listed[1:]] == [["a", "ready"], ["half", "incomplete"]]
     assert cli(tmp_path, "rm", "a").returncode == 0 and not (root / "a").exists()
     gone = cli(tmp_path, "rm", "a")
     assert gone.returncode == 2 and "no snapshot of 'a'" in gone.stderr and "Traceback" not in gone.stderr
