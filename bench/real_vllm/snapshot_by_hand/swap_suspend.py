@@ -14,7 +14,7 @@ import sys
 import time
 
 from roundtrip import Driver, NoGpu  # type: ignore[import-not-found]
-from vllm_snap import OUT, Server, gpu_pids, gpu_resume, gpu_used_mib, row, subreaper, tree  # type: ignore[import-not-found]
+from vllm_snap import OUT, Server, gpu_pids, gpu_resume, gpu_suspend, gpu_used_mib, row, subreaper, tree  # type: ignore[import-not-found]
 
 
 def settle_mib() -> str:
@@ -26,16 +26,7 @@ def settle_mib() -> str:
 def suspend(srv: Server, drv: Driver | NoGpu, b: dict[str, object], prefix: str = "") -> list[int]:
     b[prefix + "sleep_s"] = round(srv.post("/sleep?level=1"), 3)
     gp = gpu_pids(drv, tree(srv.root))
-    t = time.monotonic()
-    for p in gp:
-        rc = drv.lock(p, 20000)
-        if rc:
-            raise RuntimeError(f"lock {p}: {rc}")
-    for p in gp:
-        rc = drv.checkpoint(p)
-        if rc:
-            raise RuntimeError(f"checkpoint {p}: {rc}")
-    b[prefix + "gpu_checkpoint_s"] = round(time.monotonic() - t, 3)
+    gpu_suspend(drv, gp, b, prefix + "gpu_checkpoint_s")
     return list(gp)
 
 

@@ -174,16 +174,7 @@ def capture(srv: Server, drv: Driver | NoGpu, criu: list[str], img: Path, level:
     gp = gpu_pids(drv, pids)
     b["tree"] = len(pids)
     b["gpu_pids"] = len(gp)
-    t = time.monotonic()
-    for p in gp:
-        rc = drv.lock(p, 20000)
-        if rc:
-            raise RuntimeError(f"lock {p}: {rc}")
-    for p in gp:
-        rc = drv.checkpoint(p)
-        if rc:
-            raise RuntimeError(f"checkpoint {p}: {rc}")
-    b["gpu_checkpoint_s"] = round(time.monotonic() - t, 3)
+    gpu_suspend(drv, gp, b)
     b["gpu_mib_checkpointed"] = [gpu_mib(p) for p in gp]
     shutil.rmtree(img, ignore_errors=True)
     img.mkdir(parents=True)
@@ -281,6 +272,20 @@ def run_criu(criu: list[str], action: list[str], img: Path, name: str, b: dict[s
     if done.returncode:
         b[f"criu_{name}_error"] = (img / f"{name}.log").read_text(errors="replace")[-3000:]
     return done.returncode == 0
+
+
+def gpu_suspend(drv: Driver | NoGpu, pids: list[int], b: dict[str, object], key: str = "gpu_checkpoint_s") -> None:
+    """CUDA lock then checkpoint of every process holding a context, timed into b[key]."""
+    t = time.monotonic()
+    for p in pids:
+        rc = drv.lock(p, 20000)
+        if rc:
+            raise RuntimeError(f"lock {p}: {rc}")
+    for p in pids:
+        rc = drv.checkpoint(p)
+        if rc:
+            raise RuntimeError(f"checkpoint {p}: {rc}")
+    b[key] = round(time.monotonic() - t, 3)
 
 
 def gpu_resume(drv: Driver | NoGpu, pids: list[int], b: dict[str, object]) -> None:
