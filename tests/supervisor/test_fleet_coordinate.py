@@ -257,3 +257,45 @@ def test_a_wake_waiting_for_room_is_a_swap_and_one_given_up_counts_again() -> No
     assert c.held_for(state, "b", NOW + 2) == 58.0
     state, _ = coordinate(booted(fleet), replace(fleet, swaps_per_minute=None), Wake("b", "gateway"), NOW)
     assert c.held_for(state, "b", NOW) is None
+
+
+def test_wakes_of_both_members_of_a_one_gpu_pair_take_turns() -> None:
+    """Both asleep, wakes of both asked together (the gateway's burst): one is woken, the other waits while
+    the first is waking (its view may still say asleep until its worker moves) and is woken only after the
+    first was put to sleep again."""
+    fleet = view({"a": (m.Stage.ASLEEP, 0.83), "b": (m.Stage.ASLEEP, 0.83)})
+    state = booted(fleet)
+    out: list[c.Directive] = []
+    for _ in range(10):  # a burst of wakes of each, interleaved, before either worker has moved
+        for name in ("a", "b"):
+            state, more = coordinate(state, fleet, Wake(name, "gateway"), NOW)
+            out += more
+    assert wakes(out) == ["a"], "only one member of the pair is woken"
+    state, out = coordinate(state, fleet, Look(), NOW + 1)
+    assert wakes(out) == [], "a's wake is in flight: b still waits"
+    fleet = at(fleet, "a", stage=m.Stage.WAKING)
+    state, out = coordinate(state, fleet, Wake("b", "gateway"), NOW + 2)
+    assert wakes(out) == sleeps(out) == []
+    fleet = at(fleet, "a", stage=m.Stage.READY)
+    state, out = coordinate(state, fleet, Look(), NOW + 3)
+    assert wakes(out) == [] and sleeps(out) == ["a"], "a sleeps to make room for b"
+    fleet = at(fleet, "a", stage=m.Stage.FALLING_ASLEEP)
+    state, out = coordinate(state, fleet, Wake("a", "gateway"), NOW + 4)
+    assert wakes(out) == []
+    fleet = at(fleet, "a", stage=m.Stage.ASLEEP)
+    state, out = coordinate(state, fleet, Wake("a", "gateway"), NOW + 5)
+    assert wakes(out) == ["b"], "b's turn: a, just put to sleep for it, waits"
+    state, out = coordinate(state, fleet, Look(), NOW + 6)
+    assert wakes(out) == []
+
+
+def test_a_wake_of_the_sleeper_while_the_awake_member_falls_asleep_for_it_waits() -> None:
+    """a ready, b asleep; b wanted, a put to sleep; a wanted again meanwhile: once a is asleep only b wakes."""
+    fleet = view({"a": (m.Stage.READY, 0.83), "b": (m.Stage.ASLEEP, 0.83)})
+    state, out = coordinate(booted(fleet), fleet, Wake("b", "gateway"), NOW)
+    assert sleeps(out) == ["a"]
+    fleet = at(fleet, "a", stage=m.Stage.ASLEEP)
+    state, out = coordinate(state, fleet, Wake("a", "gateway"), NOW + 1)
+    assert wakes(out) == ["b"]
+    state, out = coordinate(state, fleet, Wake("a", "gateway"), NOW + 2)
+    assert wakes(out) == [] and "a" in state.wanted

@@ -27,6 +27,9 @@ from dankserve.supervisor.fleet import swap
 from dankserve.supervisor.fleet.swap import CannotFit, Member, Swap, Wait
 from dankserve.supervisor.fleet.swap_roster import HOLDING_STAGES, member_state
 
+WAKE_FED_SECONDS = 30.0
+"""How long a member fed a wake whose worker still shows asleep counts as waking (a worker moves at once;
+this only keeps a wake lost before any look saw it from holding its GPUs for good)."""
 REFUSAL_SECONDS = 10.0
 """How long a wake that cannot fit is refused at once (503) before it is tried again (pinned members may go)."""
 FIRST_TURN_OVER = frozenset(
@@ -116,6 +119,9 @@ class FleetState:
     """Wanted members the bound holds back: when (monotonic) their swap may begin."""
     upgrades: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Upgrade holds: deployment -> the GPUs its trial server holds."""
+    woken: Mapping[str, float] = field(default_factory=dict)
+    """Members fed a wake (when) whose worker has not left asleep yet: they count as waking, so that a wake of
+    another member decided meanwhile (the same look, or the next intent) sees them holding their GPUs."""
 
 
 # -- intents -------------------------------------------------------------------------------------------------
@@ -241,6 +247,7 @@ class _Turn:
         self.swapping_to = set(state.swapping_to)
         self.held = dict(state.held)
         self.upgrades = dict(state.upgrades)
+        self.woken = dict(state.woken)
         self.out: list[Directive] = []
 
     def state(self) -> FleetState:
@@ -257,6 +264,7 @@ class _Turn:
             frozenset(self.swapping_to),
             self.held,
             self.upgrades,
+            self.woken,
         )
 
     # -- members as the pure swap decisions take them --------------------------------------------------------
@@ -268,6 +276,8 @@ class _Turn:
                 continue
             gpus = frozenset(target_gpus) if name == target else view.gpus
             state = swap.MemberState.ASLEEP if name == target else member_state(view.stage, name in self.admitted)
+            if name != target and name in self.woken and state is swap.MemberState.ASLEEP:
+                state = swap.MemberState.WAKING  # fed a wake its worker has not taken up yet
             last = max(view.last_used, self.used.get(name, 0.0))
             facts = (view.in_flight, view.pinned, view.wake_cost_seconds, view.resident_until)
             out.append(Member(name, gpus, view.utilization, state, last, *facts))
@@ -288,6 +298,7 @@ class _Turn:
     def wake_member(self, name: str) -> None:
         self.unwant(name)
         self.used[name] = self.now
+        self.woken[name] = self.now
         view = self.fleet.members[name]
         self.note("swap_wake", deployment=name, level="stop" if view.asleep_by_stop else "sleep mode")
         self.out.append(FeedWake(name))
@@ -321,6 +332,12 @@ class _Turn:
     def look(self) -> None:
         now = self.now
         self.refused = {n: r for n, r in self.refused.items() if now - r[1] <= REFUSAL_SECONDS}
+        members = self.fleet.members
+        self.woken = {  # once its worker moved (waking, ready, failed) its stage tells
+            n: at
+            for n, at in self.woken.items()
+            if n in members and members[n].stage is m.Stage.ASLEEP and now - at <= WAKE_FED_SECONDS
+        }
         groups: list[str] = []
         for name, view in self.fleet.members.items():
             if view.group is None:
@@ -350,15 +367,16 @@ class _Turn:
     def serve_wakes(self, group: str) -> None:
         names = self.fleet.groups.get(group, ())
         self.draining = {n: w for n, w in self.draining.items() if n not in names}  # found again below
-        for name in [n for n in names if n in self.wanted]:
+        # a wake whose swap began (others were put to sleep for it) goes first: one asked meanwhile waits its turn
+        for name in sorted((n for n in names if n in self.wanted), key=lambda n: n not in self.swapping_to):
             view = self.fleet.members.get(name)
             if view is None:
                 self.unwant(name)
                 continue
             if view.stage in (m.Stage.FALLING_ASLEEP, m.Stage.DECIDING):
                 continue  # woken once asleep (deciding: a server that died asleep stays asleep, by stop)
-            if view.stage is not m.Stage.ASLEEP:
-                self.unwant(name)  # ready already, or booting / restarting on its own
+            if view.stage is not m.Stage.ASLEEP or name in self.woken:
+                self.unwant(name)  # ready already, being woken, or booting / restarting on its own
                 continue
             if self.upgrade_on(name, view.gpus) is not None:
                 continue  # an upgrade's trial holds its GPUs: woken once the upgrade ends
