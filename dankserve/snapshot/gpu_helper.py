@@ -10,6 +10,7 @@ with `GpuCheckpointError` (remedy `undo`). Errors come back typed, by class name
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import selectors
@@ -160,6 +161,20 @@ def gpu_checkpoint_for(stand_in: Path | None, *, deadline_s: float = DEFAULT_DEA
     if stand_in is None:
         return IsolatedGpuCheckpoint(deadline_s=deadline_s)
     return StandInGpuCheckpoint(stand_in)
+
+
+def checkpoint_unavailable(stand_in: Path | None) -> str | None:
+    """Why the GPU checkpoint cannot run here, judged without loading the driver into the caller (None: it
+    may; a driver that then refuses says why in its own typed error): the stand-in's always can."""
+    if stand_in is not None:
+        return None
+    try:
+        found = importlib.util.find_spec("cuda.bindings") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return "cuda-bindings is not installed: pip install 'dankserve[snapshot]'"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,7 +21,7 @@ from dankserve.host.gpu_reader import GpuReader
 from dankserve.host.model import GpuIdentity, Host
 from dankserve.settings import DeploymentSettings, Settings, SettingsSource
 from dankserve.snapshot.gpu import GpuCheckpoint
-from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
+from dankserve.snapshot.gpu_helper import checkpoint_unavailable, gpu_checkpoint_for
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
@@ -91,6 +91,8 @@ class World:
     gpu_checkpoint: Callable[[], GpuCheckpoint] = lambda: gpu_checkpoint_for(None)
     """The CUDA checkpoint edge a snapshot's capture and restore use: the driver's (in its helper process), or
     the stand-in's records on a recorded host; chosen once, as the GPU reader is."""
+    gpu_checkpoint_unavailable: Callable[[], str | None] = lambda: checkpoint_unavailable(None)
+    """Why that edge cannot run here (None: it can): a suspended sleep is not chosen then (issue 41 item 7)."""
 
     @property
     def settings(self) -> Settings:

@@ -212,9 +212,9 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
     if waking:
         return None
     if adopt:
-        if event.sleeping is False or (event.sleeping is None and remembered not in ("1", "2")):
+        if event.sleeping is False or (event.sleeping is None and remembered not in ("1", "2", "suspend")):
             return None
-        return remembered if remembered in ("1", "2") else "2"
+        return remembered if remembered in ("1", "2", "suspend") else "2"
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     kept = launcher is not None and existing is not None and existing.running and launcher.reusable

@@ -46,7 +46,7 @@ class SwapEntry:
     group: str | None
     kind: Kind
     level: str | None
-    """"1", "2" or "stop" (a stopped member wakes by booting)."""
+    """"1", "2", "stop" (a stopped member wakes by booting) or "suspend" (level 1 and a GPU checkpoint)."""
     seconds: float | None
     failure: str | None
     """Why it failed (None: it did what was asked)."""
@@ -65,6 +65,8 @@ def swap_failure(event: m.Event) -> str | None:
             return message
         case m.SleepFailed(message=message) | m.WakeFailed(message=message):
             return message
+        case m.SuspendFailed(reason=reason):
+            return f"the GPU checkpoint failed, asleep at plain level 1 instead: {reason}"
         case m.SleepUnsupported(reason=reason):
             return f"no sleep mode: {reason} (stopped instead)"
     return type(event).__name__
