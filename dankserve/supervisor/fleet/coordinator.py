@@ -195,7 +195,7 @@ class FleetCoordinator:
             wanted = self.sleep_level(worker.name, worker.machine, waker=directive.waker)
             choice = safe_choice(self._fleet, worker.name, worker.machine, wanted)
             level, why = choice.level.value, choice.reason
-        log.info("swap_sleep", deployment=worker.name, level=level, reason=directive.reason, why=why)
+        log.info("swap_sleep", deployment=worker.name, sleep_level=level, reason=directive.reason, why=why)
         worker.feed(m.SleepRequested(level, directive.reason))  # type: ignore[arg-type]
 
     # -- requests (callers' threads) --------------------------------------------------------------

@@ -69,9 +69,7 @@ def woke_by_boot(state: MachineState, now: float) -> tuple[Command, ...]:
 
 def on_sleep_requested(state: MachineState, event: SleepRequested, now: float) -> Step:
     wid = state.workload_id or ""
-    swap = replace(state.swap, level=event.level, since=now, wake_wanted=False)
-    if event.level == "suspend":
-        swap = replace(swap, suspend_failure=None)
+    swap = replace(state.swap, level=event.level, since=now, wake_wanted=False, suspend_failure=None)
     after = replace(state, stage=Stage.FALLING_ASLEEP, swap=swap, wake_at=None)
     server = state.boot.server if state.boot is not None else None
     return after, (

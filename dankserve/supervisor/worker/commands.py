@@ -228,6 +228,7 @@ class Commands:
             level=command.level,
             group=dep.swap_group,
             at=self._services.world.clock.time(),
+            still_ends=isinstance(event, m.SuspendFailed),
         )
         return event
 
