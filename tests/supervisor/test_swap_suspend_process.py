@@ -68,7 +68,7 @@ def test_a_pair_takes_turns_suspended_the_sleeper_holding_0_bytes_and_each_wake_
         b = daemon.wait_for("b", lambda d: d["state"] == "asleep", timeout=60)
         assert b["swap"]["level"] == "suspend" and b["swap"]["suspend_failure"] is None
         assert b["gpu_memory_held_bytes"] == 0, "the sleeper's engine core holds nothing on the GPU"
-        states = {r["pid"]: r.get("gpu_state") for r in _records(host)}
+        states = {r["pid"]: str(r.get("gpu_state")) for r in _records(host)}
         assert sorted(states.values()) == ["checkpointed", "running"]
         first_a = _complete(url, "ma")
 
