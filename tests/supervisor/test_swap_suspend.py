@@ -6,6 +6,8 @@ test_swap_suspend_process.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dankserve.state import DeploymentState, UnsafeSleep
@@ -125,6 +127,13 @@ def test_a_wake_feeds_the_sleeper_suspend_on_a_tight_gpu_and_the_setting_is_read
     assert _coordinator(daemon, _readings()).sleep("a", "by hand") is None
     (fed,) = daemon.workers["a"].fed
     assert fed == m.SleepRequested("1", "by hand"), "suspend marked unsafe for it: level 1"
+
+
+def test_a_member_on_more_than_one_gpu_is_never_suspended() -> None:
+    _, daemon = world({"a": (m.Stage.READY, 0.5, {"sleep_level": "suspend"})})
+    two = replace(daemon.workers["a"].machine, gpu_uuids=("GPU-0", "GPU-1"))
+    choice = _coordinator(daemon, _readings()).sleep_level("a", two)
+    assert choice.level is SleepLevel.LEVEL_1 and "more than one GPU (TP > 1" in choice.reason
 
 
 def test_the_coordinate_tells_whom_a_sleep_makes_room_for() -> None:

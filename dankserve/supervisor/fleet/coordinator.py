@@ -314,7 +314,7 @@ class FleetCoordinator:
         dep = self._fleet.settings.deployments.get(name)
         forced = dep.sleep_level if dep is not None else "auto"
         if forced == "suspend":
-            return self._with_suspend(swap.forced_level("1", sleep_mode=sleep_mode), forced, None)
+            return self._with_suspend(swap.forced_level("1", sleep_mode=sleep_mode), forced, None, state)
         if forced != "auto":
             return swap.forced_level(forced, sleep_mode=sleep_mode)
         ram = self._available_ram()
@@ -325,13 +325,17 @@ class FleetCoordinator:
         base = swap.sleep_level(weights, ram, sleep_mode=sleep_mode, level_2=True)
         if base.level is not swap.SleepLevel.LEVEL_1 or waker is None:
             return base
-        return self._with_suspend(
-            base, forced, _tight(self._fleet, self._roster, self._suspend, name, state=state, waker=waker)
-        )
+        tight = _tight(self._fleet, self._roster, self._suspend, name, state=state, waker=waker)
+        return self._with_suspend(base, forced, tight, state)
 
-    def _with_suspend(self, base: swap.LevelChoice, setting: str, tight: str | None) -> swap.LevelChoice:
+    def _with_suspend(
+        self, base: swap.LevelChoice, setting: str, tight: str | None, state: m.MachineState
+    ) -> swap.LevelChoice:
         readings = self._suspend
-        unavailable = "the daemon reads no GPU checkpoint edge" if readings is None else readings.unavailable()
+        if len(state.gpu_uuids) > 1:
+            unavailable: str | None = "it runs on more than one GPU (TP > 1: NCCL cannot be checkpointed)"
+        else:
+            unavailable = "the daemon reads no GPU checkpoint edge" if readings is None else readings.unavailable()
         return swap_suspend.choose(base, setting, unavailable=unavailable, tight_reason=tight)
 
 
