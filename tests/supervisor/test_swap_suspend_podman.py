@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from dankserve.runtime.base import CONTAINER_HF_HOME
@@ -18,18 +17,11 @@ from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
 from tests.supervisor.test_swap_podman import _member as swap_member
 from tests.supervisor.test_swap_podman import members
+from tests.supervisor.test_swap_suspend_process import _complete
 
 __all__ = ["members"]  # the fixture: three member names, their containers removed after
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
-
-
-def _ids(url: str, model: str) -> list[int]:
-    body = {"model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
-    reply = httpx.post(f"{url}/v1/completions", json={**body, "return_token_ids": True}, timeout=120)
-    assert reply.status_code == 200, reply.text
-    ids: list[int] = reply.json()["choices"][0]["token_ids"]
-    return ids
 
 
 def test_containers_take_turns_suspended_the_sleeper_holding_0_bytes(
@@ -51,10 +43,10 @@ def test_containers_take_turns_suspended_the_sleeper_holding_0_bytes(
         daemon.wait_for(a, lambda d: d["state"] == "ready", timeout=180)
         asleep = daemon.wait_for(b, lambda d: d["state"] == "asleep", timeout=60)
         assert asleep["swap"]["level"] == "suspend" and asleep["gpu_memory_held_bytes"] == 0
-        first_a = _ids(url, "ma")
-        first_b = _ids(url, "mb")
+        first_a = _complete(url, "ma")
+        first_b = _complete(url, "mb")
         slept = daemon.wait_for(a, lambda d: d["state"] == "asleep", timeout=60)
         assert slept["swap"]["level"] == "suspend" and slept["gpu_memory_held_bytes"] == 0
-        assert _ids(url, "ma") == first_a
-        assert _ids(url, "mb") == first_b
+        assert _complete(url, "ma") == first_a
+        assert _complete(url, "mb") == first_b
         assert [e["deployment"] for e in daemon.events_named("wake_verified")] == [b, a, b]

@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from dankserve.errors import DankserveError
 from dankserve.snapshot import suspend as gpu_suspend
 from dankserve.snapshot.gpu import GpuCheckpoint
+from dankserve.snapshot.steps import Outcome
 
 LASTING = frozenset({"host", "deployment"})
 """Remedies of a failed GPU step that will fail the same way next time (gpu.py): suspend is marked unsafe."""
@@ -45,18 +46,11 @@ class SuspendEdge:
 
     def suspend(self, pids: Sequence[int]) -> SuspendProblem | None:
         """Checkpoint the CUDA processes among `pids` (the server's tree); None when they hold 0 bytes now."""
-        began = time.monotonic()
-        try:
-            gpu = self._edge()
-            holders = gpu.holders(list(pids))
-            outcome = gpu_suspend.suspend(holders, gpu)
-        except DankserveError as exc:  # the edge itself (no cuda-bindings, a helper that died)
-            return SuspendProblem(exc.message, getattr(exc, "remedy", None) in LASTING)
+        done = self._run("suspend", pids)
+        if not isinstance(done, tuple):
+            return done
+        holders, outcome = done
         if outcome.ok:
-            timings = {k: round(v, 4) for k, v in outcome.timings.items()}
-            self._log.info(
-                "gpu_suspended", holders=list(holders), seconds=round(time.monotonic() - began, 3), **timings
-            )
             return None
         problem = SuspendProblem(outcome.reason or "the GPU checkpoint failed", outcome.remedy in LASTING)
         again = self.resume(holders)  # whatever the undo left locked (a process locked before this began)
@@ -66,16 +60,27 @@ class SuspendEdge:
 
     def resume(self, pids: Sequence[int]) -> SuspendProblem | None:
         """Restore and unlock the CUDA processes among `pids` (those running need nothing); None when done."""
+        done = self._run("resume", pids)
+        if not isinstance(done, tuple):
+            return done
+        _, outcome = done
+        if not outcome.ok:
+            return SuspendProblem(outcome.reason or "the GPU restore failed", outcome.remedy in LASTING)
+        return None
+
+    def _run(
+        self, kind: Literal["suspend", "resume"], pids: Sequence[int]
+    ) -> tuple[list[int], Outcome] | SuspendProblem:
+        """The holders among `pids` and what `kind` did to them (logged with its timings when it did anything)."""
         began = time.monotonic()
         try:
             gpu = self._edge()
             holders = gpu.holders(list(pids))
-            outcome = gpu_suspend.resume(holders, gpu)
-        except DankserveError as exc:
+            outcome = (gpu_suspend.suspend if kind == "suspend" else gpu_suspend.resume)(holders, gpu)
+        except DankserveError as exc:  # the edge itself (no cuda-bindings, a helper that died)
             return SuspendProblem(exc.message, getattr(exc, "remedy", None) in LASTING)
-        if not outcome.ok:
-            return SuspendProblem(outcome.reason or "the GPU restore failed", outcome.remedy in LASTING)
-        if outcome.timings:
+        if outcome.ok and outcome.timings:
             timings = {k: round(v, 4) for k, v in outcome.timings.items()}
-            self._log.info("gpu_resumed", holders=list(holders), seconds=round(time.monotonic() - began, 3), **timings)
-        return None
+            event = "gpu_suspended" if kind == "suspend" else "gpu_resumed"
+            self._log.info(event, holders=holders, seconds=round(time.monotonic() - began, 3), **timings)
+        return holders, outcome
