@@ -196,3 +196,12 @@ def test_a_member_left_suspended_by_a_killed_daemon_is_adopted_suspended() -> No
     assert after.stage is m.Stage.ASLEEP and after.swap.level == "suspend"
     _, commands = m.step(after, m.WakeRequested(), 2.0)
     assert commands[-1] == m.WakeServer("w9", "suspend"), "restored and unlocked by their states, then woken"
+
+
+def test_a_suspend_left_under_way_by_a_killed_daemon_is_sent_again_even_when_the_server_sleeps() -> None:
+    """Its GPU checkpoint may not be done: the next daemon adopts it falling asleep and sends the suspend again
+    (the worker skips /sleep for a server asleep; the GPU steps follow each process's state)."""
+    after, commands = m.step(in_stage(m.Stage.PLANNING), _found(True, "suspend", "falling_asleep"), 1.0)
+    assert after.stage is m.Stage.FALLING_ASLEEP and commands[-1] == m.SleepServer("w9", "suspend")
+    plain, _ = m.step(in_stage(m.Stage.PLANNING), _found(True, "1", "falling_asleep"), 1.0)
+    assert plain.stage is m.Stage.ASLEEP, "a level-1 sleep left under way is asleep already"

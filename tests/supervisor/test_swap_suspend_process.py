@@ -169,3 +169,31 @@ def test_auto_suspends_a_sleeper_when_the_woken_member_would_not_fit_beside_its_
         assert a["swap"]["level"] == "suspend" and a["gpu_memory_held_bytes"] == 0
         (chose,) = [e for e in daemon.events_named("swap_sleep") if e["deployment"] == "a"]
         assert chose["why"].startswith("memory is tight: on GPU") and chose["sleep_level"] == "suspend"
+
+
+def test_a_daemon_killed_with_9_leaves_a_suspended_member_that_the_next_daemon_adopts_and_wakes(
+    tmp_path: Path,
+) -> None:
+    """The state file keeps the level: the next daemon adopts b asleep at suspend (its server untouched, 0 bytes
+    held), and its wake restores and unlocks what the driver says is checkpointed, then wakes it: the same ids."""
+    gateway = free_port()
+    url = f"http://127.0.0.1:{gateway}"
+    host = write_host(tmp_path / "host.json")
+    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    deployments = _pair(tmp_path, host, sleep_level="suspend")
+    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=settings) as daemon:
+        daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
+        b = daemon.wait_for("b", lambda d: d["state"] == "asleep" and d["swap"]["level"] == "suspend", timeout=60)
+        first_a = _complete(url, "ma")
+        server = _server_pid(daemon, "b")
+        daemon.kill()
+        daemon.start()
+        adopted = daemon.wait_for("b", lambda d: d["state"] == "asleep", timeout=60)
+        assert adopted["swap"]["level"] == "suspend" and adopted["gpu_memory_held_bytes"] == 0
+        assert _server_pid(daemon, "b") == server and adopted["boots"] == b["boots"]
+        daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
+        assert [e["deployment"] for e in daemon.events_named("adopting_asleep")] == ["b"]
+        _complete(url, "mb")
+        daemon.wait_for("a", lambda d: d["state"] == "asleep" and d["swap"]["level"] == "suspend", timeout=60)
+        assert "b" in [e["deployment"] for e in daemon.events_named("gpu_resumed")]
+        assert _complete(url, "ma") == first_a

@@ -244,8 +244,8 @@ def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRe
         return SleepRecord("stop", "falling_asleep")
     if not adopt or waking or level is None or moving is None:
         return None
-    if moving == "falling_asleep" and event.sleeping is True and level != "stop":
-        return None
+    if moving == "falling_asleep" and event.sleeping is True and level not in ("stop", "suspend"):
+        return None  # asleep already (a suspend's GPU checkpoint may not be done: sent again, by the GPU states)
     return SleepRecord(level, moving)
 
 

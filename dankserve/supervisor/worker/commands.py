@@ -304,9 +304,12 @@ class Commands:
 
         def sleep() -> m.Event:
             started = clock.monotonic()
-            event = servers.sleep_server(address, key, "1")
-            if not isinstance(event, m.FellAsleep):
-                return event
+            # Asleep already (a suspend sent again by a daemon following one killed midway): /sleep is not sent
+            # again, as it would wait on a GPU-locked engine; the GPU steps follow the processes' states.
+            if servers.is_sleeping(address, key) is not True:
+                event = servers.sleep_server(address, key, "1")
+                if not isinstance(event, m.FellAsleep):
+                    return event
             problem = self.suspender.suspend(target.pids())
             if problem is not None:
                 self._log.warning("suspend_undone", reason=problem.reason, lasting=problem.lasting)
