@@ -7,6 +7,7 @@ test_swap_suspend_process.py."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,11 @@ from dankserve.supervisor.fleet.coordinator import FleetCoordinator, PlanFacts
 from dankserve.supervisor.fleet.swap import LevelChoice, SleepLevel
 from dankserve.supervisor.fleet.swap_checks import SUSPENDED_BYTES, check_sleep, safe_level
 from dankserve.supervisor.fleet.swap_suspend import GpuShare, SuspendReadings
+from dankserve.supervisor.observe.swap_history import SwapCheck
 from dankserve.testing.lifecycle import FakeClock
 from tests.supervisor.test_fleet_coordinator import Daemon, world
 from tests.supervisor.test_machine import _found, in_stage, with_boot
+from tests.supervisor.test_swap_verify import target, verifier
 
 GIB = 1 << 30
 LEVEL_1 = LevelChoice(SleepLevel.LEVEL_1, "weights fit in RAM")
@@ -205,3 +208,22 @@ def test_a_suspend_left_under_way_by_a_killed_daemon_is_sent_again_even_when_the
     assert after.stage is m.Stage.FALLING_ASLEEP and commands[-1] == m.SleepServer("w9", "suspend")
     plain, _ = m.step(in_stage(m.Stage.PLANNING), _found(True, "1", "falling_asleep"), 1.0)
     assert plain.stage is m.Stage.ASLEEP, "a level-1 sleep left under way is asleep already"
+
+
+# -- the check -----------------------------------------------------------------------------------------------
+def test_a_suspend_is_checked_against_0_bytes_and_one_that_fell_back_as_a_level_1_sleep(tmp_path: Path) -> None:
+    """0 bytes: the sleep passes; the context still listed (after the settle): SleepKeptMemory; a suspend that
+    fell back to level 1 is held to level 1's tolerance (its CUDA context)."""
+    readings = [{"GPU-0": 0}]
+    check = verifier(tmp_path, None, [(1, 2)])
+    check._held = lambda pids, uuids: readings[0]
+    checks: list[SwapCheck] = []
+    assert check.sleep(target(), lambda: m.FellAsleep(0.3), checks, suspend=True) == m.FellAsleep(0.3)
+    assert checks == [
+        SwapCheck("memory", "passed", "0 bytes held suspended (its GPU checkpoint released everything)", 0)
+    ]
+    readings[0] = {"GPU-0": 500 << 20}
+    kept = check.sleep(target(), lambda: m.FellAsleep(0.3), suspend=True)
+    assert isinstance(kept, m.SleepKeptMemory) and kept.held_bytes == 500 << 20
+    fell_back = m.SuspendFailed(0.3, "CUDA_ERROR_NOT_SUPPORTED", lasting=True)
+    assert check.sleep(target(), lambda: fell_back, suspend=True) == fell_back
