@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +48,32 @@ def _server_pid(daemon: RunningDaemon, name: str) -> int:
     return pid
 
 
-def _pair(tmp_path: Path, host: Path, b_knobs: dict[str, str] | None = None, **member: Any) -> dict[str, Any]:
+def _pair(host: Path, b_knobs: dict[str, str] | None = None) -> dict[str, Any]:
+    """a and b at sleep_level = "suspend" on one GPU, their NVML records beside the host; `b_knobs` for b."""
+    member = {**MEMBER, "sleep_level": "suspend"}
     return {
-        "a": process_deployment(free_port(), served_model_name="ma", env=_nvml_env(host), **{**MEMBER, **member}),
-        "b": process_deployment(
-            free_port(), served_model_name="mb", env=_nvml_env(host, **(b_knobs or {})), **{**MEMBER, **member}
-        ),
+        "a": process_deployment(free_port(), served_model_name="ma", env=_nvml_env(host), **member),
+        "b": process_deployment(free_port(), served_model_name="mb", env=_nvml_env(host, **(b_knobs or {})), **member),
     }
+
+
+@contextmanager
+def _pair_daemon(
+    tmp_path: Path, b_knobs: dict[str, str] | None = None, **more: Any
+) -> Iterator[tuple[RunningDaemon, str, Path]]:
+    """A daemon running the pair behind a gateway: (daemon, the gateway's URL, the recorded host)."""
+    gateway = free_port()
+    host = write_host(tmp_path / "host.json")
+    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}, **more}
+    with running_daemon(tmp_path, _pair(host, b_knobs), hardware=host, extra_globals=settings) as daemon:
+        yield daemon, f"http://127.0.0.1:{gateway}", host
 
 
 def test_a_pair_takes_turns_suspended_the_sleeper_holding_0_bytes_and_each_wake_answering_the_same_ids(
     tmp_path: Path,
 ) -> None:
-    gateway, scrape = free_port(), free_port()
-    url = f"http://127.0.0.1:{gateway}"
-    host = write_host(tmp_path / "host.json")
-    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}, "metrics_listen": f"127.0.0.1:{scrape}"}
-    deployments = _pair(tmp_path, host, sleep_level="suspend")
-    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=settings) as daemon:
+    scrape = free_port()
+    with _pair_daemon(tmp_path, metrics_listen=f"127.0.0.1:{scrape}") as (daemon, url, host):
         daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
         b = daemon.wait_for("b", lambda d: d["state"] == "asleep", timeout=60)
         assert b["swap"]["level"] == "suspend" and b["swap"]["suspend_failure"] is None
@@ -96,12 +106,7 @@ def test_a_pair_takes_turns_suspended_the_sleeper_holding_0_bytes_and_each_wake_
 
 
 def test_a_failing_gpu_checkpoint_leaves_the_member_at_plain_level_1_unlocked_with_the_reason(tmp_path: Path) -> None:
-    gateway = free_port()
-    url = f"http://127.0.0.1:{gateway}"
-    host = write_host(tmp_path / "host.json")
-    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}}
-    deployments = _pair(tmp_path, host, {"FAKE_VLLM_GPU_CHECKPOINT_FAIL": "1"}, sleep_level="suspend")
-    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=settings) as daemon:
+    with _pair_daemon(tmp_path, {"FAKE_VLLM_GPU_CHECKPOINT_FAIL": "1"}) as (daemon, url, host):
         daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
         b = daemon.wait_for("b", lambda d: d["state"] == "asleep", timeout=60)
         assert b["swap"]["level"] == "1", "undone: asleep at plain level 1"
@@ -128,12 +133,7 @@ def test_a_failing_gpu_checkpoint_leaves_the_member_at_plain_level_1_unlocked_wi
 
 
 def test_a_suspended_member_killed_with_9_is_booted_again_normally(tmp_path: Path) -> None:
-    gateway = free_port()
-    url = f"http://127.0.0.1:{gateway}"
-    host = write_host(tmp_path / "host.json")
-    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}}
-    deployments = _pair(tmp_path, host, sleep_level="suspend")
-    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=settings) as daemon:
+    with _pair_daemon(tmp_path) as (daemon, url, _):
         daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
         b = daemon.wait_for("b", lambda d: d["state"] == "asleep" and d["swap"]["level"] == "suspend", timeout=60)
         os.killpg(_server_pid(daemon, "b"), signal.SIGKILL)
@@ -176,12 +176,7 @@ def test_a_daemon_killed_with_9_leaves_a_suspended_member_that_the_next_daemon_a
 ) -> None:
     """The state file keeps the level: the next daemon adopts b asleep at suspend (its server untouched, 0 bytes
     held), and its wake restores and unlocks what the driver says is checkpointed, then wakes it: the same ids."""
-    gateway = free_port()
-    url = f"http://127.0.0.1:{gateway}"
-    host = write_host(tmp_path / "host.json")
-    settings = {"gateway": {"listen": f"127.0.0.1:{gateway}"}}
-    deployments = _pair(tmp_path, host, sleep_level="suspend")
-    with running_daemon(tmp_path, deployments, hardware=host, extra_globals=settings) as daemon:
+    with _pair_daemon(tmp_path) as (daemon, url, _):
         daemon.wait_for("a", lambda d: d["state"] == "ready", timeout=60)
         b = daemon.wait_for("b", lambda d: d["state"] == "asleep" and d["swap"]["level"] == "suspend", timeout=60)
         first_a = _complete(url, "ma")
