@@ -33,6 +33,7 @@ from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import capture as capturing
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
+from dankserve.snapshot.gpu_helper import unavailable
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
 from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
@@ -103,6 +104,9 @@ class SnapshotEdge:
         settings = self._settings()
         if settings.snapshot_max_bytes == 0:
             return m.SnapshotPlan("off", "snapshot_max_bytes = 0")
+        missing = unavailable(self._gpu())  # the snapshot is kept: installing the extra makes it usable
+        if missing is not None:
+            return m.SnapshotPlan("off", f"{missing.reason}: the GPU checkpoint needs it ({missing.fix})")
         self._key = self._current_key(dep, plan, digest, version, criu.criu_version(binary) or "unknown")
         self._sleeps = plan.sleep_mode
         root = store.store_root(settings.state_dir)
