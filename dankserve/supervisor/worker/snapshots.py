@@ -24,6 +24,7 @@ import dankserve
 from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
 from dankserve.host.model import Host
+from dankserve.plan.catalogue import capabilities
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
@@ -56,6 +57,8 @@ class Captured:
     record: ProcessRecord
     sleeps: bool
     shm: tuple[str, ...]
+    prepares: bool = False
+    """Captured through vLLM 0.34's `/checkpoint/prepare`: served again by `/checkpoint/restore`."""
 
 
 class SnapshotEdge:
@@ -79,6 +82,7 @@ class SnapshotEdge:
         self._log = logger
         self._key: SnapshotKey | None = None
         self._sleeps = False
+        self._prepares = False
 
     # -- planning -------------------------------------------------------------------------------
     def verdict(
@@ -109,6 +113,7 @@ class SnapshotEdge:
             return m.SnapshotPlan("off", f"{missing.reason}: the GPU checkpoint needs it ({missing.fix})")
         self._key = self._current_key(dep, plan, digest, version, criu.criu_version(binary) or "unknown")
         self._sleeps = plan.sleep_mode
+        self._prepares = prepares_for_checkpoint(plan, version)
         root = store.store_root(settings.state_dir)
         try:
             if not store.check_root(root):
@@ -163,7 +168,12 @@ class SnapshotEdge:
             gpu = self._gpu()
             self._gpu_running(gpu.holders(process_tree(pid)), done)
             address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
-            if self._edges.is_sleeping(address, key):
+            if self._edges.checkpoint_prepared(address, key):  # 0.34's prepare: its restore serves again
+                problem = self._edges.checkpoint_restore(address, key)
+                if problem is not None:
+                    raise OSError(problem)
+                done.append("checkpoint restore")
+            elif self._edges.is_sleeping(address, key):
                 self._edges.wake_server(address, key, "2")
                 done.append("wake")
         except (DankserveError, OSError) as exc:
@@ -240,6 +250,7 @@ class SnapshotEdge:
             "canary_ids": list(outcome.canary_ids),
             "record": record.to_json(),
             "sleeps": self._sleeps,
+            "prepares": self._prepares,
             "shm": saved,
             "outage_seconds": round(capturing.outage_seconds(outcome), 3),
             "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
@@ -277,7 +288,7 @@ class SnapshotEdge:
         _free_pids(captured.pids)
         waited = time.monotonic() - waited
         shm.put_back(captured.shm, entry.path / "shm")
-        self._sleeps = captured.sleeps
+        self._sleeps, self._prepares = captured.sleeps, captured.prepares
         outcome = restoring.restore(
             entry.path / "images",
             self._gpu(),
@@ -305,11 +316,13 @@ class SnapshotEdge:
         unlock and wake done (what was not), and judged by the canary like any restore."""
         workload = runtime.adopt_restored(replace(captured.record, pid=captured.pids[0]))
         done: list[str] = []
-        self._sleeps = captured.sleeps
+        self._sleeps, self._prepares = captured.sleeps, captured.prepares
         hooks = self._hooks(dep)
         try:
             self._gpu_running(captured.holders, done)
-            if self._edges.is_sleeping(backend_address(self._settings(), self._name, dep), _read_key(dep)):
+            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
+            asleep = self._edges.checkpoint_prepared if captured.prepares else self._edges.is_sleeping
+            if asleep(address, key):
                 hooks.wake()
             problem = canary_problem(captured.canary_ids, hooks.canary())
         except (DankserveError, OSError, StepFailed) as exc:
@@ -326,23 +339,32 @@ class SnapshotEdge:
         return self._gpu_checkpoint()
 
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
-        """The server's sleep (level 2), wake and greedy canary; without sleep mode the sleep and wake are
+        """The server's sleep (level 2, or vLLM 0.34's `/checkpoint/prepare` where the release has it), wake
+        (`/checkpoint/restore` after a prepare) and greedy canary; without sleep mode the sleep and wake are
         skipped (the GPU checkpoint then copies the weights too: a bigger snapshot)."""
         settings = self._settings()
         address = backend_address(settings, self._name, dep)
         key = _read_key(dep)
         model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-        sleeps = self._sleeps
+        sleeps, prepares = self._sleeps, self._prepares
 
         def sleep() -> None:
-            if sleeps:
+            if prepares:
+                problem = self._edges.checkpoint_prepare(address, key)
+                if problem is not None:
+                    raise StepFailed(problem)
+            elif sleeps:
                 answer = self._edges.sleep_server(address, key, "2")
                 if not isinstance(answer, m.FellAsleep):
                     raise StepFailed(str(getattr(answer, "message", answer)))
             after_sleep()
 
         def wake() -> None:
-            if sleeps:
+            if prepares:
+                problem = self._edges.checkpoint_restore(address, key)
+                if problem is not None:
+                    raise StepFailed(problem)
+            elif sleeps:
                 answer = self._edges.wake_server(address, key, "2")
                 if not isinstance(answer, m.WokeUp):
                     raise StepFailed(str(getattr(answer, "message", answer)))
@@ -380,6 +402,7 @@ def read_captured(path: Path) -> Captured | None:
             record=ProcessRecord.from_json(data["record"]),
             sleeps=bool(data.get("sleeps", False)),
             shm=tuple(str(n) for n in data.get("shm", ())),
+            prepares=data.get("prepares") is True,
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
@@ -427,6 +450,12 @@ def _read_key(dep: DeploymentSettings) -> str | None:
     from dankserve.secret_files import read_key_now
 
     return read_key_now(dep.api_key_file)
+
+
+def prepares_for_checkpoint(plan: Plan, version: str | None) -> bool:
+    """The capture prepares the server through vLLM 0.34's checkpoint routes (served with sleep mode) instead
+    of sleeping it at level 2: the release has them and the plan enables sleep mode."""
+    return plan.sleep_mode and capabilities(version or plan.vllm_version).checkpoint_routes
 
 
 def weights_files(dep: DeploymentSettings, hf_cache: Path) -> tuple[WeightsFile, ...]:

@@ -1,11 +1,14 @@
-"""A swap member asleep by stop (`sleep_level = "stop"`: no sleep mode) is booted again on wake; with a valid
-snapshot that boot is a restore (issue 41, item 4): through a real daemon on the process runtime, real CRIU and
-the stand-in vLLM, the woken member's boot kind is `restore`, it serves the same greedy ids, and its log shows
-no second boot."""
+"""Restarts through a restore (issue 41) through a real daemon on the process runtime, real CRIU and the stand-in
+vLLM: a swap member asleep by stop (`sleep_level = "stop"`: no sleep mode) is booted again on wake, and with a
+valid snapshot that boot is a restore (boot kind `restore`, the same greedy ids, no second boot in its log); a
+vLLM 0.34 server is captured through `/checkpoint/prepare` and served again by `/checkpoint/restore` instead of
+a level-2 sleep and wake."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -90,4 +93,35 @@ def test_a_member_asleep_by_stop_is_woken_by_a_restore_serving_the_same_ids(tmp_
         assert _boots_in_log(daemon, "b") == booted_b
         wakes = [e for e in daemon.events_named("ready") if e.get("restored")]
         assert [e["deployment"] for e in wakes][-2:] == ["a", "b"]
+        assert not daemon.events_named("snapshot_restore_failed")
+
+
+def test_a_0_34_server_is_captured_through_checkpoint_prepare_and_restored(tmp_path: Path) -> None:
+    """vLLM 0.34 with sleep mode (a swap member): the capture prepares the server (`/checkpoint/prepare`, no
+    `/sleep`) and serves again through `/checkpoint/restore`; the manifest says so, and a kill -9 restores the
+    prepared image, served again by `/checkpoint/restore`, with the same greedy ids."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    member = _member(host, port, "ma")
+    member.update(sleep_level="auto", env={**member["env"], "FAKE_VLLM_VERSION": "0.34.0"})
+    extra = {"vllm_version": "0.34.0"}
+    with running_daemon(tmp_path, {"a": member}, hardware=host, extra_globals=extra) as daemon:
+        _ready_captured(daemon, "a")
+        url = f"http://127.0.0.1:{port}"
+        ids = _ids(url, "ma")
+        manifest = json.loads((daemon.state_dir / "snapshots" / "a" / "manifest.json").read_text())
+        assert manifest["prepares"] is True and manifest["sleeps"] is True
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'operation_duration_seconds_count{operation="sleep"}' not in metrics, "prepared, not slept"
+        assert httpx.get(f"{url}/checkpoint/status", timeout=10).json() == {"state": "running"}
+        booted = _boots_in_log(daemon, "a")
+        pid: int = json.loads((daemon.state_dir / "processes" / "a.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        restored = daemon.wait_for(
+            "a", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=60
+        )
+        assert restored["snapshot"]["last_restore_seconds"] > 0
+        assert httpx.get(f"{url}/checkpoint/status", timeout=10).json() == {"state": "running"}
+        assert _ids(url, "ma") == ids
+        assert _boots_in_log(daemon, "a") == booted, "restored, not booted"
         assert not daemon.events_named("snapshot_restore_failed")
