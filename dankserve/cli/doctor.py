@@ -122,7 +122,7 @@ def _snapshots_check(settings: Settings, *, recorded: bool) -> doctor.Check:
     wanted = not enabled or any(d.snapshot == "auto" for d in enabled.values())
     multi_gpu = [n for n, d in enabled.items() if d.snapshot == "auto" and (d.tensor_parallel_size or 1) > 1]
     missing = unavailable(gpu_checkpoint_for(None)) if not recorded else None
-    gpu_missing = (missing.reason, missing.fix) if missing is not None else None
+    gpu_missing = (missing.reason, missing.fix or "") if missing is not None else None
     reading = doctor.read_criu(criu_path())
     return doctor.snapshot_verdict(reading, wanted=wanted, multi_gpu=multi_gpu, gpu_missing=gpu_missing)
 

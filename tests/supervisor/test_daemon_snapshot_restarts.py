@@ -2,13 +2,19 @@
 vLLM: a swap member asleep by stop (`sleep_level = "stop"`: no sleep mode) is booted again on wake, and with a
 valid snapshot that boot is a restore (boot kind `restore`, the same greedy ids, no second boot in its log); a
 vLLM 0.34 server is captured through `/checkpoint/prepare` and served again by `/checkpoint/restore` instead of
-a level-2 sleep and wake."""
+a level-2 sleep and wake; an upgrade's rollback boots the old image through the snapshot kept aside for it.
+
+Upgrades run on Podman, whose checkpoints are not wired on this branch: the rollback test keeps the process
+runtime and stands the image change in by the executable's identity (its modification time, which is its
+digest: `runtime.process.executable_digest`) with the upgrade's record written into state.json, as a switch
+leaves it; `dankserve rollback` then runs for real."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +23,15 @@ import pytest
 
 from dankserve.doctor import read_criu
 from dankserve.snapshot.criu import criu_path
-from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
+from tests.harness.daemon import (
+    STAND_IN,
+    RunningDaemon,
+    free_port,
+    process_deployment,
+    running_daemon,
+    write_host,
+)
+from tests.harness.wait import wait_until
 
 _reading = read_criu(criu_path())
 pytestmark = [
@@ -57,9 +71,7 @@ def _boots_in_log(daemon: RunningDaemon, name: str) -> int:
 
 
 def _ready_captured(daemon: RunningDaemon, name: str) -> dict[str, Any]:
-    return daemon.wait_for(
-        name, lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=90
-    )
+    return daemon.wait_for(name, lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=90)
 
 
 def test_a_member_asleep_by_stop_is_woken_by_a_restore_serving_the_same_ids(tmp_path: Path) -> None:
@@ -124,4 +136,76 @@ def test_a_0_34_server_is_captured_through_checkpoint_prepare_and_restored(tmp_p
         assert httpx.get(f"{url}/checkpoint/status", timeout=10).json() == {"state": "running"}
         assert _ids(url, "ma") == ids
         assert _boots_in_log(daemon, "a") == booted, "restored, not booted"
+        assert not daemon.events_named("snapshot_restore_failed")
+
+
+def _switched(state_dir: Path) -> None:
+    """The upgrade's record as a switch leaves it (state.json is the daemon's, written while none runs)."""
+    path = state_dir / "state.json"
+    state = json.loads(path.read_text())
+    state["deployments"]["chat"]["upgrade"] = {
+        "step": "switched",
+        "old_image": "example/vllm:old",
+        "new_image": "example/vllm:new",
+        "started_at": 1.0,
+        "room": "stop",
+    }
+    path.write_text(json.dumps(state))
+
+
+def _stopped_with_the_server(daemon: RunningDaemon) -> None:
+    """The daemon killed, then its server's tree (its pids freed for a later restore)."""
+    pid: int = json.loads((daemon.state_dir / "processes" / "chat.json").read_text())["pid"]
+    daemon.kill()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
+
+
+def _listed(daemon: RunningDaemon) -> dict[str, str]:
+    listed = json.loads(daemon.cli("snapshot", "list", "--json").stdout)["snapshots"]
+    return {e["deployment"]: e["state"] for e in listed}
+
+
+def test_an_upgrades_rollback_restores_the_snapshot_kept_from_before_the_switch(tmp_path: Path) -> None:
+    """Captured on the old image; the switched upgrade's new image plans the deployment: the old snapshot is
+    kept as chat@previous (listed, not deleted as invalid), the new image boots and is captured; `dankserve
+    rollback` boots the old image again through a restore of the kept snapshot (boot kind `restore`, the same
+    greedy ids), which becomes chat again while the new image's is deleted."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    executable = tmp_path / "vllm"
+    executable.write_text(f'#!/bin/sh\nexec {sys.executable} {STAND_IN} "$@"\n')
+    executable.chmod(0o755)
+    old, new = (1_700_000_000, 1_700_000_000), (1_700_000_100, 1_700_000_100)
+    os.utime(executable, old)
+    env = {"FAKE_VLLM_NVML_DIR": str(host.with_name(host.name + ".processes"))}
+    dep = process_deployment(port, gpus=[0], listen="tcp", snapshot="auto", env=env, executable=str(executable))
+    url = f"http://127.0.0.1:{port}"
+    with running_daemon(tmp_path, {"chat": dep}, hardware=host) as daemon:
+        _ready_captured(daemon, "chat")
+        ids = _ids(url, "test/tiny")
+        _stopped_with_the_server(daemon)
+    _switched(tmp_path / "state")
+    os.utime(executable, new)  # the new image
+    with running_daemon(tmp_path, {"chat": dep}, hardware=host) as daemon:
+        _ready_captured(daemon, "chat")
+        (kept,) = daemon.events_named("snapshot_kept_for_rollback")
+        assert kept["kept"] == "chat@previous" and "image" in kept["reason"]
+        assert not daemon.events_named("snapshot_discarded")
+        assert _listed(daemon) == {"chat": "ready", "chat@previous": "ready"}
+        assert (daemon.deployment("chat") or {})["last_boot"]["kind"] != "restore"
+        boots = (daemon.deployment("chat") or {})["boots"]
+
+        os.utime(executable, old)  # what the rollback boots: the old image
+        done = daemon.cli("rollback", "chat")
+        assert done.returncode == 0, done.stdout + done.stderr
+        restored = daemon.wait_for(
+            "chat",
+            lambda d: d["state"] == "ready" and d["boots"] > boots and (d["last_boot"] or {}).get("kind") == "restore",
+            timeout=90,
+        )
+        assert restored["snapshot"]["state"] == "ready"
+        assert _ids(url, "test/tiny") == ids
+        assert daemon.events_named("snapshot_taken_back")
+        assert _listed(daemon) == {"chat": "ready"}, "the new image's snapshot deleted, the kept one is chat again"
         assert not daemon.events_named("snapshot_restore_failed")

@@ -73,7 +73,7 @@ def prepare(
             interval = _POLL_SECONDS[0]
             while True:
                 status = client.get("/checkpoint/status")
-                state, error = _answer(status)
+                state, _error = _answer(status)
                 if status.status_code == 200 and state == "prepared":
                     return None
                 if status.status_code != 503 or state not in ("preparing", "running"):
