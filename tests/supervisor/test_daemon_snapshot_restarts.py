@@ -19,10 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from dankserve.doctor import read_criu
-from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import (
     STAND_IN,
     RunningDaemon,
@@ -32,16 +29,9 @@ from tests.harness.daemon import (
     write_host,
 )
 from tests.harness.wait import wait_until
+from tests.supervisor.test_daemon_snapshots import READY, pytestmark
 
-_reading = read_criu(criu_path())
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        _reading.path is None or not _reading.check_ok or os.geteuid() != 0,
-        reason="needs root and a working CRIU >= 4.2 (make system-deps)",
-    ),
-]
-READY = "Application startup complete."
+__all__ = ["pytestmark"]  # root, a working CRIU >= 4.2, slow: as the other snapshot daemon tests
 
 
 def _member(host: Path, port: int, model: str) -> dict[str, Any]:

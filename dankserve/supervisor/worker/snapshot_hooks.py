@@ -19,6 +19,16 @@ from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import canary_ids
 
 
+def _unless(answer: m.Event, wanted: type[m.Event]) -> str | None:
+    """The problem a sleep-mode route answered (None: the event wanted)."""
+    return None if isinstance(answer, wanted) else str(getattr(answer, "message", answer))
+
+
+def _done(problem: str | None) -> None:
+    if problem is not None:
+        raise StepFailed(problem)
+
+
 def server_hooks(
     edges: Any,
     address: BackendAddress,
@@ -33,24 +43,16 @@ def server_hooks(
 
     def sleep() -> None:
         if prepares:
-            problem = edges.checkpoint_prepare(address, key)
-            if problem is not None:
-                raise StepFailed(problem)
+            _done(edges.checkpoint_prepare(address, key))
         elif sleeps:
-            answer = edges.sleep_server(address, key, "2")
-            if not isinstance(answer, m.FellAsleep):
-                raise StepFailed(str(getattr(answer, "message", answer)))
+            _done(_unless(edges.sleep_server(address, key, "2"), m.FellAsleep))
         after_sleep()
 
     def wake() -> None:
         if prepares:
-            problem = edges.checkpoint_restore(address, key)
-            if problem is not None:
-                raise StepFailed(problem)
+            _done(edges.checkpoint_restore(address, key))
         elif sleeps:
-            answer = edges.wake_server(address, key, "2")
-            if not isinstance(answer, m.WokeUp):
-                raise StepFailed(str(getattr(answer, "message", answer)))
+            _done(_unless(edges.wake_server(address, key, "2"), m.WokeUp))
 
     def canary() -> tuple[int, ...]:
         ids = canary_ids(address, key, model)
