@@ -25,7 +25,9 @@ from dankserve.snapshot.gpu import (
     DriverGpuCheckpoint,
     GpuCheckpoint,
     GpuCheckpointError,
+    GpuCheckpointUnavailable,
     ProcessState,
+    bindings_missing,
 )
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
@@ -160,6 +162,14 @@ def gpu_checkpoint_for(stand_in: Path | None, *, deadline_s: float = DEFAULT_DEA
     if stand_in is None:
         return IsolatedGpuCheckpoint(deadline_s=deadline_s)
     return StandInGpuCheckpoint(stand_in)
+
+
+def unavailable(gpu: GpuCheckpoint) -> GpuCheckpointUnavailable | None:
+    """Why `gpu` cannot work on this host, known before any action (planning's verdict and the doctor):
+    the driver's edge without cuda-bindings. The stand-in's edge (a recorded host) needs nothing."""
+    # The helper runs in this interpreter (sys.executable), so what this one finds is what it imports.
+    driver = isinstance(gpu, IsolatedGpuCheckpoint) and not gpu.helper_args
+    return bindings_missing() if driver else None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

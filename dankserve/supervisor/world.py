@@ -27,7 +27,7 @@ from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fleet import swap_verify
 from dankserve.supervisor.ports import port_holder
-from dankserve.supervisor.probes import sleep_mode
+from dankserve.supervisor.probes import checkpoint_routes, sleep_mode
 from dankserve.supervisor.probes.warm_up import WarmUpOutcome, warm_up_server
 from dankserve.supervisor.records import StateBook
 
@@ -50,6 +50,12 @@ class ServerEdges:
     """Whether the server sleeps (None: no answer): a member an earlier daemon left running."""
     canary: swap_verify.Canary = swap_verify.canary_ids
     """The greedy token ids of the canary prompt from (address, key, model): every wake is checked by it."""
+    checkpoint_prepare: Callable[[BackendAddress, str | None], str | None] = checkpoint_routes.prepare
+    """vLLM 0.34's `/checkpoint/prepare`, waited for until prepared (a snapshot's capture; None: done)."""
+    checkpoint_restore: Callable[[BackendAddress, str | None], str | None] = checkpoint_routes.restore
+    """`/checkpoint/restore`: the prepared server serves again (None: done)."""
+    checkpoint_prepared: Callable[[BackendAddress, str | None], bool] = checkpoint_routes.prepared
+    """The server is prepared for a checkpoint (a capture a killed daemon left midway)."""
 
 
 @dataclass(frozen=True)
