@@ -235,12 +235,27 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
-def snapshot_verdict(reading: CriuReading, *, wanted: bool, multi_gpu: Iterable[str] = ()) -> Check:
+def snapshot_verdict(
+    reading: CriuReading, *, wanted: bool, multi_gpu: Iterable[str] = (), gpu_missing: tuple[str, str] | None = None
+) -> Check:
     """Whether snapshots can work here, and why not. Never a fail: `snapshot = "auto"` falls back
     to a plain boot, so a host without them still serves (slower restarts). `wanted`: some
-    deployment has `snapshot = "auto"` (or none is configured yet); else the check says they are off."""
+    deployment has `snapshot = "auto"` (or none is configured yet); else the check says they are off.
+    `gpu_missing`: what the GPU checkpoint lacks here and its fix (cuda-bindings, the `[snapshot]` extra),
+    said beside CRIU's own verdict."""
     if not wanted:
         return Check("snapshots", "ok", 'off (snapshot = "off" for every deployment)')
+    check = _criu_verdict(reading, multi_gpu)
+    if gpu_missing is None:
+        return check
+    what, fix = gpu_missing
+    if check.verdict == "ok":
+        return Check("snapshots", "warn", f"off: {what} (the GPU checkpoint needs it); {check.detail}", fix)
+    both = f"{check.fix}; then {fix}" if check.fix else fix
+    return Check("snapshots", "warn", f"{check.detail}; and {what} (the GPU checkpoint needs it)", both)
+
+
+def _criu_verdict(reading: CriuReading, multi_gpu: Iterable[str]) -> Check:
     bad: Verdict = "warn"
     build = "run `make system-deps` as root (builds CRIU 4.2.1 from Debian's source package)"
     if reading.kernel_release.startswith("4.4.0"):

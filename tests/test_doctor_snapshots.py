@@ -54,3 +54,22 @@ def test_real_criu_reading() -> None:
     assert reading.path is not None and reading.version is not None
     assert reading.version.count(".") >= 1
     assert snapshot_verdict(reading, wanted=True).verdict in ("ok", "warn")
+
+
+_NO_BINDINGS = ("cuda-bindings is not installed", "pip install 'dankserve[snapshot]'")
+
+
+def test_cuda_bindings_missing_turns_a_working_criu_into_off_with_the_fix() -> None:
+    check = snapshot_verdict(_GOOD, wanted=True, gpu_missing=_NO_BINDINGS)
+    assert check.verdict == "warn" and check.detail.startswith("off: cuda-bindings is not installed")
+    assert check.fix == _NO_BINDINGS[1]
+
+
+def test_cuda_bindings_missing_is_said_beside_criu_missing_with_both_fixes() -> None:
+    check = snapshot_verdict(replace(_GOOD, path=None), wanted=True, gpu_missing=_NO_BINDINGS)
+    assert check.verdict == "warn" and "CRIU is not installed" in check.detail and "cuda-bindings" in check.detail
+    assert check.fix is not None and "make system-deps" in check.fix and "dankserve[snapshot]" in check.fix
+
+
+def test_cuda_bindings_do_not_matter_when_every_deployment_has_snapshots_off() -> None:
+    assert snapshot_verdict(_GOOD, wanted=False, gpu_missing=_NO_BINDINGS).verdict == "ok"

@@ -5,13 +5,9 @@ with the driver's state machine (the real edges are tested in test_snapshot_gpu.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import pytest
-
-from dankserve.snapshot import gpu_helper, suspend
+from dankserve.snapshot import suspend
 from dankserve.snapshot.gpu import (
     CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_OUT_OF_MEMORY,
@@ -120,13 +116,3 @@ def test_no_cuda_process_or_one_in_an_odd_state_fails_before_anything_is_done() 
     gpu = Gpu({7: "failed"})
     odd = suspend.suspend([7], gpu)
     assert not odd.ok and odd.reason is not None and "the process is failed" in odd.reason and gpu.calls == []
-
-
-def test_the_checkpoint_is_unavailable_on_a_gpu_host_without_cuda_bindings_and_always_there_on_the_stand_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert gpu_helper.checkpoint_unavailable(tmp_path) is None
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert (
-        gpu_helper.checkpoint_unavailable(None) == "cuda-bindings is not installed: pip install 'dankserve[snapshot]'"
-    )

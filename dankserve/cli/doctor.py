@@ -88,7 +88,7 @@ def command(as_json: bool, allow_untrusted_code: bool, hardware: Path | None) ->
             _devices_check(n, d, host, recorded=hardware is not None) for n, d in sorted(podman_deployments.items())
         ]
 
-    checks.append(_snapshots_check(settings))
+    checks.append(_snapshots_check(settings, recorded=hardware is not None))
     checks += _kernel_checks(settings) + _gateway_key_checks(settings)
 
     failed = [c for c in checks if c.verdict == "fail"]
@@ -113,12 +113,18 @@ def _gateway_key_checks(settings: Settings) -> list[doctor.Check]:
     return checks
 
 
-def _snapshots_check(settings: Settings) -> doctor.Check:
-    """Whether snapshots can work here, for the deployments that want them (`snapshot = "auto"`)."""
+def _snapshots_check(settings: Settings, *, recorded: bool) -> doctor.Check:
+    """Whether snapshots can work here, for the deployments that want them (`snapshot = "auto"`). A recorded
+    host's GPU checkpoint is the stand-in's; a real one's needs cuda-bindings (found, not imported)."""
+    from dankserve.snapshot.gpu_helper import gpu_checkpoint_for, unavailable
+
     enabled = {n: d for n, d in settings.deployments.items() if d.enabled}
     wanted = not enabled or any(d.snapshot == "auto" for d in enabled.values())
     multi_gpu = [n for n, d in enabled.items() if d.snapshot == "auto" and (d.tensor_parallel_size or 1) > 1]
-    return doctor.snapshot_verdict(doctor.read_criu(criu_path()), wanted=wanted, multi_gpu=multi_gpu)
+    missing = unavailable(gpu_checkpoint_for(None)) if not recorded else None
+    gpu_missing = (missing.reason, missing.fix or "") if missing is not None else None
+    reading = doctor.read_criu(criu_path())
+    return doctor.snapshot_verdict(reading, wanted=wanted, multi_gpu=multi_gpu, gpu_missing=gpu_missing)
 
 
 def _kernel_checks(settings: Settings) -> list[doctor.Check]:

@@ -16,7 +16,7 @@ from dankserve.cli.render import colour_enabled, format_bytes, print_json, table
 from dankserve.errors import InvalidInput
 from dankserve.exitcodes import ExitCode
 from dankserve.settings import state_dir_despite_errors
-from dankserve.snapshot.store import Entry, list_entries, remove, store_root
+from dankserve.snapshot.store import PREVIOUS, Entry, list_entries, previous, remove, store_root
 
 
 def _stamp(value: float | None) -> str | None:
@@ -74,9 +74,12 @@ def list_command(as_json: bool) -> ExitCode:
 @command.command("rm")
 @click.argument("name")
 def rm_command(name: str) -> ExitCode:
-    """Delete a deployment's snapshot (it holds the server's memory, secrets included)."""
+    """Delete a deployment's snapshot (it holds the server's memory, secrets included), and the one kept for an
+    upgrade's rollback (NAME@previous; `rm NAME@previous` deletes that one only)."""
     root = store_root(state_dir_despite_errors(cli_context().config))
-    if not remove(root, name):
+    names = [name] if name.endswith(PREVIOUS) else [name, previous(name)]
+    removed = [n for n in names if remove(root, n)]
+    if not removed:
         raise InvalidInput(f"no snapshot of {name!r} in {root}", fix="`dankserve snapshot list` shows which exist")
-    click.echo(f"removed the snapshot of {name}")
+    click.echo(f"removed the snapshot{'s' if len(removed) > 1 else ''} of {', '.join(removed)}")
     return ExitCode.OK

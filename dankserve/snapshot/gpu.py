@@ -19,7 +19,9 @@ a state the sequence did not expect or the step failed: undo what was done, disc
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from dankserve.errors import EnvironmentUnusable
@@ -74,6 +76,7 @@ _NAMES = {
     CUDA_ERROR_UNKNOWN: "CUDA_ERROR_UNKNOWN",
 }
 _FIX_SNAPSHOT = "see docs/snapshots.md (limits); without snapshots every restart is a normal boot"
+FIX_EXTRA = "install dankserve with its snapshot extra: pip install 'dankserve[snapshot]'"
 
 
 class GpuCheckpointError(EnvironmentUnusable):
@@ -194,16 +197,24 @@ _FUNCTIONS = (
 )
 
 
+def bindings_missing(find_spec: Callable[[str], Any] | None = None) -> GpuCheckpointUnavailable | None:
+    """cuda-bindings absent, found without importing it (planning and the doctor ask before any capture
+    is tried; importing it would load the CUDA bindings into the daemon). `find_spec` is the seam
+    (default: the import system's, looked up at the call)."""
+    try:
+        found = (find_spec or importlib.util.find_spec)("cuda.bindings") is not None
+    except (ImportError, ValueError):  # no `cuda` package at all, or a broken one
+        found = False
+    if found:
+        return None
+    return GpuCheckpointUnavailable("load", None, "cuda-bindings is not installed", fix=FIX_EXTRA)
+
+
 def _load_driver() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:
-        raise GpuCheckpointUnavailable(
-            "load",
-            None,
-            f"cuda-bindings is not installed ({exc})",
-            fix="install dankserve with its snapshot extra: pip install 'dankserve[snapshot]'",
-        ) from exc
+        raise GpuCheckpointUnavailable("load", None, f"cuda-bindings is not installed ({exc})", fix=FIX_EXTRA) from exc
     return driver
 
 

@@ -10,7 +10,6 @@ with `GpuCheckpointError` (remedy `undo`). Errors come back typed, by class name
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import selectors
@@ -26,7 +25,9 @@ from dankserve.snapshot.gpu import (
     DriverGpuCheckpoint,
     GpuCheckpoint,
     GpuCheckpointError,
+    GpuCheckpointUnavailable,
     ProcessState,
+    bindings_missing,
 )
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
@@ -163,18 +164,12 @@ def gpu_checkpoint_for(stand_in: Path | None, *, deadline_s: float = DEFAULT_DEA
     return StandInGpuCheckpoint(stand_in)
 
 
-def checkpoint_unavailable(stand_in: Path | None) -> str | None:
-    """Why the GPU checkpoint cannot run here, judged without loading the driver into the caller (None: it
-    may; a driver that then refuses says why in its own typed error): the stand-in's always can."""
-    if stand_in is not None:
-        return None
-    try:
-        found = importlib.util.find_spec("cuda.bindings") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        return "cuda-bindings is not installed: pip install 'dankserve[snapshot]'"
-    return None
+def unavailable(gpu: GpuCheckpoint) -> GpuCheckpointUnavailable | None:
+    """Why `gpu` cannot work on this host, known before any action (planning's verdict and the doctor):
+    the driver's edge without cuda-bindings. The stand-in's edge (a recorded host) needs nothing."""
+    # The helper runs in this interpreter (sys.executable), so what this one finds is what it imports.
+    driver = isinstance(gpu, IsolatedGpuCheckpoint) and not gpu.helper_args
+    return bindings_missing() if driver else None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

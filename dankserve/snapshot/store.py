@@ -26,6 +26,19 @@ MANIFEST_SCHEMA = 1
 _MANIFEST_MAX_BYTES = 1 << 20
 _MAX_FILES = 100_000
 EntryState = Literal["ready", "incomplete", "corrupt"]
+PREVIOUS = "@previous"
+"""The suffix of an entry kept aside for an upgrade's rollback: `NAME@previous`, the snapshot of the image
+before the switch (its manifest still names NAME: it is that deployment's)."""
+
+
+def previous(name: str) -> str:
+    """The entry kept aside for `name`'s rollback."""
+    return name + PREVIOUS
+
+
+def owner(name: str) -> str:
+    """The deployment an entry belongs to (`NAME@previous` is NAME's)."""
+    return name.removesuffix(PREVIOUS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +135,7 @@ def read_entry(root: Path, name: str) -> Entry:
         return Entry(name, "corrupt", path, size, None, None, None, "manifest is not a small regular file of ours")
     try:
         data = json.loads(manifest.read_bytes()[:_MANIFEST_MAX_BYTES])
-        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA or data.get("deployment") != name:
+        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA or data.get("deployment") != owner(name):
             raise ValueError("not a manifest of this deployment")
         captured = _number(data, "captured_at")
         used = _number(data, "last_used")
@@ -178,6 +191,15 @@ def remove(root: Path, name: str) -> bool:
     else:
         path.unlink()
     return True
+
+
+def move(root: Path, source: str, target: str) -> None:
+    """Renames one entry (a single rename: never half moved); an entry at `target` is deleted first."""
+    for name in (source, target):
+        if "/" in name or name in ("", ".", "..") or name.startswith("."):
+            raise InvalidInput(f"{name!r} is not a deployment name", fix="use a name `dankserve snapshot list` shows")
+    remove(root, target)
+    os.rename(root / source, root / target)
 
 
 def evict(root: Path, *, max_bytes: int, incoming_bytes: int = 0, keep: str | None = None) -> tuple[str, ...]:

@@ -119,7 +119,7 @@ def build_world(
     from dankserve.host.gpu_processes import stand_in_dir
     from dankserve.host.gpu_reader import gpu_reader
     from dankserve.host.probe import load_host
-    from dankserve.snapshot.gpu_helper import checkpoint_unavailable, gpu_checkpoint_for
+    from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
     from dankserve.supervisor.records import StateBook
 
     settings = source.current()
@@ -138,7 +138,6 @@ def build_world(
         ),
         config_path=config_path,
         gpu_checkpoint=lambda: gpu_checkpoint_for(stand_in_dir(hardware_file)),
-        gpu_checkpoint_unavailable=lambda: checkpoint_unavailable(stand_in_dir(hardware_file)),
     )
 
 

@@ -34,6 +34,7 @@ from dankserve.settings import (
     Settings,
     resolve_config_path,
 )
+from dankserve.snapshot.gpu_helper import unavailable as gpu_unavailable
 from dankserve.supervisor import instance
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.control import requests
@@ -201,7 +202,11 @@ class Daemon:
         def totals(uuids: Sequence[str]) -> Mapping[str, int]:
             return {uuid: reading.total_bytes for uuid, reading in world.gpus.memory(uuids).items()}
 
-        return SuspendReadings(world.gpu_checkpoint_unavailable, totals, held)
+        def unavailable() -> str | None:  # known before any action, without loading CUDA into the daemon
+            missing = gpu_unavailable(world.gpu_checkpoint())
+            return None if missing is None else f"{missing.reason}: {missing.fix}"
+
+        return SuspendReadings(unavailable, totals, held)
 
     @property
     def settings(self) -> Settings:

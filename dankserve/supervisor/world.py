@@ -21,13 +21,13 @@ from dankserve.host.gpu_reader import GpuReader
 from dankserve.host.model import GpuIdentity, Host
 from dankserve.settings import DeploymentSettings, Settings, SettingsSource
 from dankserve.snapshot.gpu import GpuCheckpoint
-from dankserve.snapshot.gpu_helper import checkpoint_unavailable, gpu_checkpoint_for
+from dankserve.snapshot.gpu_helper import gpu_checkpoint_for
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock, SystemClock
 from dankserve.supervisor.edges import Planner, RuntimeFactory, WeightsFetcher
 from dankserve.supervisor.fleet import swap_verify
 from dankserve.supervisor.ports import port_holder
-from dankserve.supervisor.probes import sleep_mode
+from dankserve.supervisor.probes import checkpoint_routes, sleep_mode
 from dankserve.supervisor.probes.warm_up import WarmUpOutcome, warm_up_server
 from dankserve.supervisor.records import StateBook
 
@@ -50,6 +50,12 @@ class ServerEdges:
     """Whether the server sleeps (None: no answer): a member an earlier daemon left running."""
     canary: swap_verify.Canary = swap_verify.canary_ids
     """The greedy token ids of the canary prompt from (address, key, model): every wake is checked by it."""
+    checkpoint_prepare: Callable[[BackendAddress, str | None], str | None] = checkpoint_routes.prepare
+    """vLLM 0.34's `/checkpoint/prepare`, waited for until prepared (a snapshot's capture; None: done)."""
+    checkpoint_restore: Callable[[BackendAddress, str | None], str | None] = checkpoint_routes.restore
+    """`/checkpoint/restore`: the prepared server serves again (None: done)."""
+    checkpoint_prepared: Callable[[BackendAddress, str | None], bool] = checkpoint_routes.prepared
+    """The server is prepared for a checkpoint (a capture a killed daemon left midway)."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,6 @@ class World:
     gpu_checkpoint: Callable[[], GpuCheckpoint] = lambda: gpu_checkpoint_for(None)
     """The CUDA checkpoint edge a snapshot's capture and restore use: the driver's (in its helper process), or
     the stand-in's records on a recorded host; chosen once, as the GPU reader is."""
-    gpu_checkpoint_unavailable: Callable[[], str | None] = lambda: checkpoint_unavailable(None)
-    """Why that edge cannot run here (None: it can): a suspended sleep is not chosen then (issue 41 item 7)."""
 
     @property
     def settings(self) -> Settings:

@@ -130,3 +130,35 @@ def test_doctor_says_where_it_read_the_free_space_of_a_missing_dir_and_how_to_ru
     else:
         assert f"podman system service --time=0 unix://{tmp_path}/no-podman.sock" in podman["fix"], podman
         assert "systemctl" not in podman["fix"]
+
+
+def _cuda_package(root: Path, *, bindings: bool) -> Path:
+    """A `cuda` package first on the path: a regular package hides an installed namespace `cuda`, so without
+    `bindings/` cuda-bindings is missing whatever this host has (the import system is the seam)."""
+    (root / "cuda").mkdir(parents=True, exist_ok=True)
+    (root / "cuda" / "__init__.py").write_text("")
+    if bindings:
+        (root / "cuda" / "bindings").mkdir(exist_ok=True)
+        (root / "cuda" / "bindings" / "__init__.py").write_text("raise ImportError('found, never imported')\n")
+    return root
+
+
+def test_doctor_says_snapshots_are_off_without_cuda_bindings_and_the_fix(tmp_path: Path) -> None:
+    """On a real GPU host (no --hardware: the driver's checkpoint edge) without cuda-bindings the snapshots check
+    says off, the reason and `pip install 'dankserve[snapshot]'`, found without importing CUDA; with them found,
+    or with a recorded host (the stand-in's edge), it does not mention them (issue 41)."""
+    globals_ = {"state_dir": str(tmp_path / "state"), "cache_dir": str(tmp_path), "hf_cache_dir": str(tmp_path)}
+    config = write_config(tmp_path / "dankserve.toml", globals_, {"a": {"model": "o/m", "runtime": "process"}})
+
+    def snapshots(*args: str, bindings: bool) -> dict[str, str]:
+        shadow = _cuda_package(tmp_path / ("with" if bindings else "without"), bindings=bindings)
+        path = os.pathsep.join([str(shadow), str(REPO), os.environ.get("PYTHONPATH", "")])
+        done = doctor(config, *args, env={"PYTHONPATH": path})
+        check: dict[str, str] = {c["name"]: c for c in json.loads(done.stdout)["checks"]}["snapshots"]
+        return check
+
+    missing = snapshots(bindings=False)
+    assert missing["verdict"] == "warn" and "cuda-bindings is not installed" in missing["detail"], missing
+    assert "pip install 'dankserve[snapshot]'" in (missing["fix"] or "")
+    assert "cuda-bindings" not in snapshots(bindings=True)["detail"]
+    assert "cuda-bindings" not in snapshots("--hardware", str(HOST), bindings=False)["detail"]

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -1024,3 +1025,73 @@ def test_sleep_answer_contradictions(
 
     found = sleep_answer_problem(body, route=route, level=level, awake=awake)
     assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def test_0_34_checkpoint_routes_answer_as_vllms_engine(serve: StartServer, tmp_path: Path) -> None:
+    """As vLLM 0.34's api_router.py and core.py: an asleep engine refuses prepare (400, the error said); a
+    prepared one releases its KV cache (the weights stay), refuses /sleep and /wake_up, says it sleeps, and
+    queues a completion until /checkpoint/restore serves it; repeats are no-ops; a bad mode is a 422."""
+    records = tmp_path / "nvml"
+    records.mkdir()
+    served = release_server(serve, tmp_path, "0.34.0", FAKE_VLLM_NVML_DIR=str(records))
+
+    def used() -> int:
+        (record,) = records.glob("*.json")
+        return int(json.loads(record.read_text())["used_bytes"])
+
+    awake = used()
+    assert http(served.url("/sleep?level=1"), "POST")[0] == 200
+    status, body = http(served.url("/checkpoint/prepare"), "POST")
+    assert status == 400
+    assert json.loads(body) == {"state": "running", "error": "Preparing for a checkpoint requires an awake engine"}
+    http(served.url("/wake_up"), "POST")
+    assert http(served.url("/checkpoint/prepare?mode=later"), "POST")[0] == 422
+
+    assert json.loads(http(served.url("/checkpoint/prepare?mode=wait"), "POST")[1]) == {"state": "prepared"}
+    assert http(served.url("/checkpoint/prepare"), "POST")[0] == 200  # a no-op
+    assert 0 < used() < awake, "the KV cache released, the weights kept"
+    assert json.loads(http(served.url("/is_sleeping"))[1]) == {"is_sleeping": True}
+    status, body = http(served.url("/sleep?level=2"), "POST")
+    assert status == 500 and b"Cannot sleep while the checkpoint state is prepared" in body
+    assert http(served.url("/wake_up"), "POST")[0] == 500
+
+    answers: list[int] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            http(served.url("/v1/completions"), "POST", {"model": MODEL, "prompt": "x", "max_tokens": 2})[0]
+        )
+    )
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and not answers, "queued while prepared"
+    assert json.loads(http(served.url("/checkpoint/restore"), "POST")[1]) == {"state": "running"}
+    waiting.join(10)
+    assert answers == [200]
+    assert used() == awake
+    assert json.loads(http(served.url("/checkpoint/restore"), "POST")[1]) == {"state": "running"}  # a no-op
+
+
+def test_dankserve_checkpoint_edge_against_the_0_34_stand_in(serve: StartServer, tmp_path: Path) -> None:
+    """supervisor/probes/checkpoint_routes.py against 0.34: an asleep server's refusal is said with vLLM's error;
+    awake it is prepared (and says so), then served again; a release without the routes is a problem, not a
+    crash."""
+    from dankserve.backend_address import TcpAddress
+    from dankserve.supervisor.probes import checkpoint_routes
+
+    served = release_server(serve, tmp_path, "0.34.0")
+    address = TcpAddress("127.0.0.1", served.port)
+    http(served.url("/sleep?level=1"), "POST")
+    problem = checkpoint_routes.prepare(address, None)
+    assert problem is not None and "HTTP 400" in problem and "requires an awake engine" in problem
+    assert checkpoint_routes.restore(address, None) is None  # running: a no-op
+    http(served.url("/wake_up"), "POST")
+    assert checkpoint_routes.prepare(address, None) is None
+    assert checkpoint_routes.prepared(address, None)
+    assert checkpoint_routes.restore(address, None) is None
+    assert not checkpoint_routes.prepared(address, None)
+    assert completion(served)[0] == 200
+
+    older = TcpAddress("127.0.0.1", release_server(serve, tmp_path, "0.33.0").port)
+    problem = checkpoint_routes.prepare(older, None)
+    assert problem is not None and "HTTP 404" in problem
+    assert not checkpoint_routes.prepared(older, None)

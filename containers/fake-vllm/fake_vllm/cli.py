@@ -215,6 +215,7 @@ def serve(
         wake_seconds=knobs.wake_seconds,
         reload_seconds=knobs.reload_seconds,
         sleep_freed_bytes=sleep_freed(memory),
+        kv_cache_bytes=max(0, memory.ranks[0].available_kv),
         asleep_used_bytes=asleep_used(memory),
         own_asleep_bytes=asleep_used(memory) - (memory.ranks[0].total - memory.ranks[0].init_free),
         nvml_dir=knobs.nvml_dir,

@@ -8,12 +8,16 @@
   (.../dev/sleep/metrics.py); `vllm:admission_rejections{reason}` (vllm/v1/metrics/loggers.py).
   Before: an empty 200, and only levels 1 and 2 mean anything.
 - 0.34+: `POST /checkpoint/prepare`, `POST /checkpoint/restore`, `GET /checkpoint/status` whenever
-  `--enable-sleep-mode` is set, without dev mode (vllm/entrypoints/serve/checkpoint/api_router.py).
+  `--enable-sleep-mode` is set, without dev mode (vllm/entrypoints/serve/checkpoint/api_router.py; the engine's
+  side in vllm/v1/engine/core.py `checkpoint_prepare`/`checkpoint_restore`): prepare (`?mode=wait|abort|keep`)
+  pauses new requests and releases the KV cache (the weights stay), refused with 400 on an engine asleep or
+  failed; restore brings the KV cache back and serves; a prepared engine refuses `/sleep` and `/wake_up`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -72,14 +76,32 @@ class ReleaseState:
         with self.lock:
             self.unfinished -= 1
 
-    def checkpoint_route(self, route: str) -> tuple[int, bytes]:
-        """0.34's checkpoint routes: prepare drains and releases (here at once), restore serves again."""
+    def checkpoint_route(self, route: str, *, asleep: bool = False, mode: str = "wait") -> tuple[int, bytes]:
+        """0.34's checkpoint routes as api_router.py answers them: prepare drains and releases (here at once:
+        the gateway holds requests), restore serves again; each repeated is a no-op."""
         with self.lock:
-            if route == "prepare" and self.checkpoint == "running":
+            state = self.checkpoint
+            if route == "prepare":
+                if mode not in PAUSE_MODES:
+                    return 422, b'{"detail": [{"type": "literal_error", "loc": ["query", "mode"]}]}'
+                if state == "running" and asleep:
+                    return checkpoint_answer(state, False, 400, CHECKPOINT_ASLEEP)
+                if state in ("restoring", "failed"):
+                    return checkpoint_answer(state, False, 400)
                 self.checkpoint = "prepared"
-            elif route == "restore" and self.checkpoint == "prepared":
+            elif route == "restore":
+                if state in ("preparing", "failed"):
+                    return checkpoint_answer(state, False, 400)
                 self.checkpoint = "running"
             return checkpoint_answer(self.checkpoint, route == "status")
+
+    def checkpoint_refusal(self, action: str) -> str | None:
+        """A prepared (or preparing, failed) engine refuses a sleep and a wake (core.py sleep, wake_up)."""
+        with self.lock:
+            state = self.checkpoint
+        if state == "running" or (action == "wake up" and state == "restoring"):
+            return None
+        return f"Cannot {action} while the checkpoint state is {state}"
 
     @contextlib.contextmanager
     def operation(self, name: str) -> Iterator[None]:
@@ -106,10 +128,17 @@ def wake_answer(fully_awake: bool, tags: list[str]) -> bytes:
     return b'{"status": "%s", "tags": %s}' % (b"awake" if fully_awake else b"sleeping", shown.encode())
 
 
-def checkpoint_answer(state: str, status_route: bool) -> tuple[int, bytes]:
-    """The route's HTTP status and body (CheckpointStateResponse): status answers 200 only once prepared."""
-    code = (200 if state == "prepared" else 500 if state == "failed" else 503) if status_route else 200
-    return code, b'{"state": "%s"}' % state.encode()
+PAUSE_MODES: Final = ("abort", "wait", "keep")
+CHECKPOINT_ASLEEP: Final = "Preparing for a checkpoint requires an awake engine"
+
+
+def checkpoint_answer(state: str, status_route: bool, code: int = 200, error: str | None = None) -> tuple[int, bytes]:
+    """The route's HTTP status and body (CheckpointStateResponse, `error` left out when None): status answers
+    200 only once prepared, 503 before, 500 after a failure."""
+    if status_route:
+        code = 200 if state == "prepared" else 500 if state == "failed" else 503
+    body = {"state": state, **({"error": error} if error is not None else {})}
+    return code, json.dumps(body).encode()
 
 
 def metrics_lines(labels: str, state: ReleaseState) -> list[str]:

@@ -99,6 +99,8 @@ class ServerFacts:
     reload_seconds: float = 0.5
     sleep_freed_bytes: int = 0
     """GPU memory (rank 0) a sleep frees, at either level."""
+    kv_cache_bytes: int = 0
+    """GPU memory (rank 0) of the KV cache: what 0.34's `/checkpoint/prepare` releases (the weights stay)."""
     asleep_used_bytes: int = 0
     """GPU memory (rank 0) still in use while asleep (CUDA context, graphs, NCCL)."""
     own_asleep_bytes: int = 0
@@ -442,7 +444,7 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     def _sleep(self) -> None:
         """POST /sleep?level=1|2: level 1 offloads the weights to CPU RAM, level 2 drops them; both free the KV."""
-        if self._sleep_mode_off():
+        if self._sleep_mode_off() or self._checkpoint_refused("sleep"):
             return
         raw = (self._query().get("level") or ["1"])[0]
         if raw not in releases.SLEEP_LEVELS:
@@ -472,7 +474,7 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     def _wake_up(self) -> None:
         """POST /wake_up[?tags=weights|kv_cache ...]: reallocate those pools (all without tags)."""
-        if self._sleep_mode_off():
+        if self._sleep_mode_off() or self._checkpoint_refused("wake up"):
             return
         tags = self._query().get("tags") or []
         facts, state, output = self.server.facts, self.server.state, self.server.output
@@ -505,12 +507,33 @@ class RequestHandler(BaseHTTPRequestHandler):
         self._send(200, releases.wake_answer(awake, tags))
 
     def _checkpoint(self, route: str) -> None:
-        self._send(*self.server.state.release.checkpoint_route(route))
+        """0.34's checkpoint routes; a prepare releases the KV cache (the engine's record drops by it), a restore
+        brings it back."""
+        facts, state = self.server.facts, self.server.state
+        with state.lock:
+            asleep = bool(state.sleeping_tags)
+        mode = (self._query().get("mode") or ["wait"])[0]
+        before = state.release.checkpoint
+        code, body = state.release.checkpoint_route(route, asleep=asleep, mode=mode)
+        after = state.release.checkpoint
+        if before == "running" and after == "prepared":
+            self.server.engine_memory(facts.own_awake_bytes - facts.kv_cache_bytes)
+        elif before == "prepared" and after == "running":
+            self.server.engine_memory(facts.own_awake_bytes)
+        self._send(code, body)
+
+    def _checkpoint_refused(self, action: str) -> bool:
+        """A prepared engine refuses a sleep or a wake: vLLM's RuntimeError, a 500."""
+        refusal = self.server.state.release.checkpoint_refusal(action)
+        if refusal is not None:
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, refusal, "InternalServerError")
+        return refusal is not None
 
     def _is_sleeping(self) -> None:
         with self.server.state.lock:
             asleep = bool(self.server.state.sleeping_tags)
-        self._json(200, {"is_sleeping": asleep})
+        # vLLM's is_sleeping: the scheduler paused (a checkpoint prepared) or the memory asleep.
+        self._json(200, {"is_sleeping": asleep or self.server.state.release.checkpoint != "running"})
 
     def _collective_rpc(self) -> None:
         """POST /collective_rpc {"method": ...}: the stand-in knows reload_weights (after a level-2 sleep)."""
@@ -571,6 +594,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         if self._wait_while_hung():
             return
+        self._wait_while_prepared()
         raw_max = request.get("max_tokens", request.get("max_completion_tokens", 16))
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max >= 0 else 16
         engine_ids = self._engine_step(max_tokens)
@@ -648,6 +672,15 @@ class RequestHandler(BaseHTTPRequestHandler):
         if first and facts.first_request_seconds > 0:
             time.sleep(facts.first_request_seconds)
             self.server.output.log(JIT_DURING_INFERENCE, ("kernel_unified_attention",))
+
+    def _wait_while_prepared(self) -> None:
+        """A request to an engine prepared for a checkpoint queues (the pause of `/checkpoint/prepare` queues new
+        adds) until `/checkpoint/restore` resumes it, or its client goes away."""
+        release = self.server.state.release
+        while release.checkpoint != "running":
+            readable, _, _ = select.select([self.connection], [], [], 0.02)
+            if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                return
 
     def _wait_while_hung(self) -> bool:
         """A hung engine: the request waits (and counts as waiting) until its client gives up,

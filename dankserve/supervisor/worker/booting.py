@@ -172,8 +172,13 @@ class Boots:
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
             sleeping = world.servers.is_sleeping(backend_address(settings, name, dep), api_key(dep))
-        snapshot = self.snapshots.verdict(dep, runtime, plan, digest, version) if self.snapshots is not None else None
         kept = services.world.state.deployment(name)
+        switched = kept.upgrade is not None and kept.upgrade.step == "switched"  # it can roll back: keep the old
+        snapshot = (
+            self.snapshots.verdict(dep, runtime, plan, digest, version, upgrade_switched=switched)
+            if self.snapshots is not None
+            else None
+        )
         remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
             uuids=uuids,

@@ -11,6 +11,7 @@ so). The server's tree keeps its pids through a restore: they must be free then,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import dankserve
 from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
 from dankserve.host.model import Host
+from dankserve.plan.catalogue import capabilities
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
@@ -33,11 +35,13 @@ from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import capture as capturing
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
+from dankserve.snapshot.gpu_helper import unavailable
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
 from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.fleet.swap_verify import canary_ids
+from dankserve.supervisor.worker import snapshot_rollback as rollback
+from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
 
 PIDS_FREE_SECONDS = 10.0
 """How long a restore waits for the killed tree's pids to be free (its processes reaped)."""
@@ -55,6 +59,8 @@ class Captured:
     record: ProcessRecord
     sleeps: bool
     shm: tuple[str, ...]
+    prepares: bool = False
+    """Captured through vLLM 0.34's `/checkpoint/prepare`: served again by `/checkpoint/restore`."""
 
 
 class SnapshotEdge:
@@ -78,17 +84,27 @@ class SnapshotEdge:
         self._log = logger
         self._key: SnapshotKey | None = None
         self._sleeps = False
+        self._prepares = False
 
     # -- planning -------------------------------------------------------------------------------
     def verdict(
-        self, dep: DeploymentSettings, runtime: Runtime, plan: Plan, digest: str | None, version: str | None
+        self,
+        dep: DeploymentSettings,
+        runtime: Runtime,
+        plan: Plan,
+        digest: str | None,
+        version: str | None,
+        *,
+        upgrade_switched: bool = False,
     ) -> m.SnapshotPlan:
         """ready (valid for this plan), absent (capture once ready) or off, and why; an invalid snapshot is
-        deleted here with its reason (a changed configuration deletes it: it holds the server's secrets)."""
+        deleted here with its reason (a changed configuration deletes it: it holds the server's secrets), unless
+        a switched upgrade can roll back to it (`upgrade_switched`): then it is kept aside (snapshot_rollback)."""
         self._key = None
         if dep.snapshot == "off":  # the one there was holds the server's secrets: deleted
             with contextlib.suppress(DankserveError, OSError):
-                if store.remove(store.store_root(self._settings().state_dir), self._name):
+                root = store.store_root(self._settings().state_dir)
+                if store.remove(root, self._name) | store.remove(root, store.previous(self._name)):
                     self._log.info("snapshot_discarded", reason='snapshot = "off"')
             return m.SnapshotPlan("off", 'snapshot = "off"')
         if not isinstance(runtime, ProcessRuntime):
@@ -103,8 +119,12 @@ class SnapshotEdge:
         settings = self._settings()
         if settings.snapshot_max_bytes == 0:
             return m.SnapshotPlan("off", "snapshot_max_bytes = 0")
+        missing = unavailable(self._gpu())  # the snapshot is kept: installing the extra makes it usable
+        if missing is not None:
+            return m.SnapshotPlan("off", f"{missing.reason}: the GPU checkpoint needs it ({missing.fix})")
         self._key = self._current_key(dep, plan, digest, version, criu.criu_version(binary) or "unknown")
         self._sleeps = plan.sleep_mode
+        self._prepares = prepares_for_checkpoint(plan, version)
         root = store.store_root(settings.state_dir)
         try:
             if not store.check_root(root):
@@ -112,12 +132,19 @@ class SnapshotEdge:
         except DankserveError as exc:
             self._key = None
             return m.SnapshotPlan("off", exc.message)
+        judge: rollback.Judge = functools.partial(invalid_for, key=self._key)
+        taken = rollback.take_back(root, self._name, judge, switched=upgrade_switched, log=self._log)
         entry = store.read_entry(root, self._name)
         if entry.state == "ready":
             captured = read_captured(entry.path)
-            why = "its manifest is unreadable" if captured is None else invalid_reason(captured.key, self._key)
+            why = judge(entry.path)
             if why is None:
-                return m.SnapshotPlan("ready", "valid for this plan: the next start restores it")
+                kept = "kept from before the upgrade: this boot restores it" if taken else "the next start restores it"
+                return m.SnapshotPlan("ready", f"valid for this plan: {kept}")
+            other = captured is not None and captured.key.image_digest != self._key.image_digest
+            if rollback.keep_aside(root, self._name, why, switched=upgrade_switched, other_image=other, log=self._log):
+                kept = f"the old image's snapshot is kept as {store.previous(self._name)} for a rollback"
+                return m.SnapshotPlan("absent", f"none for this image yet ({kept})")
             self._discard(root, why)
             return m.SnapshotPlan("absent", f"the last snapshot was deleted: {why}", discarded=why)
         if (root / self._name).exists() or (root / self._name).is_symlink():
@@ -157,28 +184,14 @@ class SnapshotEdge:
         done: list[str] = []
         try:
             gpu = self._gpu()
-            self._gpu_running(gpu.holders(process_tree(pid)), done)
-            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
-            if self._edges.is_sleeping(address, key):
-                self._edges.wake_server(address, key, "2")
-                done.append("wake")
+            gpu_running(gpu, gpu.holders(process_tree(pid)), done)
+            woke = serve_again(self._edges, backend_address(self._settings(), self._name, dep), _read_key(dep))
+            done += [woke] if woke else []
         except (DankserveError, OSError) as exc:
             reason = exc.message if isinstance(exc, DankserveError) else str(exc)
             self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
             return
         self._log.warning("snapshot_capture_interrupted", pid=pid, repaired=done or ["nothing to undo"])
-
-    def _gpu_running(self, holders: Iterable[int], done: list[str]) -> None:
-        """Each CUDA process back to running from wherever a stopped sequence left it."""
-        gpu = self._gpu()
-        for holder in holders:
-            state = gpu.state(holder)
-            if state == "checkpointed":
-                gpu.restore(holder)
-                done.append(f"GPU restore of pid {holder}")
-            if state in ("checkpointed", "locked"):
-                gpu.unlock(holder)
-                done.append(f"GPU unlock of pid {holder}")
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
@@ -236,6 +249,7 @@ class SnapshotEdge:
             "canary_ids": list(outcome.canary_ids),
             "record": record.to_json(),
             "sleeps": self._sleeps,
+            "prepares": self._prepares,
             "shm": saved,
             "outage_seconds": round(capturing.outage_seconds(outcome), 3),
             "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
@@ -273,7 +287,7 @@ class SnapshotEdge:
         _free_pids(captured.pids)
         waited = time.monotonic() - waited
         shm.put_back(captured.shm, entry.path / "shm")
-        self._sleeps = captured.sleeps
+        self._sleeps, self._prepares = captured.sleeps, captured.prepares
         outcome = restoring.restore(
             entry.path / "images",
             self._gpu(),
@@ -301,11 +315,13 @@ class SnapshotEdge:
         unlock and wake done (what was not), and judged by the canary like any restore."""
         workload = runtime.adopt_restored(replace(captured.record, pid=captured.pids[0]))
         done: list[str] = []
-        self._sleeps = captured.sleeps
+        self._sleeps, self._prepares = captured.sleeps, captured.prepares
         hooks = self._hooks(dep)
         try:
-            self._gpu_running(captured.holders, done)
-            if self._edges.is_sleeping(backend_address(self._settings(), self._name, dep), _read_key(dep)):
+            gpu_running(self._gpu(), captured.holders, done)
+            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
+            asleep = self._edges.checkpoint_prepared if captured.prepares else self._edges.is_sleeping
+            if asleep(address, key):
                 hooks.wake()
             problem = canary_problem(captured.canary_ids, hooks.canary())
         except (DankserveError, OSError, StepFailed) as exc:
@@ -322,34 +338,18 @@ class SnapshotEdge:
         return self._gpu_checkpoint()
 
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
-        """The server's sleep (level 2), wake and greedy canary; without sleep mode the sleep and wake are
-        skipped (the GPU checkpoint then copies the weights too: a bigger snapshot)."""
-        settings = self._settings()
-        address = backend_address(settings, self._name, dep)
-        key = _read_key(dep)
+        """The server's sleep (level 2, or 0.34's checkpoint prepare), wake and canary (`snapshot_hooks`)."""
+        address = backend_address(self._settings(), self._name, dep)
         model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-        sleeps = self._sleeps
-
-        def sleep() -> None:
-            if sleeps:
-                answer = self._edges.sleep_server(address, key, "2")
-                if not isinstance(answer, m.FellAsleep):
-                    raise StepFailed(str(getattr(answer, "message", answer)))
-            after_sleep()
-
-        def wake() -> None:
-            if sleeps:
-                answer = self._edges.wake_server(address, key, "2")
-                if not isinstance(answer, m.WokeUp):
-                    raise StepFailed(str(getattr(answer, "message", answer)))
-
-        def canary() -> tuple[int, ...]:
-            ids = canary_ids(address, key, model)
-            if isinstance(ids, str):
-                raise StepFailed(ids)
-            return ids
-
-        return Hooks(sleep=sleep, wake=wake, canary=canary)
+        return server_hooks(
+            self._edges,
+            address,
+            _read_key(dep),
+            model,
+            sleeps=self._sleeps,
+            prepares=self._prepares,
+            after_sleep=after_sleep,
+        )
 
     def _discard(self, root: Path, why: str) -> None:
         why = keep_criu_log(root, self._name, why)
@@ -376,9 +376,30 @@ def read_captured(path: Path) -> Captured | None:
             record=ProcessRecord.from_json(data["record"]),
             sleeps=bool(data.get("sleeps", False)),
             shm=tuple(str(n) for n in data.get("shm", ())),
+            prepares=data.get("prepares") is True,
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
+
+
+def gpu_running(gpu: Any, holders: Iterable[int], done: list[str]) -> None:
+    """Each CUDA process back to running from wherever a stopped sequence left it."""
+    for holder in holders:
+        state = gpu.state(holder)
+        if state == "checkpointed":
+            gpu.restore(holder)
+            done.append(f"GPU restore of pid {holder}")
+        if state in ("checkpointed", "locked"):
+            gpu.unlock(holder)
+            done.append(f"GPU unlock of pid {holder}")
+
+
+def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
+    """Why the entry at `path` is not valid for the plan whose key is `key` (None: it is)."""
+    captured = read_captured(path)
+    if captured is None or key is None:
+        return "its manifest is unreadable"
+    return invalid_reason(captured.key, key)
 
 
 def keep_criu_log(root: Path, name: str, reason: str) -> str:
@@ -423,6 +444,12 @@ def _read_key(dep: DeploymentSettings) -> str | None:
     from dankserve.secret_files import read_key_now
 
     return read_key_now(dep.api_key_file)
+
+
+def prepares_for_checkpoint(plan: Plan, version: str | None) -> bool:
+    """The capture prepares the server through vLLM 0.34's checkpoint routes (served with sleep mode) instead
+    of sleeping it at level 2: the release has them and the plan enables sleep mode."""
+    return plan.sleep_mode and capabilities(version or plan.vllm_version).checkpoint_routes
 
 
 def weights_files(dep: DeploymentSettings, hf_cache: Path) -> tuple[WeightsFile, ...]:
