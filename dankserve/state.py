@@ -296,7 +296,7 @@ class DeploymentState:
     remediated: tuple[str, ...] = ()
     """Failure causes already remediated (each only once)."""
     asleep: str | None = None
-    """A swap group member's sleep level ("1", "2", "stop") while asleep, falling asleep or waking, else
+    """A swap group member's sleep level ("1", "2", "stop", "suspend") while asleep, falling asleep or waking, else
     None: a daemon that follows one killed with -9 adopts the member's server as it was (issue 16)."""
     swapping: str | None = None
     """The sleep or wake under way at the level `asleep` names ("falling_asleep", "waking"), recorded
@@ -401,7 +401,7 @@ def _deployment_from_json(name: str, data: Any) -> DeploymentState:
             overrides=dict(_optional(data, "overrides", dict) or {}),
             remediated=tuple(str(cause) for cause in _optional(data, "remediated", list) or ()),
             # A level this release does not know is as good as none: the server is asked (/is_sleeping).
-            asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop") else None,
+            asleep=asleep if (asleep := _optional(data, "asleep", str)) in ("1", "2", "stop", "suspend") else None,
             swapping=moving if (moving := _optional(data, "swapping", str)) in ("falling_asleep", "waking") else None,
             timings=timings_from_json(data.get("timings")),
             unsafe_sleep=tuple(_unsafe_from_json(entry) for entry in _optional(data, "unsafe_sleep", list) or ()),
@@ -420,8 +420,8 @@ def _unsafe_from_json(data: Any) -> UnsafeSleep:
     if not isinstance(data, dict):
         raise StateCorrupt(f"unsafe_sleep entry {data!r} is not an object")
     level = _optional(data, "level", str)
-    if level not in ("1", "2"):
-        raise StateCorrupt(f"unsafe_sleep level {level!r} is not 1 or 2")
+    if level not in ("1", "2", "suspend"):
+        raise StateCorrupt(f"unsafe_sleep level {level!r} is not 1, 2 or suspend")
     return UnsafeSleep(
         level=level,
         vllm_version=_optional(data, "vllm_version", str),

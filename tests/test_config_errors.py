@@ -49,6 +49,11 @@ def plan_with(tmp_path: Path, lines: str) -> subprocess.CompletedProcess[str]:
             "fix: set deployments.chat.kv_offload",
         ),
         ("gpu_memory_utilization = 2", "gpu_memory_utilization = 2: expected a number of at most 1", "fix: set"),
+        (
+            'swap_group = "g"\nsleep_level = "deep"',
+            "deployments.chat.sleep_level = 'deep': expected one of 'auto', '1', '2', 'stop', 'suspend'",
+            "fix: set deployments.chat.sleep_level to one of 'auto', '1', '2', 'stop', 'suspend'",
+        ),
     ],
 )
 def test_a_config_error_names_key_value_expectation_and_fix_in_plain_words(

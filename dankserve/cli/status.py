@@ -162,7 +162,10 @@ def swap_line(swap: dict[str, Any]) -> str:
     """A swap group member's line: its group, how it sleeps, the last swap's timings."""
     parts = [f"swap group {swap['group']}" + (" (pinned)" if swap.get("pinned") else "")]
     if swap.get("level"):
-        parts.append(f"asleep at level {swap['level']}" if swap["level"] != "stop" else "asleep (stopped)")
+        words = {"stop": "asleep (stopped)", "suspend": "asleep, suspended (0 bytes on the GPU)"}
+        parts.append(words.get(swap["level"], f"asleep at level {swap['level']}"))
+    if swap.get("suspend_failure"):
+        parts.append(f"last suspend failed (slept at level 1): {swap['suspend_failure']}")
     if swap.get("idle_sleep_seconds"):
         countdown = swap.get("idle_sleep_in_seconds")
         left = f": sleeps in {format_duration(countdown)} without a request" if countdown is not None else ""

@@ -157,10 +157,12 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     pinned: bool = Field(
         default=False, description="swap groups: never put to sleep to make room for another member (nor when idle)."
     )
-    sleep_level: Literal["auto", "1", "2", "stop"] = Field(
+    sleep_level: Literal["auto", "1", "2", "stop", "suspend"] = Field(
         default="auto",
-        description="swap groups: auto (level 1 when available RAM holds the weights, else 2), or always 1, 2, "
-        "or stop (stop and boot again; no sleep mode).",
+        description="swap groups: auto (level 1 when available RAM holds the weights, else 2; suspend when the "
+        "GPU is too tight for the woken member beside the sleepers' leftovers), or always 1, 2, stop (stop and "
+        "boot again; no sleep mode), or suspend (level 1, then a GPU checkpoint of the server: 0 bytes left on "
+        "the GPU; needs the GPU checkpoint API, docs/snapshots.md).",
     )
 
     @field_validator("gpus")

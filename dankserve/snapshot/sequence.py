@@ -30,7 +30,8 @@ StepName = Literal[
     "canary",
     "kill_tree",
 ]
-Kind = Literal["capture", "restore"]
+Kind = Literal["capture", "restore", "suspend", "resume"]
+"""suspend and resume: a sleeping swap member's CUDA processes (snapshot/suspend.py); undone as a capture."""
 
 # The breakdown a restore reports (issue 44: CRIU restore, GPU restore, wake, canary).
 RESTORE_TIMINGS: tuple[StepName, ...] = ("criu_restore", "gpu_restore", "gpu_unlock", "wake", "canary")

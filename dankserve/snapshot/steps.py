@@ -49,6 +49,8 @@ class Outcome:
     holders: tuple[int, ...] = ()
     failure: Failure | None = None
     undo_problems: tuple[str, ...] = ()
+    remedy: str | None = None
+    """The failed GPU step's remedy (gpu.py: host, deployment, retry, undo); None for any other failure."""
 
     @property
     def ok(self) -> bool:
@@ -89,6 +91,7 @@ class Runner:
                 self._do(step)
             except (DankserveError, StepFailed, OSError) as exc:
                 self.outcome.failure = on_failure(self.kind, done, step, _reason(exc))
+                self.outcome.remedy = getattr(exc, "remedy", None)
                 self._undo(self.outcome.failure)
                 return self.outcome
             finally:

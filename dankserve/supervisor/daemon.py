@@ -34,6 +34,7 @@ from dankserve.settings import (
     Settings,
     resolve_config_path,
 )
+from dankserve.snapshot.gpu_helper import unavailable as gpu_unavailable
 from dankserve.supervisor import instance
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.control import requests
@@ -45,6 +46,7 @@ from dankserve.supervisor.fit import check_fit
 from dankserve.supervisor.fleet import swap_verify
 from dankserve.supervisor.fleet.coordinator import FleetCoordinator
 from dankserve.supervisor.fleet.gpus import HostGpus
+from dankserve.supervisor.fleet.swap_suspend import SuspendReadings
 from dankserve.supervisor.machine import BootOverrides
 from dankserve.supervisor.observe.status import config_status
 from dankserve.supervisor.observe.telemetry import Telemetry
@@ -181,10 +183,30 @@ class Daemon:
             observatory=self.observatory,
             describe_hosts=world.cluster.describe_hosts,
         )
-        self.coordinator = FleetCoordinator(self.fleet, world.available_ram, world.clock)
+        self.coordinator = FleetCoordinator(self.fleet, world.available_ram, world.clock, self._suspend_readings())
         self.swap_verifier = swap_verify.SwapVerifier(self.state, world.servers.canary, world.gpus.held)
         self._status_readings = StatusReadings(world.gpus.held, self.coordinator.idle_sleep_in)
         self.upgrades = Upgrades(UpgradeFleet(world, self.fleet, self.coordinator, self.gpus))
+
+    def _suspend_readings(self) -> SuspendReadings:
+        """What the coordinator's choice of a suspended sleep reads (issue 41 item 7): the checkpoint edge's
+        availability, each GPU's size, and what a member's server holds on its GPUs now."""
+        world = self.world
+
+        def held(name: str) -> Mapping[str, int] | None:
+            worker = self.fleet.snapshot().get(name)
+            if worker is None or not worker.machine.gpu_uuids:
+                return None
+            return world.gpus.held(worker.server_pids(), worker.machine.gpu_uuids)
+
+        def totals(uuids: Sequence[str]) -> Mapping[str, int]:
+            return {uuid: reading.total_bytes for uuid, reading in world.gpus.memory(uuids).items()}
+
+        def unavailable() -> str | None:  # known before any action, without loading CUDA into the daemon
+            missing = gpu_unavailable(world.gpu_checkpoint())
+            return None if missing is None else f"{missing.reason}: {missing.fix}"
+
+        return SuspendReadings(unavailable, totals, held)
 
     @property
     def settings(self) -> Settings:

@@ -56,6 +56,7 @@ SAMPLES: dict[type[Any], Any] = {
     # swap groups
     m.SleepRequested: m.SleepRequested("1", "make room for b"),
     m.FellAsleep: m.FellAsleep(0.22),
+    m.SuspendFailed: m.SuspendFailed(0.3, "GPU checkpoint of pid 7 failed: CUDA_ERROR_NOT_SUPPORTED", lasting=True),
     m.SleepUnsupported: m.SleepUnsupported("/is_sleeping 404"),
     m.SleepKeptMemory: m.SleepKeptMemory(20 << 30, "asleep, yet its processes still hold 20.00 GiB"),
     m.WokeWrong: m.WokeWrong("the canary completion answered other tokens"),

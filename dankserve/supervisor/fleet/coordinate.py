@@ -189,6 +189,8 @@ class FeedSleep:
     name: str
     reason: str
     level: str | None = None
+    waker: str | None = None
+    """The member the sleep makes room for (its wake or boot): suspend is weighed against its share."""
 
 
 @dataclass(frozen=True)
@@ -303,11 +305,11 @@ class _Turn:
         self.note("swap_wake", deployment=name, level="stop" if view.asleep_by_stop else "sleep mode")
         self.out.append(FeedWake(name))
 
-    def sleep_member(self, name: str, reason: str) -> None:
+    def sleep_member(self, name: str, reason: str, waker: str | None = None) -> None:
         view = self.fleet.members.get(name)
         asked = any(isinstance(d, FeedSleep) and d.name == name for d in self.out)
         if view is not None and view.stage is m.Stage.READY and not asked:
-            self.out.append(FeedSleep(name, reason))
+            self.out.append(FeedSleep(name, reason, waker=waker))
 
     def bound_holds(self, group: str, name: str, decision: Swap | Wait | CannotFit) -> bool:
         """Whether the group's swap bound holds this wake back; a swap that begins (others must sleep) is counted."""
@@ -392,7 +394,7 @@ class _Turn:
                 if not decision.sleep:
                     self.wake_member(name)
                 for sleeper in decision.sleep:
-                    self.sleep_member(sleeper, f"make room for {name}")
+                    self.sleep_member(sleeper, f"make room for {name}", name)
             elif isinstance(decision, CannotFit):
                 self.unwant(name)
                 self.refused[name] = (decision.reason, self.now)
@@ -444,7 +446,7 @@ class _Turn:
                     continue
                 if isinstance(decision, Swap):
                     for sleeper in decision.sleep:
-                        self.sleep_member(sleeper, f"make room for {ask.name}'s boot")
+                        self.sleep_member(sleeper, f"make room for {ask.name}'s boot", ask.name)
                     why = "members falling asleep: " + ", ".join(decision.sleep)
                 else:
                     why = decision.reason

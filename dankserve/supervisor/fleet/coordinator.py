@@ -24,10 +24,18 @@ from dankserve.plan.plan import SLEEP_MODE_FLAG
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock
 from dankserve.supervisor.fleet import coordinate as c
-from dankserve.supervisor.fleet import swap
-from dankserve.supervisor.fleet.swap_checks import safe_choice
+from dankserve.supervisor.fleet import swap, swap_suspend
+from dankserve.supervisor.fleet.swap_checks import CUDA_CONTEXT_BYTES, safe_choice
 from dankserve.supervisor.fleet.swap_fit import fit_facts, sleeps_after_first_boot
-from dankserve.supervisor.fleet.swap_roster import PlanFacts, Roster, SwapFleet, SwapMember, utilization
+from dankserve.supervisor.fleet.swap_roster import (
+    PlanFacts,
+    Roster,
+    SwapFleet,
+    SwapMember,
+    member_state,
+    utilization,
+)
+from dankserve.supervisor.fleet.swap_suspend import SuspendReadings
 
 __all__ = ["FleetCoordinator", "PlanFacts", "SwapFleet", "SwapMember"]
 
@@ -51,8 +59,15 @@ class _Request:
 class FleetCoordinator:
     """Coordinates the deployments of one daemon: swap groups' sleeps, wakes and boots, and upgrades' holds."""
 
-    def __init__(self, fleet: SwapFleet, available_ram: Callable[[], int | None], clock: Clock) -> None:
+    def __init__(
+        self,
+        fleet: SwapFleet,
+        available_ram: Callable[[], int | None],
+        clock: Clock,
+        suspend: SuspendReadings | None = None,
+    ) -> None:
         self._fleet = fleet
+        self._suspend = suspend
         self._roster = Roster(fleet)
         self._available_ram = available_ram
         self._clock = clock
@@ -177,10 +192,10 @@ class FleetCoordinator:
         if directive.level is not None:
             level, why = directive.level, "chosen by the upgrade"
         else:
-            wanted = self.sleep_level(worker.name, worker.machine)
+            wanted = self.sleep_level(worker.name, worker.machine, waker=directive.waker)
             choice = safe_choice(self._fleet, worker.name, worker.machine, wanted)
             level, why = choice.level.value, choice.reason
-        log.info("swap_sleep", deployment=worker.name, level=level, reason=directive.reason, why=why)
+        log.info("swap_sleep", deployment=worker.name, sleep_level=level, reason=directive.reason, why=why)
         worker.feed(m.SleepRequested(level, directive.reason))  # type: ignore[arg-type]
 
     # -- requests (callers' threads) --------------------------------------------------------------
@@ -291,12 +306,15 @@ class FleetCoordinator:
     def record_plan(self, name: str, facts: PlanFacts) -> None:
         self._roster.record_plan(name, facts)
 
-    def sleep_level(self, name: str, state: m.MachineState) -> swap.LevelChoice:
-        """Level 1, 2 or stop for `name` now (RAM is read here: it changes)."""
+    def sleep_level(self, name: str, state: m.MachineState, *, waker: str | None = None) -> swap.LevelChoice:
+        """Level 1, 2, stop or suspend for `name` now (RAM and GPU memory are read here: they change); `waker`:
+        the member the sleep makes room for (suspend is weighed against it)."""
         facts = self._roster.facts(name)
         sleep_mode = facts.sleep_mode if facts is not None else capabilities(state.vllm_version).has(SLEEP_MODE_FLAG)
         dep = self._fleet.settings.deployments.get(name)
         forced = dep.sleep_level if dep is not None else "auto"
+        if forced == "suspend":
+            return self._with_suspend(swap.forced_level("1", sleep_mode=sleep_mode), forced, None, state)
         if forced != "auto":
             return swap.forced_level(forced, sleep_mode=sleep_mode)
         ram = self._available_ram()
@@ -304,4 +322,50 @@ class FleetCoordinator:
         if ram is None or weights is None:
             # Unknown sizes never pin RAM: level 2 keeps nothing in it.
             return swap.sleep_level(1, 0, sleep_mode=sleep_mode, level_2=True)
-        return swap.sleep_level(weights, ram, sleep_mode=sleep_mode, level_2=True)
+        base = swap.sleep_level(weights, ram, sleep_mode=sleep_mode, level_2=True)
+        if base.level is not swap.SleepLevel.LEVEL_1 or waker is None:
+            return base
+        tight = _tight(self._fleet, self._roster, self._suspend, name, state=state, waker=waker)
+        return self._with_suspend(base, forced, tight, state)
+
+    def _with_suspend(
+        self, base: swap.LevelChoice, setting: str, tight: str | None, state: m.MachineState
+    ) -> swap.LevelChoice:
+        readings = self._suspend
+        if len(state.gpu_uuids) > 1:
+            unavailable: str | None = "it runs on more than one GPU (TP > 1: NCCL cannot be checkpointed)"
+        else:
+            unavailable = "the daemon reads no GPU checkpoint edge" if readings is None else readings.unavailable()
+        return swap_suspend.choose(base, setting, unavailable=unavailable, tight_reason=tight)
+
+
+def _tight(
+    fleet: SwapFleet, roster: Roster, readings: SuspendReadings | None, name: str, *, state: m.MachineState, waker: str
+) -> str | None:
+    """Why `waker` would not fit beside `name`'s level-1 leftovers and the other sleepers' now (None: it fits)."""
+    workers = fleet.snapshot()
+    deps = fleet.settings.deployments
+    if readings is None or waker not in workers or not state.gpu_uuids:
+        return None
+    uuids = tuple(state.gpu_uuids)
+    totals = readings.totals(uuids)
+    shares = []
+    for uuid in uuids:
+        total = totals.get(uuid)
+        if total is None:
+            continue
+        awake = asleep = 0
+        for other, worker in workers.items():
+            if other in (name, waker) or uuid not in worker.machine.gpu_uuids:
+                continue
+            held_state = member_state(worker.machine.stage, admitted=False)
+            dep = deps.get(other)
+            if held_state in swap.HOLDING:
+                share = utilization(roster.facts(other), dep.gpu_memory_utilization if dep else None)
+                awake += int(share * total)
+            elif held_state is swap.MemberState.ASLEEP:
+                asleep += (readings.held(other) or {}).get(uuid, 0)
+        waker_dep = deps.get(waker)
+        waker_share = utilization(roster.facts(waker), waker_dep.gpu_memory_utilization if waker_dep else None)
+        shares.append(swap_suspend.GpuShare(uuid, total, int(waker_share * total), awake, asleep, CUDA_CONTEXT_BYTES))
+    return swap_suspend.tight(shares)

@@ -200,6 +200,8 @@ class SleepLevel(StrEnum):
     """Weights and KV cache dropped: the wake reloads the weights (staged wake, reload_weights)."""
     STOP = "stop"
     """No sleep mode: stop the server and boot it again (learned KV bytes and compile cache keep it fast)."""
+    SUSPEND = "suspend"
+    """Level 1, then a GPU checkpoint of the server's CUDA processes: 0 bytes left on the GPU (swap_suspend)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ CANARY_PROMPT = "The capital of France is"
 """The fixed prompt of the canary completion (any short prompt does: the ids are compared, not read)."""
 CANARY_MAX_TOKENS = 8
 """Greedy tokens asked for: few enough to cost one short decode (the H200 target is 50 ms in all)."""
+SUSPENDED_BYTES = 0
+"""What a suspended member's processes may hold (issue 41 item 7): its GPU checkpoint released everything."""
 CUDA_CONTEXT_BYTES = 1 << 30
 """What a sleeping vLLM process keeps: the CUDA context, NCCL and graph pools (1.25 GB measured on the
 H200 with vLLM 0.26 asleep, FACTS "Sleep mode"); the configured margin comes on top."""
@@ -57,9 +59,19 @@ def check_sleep(held_per_gpu: Mapping[str, int] | None, tolerance_bytes: int) ->
         return SleepVerdict(True, 0, "no per-process GPU memory readable here: the sleep is not verified")
     over = {gpu: held for gpu, held in held_per_gpu.items() if held > tolerance_bytes}
     held = max(held_per_gpu.values(), default=0)
+    suspended = tolerance_bytes == SUSPENDED_BYTES
     if not over:
+        if suspended:
+            return SleepVerdict(True, held, "0 bytes held suspended (its GPU checkpoint released everything)")
         return SleepVerdict(True, held, f"{_gib(held)} held asleep, within {_gib(tolerance_bytes)}")
     worst = max(over, key=lambda gpu: over[gpu])
+    if suspended:
+        return SleepVerdict(
+            False,
+            held,
+            f"suspended, yet its processes still hold {_gib(over[worst])} on GPU {worst} (0 bytes expected after "
+            "the GPU checkpoint)",
+        )
     return SleepVerdict(
         False,
         held,
@@ -84,11 +96,16 @@ def check_wake(fingerprint: Sequence[int], answered: Sequence[int] | str) -> str
     )
 
 
-_NEXT: Mapping[SleepLevel, SleepLevel] = {SleepLevel.LEVEL_1: SleepLevel.LEVEL_2, SleepLevel.LEVEL_2: SleepLevel.STOP}
+_NEXT: Mapping[SleepLevel, SleepLevel] = {
+    SleepLevel.SUSPEND: SleepLevel.LEVEL_1,
+    SleepLevel.LEVEL_1: SleepLevel.LEVEL_2,
+    SleepLevel.LEVEL_2: SleepLevel.STOP,
+}
 
 
 def safe_level(choice: LevelChoice, unsafe: Collection[str]) -> LevelChoice:
-    """The chosen level, or the next safe one when it is marked unsafe: 1, then 2, then stop (always safe)."""
+    """The chosen level, or the next safe one when it is marked unsafe: suspend, then 1, then 2, then stop
+    (always safe)."""
     level = choice.level
     skipped: list[str] = []
     while level is not SleepLevel.STOP and level.value in unsafe:

@@ -30,6 +30,7 @@ from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_checks import (
     CANARY_MAX_TOKENS,
     CANARY_PROMPT,
+    SUSPENDED_BYTES,
     canary_key,
     check_sleep,
     check_wake,
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("dankserve.swap")
 
+SUSPEND_SETTLE_SECONDS = 2.0
+"""How long a suspended member's reading may take to come down to 0 bytes (the driver releases the context)."""
 CANARY_TIMEOUT_SECONDS = 30.0
 """The longest the canary completion may take (a few greedy tokens of a ready server)."""
 
@@ -117,11 +120,17 @@ class SwapVerifier:
         self._held = held
 
     def sleep(
-        self, target: SwapTarget, do_sleep: Callable[[], m.Event], checks: list[SwapCheck] | None = None
+        self,
+        target: SwapTarget,
+        do_sleep: Callable[[], m.Event],
+        checks: list[SwapCheck] | None = None,
+        *,
+        suspend: bool = False,
     ) -> m.Event:
         """Take the fingerprint if this configuration has none yet, sleep, then check NVML's reading
         (the sleep's seconds are /sleep's own: the reading takes a few milliseconds); its verdict goes into
-        `checks` (the swap history's)."""
+        `checks` (the swap history's). A suspend (`suspend`, issue 41 item 7) that went through must leave 0
+        bytes; one that fell back to level 1 (`SuspendFailed`) is checked as a level-1 sleep."""
         if target.canary_key not in self._state.deployment(target.name).canaries:
             ids = self._canary(target.address, target.api_key, target.served_name)
             if isinstance(ids, tuple):
@@ -130,10 +139,18 @@ class SwapVerifier:
             else:
                 log.warning("canary_not_recorded", deployment=target.name, error=ids)
         event = do_sleep()
-        if not isinstance(event, m.FellAsleep):
+        if not isinstance(event, m.FellAsleep | m.SuspendFailed):
             return event
+        suspended = suspend and isinstance(event, m.FellAsleep)
+        tolerance = SUSPENDED_BYTES if suspended else sleep_tolerance_bytes(target.margin_bytes)
         held = self._held(target.pids(), target.uuids)
-        verdict = check_sleep(held, sleep_tolerance_bytes(target.margin_bytes))
+        settle_until = time.monotonic() + SUSPEND_SETTLE_SECONDS
+        while suspended and held is not None and max(held.values(), default=0) > tolerance:
+            if time.monotonic() >= settle_until:  # NVML may list a released context a moment longer
+                break
+            time.sleep(0.1)
+            held = self._held(target.pids(), target.uuids)
+        verdict = check_sleep(held, tolerance)
         said: Verdict = "not checked" if held is None else "passed" if verdict.released else "failed"
         (checks if checks is not None else []).append(SwapCheck("memory", said, verdict.message, verdict.held_bytes))
         if not verdict.released:
@@ -168,7 +185,7 @@ class SwapVerifier:
 
     def mark_unsafe(self, target_name: str, model: str, vllm_version: str | None, level: str, reason: str) -> None:
         """Remember a level that failed (stop never does: it has nothing to check)."""
-        if level in ("1", "2"):
+        if level in ("1", "2", "suspend"):
             self._state.mark_sleep_unsafe(target_name, UnsafeSleep(level, vllm_version, model, reason, time.time()))
 
 

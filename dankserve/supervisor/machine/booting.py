@@ -212,9 +212,9 @@ def found_asleep(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepLevel
     if waking:
         return None
     if adopt:
-        if event.sleeping is False or (event.sleeping is None and remembered not in ("1", "2")):
+        if event.sleeping is False or (event.sleeping is None and remembered not in ("1", "2", "suspend")):
             return None
-        return remembered if remembered in ("1", "2") else "2"
+        return remembered if remembered in ("1", "2", "suspend") else "2"
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     kept = launcher is not None and existing is not None and existing.running and launcher.reusable
@@ -244,8 +244,8 @@ def unfinished_swap(event: BootPlanned, *, adopt: bool, waking: bool) -> SleepRe
         return SleepRecord("stop", "falling_asleep")
     if not adopt or waking or level is None or moving is None:
         return None
-    if moving == "falling_asleep" and event.sleeping is True and level != "stop":
-        return None
+    if moving == "falling_asleep" and event.sleeping is True and level not in ("stop", "suspend"):
+        return None  # asleep already (a suspend's GPU checkpoint may not be done: sent again, by the GPU states)
     return SleepRecord(level, moving)
 
 

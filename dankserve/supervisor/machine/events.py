@@ -282,6 +282,17 @@ class FellAsleep:
 
 
 @dataclass(frozen=True)
+class SuspendFailed:
+    """A suspend's level-1 sleep answered but its GPU checkpoint did not (issue 41 item 7): undone, the server
+    sleeps at plain level 1 (unlocked) after `seconds`; `lasting`: the failure will come again (no checkpoint
+    API here, or the driver cannot checkpoint this server), so suspend is marked unsafe for it."""
+
+    seconds: float
+    reason: str
+    lasting: bool = False
+
+
+@dataclass(frozen=True)
 class SleepUnsupported:
     """The server has no sleep mode (`/is_sleeping` 404): it is stopped instead, and booted on wake."""
 
@@ -395,6 +406,7 @@ Event = (
     | LauncherLost
     | SleepRequested
     | FellAsleep
+    | SuspendFailed
     | SleepUnsupported
     | SleepFailed
     | SleepKeptMemory

@@ -101,8 +101,9 @@ STAGE_STATUS: dict[Stage, StatusState] = {
     Stage.SNAPSHOTTING: "snapshotting",
 }
 
-SleepLevel = Literal["1", "2", "stop"]
-"""vLLM's sleep level 1 (weights to CPU RAM), 2 (weights dropped), or stop and boot (no sleep mode)."""
+SleepLevel = Literal["1", "2", "stop", "suspend"]
+"""vLLM's sleep level 1 (weights to CPU RAM), 2 (weights dropped), stop and boot (no sleep mode), or suspend
+(level 1, then a GPU checkpoint of the server's CUDA processes: 0 bytes left on the GPU; issue 41 item 7)."""
 SLEEP_LEVELS: Mapping[str, SleepLevel] = {level: level for level in get_args(SleepLevel)}
 """Each sleep level by its name (as the state file keeps it)."""
 SwapMove = Literal["falling_asleep", "waking"]

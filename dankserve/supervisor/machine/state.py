@@ -191,6 +191,8 @@ class SwapTimes:
     """When the last sleep or wake ended (monotonic)."""
     last_kind: Literal["sleep", "wake"] | None = None
     """Which of the two ended last."""
+    suspend_failure: str | None = None
+    """Why the last suspend slept at plain level 1 instead (None: it did not fail; cleared by the next sleep)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dankserve.supervisor.machine.events import (
     SleepKeptMemory,
     SleepRequested,
     SleepUnsupported,
+    SuspendFailed,
     WakeFailed,
     WakeRequested,
     WokeUp,
@@ -68,7 +69,7 @@ def woke_by_boot(state: MachineState, now: float) -> tuple[Command, ...]:
 
 def on_sleep_requested(state: MachineState, event: SleepRequested, now: float) -> Step:
     wid = state.workload_id or ""
-    swap = replace(state.swap, level=event.level, since=now, wake_wanted=False)
+    swap = replace(state.swap, level=event.level, since=now, wake_wanted=False, suspend_failure=None)
     after = replace(state, stage=Stage.FALLING_ASLEEP, swap=swap, wake_at=None)
     server = state.boot.server if state.boot is not None else None
     return after, (
@@ -89,6 +90,15 @@ def on_fell_asleep(state: MachineState, event: FellAsleep, now: float) -> Step:
         woken, more = on_wake_requested(after, WakeRequested(), now)
         return woken, (*commands, *more)
     return after, tuple(commands)
+
+
+def on_suspend_failed(state: MachineState, event: SuspendFailed, now: float) -> Step:
+    """A suspend whose GPU checkpoint failed (issue 41 item 7): undone, the server sleeps at plain level 1 and
+    status says why; a failure that will come again marks suspend unsafe (the next sleeps take level 1)."""
+    swap = replace(state.swap, level="1", suspend_failure=event.reason)
+    after, commands = on_fell_asleep(replace(state, swap=swap), FellAsleep(event.seconds), now)
+    marks: tuple[Command, ...] = (MarkSleepUnsafe("suspend", event.reason),) if event.lasting else ()
+    return after, (note("suspend_failed", "warning", reason=event.reason, lasting=event.lasting), *marks, *commands)
 
 
 def on_sleep_unsupported(state: MachineState, event: SleepUnsupported, now: float) -> Step:
@@ -157,6 +167,6 @@ def on_swap_failed(state: MachineState, event: SleepFailed | WakeFailed, now: fl
     failure = Failure(FailureCause.ENGINE_DEAD, f"{kind} failed: {event.message}", state.facts, served=True)
     after, commands = decide_after(replace(state, swap=swap), failure, teardown(state))
     marks: tuple[Command, ...] = ()
-    if isinstance(event, WakeFailed) and level in ("1", "2"):
+    if isinstance(event, WakeFailed) and level in ("1", "2", "suspend"):
         marks = (MarkSleepUnsafe(level, f"the wake failed: {event.message}", "wake"),)
     return after, (note(f"{kind}_failed", "error", error=event.message), *marks, *commands)

@@ -42,6 +42,7 @@ from dankserve.supervisor.machine.events import (
     SnapshotCaptureFailed,
     StillRunning,
     StopRequested,
+    SuspendFailed,
     Tick,
     WakeFailed,
     WakeRequested,
@@ -162,6 +163,7 @@ def _swap_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> None:
     t[Stage.READY, SleepRequested] = _allowed(Stage.FALLING_ASLEEP)
     t[Stage.FALLING_ASLEEP, WakeRequested] = _allowed(Stage.FALLING_ASLEEP, note="wakes once asleep")
     t[Stage.FALLING_ASLEEP, FellAsleep] = _allowed(Stage.ASLEEP, Stage.WAKING, *_RESTART, note="a wake was asked")
+    t[Stage.FALLING_ASLEEP, SuspendFailed] = _allowed(Stage.ASLEEP, Stage.WAKING, *_RESTART, note="level 1 instead")
     t[Stage.FALLING_ASLEEP, SleepUnsupported] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")
     t[Stage.FALLING_ASLEEP, SleepFailed] = _allowed(*_ON_FAILURE)
     t[Stage.FALLING_ASLEEP, SleepKeptMemory] = _allowed(Stage.FALLING_ASLEEP, note="stopped instead")

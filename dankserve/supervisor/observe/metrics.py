@@ -31,7 +31,7 @@ Exported (every deployment-level series carries `deployment`):
   `vllm:kv_cache_usage_perc`, `vllm:num_preemptions_total`, `vllm:time_to_first_token_seconds`)
   relayed under their own names with a `deployment` label added.
 - swap groups: `dankserve_sleep_state{swap_group}` (0 not asleep, 1 or 2 the level, 3 stopped to
-  sleep) and `dankserve_swap_seconds{direction}` (a histogram of sleep and wake times)
+  sleep, 4 suspended) and `dankserve_swap_seconds{direction}` (a histogram of sleep and wake times)
 """
 
 from __future__ import annotations
@@ -239,8 +239,9 @@ def _le(bound: float) -> str:
     return f"{float(bound)}"
 
 
-SLEEP_STATES: Mapping[str, float] = {"1": 1.0, "2": 2.0, "stop": 3.0}
-"""`dankserve_sleep_state`: 0 awake (or not asleep), 1 or 2 the sleep level, 3 stopped to sleep."""
+SLEEP_STATES: Mapping[str, float] = {"1": 1.0, "2": 2.0, "stop": 3.0, "suspend": 4.0}
+"""`dankserve_sleep_state`: 0 awake (or not asleep), 1 or 2 the sleep level, 3 stopped to sleep, 4 suspended
+(level 1 and a GPU checkpoint: 0 bytes on the GPU)."""
 
 
 def _sleep_and_swap(
@@ -249,7 +250,7 @@ def _sleep_and_swap(
     """Swap group members: the sleep state, and a histogram of sleep and wake times."""
     state = GaugeMetricFamily(
         "dankserve_sleep_state",
-        "Swap group members: 0 not asleep, 1 or 2 asleep at that level, 3 stopped to sleep.",
+        "Swap group members: 0 not asleep, 1 or 2 asleep at that level, 3 stopped to sleep, 4 suspended.",
         labels=["deployment", "swap_group"],
     )
     seconds = HistogramMetricFamily(

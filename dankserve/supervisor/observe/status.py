@@ -312,7 +312,12 @@ def why(
         return f"unsupervised: no daemon runs{answers}; `dankserve up` adopts it"
     if state == "asleep" and dep.swap_group is not None:
         level = machine.swap.level if machine is not None else None
-        how = "stopped" if level == "stop" else f"level {level}"
+        how = {"stop": "stopped", "suspend": "suspended: level 1 and a GPU checkpoint, 0 bytes on the GPU"}.get(
+            level or "", f"level {level}"
+        )
+        failed = machine.swap.suspend_failure if machine is not None else None
+        if failed is not None:
+            how += f"; its suspend failed: {failed}"
         return f"swap group {dep.swap_group}, asleep ({how}): its next request wakes it"
     if state == "restarting" and not message and last_failure is not None:
         return f"after {last_failure.cause}: {last_failure.message or 'see `dankserve logs`'}"
@@ -327,12 +332,14 @@ class SwapView:
     pinned: bool
     idle_sleep_seconds: float | None
     level: str | None
-    """Asleep at "1", "2" or "stop"; None when not asleep."""
+    """Asleep at "1", "2", "stop" or "suspend"; None when not asleep."""
     last_level: str | None
     last_sleep_seconds: float | None
     last_wake_seconds: float | None
     unsafe_levels: tuple[dict[str, Any], ...] = ()
     """Levels marked unsafe for this vLLM version and model (state.json's unsafe_sleep; swap_checks)."""
+    suspend_failure: str | None = None
+    """Why its last suspend slept at plain level 1 instead (issue 41 item 7), None when it did not fail."""
     idle_sleep_in_seconds: float | None = None
     """Seconds until it sleeps for want of requests (idle_sleep_seconds counting down; `ollama ps`' UNTIL);
     None while it does not count down (asleep, pinned, serving, no idle_sleep_seconds, no daemon)."""
@@ -365,6 +372,7 @@ def swap_view(
             {"level": u.level, "vllm_version": u.vllm_version, "model": u.model, "reason": u.reason, "at": u.at}
             for u in unsafe
         ),
+        suspend_failure=times.suspend_failure if times is not None else None,
         idle_sleep_in_seconds=None if idle_sleep_in is None else round(idle_sleep_in, 1),
     )
 

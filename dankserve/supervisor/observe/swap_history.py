@@ -46,7 +46,7 @@ class SwapEntry:
     group: str | None
     kind: Kind
     level: str | None
-    """"1", "2" or "stop" (a stopped member wakes by booting)."""
+    """"1", "2", "stop" (a stopped member wakes by booting) or "suspend" (level 1 and a GPU checkpoint)."""
     seconds: float | None
     failure: str | None
     """Why it failed (None: it did what was asked)."""
@@ -65,6 +65,8 @@ def swap_failure(event: m.Event) -> str | None:
             return message
         case m.SleepFailed(message=message) | m.WakeFailed(message=message):
             return message
+        case m.SuspendFailed(reason=reason):
+            return f"the GPU checkpoint failed, asleep at plain level 1 instead: {reason}"
         case m.SleepUnsupported(reason=reason):
             return f"no sleep mode: {reason} (stopped instead)"
     return type(event).__name__
@@ -75,7 +77,7 @@ class SwapHistory:
 
     def __init__(self, size: int = SWAP_HISTORY) -> None:
         self._entries: deque[SwapEntry] = deque(maxlen=size)
-        self._checked: dict[tuple[str, Kind], tuple[SwapCheck, ...]] = {}
+        self._checked: dict[tuple[str, Kind], tuple[tuple[SwapCheck, ...], str | None]] = {}
         self._lock = threading.Lock()
 
     def checked(
@@ -88,11 +90,14 @@ class SwapHistory:
         level: str,
         group: str | None,
         at: float,
+        still_ends: bool = False,
     ) -> None:
-        """A sleep or wake was done and checked: kept now when it failed, else its checks wait for `ended`."""
+        """A sleep or wake was done and checked: kept now when it failed, else its checks wait for `ended`;
+        `still_ends`: it failed, yet ends all the same (a suspend asleep at level 1 instead): its failure waits
+        for `ended` with the checks."""
         with self._lock:
-            if failure is None:
-                self._checked[(name, kind)] = tuple(checks)
+            if failure is None or still_ends:
+                self._checked[(name, kind)] = (tuple(checks), failure)
                 return
             self._checked.pop((name, kind), None)
             self._entries.append(SwapEntry(at, name, group, kind, level, None, failure, tuple(checks)))
@@ -100,8 +105,8 @@ class SwapHistory:
     def ended(self, name: str, kind: Kind, level: str | None, seconds: float, *, group: str | None, at: float) -> None:
         """A sleep or wake ended in `seconds` (a wake by booting too): kept with the checks it had."""
         with self._lock:
-            checks = self._checked.pop((name, kind), ())
-            self._entries.append(SwapEntry(at, name, group, kind, level, seconds, None, checks))
+            checks, failure = self._checked.pop((name, kind), ((), None))
+            self._entries.append(SwapEntry(at, name, group, kind, level, seconds, failure, checks))
 
     def newest_first(self) -> list[dict[str, Any]]:
         with self._lock:

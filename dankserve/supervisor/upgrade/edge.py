@@ -226,7 +226,9 @@ class DaemonUpgradeEdge:
         if self._dep.swap_group is not None:
             choice = coordinator.sleep_level(name, worker.machine)
             why = choice.reason
-            if choice.level is swap.SleepLevel.LEVEL_1:
+            if choice.level is swap.SleepLevel.SUSPEND:  # an upgrade sleeps and rolls back at level 1 or stop only
+                why = f"{why}; an upgrade's old server sleeps at level 1"
+            if choice.level in (swap.SleepLevel.LEVEL_1, swap.SleepLevel.SUSPEND):
                 level = "1"
         coordinator.hold_for_upgrade(name, worker.machine.gpu_uuids)
         error = coordinator.sleep(name, "upgrade: making room for the new server", by="upgrade", level=level)

@@ -18,7 +18,7 @@ from dankserve.plan.serve_args import served_name
 from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import machine as m
-from dankserve.supervisor.fleet.swap_verify import swap_target, workload_pids
+from dankserve.supervisor.fleet.swap_verify import SwapTarget, swap_target, workload_pids
 from dankserve.supervisor.observe.swap_history import SwapCheck, swap_failure
 from dankserve.supervisor.probes.health import check_health
 from dankserve.supervisor.worker import launching
@@ -27,6 +27,7 @@ from dankserve.supervisor.worker.log_pump import Inbox
 from dankserve.supervisor.worker.recording import Recorder
 from dankserve.supervisor.worker.services import WorkerServices
 from dankserve.supervisor.worker.snapshots import SnapshotEdge
+from dankserve.supervisor.worker.suspend import SuspendEdge
 from dankserve.supervisor.worker.workload import launcher_run_dir
 from dankserve.supervisor.worker.workloads import LogFollow, WorkloadRuntimes
 
@@ -72,6 +73,7 @@ class Commands:
             logger=logger,
         )
         self.boots.snapshots = self.snapshots
+        self.suspender = SuspendEdge(services.world.gpu_checkpoint, logger)
 
     def run(self, command: m.Command, dep: DeploymentSettings) -> m.Event | None:
         """Run `command` for the deployment configured as `dep` now."""
@@ -226,6 +228,7 @@ class Commands:
             level=command.level,
             group=dep.swap_group,
             at=self._services.world.clock.time(),
+            still_ends=isinstance(event, m.SuspendFailed),
         )
         return event
 
@@ -245,6 +248,8 @@ class Commands:
             lambda: workload_pids(runtime, workload_id),
             address=self._address(dep),
         )
+        if level == "suspend":  # level 1 and the GPU checkpoint (issue 41 item 7)
+            return self._suspend_or_resume(dep, command, target, checks)
         if isinstance(command, m.WakeServer):
 
             def wake() -> m.Event:
@@ -268,3 +273,47 @@ class Commands:
         runtime.remove(workload_id)
         self.runtimes.forget(workload_id)
         return m.FellAsleep(clock.monotonic() - started)
+
+    def _suspend_or_resume(
+        self,
+        dep: DeploymentSettings,
+        command: m.SleepServer | m.WakeServer,
+        target: SwapTarget,
+        checks: list[SwapCheck],
+    ) -> m.Event:
+        """Sleep level `suspend`: vLLM's level 1, then the GPU checkpoint of the server's CUDA processes (a failed
+        one undone: plain level 1, the reason said); its wake restores and unlocks them, then vLLM's level-1 wake
+        (a failed restore is a failed wake). Verified as the other levels: 0 bytes asleep, the canary awake."""
+        servers, clock, verifier = (
+            self._services.world.servers,
+            self._services.world.clock,
+            self._services.swap_verifier,
+        )
+        address, key = self._address(dep), api_key(dep)
+        if isinstance(command, m.WakeServer):
+
+            def wake() -> m.Event:
+                started = clock.monotonic()
+                problem = self.suspender.resume(target.pids())
+                if problem is not None:
+                    return m.WakeFailed(f"the GPU restore of the suspended server failed: {problem.reason}")
+                event = servers.wake_server(address, key, "1")
+                return m.WokeUp(clock.monotonic() - started) if isinstance(event, m.WokeUp) else event
+
+            return wake() if verifier is None else verifier.wake(target, wake, checks)
+
+        def sleep() -> m.Event:
+            started = clock.monotonic()
+            # Asleep already (a suspend sent again by a daemon following one killed midway): /sleep is not sent
+            # again, as it would wait on a GPU-locked engine; the GPU steps follow the processes' states.
+            if servers.is_sleeping(address, key) is not True:
+                event = servers.sleep_server(address, key, "1")
+                if not isinstance(event, m.FellAsleep):
+                    return event
+            problem = self.suspender.suspend(target.pids())
+            if problem is not None:
+                self._log.warning("suspend_undone", reason=problem.reason, lasting=problem.lasting)
+                return m.SuspendFailed(clock.monotonic() - started, problem.reason, problem.lasting)
+            return m.FellAsleep(clock.monotonic() - started)
+
+        return sleep() if verifier is None else verifier.sleep(target, sleep, checks, suspend=True)
