@@ -26,6 +26,7 @@ from typing import Any
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.launcher import protocol
 from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
+from dankserve.runtime import pid_namespace as pidns
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
     LABEL_CONTAINER_FINGERPRINT,
@@ -308,6 +309,9 @@ class ProcessRuntime(Runtime):
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
             )
+        in_namespace = spec.pid_namespace and spec.launcher is None
+        if in_namespace:  # issue 41: pid 1 of its own namespace, so a restore never meets a taken pid
+            argv = pidns.init_command(argv)
         gate_read, gate_write = os.pipe()
         try:
             proc = spawn_detached([*START_GATE, *argv], log_path, env=env, stdin=gate_read)
@@ -319,7 +323,6 @@ class ProcessRuntime(Runtime):
         finally:
             os.close(gate_read)
         create_time = start_time_of(proc.pid)
-        self._watchers.start(proc.pid, create_time, log_path, times_path)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -342,7 +345,22 @@ class ProcessRuntime(Runtime):
             os.write(gate_write, b"go\n")  # recorded: the server may start (and outlive us)
         finally:
             os.close(gate_write)
+        if in_namespace:
+            record = self._namespace_init(record)
+        self._watchers.start(record.pid, record.create_time, log_path, times_path)
         return self._workload(record)
+
+    def _namespace_init(self, record: ProcessRecord) -> ProcessRecord:
+        """The record of a server started under dankserve's init names the init once it runs: the server's
+        identity (what CRIU dumps); our child, the outer, mirrors its end (its exit code)."""
+        init = pidns.find_init(record.pid)
+        if init is None:  # no namespace could be made: the outer runs the server itself
+            return record
+        moved = replace(record, pid=init, create_time=start_time_of(init))
+        self._children[init] = self._children.pop(record.pid)
+        self._oom_kills_at_start[init] = self._oom_kills_at_start.pop(record.pid)
+        write_private_file(self._record_path(record.deployment), json.dumps(moved.to_json()))
+        return moved
 
     def stop(self, workload_id: str, timeout: float) -> None:
         record = self._by_id(workload_id)
@@ -362,11 +380,20 @@ class ProcessRuntime(Runtime):
             self._gpu_release(record.gpu_uuids, GPU_RELEASE_TIMEOUT)
 
     def _signal_group(self, record: ProcessRecord, sig: signal.Signals) -> None:
+        """The server's whole tree: through its namespace's init when it has one (the init passes a stop signal
+        to every process of its namespace; a SIGKILL of it ends them all), else its process group."""
+        init = pidns.namespace_init(record.pid)
+        if init is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(init, sig)
+            if init == record.pid or sig != signal.SIGKILL:
+                return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pid, sig)
 
     def _reap_group(self, record: ProcessRecord) -> None:
         """Kill what is left of the group (vLLM's workers) and reap our child."""
+        self._signal_group(record, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pid, signal.SIGKILL)
         child = self._children.get(record.pid)
@@ -469,6 +496,11 @@ class ProcessRuntime(Runtime):
     def adopt_restored(self, restored: ProcessRecord) -> Workload:
         """A tree CRIU restored (its root at `restored.pid`, not our child): the deployment's server."""
         record = replace(restored, create_time=start_time_of(restored.pid), started_at=time.time())
+        before = self._read_record(record.deployment)
+        ended = self._children.pop(before.pid, None) if before is not None else None
+        if ended is not None:  # the captured server's outer (its tree ended at the dump): reaped
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                ended.wait(timeout=5)
         write_private_file(self._record_path(record.deployment), json.dumps(record.to_json()))
         name = record.deployment
         self._watchers.start(record.pid, record.create_time, self._log_path(name), self._times_path(name))

@@ -3,9 +3,10 @@ planning, the capture of its ready server, the restore in a boot's place. What t
 (`machine/snapshots.py`); this runs it against the store, CRIU, the GPU checkpoint and the server's routes.
 
 The process runtime only, so far (Podman's checkpoint through its REST API is not wired: its verdict says
-so). The server's tree keeps its pids through a restore: they must be free then, so the restore waits
-(bounded) for the killed tree's processes to be gone, and a pid another process took fails the restore
-(the normal boot runs). Every failure is a reason, never an exception: the machine discards and boots.
+so). Its server runs as the init of its own PID namespace (`runtime/pid_init.py`; asked at start while
+snapshots are on): CRIU restores the tree in a new namespace with its pids inside it, whatever host pids are
+taken. The capture dumps the tree (it ends) and restores it at once: the restored tree is the deployment's
+server from then on. Every failure is a reason, never an exception: the machine discards and boots.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -27,6 +27,7 @@ from dankserve.host.model import Host
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
+from dankserve.runtime import pid_namespace as pidns
 from dankserve.runtime.base import Runtime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
@@ -39,8 +40,6 @@ from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import canary_ids
 
-PIDS_FREE_SECONDS = 10.0
-"""How long a restore waits for the killed tree's pids to be free (its processes reaped)."""
 _MAX_WEIGHT_FILES = 10_000
 
 
@@ -55,6 +54,8 @@ class Captured:
     record: ProcessRecord
     sleeps: bool
     shm: tuple[str, ...]
+    link_remaps: tuple[str, ...] = ()
+    """CRIU's `link_remap.N` files of the dump (the tree's deleted /dev/shm files), put back before a restore."""
 
 
 class SnapshotEdge:
@@ -78,6 +79,11 @@ class SnapshotEdge:
         self._log = logger
         self._key: SnapshotKey | None = None
         self._sleeps = False
+
+    @property
+    def on(self) -> bool:
+        """The last verdict was `ready` or `absent`: the server is started in its own PID namespace."""
+        return self._key is not None
 
     # -- planning -------------------------------------------------------------------------------
     def verdict(
@@ -196,7 +202,7 @@ class SnapshotEdge:
     def _capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
         key = self._key
         record = record_of(runtime, workload_id) if isinstance(runtime, ProcessRuntime) else None
-        if key is None or record is None:
+        if key is None or record is None or not isinstance(runtime, ProcessRuntime):
             return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         settings = self._settings()
         root = store.store_root(settings.state_dir)
@@ -207,41 +213,63 @@ class SnapshotEdge:
         images = entry / "images"
         images.mkdir(mode=0o700)
         pids = tuple(process_tree(record.pid))
+        deleted = shm.deleted_inodes(pids)
         saved: list[str] = []
+        remaps: list[str] = []
+        manifest: dict[str, Any] = {"key": _key_json(key), "pids": list(pids), "record": record.to_json()}
 
         def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
             saved[:] = shm.save(shm.segments(pids), entry / "shm")
 
-        hooks = self._hooks(dep, after_sleep=keep_segments)
-        outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
-        if not outcome.ok:
+        def keep_files(canary_ids: tuple[int, ...], holders: tuple[int, ...]) -> None:
+            """The tree ended at the dump: CRIU's link-remap files kept beside the segments (the restore
+            consumes them), the segments put back, and the manifest written before the restore (a daemon
+            killed during it finds the restored tree as after any restore)."""
+            remaps[:] = shm.save(shm.link_remaps(deleted), entry / "shm")
+            put.update(shm.put_back((*saved, *remaps), entry / "shm"))
+            now = time.time()
+            manifest.update(captured_at=now, last_used=now, sleeps=self._sleeps, shm=saved, link_remaps=remaps)
+            manifest.update(holders=list(holders), canary_ids=list(canary_ids))
+            store.write_manifest(root, self._name, manifest)
+
+        put: dict[str, int] = {}
+        try:
+            outcome = capturing.capture(
+                record.pid,
+                images,
+                self._gpu(),
+                self._hooks(dep, after_sleep=keep_segments),
+                after_dump=keep_files,
+                criu_binary=criu.criu_path(),
+                appended=(runtime.log_path(self._name),),
+            )
+        finally:
+            shm.clear_remaps(put)
+        if not outcome.ok or outcome.pid is None:
             reason = keep_criu_log(root, self._name, outcome.reason or "the capture failed")
             store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(reason)
+            return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost)
+        try:
+            workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
+        except OSError as exc:  # unrecorded, it could never be stopped: ended, and a normal boot runs
+            kill_tree(outcome.pid)
+            store.remove(root, self._name)
+            return m.SnapshotCaptureFailed(f"the restored server could not be recorded: {exc}", server_lost=True)
+        outage = capturing.outage_seconds(outcome)
+        timings = {k: round(v, 4) for k, v in outcome.timings.items()}
+        self._log.info("snapshot_capture_restored", pid=outcome.pid, **timings)
         size = store.read_entry(root, self._name).bytes
         store.evict(root, max_bytes=settings.snapshot_max_bytes, incoming_bytes=0, keep=self._name)
         total = sum(e.bytes for e in store.list_entries(root))
         if total > settings.snapshot_max_bytes:
             store.remove(root, self._name)
             return m.SnapshotCaptureFailed(
-                f"the snapshot takes {size} bytes, over snapshot_max_bytes ({settings.snapshot_max_bytes})"
+                f"the snapshot takes {size} bytes, over snapshot_max_bytes ({settings.snapshot_max_bytes})",
+                workload_id=workload,
             )
-        now = time.time()
-        manifest = {
-            "captured_at": now,
-            "last_used": now,
-            "key": _key_json(key),
-            "pids": list(pids),
-            "holders": list(outcome.holders),
-            "canary_ids": list(outcome.canary_ids),
-            "record": record.to_json(),
-            "sleeps": self._sleeps,
-            "shm": saved,
-            "outage_seconds": round(capturing.outage_seconds(outcome), 3),
-            "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
-        }
+        manifest.update(outage_seconds=round(outage, 3), timings=timings)
         store.write_manifest(root, self._name, manifest)
-        return m.SnapshotCaptured(capturing.outage_seconds(outcome), size)
+        return m.SnapshotCaptured(outage, size, workload_id=workload)
 
     # -- restore --------------------------------------------------------------------------------
     def restore(self, dep: DeploymentSettings, runtime: Runtime, boot: int) -> m.Event:
@@ -267,54 +295,63 @@ class SnapshotEdge:
         why = invalid_reason(captured.key, self._key)
         if why is not None:
             return m.RestoreFailed(why)
-        if _restored_already(captured):  # a daemon killed during its restore left the tree running
-            return self._resume(dep, runtime, captured, boot, began)
-        waited = time.monotonic()
-        _free_pids(captured.pids)
-        waited = time.monotonic() - waited
-        shm.put_back(captured.shm, entry.path / "shm")
+        left = _restored_already(captured, entry.path / "images")
+        if left is not None:  # a daemon killed during its restore left the tree running
+            return self._resume(dep, runtime, captured, root=left, boot=boot, began=began)
+        put = shm.put_back((*captured.shm, *captured.link_remaps), entry.path / "shm")
         self._sleeps = captured.sleeps
-        outcome = restoring.restore(
-            entry.path / "images",
-            self._gpu(),
-            self._hooks(dep),
-            holders=captured.holders,
-            expected_ids=captured.canary_ids,
-            criu_binary=criu.criu_path(),
-            appended=(runtime.log_path(self._name),),
-        )
+        try:
+            outcome = restoring.restore(
+                entry.path / "images",
+                self._gpu(),
+                self._hooks(dep),
+                holders=captured.holders,
+                expected_ids=captured.canary_ids,
+                criu_binary=criu.criu_path(),
+                appended=(runtime.log_path(self._name),),
+            )
+        finally:
+            shm.clear_remaps(put)
         if not outcome.ok or outcome.pid is None:
             return m.RestoreFailed(outcome.reason or "the restore failed")
         restored = replace(captured.record, pid=outcome.pid)
         workload = runtime.adopt_restored(restored)
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
-        self._log.info("snapshot_restored", seconds=round(seconds, 3), pids_wait_seconds=round(waited, 3), **timings)
+        self._log.info("snapshot_restored", seconds=round(seconds, 3), pid=outcome.pid, **timings)
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
         return m.Restored(workload.id, boot, seconds)
 
     def _resume(
-        self, dep: DeploymentSettings, runtime: ProcessRuntime, captured: Captured, boot: int, began: float
+        self,
+        dep: DeploymentSettings,
+        runtime: ProcessRuntime,
+        captured: Captured,
+        *,
+        root: int,
+        boot: int,
+        began: float,
     ) -> m.Event:
-        """The tree CRIU restored for a daemon killed before it took it over: adopted, its GPU restore,
-        unlock and wake done (what was not), and judged by the canary like any restore."""
-        workload = runtime.adopt_restored(replace(captured.record, pid=captured.pids[0]))
+        """The tree CRIU restored for a daemon killed before it took it over (its root at `root`): adopted,
+        its GPU restore, unlock and wake done (what was not), and judged by the canary like any restore."""
+        workload = runtime.adopt_restored(replace(captured.record, pid=root))
         done: list[str] = []
         self._sleeps = captured.sleeps
         hooks = self._hooks(dep)
+        inside = pidns.host_pids(process_tree(root))
         try:
-            self._gpu_running(captured.holders, done)
+            self._gpu_running([inside[h] for h in captured.holders if h in inside], done)
             if self._edges.is_sleeping(backend_address(self._settings(), self._name, dep), _read_key(dep)):
                 hooks.wake()
             problem = canary_problem(captured.canary_ids, hooks.canary())
         except (DankserveError, OSError, StepFailed) as exc:
             problem = exc.message if isinstance(exc, DankserveError) else str(exc)
         if problem is not None:
-            kill_tree(captured.pids[0])
+            kill_tree(root)
             runtime.remove(workload.id)
             return m.RestoreFailed(f"the restore a stopped daemon left running failed: {problem}")
-        self._log.warning("snapshot_restore_resumed", pid=captured.pids[0], done=done)
+        self._log.warning("snapshot_restore_resumed", pid=root, done=done)
         return m.Restored(workload.id, boot, time.monotonic() - began)
 
     # -- shared ---------------------------------------------------------------------------------
@@ -376,6 +413,7 @@ def read_captured(path: Path) -> Captured | None:
             record=ProcessRecord.from_json(data["record"]),
             sleeps=bool(data.get("sleeps", False)),
             shm=tuple(str(n) for n in data.get("shm", ())),
+            link_remaps=tuple(str(n) for n in data.get("link_remaps", ()) if shm.is_link_remap(str(n))),
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
@@ -447,47 +485,14 @@ def weights_files(dep: DeploymentSettings, hf_cache: Path) -> tuple[WeightsFile,
     return tuple(found)
 
 
-def _free_pids(pids: tuple[int, ...]) -> None:
-    """Until the captured tree's pids are free (bounded): what is left of the killed tree's group is
-    killed (its root gone, the group still names it), zombies are reaped by their parents. A pid still
-    taken then fails `criu restore` with its reason."""
-    if not pids:
-        return
-    root = pids[0]
-    if _gone_or_zombie(root):  # the group still names the dead root: what is left of its tree
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(root, signal.SIGKILL)
-    end = time.monotonic() + PIDS_FREE_SECONDS
-    while time.monotonic() < end:
-        held = [p for p in pids if Path(f"/proc/{p}").exists()]
-        if not held or any(_stranger(p, root) for p in held):
-            return  # free, or one taken by another process: no use waiting (the restore says which)
-        time.sleep(0.02)
-
-
-def _stranger(pid: int, group: int) -> bool:
-    """A live process outside the killed tree's process group: it will not go away by itself."""
+def _restored_already(captured: Captured, images: Path) -> int | None:
+    """The root of a tree CRIU restored from these images that nothing recorded (a daemon killed during the
+    restore): the pid in CRIU's pidfile, running the captured command line (not a stranger reusing it)."""
     try:
-        return not _gone_or_zombie(pid) and os.getpgid(pid) != group
-    except OSError:
-        return False
-
-
-def _gone_or_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def _restored_already(captured: Captured) -> bool:
-    """The captured root pid runs the captured command line: the tree is restored already (by a daemon
-    killed before it recorded it), not a stranger holding the pid."""
-    try:
-        cmdline = Path(f"/proc/{captured.pids[0]}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return False
+        pid = int((images / "restore.pid").read_bytes()[:32].decode("ascii", errors="replace").strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
     argv = [a.encode() for a in captured.record.argv]
     # A script's interpreter comes first (`#!`): the command line ends with the recorded argv.
-    return bool(argv) and cmdline.rstrip(b"\0").split(b"\0")[-len(argv) :] == argv
+    return pid if argv and cmdline.rstrip(b"\0").split(b"\0")[-len(argv) :] == argv else None
