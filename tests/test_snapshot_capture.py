@@ -34,8 +34,8 @@ from dankserve.doctor import read_criu
 from dankserve.host.gpu_processes import held_bytes, process_tree
 from dankserve.processes import spawn_detached
 from dankserve.runtime.pid_namespace import find_init, init_command
-from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot import criu, shm
+from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot.criu import criu_path
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 from dankserve.snapshot.restore import restore
