@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def save(names: Iterable[str], into: Path, shm: Path = SHM) -> tuple[str, ...]:
 
 def put_back(names: Iterable[str], saved: Path, shm: Path = SHM) -> dict[str, int]:
     """Each saved segment back at its path (replacing what a killed server left: the captured memory
-    expects the captured contents), 0600, through a temporary file renamed into place. Returns the
+    expects the captured contents), with the mode it had, through a temporary file renamed into place. Returns the
     link-remap files put back, with their inodes (`clear_remaps`)."""
     put: dict[str, int] = {}
     for name in names:
@@ -120,7 +121,7 @@ def put_back(names: Iterable[str], saved: Path, shm: Path = SHM) -> dict[str, in
             raise FileNotFoundError(f"the snapshot's copy of /dev/shm/{name} is missing")
         tmp = shm / f".{name}.dankserve-restore"
         shutil.copyfile(source, tmp, follow_symlinks=False)
-        os.chmod(tmp, 0o600)
+        os.chmod(tmp, stat.S_IMODE(source.lstat().st_mode) & 0o666)  # CRIU checks the mode it saw at the dump
         if is_link_remap(name):
             put[name] = os.stat(tmp, follow_symlinks=False).st_ino
         os.replace(tmp, shm / name)

@@ -201,6 +201,7 @@ def test_a_daemon_restart_restores_even_with_the_old_host_pid_taken(tmp_path: Pa
         daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
         pid = _server_pid(daemon)
         ids = _ids(port)
+        booted = _boots_in_log(daemon)
         daemon.kill()
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
@@ -212,7 +213,7 @@ def test_a_daemon_restart_restores_even_with_the_old_host_pid_taken(tmp_path: Pa
             after = daemon.wait_for(
                 "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore"
             )
-            assert after["snapshot"]["last_failure"] is None and after["boots"] == 0, "restored, not booted"
+            assert after["snapshot"]["last_failure"] is None and _boots_in_log(daemon) == booted, "not booted"
             assert _server_pid(daemon) != pid and taker.poll() is None, "the process holding the pid is untouched"
             assert _ids(port) == ids
     finally:
@@ -288,8 +289,10 @@ def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_agai
     (tmp_path / "state" / "snapshots" / "chat" / "manifest.json").unlink()
     with _second_daemon(tmp_path, deployment, host) as daemon:
         after = _booted_normally(daemon, 1)
-        assert _server_pid(daemon) == pid, "adopted, not booted again"
-        assert gpu.state(engine) == "running"
+        (adopted,) = daemon.events_named("adopting")
+        assert adopted["container_id"] == f"process-chat-{pid}", "adopted, not booted again"
+        (now,) = gpu.holders(process_tree(_server_pid(daemon)))  # captured again: the tree restored from it
+        assert gpu.state(now) == "running"
         (repaired,) = daemon.events_named("snapshot_capture_interrupted")
         assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
         assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
@@ -302,20 +305,20 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
     leaves it: the tree restored from the snapshot, its engine core still checkpointed, asleep): the next daemon
     finds the captured command line at the captured pid, takes the tree over, finishes its GPU restore and
     unlock, and serves the captured ids (boot kind restore), without a second restore or a boot."""
-    from dankserve.snapshot import criu
+    from dankserve.snapshot import criu, shm
     from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
     host = write_host(tmp_path / "host.json")
     port = free_port()
     deployment = _deployment(host, port)
-    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
     entry = tmp_path / "state" / "snapshots" / "chat"
-    for name in json.loads((entry / "manifest.json").read_text())["shm"]:
-        (Path("/dev/shm") / name).write_bytes((entry / "shm" / name).read_bytes())
     manifest = json.loads((entry / "manifest.json").read_text())
-    for name in manifest["link_remaps"]:
-        (Path("/dev/shm") / name).write_bytes((entry / "shm" / name).read_bytes())
-    pid = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
+    put = shm.put_back((*manifest["shm"], *manifest["link_remaps"]), entry / "shm")
+    try:
+        pid = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
+    finally:
+        shm.clear_remaps(put)
     gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
     (server,) = _children(pid)
     (engine,) = _children(server)
