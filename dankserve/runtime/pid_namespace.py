@@ -9,10 +9,13 @@ and the server (pid 2 inside). A tree CRIU restored has no outer: its root is th
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
+
+from dankserve.processes import is_namespace_init
 
 PID_INIT = Path(__file__).with_name("pid_init.py")
 
@@ -20,27 +23,6 @@ PID_INIT = Path(__file__).with_name("pid_init.py")
 def init_command(argv: list[str]) -> list[str]:
     """`argv` run under dankserve's init (standard library only: isolated mode, by path)."""
     return [sys.executable, "-I", str(PID_INIT), *argv]
-
-
-def namespace_pids(pid: int) -> tuple[int, ...]:
-    """The pid of `pid` in each PID namespace it is in, outermost first (`NSpid`; empty when gone)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text(errors="replace").splitlines():
-            if line.startswith("NSpid:"):
-                return tuple(int(p) for p in line.split()[1:])
-    return ()
-
-
-def inner_pid(pid: int) -> int | None:
-    """The pid as the process itself sees it (its innermost namespace's)."""
-    found = namespace_pids(pid)
-    return found[-1] if found else None
-
-
-def is_namespace_init(pid: int) -> bool:
-    """`pid` is pid 1 of a namespace nested below ours."""
-    found = namespace_pids(pid)
-    return len(found) >= 2 and found[-1] == 1
 
 
 def children(pid: int) -> list[int]:
@@ -55,6 +37,20 @@ def namespace_init(pid: int) -> int | None:
     if is_namespace_init(pid):
         return pid
     return next((c for c in children(pid) if is_namespace_init(c)), None)
+
+
+def signal_server(pid: int, sig: int) -> None:
+    """The server recorded at `pid`, whole: through its namespace's init when it has one (the init passes a
+    stop signal to every process of its namespace; a SIGKILL of it ends them all; its outer, if any, goes
+    too), else its process group (a server without its own namespace)."""
+    init = namespace_init(pid)
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(init, sig)
+        if init == pid or sig != signal.SIGKILL:
+            return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def find_init(outer: int, timeout_s: float = 10.0) -> int | None:
@@ -80,13 +76,3 @@ def _ran_in_place(outer: int) -> bool:
             and (cmdline[0] != b"/bin/sh")
         )
     return False
-
-
-def host_pids(tree: Iterable[int]) -> dict[int, int]:
-    """Each process of a tree by its pid inside its namespace: {inner pid: host pid}."""
-    found: dict[int, int] = {}
-    for pid in tree:
-        inner = inner_pid(pid)
-        if inner is not None:
-            found[inner] = pid
-    return found

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
-from dankserve.runtime.pid_namespace import inner_pid, is_namespace_init
+from dankserve.processes import inner_pid, is_namespace_init
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.restore import restore
 from dankserve.snapshot.sequence import Failure, Step, capture_steps

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
-from dankserve.runtime.pid_namespace import host_pids
+from dankserve.processes import host_pids
 from dankserve.snapshot.gpu import GpuCheckpoint
 from dankserve.snapshot.sequence import Step, on_failure, restore_steps
 from dankserve.snapshot.steps import Hooks, Outcome, Runner

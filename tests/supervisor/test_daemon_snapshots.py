@@ -50,7 +50,7 @@ def _server_pid(daemon: RunningDaemon) -> int:
 
 def _inside(pid: int) -> list[int]:
     """The tree's pids inside its own PID namespace (the init 1, the API server 2, then its engine core)."""
-    from dankserve.runtime.pid_namespace import inner_pid
+    from dankserve.processes import inner_pid
 
     return [inner_pid(p) or 0 for p in process_tree(pid)]
 

@@ -27,11 +27,10 @@ from dankserve.host.model import Host
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
-from dankserve.runtime import pid_namespace as pidns
+from dankserve.processes import host_pids
 from dankserve.runtime.base import Runtime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.snapshot import capture as capturing
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
@@ -39,6 +38,7 @@ from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import canary_ids
+from dankserve.supervisor.worker.snapshot_capture import CaptureJob, capture_tree, keep_criu_log
 
 _MAX_WEIGHT_FILES = 10_000
 
@@ -205,71 +205,13 @@ class SnapshotEdge:
         if key is None or record is None or not isinstance(runtime, ProcessRuntime):
             return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         settings = self._settings()
-        root = store.store_root(settings.state_dir)
-        store.check_root(root, create=True)
-        store.remove(root, self._name)
-        entry = root / self._name
-        entry.mkdir(mode=0o700)
-        images = entry / "images"
-        images.mkdir(mode=0o700)
-        pids = tuple(process_tree(record.pid))
-        deleted = shm.deleted_inodes(pids)
-        saved: list[str] = []
-        remaps: list[str] = []
-        manifest: dict[str, Any] = {"key": _key_json(key), "pids": list(pids), "record": record.to_json()}
-
-        def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
-            saved[:] = shm.save(shm.segments(pids), entry / "shm")
-
-        def keep_files(canary_ids: tuple[int, ...], holders: tuple[int, ...]) -> None:
-            """The tree ended at the dump: CRIU's link-remap files kept beside the segments (the restore
-            consumes them), the segments put back, and the manifest written before the restore (a daemon
-            killed during it finds the restored tree as after any restore)."""
-            remaps[:] = shm.save(shm.link_remaps(deleted), entry / "shm")
-            put.update(shm.put_back((*saved, *remaps), entry / "shm"))
-            now = time.time()
-            manifest.update(captured_at=now, last_used=now, sleeps=self._sleeps, shm=saved, link_remaps=remaps)
-            manifest.update(holders=list(holders), canary_ids=list(canary_ids))
-            store.write_manifest(root, self._name, manifest)
-
-        put: dict[str, int] = {}
-        try:
-            outcome = capturing.capture(
-                record.pid,
-                images,
-                self._gpu(),
-                self._hooks(dep, after_sleep=keep_segments),
-                after_dump=keep_files,
-                criu_binary=criu.criu_path(),
-                appended=(runtime.log_path(self._name),),
-            )
-        finally:
-            shm.clear_remaps(put)
-        if not outcome.ok or outcome.pid is None:
-            reason = keep_criu_log(root, self._name, outcome.reason or "the capture failed")
-            store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost)
-        try:
-            workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
-        except OSError as exc:  # unrecorded, it could never be stopped: ended, and a normal boot runs
-            kill_tree(outcome.pid)
-            store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(f"the restored server could not be recorded: {exc}", server_lost=True)
-        outage = capturing.outage_seconds(outcome)
-        timings = {k: round(v, 4) for k, v in outcome.timings.items()}
-        self._log.info("snapshot_capture_restored", pid=outcome.pid, **timings)
-        size = store.read_entry(root, self._name).bytes
-        store.evict(root, max_bytes=settings.snapshot_max_bytes, incoming_bytes=0, keep=self._name)
-        total = sum(e.bytes for e in store.list_entries(root))
-        if total > settings.snapshot_max_bytes:
-            store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(
-                f"the snapshot takes {size} bytes, over snapshot_max_bytes ({settings.snapshot_max_bytes})",
-                workload_id=workload,
-            )
-        manifest.update(outage_seconds=round(outage, 3), timings=timings)
-        store.write_manifest(root, self._name, manifest)
-        return m.SnapshotCaptured(outage, size, workload_id=workload)
+        return capture_tree(
+            CaptureJob(self._name, store.store_root(settings.state_dir), record, runtime, settings.snapshot_max_bytes),
+            {"key": _key_json(key), "sleeps": self._sleeps},
+            self._gpu(),
+            lambda keep: self._hooks(dep, after_sleep=keep),
+            self._log,
+        )
 
     # -- restore --------------------------------------------------------------------------------
     def restore(self, dep: DeploymentSettings, runtime: Runtime, boot: int) -> m.Event:
@@ -339,7 +281,7 @@ class SnapshotEdge:
         done: list[str] = []
         self._sleeps = captured.sleeps
         hooks = self._hooks(dep)
-        inside = pidns.host_pids(process_tree(root))
+        inside = host_pids(process_tree(root))
         try:
             self._gpu_running([inside[h] for h in captured.holders if h in inside], done)
             if self._edges.is_sleeping(backend_address(self._settings(), self._name, dep), _read_key(dep)):
@@ -417,23 +359,6 @@ def read_captured(path: Path) -> Captured | None:
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
-
-
-def keep_criu_log(root: Path, name: str, reason: str) -> str:
-    """CRIU's log of a failed dump or restore, kept beside the store (`.NAME.criu.log`, 0600) as the entry
-    it was in is deleted: the reason names the kept copy."""
-    for log in ("dump.log", "restore.log"):
-        source = root / name / "images" / log
-        if f"(log: {source})" not in reason:
-            continue
-        kept = root / f".{name}.criu.log"
-        with contextlib.suppress(OSError):
-            kept.unlink(missing_ok=True)
-            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(source.read_bytes()[-(1 << 20) :])
-            return reason.replace(f"(log: {source})", f"(log: {kept})")
-    return reason
 
 
 _KEY_TEXT = (
