@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,14 @@ from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import inner_pid, is_namespace_init, namespace_pids
 from dankserve.runtime.base import WorkloadSpec
 from dankserve.runtime.process import ProcessRuntime
-from tests.runtime.test_process import SERVER, _runtime, _spec, _wait_for
+from tests.runtime.test_process import _runtime, _spec, _wait_for, write_server
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace needs root")
 
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> str:
-    path = tmp_path / "vllm"
-    path.write_text(SERVER.format(python=sys.executable))
-    path.chmod(0o755)
-    return str(path)
+    return write_server(tmp_path)
 
 
 def _in_namespace(tmp_path: Path, executable: str, **env: str) -> WorkloadSpec:
