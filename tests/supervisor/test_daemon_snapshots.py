@@ -432,3 +432,26 @@ def test_a_capture_whose_restore_fails_boots_the_server_again_at_once(tmp_path: 
         assert not (daemon.state_dir / "snapshots" / "chat" / "manifest.json").exists()
         _ids(port)
         assert len(daemon.events_named("snapshot_capturing")) == 1
+
+
+def test_an_engine_core_killed_with_9_is_engine_death_and_the_restart_restores(tmp_path: Path) -> None:
+    """The engine core (pid 3-ish inside the server's namespace) killed alone: the API server answers vLLM's
+    engine-dead errors, the daemon sees engine death, stops the server through its namespace's init (the
+    whole tree goes) and the restart restores the snapshot."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        root = _server_pid(daemon)
+        tree = process_tree(root)
+        os.kill(tree[-1], signal.SIGKILL)
+        body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5}
+        dead = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+        assert dead.status_code == 500, "vLLM's engine-dead error (its /health says 503 from now on)"
+        after = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and d["boots_by_kind"].get("restore") == 1, timeout=90
+        )
+        assert after["restarts_by_cause"] == {"engine_dead": 1}, after["restarts_by_cause"]
+        assert not any(Path(f"/proc/{p}").exists() for p in tree if p != root), "the old tree is gone"
+        assert _ids(port) == ids
