@@ -12,7 +12,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 START_TIME_TOLERANCE_SECONDS = 0.5
@@ -81,3 +81,35 @@ def write_private_file(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# PID namespaces (issue 41: the process runtime's server as the init of its own; runtime/pid_namespace.py)
+def namespace_pids(pid: int) -> tuple[int, ...]:
+    """The pid of `pid` in each PID namespace it is in, outermost first (`NSpid`; empty when gone)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text(errors="replace").splitlines():
+            if line.startswith("NSpid:"):
+                return tuple(int(p) for p in line.split()[1:])
+    return ()
+
+
+def inner_pid(pid: int) -> int | None:
+    """The pid as the process itself sees it (its innermost namespace's)."""
+    found = namespace_pids(pid)
+    return found[-1] if found else None
+
+
+def is_namespace_init(pid: int) -> bool:
+    """`pid` is pid 1 of a namespace nested below ours."""
+    found = namespace_pids(pid)
+    return len(found) >= 2 and found[-1] == 1
+
+
+def host_pids(tree: Iterable[int]) -> dict[int, int]:
+    """Each process of a tree by its pid inside its namespace: {inner pid: host pid}."""
+    found: dict[int, int] = {}
+    for pid in tree:
+        inner = inner_pid(pid)
+        if inner is not None:
+            found[inner] = pid
+    return found

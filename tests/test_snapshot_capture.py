@@ -1,10 +1,14 @@
 """Capture and restore (dankserve/snapshot/capture.py, restore.py) against the real CRIU and the real
-stand-in vLLM run as a process: an API server and its engine-core child (a unix socket, a /dev/shm
-segment, the listening port, the engine core's GPU record) driven through the stand-in GpuCheckpoint.
+stand-in vLLM run as a process under dankserve's init (its own PID namespace, runtime/pid_init.py): an
+API server and its engine-core child (a unix socket, a /dev/shm segment, a multiprocessing semaphore
+mapped after its unlink, the listening port, the engine core's GPU record) driven through the stand-in
+GpuCheckpoint.
 
-Captured while serving, the tree killed with SIGKILL, restored: it serves again with the same greedy
-ids, without booting again. Each failure leaves things clean with its reason: the GPU checkpoint
-failing (FAKE_VLLM_GPU_CHECKPOINT_FAIL), corrupt and truncated images, a pid taken by another process.
+Captured while serving (the dump ends the tree, which is restored at once from the image and serves),
+the tree killed with SIGKILL, restored again: it serves the same greedy ids, without booting again, even
+with its old host pid taken. A `--leave-running` dump cannot be restored later (CRIU deletes its
+link-remap file), as on real vLLM. Each failure leaves things clean with its reason: the GPU checkpoint
+failing (FAKE_VLLM_GPU_CHECKPOINT_FAIL), corrupt and truncated images.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from dankserve.backend_address import TcpAddress
 from dankserve.doctor import read_criu
 from dankserve.host.gpu_processes import held_bytes, process_tree
 from dankserve.processes import spawn_detached
+from dankserve.runtime.pid_namespace import find_init, init_command
+from dankserve.snapshot import criu, shm
 from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot.criu import criu_path
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
@@ -54,6 +60,9 @@ READY = b"Application startup complete."
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
+    """The outer (this process's child): it mirrors the init's end."""
+    root: int
+    """The tree's root: its PID namespace's init (a restored tree's, once restored)."""
     port: int
     records: Path
     log: Path
@@ -84,8 +93,7 @@ class Server:
 
 @pytest.fixture(autouse=True)
 def _subreaper() -> None:
-    """Orphans of the stand-in (a restored tree's root, the engine core of a killed one) come to this
-    process, which reaps them so their pids are free for a restore."""
+    """Orphans of the stand-in (a restored tree's root) come to this process, which reaps them."""
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
@@ -103,16 +111,18 @@ def _start(tmp_path: Path, **knobs: str) -> Server:
     }
     log = tmp_path / "server.log"
     argv = [sys.executable, str(STAND_IN), "serve", MODEL, "--port", str(port), "--enable-sleep-mode"]
-    proc = spawn_detached(argv, log, env=env)
+    proc = spawn_detached(init_command(argv), log, env=env)
+    root = find_init(proc.pid)
+    assert root is not None, "the server's own PID namespace"
     end = time.monotonic() + 30
     while READY not in log.read_bytes():
         assert proc.poll() is None and time.monotonic() < end, log.read_text()
         time.sleep(0.05)
-    return Server(proc, port, records, log)
+    return Server(proc, root, port, records, log)
 
 
 def _kill(server: Server, pid: int | None = None) -> None:
-    kill_tree(pid or server.proc.pid)
+    kill_tree(pid or server.root)
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.proc.wait(5)
 
@@ -124,8 +134,9 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield started
     finally:
         _kill(started)
-        for shm in Path("/dev/shm").glob(f"fake-vllm-*-{started.proc.pid}"):
-            shm.unlink(missing_ok=True)
+        for kept in Path("/dev/shm").glob("fake-vllm-*-2"):
+            if kept.stat().st_mtime > time.time() - 600:
+                kept.unlink(missing_ok=True)
 
 
 def _restore_args(server: Server, captured: Outcome) -> dict[str, Any]:
@@ -141,48 +152,105 @@ def _complete(server: Server) -> list[int]:
         return list(json.loads(answer.read())["choices"][0]["token_ids"])
 
 
-def test_the_stand_in_has_vllm_s_process_shape(server: Server) -> None:
-    tree = process_tree(server.proc.pid)
-    assert len(tree) == 2, "an API server and its engine core"
+class Kept:
+    """What the lifecycle keeps beside the images (worker/snapshots.py): the tree's /dev/shm segments, taken
+    asleep, and the link-remap files of its deleted ones the dump made; put back before each restore."""
+
+    def __init__(self, server: Server, into: Path) -> None:
+        self.tree = process_tree(server.root)
+        self.deleted = shm.deleted_inodes(self.tree)
+        self.into = into
+        self.names: tuple[str, ...] = ()
+        self.put: dict[str, int] = {}
+
+    def segments(self) -> None:
+        self.names = shm.save(shm.segments(self.tree), self.into)
+
+    def after_dump(self, _ids: tuple[int, ...], _holders: tuple[int, ...]) -> None:
+        self.names += shm.save(shm.link_remaps(self.deleted), self.into)
+        self.put_back()
+
+    def put_back(self) -> None:
+        self.put = shm.put_back(self.names, self.into)
+
+    def clear(self) -> None:
+        shm.clear_remaps(self.put)
+
+
+def _capture(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome, Kept]:
     gpu = StandInGpuCheckpoint(server.records)
-    assert gpu.holders(tree) == [tree[1]], "the engine core holds the GPU"
-    assert list(Path("/dev/shm").glob(f"fake-vllm-*-{server.proc.pid}")), "the shared segment"
-    engine_bytes = held_bytes([tree[1]], ["GPU-0"], server.records)
+    images = tmp_path / "images"
+    images.mkdir()
+    kept = Kept(server, tmp_path / "kept")
+    plain = server.hooks()
+
+    def sleep() -> None:  # asleep and idle: the segments as the dump finds the memory
+        plain.sleep()
+        kept.segments()
+
+    hooks = Hooks(sleep=sleep, wake=plain.wake, canary=plain.canary)
+    captured = capture(server.root, images, gpu, hooks, after_dump=kept.after_dump, appended=(server.log,))
+    kept.clear()
+    assert captured.ok, captured.reason
+    assert captured.pid is not None
+    server.root = captured.pid
+    return gpu, images, captured, kept
+
+
+def test_the_stand_in_has_vllm_s_process_shape(server: Server) -> None:
+    tree = process_tree(server.root)
+    assert len(tree) == 3, "dankserve's init, an API server and its engine core"
+    gpu = StandInGpuCheckpoint(server.records)
+    assert gpu.holders(tree) == [tree[2]], "the engine core holds the GPU"
+    assert list(Path("/dev/shm").glob(f"fake-vllm-*-{2}")), "the shared segment (the API server is pid 2 inside)"
+    assert shm.deleted_inodes(tree[1:2]), "a multiprocessing semaphore: mapped, already unlinked"
+    engine_bytes = held_bytes([tree[2]], ["GPU-0"], server.records)
     assert engine_bytes is not None and engine_bytes["GPU-0"] > 0
     assert held_bytes(tree, ["GPU-0"], server.records) == engine_bytes, "the API server holds none"
     assert _complete(server) == [100, 101, 102, 103, 104], "completions go through the engine core"
 
 
-def test_capture_then_kill_then_restore_serves_the_same_ids_without_booting(server: Server, tmp_path: Path) -> None:
-    gpu = StandInGpuCheckpoint(server.records)
+def test_a_dump_that_leaves_the_server_running_cannot_be_restored_later(server: Server, tmp_path: Path) -> None:
+    """vLLM's shape (docs/hardware/h200x1-snapshot, lesson 5): CRIU deletes the link-remap file of the
+    semaphore after a `--leave-running` dump, so a restore of that image after a kill -9 fails."""
     images = tmp_path / "images"
     images.mkdir()
-    engine = process_tree(server.proc.pid)[1]
+    criu.dump(server.root, images, leave_running=True)
+    assert _complete(server) == [100, 101, 102, 103, 104], "left running"
+    _kill(server)
+    with pytest.raises(criu.CriuFailed, match="link_remap"):
+        kill_tree(criu.restore(images, appended=(server.log,)))  # reached only by a restore that worked
+
+
+def test_capture_restores_at_once_then_kill_then_restore_serves_the_same_ids(server: Server, tmp_path: Path) -> None:
+    before = server.root
+    engine = process_tree(server.root)[2]
     awake = held_bytes([engine], ["GPU-0"], server.records)
-    captured = capture(server.proc.pid, images, gpu, server.hooks())
-    assert captured.ok, captured.reason
-    assert captured.holders == (engine,)
-    assert captured.canary_ids and list(captured.canary_ids[:5]) == _complete(server), "still serving"
+    booted = server.log.read_bytes().count(READY)
+    gpu, images, captured, kept = _capture(server, tmp_path)
+    assert captured.holders == (3,), "the engine core by its pid inside the namespace"
+    assert any(shm.is_link_remap(n) for n in kept.names), "CRIU's link-remap of the semaphore, kept"
+    assert server.root != before and not Path(f"/proc/{before}").exists(), "the dump ended the tree: restored"
+    engine = process_tree(server.root)[2]
+    assert list(captured.canary_ids[:5]) == _complete(server), "serving from the image"
     assert gpu.state(engine) == "running"
     assert held_bytes([engine], ["GPU-0"], server.records) == awake, "woken: its memory back"
     steps = set(captured.timings)
-    assert {"sleep", "gpu_lock", "gpu_checkpoint", "criu_dump", "gpu_restore", "gpu_unlock", "wake"} <= steps
+    assert {"sleep", "gpu_lock", "gpu_checkpoint", "criu_dump", "criu_restore", "gpu_restore", "wake"} <= steps
     assert outage_seconds(captured) > 0
-    booted = server.log.read_bytes().count(READY)
 
-    _kill(server)
-    restored = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
-    try:
+    for _ in range(2):  # every later restore: the kept files put back
+        _kill(server)
+        kept.put_back()
+        restored = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
+        kept.clear()
         assert restored.ok, restored.reason
-        assert restored.pid == server.proc.pid
-        assert process_tree(restored.pid) == [server.proc.pid, engine]
+        assert restored.pid is not None
+        server.root = restored.pid
+        assert [p for p in process_tree(restored.pid)][2] in restored.holders
         assert restored.canary_ids == captured.canary_ids
-        assert {"criu_restore", "gpu_restore", "gpu_unlock", "wake", "canary"} <= set(restored.timings)
-        assert gpu.state(engine) == "running"
         assert _complete(server) == [100, 101, 102, 103, 104]
         assert server.log.read_bytes().count(READY) == booted, "a restored server does not boot again"
-    finally:
-        _kill(server, restored.pid)
 
 
 def test_a_failing_gpu_checkpoint_leaves_the_server_serving_with_the_reason(tmp_path: Path) -> None:
@@ -191,37 +259,55 @@ def test_a_failing_gpu_checkpoint_leaves_the_server_serving_with_the_reason(tmp_
         gpu = StandInGpuCheckpoint(server.records)
         images = tmp_path / "images"
         images.mkdir()
-        outcome = capture(server.proc.pid, images, gpu, server.hooks())
-        assert not outcome.ok
+        outcome = capture(server.root, images, gpu, server.hooks())
+        assert not outcome.ok and not outcome.server_lost
         assert outcome.failure is not None and outcome.failure.step.name == "gpu_checkpoint"
         assert "CUDA_ERROR_NOT_SUPPORTED" in (outcome.reason or "") and not outcome.undo_problems
         assert list(images.iterdir()) == [], "nothing of the capture is kept"
-        engine = process_tree(server.proc.pid)[1]
+        engine = process_tree(server.root)[2]
         assert gpu.state(engine) == "running", "unlocked again"
         assert _complete(server) == [100, 101, 102, 103, 104], "woken and serving"
     finally:
         _kill(server)
 
 
-def _captured_then_killed(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome]:
+def test_a_failing_restore_after_the_dump_says_the_server_is_lost(server: Server, tmp_path: Path) -> None:
+    """The files the image refers to not kept (the semaphore's link-remap deleted): the tree ended at the
+    dump, the restore fails, nothing serves, the outcome says so."""
     gpu = StandInGpuCheckpoint(server.records)
     images = tmp_path / "images"
     images.mkdir()
-    captured = capture(server.proc.pid, images, gpu, server.hooks())
-    assert captured.ok, captured.reason
+    deleted = shm.deleted_inodes(process_tree(server.root))
+
+    def lose_remaps(_ids: tuple[int, ...], _holders: tuple[int, ...]) -> None:
+        for name in shm.link_remaps(deleted):
+            (Path("/dev/shm") / name).unlink()
+
+    outcome = capture(server.root, images, gpu, server.hooks(), after_dump=lose_remaps, appended=(server.log,))
+    assert not outcome.ok and outcome.server_lost
+    assert outcome.failure is not None and outcome.failure.step.name == "criu_restore"
+    assert (outcome.reason or "").startswith("capture failed at criu_restore")
+    assert not Path(f"/proc/{server.root}").exists()
+
+
+def _captured_then_killed(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome, Kept]:
+    gpu, images, captured, kept = _capture(server, tmp_path)
     _kill(server)
-    return gpu, images, captured
+    kept.put_back()
+    return gpu, images, captured, kept
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_a_damaged_snapshot_fails_the_restore_cleanly(server: Server, tmp_path: Path, damage: str) -> None:
-    gpu, images, captured = _captured_then_killed(server, tmp_path)
+    gpu, images, captured, kept = _captured_then_killed(server, tmp_path)
     damage_images(images, damage)
     outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
+    kept.clear()
+    assert not any(Path("/dev/shm", name).exists() for name in kept.put), "what CRIU did not consume, deleted"
     _kill(server, outcome.pid)
     assert not outcome.ok and outcome.failure is not None
     assert outcome.failure.step.name == "criu_restore" and "criu restore failed" in (outcome.reason or "")
-    assert not any(Path(f"/proc/{pid}").exists() for pid in (server.proc.pid, *captured.holders))
+    assert outcome.pid is None or not Path(f"/proc/{outcome.pid}").exists()
 
 
 def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
@@ -236,17 +322,23 @@ def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
     return None
 
 
-def test_a_taken_pid_fails_the_restore_and_leaves_the_taker_alone(server: Server, tmp_path: Path) -> None:
-    gpu, images, captured = _captured_then_killed(server, tmp_path)
-    taker = _take_pid(captured.holders[0])
+def test_a_taken_host_pid_does_not_stop_the_restore(server: Server, tmp_path: Path) -> None:
+    """The tree comes back in a new PID namespace: its pids inside are its own, whatever host pids are taken."""
+    gpu, images, captured, kept = _captured_then_killed(server, tmp_path)
+    gone = server.root
+    wait_gone = time.monotonic() + 10
+    while Path(f"/proc/{gone}").exists() and time.monotonic() < wait_gone:
+        time.sleep(0.02)
+    taker = _take_pid(gone)
     if taker is None:
         pytest.skip("another process took the pid first (a busy host)")
     try:
         outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
-        _kill(server, outcome.pid)
-        assert not outcome.ok and outcome.failure is not None
-        assert outcome.failure.step.name == "criu_restore"
-        assert f"pid {captured.holders[0]} is taken by another process" in (outcome.reason or "")
+        kept.clear()
+        assert outcome.ok, outcome.reason
+        assert outcome.pid is not None and outcome.pid != gone
+        server.root = outcome.pid
+        assert _complete(server) == [100, 101, 102, 103, 104]
         assert taker.poll() is None, "the process holding the pid is untouched"
     finally:
         taker.send_signal(signal.SIGKILL)

@@ -35,3 +35,18 @@ def test_the_cause_is_named_not_criu_s_summary(tmp_path: Path, task_error: str, 
 
 def test_without_a_log_the_output_is_read(tmp_path: Path) -> None:
     assert "taken" in _reason(tmp_path / "none.log", "Error (criu/cr-restore.c:1237): Can't fork for 5: File exists")
+
+
+def test_a_link_remap_in_the_way_of_a_dump_is_named_before_criu_s_last_error(tmp_path: Path) -> None:
+    """A `link_remap.N` left in /dev/shm (a failed restore's, another dump's) fails a dump with "File exists";
+    CRIU's last error line ("Collect mappings ... failed") says nothing of it."""
+    log = tmp_path / "dump.log"
+    log.write_text(
+        f"{RLIMIT}\nWarn  (criu/files-reg.c:1881): Can't link  -> ./dev/shm/link_remap.44\n"
+        "Error (criu/files-reg.c:1159): Can't link remap to /dev/shm/sem.RUGAxW: File exists\n"
+        "Error (criu/cr-dump.c:1440): Collect mappings (pid: 329454) failed with -1\n"
+        "Error (criu/cr-dump.c:1975): Dumping FAILED.\n"
+    )
+    reason = _reason(log, "")
+    assert reason.startswith("a link_remap file another dump or a failed restore left in /dev/shm is in the way")
+    assert "/dev/shm/sem.RUGAxW" in reason

@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dankserve.backend_address import TcpAddress
 from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import spawn_detached
+from dankserve.runtime.pid_namespace import find_init, init_command
+from dankserve.snapshot import shm
 from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot.criu import CriuFailed, criu_path
 from dankserve.snapshot.gpu import GpuCheckpoint, GpuCheckpointError
@@ -147,11 +149,11 @@ class Proof:
         server = self._start(self.out / "roundtrip.log")
         try:
             before = _greedy(PORT)
-            engine = self.gpu.holders(process_tree(server.pid))[0]
+            engine = self.gpu.holders(process_tree(self._root(server)))[0]
             timings, held = self._gpu_round(engine)
             self.row("roundtrip", sum(timings.values()), ok=_greedy(PORT) == before, **timings, **held)
         finally:
-            kill_tree(server.pid)
+            kill_tree(self._root(server))
             server.wait()
 
     # -- serve ------------------------------------------------------------------------------------
@@ -165,9 +167,15 @@ class Proof:
             command = [self.args.vllm]
         argv = [*command, "serve", self.args.model, "--served-model-name", SERVED, "--port", str(PORT)]
         argv += ["--enable-sleep-mode", *self.args.extra]
-        proc = spawn_detached(argv, log, env=env)
+        # As the process runtime starts it where snapshots are on: pid 2 of its own PID namespace.
+        proc = spawn_detached(init_command(argv), log, env=env)
         _wait_health(PORT, proc, self.args.boot_timeout)
         return proc
+
+    @staticmethod
+    def _root(server: subprocess.Popen[bytes]) -> int:
+        """The tree's root: its PID namespace's init (the outer's child)."""
+        return find_init(server.pid) or server.pid
 
     def hooks(self) -> Hooks:
         address = TcpAddress("127.0.0.1", PORT)
@@ -198,19 +206,38 @@ class Proof:
         images = self.out / "images"
         shutil.rmtree(images, ignore_errors=True)
         images.mkdir()
-        captured = capture(server.pid, images, self.gpu, self.hooks(), criu_options=self.args.criu_option)
+        root = self._root(server)
+        tree = process_tree(root)
+        deleted, kept = shm.deleted_inodes(tree), self.out / "shm"
+        names: list[str] = []
+        plain = self.hooks()
+
+        def sleep() -> None:  # asleep and idle: the segments as the dump finds the memory (as the lifecycle)
+            plain.sleep()
+            names[:] = shm.save(shm.segments(tree), kept)
+
+        def after_dump(_ids: tuple[int, ...], _holders: tuple[int, ...]) -> None:  # the link-remaps kept
+            names.extend(shm.save(shm.link_remaps(deleted), kept))
+            put.update(shm.put_back(names, kept))
+
+        put: dict[str, int] = {}
+        hooks = Hooks(sleep=sleep, wake=plain.wake, canary=plain.canary)
+        captured = capture(
+            root, images, self.gpu, hooks, after_dump=after_dump, appended=(log,), criu_options=self.args.criu_option
+        )
+        shm.clear_remaps(put)
         image_bytes = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
         self._outcome_row("capture", captured, outage_seconds=outage_seconds(captured), image_bytes=image_bytes)
-        if not captured.ok:
-            kill_tree(server.pid)
+        if not captured.ok or captured.pid is None:
+            kill_tree(root)
             return
-        root = server.pid
-        for round_ in range(self.args.rounds):
+        root = captured.pid  # the dump ended the tree; the one restored from the image serves
+        server.wait()
+        for _ in range(self.args.rounds):
             event = time.monotonic()
             kill_tree(root)
-            if round_ == 0:
-                server.wait()
             killed = time.monotonic() - event
+            put = shm.put_back(names, kept)
             restored = restore(
                 images,
                 self.gpu,
@@ -220,6 +247,7 @@ class Proof:
                 appended=(log,),
                 criu_options=self.args.criu_option,
             )
+            shm.clear_remaps(put)
             first_token = _first_token_seconds(PORT) if restored.ok else None
             seconds = time.monotonic() - event if restored.ok and first_token is not None else None
             self._outcome_row(

@@ -26,6 +26,7 @@ from typing import Any
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.launcher import protocol
 from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
+from dankserve.runtime import pid_namespace as pidns
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
     LABEL_CONTAINER_FINGERPRINT,
@@ -260,15 +261,7 @@ class ProcessRuntime(Runtime):
         return ImageInfo(reference=image, digest=executable_digest(image), vllm_version=None)
 
     def version_of(self, executable: str) -> str | None:
-        """`vllm --version` of an executable (None when it does not answer)."""
-        parts = shlex.split(executable)
-        argv = [*parts, "-m", "vllm.entrypoints.cli.main"] if Path(parts[0]).name.startswith("python") else parts
-        try:
-            done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=120, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        text = done.stdout.strip().splitlines()
-        return text[-1].strip() if done.returncode == 0 and text else None
+        return vllm_version_of(executable)
 
     def launch_request(self, spec: WorkloadSpec) -> LaunchRequest:
         """What this runtime's launcher needs to start a server of `spec` (issue 15)."""
@@ -308,6 +301,9 @@ class ProcessRuntime(Runtime):
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
             )
+        in_namespace = spec.pid_namespace and spec.launcher is None
+        if in_namespace:  # issue 41: pid 1 of its own namespace, so a restore never meets a taken pid
+            argv = pidns.init_command(argv)
         gate_read, gate_write = os.pipe()
         try:
             proc = spawn_detached([*START_GATE, *argv], log_path, env=env, stdin=gate_read)
@@ -319,7 +315,6 @@ class ProcessRuntime(Runtime):
         finally:
             os.close(gate_read)
         create_time = start_time_of(proc.pid)
-        self._watchers.start(proc.pid, create_time, log_path, times_path)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -342,7 +337,20 @@ class ProcessRuntime(Runtime):
             os.write(gate_write, b"go\n")  # recorded: the server may start (and outlive us)
         finally:
             os.close(gate_write)
+        if in_namespace:
+            record = self._namespace_init(record)
+        self._watchers.start(record.pid, record.create_time, log_path, times_path)
         return self._workload(record)
+
+    def _namespace_init(self, record: ProcessRecord) -> ProcessRecord:
+        """Once it runs, the namespace's init is the server's identity (what CRIU dumps); our child, the outer,
+        mirrors its end. No namespace could be made: the outer runs the server itself."""
+        init = pidns.find_init(record.pid)
+        moved = record if init is None else replace(record, pid=init, create_time=start_time_of(init))
+        self._children[moved.pid] = self._children.pop(record.pid)
+        self._oom_kills_at_start[moved.pid] = self._oom_kills_at_start.pop(record.pid)
+        write_private_file(self._record_path(record.deployment), json.dumps(moved.to_json()))
+        return moved
 
     def stop(self, workload_id: str, timeout: float) -> None:
         record = self._by_id(workload_id)
@@ -362,11 +370,11 @@ class ProcessRuntime(Runtime):
             self._gpu_release(record.gpu_uuids, GPU_RELEASE_TIMEOUT)
 
     def _signal_group(self, record: ProcessRecord, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pid, sig)
+        pidns.signal_server(record.pid, sig)
 
     def _reap_group(self, record: ProcessRecord) -> None:
         """Kill what is left of the group (vLLM's workers) and reap our child."""
+        pidns.signal_server(record.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pid, signal.SIGKILL)
         child = self._children.get(record.pid)
@@ -409,17 +417,7 @@ class ProcessRuntime(Runtime):
         record = self._by_id(workload_id)
         if record is None:
             return
-        times_path = self._times_path(record.deployment)
-        times, offset = read_line_times(times_path)
-
-        def time_of(index: int) -> float | None:
-            nonlocal offset
-            if index >= len(times):  # following: the watcher writes it within a millisecond of the line
-                more, offset = read_line_times(times_path, offset)
-                times.extend(more)
-            return times[index] if index < len(times) else None
-
-        yield from timed_file_lines(self.logs(workload_id, follow), time_of)
+        yield from timed_file_lines(self.logs(workload_id, follow), _line_time_of(self._times_path(record.deployment)))
 
     def ended_servers(self, deployment: str) -> list[EndedServer]:
         """The deployment's removed servers' lines, oldest first (the archive's)."""
@@ -440,16 +438,9 @@ class ProcessRuntime(Runtime):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = child.wait(timeout=1)
         self._watchers.reap(record.pid, 0.5)
-        return ExitEvent(workload_id, record.deployment, code, oom_killed=self._oom_killed(record.pid, code))
-
-    def _oom_killed(self, pid: int, code: int | None) -> bool:
-        """Killed by the kernel's OOM killer: a SIGKILL we did not send while the kernel counted an OOM kill.
-
-        Only the kernel's word counts (its oom_kill counter rose since the start); an unknown count is no."""
-        if code != -signal.SIGKILL or pid in self._killed_by_us:
-            return False
-        before, now = self._oom_kills_at_start.get(pid), oom_kills()
-        return before is not None and now is not None and now > before
+        ours = record.pid in self._killed_by_us
+        killed = oom_killed(code, ours, self._oom_kills_at_start.get(record.pid))
+        return ExitEvent(workload_id, record.deployment, code, oom_killed=killed)
 
     def find(self, deployment: str) -> Workload | None:
         record = self._read_record(deployment)
@@ -469,6 +460,11 @@ class ProcessRuntime(Runtime):
     def adopt_restored(self, restored: ProcessRecord) -> Workload:
         """A tree CRIU restored (its root at `restored.pid`, not our child): the deployment's server."""
         record = replace(restored, create_time=start_time_of(restored.pid), started_at=time.time())
+        before = self._read_record(record.deployment)
+        ended = self._children.pop(before.pid, None) if before is not None else None
+        if ended is not None:  # the captured server's outer (its tree ended at the dump): reaped
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                ended.wait(timeout=5)
         write_private_file(self._record_path(record.deployment), json.dumps(record.to_json()))
         name = record.deployment
         self._watchers.start(record.pid, record.create_time, self._log_path(name), self._times_path(name))
@@ -478,6 +474,43 @@ class ProcessRuntime(Runtime):
 def record_of(runtime: ProcessRuntime, workload_id: str) -> ProcessRecord | None:
     """What the runtime remembers of a workload (a capture keeps it for the restore)."""
     return runtime._by_id(workload_id)
+
+
+def oom_killed(code: int | None, killed_by_us: bool, before: int | None) -> bool:
+    """Killed by the kernel's OOM killer: a SIGKILL we did not send while the kernel counted an OOM kill.
+
+    Only the kernel's word counts (its oom_kill counter rose since the start); an unknown count is no."""
+    if code != -signal.SIGKILL or killed_by_us:
+        return False
+    now = oom_kills()
+    return before is not None and now is not None and now > before
+
+
+def _line_time_of(times_path: Path) -> Callable[[int], float | None]:
+    """The time of the log's line `index`, read from the line-times file beside it (more read while following:
+    the watcher writes a line's time within a millisecond of the line)."""
+    times, offset = read_line_times(times_path)
+
+    def time_of(index: int) -> float | None:
+        nonlocal offset
+        if index >= len(times):
+            more, offset = read_line_times(times_path, offset)
+            times.extend(more)
+        return times[index] if index < len(times) else None
+
+    return time_of
+
+
+def vllm_version_of(executable: str) -> str | None:
+    """`vllm --version` of an executable (None when it does not answer)."""
+    parts = shlex.split(executable)
+    argv = [*parts, "-m", "vllm.entrypoints.cli.main"] if Path(parts[0]).name.startswith("python") else parts
+    try:
+        done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = done.stdout.strip().splitlines()
+    return text[-1].strip() if done.returncode == 0 and text else None
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:

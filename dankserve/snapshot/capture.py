@@ -1,19 +1,28 @@
-"""Capture: a warm server's process tree into a snapshot directory, the server left serving.
+"""Capture: a warm server's process tree into a snapshot directory, then served again from it.
 
 The steps (sequence.capture_steps): the reference canary, sleep, GPU lock + checkpoint of every
-process of the tree holding a CUDA context, `criu dump --leave-running`, GPU restore + unlock, wake,
-the canary (the same ids as the reference). A failed step is undone and the images discarded; the
-outcome says why. Holding the gateway's requests and writing the store's manifest are the caller's.
+process of the tree holding a CUDA context, `criu dump` (the tree ends there), then the caller keeps the
+files the image refers to by path (`after_dump(reference ids, holders inside the namespace)`: the /dev/shm
+segments and CRIU's link-remap files, the manifest) and
+the tree is restored at once from the image (restore.restore: `criu restore`, GPU restore + unlock,
+wake, the canary must answer the reference ids). The restored tree is the server from then on.
+
+A step failing before the tree ended is undone (the server serves) and the images discarded; once it
+ended, a failure leaves no server (`Outcome.server_lost`): the caller boots one normally. Holding the
+gateway's requests and writing the store's manifest are the caller's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
+from dankserve.processes import inner_pid, is_namespace_init
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
-from dankserve.snapshot.sequence import capture_steps
+from dankserve.snapshot.restore import restore
+from dankserve.snapshot.sequence import Failure, Step, capture_steps
 from dankserve.snapshot.steps import Hooks, Outcome, Runner, clear_images
 
 
@@ -23,13 +32,22 @@ def capture(
     gpu: GpuCheckpoint,
     hooks: Hooks,
     *,
+    after_dump: Callable[[tuple[int, ...], tuple[int, ...]], None] = lambda ids, holders: None,
     criu_binary: str | None = None,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     criu_options: Sequence[str] = (),
+    appended: Sequence[Path] = (),
 ) -> Outcome:
-    """Captures the tree rooted at `pid` into `images` (an existing, empty directory)."""
+    """Captures the tree rooted at `pid` (its PID namespace's init) into `images` (an existing, empty
+    directory) and restores it: on success `Outcome.pid` is the restored tree's root and `holders` its GPU
+    processes by their pids inside the namespace (what a later restore finds them by)."""
     holders = tuple(gpu.holders(process_tree(pid)))
     outcome = Outcome("capture", pid, holders=holders)
+    if not is_namespace_init(pid):  # a restore would need its host pids free: not captured
+        why = "the server is not the init of its own PID namespace (dankserve's init could not make one)"
+        outcome.failure = Failure("capture", Step("criu_dump"), why, ())
+        return outcome
+    inside = tuple(inner_pid(h) or h for h in holders)
     runner = Runner(
         "capture",
         gpu,
@@ -42,11 +60,45 @@ def capture(
     )
     runner.run(capture_steps(holders))
     if not outcome.ok:
+        outcome.server_lost = not _alive(pid)
         clear_images(images, keep=("dump.log",) if outcome.failure and outcome.failure.step.name == "criu_dump" else ())
+        return outcome
+    expected = runner.expected_ids
+    try:
+        after_dump(expected, inside)
+    except (OSError, ValueError) as exc:
+        outcome.failure = Failure("capture", Step("keep_files"), str(exc) or type(exc).__name__, ())
+    if outcome.ok:  # the snapshot proves itself: served again from the image
+        outcome.pid, outcome.holders = None, inside
+        restore(
+            images,
+            gpu,
+            hooks,
+            holders=inside,
+            expected_ids=expected,
+            criu_binary=criu_binary,
+            appended=appended,
+            criu_options=criu_options,
+            outcome=outcome,
+        )
+        outcome.holders = inside
+    if outcome.failure is not None:
+        outcome.failure = dataclasses.replace(outcome.failure, kind="capture")
+        outcome.server_lost = True
+        clear_images(images, keep=("restore.log",))
     return outcome
 
 
+def _alive(pid: int) -> bool:
+    """The dumped tree's root still runs (a dump that failed leaves it running; one that finished ends it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
+    except OSError:
+        return False
+    return state not in (["Z"], ["X"])
+
+
 def outage_seconds(outcome: Outcome) -> float:
-    """How long the deployment's requests wait: the whole sequence, the two canaries included (the
-    caller holds requests from before the reference canary until after the last one)."""
+    """How long the deployment's requests wait: the whole sequence, the dump and the restore, the two
+    canaries included (the caller holds requests from before the reference canary until after the last)."""
     return sum(outcome.timings.values())

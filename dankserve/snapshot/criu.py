@@ -159,6 +159,9 @@ def _reason(log: Path, said: str) -> str:
     except OSError:
         pass
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    known = [ln for ln in lines if any(pattern.search(ln) for pattern, _ in _EXPLAINED)]
+    if known:  # a cause said in the user's terms wins over the summary lines after it
+        return _explained(known[0])[:500]
     # CRIU ends with "Restoring FAILED." after its own summary ("PID exited, status=1"); the cause is the
     # first error a restored task logged ("PID: Error (...): File X has bad size ...") when there is one.
     errors = [ln for ln in lines if ("Error" in ln or "error" in ln) and "FAILED" not in ln]
@@ -173,6 +176,11 @@ _EXPLAINED = (
     (re.compile(r"Can't fork for (\d+): File exists"), "pid {0} is taken by another process"),
     (re.compile(r"File (\S+) has bad size"), "the file /{0} changed size since the capture"),
     (re.compile(r"Can't open file (\S+)"), "the file /{0} is gone since the capture"),
+    (
+        re.compile(r"Can't link remap to (\S+): File exists"),
+        "a link_remap file another dump or a failed restore left in /dev/shm is in the way (of {0}): remove"
+        " /dev/shm/link_remap.* that no restore is using",
+    ),
 )
 
 

@@ -1,9 +1,10 @@
 """Restore: a snapshot's process tree back to serving.
 
-The steps (sequence.restore_steps): `criu restore` (the tree comes back with its pids, its GPU
-processes checkpointed, past its boot), GPU restore + unlock of the captured holders, wake, the canary
-(its ids must be the captured ones). A failed step kills what was restored and discards nothing on
-its own: the outcome's reason says why, and the caller discards the snapshot and boots normally.
+The steps (sequence.restore_steps): `criu restore` (the tree comes back in a new PID namespace with its
+pids inside it, its GPU processes checkpointed, past its boot), GPU restore + unlock of the captured
+holders (found again by their pids inside the namespace), wake, the canary (its ids must be the captured
+ones). A failed step kills what was restored and discards nothing on its own: the outcome's reason says
+why, and the caller discards the snapshot and boots normally.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from dankserve.host.gpu_processes import process_tree
+from dankserve.processes import host_pids
 from dankserve.snapshot.gpu import GpuCheckpoint
-from dankserve.snapshot.sequence import restore_steps
+from dankserve.snapshot.sequence import Step, on_failure, restore_steps
 from dankserve.snapshot.steps import Hooks, Outcome, Runner
 
 
@@ -26,10 +29,12 @@ def restore(
     criu_binary: str | None = None,
     appended: Sequence[Path] = (),
     criu_options: Sequence[str] = (),
+    outcome: Outcome | None = None,
 ) -> Outcome:
-    """Restores the tree in `images`; `holders` and `expected_ids` are the capture's; `appended` the files
-    it writes that grew since (its log: the process runtime's server log)."""
-    outcome = Outcome("restore", None, holders=tuple(holders))
+    """Restores the tree in `images`; `holders` (the GPU processes' pids inside the tree's namespace) and
+    `expected_ids` are the capture's; `appended` the files it writes that grew since (its log: the process
+    runtime's server log). `outcome`: one to continue (a capture's), else a new one."""
+    outcome = outcome if outcome is not None else Outcome("restore", None, holders=tuple(holders))
     runner = Runner(
         "restore",
         gpu,
@@ -41,4 +46,16 @@ def restore(
         appended=tuple(appended),
         criu_options=tuple(criu_options),
     )
-    return runner.run(restore_steps(holders))
+    made = Step("criu_restore")
+    runner.run((made,))
+    if not outcome.ok or outcome.pid is None:
+        return outcome
+    inside = host_pids(process_tree(outcome.pid))
+    missing = [pid for pid in holders if pid not in inside]
+    if missing:
+        outcome.failure = on_failure("restore", (made,), Step("gpu_restore", missing[0]), "not in the restored tree")
+        runner.undo(outcome.failure)
+        return outcome
+    mapped = tuple(inside[pid] for pid in holders)
+    outcome.holders = mapped
+    return runner.run(restore_steps(mapped)[1:], done_before=(made,))

@@ -1,14 +1,17 @@
 """The capture and restore sequences as data (pure): their ordered steps, and what a failed step means.
 
 Capture (issue 41, docs/snapshots.md): the reference canary (the greedy ids the snapshot will be
-judged by), sleep, GPU lock then checkpoint of every process holding a CUDA context, `criu dump
---leave-running`, GPU restore then unlock, wake, the canary. Restore: `criu restore`, GPU restore
-then unlock, wake, the canary (its ids must be the captured ones).
+judged by), sleep, GPU lock then checkpoint of every process holding a CUDA context, `criu dump` (the
+tree ends there: CRIU's link-remap files of a `--leave-running` dump are deleted after it, so no later
+restore of such an image works on real vLLM), then at once the restore's steps from the image: the
+snapshot proves itself and the restored tree serves. Restore: `criu restore`, GPU restore then unlock,
+wake, the canary (its ids must be the captured ones).
 
-A capture that fails leaves the server serving: the steps done are undone in reverse (a checkpointed
-process restored, a locked one unlocked, a slept server woken) and the half-written snapshot is
-discarded with the reason. A restore that fails kills what it restored and discards the snapshot;
-the caller then boots normally.
+A capture that fails before the tree ended leaves the server serving: the steps done are undone in
+reverse (a checkpointed process restored, a locked one unlocked, a slept server woken) and the
+half-written snapshot is discarded with the reason. Once the dump ended the tree, a failure (of the
+restore) loses the server: the caller boots it normally. A restore that fails kills what it restored
+and discards the snapshot; the caller then boots normally.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ StepName = Literal[
     "wake",
     "canary",
     "kill_tree",
+    "keep_files",
 ]
 Kind = Literal["capture", "restore", "suspend", "resume"]
 """suspend and resume: a sleeping swap member's CUDA processes (snapshot/suspend.py); undone as a capture."""
@@ -45,23 +49,20 @@ class Step:
 
 
 def capture_steps(holders: Sequence[int]) -> tuple[Step, ...]:
-    """Every process is locked before any is checkpointed (the engine's processes stop together),
-    and restored before any is unlocked."""
+    """Up to the dump, which ends the tree (the restore's steps follow: `restore_steps`). Every process is
+    locked before any is checkpointed (the engine's processes stop together)."""
     return (
         Step("reference"),
         Step("sleep"),
         *(Step("gpu_lock", pid) for pid in holders),
         *(Step("gpu_checkpoint", pid) for pid in holders),
         Step("criu_dump"),
-        *(Step("gpu_restore", pid) for pid in holders),
-        *(Step("gpu_unlock", pid) for pid in holders),
-        Step("wake"),
-        Step("canary"),
     )
 
 
 def restore_steps(holders: Sequence[int]) -> tuple[Step, ...]:
-    """`holders`: the pids captured (CRIU restores every process with its pid)."""
+    """`holders`: the restored tree's GPU processes by their host pids (CRIU restores each process with its
+    pid inside the tree's own PID namespace: `restore.restore` maps them)."""
     return (
         Step("criu_restore"),
         *(Step("gpu_restore", pid) for pid in holders),

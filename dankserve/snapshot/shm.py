@@ -8,6 +8,10 @@ SIGTERM) and a reboot delete it. So the capture copies each segment the tree has
 the server is asleep and idle (its requests held), and the restore puts those copies back: the same
 restore then works after any stop.
 
+The deleted ones (vLLM's POSIX semaphores, mapped after their unlink) CRIU's `--link-remap` links back as
+`link_remap.N` at the dump, and a restore consumes (unlinks) them: those this dump made are kept too, and
+put back before every restore, as the segments are.
+
 Names come back from the manifest (hostile): only plain names directly under /dev/shm are used.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,6 +47,49 @@ def segments(pids: Iterable[int], shm: Path = SHM) -> tuple[str, ...]:
     return tuple(sorted(found))[:_MAX_SEGMENTS]
 
 
+def deleted_inodes(pids: Iterable[int], shm: Path = SHM) -> frozenset[int]:
+    """The inodes of the deleted files under `shm` the processes still map or hold open (vLLM's POSIX
+    semaphores: created, then unlinked at once). CRIU's `--link-remap` links each back as `link_remap.N`
+    for the restore (`link_remaps`)."""
+    found: set[int] = set()
+    prefix = f"{shm}/"
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith(prefix) and parts[5].rstrip().endswith(" (deleted)"):
+                    with contextlib.suppress(ValueError):
+                        found.add(int(parts[4]))
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith(prefix) and target.endswith(" (deleted)"):
+                        found.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        if len(found) >= _MAX_SEGMENTS:
+            break
+    return frozenset(found)
+
+
+def link_remaps(inodes: frozenset[int], shm: Path = SHM) -> tuple[str, ...]:
+    """The `link_remap.N` files CRIU's dump made of these inodes (only this dump's: another tree's have
+    other inodes; sorted, bounded)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(shm):
+            if is_link_remap(entry.name) and not entry.is_symlink():
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_ino in inodes:
+                        found.append(entry.name)
+    return tuple(sorted(found))[:_MAX_SEGMENTS]
+
+
+def is_link_remap(name: str) -> bool:
+    """CRIU's name for a deleted file linked back (`link_remap.N`)."""
+    head, _, number = name.partition(".")
+    return head == "link_remap" and number.isdigit() and len(number) <= 12
+
+
 def valid_name(name: str) -> bool:
     """A plain file name (no directory, no `..`, not a deleted file's ` (deleted)`)."""
     return bool(name) and "/" not in name and name not in (".", "..") and not name.endswith(" (deleted)")
@@ -60,9 +108,11 @@ def save(names: Iterable[str], into: Path, shm: Path = SHM) -> tuple[str, ...]:
     return tuple(saved)
 
 
-def put_back(names: Iterable[str], saved: Path, shm: Path = SHM) -> None:
+def put_back(names: Iterable[str], saved: Path, shm: Path = SHM) -> dict[str, int]:
     """Each saved segment back at its path (replacing what a killed server left: the captured memory
-    expects the captured contents), 0600, through a temporary file renamed into place."""
+    expects the captured contents), with the mode it had, through a temporary file renamed into place. Returns the
+    link-remap files put back, with their inodes (`clear_remaps`)."""
+    put: dict[str, int] = {}
     for name in names:
         if not valid_name(name):
             raise ValueError(f"{name!r} is not a shared-memory segment's name")
@@ -71,5 +121,18 @@ def put_back(names: Iterable[str], saved: Path, shm: Path = SHM) -> None:
             raise FileNotFoundError(f"the snapshot's copy of /dev/shm/{name} is missing")
         tmp = shm / f".{name}.dankserve-restore"
         shutil.copyfile(source, tmp, follow_symlinks=False)
-        os.chmod(tmp, 0o600)
+        os.chmod(tmp, stat.S_IMODE(source.lstat().st_mode) & 0o666)  # CRIU checks the mode it saw at the dump
+        if is_link_remap(name):
+            put[name] = os.stat(tmp, follow_symlinks=False).st_ino
         os.replace(tmp, shm / name)
+    return put
+
+
+def clear_remaps(put: dict[str, int], shm: Path = SHM) -> None:
+    """After a restore: the link-remap files put back that CRIU did not consume (a failed restore) are
+    deleted, so no later dump (whose numbering starts again) meets one ("File exists"); a file of that name
+    that is not the one put back is another's and is left alone."""
+    for name, inode in put.items():
+        with contextlib.suppress(OSError):
+            if os.stat(shm / name, follow_symlinks=False).st_ino == inode:
+                os.unlink(shm / name)

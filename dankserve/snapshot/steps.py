@@ -51,6 +51,8 @@ class Outcome:
     undo_problems: tuple[str, ...] = ()
     remedy: str | None = None
     """The failed GPU step's remedy (gpu.py: host, deployment, retry, undo); None for any other failure."""
+    server_lost: bool = False
+    """A capture whose dump ended the tree and whose restore then failed: no server serves any more."""
 
     @property
     def ok(self) -> bool:
@@ -83,8 +85,9 @@ class Runner:
     """More of CRIU's own options, for both `dump` and `restore`."""
     clock: Callable[[], float] = time.monotonic
 
-    def run(self, steps: Sequence[Step]) -> Outcome:
-        done: list[Step] = []
+    def run(self, steps: Sequence[Step], done_before: Sequence[Step] = ()) -> Outcome:
+        """`done_before`: steps a previous run of this sequence did (what a failure must undo)."""
+        done: list[Step] = list(done_before)
         for step in steps:
             started = self.clock()
             try:
@@ -92,7 +95,7 @@ class Runner:
             except (DankserveError, StepFailed, OSError) as exc:
                 self.outcome.failure = on_failure(self.kind, done, step, _reason(exc))
                 self.outcome.remedy = getattr(exc, "remedy", None)
-                self._undo(self.outcome.failure)
+                self.undo(self.outcome.failure)
                 return self.outcome
             finally:
                 self.outcome.timings[step.name] = self.outcome.timings.get(step.name, 0.0) + self.clock() - started
@@ -121,6 +124,7 @@ class Runner:
                 criu.dump(
                     self.outcome.pid,
                     self.images,
+                    leave_running=False,  # the tree ends here: the caller restores it from the image
                     criu=self.criu_binary,
                     timeout_s=self.criu_timeout_s,
                     options=self.criu_options,
@@ -141,7 +145,7 @@ class Runner:
             case "kill_tree":
                 kill_tree(self.outcome.pid)
 
-    def _undo(self, failure: Failure) -> None:
+    def undo(self, failure: Failure) -> None:
         problems = []
         for step in failure.undo:
             try:

@@ -44,12 +44,17 @@ SERVER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def fake_vllm(tmp_path: Path) -> str:
+def write_server(tmp_path: Path) -> str:
+    """The stand-in `vllm` script above, executable."""
     path = tmp_path / "vllm"
     path.write_text(SERVER.format(python=sys.executable))
     path.chmod(0o755)
     return str(path)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path) -> str:
+    return write_server(tmp_path)
 
 
 def _spec(tmp_path: Path, executable: str, **env: str) -> WorkloadSpec:

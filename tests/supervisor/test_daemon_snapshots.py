@@ -1,9 +1,11 @@
 """Snapshots in the lifecycle (issue 41) through a real daemon on the process runtime, with real CRIU and the
-stand-in vLLM (an API server and its engine core, the engine core's GPU record checkpointed through the
-stand-in's GPU edge): the ready server is captured once; a kill -9 of it restores the snapshot (boot kind
-`restore`, the same greedy ids, no boot in its log); each failure (a corrupt or truncated snapshot, one of
-another plan, a taken pid, CRIU missing) falls back to the normal boot in the same restart, with the reason
-in status, no failure counted, and the server serving."""
+stand-in vLLM (dankserve's init of its own PID namespace, an API server holding a named POSIX semaphore as
+vLLM's does, and its engine core, whose GPU record is checkpointed through the stand-in's GPU edge): the ready
+server is captured once (dumped, which ends it, and restored at once from the image: the restored tree is
+the deployment's server); a kill -9 of it restores the snapshot (boot kind `restore`, the same greedy ids,
+no boot in its log), even with its old host pid taken; each failure (a corrupt or truncated snapshot, one of
+another plan, CRIU missing) falls back to the normal boot in the same restart, with the reason in status,
+no failure counted, and the server serving; a capture whose restore fails boots the server again at once."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import httpx
 import pytest
 
 from dankserve.doctor import read_criu
+from dankserve.host.gpu_processes import process_tree
 from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
 from tests.harness.wait import wait_until
@@ -43,6 +46,13 @@ def _deployment(host: Path, port: int, **extra: Any) -> dict[str, Any]:
 def _server_pid(daemon: RunningDaemon) -> int:
     pid: int = json.loads((daemon.state_dir / "processes" / "chat.json").read_text())["pid"]
     return pid
+
+
+def _inside(pid: int) -> list[int]:
+    """The tree's pids inside its own PID namespace (the init 1, the API server 2, then its engine core)."""
+    from dankserve.processes import inner_pid
+
+    return [inner_pid(p) or 0 for p in process_tree(pid)]
 
 
 def _ids(port: int) -> list[int]:
@@ -73,13 +83,23 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
     with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host, extra_globals=listen) as daemon:
         first = _captured(daemon)
         assert first["snapshot"]["last_capture_outage_seconds"] > 0
+        captured = _server_pid(daemon)
+        (booted_id,) = [e["container_id"] for e in daemon.events_named("started")]
+        (event,) = daemon.events_named("snapshot_captured")
+        assert event["container_id"] == f"process-chat-{captured}" != booted_id, "the tree restored from the image"
+        inside = _inside(captured)
+        assert inside[:2] == [1, 2] and len(inside) == 3, "in its own PID namespace"
+        assert first["gpu_memory_held_bytes"], "its GPU holder found by host pid"
+        manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())
+        assert manifest["link_remaps"], "CRIU's link-remap of the API server's semaphore, kept"
         ids = _ids(port)
         booted = _boots_in_log(daemon)
         pid = _kill(daemon)
         restored = daemon.wait_for(
             "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=60
         )
-        assert _server_pid(daemon) == pid, "CRIU restores the tree with its pids"
+        assert _inside(_server_pid(daemon)) == inside, "CRIU restores the tree with its pids inside its namespace"
+        assert _server_pid(daemon) != pid
         assert _ids(port) == ids
         assert _boots_in_log(daemon) == booted, "restored, not booted"
         assert restored["snapshot"]["last_restore_seconds"] > 0
@@ -145,9 +165,9 @@ def _captured_then_daemon_and_server_killed(tmp_path: Path, deployment: dict[str
     with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon:
         _captured(daemon)
         pid = _server_pid(daemon)
-        tree = [pid, *_children(pid)]
+        tree = process_tree(pid)
         daemon.kill()
-    os.killpg(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # the namespace's init: its whole namespace ends
     wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in tree) or None, 30, 0.05, what="the tree gone")
     return pid
 
@@ -171,27 +191,31 @@ def test_a_changed_plan_deletes_the_snapshot_with_its_reason_and_boots(tmp_path:
         _ids(port)
 
 
-def test_a_daemon_restart_restores_and_a_taken_pid_falls_back_to_a_boot(tmp_path: Path) -> None:
+def test_a_daemon_restart_restores_even_with_the_old_host_pid_taken(tmp_path: Path) -> None:
+    """The tree comes back in a new PID namespace: another process holding its old host pid changes nothing."""
     host = write_host(tmp_path / "host.json")
     port = free_port()
     deployment = _deployment(host, port)
-    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
     with _second_daemon(tmp_path, deployment, host) as daemon:  # its first boot restores
         daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
-        assert _server_pid(daemon) == pid
-        _ids(port)
+        pid = _server_pid(daemon)
+        ids = _ids(port)
+        booted = _boots_in_log(daemon)
         daemon.kill()
-    os.killpg(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
     taker = _take_pid(pid)
     if taker is None:
         pytest.skip(f"could not take pid {pid} for the test")
     try:
         with _second_daemon(tmp_path, deployment, host) as daemon:
-            after = _booted_normally(daemon, 3)
-            assert f"pid {pid} is taken by another process" in after["snapshot"]["last_failure"]
-            assert taker.poll() is None, "the process holding the pid is untouched"
-            _ids(port)
+            after = daemon.wait_for(
+                "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore"
+            )
+            assert after["snapshot"]["last_failure"] is None and _boots_in_log(daemon) == booted, "not booted"
+            assert _server_pid(daemon) != pid and taker.poll() is None, "the process holding the pid is untouched"
+            assert _ids(port) == ids
     finally:
         taker.kill()
         taker.wait()
@@ -230,6 +254,7 @@ def test_down_then_up_and_restart_restore_after_a_graceful_stop(tmp_path: Path) 
         ids = _ids(port)
         manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())
         assert manifest["shm"], "the engine core's segment is kept"
+        assert manifest["link_remaps"], "and CRIU's link-remap of the API server's semaphore"
         assert daemon.cli("down", "chat").returncode == 0
         assert not any((Path("/dev/shm") / name).exists() for name in manifest["shm"]), "deleted by the stop"
         assert daemon.cli("up", "chat").returncode == 0
@@ -258,14 +283,16 @@ def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_agai
         pid = _server_pid(daemon)
         daemon.kill()
     gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
-    (engine,) = gpu.holders([pid, *_children(pid)])
+    (engine,) = gpu.holders(process_tree(pid))
     gpu.lock(engine)
     gpu.checkpoint(engine)
     (tmp_path / "state" / "snapshots" / "chat" / "manifest.json").unlink()
     with _second_daemon(tmp_path, deployment, host) as daemon:
         after = _booted_normally(daemon, 1)
-        assert _server_pid(daemon) == pid, "adopted, not booted again"
-        assert gpu.state(engine) == "running"
+        (adopted,) = daemon.events_named("adopting")
+        assert adopted["container_id"] == f"process-chat-{pid}", "adopted, not booted again"
+        (now,) = gpu.holders(process_tree(_server_pid(daemon)))  # captured again: the tree restored from it
+        assert gpu.state(now) == "running"
         (repaired,) = daemon.events_named("snapshot_capture_interrupted")
         assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
         assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
@@ -278,20 +305,23 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
     leaves it: the tree restored from the snapshot, its engine core still checkpointed, asleep): the next daemon
     finds the captured command line at the captured pid, takes the tree over, finishes its GPU restore and
     unlock, and serves the captured ids (boot kind restore), without a second restore or a boot."""
-    from dankserve.snapshot import criu
+    from dankserve.snapshot import criu, shm
     from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
     host = write_host(tmp_path / "host.json")
     port = free_port()
     deployment = _deployment(host, port)
-    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
+    _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
     entry = tmp_path / "state" / "snapshots" / "chat"
-    for name in json.loads((entry / "manifest.json").read_text())["shm"]:
-        (Path("/dev/shm") / name).write_bytes((entry / "shm" / name).read_bytes())
-    restored = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
-    assert restored == pid
+    manifest = json.loads((entry / "manifest.json").read_text())
+    put = shm.put_back((*manifest["shm"], *manifest["link_remaps"]), entry / "shm")
+    try:
+        pid = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
+    finally:
+        shm.clear_remaps(put)
     gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
-    (engine,) = _children(pid)
+    (server,) = _children(pid)
+    (engine,) = _children(server)
     assert gpu.state(engine) == "checkpointed"
     with _second_daemon(tmp_path, deployment, host) as daemon:
         after = daemon.wait_for(
@@ -382,3 +412,46 @@ def test_launcher_auto_uses_the_launcher_for_vllms_own_command_unless_snapshots_
         assert (daemon.state_dir / "launchers" / "a").exists() and not (daemon.state_dir / "launchers" / "b").exists()
         shown = daemon.cli("status", "a").stdout
         assert "launcher used: launcher = auto" in shown, shown
+
+
+def test_a_capture_whose_restore_fails_boots_the_server_again_at_once(tmp_path: Path) -> None:
+    """A swap member (sleep mode) whose woken server answers other ids (FAKE_VLLM_WAKE_TOKENS_DIFFER): the dump
+    ended the tree, the restore from the image fails its canary, so no server serves; the snapshot is discarded
+    with its reason and the deployment boots normally at once (no failure counted), and is not captured again."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    dep = _deployment(host, port, swap_group="g", env={"FAKE_VLLM_WAKE_TOKENS_DIFFER": "1"})
+    with running_daemon(tmp_path, {"chat": dep}, hardware=host) as daemon:
+        after = daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["boots"] == 2, timeout=90)
+        (lost,) = daemon.events_named("snapshot_capture_lost")
+        assert lost["then"] == "a normal boot" and "capture failed at canary" in lost["reason"]
+        assert "capture failed at canary" in after["snapshot"]["last_failure"]
+        assert after["snapshot"]["state"] == "off" and "not captured again" in after["snapshot"]["reason"]
+        assert after["restarts"] == 0 and after["last_failure"] is None, "not the deployment's failure"
+        _no_failure_counted(daemon)
+        assert not (daemon.state_dir / "snapshots" / "chat" / "manifest.json").exists()
+        _ids(port)
+        assert len(daemon.events_named("snapshot_capturing")) == 1
+
+
+def test_an_engine_core_killed_with_9_is_engine_death_and_the_restart_restores(tmp_path: Path) -> None:
+    """The engine core (pid 3-ish inside the server's namespace) killed alone: the API server answers vLLM's
+    engine-dead errors, the daemon sees engine death, stops the server through its namespace's init (the
+    whole tree goes) and the restart restores the snapshot."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        ids = _ids(port)
+        root = _server_pid(daemon)
+        tree = process_tree(root)
+        os.kill(tree[-1], signal.SIGKILL)
+        body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5}
+        dead = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+        assert dead.status_code == 500, "vLLM's engine-dead error (its /health says 503 from now on)"
+        after = daemon.wait_for(
+            "chat", lambda d: d["state"] == "ready" and d["boots_by_kind"].get("restore") == 1, timeout=90
+        )
+        assert after["restarts_by_cause"] == {"engine_dead": 1}, after["restarts_by_cause"]
+        assert not any(Path(f"/proc/{p}").exists() for p in tree if p != root), "the old tree is gone"
+        assert _ids(port) == ids

@@ -92,3 +92,40 @@ def test_a_swap_member_woken_by_a_restore_ends_its_wake() -> None:
     ready, commands = m.step(starting, m.Restored("w2", 3, 0.4), 1.5)
     assert ready.status == "ready" and ready.swap.since is None and ready.swap.last_wake_seconds == 1.0
     assert any(isinstance(c, m.Note) and c.event == "woke_up" for c in commands)
+
+
+def _capturing() -> m.MachineState:
+    ready, _ = m.step(_warming(ABSENT), m.WarmedUp(None, 0.1), 10.0)
+    capturing, _ = m.step(ready, m.Tick(), 10.0)
+    return capturing
+
+
+def test_a_capture_s_restored_tree_becomes_the_workload_its_log_followed() -> None:
+    """The dump ends the server's tree; the tree restored from the image at once is the deployment's server."""
+    after, commands = m.step(_capturing(), m.SnapshotCaptured(0.7, 100, workload_id="w9"), 11.0)
+    assert after.stage is m.Stage.READY and after.workload_id == "w9"
+    assert m.FollowLogs("w9") in commands
+    same, commands = m.step(_capturing(), m.SnapshotCaptured(0.7, 100), 11.0)
+    assert same.workload_id == "w1" and not any(isinstance(c, m.FollowLogs) for c in commands)
+    kept, commands = m.step(_capturing(), m.SnapshotCaptureFailed("over snapshot_max_bytes", workload_id="w9"), 11.0)
+    assert kept.stage is m.Stage.READY and kept.workload_id == "w9", "restored, then the snapshot not kept"
+    assert m.FollowLogs("w9") in commands
+
+
+def test_a_capture_that_lost_the_server_boots_it_at_once_not_counted_and_not_again() -> None:
+    """The dump ended the tree and the restore from the image failed: the snapshot goes with its reason, the
+    same deployment boots normally at once (no failure, no restart counted), and is not captured again."""
+    reason = "capture failed at canary: greedy ids differ"
+    after, commands = m.step(_capturing(), m.SnapshotCaptureFailed(reason, server_lost=True), 11.0)
+    assert after.stage in (m.Stage.PULLING, m.Stage.DOWNLOADING) and after.boot is not None
+    assert after.failures == () and after.restarts == 0 and after.last_failure is None
+    assert m.RemoveWorkload("w1", best_effort=True) in commands
+    assert any(isinstance(c, m.Note) and c.event == "snapshot_capture_lost" for c in commands)
+    assert after.snapshot.last_failure == reason and after.snapshot.capture_lost == reason
+    planning = replace(after, stage=m.Stage.PLANNING)
+    planned, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=ABSENT), 12.0)
+    assert planned.boot is not None and planned.boot.snapshot is not None
+    assert planned.boot.snapshot.state == "off" and "not captured again" in planned.boot.snapshot.reason
+    assert not m.snapshots.wants_capture(planned.boot)
+    valid, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=READY), 12.0)
+    assert valid.boot is not None and valid.boot.snapshot == READY, "a valid snapshot (captured elsewhere) restores"

@@ -1,7 +1,9 @@
 """vLLM's process shape: the API server and its engine-core child, joined by a unix socket.
 
 The API server forks the engine core at the start of serving (vLLM spawns it early in the boot),
-shares a /dev/shm segment with it (vLLM's shm message queue; `FAKE_VLLM_SHM_DIR`), and forwards
+holds a multiprocessing lock made before that (a named POSIX semaphore: /dev/shm/sem.*, mapped under
+the temporary name glibc's sem_open unlinked, as vLLM's), shares a /dev/shm segment with it (vLLM's shm message queue;
+`FAKE_VLLM_SHM_DIR`), and forwards
 each completion to it: the engine core answers the token ids. The engine core "holds the GPU": it
 keeps the per-process GPU memory record (nvml_record.py), and answers the CUDA driver's checkpoint
 actions the way a CUDA process does, asked per process by dankserve's stand-in GpuCheckpoint
@@ -161,9 +163,11 @@ class EngineLink:
         self._lock = threading.Lock()
         self._shm: Path | None = None
         self._map: mmap.mmap | None = None
+        self._semaphore: str | None = None
 
     def start(self, *, checkpoint_fail: int, shm_dir: str, close_in_child: tuple[socket.socket, ...] = ()) -> None:
         self._open_shm(shm_dir)
+        self._open_semaphore()
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         parent = os.getpid()
         pid = os.fork()
@@ -196,6 +200,24 @@ class EngineLink:
             path.unlink(missing_ok=True)
         finally:
             os.close(fd)
+
+    def _open_semaphore(self) -> None:
+        """vLLM's API server holds multiprocessing locks made before it starts the engine core (spawn context:
+        named POSIX semaphores). glibc's sem_open creates such a file under a temporary name, maps it, links it
+        to its name and unlinks the temporary one: the process maps a deleted path of a file that still has a
+        link. CRIU links it back as /dev/shm/link_remap.N for the restore (`--link-remap`) and deletes that
+        after a `--leave-running` dump: a later restore of that image fails here as on real vLLM. Unlinked at
+        a clean exit (multiprocessing's resource tracker does it for vLLM), left behind by kill -9."""
+        token = os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+        name = f"/fake-vllm-{token}-{os.getpid()}"
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.sem_open.restype = ctypes.c_void_p
+            libc.sem_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_uint]
+            libc.sem_unlink(name.encode())  # one a killed server of a reused namespace left: made anew
+            handle = libc.sem_open(name.encode(), os.O_CREAT | os.O_EXCL, 0o600, 1)
+            if handle not in (None, 0, ctypes.c_void_p(-1).value):  # SEM_FAILED is (sem_t *) -1
+                self._semaphore = name
 
     def _call(self, message: dict[str, object]) -> dict[str, object] | None:
         """One request and its answer; None when the engine core is gone."""
@@ -241,6 +263,10 @@ class EngineLink:
         self.close_shm()
 
     def close_shm(self) -> None:
+        if self._semaphore is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL(None, use_errno=True).sem_unlink(self._semaphore.encode())
+            self._semaphore = None
         if self._map is not None:
             self._map.close()
             self._map = None

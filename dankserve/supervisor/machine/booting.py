@@ -51,7 +51,7 @@ from dankserve.supervisor.machine.outcomes import (
     retry_later,
     teardown,
 )
-from dankserve.supervisor.machine.snapshots import restores
+from dankserve.supervisor.machine.snapshots import planned, restores
 from dankserve.supervisor.machine.stages import (
     SleepLevel,
     Stage,
@@ -158,7 +158,9 @@ def on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Step
     state = replace(state, gpu_uuids=event.uuids, vllm_version=event.vllm_version or state.vllm_version)
     if event.snapshot is not None:
         failure = event.snapshot.discarded or state.snapshot.last_failure
-        state = replace(state, snapshot=replace(state.snapshot, plan=event.snapshot, last_failure=failure))
+        verdict = planned(state, event.snapshot)
+        boot = replace(boot, snapshot=verdict)
+        state = replace(state, snapshot=replace(state.snapshot, plan=verdict, last_failure=failure))
     existing = event.existing
     launcher = existing.launcher if existing is not None else None
     server_runs = launcher is None or (launcher.server_running and launcher.server is not None)

@@ -351,13 +351,19 @@ class SnapshotCaptured:
 
     outage_seconds: float
     bytes: int
+    workload_id: str | None = None
+    """The server from now on: the tree the capture restored from the image (None: the same workload)."""
 
 
 @dataclass(frozen=True)
 class SnapshotCaptureFailed:
-    """The capture failed (undone: the server serves); `reason` says where and why."""
+    """The capture failed; `reason` says where and why. Undone before the dump ended the tree (the server
+    serves); after it, the restore from the image failed and no server is left (`server_lost`: booted)."""
 
     reason: str
+    server_lost: bool = False
+    workload_id: str | None = None
+    """The server serving now when it is not the captured one (restored, then the snapshot not kept)."""
 
 
 @dataclass(frozen=True)

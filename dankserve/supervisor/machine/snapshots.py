@@ -3,8 +3,11 @@ snapshot, and the restore that takes a boot's place when it has one.
 
 Capture: a boot planned with an `absent` snapshot becomes READY as any boot (recorded, counted, its GPUs'
 slot released), marked `capture_due`; the next look around (`watch`) moves it to SNAPSHOTTING, where the
-gateway holds its requests, and asks for `CaptureSnapshot`. Captured or not, it is READY again: a failed
-capture leaves the server serving and says why.
+gateway holds its requests, and asks for `CaptureSnapshot`. The capture dumps the server's tree (it ends)
+and restores it at once from the image: captured, the restored tree is the deployment's workload (its id
+in `SnapshotCaptured`: logs followed, status, stop), READY again. A capture that failed before the tree
+ended leaves the server serving and says why; one that lost the server (the restore from the image failed)
+boots it normally at once, no failure counted, and is not tried again by this daemon.
 
 Restore: a boot planned with a `ready` snapshot and its GPUs' slot held asks for `RestoreSnapshot`
 instead of measuring memory and starting a workload. Restored: READY at once (boot kind `restore`).
@@ -23,6 +26,7 @@ from dankserve.supervisor.machine.commands import (
     ReadFreeMemory,
     RecordBoot,
     ReleaseGpus,
+    RemoveWorkload,
     note,
 )
 from dankserve.supervisor.machine.events import (
@@ -31,7 +35,7 @@ from dankserve.supervisor.machine.events import (
     SnapshotCaptured,
     SnapshotCaptureFailed,
 )
-from dankserve.supervisor.machine.outcomes import Step
+from dankserve.supervisor.machine.outcomes import Step, begin_boot
 from dankserve.supervisor.machine.stages import Stage
 from dankserve.supervisor.machine.state import Boot, MachineState, SnapshotPlan, SnapshotTimes
 from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
@@ -70,17 +74,50 @@ def _ready_again(state: MachineState, now: float, snapshot: SnapshotTimes) -> Ma
     )
 
 
+def planned(state: MachineState, plan: SnapshotPlan) -> SnapshotPlan:
+    """Planning's verdict, unless a capture lost the server: not captured again (no loop of lost servers)."""
+    lost = state.snapshot.capture_lost
+    if lost is None or plan.state != "absent":
+        return plan
+    return replace(plan, state="off", reason=f"not captured again since a capture lost the server: {lost}")
+
+
+def _serving(state: MachineState, workload_id: str | None) -> tuple[MachineState, tuple[FollowLogs, ...]]:
+    """The restored tree the capture left serving becomes the boot's workload; its log followed."""
+    boot = state.boot
+    if boot is None or workload_id is None or workload_id == boot.workload_id:
+        return state, ()
+    return replace(state, boot=replace(boot, workload_id=workload_id)), (FollowLogs(workload_id),)
+
+
 def on_snapshot_captured(state: MachineState, event: SnapshotCaptured, now: float) -> Step:
     plan = SnapshotPlan("ready", "captured from this plan's ready server: restarts restore it")
     outage = round(event.outage_seconds, 3)
+    state, follow = _serving(state, event.workload_id)
     after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_capture_outage_seconds=outage))
-    return after, (note("snapshot_captured", outage_seconds=round(event.outage_seconds, 3), bytes=event.bytes),)
+    noted = note("snapshot_captured", outage_seconds=outage, bytes=event.bytes, container_id=event.workload_id)
+    return after, (noted, *follow)
 
 
 def on_capture_failed(state: MachineState, event: SnapshotCaptureFailed, now: float) -> Step:
+    if event.server_lost:
+        return _capture_lost(state, event, now)
     plan = SnapshotPlan("absent", f"the last capture failed: {event.reason}")
+    state, follow = _serving(state, event.workload_id)
     after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_failure=event.reason))
-    return after, (note("snapshot_capture_failed", "warning", reason=event.reason),)
+    return after, (note("snapshot_capture_failed", "warning", reason=event.reason), *follow)
+
+
+def _capture_lost(state: MachineState, event: SnapshotCaptureFailed, now: float) -> Step:
+    """The dump ended the server and the restore from the image failed: the snapshot is gone with its reason
+    and the same deployment boots normally at once (not a failure of the deployment: not counted)."""
+    plan = SnapshotPlan("absent", f"discarded: {event.reason}")
+    snapshot = replace(state.snapshot, plan=plan, last_failure=event.reason, capture_lost=event.reason)
+    gone = state.workload_id
+    after, commands = begin_boot(replace(state, snapshot=snapshot), now)
+    removed = (RemoveWorkload(gone, best_effort=True),) if gone is not None else ()
+    lost = note("snapshot_capture_lost", "warning", reason=event.reason, then="a normal boot")
+    return after, (lost, *removed, *commands)
 
 
 def on_restored(state: MachineState, event: Restored, now: float) -> Step:

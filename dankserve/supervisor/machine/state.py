@@ -96,6 +96,9 @@ class SnapshotTimes:
     last_capture_outage_seconds: float | None = None
     last_restore_seconds: float | None = None
     last_failure: str | None = None
+    capture_lost: str | None = None
+    """Why a capture lost the server (its dump ended the tree, the restore from the image failed): this
+    daemon does not capture the deployment again (a loop of lost servers), until it restarts."""
 
 
 @dataclass(frozen=True)

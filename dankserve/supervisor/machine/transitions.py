@@ -183,7 +183,9 @@ def _snapshot_transitions(t: dict[tuple[Stage, type[Event]], Transition]) -> Non
     """Snapshots (issue 41): a ready server captured, a boot restored instead of started."""
     t[Stage.READY, Tick] = _allowed(Stage.READY, *_ON_FAILURE, Stage.SNAPSHOTTING, note="a capture due")
     t[Stage.SNAPSHOTTING, SnapshotCaptured] = _allowed(Stage.READY)
-    t[Stage.SNAPSHOTTING, SnapshotCaptureFailed] = _allowed(Stage.READY, note="undone: serving")
+    t[Stage.SNAPSHOTTING, SnapshotCaptureFailed] = _allowed(
+        Stage.READY, Stage.DOWNLOADING, Stage.PULLING, note="undone: serving; or the server lost: a normal boot"
+    )
     t[Stage.SNAPSHOTTING, Exited] = _allowed(*_ON_FAILURE)
     t[Stage.STARTING, Restored] = _allowed(Stage.READY)
     t[Stage.STARTING, RestoreFailed] = _allowed(Stage.MEASURING, note="the normal boot, no failure counted")

@@ -3,9 +3,10 @@ planning, the capture of its ready server, the restore in a boot's place. What t
 (`machine/snapshots.py`); this runs it against the store, CRIU, the GPU checkpoint and the server's routes.
 
 The process runtime only, so far (Podman's checkpoint through its REST API is not wired: its verdict says
-so). The server's tree keeps its pids through a restore: they must be free then, so the restore waits
-(bounded) for the killed tree's processes to be gone, and a pid another process took fails the restore
-(the normal boot runs). Every failure is a reason, never an exception: the machine discards and boots.
+so). Its server runs as the init of its own PID namespace (`runtime/pid_init.py`; asked at start while
+snapshots are on): CRIU restores the tree in a new namespace with its pids inside it, whatever host pids are
+taken. The capture dumps the tree (it ends) and restores it at once: the restored tree is the deployment's
+server from then on. Every failure is a reason, never an exception: the machine discards and boots.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import functools
 import json
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -29,10 +29,10 @@ from dankserve.plan.catalogue import capabilities
 from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
+from dankserve.processes import host_pids
 from dankserve.runtime.base import Runtime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
-from dankserve.snapshot import capture as capturing
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import unavailable
@@ -42,9 +42,8 @@ from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import snapshot_rollback as rollback
 from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
+from dankserve.supervisor.worker.snapshot_capture import CaptureJob, capture_tree, keep_criu_log
 
-PIDS_FREE_SECONDS = 10.0
-"""How long a restore waits for the killed tree's pids to be free (its processes reaped)."""
 _MAX_WEIGHT_FILES = 10_000
 
 
@@ -61,6 +60,8 @@ class Captured:
     shm: tuple[str, ...]
     prepares: bool = False
     """Captured through vLLM 0.34's `/checkpoint/prepare`: served again by `/checkpoint/restore`."""
+    link_remaps: tuple[str, ...] = ()
+    """CRIU's `link_remap.N` files of the dump (the tree's deleted /dev/shm files), put back before a restore."""
 
 
 class SnapshotEdge:
@@ -85,6 +86,11 @@ class SnapshotEdge:
         self._key: SnapshotKey | None = None
         self._sleeps = False
         self._prepares = False
+
+    @property
+    def on(self) -> bool:
+        """The last verdict was `ready` or `absent`: the server is started in its own PID namespace."""
+        return self._key is not None
 
     # -- planning -------------------------------------------------------------------------------
     def verdict(
@@ -209,53 +215,16 @@ class SnapshotEdge:
     def _capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
         key = self._key
         record = record_of(runtime, workload_id) if isinstance(runtime, ProcessRuntime) else None
-        if key is None or record is None:
+        if key is None or record is None or not isinstance(runtime, ProcessRuntime):
             return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         settings = self._settings()
-        root = store.store_root(settings.state_dir)
-        store.check_root(root, create=True)
-        store.remove(root, self._name)
-        entry = root / self._name
-        entry.mkdir(mode=0o700)
-        images = entry / "images"
-        images.mkdir(mode=0o700)
-        pids = tuple(process_tree(record.pid))
-        saved: list[str] = []
-
-        def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
-            saved[:] = shm.save(shm.segments(pids), entry / "shm")
-
-        hooks = self._hooks(dep, after_sleep=keep_segments)
-        outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
-        if not outcome.ok:
-            reason = keep_criu_log(root, self._name, outcome.reason or "the capture failed")
-            store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(reason)
-        size = store.read_entry(root, self._name).bytes
-        store.evict(root, max_bytes=settings.snapshot_max_bytes, incoming_bytes=0, keep=self._name)
-        total = sum(e.bytes for e in store.list_entries(root))
-        if total > settings.snapshot_max_bytes:
-            store.remove(root, self._name)
-            return m.SnapshotCaptureFailed(
-                f"the snapshot takes {size} bytes, over snapshot_max_bytes ({settings.snapshot_max_bytes})"
-            )
-        now = time.time()
-        manifest = {
-            "captured_at": now,
-            "last_used": now,
-            "key": _key_json(key),
-            "pids": list(pids),
-            "holders": list(outcome.holders),
-            "canary_ids": list(outcome.canary_ids),
-            "record": record.to_json(),
-            "sleeps": self._sleeps,
-            "prepares": self._prepares,
-            "shm": saved,
-            "outage_seconds": round(capturing.outage_seconds(outcome), 3),
-            "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
-        }
-        store.write_manifest(root, self._name, manifest)
-        return m.SnapshotCaptured(capturing.outage_seconds(outcome), size)
+        return capture_tree(
+            CaptureJob(self._name, store.store_root(settings.state_dir), record, runtime, settings.snapshot_max_bytes),
+            {"key": _key_json(key), "sleeps": self._sleeps, "prepares": self._prepares},
+            self._gpu(),
+            lambda keep: self._hooks(dep, after_sleep=keep),
+            self._log,
+        )
 
     # -- restore --------------------------------------------------------------------------------
     def restore(self, dep: DeploymentSettings, runtime: Runtime, boot: int) -> m.Event:
@@ -281,44 +250,53 @@ class SnapshotEdge:
         why = invalid_reason(captured.key, self._key)
         if why is not None:
             return m.RestoreFailed(why)
-        if _restored_already(captured):  # a daemon killed during its restore left the tree running
-            return self._resume(dep, runtime, captured, boot, began)
-        waited = time.monotonic()
-        _free_pids(captured.pids)
-        waited = time.monotonic() - waited
-        shm.put_back(captured.shm, entry.path / "shm")
+        left = _restored_already(captured, entry.path / "images")
+        if left is not None:  # a daemon killed during its restore left the tree running
+            return self._resume(dep, runtime, captured, root=left, boot=boot, began=began)
+        put = shm.put_back((*captured.shm, *captured.link_remaps), entry.path / "shm")
         self._sleeps, self._prepares = captured.sleeps, captured.prepares
-        outcome = restoring.restore(
-            entry.path / "images",
-            self._gpu(),
-            self._hooks(dep),
-            holders=captured.holders,
-            expected_ids=captured.canary_ids,
-            criu_binary=criu.criu_path(),
-            appended=(runtime.log_path(self._name),),
-        )
+        try:
+            outcome = restoring.restore(
+                entry.path / "images",
+                self._gpu(),
+                self._hooks(dep),
+                holders=captured.holders,
+                expected_ids=captured.canary_ids,
+                criu_binary=criu.criu_path(),
+                appended=(runtime.log_path(self._name),),
+            )
+        finally:
+            shm.clear_remaps(put)
         if not outcome.ok or outcome.pid is None:
             return m.RestoreFailed(outcome.reason or "the restore failed")
         restored = replace(captured.record, pid=outcome.pid)
         workload = runtime.adopt_restored(restored)
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
-        self._log.info("snapshot_restored", seconds=round(seconds, 3), pids_wait_seconds=round(waited, 3), **timings)
+        self._log.info("snapshot_restored", seconds=round(seconds, 3), pid=outcome.pid, **timings)
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
         return m.Restored(workload.id, boot, seconds)
 
     def _resume(
-        self, dep: DeploymentSettings, runtime: ProcessRuntime, captured: Captured, boot: int, began: float
+        self,
+        dep: DeploymentSettings,
+        runtime: ProcessRuntime,
+        captured: Captured,
+        *,
+        root: int,
+        boot: int,
+        began: float,
     ) -> m.Event:
-        """The tree CRIU restored for a daemon killed before it took it over: adopted, its GPU restore,
-        unlock and wake done (what was not), and judged by the canary like any restore."""
-        workload = runtime.adopt_restored(replace(captured.record, pid=captured.pids[0]))
+        """The tree CRIU restored for a daemon killed before it took it over (its root at `root`): adopted,
+        its GPU restore, unlock and wake done (what was not), and judged by the canary like any restore."""
+        workload = runtime.adopt_restored(replace(captured.record, pid=root))
         done: list[str] = []
         self._sleeps, self._prepares = captured.sleeps, captured.prepares
         hooks = self._hooks(dep)
+        inside = host_pids(process_tree(root))
         try:
-            gpu_running(self._gpu(), captured.holders, done)
+            gpu_running(self._gpu(), [inside[h] for h in captured.holders if h in inside], done)
             address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
             asleep = self._edges.checkpoint_prepared if captured.prepares else self._edges.is_sleeping
             if asleep(address, key):
@@ -327,10 +305,10 @@ class SnapshotEdge:
         except (DankserveError, OSError, StepFailed) as exc:
             problem = exc.message if isinstance(exc, DankserveError) else str(exc)
         if problem is not None:
-            kill_tree(captured.pids[0])
+            kill_tree(root)
             runtime.remove(workload.id)
             return m.RestoreFailed(f"the restore a stopped daemon left running failed: {problem}")
-        self._log.warning("snapshot_restore_resumed", pid=captured.pids[0], done=done)
+        self._log.warning("snapshot_restore_resumed", pid=root, done=done)
         return m.Restored(workload.id, boot, time.monotonic() - began)
 
     # -- shared ---------------------------------------------------------------------------------
@@ -377,6 +355,7 @@ def read_captured(path: Path) -> Captured | None:
             sleeps=bool(data.get("sleeps", False)),
             shm=tuple(str(n) for n in data.get("shm", ())),
             prepares=data.get("prepares") is True,
+            link_remaps=tuple(str(n) for n in data.get("link_remaps", ()) if shm.is_link_remap(str(n))),
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
         return None
@@ -400,23 +379,6 @@ def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
     if captured is None or key is None:
         return "its manifest is unreadable"
     return invalid_reason(captured.key, key)
-
-
-def keep_criu_log(root: Path, name: str, reason: str) -> str:
-    """CRIU's log of a failed dump or restore, kept beside the store (`.NAME.criu.log`, 0600) as the entry
-    it was in is deleted: the reason names the kept copy."""
-    for log in ("dump.log", "restore.log"):
-        source = root / name / "images" / log
-        if f"(log: {source})" not in reason:
-            continue
-        kept = root / f".{name}.criu.log"
-        with contextlib.suppress(OSError):
-            kept.unlink(missing_ok=True)
-            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(source.read_bytes()[-(1 << 20) :])
-            return reason.replace(f"(log: {source})", f"(log: {kept})")
-    return reason
 
 
 _KEY_TEXT = (
@@ -474,47 +436,14 @@ def weights_files(dep: DeploymentSettings, hf_cache: Path) -> tuple[WeightsFile,
     return tuple(found)
 
 
-def _free_pids(pids: tuple[int, ...]) -> None:
-    """Until the captured tree's pids are free (bounded): what is left of the killed tree's group is
-    killed (its root gone, the group still names it), zombies are reaped by their parents. A pid still
-    taken then fails `criu restore` with its reason."""
-    if not pids:
-        return
-    root = pids[0]
-    if _gone_or_zombie(root):  # the group still names the dead root: what is left of its tree
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(root, signal.SIGKILL)
-    end = time.monotonic() + PIDS_FREE_SECONDS
-    while time.monotonic() < end:
-        held = [p for p in pids if Path(f"/proc/{p}").exists()]
-        if not held or any(_stranger(p, root) for p in held):
-            return  # free, or one taken by another process: no use waiting (the restore says which)
-        time.sleep(0.02)
-
-
-def _stranger(pid: int, group: int) -> bool:
-    """A live process outside the killed tree's process group: it will not go away by itself."""
+def _restored_already(captured: Captured, images: Path) -> int | None:
+    """The root of a tree CRIU restored from these images that nothing recorded (a daemon killed during the
+    restore): the pid in CRIU's pidfile, running the captured command line (not a stranger reusing it)."""
     try:
-        return not _gone_or_zombie(pid) and os.getpgid(pid) != group
-    except OSError:
-        return False
-
-
-def _gone_or_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def _restored_already(captured: Captured) -> bool:
-    """The captured root pid runs the captured command line: the tree is restored already (by a daemon
-    killed before it recorded it), not a stranger holding the pid."""
-    try:
-        cmdline = Path(f"/proc/{captured.pids[0]}/cmdline").read_bytes()
-    except (OSError, IndexError):
-        return False
+        pid = int((images / "restore.pid").read_bytes()[:32].decode("ascii", errors="replace").strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
     argv = [a.encode() for a in captured.record.argv]
     # A script's interpreter comes first (`#!`): the command line ends with the recorded argv.
-    return bool(argv) and cmdline.rstrip(b"\0").split(b"\0")[-len(argv) :] == argv
+    return pid if argv and cmdline.rstrip(b"\0").split(b"\0")[-len(argv) :] == argv else None

@@ -1,0 +1,115 @@
+"""The capture of a deployment's ready server (issue 41, docs/snapshots.md), for the worker's `SnapshotEdge`:
+the dump ends the server's tree and it is restored at once from the image, which proves the snapshot; the
+restored tree is adopted as the deployment's server. Around `snapshot.capture`: the store's entry, the files
+the image refers to by path (the /dev/shm segments, CRIU's link-remap files), the manifest, the disk budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dankserve.host.gpu_processes import process_tree
+from dankserve.runtime.process import ProcessRecord, ProcessRuntime
+from dankserve.snapshot import capture as capturing
+from dankserve.snapshot import criu, shm, store
+from dankserve.snapshot.steps import Hooks, kill_tree
+from dankserve.supervisor import machine as m
+
+
+@dataclass(frozen=True)
+class CaptureJob:
+    """Whose server, where its snapshot goes, the disk budget."""
+
+    name: str
+    root: Path
+    record: ProcessRecord
+    runtime: ProcessRuntime
+    max_bytes: int
+
+
+def capture_tree(
+    job: CaptureJob, manifest: dict[str, Any], gpu: Any, hooks_for: Callable[[Callable[[], None]], Hooks], log: Any
+) -> m.Event:
+    """Captures and restores the server; SnapshotCaptured with the restored workload, or why not (and whether
+    the server was lost: its tree ended at the dump and the restore failed)."""
+    name, root, record, runtime = job.name, job.root, job.record, job.runtime
+    store.check_root(root, create=True)
+    store.remove(root, name)
+    entry = root / name
+    entry.mkdir(mode=0o700)
+    (entry / "images").mkdir(mode=0o700)
+    pids = tuple(process_tree(record.pid))
+    deleted = shm.deleted_inodes(pids)
+    manifest.update(pids=list(pids), record=record.to_json(), shm=[], link_remaps=[])
+    put: dict[str, int] = {}
+
+    def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
+        manifest["shm"] = list(shm.save(shm.segments(pids), entry / "shm"))
+
+    def keep_files(canary_ids: tuple[int, ...], holders: tuple[int, ...]) -> None:
+        """The tree ended at the dump: CRIU's link-remap files kept beside the segments (the restore consumes
+        them), both put back, and the manifest written before the restore (a daemon killed during it finds
+        the restored tree as after any restore)."""
+        manifest["link_remaps"] = list(shm.save(shm.link_remaps(deleted), entry / "shm"))
+        put.update(shm.put_back((*manifest["shm"], *manifest["link_remaps"]), entry / "shm"))
+        now = time.time()
+        manifest.update(captured_at=now, last_used=now, holders=list(holders), canary_ids=list(canary_ids))
+        store.write_manifest(root, name, manifest)
+
+    try:
+        outcome = capturing.capture(
+            record.pid,
+            entry / "images",
+            gpu,
+            hooks_for(keep_segments),
+            after_dump=keep_files,
+            criu_binary=criu.criu_path(),
+            appended=(runtime.log_path(name),),
+        )
+    finally:
+        shm.clear_remaps(put)
+    if not outcome.ok or outcome.pid is None:
+        reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
+        store.remove(root, name)
+        return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost)
+    try:
+        workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
+    except OSError as exc:  # unrecorded, it could never be stopped: ended, and a normal boot runs
+        kill_tree(outcome.pid)
+        store.remove(root, name)
+        return m.SnapshotCaptureFailed(f"the restored server could not be recorded: {exc}", server_lost=True)
+    outage = capturing.outage_seconds(outcome)
+    timings = {k: round(v, 4) for k, v in outcome.timings.items()}
+    log.info("snapshot_capture_restored", pid=outcome.pid, **timings)
+    size = store.read_entry(root, name).bytes
+    store.evict(root, max_bytes=job.max_bytes, incoming_bytes=0, keep=name)
+    if sum(e.bytes for e in store.list_entries(root)) > job.max_bytes:
+        store.remove(root, name)
+        why = f"the snapshot takes {size} bytes, over snapshot_max_bytes ({job.max_bytes})"
+        return m.SnapshotCaptureFailed(why, workload_id=workload)
+    manifest.update(outage_seconds=round(outage, 3), timings=timings)
+    store.write_manifest(root, name, manifest)
+    return m.SnapshotCaptured(outage, size, workload_id=workload)
+
+
+def keep_criu_log(root: Path, name: str, reason: str) -> str:
+    """CRIU's log of a failed dump or restore, kept beside the store (`.NAME.criu.log`, 0600) as the entry
+    it was in is deleted: the reason names the kept copy."""
+    for log in ("dump.log", "restore.log"):
+        source = root / name / "images" / log
+        if f"(log: {source})" not in reason:
+            continue
+        kept = root / f".{name}.criu.log"
+        with contextlib.suppress(OSError):
+            kept.unlink(missing_ok=True)
+            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(source.read_bytes()[-(1 << 20) :])
+            return reason.replace(f"(log: {source})", f"(log: {kept})")
+    return reason

@@ -1,0 +1,65 @@
+"""The files a snapshot keeps beside its images (dankserve/snapshot/shm.py): the link-remap files CRIU's
+dump made of the tree's deleted /dev/shm files, found by inode (only this dump's), names checked as hostile
+input, put back with their mode, and those a failed restore did not consume deleted (never another's)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from dankserve.snapshot import shm
+
+
+def test_a_mapped_deleted_file_is_found_by_inode_and_only_its_link_remap_is_this_dump_s(tmp_path: Path) -> None:
+    held = tmp_path / "sem.tmp"
+    held.write_bytes(b"\0" * 32)
+    with held.open("r+b") as handle:
+        mapped = mmap.mmap(handle.fileno(), 32)
+        os.link(held, tmp_path / "link_remap.7")  # as CRIU's --link-remap does at the dump
+        os.link(held, tmp_path / "sem.final")  # the name glibc's sem_open links it to
+        held.unlink()
+        (tmp_path / "link_remap.8").write_bytes(b"another tree's")
+        try:
+            inodes = shm.deleted_inodes([os.getpid()], tmp_path)
+            assert (tmp_path / "link_remap.7").stat().st_ino in inodes
+            assert shm.link_remaps(inodes, tmp_path) == ("link_remap.7",), "not another dump's"
+        finally:
+            mapped.close()
+
+
+@pytest.mark.parametrize("name", ["link_remap.1", "link_remap.123456789012"])
+def test_link_remap_names(name: str) -> None:
+    assert shm.is_link_remap(name)
+
+
+@pytest.mark.parametrize("name", ["link_remap.", "link_remap.x", "link_remap.1/..", "xlink_remap.1", "link_remap.1e3"])
+def test_what_is_not_a_link_remap_name(name: str) -> None:
+    assert not shm.is_link_remap(name)
+
+
+def test_put_back_keeps_the_mode_and_a_failed_restore_s_leftovers_go_but_not_another_s(tmp_path: Path) -> None:
+    saved, target = tmp_path / "saved", tmp_path / "shm"
+    saved.mkdir()
+    target.mkdir()
+    for name in ("link_remap.3", "link_remap.4", "seg"):
+        (saved / name).write_bytes(name.encode())
+        (saved / name).chmod(0o644)
+    put = shm.put_back(["link_remap.3", "link_remap.4", "seg"], saved, target)
+    assert set(put) == {"link_remap.3", "link_remap.4"}, "only link-remaps are cleared after a restore"
+    assert ((target / "seg").stat().st_mode & 0o777) == 0o644, "CRIU checks the mode it saw"
+    (target / "link_remap.3").unlink()  # consumed by a restore
+    (target / "link_remap.4").unlink()
+    (target / "link_remap.4").write_bytes(b"another dump's, made since")
+    shm.clear_remaps(put, target)
+    assert (target / "link_remap.4").read_bytes() == b"another dump's, made since"
+    put = shm.put_back(["link_remap.3"], saved, target)
+    shm.clear_remaps(put, target)  # a failed restore did not consume it
+    assert not (target / "link_remap.3").exists()
+
+
+def test_a_hostile_name_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a shared-memory segment"):
+        shm.put_back(["../etc"], tmp_path, tmp_path)
