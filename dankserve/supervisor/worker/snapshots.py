@@ -41,8 +41,8 @@ from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import snapshot_rollback as rollback
-from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
 from dankserve.supervisor.worker.snapshot_capture import CaptureJob, capture_tree, keep_criu_log
+from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
 
 _MAX_WEIGHT_FILES = 10_000
 
