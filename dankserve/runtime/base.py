@@ -130,6 +130,9 @@ class WorkloadSpec:
     deployment's private one (0700), mounted into a container at CONTAINER_BACKEND_RUN."""
     kernels: KernelsDir | None = None
     """The kept kernels of the image's vLLM release (None: its release has no `vllm download-kernels`)."""
+    criu_config: Path | None = None
+    """Podman: the CRIU configuration file runc hands CRIU at a checkpoint or restore of the container
+    (the `org.criu.config` annotation; snapshots, issue 41). None: runc's default."""
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 planning, the capture of its ready server, the restore in a boot's place. What to do when is the machine's
 (`machine/snapshots.py`); this runs it against the store, CRIU, the GPU checkpoint and the server's routes.
 
-The process runtime only, so far (Podman's checkpoint through its REST API is not wired: its verdict says
-so). The server's tree keeps its pids through a restore: they must be free then, so the restore waits
-(bounded) for the killed tree's processes to be gone, and a pid another process took fails the restore
+The process runtime here; a Podman deployment's container through Podman's checkpoint and restore
+(`podman_snapshots.py`). The server's tree keeps its pids through a restore: they must be free then, so
+the restore waits (bounded) for the killed tree's processes to be gone, and a pid another process took fails the restore
 (the normal boot runs). Every failure is a reason, never an exception: the machine discards and boots.
 """
 
@@ -28,6 +28,7 @@ from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
 from dankserve.runtime.base import Runtime
+from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import capture as capturing
@@ -38,6 +39,7 @@ from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import canary_ids
+from dankserve.supervisor.worker import podman_snapshots as podman
 
 PIDS_FREE_SECONDS = 10.0
 """How long a restore waits for the killed tree's pids to be free (its processes reaped)."""
@@ -91,8 +93,9 @@ class SnapshotEdge:
                 if store.remove(store.store_root(self._settings().state_dir), self._name):
                     self._log.info("snapshot_discarded", reason='snapshot = "off"')
             return m.SnapshotPlan("off", 'snapshot = "off"')
-        if not isinstance(runtime, ProcessRuntime):
-            return m.SnapshotPlan("off", "Podman's checkpoint and restore are not wired yet: the process runtime only")
+        unusable = None if isinstance(runtime, ProcessRuntime) else podman.unsupported(runtime, dep)
+        if unusable is not None:
+            return m.SnapshotPlan("off", unusable)
         if len(plan.gpu_uuids) != 1 or dep.hosts:
             return m.SnapshotPlan("off", "more than one GPU (TP > 1: NCCL cannot be checkpointed)")
         binary = criu.criu_path()
@@ -107,6 +110,8 @@ class SnapshotEdge:
         self._sleeps = plan.sleep_mode
         root = store.store_root(settings.state_dir)
         try:
+            if isinstance(runtime, PodmanRuntime):
+                podman.write_criu_config(settings.state_dir)  # named by the container it creates
             if not store.check_root(root):
                 return m.SnapshotPlan("absent", "none captured yet: the ready server is captured once")
         except DankserveError as exc:
@@ -114,8 +119,8 @@ class SnapshotEdge:
             return m.SnapshotPlan("off", exc.message)
         entry = store.read_entry(root, self._name)
         if entry.state == "ready":
-            captured = read_captured(entry.path)
-            why = "its manifest is unreadable" if captured is None else invalid_reason(captured.key, self._key)
+            stored = stored_key(entry.path)
+            why = "its manifest is unreadable" if stored is None else invalid_reason(stored, self._key)
             if why is None:
                 return m.SnapshotPlan("ready", "valid for this plan: the next start restores it")
             self._discard(root, why)
@@ -147,13 +152,18 @@ class SnapshotEdge:
     def repair_interrupted(self, dep: DeploymentSettings, pid: int | None) -> None:
         """A server found running beside an entry without a manifest: a capture the daemon did not finish
         (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
-        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict."""
+        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. Beside
+        a ready entry, a server whose CUDA processes are not running is a restore a killed daemon left (a
+        Podman container restored, not yet GPU-restored and woken): the same repair."""
         root = store.store_root(self._settings().state_dir)
+        state = None
         with contextlib.suppress(DankserveError, OSError):
-            if pid is None or not store.check_root(root) or store.read_entry(root, self._name).state != "incomplete":
-                return
-        if pid is None:
+            if pid is not None and store.check_root(root):
+                state = store.read_entry(root, self._name).state
+        if pid is None or state not in ("incomplete", "ready"):
             return
+        if state == "ready" and not podman.interrupted(pid, self._gpu()):
+            return  # a server serving beside its snapshot
         done: list[str] = []
         try:
             gpu = self._gpu()
@@ -166,7 +176,8 @@ class SnapshotEdge:
             reason = exc.message if isinstance(exc, DankserveError) else str(exc)
             self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
             return
-        self._log.warning("snapshot_capture_interrupted", pid=pid, repaired=done or ["nothing to undo"])
+        event = "snapshot_restore_resumed" if state == "ready" else "snapshot_capture_interrupted"
+        self._log.warning(event, pid=pid, repaired=done or ["nothing to undo"])
 
     def _gpu_running(self, holders: Iterable[int], done: list[str]) -> None:
         """Each CUDA process back to running from wherever a stopped sequence left it."""
@@ -196,7 +207,7 @@ class SnapshotEdge:
     def _capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
         key = self._key
         record = record_of(runtime, workload_id) if isinstance(runtime, ProcessRuntime) else None
-        if key is None or record is None:
+        if key is None or (record is None and not isinstance(runtime, PodmanRuntime)):
             return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         settings = self._settings()
         root = store.store_root(settings.state_dir)
@@ -206,14 +217,19 @@ class SnapshotEdge:
         entry.mkdir(mode=0o700)
         images = entry / "images"
         images.mkdir(mode=0o700)
-        pids = tuple(process_tree(record.pid))
-        saved: list[str] = []
+        if record is None:  # Podman: its checkpoint and restore (podman_snapshots.py)
+            assert isinstance(runtime, PodmanRuntime)
+            outcome, kept = podman.capture(runtime, workload_id, images, self._gpu(), self._hooks(dep))
+        else:
+            pids = tuple(process_tree(record.pid))
+            saved: list[str] = []
 
-        def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
-            saved[:] = shm.save(shm.segments(pids), entry / "shm")
+            def keep_segments() -> None:  # asleep and idle: the segments as the dump finds the memory
+                saved[:] = shm.save(shm.segments(pids), entry / "shm")
 
-        hooks = self._hooks(dep, after_sleep=keep_segments)
-        outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
+            hooks = self._hooks(dep, after_sleep=keep_segments)
+            outcome = capturing.capture(record.pid, images, self._gpu(), hooks, criu_binary=criu.criu_path())
+            kept = {"pids": list(pids), "record": record.to_json(), "shm": saved}
         if not outcome.ok:
             reason = keep_criu_log(root, self._name, outcome.reason or "the capture failed")
             store.remove(root, self._name)
@@ -231,12 +247,10 @@ class SnapshotEdge:
             "captured_at": now,
             "last_used": now,
             "key": _key_json(key),
-            "pids": list(pids),
             "holders": list(outcome.holders),
             "canary_ids": list(outcome.canary_ids),
-            "record": record.to_json(),
             "sleeps": self._sleeps,
-            "shm": saved,
+            **kept,
             "outage_seconds": round(capturing.outage_seconds(outcome), 3),
             "timings": {k: round(v, 4) for k, v in outcome.timings.items()},
         }
@@ -261,6 +275,15 @@ class SnapshotEdge:
 
     def _restore(self, dep: DeploymentSettings, runtime: Runtime, root: Path, boot: int, began: float) -> m.Event:
         entry = store.read_entry(root, self._name)
+        if isinstance(runtime, PodmanRuntime):
+            manifest = podman.read_manifest(entry.path) if entry.state == "ready" else None
+            self._sleeps = bool(manifest and manifest.get("sleeps"))
+            hooks = self._hooks(dep)
+            keys = (stored_key(entry.path), self._key)
+            done = podman.restore_entry(
+                runtime, self._name, entry, keys=keys, gpu=self._gpu(), hooks=hooks, manifest=manifest
+            )
+            return done if isinstance(done, m.RestoreFailed) else self._restored(root, done[1], done[0], boot, began)
         captured = read_captured(entry.path) if entry.state == "ready" else None
         if captured is None or self._key is None or not isinstance(runtime, ProcessRuntime):
             return m.RestoreFailed(entry.reason or "the snapshot's manifest is unreadable")
@@ -287,12 +310,15 @@ class SnapshotEdge:
             return m.RestoreFailed(outcome.reason or "the restore failed")
         restored = replace(captured.record, pid=outcome.pid)
         workload = runtime.adopt_restored(restored)
+        return self._restored(root, workload.id, outcome, boot, began, pids_wait_seconds=round(waited, 3))
+
+    def _restored(self, root: Path, workload_id: str, outcome: Any, boot: int, began: float, **more: float) -> m.Event:
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
-        self._log.info("snapshot_restored", seconds=round(seconds, 3), pids_wait_seconds=round(waited, 3), **timings)
+        self._log.info("snapshot_restored", seconds=round(seconds, 3), **more, **timings)
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
-        return m.Restored(workload.id, boot, seconds)
+        return m.Restored(workload_id, boot, seconds)
 
     def _resume(
         self, dep: DeploymentSettings, runtime: ProcessRuntime, captured: Captured, boot: int, began: float
@@ -322,34 +348,8 @@ class SnapshotEdge:
         return self._gpu_checkpoint()
 
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
-        """The server's sleep (level 2), wake and greedy canary; without sleep mode the sleep and wake are
-        skipped (the GPU checkpoint then copies the weights too: a bigger snapshot)."""
-        settings = self._settings()
-        address = backend_address(settings, self._name, dep)
-        key = _read_key(dep)
-        model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-        sleeps = self._sleeps
-
-        def sleep() -> None:
-            if sleeps:
-                answer = self._edges.sleep_server(address, key, "2")
-                if not isinstance(answer, m.FellAsleep):
-                    raise StepFailed(str(getattr(answer, "message", answer)))
-            after_sleep()
-
-        def wake() -> None:
-            if sleeps:
-                answer = self._edges.wake_server(address, key, "2")
-                if not isinstance(answer, m.WokeUp):
-                    raise StepFailed(str(getattr(answer, "message", answer)))
-
-        def canary() -> tuple[int, ...]:
-            ids = canary_ids(address, key, model)
-            if isinstance(ids, str):
-                raise StepFailed(ids)
-            return ids
-
-        return Hooks(sleep=sleep, wake=wake, canary=canary)
+        address = backend_address(self._settings(), self._name, dep)
+        return server_hooks(self._edges, address, dep, sleeps=self._sleeps, after_sleep=after_sleep)
 
     def _discard(self, root: Path, why: str) -> None:
         why = keep_criu_log(root, self._name, why)
@@ -358,18 +358,59 @@ class SnapshotEdge:
             store.remove(root, self._name)
 
 
+def _parse_key(key: Any) -> SnapshotKey:
+    return SnapshotKey(
+        argv=tuple(str(a) for a in key["argv"]),
+        env=tuple((str(k), str(v)) for k, v in key["env"]),
+        weights=tuple(WeightsFile(str(w[0]), int(w[1]), int(w[2])) for w in key["weights"]),
+        **{f: str(key[f]) for f in _KEY_TEXT},
+    )
+
+
+def stored_key(path: Path) -> SnapshotKey | None:
+    """The key a snapshot was captured with, whatever its runtime (None: unreadable)."""
+    try:
+        return _parse_key(json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])["key"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+
+
+def server_hooks(
+    edges: Any, address: Any, dep: DeploymentSettings, *, sleeps: bool, after_sleep: Callable[[], None]
+) -> Hooks:
+    """The server's sleep (level 2), wake and greedy canary; without sleep mode the sleep and wake are
+    skipped (the GPU checkpoint then copies the weights too: a bigger snapshot)."""
+    key = _read_key(dep)
+    model = served_name(dep.served_model_name, dep.extra_args, dep.model)
+
+    def sleep() -> None:
+        if sleeps:
+            answer = edges.sleep_server(address, key, "2")
+            if not isinstance(answer, m.FellAsleep):
+                raise StepFailed(str(getattr(answer, "message", answer)))
+        after_sleep()
+
+    def wake() -> None:
+        if sleeps:
+            answer = edges.wake_server(address, key, "2")
+            if not isinstance(answer, m.WokeUp):
+                raise StepFailed(str(getattr(answer, "message", answer)))
+
+    def canary() -> tuple[int, ...]:
+        ids = canary_ids(address, key, model)
+        if isinstance(ids, str):
+            raise StepFailed(ids)
+        return ids
+
+    return Hooks(sleep=sleep, wake=wake, canary=canary)
+
+
 def read_captured(path: Path) -> Captured | None:
     """The manifest's capture, read as hostile input (None: not one of ours)."""
     try:
         data = json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])
-        key = data["key"]
         return Captured(
-            key=SnapshotKey(
-                argv=tuple(str(a) for a in key["argv"]),
-                env=tuple((str(k), str(v)) for k, v in key["env"]),
-                weights=tuple(WeightsFile(str(w[0]), int(w[1]), int(w[2])) for w in key["weights"]),
-                **{f: str(key[f]) for f in _KEY_TEXT},
-            ),
+            key=_parse_key(data["key"]),
             pids=tuple(int(p) for p in data["pids"]),
             holders=tuple(int(p) for p in data["holders"]),
             canary_ids=tuple(int(i) for i in data["canary_ids"]),
