@@ -150,6 +150,28 @@ def _engine_main(link: socket.socket, parent: int, nvml_dir: str | None, checkpo
         core.on_signal()
 
 
+def _renamed_mapping(shm_dir: str) -> mmap.mmap | None:
+    """A small file mapped by a name then deleted from it, linked under another (glibc's sem_open: create
+    `sem.XXXXXX`, link it to `sem.NAME`, unlink the first): the mapping's path is gone, the file is not."""
+    first = Path(shm_dir) / f"sem.tmp{os.getpid()}"
+    final = Path(shm_dir) / f"sem.fake-vllm-{os.getpid()}"
+    try:
+        fd = os.open(first, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, 32)
+        mapped = mmap.mmap(fd, 32, mmap.MAP_SHARED)
+        final.unlink(missing_ok=True)
+        os.link(first, final)
+        return mapped
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        first.unlink(missing_ok=True)
+
+
 class EngineLink:
     """The API server's side: the engine core's pid, the socket to it, the shared segment."""
 
@@ -161,9 +183,19 @@ class EngineLink:
         self._lock = threading.Lock()
         self._shm: Path | None = None
         self._map: mmap.mmap | None = None
+        self._semaphore: mmap.mmap | None = None
 
-    def start(self, *, checkpoint_fail: int, shm_dir: str, close_in_child: tuple[socket.socket, ...] = ()) -> None:
+    def start(
+        self,
+        *,
+        checkpoint_fail: int,
+        shm_dir: str,
+        semaphore: bool = False,
+        close_in_child: tuple[socket.socket, ...] = (),
+    ) -> None:
         self._open_shm(shm_dir)
+        if semaphore:
+            self._semaphore = _renamed_mapping(shm_dir)
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         parent = os.getpid()
         pid = os.fork()

@@ -82,6 +82,10 @@ class Knobs:
     CUDA_ERROR_NOT_SUPPORTED, as for a process with CUDA IPC or UVM memory); 0 succeeds (engine_core.py)."""
     shm_dir: str = "/dev/shm"
     """FAKE_VLLM_SHM_DIR: where the API server and the engine core share their segment (vLLM's shm queue)."""
+    shm_semaphore: bool = False
+    """FAKE_VLLM_SHM_SEMAPHORE: the API server also maps a file in the shm directory that is deleted from its
+    first name and linked under another, as glibc's sem_open leaves vLLM's POSIX semaphores: CRIU dumps it
+    only with `--link-remap`, and keeps the link-remap file only when the tree does not keep running."""
 
 
 def _number(env: Mapping[str, str], name: str, default: float | None) -> float | None:
@@ -176,4 +180,5 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         wake_tokens_differ=_flag(env, "FAKE_VLLM_WAKE_TOKENS_DIFFER"),
         gpu_checkpoint_fail=_cuda_error(env, "FAKE_VLLM_GPU_CHECKPOINT_FAIL"),
         shm_dir=env.get("FAKE_VLLM_SHM_DIR", "").strip() or "/dev/shm",
+        shm_semaphore=_flag(env, "FAKE_VLLM_SHM_SEMAPHORE"),
     )
