@@ -54,3 +54,17 @@ def test_real_criu_reading() -> None:
     assert reading.path is not None and reading.version is not None
     assert reading.version.count(".") >= 1
     assert snapshot_verdict(reading, wanted=True).verdict in ("ok", "warn")
+
+
+def test_podman_snapshots_say_which_criu_podman_runs_and_which_deployments_it_cannot_checkpoint() -> None:
+    from dankserve.doctor import podman_snapshot_verdict
+    from dankserve.runtime.podman.checkpoint import criu_of
+
+    assert criu_of({"host": {"ociRuntime": {"name": "runc"}}}) is None, "Podman 4.3 says nothing of CRIU"
+    assert criu_of({"host": {"criuEnabled": True}}) == "criuEnabled=True"
+    ok = podman_snapshot_verdict(None, "/usr/local/sbin/criu", {})
+    assert ok.verdict == "ok" and "/usr/local/sbin/criu" in ok.detail and "Podman 4.3" in ok.detail
+    missing = podman_snapshot_verdict(None, None, {})
+    assert missing.verdict == "warn" and "make system-deps" in (missing.fix or "")
+    blocked = podman_snapshot_verdict("criuEnabled=True", "/usr/local/sbin/criu", {"chat": "shares /dev/shm"})
+    assert blocked.verdict == "warn" and "chat: shares /dev/shm" in blocked.detail

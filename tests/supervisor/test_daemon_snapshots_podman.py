@@ -153,11 +153,16 @@ def _no_failure_counted(daemon: RunningDaemon) -> None:
     assert {e["failure"] for e in daemon.events_named("boot_failed")} <= {"engine_dead"}
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+@pytest.fixture(params=["truncate", "garbage"])
+def damaged(request: pytest.FixtureRequest, tmp_path: Path, gpus: StandInGpus) -> tuple[str, Path]:
+    """How the archive is damaged, and the host file naming the stand-in GPUs."""
+    return str(request.param), _host(tmp_path, gpus)
+
+
 def test_a_corrupt_or_truncated_archive_is_discarded_and_the_same_restart_boots(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str, damage: str
+    tmp_path: Path, podman_env: PodmanEnv, vllm_image: str, deployment: str, damaged: tuple[str, Path]
 ) -> None:
-    host = _host(tmp_path, gpus)
+    damage, host = damaged
     port = free_port()
     with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
         _captured(daemon, deployment)
