@@ -19,23 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
-from dankserve.doctor import read_criu
 from dankserve.runtime.base import CONTAINER_HF_HOME, workload_name
-from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.faults import small_snapshot_store
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
+from tests.supervisor.test_daemon_snapshots import READY
+from tests.supervisor.test_daemon_snapshots import pytestmark as criu_marks
 
-_reading = read_criu(criu_path())
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.podman,
-    pytest.mark.skipif(
-        _reading.path is None or not _reading.check_ok or os.geteuid() != 0,
-        reason="needs root and a working CRIU >= 4.2 (make system-deps)",
-    ),
-]
-READY = "Application startup complete."
+# Root and a working CRIU, as the process runtime's tests (their marks), on the real Podman service.
+pytestmark = [*criu_marks, pytest.mark.podman]
 
 
 def _deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
@@ -259,13 +252,7 @@ def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reaso
     """The store on an 8 MiB file system (the archive is about 30 MB): writing Podman's archive fails after its
     checkpoint stopped the container; the container is restored in place, the capture undone (engine core
     unlocked, awake), nothing half-written kept, the reason in status, the same container serving."""
-    store_dir = tmp_path / "state" / "snapshots"
-    store_dir.mkdir(parents=True, mode=0o700)
-    (tmp_path / "state").chmod(0o700)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(store_dir)], check=False)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with small_snapshot_store(tmp_path) as store_dir:
         host = _host(tmp_path, gpus)
         port = free_port()
         with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
@@ -279,8 +266,6 @@ def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reaso
             assert [p.name for p in store_dir.iterdir()] == [".podman-criu.conf"], "nothing half-written"
             _ids(port)
             assert after["boots"] == 1 and not daemon.events_named("boot_failed")
-    finally:
-        subprocess.run(["umount", str(store_dir)], check=False)
 
 
 def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
