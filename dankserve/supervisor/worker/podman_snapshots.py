@@ -108,7 +108,11 @@ class PodmanRunner(Runner):
                     else:
                         restored = runtime.restore_import(self.images / ARCHIVE, self.deployment)
                 except PodmanCheckpointFailed as exc:
-                    raise StepFailed(_with_log(exc, self.images, "restore.log")) from exc
+                    reason = _with_log(exc, self.images, "restore.log")
+                    left = None if self.in_place else runtime.find(self.deployment)
+                    if left is not None:  # a failed import leaves the container it created: the boot needs the name
+                        runtime.remove(left.id)
+                    raise StepFailed(reason) from exc
                 self.container, self.outcome.pid = restored.id, restored.pid
             case "kill_tree":
                 runtime.remove(self.container)
