@@ -32,6 +32,8 @@ CALL_TIMEOUT_S = 600.0
 _CHUNK = 1 << 20
 _ANSWER_BYTES = 64 * 1024
 _LOG_FILE = re.compile(r"log file: (\S+?\.log)")
+_WORK_PATH = re.compile(r"--work-path (\S+)")
+"""A failed `runc checkpoint` is answered with its command line only: CRIU's log is in its work path."""
 
 
 class PodmanCheckpointFailed(EnvironmentUnusable):
@@ -114,7 +116,9 @@ def _failed(what: str, message: str) -> PodmanCheckpointFailed:
     """Podman's answer, with CRIU's first error line from the log it names (the log is in the container's
     userdata, which goes with the container)."""
     found = _LOG_FILE.search(message)
-    log = Path(found.group(1)) if found else None
+    work = _WORK_PATH.search(message)
+    named = "dump.log" if what == "checkpoint" else "restore.log"
+    log = Path(found.group(1)) if found else Path(work.group(1)) / named if work else None
     detail = first_criu_error(log) if log is not None else None
     said = " ".join(message.split())[:600]
     return PodmanCheckpointFailed(f"Podman's {what} failed: {said}" + (f"; CRIU: {detail}" if detail else ""), log=log)

@@ -153,9 +153,10 @@ class PodmanRuntime(Runtime):
         return self._containers.inspect(workload_id)
 
     # -- snapshots (issue 41, checkpoint.py) -------------------------------------------------------
-    def checkpoint(self, workload_id: str, export_to: Path) -> int:
-        """The container checkpointed (it stops) and its archive written to `export_to`; its bytes."""
-        return checkpointing.checkpoint(self._session, workload_id, export_to)
+    def checkpoint(self, workload_id: str, export_to: Path, *, leave_running: bool = False) -> int:
+        """The container checkpointed (it stops, unless `leave_running`: docs/snapshots.md says why a capture
+        does not) and its archive written to `export_to`; its bytes."""
+        return checkpointing.checkpoint(self._session, workload_id, export_to, leave_running=leave_running)
 
     def restore_in_place(self, workload_id: str) -> Workload:
         """The checkpointed container restored from its own images."""
