@@ -313,3 +313,47 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
         assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
         assert _ids(port) == ids
         assert daemon.events_named("snapshot_captured"), "captured again"
+
+
+def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+) -> None:
+    """A graceful stop removes the container (its /dev/shm with it): the archive holds its own copy."""
+    host = _host(tmp_path, gpus)
+    port = free_port()
+    dep = _deployment(vllm_image, port)
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(port)
+        assert daemon.cli("down", deployment).returncode == 0
+        assert daemon.cli("up", deployment).returncode == 0
+        _restored(daemon, deployment, 1)
+        assert _ids(port) == ids
+        assert daemon.cli("restart", deployment).returncode == 0
+        after = _restored(daemon, deployment, 2)
+        assert after["snapshot"]["last_failure"] is None
+        assert _ids(port) == ids
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:  # its container was removed at the stop
+        after = daemon.wait_for(
+            deployment, lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=90
+        )
+        assert after["snapshot"]["last_failure"] is None
+        assert _ids(port) == ids
+        _no_failure_counted(daemon)
+
+
+def test_a_swap_member_is_captured_asleep_at_level_2_and_restored(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+) -> None:
+    """With sleep mode (a swap group's member) the capture sleeps the server at level 2 and wakes it; the
+    restore wakes what it restored; the canary holds."""
+    host = _host(tmp_path, gpus)
+    port = free_port()
+    dep = _deployment(vllm_image, port, swap_group="g")
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        assert json.loads((daemon.state_dir / "snapshots" / deployment / "manifest.json").read_text())["sleeps"]
+        ids = _ids(port)
+        _kill(podman_env, deployment)
+        _restored(daemon, deployment, 1)
+        assert _ids(port) == ids
