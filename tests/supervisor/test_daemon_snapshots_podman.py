@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from dankserve.runtime.base import CONTAINER_HF_HOME, workload_name
+from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
 from tests.harness.faults import small_snapshot_store
 from tests.harness.gpus import StandInGpus
@@ -357,3 +358,40 @@ def test_a_swap_member_is_captured_asleep_at_level_2_and_restored(
         _kill(podman_env, deployment)
         _restored(daemon, deployment, 1)
         assert _ids(port) == ids
+
+
+def test_a_podman_service_without_criu_fails_the_capture_with_its_answer_and_serves(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+) -> None:
+    """dankserve finds CRIU, the Podman service does not (its PATH lacks it): the capture fails with Podman's
+    answer in status, the container serves on, and no failure is counted."""
+    from dataclasses import replace
+
+    from tests.harness.podman_service import RestartableService
+
+    criu = criu_path()
+    assert criu is not None
+    hidden = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "criu").exists())
+    service = RestartableService(replace(podman_env, env={**podman_env.env, "PATH": hidden}), tmp_path / "svc")
+    service.start()
+    try:
+        host = _host(tmp_path, gpus)
+        port = free_port()
+        dep = _deployment(vllm_image, port)
+        with running_daemon(
+            tmp_path,
+            {deployment: dep},
+            hardware=host,
+            extra_globals={"podman_url": service.url},
+            extra_env={"DANKSERVE_CRIU": criu},
+        ) as daemon:
+            after = daemon.wait_for(
+                deployment, lambda d: d["state"] == "ready" and d["snapshot"]["last_failure"], timeout=120
+            )
+            failure = after["snapshot"]["last_failure"]
+            assert "capture failed at criu_dump: Podman's checkpoint failed" in failure, failure
+            assert after["snapshot"]["state"] == "absent" and after["boots"] == 1
+            _ids(port)
+            _no_failure_counted(daemon)
+    finally:
+        service.stop()
