@@ -287,6 +287,7 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
     entry = tmp_path / "state" / "snapshots" / deployment
     gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
     podman_env.podman("rm", "-f", name)
+    (entry / "restoring").touch()  # what the killed daemon left, beside the container Podman restored
     podman_env.podman("container", "restore", "--import", str(entry / "images" / "checkpoint.tar"), "--name", name)
     pid = int(_container(podman_env, name)["State"]["Pid"])
     (engine,) = _children(pid)
@@ -297,7 +298,7 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
         assert gpu.state(engine) == "running"
         (resumed,) = daemon.events_named("snapshot_restore_resumed")
         assert resumed["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
-        assert after["snapshot"]["state"] == "ready"
+        assert after["snapshot"]["state"] == "ready" and not (entry / "restoring").exists()
         assert _ids(port) == ids
         daemon.kill()
     gpu.lock(engine)
@@ -314,6 +315,15 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
         assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
         assert _ids(port) == ids
         assert daemon.events_named("snapshot_captured"), "captured again"
+        daemon.kill()
+    # Killed after Podman's checkpoint stopped the container, before its restore in place: the next daemon
+    # replaces the stopped container by a normal boot.
+    podman_env.podman("container", "checkpoint", name)
+    (entry / "manifest.json").unlink()
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        after = _booted_normally(daemon, deployment)
+        assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
+        assert _ids(port) == ids
 
 
 def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
@@ -341,6 +351,23 @@ def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
         assert after["snapshot"]["last_failure"] is None
         assert _ids(port) == ids
         _no_failure_counted(daemon)
+
+
+def test_an_engine_core_killed_with_9_is_restored_too(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+) -> None:
+    """The engine core dies (the API server answers 500, /health 503): the restart restores the archive."""
+    from tests.supervisor.test_daemon_snapshots import _children
+
+    host = _host(tmp_path, gpus)
+    port = free_port()
+    with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(port)
+        (engine,) = _children(int(_container(podman_env, workload_name(deployment))["State"]["Pid"]))
+        os.kill(engine, 9)
+        after = _restored(daemon, deployment, 1)
+        assert after["restarts"] == 1 and _ids(port) == ids
 
 
 def test_a_swap_member_is_captured_asleep_at_level_2_and_restored(

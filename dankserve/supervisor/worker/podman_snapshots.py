@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import inner_pid, process_tree
 from dankserve.runtime.base import Workload
 from dankserve.runtime.podman.checkpoint import CRIU_CONFIG, PodmanCheckpointFailed, shared_shm
@@ -39,6 +38,9 @@ from dankserve.supervisor import machine as m
 
 ARCHIVE = "checkpoint.tar"
 """Podman's exported archive, in the entry's images/."""
+RESTORING = "restoring"
+"""Beside the images while a restore runs: a daemon killed meanwhile leaves it, and the next one knows that the
+container it finds was restored and not yet GPU-restored and woken (not, say, a swap member suspended)."""
 _GPU_STEPS = ("gpu_lock", "gpu_checkpoint", "gpu_restore", "gpu_unlock")
 _CRIU_CONFIG_FILE = ".podman-criu.conf"
 
@@ -212,12 +214,17 @@ def restore(
     left = runtime.find(deployment)
     if left is not None:
         runtime.remove(left.id)
+    marker = images.parent / RESTORING
+    marker.touch(mode=0o600)
     outcome = Outcome("restore", None, holders=holders)
     runner = PodmanRunner(
         "restore", gpu, hooks, images, outcome, expected_ids=expected, runtime=runtime, deployment=deployment
     )
     runner.in_place = False
-    runner.run(restore_steps(holders))
+    try:
+        runner.run(restore_steps(holders))
+    finally:
+        marker.unlink(missing_ok=True)
     return outcome, runner.container
 
 
@@ -232,11 +239,3 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         return data
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
-
-
-def interrupted(pid: int, gpu: GpuCheckpoint) -> bool:
-    """A running container's CUDA processes are locked or checkpointed: a daemon killed during a restore
-    (or a capture) left it so; the caller puts them back to running and wakes it."""
-    with contextlib.suppress(DankserveError, OSError):
-        return any(gpu.state(h) != "running" for h in gpu.holders(process_tree(pid)))
-    return False

@@ -153,8 +153,8 @@ class SnapshotEdge:
         """A server found running beside an entry without a manifest: a capture the daemon did not finish
         (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
         restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. Beside
-        a ready entry, a server whose CUDA processes are not running is a restore a killed daemon left (a
-        Podman container restored, not yet GPU-restored and woken): the same repair."""
+        a ready entry marked `restoring`, a restore a killed daemon left (a Podman container restored, not yet
+        GPU-restored and woken): the same repair."""
         root = store.store_root(self._settings().state_dir)
         state = None
         with contextlib.suppress(DankserveError, OSError):
@@ -162,8 +162,10 @@ class SnapshotEdge:
                 state = store.read_entry(root, self._name).state
         if pid is None or state not in ("incomplete", "ready"):
             return
-        if state == "ready" and not podman.interrupted(pid, self._gpu()):
+        marker = root / self._name / podman.RESTORING
+        if state == "ready" and not marker.is_file():
             return  # a server serving beside its snapshot
+        marker.unlink(missing_ok=True)
         done: list[str] = []
         try:
             gpu = self._gpu()
