@@ -64,6 +64,7 @@ def _daemon(tmp_path: Path, env: PodmanEnv, name: str, dep: dict[str, Any], host
 
 
 def _ids(port: int) -> list[int]:
+    """The greedy ids of the server on `port` (or of the gateway listening there)."""
     body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5, "temperature": 0, "return_token_ids": True}
     answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
@@ -422,3 +423,20 @@ def test_a_podman_service_without_criu_fails_the_capture_with_its_answer_and_ser
             _no_failure_counted(daemon)
     finally:
         service.stop()
+
+
+def test_a_container_on_its_private_socket_is_restored_on_it(
+    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+) -> None:
+    """`listen = "socket"`: the server's unix socket in the mounted private directory comes back with the
+    restored container; requests through the gateway reach it."""
+    host = _host(tmp_path, gpus)
+    gateway = free_port()
+    dep = {k: v for k, v in _deployment(vllm_image, free_port()).items() if k != "listen"} | {"listen": "socket"}
+    settings = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    with running_daemon(tmp_path, {deployment: dep}, hardware=host, extra_globals=settings) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(gateway)
+        _kill(podman_env, deployment)
+        _restored(daemon, deployment, 1)
+        assert _ids(gateway) == ids
