@@ -8,15 +8,16 @@ restores again and again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from dankserve.runtime.base import WorkloadSpec
+from dankserve.runtime.base import Workload, WorkloadSpec
 from dankserve.runtime.podman import PodmanRuntime
 from dankserve.runtime.podman.checkpoint import CRIU_CONFIG, PodmanCheckpointFailed
 from tests.supervisor.test_daemon_snapshots import pytestmark as criu_marks
@@ -38,11 +39,23 @@ def _ids(port: int) -> list[int]:
         time.sleep(0.1)
 
 
-def _spec(make_spec: Callable[..., WorkloadSpec], tmp_path: Path, *, link_remap: bool) -> WorkloadSpec:
+@contextlib.contextmanager
+def _serving(
+    runtime: PodmanRuntime, make_spec: Callable[..., WorkloadSpec], tmp_path: Path, *, link_remap: bool
+) -> Iterator[tuple[WorkloadSpec, Workload, list[int]]]:
+    """The stand-in serving in a container (its semaphore mapped, its own /dev/shm, CRIU's configuration by
+    the annotation), its greedy ids; whatever container holds its name is removed after."""
     config = tmp_path / "criu.conf"
     config.write_text(CRIU_CONFIG if link_remap else "")
     env = {"FAKE_VLLM_BOOT_SECONDS": "0", "FAKE_VLLM_SHM_SEMAPHORE": "1"}
-    return make_spec(env=env, shm_size="64m", criu_config=config)
+    spec = make_spec(env=env, shm_size="64m", criu_config=config)
+    workload = runtime.start(spec)
+    try:
+        yield spec, workload, _ids(spec.port)
+    finally:
+        left = runtime.find(spec.deployment)
+        if left is not None:
+            runtime.remove(left.id)
 
 
 def _killed_and_removed(runtime: PodmanRuntime, workload_id: str) -> None:
@@ -56,55 +69,36 @@ def _killed_and_removed(runtime: PodmanRuntime, workload_id: str) -> None:
 def test_without_link_remap_crius_refusal_is_said(
     podman_runtime: PodmanRuntime, make_spec: Callable[..., WorkloadSpec], tmp_path: Path
 ) -> None:
-    spec = _spec(make_spec, tmp_path, link_remap=False)
-    workload = podman_runtime.start(spec)
-    try:
-        _ids(spec.port)
+    with _serving(podman_runtime, make_spec, tmp_path, link_remap=False) as (spec, workload, _):
         with pytest.raises(PodmanCheckpointFailed) as failed:
             podman_runtime.checkpoint(workload.id, tmp_path / "archive.tar")
         assert "Can't create link remap" in failed.value.message and "Use link-remap option" in failed.value.message
         _ids(spec.port)  # CRIU let it go: still serving
-    finally:
-        podman_runtime.remove(workload.id)
 
 
 def test_left_running_the_archive_cannot_be_restored_later(
     podman_runtime: PodmanRuntime, make_spec: Callable[..., WorkloadSpec], tmp_path: Path
 ) -> None:
-    spec = _spec(make_spec, tmp_path, link_remap=True)
-    workload = podman_runtime.start(spec)
     archive = tmp_path / "archive.tar"
-    _ids(spec.port)
-    podman_runtime.checkpoint(workload.id, archive, leave_running=True)
-    _killed_and_removed(podman_runtime, workload.id)
-    try:
+    with _serving(podman_runtime, make_spec, tmp_path, link_remap=True) as (spec, workload, _):
+        podman_runtime.checkpoint(workload.id, archive, leave_running=True)
+        _killed_and_removed(podman_runtime, workload.id)
         with pytest.raises(PodmanCheckpointFailed) as failed:
             podman_runtime.restore_import(archive, spec.deployment)
         assert "link_remap" in failed.value.message and "No such file or directory" in failed.value.message
-    finally:
-        left = podman_runtime.find(spec.deployment)
-        if left is not None:
-            podman_runtime.remove(left.id)
 
 
 def test_checkpointed_then_restored_in_place_the_archive_restores_again_and_again(
     podman_runtime: PodmanRuntime, make_spec: Callable[..., WorkloadSpec], tmp_path: Path
 ) -> None:
-    spec = _spec(make_spec, tmp_path, link_remap=True)
-    workload = podman_runtime.start(spec)
     archive = tmp_path / "archive.tar"
-    try:
-        ids = _ids(spec.port)
-        assert podman_runtime.checkpoint(workload.id, archive) == archive.stat().st_size > 0
+    with _serving(podman_runtime, make_spec, tmp_path, link_remap=True) as (spec, started, ids):
+        assert podman_runtime.checkpoint(started.id, archive) == archive.stat().st_size > 0
         assert archive.stat().st_mode & 0o777 == 0o600
-        workload = podman_runtime.restore_in_place(workload.id)
+        restored = podman_runtime.restore_in_place(started.id)
         assert _ids(spec.port) == ids
         for _ in range(2):
-            _killed_and_removed(podman_runtime, workload.id)
-            workload = podman_runtime.restore_import(archive, spec.deployment)
-            assert workload.name.endswith(spec.deployment) and workload.running
+            _killed_and_removed(podman_runtime, restored.id)
+            restored = podman_runtime.restore_import(archive, spec.deployment)
+            assert restored.name.endswith(spec.deployment) and restored.running
             assert _ids(spec.port) == ids
-    finally:
-        left = podman_runtime.find(spec.deployment)
-        if left is not None:
-            podman_runtime.remove(left.id)

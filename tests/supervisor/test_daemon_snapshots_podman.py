@@ -54,6 +54,12 @@ def _deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+@pytest.fixture
+def host(tmp_path: Path, gpus: StandInGpus) -> Path:
+    """The recorded host naming the stand-in GPUs, in the HF cache the containers mount (their GPU records)."""
+    return _host(tmp_path, gpus)
+
+
 def _host(tmp_path: Path, gpus: StandInGpus) -> Path:
     (tmp_path / "hf").mkdir(exist_ok=True)
     return write_host(tmp_path / "hf" / "host.json", uuids=[g.uuid for g in gpus.gpus])
@@ -109,11 +115,10 @@ def _kill(env: PodmanEnv, deployment: str) -> None:
 
 
 def test_captured_then_killed_with_9_the_container_is_restored_from_the_archive(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """Captured without leaving the container running (then restored in place: it serves on), killed with
     -9, restored twice from the same archive: the same greedy ids, no boot, boot kind `restore`."""
-    host = _host(tmp_path, gpus)
     port = free_port()
     name = workload_name(deployment)
     with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
@@ -208,9 +213,8 @@ def _captured_then_daemon_killed(
 
 
 def test_a_snapshot_of_another_image_or_plan_is_deleted_with_its_reason_and_boots(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
-    host = _host(tmp_path, gpus)
     port = free_port()
     _captured_then_daemon_killed(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host)
     manifest = tmp_path / "state" / "snapshots" / deployment / "manifest.json"
@@ -230,9 +234,8 @@ def test_a_snapshot_of_another_image_or_plan_is_deleted_with_its_reason_and_boot
 
 
 def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
-    host = _host(tmp_path, gpus)
     port = free_port()
     dep = _deployment(vllm_image, port)
     _captured_then_daemon_killed(tmp_path, podman_env, deployment, dep, host)
@@ -249,13 +252,12 @@ def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
 
 
 def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reason(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """The store on an 8 MiB file system (the archive is about 30 MB): writing Podman's archive fails after its
     checkpoint stopped the container; the container is restored in place, the capture undone (engine core
     unlocked, awake), nothing half-written kept, the reason in status, the same container serving."""
     with small_snapshot_store(tmp_path) as store_dir:
-        host = _host(tmp_path, gpus)
         port = free_port()
         with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
             after = daemon.wait_for(
@@ -271,7 +273,7 @@ def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reaso
 
 
 def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """Made as a kill -9 of the daemon leaves them. During a capture: the container GPU-locked and checkpointed
     beside an entry without a manifest: the next daemon restores and unlocks it, adopts it serving, deletes
@@ -280,7 +282,6 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
     from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
     from tests.supervisor.test_daemon_snapshots import _children
 
-    host = _host(tmp_path, gpus)
     port = free_port()
     dep = _deployment(vllm_image, port)
     name = workload_name(deployment)
@@ -328,10 +329,9 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
 
 
 def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """A graceful stop removes the container (its /dev/shm with it): the archive holds its own copy."""
-    host = _host(tmp_path, gpus)
     port = free_port()
     dep = _deployment(vllm_image, port)
     with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
@@ -355,12 +355,11 @@ def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
 
 
 def test_an_engine_core_killed_with_9_is_restored_too(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """The engine core dies (the API server answers 500, /health 503): the restart restores the archive."""
     from tests.supervisor.test_daemon_snapshots import _children
 
-    host = _host(tmp_path, gpus)
     port = free_port()
     with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
         _captured(daemon, deployment)
@@ -372,11 +371,10 @@ def test_an_engine_core_killed_with_9_is_restored_too(
 
 
 def test_a_swap_member_is_captured_asleep_at_level_2_and_restored(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """With sleep mode (a swap group's member) the capture sleeps the server at level 2 and wakes it; the
     restore wakes what it restored; the canary holds."""
-    host = _host(tmp_path, gpus)
     port = free_port()
     dep = _deployment(vllm_image, port, swap_group="g")
     with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
@@ -389,7 +387,7 @@ def test_a_swap_member_is_captured_asleep_at_level_2_and_restored(
 
 
 def test_a_podman_service_without_criu_fails_the_capture_with_its_answer_and_serves(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """dankserve finds CRIU, the Podman service does not (its PATH lacks it): the capture fails with Podman's
     answer in status, the container serves on, and no failure is counted."""
@@ -403,7 +401,6 @@ def test_a_podman_service_without_criu_fails_the_capture_with_its_answer_and_ser
     service = RestartableService(replace(podman_env, env={**podman_env.env, "PATH": hidden}), tmp_path / "svc")
     service.start()
     try:
-        host = _host(tmp_path, gpus)
         port = free_port()
         dep = _deployment(vllm_image, port)
         with running_daemon(
@@ -426,11 +423,10 @@ def test_a_podman_service_without_criu_fails_the_capture_with_its_answer_and_ser
 
 
 def test_a_container_on_its_private_socket_is_restored_on_it(
-    tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, deployment: str
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     """`listen = "socket"`: the server's unix socket in the mounted private directory comes back with the
     restored container; requests through the gateway reach it."""
-    host = _host(tmp_path, gpus)
     gateway = free_port()
     dep = {k: v for k, v in _deployment(vllm_image, free_port()).items() if k != "listen"} | {"listen": "socket"}
     settings = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway}"}}
