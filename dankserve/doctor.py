@@ -324,3 +324,21 @@ def read_criu(path: str | None, timeout_s: float = 30.0) -> CriuReading:
     errors = [ln for ln in lines if "rror" in ln] or lines
     reason = (errors[-1] if errors else f"exit status {check.returncode}")[:300]
     return CriuReading(path, version, check.returncode == 0, reason, kernel, caps)
+
+
+def podman_snapshot_verdict(podman_says: str | None, criu: str | None, blocked: dict[str, str]) -> Check:
+    """Whether Podman's checkpoints can work for the deployments that want snapshots: Podman's runc runs the
+    `criu` on the service's PATH (Podman 4.3's `podman info` says nothing of CRIU; newer ones do, quoted
+    here), and each deployment Podman cannot checkpoint (`blocked`: its reason). Never a fail."""
+    says = f"`podman info`: {podman_says}" if podman_says else "`podman info` says nothing of CRIU (Podman 4.3)"
+    if criu is None:
+        return Check(
+            "podman snapshots",
+            "warn",
+            f"no CRIU for Podman's checkpoints ({says}): restarts boot from scratch",
+            "run `make system-deps` as root (CRIU 4.2.1 in /usr/local/sbin, on the Podman service's PATH)",
+        )
+    if blocked:
+        named = "; ".join(f"{name}: {why}" for name, why in sorted(blocked.items()))
+        return Check("podman snapshots", "warn", f"not captured: {named}", "see docs/snapshots.md, Podman")
+    return Check("podman snapshots", "ok", f"Podman's checkpoints run CRIU at {criu} ({says})")

@@ -73,3 +73,17 @@ def test_cuda_bindings_missing_is_said_beside_criu_missing_with_both_fixes() -> 
 
 def test_cuda_bindings_do_not_matter_when_every_deployment_has_snapshots_off() -> None:
     assert snapshot_verdict(_GOOD, wanted=False, gpu_missing=_NO_BINDINGS).verdict == "ok"
+
+
+def test_podman_snapshots_say_which_criu_podman_runs_and_which_deployments_it_cannot_checkpoint() -> None:
+    from dankserve.doctor import podman_snapshot_verdict
+    from dankserve.runtime.podman.checkpoint import criu_of
+
+    assert criu_of({"host": {"ociRuntime": {"name": "runc"}}}) is None, "Podman 4.3 says nothing of CRIU"
+    assert criu_of({"host": {"criuEnabled": True}}) == "criuEnabled=True"
+    ok = podman_snapshot_verdict(None, "/usr/local/sbin/criu", {})
+    assert ok.verdict == "ok" and "/usr/local/sbin/criu" in ok.detail and "Podman 4.3" in ok.detail
+    missing = podman_snapshot_verdict(None, None, {})
+    assert missing.verdict == "warn" and "make system-deps" in (missing.fix or "")
+    blocked = podman_snapshot_verdict("criuEnabled=True", "/usr/local/sbin/criu", {"chat": "shares /dev/shm"})
+    assert blocked.verdict == "warn" and "chat: shares /dev/shm" in blocked.detail

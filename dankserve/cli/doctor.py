@@ -20,6 +20,7 @@ from dankserve.snapshot.criu import criu_path
 
 if TYPE_CHECKING:
     from dankserve.host.model import Host
+    from dankserve.runtime.podman import PodmanRuntime
     from dankserve.settings import DeploymentSettings, Settings
 
 
@@ -74,6 +75,7 @@ def command(as_json: bool, allow_untrusted_code: bool, hardware: Path | None) ->
                 network = doctor.cni_iptables_verdict(runtime.network_backend(), iptables)
                 if network is not None:
                     checks.append(network)
+            checks += _podman_snapshots_check(runtime, podman_deployments)
             for name, dep in sorted(podman_deployments.items()):
                 present = runtime.image_present(dep.image)
                 verdict: doctor.Verdict = "ok" if present else ("fail" if dep.pull == "never" else "warn")
@@ -111,6 +113,18 @@ def _gateway_key_checks(settings: Settings) -> list[doctor.Check]:
             fix = "write a key into a file (mode 0600), set [gateway] api_key_file to it; clients send it as a Bearer"
             checks.append(doctor.Check(f"gateway key for {name}", "warn", exposure, fix))
     return checks
+
+
+def _podman_snapshots_check(runtime: PodmanRuntime, deployments: dict[str, DeploymentSettings]) -> list[doctor.Check]:
+    """Whether Podman's checkpoints can work, for the Podman deployments with `snapshot = "auto"`."""
+    from dankserve.runtime.podman.checkpoint import criu_of
+    from dankserve.supervisor.worker.podman_snapshots import unsupported
+
+    wanted = {n: d for n, d in deployments.items() if d.enabled and d.snapshot == "auto"}
+    if not wanted:
+        return []
+    blocked = {n: why for n, d in wanted.items() if (why := unsupported(runtime, d)) is not None}
+    return [doctor.podman_snapshot_verdict(criu_of(runtime.info()), criu_path(), blocked)]
 
 
 def _snapshots_check(settings: Settings, *, recorded: bool) -> doctor.Check:

@@ -110,6 +110,12 @@ def _namespace_pid(pid: int) -> tuple[str, int] | None:
     return None
 
 
+def inner_pid(pid: int) -> int | None:
+    """The pid a host process has inside its own pid namespace (a container's: its init is 1)."""
+    found = _namespace_pid(pid)
+    return None if found is None else found[1]
+
+
 def stand_in_record_path(directory: Path, pid: int) -> Path | None:
     """Where the stand-in process with this host pid keeps its record (`<namespace>-<pid>.json`, the pid as
     it sees itself); None when the pid is gone."""

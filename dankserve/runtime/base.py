@@ -133,6 +133,9 @@ class WorkloadSpec:
     pid_namespace: bool = False
     """Process runtime: start the server as the init of its own PID namespace (`runtime/pid_init.py`), so a
     snapshot's restore never meets a taken pid (issue 41: asked where the deployment's snapshots are on)."""
+    criu_config: Path | None = None
+    """Podman: the CRIU configuration file runc hands CRIU at a checkpoint or restore of the container
+    (the `org.criu.config` annotation; snapshots, issue 41). None: runc's default."""
 
 
 @dataclass(frozen=True)

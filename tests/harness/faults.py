@@ -378,3 +378,23 @@ def fill(directory: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+@contextlib.contextmanager
+def small_snapshot_store(tmp_path: Path, size: str = "8m") -> Iterator[Path]:
+    """The daemon's snapshot store (tmp_path/state/snapshots) on a tmpfs of `size`: a disk full while capturing.
+    Skips the test where a tmpfs cannot be mounted."""
+    import pytest
+
+    store_dir = tmp_path / "state" / "snapshots"
+    store_dir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "state").chmod(0o700)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(store_dir)], check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield store_dir
+    finally:
+        subprocess.run(["umount", str(store_dir)], check=False)

@@ -24,6 +24,7 @@ from dankserve.doctor import read_criu
 from dankserve.host.gpu_processes import process_tree
 from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
+from tests.harness.faults import small_snapshot_store
 from tests.harness.wait import wait_until
 from tests.test_snapshot_criu import damage_images
 
@@ -338,13 +339,7 @@ def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(t
     """The store on an 8 MiB file system (the stand-in's image is about 30 MB): the dump fails for want of
     space, the capture is undone (engine core unlocked, awake), nothing half-written is kept, the reason is
     in status, and the server serves throughout."""
-    store_dir = tmp_path / "state" / "snapshots"
-    store_dir.mkdir(parents=True, mode=0o700)
-    (tmp_path / "state").chmod(0o700)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(store_dir)], check=False)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with small_snapshot_store(tmp_path) as store_dir:
         host = write_host(tmp_path / "host.json")
         port = free_port()
         with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
@@ -359,8 +354,6 @@ def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(t
             assert f"(log: {kept})" in after["snapshot"]["last_failure"] and "No space" in kept.read_text()
             _ids(port)
             assert not daemon.events_named("boot_failed")
-    finally:
-        subprocess.run(["umount", str(store_dir)], check=False)
 
 
 def test_requests_during_a_capture_wait_in_the_gateway_and_are_served(tmp_path: Path) -> None:

@@ -227,7 +227,11 @@ def serve(
     state = EngineState()
     server = FakeVllmHTTPServer(config.uds or (host, config.port), facts, state, output)
     engine = EngineLink(knobs.nvml_dir)
-    engine.start(checkpoint_fail=knobs.gpu_checkpoint_fail, shm_dir=knobs.shm_dir, close_in_child=(server.socket,))
+    engine.start(
+        checkpoint_fail=knobs.gpu_checkpoint_fail,
+        shm_dir=knobs.shm_dir,
+        close_in_child=(server.socket,),
+    )
     server.engine = engine
     context = ServeContext(
         config=config,

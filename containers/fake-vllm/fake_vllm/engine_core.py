@@ -165,7 +165,13 @@ class EngineLink:
         self._map: mmap.mmap | None = None
         self._semaphore: str | None = None
 
-    def start(self, *, checkpoint_fail: int, shm_dir: str, close_in_child: tuple[socket.socket, ...] = ()) -> None:
+    def start(
+        self,
+        *,
+        checkpoint_fail: int,
+        shm_dir: str,
+        close_in_child: tuple[socket.socket, ...] = (),
+    ) -> None:
         self._open_shm(shm_dir)
         self._open_semaphore()
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -328,6 +328,7 @@ def request_entries(kwargs: Mapping[str, Any]) -> list[Entry]:
         "cap_add",
         "apparmor_profile",
         "log_config",
+        "annotations",  # CRIU's options for dankserve's own checkpoints (snapshots): nothing to a unit
     }
     unknown = sorted(set(kwargs) - handled)
     if unknown:

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from dankserve.errors import DankserveError
 from dankserve.runtime.base import (
@@ -23,6 +24,7 @@ from dankserve.runtime.base import (
     workload_name,
 )
 from dankserve.runtime.log_archive import LogArchive
+from dankserve.runtime.podman import checkpoint as checkpointing
 from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
 from dankserve.runtime.podman.containers import ContainerManager
 from dankserve.runtime.podman.images import ImageManager
@@ -149,3 +151,32 @@ class PodmanRuntime(Runtime):
     def inspect(self, workload_id: str) -> Workload | None:
         """The container now, or None when it no longer exists."""
         return self._containers.inspect(workload_id)
+
+    # -- snapshots (issue 41, checkpoint.py) -------------------------------------------------------
+    def checkpoint(self, workload_id: str, export_to: Path, *, leave_running: bool = False) -> int:
+        """The container checkpointed (it stops, unless `leave_running`: docs/snapshots.md says why a capture
+        does not) and its archive written to `export_to`; its bytes."""
+        return checkpointing.checkpoint(self._session, workload_id, export_to, leave_running=leave_running)
+
+    def restore_in_place(self, workload_id: str) -> Workload:
+        """The checkpointed container restored from its own images."""
+        return self._restored(checkpointing.restore_in_place(self._session, workload_id))
+
+    def restore_import(self, archive: Path, deployment: str) -> Workload:
+        """The deployment's container restored from an exported archive (its name, ports and mounts)."""
+        return self._restored(checkpointing.restore_import(self._session, archive, workload_name(deployment)))
+
+    def _restored(self, container_id: str) -> Workload:
+        workload = self._containers.inspect(container_id)
+        if workload is None or not workload.running:
+            raise checkpointing.PodmanCheckpointFailed(f"the restored container {container_id[:12]} is not running")
+        return workload
+
+    def container_attrs(self, workload_id: str) -> dict[str, Any] | None:
+        """The libpod inspect document of a container (None: there is none)."""
+        return self._session.container_attrs(workload_id)
+
+    def info(self) -> dict[str, Any]:
+        """`podman info` of the service."""
+        info = self._session.call("read its info", self._session.client.info)
+        return info if isinstance(info, dict) else {}

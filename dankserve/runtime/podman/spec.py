@@ -189,4 +189,6 @@ def container_create_kwargs(
         kwargs["cap_add"] = caps
     if journald:
         kwargs["log_config"] = {"Type": "journald"}
+    if spec.criu_config is not None:  # Podman's checkpoint has no parameter for CRIU's own options
+        kwargs["annotations"] = {"org.criu.config": str(spec.criu_config)}
     return kwargs

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.host.gpu_processes import process_tree
+from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime
 from dankserve.snapshot import capture as capturing
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot.steps import Hooks, kill_tree
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.worker import podman_snapshots as podman
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,64 @@ def capture_tree(
     outage = capturing.outage_seconds(outcome)
     timings = {k: round(v, 4) for k, v in outcome.timings.items()}
     log.info("snapshot_capture_restored", pid=outcome.pid, **timings)
-    size = store.read_entry(root, name).bytes
-    store.evict(root, max_bytes=job.max_bytes, incoming_bytes=0, keep=name)
-    if sum(e.bytes for e in store.list_entries(root)) > job.max_bytes:
-        store.remove(root, name)
-        why = f"the snapshot takes {size} bytes, over snapshot_max_bytes ({job.max_bytes})"
+    size, why = _within_budget(root, name, job.max_bytes)
+    if why is not None:
         return m.SnapshotCaptureFailed(why, workload_id=workload)
     manifest.update(outage_seconds=round(outage, 3), timings=timings)
     store.write_manifest(root, name, manifest)
     return m.SnapshotCaptured(outage, size, workload_id=workload)
+
+
+@dataclass(frozen=True)
+class ContainerJob:
+    """A Podman deployment's container, where its snapshot goes, the disk budget."""
+
+    name: str
+    root: Path
+    runtime: PodmanRuntime
+    workload_id: str
+    max_bytes: int
+
+
+def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hooks: Hooks) -> m.Event:
+    """Podman: the container checkpointed with export and restored in place at once (podman_snapshots.py;
+    the same container serves on); SnapshotCaptured, or why not."""
+    name, root = job.name, job.root
+    store.check_root(root, create=True)
+    store.remove(root, name)
+    entry = root / name
+    entry.mkdir(mode=0o700)
+    (entry / "images").mkdir(mode=0o700)
+    outcome, kept = podman.capture(job.runtime, job.workload_id, entry / "images", gpu, hooks)
+    if not outcome.ok:
+        reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
+        store.remove(root, name)
+        return m.SnapshotCaptureFailed(reason)
+    size, why = _within_budget(root, name, job.max_bytes)
+    if why is not None:
+        return m.SnapshotCaptureFailed(why)
+    now, outage = time.time(), capturing.outage_seconds(outcome)
+    manifest.update(
+        kept,
+        captured_at=now,
+        last_used=now,
+        holders=list(outcome.holders),
+        canary_ids=list(outcome.canary_ids),
+        outage_seconds=round(outage, 3),
+        timings={k: round(v, 4) for k, v in outcome.timings.items()},
+    )
+    store.write_manifest(root, name, manifest)
+    return m.SnapshotCaptured(outage, size)
+
+
+def _within_budget(root: Path, name: str, max_bytes: int) -> tuple[int, str | None]:
+    """The new snapshot's bytes, others evicted to make room; why it does not fit (then deleted)."""
+    size = store.read_entry(root, name).bytes
+    store.evict(root, max_bytes=max_bytes, incoming_bytes=0, keep=name)
+    if sum(e.bytes for e in store.list_entries(root)) > max_bytes:
+        store.remove(root, name)
+        return size, f"the snapshot takes {size} bytes, over snapshot_max_bytes ({max_bytes})"
+    return size, None
 
 
 def keep_criu_log(root: Path, name: str, reason: str) -> str:

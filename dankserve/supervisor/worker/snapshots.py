@@ -2,11 +2,11 @@
 planning, the capture of its ready server, the restore in a boot's place. What to do when is the machine's
 (`machine/snapshots.py`); this runs it against the store, CRIU, the GPU checkpoint and the server's routes.
 
-The process runtime only, so far (Podman's checkpoint through its REST API is not wired: its verdict says
-so). Its server runs as the init of its own PID namespace (`runtime/pid_init.py`; asked at start while
-snapshots are on): CRIU restores the tree in a new namespace with its pids inside it, whatever host pids are
-taken. The capture dumps the tree (it ends) and restores it at once: the restored tree is the deployment's
-server from then on. Every failure is a reason, never an exception: the machine discards and boots.
+The process runtime: its server runs as the init of its own PID namespace (`runtime/pid_init.py`; asked at
+start while snapshots are on): CRIU restores the tree in a new namespace with its pids inside it, whatever host
+pids are taken. The capture dumps the tree (it ends) and restores it at once: the restored tree is the
+deployment's server from then on. A Podman deployment's container goes through Podman's checkpoint and restore
+(`podman_snapshots.py`). Every failure is a reason, never an exception: the machine discards and boots.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
 from dankserve.processes import host_pids
 from dankserve.runtime.base import Runtime
+from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import criu, shm, store
@@ -40,8 +41,15 @@ from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
 from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.worker import podman_snapshots as podman
 from dankserve.supervisor.worker import snapshot_rollback as rollback
-from dankserve.supervisor.worker.snapshot_capture import CaptureJob, capture_tree, keep_criu_log
+from dankserve.supervisor.worker.snapshot_capture import (
+    CaptureJob,
+    ContainerJob,
+    capture_container,
+    capture_tree,
+    keep_criu_log,
+)
 from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
 
 _MAX_WEIGHT_FILES = 10_000
@@ -113,8 +121,9 @@ class SnapshotEdge:
                 if store.remove(root, self._name) | store.remove(root, store.previous(self._name)):
                     self._log.info("snapshot_discarded", reason='snapshot = "off"')
             return m.SnapshotPlan("off", 'snapshot = "off"')
-        if not isinstance(runtime, ProcessRuntime):
-            return m.SnapshotPlan("off", "Podman's checkpoint and restore are not wired yet: the process runtime only")
+        unusable = None if isinstance(runtime, ProcessRuntime) else podman.unsupported(runtime, dep)
+        if unusable is not None:
+            return m.SnapshotPlan("off", unusable)
         if len(plan.gpu_uuids) != 1 or dep.hosts:
             return m.SnapshotPlan("off", "more than one GPU (TP > 1: NCCL cannot be checkpointed)")
         binary = criu.criu_path()
@@ -133,6 +142,8 @@ class SnapshotEdge:
         self._prepares = prepares_for_checkpoint(plan, version)
         root = store.store_root(settings.state_dir)
         try:
+            if isinstance(runtime, PodmanRuntime):
+                podman.write_criu_config(settings.state_dir)  # named by the container it creates
             if not store.check_root(root):
                 return m.SnapshotPlan("absent", "none captured yet: the ready server is captured once")
         except DankserveError as exc:
@@ -142,12 +153,12 @@ class SnapshotEdge:
         taken = rollback.take_back(root, self._name, judge, switched=upgrade_switched, log=self._log)
         entry = store.read_entry(root, self._name)
         if entry.state == "ready":
-            captured = read_captured(entry.path)
+            stored = stored_key(entry.path)
             why = judge(entry.path)
             if why is None:
                 kept = "kept from before the upgrade: this boot restores it" if taken else "the next start restores it"
                 return m.SnapshotPlan("ready", f"valid for this plan: {kept}")
-            other = captured is not None and captured.key.image_digest != self._key.image_digest
+            other = stored is not None and stored.image_digest != self._key.image_digest
             if rollback.keep_aside(root, self._name, why, switched=upgrade_switched, other_image=other, log=self._log):
                 kept = f"the old image's snapshot is kept as {store.previous(self._name)} for a rollback"
                 return m.SnapshotPlan("absent", f"none for this image yet ({kept})")
@@ -180,13 +191,20 @@ class SnapshotEdge:
     def repair_interrupted(self, dep: DeploymentSettings, pid: int | None) -> None:
         """A server found running beside an entry without a manifest: a capture the daemon did not finish
         (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
-        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict."""
+        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. Beside
+        a ready entry marked `restoring`, a restore a killed daemon left (a Podman container restored, not yet
+        GPU-restored and woken): the same repair."""
         root = store.store_root(self._settings().state_dir)
+        state = None
         with contextlib.suppress(DankserveError, OSError):
-            if pid is None or not store.check_root(root) or store.read_entry(root, self._name).state != "incomplete":
-                return
-        if pid is None:
+            if pid is not None and store.check_root(root):
+                state = store.read_entry(root, self._name).state
+        if pid is None or state not in ("incomplete", "ready"):
             return
+        marker = root / self._name / podman.RESTORING
+        if state == "ready" and not marker.is_file():
+            return  # a server serving beside its snapshot
+        marker.unlink(missing_ok=True)
         done: list[str] = []
         try:
             gpu = self._gpu()
@@ -197,7 +215,8 @@ class SnapshotEdge:
             reason = exc.message if isinstance(exc, DankserveError) else str(exc)
             self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
             return
-        self._log.warning("snapshot_capture_interrupted", pid=pid, repaired=done or ["nothing to undo"])
+        event = "snapshot_restore_resumed" if state == "ready" else "snapshot_capture_interrupted"
+        self._log.warning(event, pid=pid, repaired=done or ["nothing to undo"])
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
@@ -215,12 +234,19 @@ class SnapshotEdge:
     def _capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
         key = self._key
         record = record_of(runtime, workload_id) if isinstance(runtime, ProcessRuntime) else None
-        if key is None or record is None or not isinstance(runtime, ProcessRuntime):
-            return m.SnapshotCaptureFailed("the server is not one the process runtime started")
+        if key is None:
+            return m.SnapshotCaptureFailed("no snapshot was planned for this boot")
         settings = self._settings()
+        root = store.store_root(settings.state_dir)
+        base = {"key": _key_json(key), "sleeps": self._sleeps, "prepares": self._prepares}
+        if isinstance(runtime, PodmanRuntime):  # its checkpoint and restore (podman_snapshots.py)
+            job = ContainerJob(self._name, root, runtime, workload_id, settings.snapshot_max_bytes)
+            return capture_container(job, base, self._gpu(), self._hooks(dep))
+        if record is None or not isinstance(runtime, ProcessRuntime):
+            return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         return capture_tree(
-            CaptureJob(self._name, store.store_root(settings.state_dir), record, runtime, settings.snapshot_max_bytes),
-            {"key": _key_json(key), "sleeps": self._sleeps, "prepares": self._prepares},
+            CaptureJob(self._name, root, record, runtime, settings.snapshot_max_bytes),
+            base,
             self._gpu(),
             lambda keep: self._hooks(dep, after_sleep=keep),
             self._log,
@@ -244,6 +270,16 @@ class SnapshotEdge:
 
     def _restore(self, dep: DeploymentSettings, runtime: Runtime, root: Path, boot: int, began: float) -> m.Event:
         entry = store.read_entry(root, self._name)
+        if isinstance(runtime, PodmanRuntime):
+            manifest = podman.read_manifest(entry.path) if entry.state == "ready" else None
+            self._sleeps = bool(manifest and manifest.get("sleeps"))
+            self._prepares = bool(manifest and manifest.get("prepares") is True)
+            hooks = self._hooks(dep)
+            keys = (stored_key(entry.path), self._key)
+            done = podman.restore_entry(
+                runtime, self._name, entry, keys=keys, gpu=self._gpu(), hooks=hooks, manifest=manifest
+            )
+            return done if isinstance(done, m.RestoreFailed) else self._restored(root, done[1], done[0], boot, began)
         captured = read_captured(entry.path) if entry.state == "ready" else None
         if captured is None or self._key is None or not isinstance(runtime, ProcessRuntime):
             return m.RestoreFailed(entry.reason or "the snapshot's manifest is unreadable")
@@ -271,12 +307,15 @@ class SnapshotEdge:
             return m.RestoreFailed(outcome.reason or "the restore failed")
         restored = replace(captured.record, pid=outcome.pid)
         workload = runtime.adopt_restored(restored)
+        return self._restored(root, workload.id, outcome, boot, began, pid=outcome.pid)
+
+    def _restored(self, root: Path, workload_id: str, outcome: Any, boot: int, began: float, **more: float) -> m.Event:
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
-        self._log.info("snapshot_restored", seconds=round(seconds, 3), pid=outcome.pid, **timings)
+        self._log.info("snapshot_restored", seconds=round(seconds, 3), **more, **timings)
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
-        return m.Restored(workload.id, boot, seconds)
+        return m.Restored(workload_id, boot, seconds)
 
     def _resume(
         self,
@@ -336,18 +375,29 @@ class SnapshotEdge:
             store.remove(root, self._name)
 
 
+def _parse_key(key: Any) -> SnapshotKey:
+    return SnapshotKey(
+        argv=tuple(str(a) for a in key["argv"]),
+        env=tuple((str(k), str(v)) for k, v in key["env"]),
+        weights=tuple(WeightsFile(str(w[0]), int(w[1]), int(w[2])) for w in key["weights"]),
+        **{f: str(key[f]) for f in _KEY_TEXT},
+    )
+
+
+def stored_key(path: Path) -> SnapshotKey | None:
+    """The key a snapshot was captured with, whatever its runtime (None: unreadable)."""
+    try:
+        return _parse_key(json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])["key"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return None
+
+
 def read_captured(path: Path) -> Captured | None:
     """The manifest's capture, read as hostile input (None: not one of ours)."""
     try:
         data = json.loads((path / store.MANIFEST).read_bytes()[: 1 << 20])
-        key = data["key"]
         return Captured(
-            key=SnapshotKey(
-                argv=tuple(str(a) for a in key["argv"]),
-                env=tuple((str(k), str(v)) for k, v in key["env"]),
-                weights=tuple(WeightsFile(str(w[0]), int(w[1]), int(w[2])) for w in key["weights"]),
-                **{f: str(key[f]) for f in _KEY_TEXT},
-            ),
+            key=_parse_key(data["key"]),
             pids=tuple(int(p) for p in data["pids"]),
             holders=tuple(int(p) for p in data["holders"]),
             canary_ids=tuple(int(i) for i in data["canary_ids"]),
@@ -375,10 +425,10 @@ def gpu_running(gpu: Any, holders: Iterable[int], done: list[str]) -> None:
 
 def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
     """Why the entry at `path` is not valid for the plan whose key is `key` (None: it is)."""
-    captured = read_captured(path)
-    if captured is None or key is None:
+    stored = stored_key(path)
+    if stored is None or key is None:
         return "its manifest is unreadable"
-    return invalid_reason(captured.key, key)
+    return invalid_reason(stored, key)
 
 
 _KEY_TEXT = (

@@ -18,6 +18,7 @@ from dankserve.runtime.base import (
     WorkloadSpec,
 )
 from dankserve.settings import DeploymentSettings, Settings, is_loopback
+from dankserve.supervisor.worker.podman_snapshots import criu_config_path
 
 
 def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot: int) -> WorkloadSpec:
@@ -56,6 +57,9 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         else None,
         socket=backend_socket(settings, plan.deployment, dep),
         kernels=KernelsDir(plan.kernels.target, plan.kernels.download) if plan.kernels is not None else None,
+        criu_config=criu_config_path(settings.state_dir)
+        if dep.snapshot == "auto" and dep.runtime == "podman"
+        else None,
     )
 
 

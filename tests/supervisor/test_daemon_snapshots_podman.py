@@ -1,0 +1,437 @@
+"""Snapshots of a Podman deployment (issue 41, docs/snapshots.md "Podman") through a real daemon, the real
+Podman service and real CRIU, with the stand-in vLLM image: the ready container is captured once (Podman's
+checkpoint with export, then restored in place at once); a kill -9 of it restores the archive with import
+(boot kind `restore`, the same greedy ids, no boot in its log); each failure falls back to the normal boot
+with the reason in status, and the deployment serves.
+
+The stand-in maps a /dev/shm file deleted from its first name (a named POSIX semaphore, as glibc's sem_open
+leaves vLLM's semaphores): CRIU needs link-remap for it, and a checkpoint that left the container running
+would lose the link-remap file a later restore needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dankserve.runtime.base import CONTAINER_HF_HOME, workload_name
+from dankserve.snapshot.criu import criu_path
+from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_daemon, write_host
+from tests.harness.faults import small_snapshot_store
+from tests.harness.gpus import StandInGpus
+from tests.harness.podman_service import PodmanEnv
+from tests.supervisor.test_daemon_snapshots import READY
+from tests.supervisor.test_daemon_snapshots import pytestmark as criu_marks
+
+# Root and a working CRIU, as the process runtime's tests (their marks), on the real Podman service.
+pytestmark = [*criu_marks, pytest.mark.podman]
+
+
+def _deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
+    env = {
+        "FAKE_VLLM_TIME_SCALE": "0.02",
+        "FAKE_VLLM_NVML_DIR": f"{CONTAINER_HF_HOME}/host.json.processes",  # the mounted HF cache
+        **extra.pop("env", {}),
+    }
+    return {
+        "model": "test/tiny",
+        "image": image,
+        "pull": "never",
+        "port": port,
+        "gpus": [0],
+        "listen": "tcp",
+        "shm_size": "64m",
+        "snapshot": "auto",
+        "env": env,
+        "model_facts": MODEL_FACTS,
+        **extra,
+    }
+
+
+@pytest.fixture
+def host(tmp_path: Path, gpus: StandInGpus) -> Path:
+    """The recorded host naming the stand-in GPUs, in the HF cache the containers mount (their GPU records)."""
+    return _host(tmp_path, gpus)
+
+
+def _host(tmp_path: Path, gpus: StandInGpus) -> Path:
+    (tmp_path / "hf").mkdir(exist_ok=True)
+    return write_host(tmp_path / "hf" / "host.json", uuids=[g.uuid for g in gpus.gpus])
+
+
+def _daemon(tmp_path: Path, env: PodmanEnv, name: str, dep: dict[str, Any], host: Path, **extra: Any) -> Any:
+    return running_daemon(tmp_path, {name: dep}, hardware=host, extra_globals={"podman_url": env.url}, **extra)
+
+
+def _ids(port: int) -> list[int]:
+    """The greedy ids of the server on `port` (or of the gateway listening there)."""
+    body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5, "temperature": 0, "return_token_ids": True}
+    answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return list(answer.json()["choices"][0]["token_ids"])
+
+
+def _captured(daemon: RunningDaemon, name: str) -> dict[str, Any]:
+    return daemon.wait_for(name, lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=120)
+
+
+def _restored(daemon: RunningDaemon, name: str, count: int = 1) -> dict[str, Any]:
+    return daemon.wait_for(
+        name, lambda d: d["state"] == "ready" and d["boots_by_kind"].get("restore") == count, timeout=90
+    )
+
+
+def _booted_normally(daemon: RunningDaemon, name: str) -> dict[str, Any]:
+    """Ready after a normal boot (not a restore) that followed a failed or refused restore, captured again."""
+    return daemon.wait_for(
+        name,
+        lambda d: (
+            d["state"] == "ready"
+            and (d["last_boot"] or {}).get("kind") != "restore"
+            and d["snapshot"]["last_failure"] is not None
+            and d["snapshot"]["state"] == "ready"
+        ),
+        timeout=120,
+    )
+
+
+def _container(env: PodmanEnv, name: str) -> dict[str, Any]:
+    inspected: dict[str, Any] = json.loads(env.podman("inspect", name).stdout)[0]
+    return inspected
+
+
+def _boots_in_log(env: PodmanEnv, deployment: str) -> int:
+    return env.podman("logs", workload_name(deployment)).stderr.count(READY)
+
+
+def _kill(env: PodmanEnv, deployment: str) -> None:
+    env.podman("kill", "--signal", "KILL", workload_name(deployment))
+
+
+def test_captured_then_killed_with_9_the_container_is_restored_from_the_archive(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """Captured without leaving the container running (then restored in place: it serves on), killed with
+    -9, restored twice from the same archive: the same greedy ids, no boot, boot kind `restore`."""
+    port = free_port()
+    name = workload_name(deployment)
+    with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+        first = _captured(daemon, deployment)
+        assert first["snapshot"]["last_capture_outage_seconds"] > 0
+        ids = _ids(port)
+        entry = daemon.state_dir / "snapshots" / deployment
+        manifest = json.loads((entry / "manifest.json").read_text())
+        assert manifest["runtime"] == "podman" and manifest["holders"], manifest
+        archive = entry / "images" / "checkpoint.tar"
+        assert archive.stat().st_mode & 0o077 == 0
+        listed = subprocess.run(["tar", "tf", str(archive)], capture_output=True, text=True, check=True).stdout
+        assert "devshm-checkpoint.tar" in listed
+        annotations = _container(podman_env, name)["Config"]["Annotations"]
+        assert annotations["org.criu.config"].endswith(".podman-criu.conf")
+        booted = _boots_in_log(podman_env, deployment)
+        for count in (1, 2):
+            _kill(podman_env, deployment)
+            after = _restored(daemon, deployment, count)
+            assert _ids(port) == ids
+            assert _boots_in_log(podman_env, deployment) == booted, "restored, not booted"
+            assert after["snapshot"]["last_failure"] is None, after["snapshot"]
+            assert after["restarts"] == count
+        assert _container(podman_env, name)["State"]["Restored"] is True
+        shown = daemon.cli("status", deployment).stdout
+        assert "snapshot ready: restored from it" in shown, shown
+        _no_failure_counted(daemon)
+
+
+def _no_failure_counted(daemon: RunningDaemon) -> None:
+    assert not daemon.events_named("deployment_failed")
+    assert {e["failure"] for e in daemon.events_named("boot_failed")} <= {"engine_dead"}
+
+
+@pytest.fixture(params=["truncate", "garbage"])
+def damaged(request: pytest.FixtureRequest, tmp_path: Path, gpus: StandInGpus) -> tuple[str, Path]:
+    """How the archive is damaged, and the host file naming the stand-in GPUs."""
+    return str(request.param), _host(tmp_path, gpus)
+
+
+def test_a_corrupt_or_truncated_archive_is_discarded_and_the_same_restart_boots(
+    tmp_path: Path, podman_env: PodmanEnv, vllm_image: str, deployment: str, damaged: tuple[str, Path]
+) -> None:
+    damage, host = damaged
+    port = free_port()
+    with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(port)
+        archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
+        size = archive.stat().st_size
+        with archive.open("r+b") as handle:
+            if damage == "truncate":
+                handle.truncate(size // 2)
+            else:
+                handle.seek(size // 3)
+                handle.write(os.urandom(1 << 20))
+        _kill(podman_env, deployment)
+        after = _booted_normally(daemon, deployment)
+        failure = after["snapshot"]["last_failure"]
+        # Truncated: Podman refuses the archive; garbage in CRIU's pages: what comes back fails the canary.
+        wanted = (
+            "restore failed at criu_restore: Podman's restore failed" if damage == "truncate" else "restore failed at"
+        )
+        assert wanted in failure, failure
+        assert after["restarts"] == 1
+        assert _ids(port) == ids
+        (failed,) = daemon.events_named("snapshot_restore_failed")
+        assert failed["then"] == "a normal boot"
+        _no_failure_counted(daemon)
+        assert (
+            len(
+                json.loads(
+                    podman_env.podman(
+                        "ps", "-a", "--format", "json", "--filter", f"name=^{workload_name(deployment)}$"
+                    ).stdout
+                )
+            )
+            == 1
+        )
+
+
+def _captured_then_daemon_killed(
+    tmp_path: Path, env: PodmanEnv, name: str, dep: dict[str, Any], host: Path
+) -> list[int]:
+    """Daemon 1 captures, is killed with -9, then its container: the captured ids."""
+    with _daemon(tmp_path, env, name, dep, host) as daemon:
+        _captured(daemon, name)
+        ids = _ids(dep["port"])
+        daemon.kill()
+    _kill(env, name)
+    return ids
+
+
+def test_a_snapshot_of_another_image_or_plan_is_deleted_with_its_reason_and_boots(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    port = free_port()
+    _captured_then_daemon_killed(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host)
+    manifest = tmp_path / "state" / "snapshots" / deployment / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["key"]["image_digest"] = "sha256:" + "0" * 64  # captured from another image
+    manifest.write_text(json.dumps(data))
+    with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+        after = _booted_normally(daemon, deployment)
+        assert after["snapshot"]["last_failure"].startswith("the image digest changed since the capture"), after
+        assert not daemon.events_named("restoring_snapshot")
+        _ids(port)
+    changed = _deployment(vllm_image, port, max_num_seqs=16)  # the daemon's stop removed the container
+    with _daemon(tmp_path, podman_env, deployment, changed, host) as daemon:
+        after = _booted_normally(daemon, deployment)
+        assert after["snapshot"]["last_failure"] == "the plan's arguments changed since the capture"
+        _ids(port)
+
+
+def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    port = free_port()
+    dep = _deployment(vllm_image, port)
+    _captured_then_daemon_killed(tmp_path, podman_env, deployment, dep, host)
+    with _daemon(tmp_path, podman_env, deployment, dep, host, extra_env={"DANKSERVE_CRIU": ""}) as daemon:
+        after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
+        assert after["snapshot"]["state"] == "off" and "CRIU is not installed" in after["snapshot"]["reason"]
+        assert (daemon.state_dir / "snapshots" / deployment / "manifest.json").exists(), "nothing lost"
+        _ids(port)
+    shared = {k: v for k, v in dep.items() if k != "shm_size"}
+    with _daemon(tmp_path, podman_env, deployment, shared, host) as daemon:
+        after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
+        assert after["snapshot"]["state"] == "off" and "shares the host's /dev/shm" in after["snapshot"]["reason"]
+        _ids(port)
+
+
+def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reason(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """The store on an 8 MiB file system (the archive is about 30 MB): writing Podman's archive fails after its
+    checkpoint stopped the container; the container is restored in place, the capture undone (engine core
+    unlocked, awake), nothing half-written kept, the reason in status, the same container serving."""
+    with small_snapshot_store(tmp_path) as store_dir:
+        port = free_port()
+        with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+            after = daemon.wait_for(
+                deployment, lambda d: d["state"] == "ready" and d["snapshot"]["last_failure"] is not None, timeout=120
+            )
+            failure = after["snapshot"]["last_failure"]
+            assert after["snapshot"]["state"] == "absent"
+            assert "capture failed at criu_dump: writing Podman's checkpoint archive failed" in failure, failure
+            assert "space" in failure.lower()
+            assert [p.name for p in store_dir.iterdir()] == [".podman-criu.conf"], "nothing half-written"
+            _ids(port)
+            assert after["boots"] == 1 and not daemon.events_named("boot_failed")
+
+
+def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """Made as a kill -9 of the daemon leaves them. During a capture: the container GPU-locked and checkpointed
+    beside an entry without a manifest: the next daemon restores and unlocks it, adopts it serving, deletes
+    the entry and captures again. During a restore: the container restored from the archive by Podman, its
+    engine core still checkpointed: the next daemon finishes the GPU restore and unlock and adopts it."""
+    from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+    from tests.supervisor.test_daemon_snapshots import _children
+
+    port = free_port()
+    dep = _deployment(vllm_image, port)
+    name = workload_name(deployment)
+    ids = _captured_then_daemon_killed(tmp_path, podman_env, deployment, dep, host)
+    entry = tmp_path / "state" / "snapshots" / deployment
+    gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
+    podman_env.podman("rm", "-f", name)
+    (entry / "restoring").touch()  # what the killed daemon left, beside the container Podman restored
+    podman_env.podman("container", "restore", "--import", str(entry / "images" / "checkpoint.tar"), "--name", name)
+    pid = int(_container(podman_env, name)["State"]["Pid"])
+    (engine,) = _children(pid)
+    assert gpu.state(engine) == "checkpointed", "captured mid-sequence: the archive's engine core is checkpointed"
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
+        assert int(_container(podman_env, name)["State"]["Pid"]) == pid, "adopted, not booted again"
+        assert gpu.state(engine) == "running"
+        (resumed,) = daemon.events_named("snapshot_restore_resumed")
+        assert resumed["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert after["snapshot"]["state"] == "ready" and not (entry / "restoring").exists()
+        assert _ids(port) == ids
+        daemon.kill()
+    gpu.lock(engine)
+    gpu.checkpoint(engine)
+    (entry / "manifest.json").unlink()
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        after = daemon.wait_for(
+            deployment,
+            lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready" and d["snapshot"]["last_failure"],
+            timeout=120,
+        )
+        assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
+        (repaired,) = daemon.events_named("snapshot_capture_interrupted")
+        assert repaired["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert _ids(port) == ids
+        assert daemon.events_named("snapshot_captured"), "captured again"
+        daemon.kill()
+    # Killed after Podman's checkpoint stopped the container, before its restore in place: the next daemon
+    # replaces the stopped container by a normal boot.
+    podman_env.podman("container", "checkpoint", name)
+    (entry / "manifest.json").unlink()
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        after = _booted_normally(daemon, deployment)
+        assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
+        assert _ids(port) == ids
+
+
+def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """A graceful stop removes the container (its /dev/shm with it): the archive holds its own copy."""
+    port = free_port()
+    dep = _deployment(vllm_image, port)
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(port)
+        assert daemon.cli("down", deployment).returncode == 0
+        assert daemon.cli("up", deployment).returncode == 0
+        _restored(daemon, deployment, 1)
+        assert _ids(port) == ids
+        assert daemon.cli("restart", deployment).returncode == 0
+        after = _restored(daemon, deployment, 2)
+        assert after["snapshot"]["last_failure"] is None
+        assert _ids(port) == ids
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:  # its container was removed at the stop
+        after = daemon.wait_for(
+            deployment, lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=90
+        )
+        assert after["snapshot"]["last_failure"] is None
+        assert _ids(port) == ids
+        _no_failure_counted(daemon)
+
+
+def test_an_engine_core_killed_with_9_is_restored_too(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """The engine core dies (the API server answers 500, /health 503): the restart restores the archive."""
+    from tests.supervisor.test_daemon_snapshots import _children
+
+    port = free_port()
+    with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(port)
+        (engine,) = _children(int(_container(podman_env, workload_name(deployment))["State"]["Pid"]))
+        os.kill(engine, 9)
+        after = _restored(daemon, deployment, 1)
+        assert after["restarts"] == 1 and _ids(port) == ids
+
+
+def test_a_swap_member_is_captured_asleep_at_level_2_and_restored(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """With sleep mode (a swap group's member) the capture sleeps the server at level 2 and wakes it; the
+    restore wakes what it restored; the canary holds."""
+    port = free_port()
+    dep = _deployment(vllm_image, port, swap_group="g")
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        assert json.loads((daemon.state_dir / "snapshots" / deployment / "manifest.json").read_text())["sleeps"]
+        ids = _ids(port)
+        _kill(podman_env, deployment)
+        _restored(daemon, deployment, 1)
+        assert _ids(port) == ids
+
+
+def test_a_podman_service_without_criu_fails_the_capture_with_its_answer_and_serves(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """dankserve finds CRIU, the Podman service does not (its PATH lacks it): the capture fails with Podman's
+    answer in status, the container serves on, and no failure is counted."""
+    from dataclasses import replace
+
+    from tests.harness.podman_service import RestartableService
+
+    criu = criu_path()
+    assert criu is not None
+    hidden = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "criu").exists())
+    service = RestartableService(replace(podman_env, env={**podman_env.env, "PATH": hidden}), tmp_path / "svc")
+    service.start()
+    try:
+        port = free_port()
+        dep = _deployment(vllm_image, port)
+        with running_daemon(
+            tmp_path,
+            {deployment: dep},
+            hardware=host,
+            extra_globals={"podman_url": service.url},
+            extra_env={"DANKSERVE_CRIU": criu},
+        ) as daemon:
+            after = daemon.wait_for(
+                deployment, lambda d: d["state"] == "ready" and d["snapshot"]["last_failure"], timeout=120
+            )
+            failure = after["snapshot"]["last_failure"]
+            assert "capture failed at criu_dump: Podman's checkpoint failed" in failure, failure
+            assert after["snapshot"]["state"] == "absent" and after["boots"] == 1
+            _ids(port)
+            _no_failure_counted(daemon)
+    finally:
+        service.stop()
+
+
+def test_a_container_on_its_private_socket_is_restored_on_it(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """`listen = "socket"`: the server's unix socket in the mounted private directory comes back with the
+    restored container; requests through the gateway reach it."""
+    gateway = free_port()
+    dep = {k: v for k, v in _deployment(vllm_image, free_port()).items() if k != "listen"} | {"listen": "socket"}
+    settings = {"podman_url": podman_env.url, "gateway": {"listen": f"127.0.0.1:{gateway}"}}
+    with running_daemon(tmp_path, {deployment: dep}, hardware=host, extra_globals=settings) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(gateway)
+        _kill(podman_env, deployment)
+        _restored(daemon, deployment, 1)
+        assert _ids(gateway) == ids
