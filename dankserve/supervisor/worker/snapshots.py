@@ -134,7 +134,7 @@ class SnapshotEdge:
         settings = self._settings()
         if settings.snapshot_max_bytes == 0:
             return m.SnapshotPlan("off", "snapshot_max_bytes = 0")
-        missing = unavailable(self._gpu())  # the snapshot is kept: installing the extra makes it usable
+        missing = unavailable(self._gpu_checkpoint())  # the snapshot is kept: installing the extra makes it usable
         if missing is not None:
             return m.SnapshotPlan("off", f"{missing.reason}: the GPU checkpoint needs it ({missing.fix})")
         self._key = self._current_key(dep, plan, digest, version, criu.criu_version(binary) or "unknown")
@@ -207,7 +207,7 @@ class SnapshotEdge:
         marker.unlink(missing_ok=True)
         done: list[str] = []
         try:
-            gpu = self._gpu()
+            gpu = self._gpu_checkpoint()
             gpu_running(gpu, gpu.holders(process_tree(pid)), done)
             woke = serve_again(self._edges, backend_address(self._settings(), self._name, dep), _read_key(dep))
             done += [woke] if woke else []
@@ -241,13 +241,13 @@ class SnapshotEdge:
         base = {"key": _key_json(key), "sleeps": self._sleeps, "prepares": self._prepares}
         if isinstance(runtime, PodmanRuntime):  # its checkpoint and restore (podman_snapshots.py)
             job = ContainerJob(self._name, root, runtime, workload_id, settings.snapshot_max_bytes)
-            return capture_container(job, base, self._gpu(), self._hooks(dep))
+            return capture_container(job, base, self._gpu_checkpoint(), self._hooks(dep))
         if record is None or not isinstance(runtime, ProcessRuntime):
             return m.SnapshotCaptureFailed("the server is not one the process runtime started")
         return capture_tree(
             CaptureJob(self._name, root, record, runtime, settings.snapshot_max_bytes),
             base,
-            self._gpu(),
+            self._gpu_checkpoint(),
             lambda keep: self._hooks(dep, after_sleep=keep),
             self._log,
         )
@@ -277,7 +277,7 @@ class SnapshotEdge:
             hooks = self._hooks(dep)
             keys = (stored_key(entry.path), self._key)
             done = podman.restore_entry(
-                runtime, self._name, entry, keys=keys, gpu=self._gpu(), hooks=hooks, manifest=manifest
+                runtime, self._name, entry, keys=keys, gpu=self._gpu_checkpoint(), hooks=hooks, manifest=manifest
             )
             return done if isinstance(done, m.RestoreFailed) else self._restored(root, done[1], done[0], boot, began)
         captured = read_captured(entry.path) if entry.state == "ready" else None
@@ -294,7 +294,7 @@ class SnapshotEdge:
         try:
             outcome = restoring.restore(
                 entry.path / "images",
-                self._gpu(),
+                self._gpu_checkpoint(),
                 self._hooks(dep),
                 holders=captured.holders,
                 expected_ids=captured.canary_ids,
@@ -335,7 +335,7 @@ class SnapshotEdge:
         hooks = self._hooks(dep)
         inside = host_pids(process_tree(root))
         try:
-            gpu_running(self._gpu(), [inside[h] for h in captured.holders if h in inside], done)
+            gpu_running(self._gpu_checkpoint(), [inside[h] for h in captured.holders if h in inside], done)
             address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
             asleep = self._edges.checkpoint_prepared if captured.prepares else self._edges.is_sleeping
             if asleep(address, key):
@@ -351,9 +351,6 @@ class SnapshotEdge:
         return m.Restored(workload.id, boot, time.monotonic() - began)
 
     # -- shared ---------------------------------------------------------------------------------
-    def _gpu(self) -> Any:
-        return self._gpu_checkpoint()
-
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
         """The server's sleep (level 2, or 0.34's checkpoint prepare), wake and canary (`snapshot_hooks`)."""
         address = backend_address(self._settings(), self._name, dep)
