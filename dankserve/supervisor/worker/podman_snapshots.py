@@ -174,9 +174,7 @@ def capture(
     holders = inner_holders(workload, gpu)
     outcome = Outcome("capture", workload.pid, holders=holders)
     runner = PodmanRunner("capture", gpu, hooks, images, outcome, runtime=runtime, container=workload.id)
-    steps = list(capture_steps(holders))
-    steps.insert(steps.index(Step("criu_dump")) + 1, Step("criu_restore"))  # at once, in place
-    runner.run(steps)
+    runner.run((*capture_steps(holders), *restore_steps(holders)))  # the dump restored at once, in place
     if not outcome.ok:
         clear_images(images, keep=("dump.log",))
     return outcome, {"runtime": "podman", "container": runner.container, "archive": ARCHIVE}

@@ -121,7 +121,8 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
     if not outcome.ok:
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
         store.remove(root, name)
-        return m.SnapshotCaptureFailed(reason)
+        left = job.runtime.inspect(job.workload_id)  # stopped by the checkpoint, not restored: a normal boot
+        return m.SnapshotCaptureFailed(reason, server_lost=left is None or not left.running)
     size, why = _within_budget(root, name, job.max_bytes)
     if why is not None:
         return m.SnapshotCaptureFailed(why)
