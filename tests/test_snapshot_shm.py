@@ -63,3 +63,61 @@ def test_put_back_keeps_the_mode_and_a_failed_restore_s_leftovers_go_but_not_ano
 def test_a_hostile_name_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a shared-memory segment"):
         shm.put_back(["../etc"], tmp_path, tmp_path)
+
+
+def test_turns_are_taken_one_at_a_time_on_the_host(tmp_path: Path) -> None:
+    """Two dumps at once would meet each other's `link_remap.N`: the second waits for the first."""
+    import threading
+
+    from tests.harness.wait import stays_true, wait_until
+
+    order: list[str] = []
+    release = threading.Event()
+
+    def first() -> None:
+        with shm.turn(shm=tmp_path):
+            order.append("first in")
+            release.wait(30)
+            order.append("first out")
+
+    def second() -> None:
+        wait_until(lambda: order, 30, what="the first turn")
+        with shm.turn(shm=tmp_path):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    stays_true(lambda: "second in" not in order, 0.5, what="the second turn waiting")
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert order == ["first in", "first out", "second in"]
+
+
+def test_a_turn_held_too_long_fails_with_the_reason(tmp_path: Path) -> None:
+    import fcntl
+
+    from dankserve.errors import EnvironmentUnusable
+
+    with (tmp_path / shm.TURN_FILE).open("w") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(EnvironmentUnusable, match="another capture or restore held"), shm.turn(0.2, tmp_path):
+            pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a file of another uid")
+def test_a_turn_file_another_local_user_made_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """/dev/shm is world-writable: a file another user planted (to hold the lock forever) is refused."""
+    from dankserve.errors import EnvironmentUnusable
+
+    planted = tmp_path / shm.TURN_FILE
+    planted.write_bytes(b"")
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(EnvironmentUnusable, match="belongs to uid 65534") as refused, shm.turn(5, tmp_path):
+        pass
+    assert "remove" in (refused.value.fix or "")
+    planted.unlink()
+    planted.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(EnvironmentUnusable, match="cannot open"), shm.turn(5, tmp_path):
+        pass

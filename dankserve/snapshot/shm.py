@@ -12,20 +12,62 @@ The deleted ones (vLLM's POSIX semaphores, mapped after their unlink) CRIU's `--
 `link_remap.N` at the dump, and a restore consumes (unlinks) them: those this dump made are kept too, and
 put back before every restore, as the segments are.
 
+CRIU numbers its link-remap files per dump (`link_remap.1`, ...), so two dumps at once (two deployments
+captured together), or a dump while a restore has put its files back, would meet each other's: `turn`
+takes them one at a time on the host (an flock on a file in /dev/shm, the resource they share).
+
 Names come back from the manifest (hostile): only plain names directly under /dev/shm are used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from dankserve.errors import EnvironmentUnusable
 
 SHM = Path("/dev/shm")
 _MAX_SEGMENTS = 64
+TURN_FILE = ".dankserve-criu.lock"
+TURN_TIMEOUT_S = 600.0
+"""How long a capture or restore waits for another's dump or restore (a real vLLM's capture: tens of seconds)."""
+
+
+@contextlib.contextmanager
+def turn(timeout_s: float = TURN_TIMEOUT_S, shm: Path = SHM) -> Iterator[None]:
+    """This host's captures and restores one at a time (their link-remap files share /dev/shm). The lock
+    file must be this user's regular file: one another local user made (/dev/shm is world-writable) is
+    refused rather than waited on, with the fix."""
+    path = shm / TURN_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise EnvironmentUnusable(f"cannot open {path}: {exc.strerror}", fix=f"remove {path}") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+            raise EnvironmentUnusable(f"{path} belongs to uid {st.st_uid}, not to dankserve", fix=f"remove {path}")
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    raise EnvironmentUnusable(
+                        f"another capture or restore held {path} for {timeout_s:g} s",
+                        fix="see `dankserve status`; a process outside dankserve holding it must let go",
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
 
 
 def segments(pids: Iterable[int], shm: Path = SHM) -> tuple[str, ...]:

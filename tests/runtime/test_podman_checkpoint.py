@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from dankserve.runtime.base import Workload, WorkloadSpec
 from dankserve.runtime.podman import PodmanRuntime
 from dankserve.runtime.podman.checkpoint import CRIU_CONFIG, PodmanCheckpointFailed
+from tests.harness.wait import wait_until
 from tests.supervisor.test_daemon_snapshots import pytestmark as criu_marks
 
 pytestmark = [*criu_marks, pytest.mark.podman]
@@ -27,16 +27,15 @@ pytestmark = [*criu_marks, pytest.mark.podman]
 
 def _ids(port: int) -> list[int]:
     body = {"model": "test/model", "prompt": "x", "max_tokens": 4, "temperature": 0, "return_token_ids": True}
-    end = time.monotonic() + 60
-    while True:
+
+    def answered() -> list[int] | None:
         try:
             answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=10)
-            if answer.status_code == 200:
-                return list(answer.json()["choices"][0]["token_ids"])
         except httpx.HTTPError:
-            pass
-        assert time.monotonic() < end, "the server never answered"
-        time.sleep(0.1)
+            return None
+        return list(answer.json()["choices"][0]["token_ids"]) if answer.status_code == 200 else None
+
+    return wait_until(answered, 60, what="the server's answer")
 
 
 @contextlib.contextmanager

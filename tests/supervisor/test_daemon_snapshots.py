@@ -41,7 +41,7 @@ READY = "Application startup complete."
 
 def _deployment(host: Path, port: int, **extra: Any) -> dict[str, Any]:
     env = {"FAKE_VLLM_NVML_DIR": str(host.with_name(host.name + ".processes")), **extra.pop("env", {})}
-    return process_deployment(port, gpus=[0], listen="tcp", snapshot="auto", env=env, **extra)
+    return process_deployment(port, **{"gpus": [0], "listen": "tcp", "snapshot": "auto", "env": env, **extra})
 
 
 def _server_pid(daemon: RunningDaemon) -> int:
@@ -448,3 +448,28 @@ def test_an_engine_core_killed_with_9_is_engine_death_and_the_restart_restores(t
         assert after["restarts_by_cause"] == {"engine_dead": 1}, after["restarts_by_cause"]
         assert not any(Path(f"/proc/{p}").exists() for p in tree if p != root), "the old tree is gone"
         assert _ids(port) == ids
+
+
+def test_two_deployments_captured_at_once_both_restore(tmp_path: Path) -> None:
+    """Both ready together, both captured: CRIU numbers link-remap files per dump in the one /dev/shm, so
+    the captures take turns (shm.turn) instead of failing on each other's `link_remap.N` ("File exists")."""
+    host = write_host(tmp_path / "host.json")
+    ports = {"chat": free_port(), "code": free_port()}
+    deployments = {"chat": _deployment(host, ports["chat"]), "code": _deployment(host, ports["code"], gpus=[1])}
+    with running_daemon(tmp_path, deployments, hardware=host) as daemon:
+        ready = {
+            name: daemon.wait_for(
+                name, lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=120
+            )
+            for name in ports
+        }
+        assert all(d["snapshot"]["last_failure"] is None for d in ready.values()), ready
+        ids = {name: _ids(port) for name, port in ports.items()}
+        for name in ports:
+            pid: int = json.loads((daemon.state_dir / "processes" / f"{name}.json").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+        for name, port in ports.items():
+            daemon.wait_for(
+                name, lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=90
+            )
+            assert _ids(port) == ids[name]

@@ -64,18 +64,19 @@ def capture_tree(
         manifest.update(captured_at=now, last_used=now, holders=list(holders), canary_ids=list(canary_ids))
         store.write_manifest(root, name, manifest)
 
-    try:
-        outcome = capturing.capture(
-            record.pid,
-            entry / "images",
-            gpu,
-            hooks_for(keep_segments),
-            after_dump=keep_files,
-            criu_binary=criu.criu_path(),
-            appended=(runtime.log_path(name),),
-        )
-    finally:
-        shm.clear_remaps(put)
+    with shm.turn():  # one dump or restore at a time on the host: their link-remap files share /dev/shm
+        try:
+            outcome = capturing.capture(
+                record.pid,
+                entry / "images",
+                gpu,
+                hooks_for(keep_segments),
+                after_dump=keep_files,
+                criu_binary=criu.criu_path(),
+                appended=(runtime.log_path(name),),
+            )
+        finally:
+            shm.clear_remaps(put)
     if not outcome.ok or outcome.pid is None:
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
         store.remove(root, name)

@@ -289,20 +289,21 @@ class SnapshotEdge:
         left = _restored_already(captured, entry.path / "images")
         if left is not None:  # a daemon killed during its restore left the tree running
             return self._resume(dep, runtime, captured, root=left, boot=boot, began=began)
-        put = shm.put_back((*captured.shm, *captured.link_remaps), entry.path / "shm")
         self._sleeps, self._prepares = captured.sleeps, captured.prepares
-        try:
-            outcome = restoring.restore(
-                entry.path / "images",
-                self._gpu_checkpoint(),
-                self._hooks(dep),
-                holders=captured.holders,
-                expected_ids=captured.canary_ids,
-                criu_binary=criu.criu_path(),
-                appended=(runtime.log_path(self._name),),
-            )
-        finally:
-            shm.clear_remaps(put)
+        with shm.turn():  # one dump or restore at a time on the host: their link-remap files share /dev/shm
+            put = shm.put_back((*captured.shm, *captured.link_remaps), entry.path / "shm")
+            try:
+                outcome = restoring.restore(
+                    entry.path / "images",
+                    self._gpu_checkpoint(),
+                    self._hooks(dep),
+                    holders=captured.holders,
+                    expected_ids=captured.canary_ids,
+                    criu_binary=criu.criu_path(),
+                    appended=(runtime.log_path(self._name),),
+                )
+            finally:
+                shm.clear_remaps(put)
         if not outcome.ok or outcome.pid is None:
             return m.RestoreFailed(outcome.reason or "the restore failed")
         restored = replace(captured.record, pid=outcome.pid)
