@@ -41,11 +41,7 @@ def capture_tree(
     """Captures and restores the server; SnapshotCaptured with the restored workload, or why not (and whether
     the server was lost: its tree ended at the dump and the restore failed)."""
     name, root, record, runtime = job.name, job.root, job.record, job.runtime
-    store.check_root(root, create=True)
-    store.remove(root, name)
-    entry = root / name
-    entry.mkdir(mode=0o700)
-    (entry / "images").mkdir(mode=0o700)
+    entry = _new_entry(root, name)
     pids = tuple(process_tree(record.pid))
     deleted = shm.deleted_inodes(pids)
     manifest.update(pids=list(pids), record=record.to_json(), shm=[], link_remaps=[])
@@ -113,11 +109,7 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
     """Podman: the container checkpointed with export and restored in place at once (podman_snapshots.py;
     the same container serves on); SnapshotCaptured, or why not."""
     name, root = job.name, job.root
-    store.check_root(root, create=True)
-    store.remove(root, name)
-    entry = root / name
-    entry.mkdir(mode=0o700)
-    (entry / "images").mkdir(mode=0o700)
+    entry = _new_entry(root, name)
     outcome, kept = podman.capture(job.runtime, job.workload_id, entry / "images", gpu, hooks)
     if not outcome.ok:
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
@@ -139,6 +131,16 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
     )
     store.write_manifest(root, name, manifest)
     return m.SnapshotCaptured(outage, size)
+
+
+def _new_entry(root: Path, name: str) -> Path:
+    """The deployment's entry, empty but for its `images` directory (any earlier one deleted)."""
+    store.check_root(root, create=True)
+    store.remove(root, name)
+    entry = root / name
+    entry.mkdir(mode=0o700)
+    (entry / "images").mkdir(mode=0o700)
+    return entry
 
 
 def _within_budget(root: Path, name: str, max_bytes: int) -> tuple[int, str | None]:

@@ -40,6 +40,7 @@ from dankserve.snapshot.gpu_helper import unavailable
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
 from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
+from dankserve.snapshot.suspend import resume_steps
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import podman_snapshots as podman
 from dankserve.supervisor.worker import snapshot_rollback as rollback
@@ -410,15 +411,11 @@ def read_captured(path: Path) -> Captured | None:
 
 
 def gpu_running(gpu: Any, holders: Iterable[int], done: list[str]) -> None:
-    """Each CUDA process back to running from wherever a stopped sequence left it."""
-    for holder in holders:
-        state = gpu.state(holder)
-        if state == "checkpointed":
-            gpu.restore(holder)
-            done.append(f"GPU restore of pid {holder}")
-        if state in ("checkpointed", "locked"):
-            gpu.unlock(holder)
-            done.append(f"GPU unlock of pid {holder}")
+    """Each CUDA process back to running from wherever a stopped sequence left it: the steps suspended sleep's
+    resume decides from each process's driver state (restores before unlocks)."""
+    for step in resume_steps({pid: gpu.state(pid) for pid in holders}):
+        (gpu.restore if step.name == "gpu_restore" else gpu.unlock)(step.pid)
+        done.append(f"GPU {step.name.removeprefix('gpu_')} of pid {step.pid}")
 
 
 def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
