@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dankserve.host.gpu_processes import inner_pid, process_tree
+from dankserve.plan.shm import SHARED_REASON, shares_host_ipc
 from dankserve.runtime.base import Workload
 from dankserve.runtime.podman.checkpoint import CRIU_CONFIG, PodmanCheckpointFailed, shared_shm
 from dankserve.runtime.podman.runtime import PodmanRuntime
@@ -70,11 +71,8 @@ def unsupported(runtime: Any, dep: DeploymentSettings) -> str | None:
     """Why a Podman deployment cannot be snapshotted here (None: it can); checked while planning."""
     if not isinstance(runtime, PodmanRuntime):
         return "this runtime has no checkpoint: the process and Podman runtimes only"
-    if dep.shm_size is None:
-        return (
-            "the container shares the host's /dev/shm (ipc=host, shm_size unset): Podman 4.3 would save the "
-            "host's whole /dev/shm with it and unpack it over the host's at restore; set shm_size (e.g. \"8g\")"
-        )
+    if shares_host_ipc(dep):
+        return SHARED_REASON
     if dep.hf_token_file is not None or dep.api_key_file is not None:
         return (
             "the container has Podman secrets (hf_token_file, api_key_file): Podman 4.3's restore of an "
@@ -170,7 +168,7 @@ def capture(
     if workload is None or not workload.running or workload.pid is None:
         raise PodmanCheckpointFailed("the container is not running")
     if shared_shm(runtime.container_attrs(workload_id) or {}):
-        raise PodmanCheckpointFailed("the container shares the host's /dev/shm (started before shm_size was set)")
+        raise PodmanCheckpointFailed("the container shares the host's /dev/shm (ipc=host: started by an older dankserve)")
     holders = inner_holders(workload, gpu)
     outcome = Outcome("capture", workload.pid, holders=holders)
     runner = PodmanRunner("capture", gpu, hooks, images, outcome, runtime=runtime, container=workload.id)

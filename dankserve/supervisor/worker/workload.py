@@ -47,7 +47,7 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         ),
         secrets=tuple(secrets),
         labels={LABEL_BOOT: str(boot), LABEL_FINGERPRINT: plan.fingerprint},
-        shm_size=dep.shm_size,
+        shm_size=plan.shm_size,
         numa_bind=plan.numa_bind,
         privileged=dep.privileged,
         executable=dep.executable,
