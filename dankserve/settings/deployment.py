@@ -90,7 +90,7 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     shm_size: str | None = Field(
         default=None,
         description='Container /dev/shm size (e.g. 16g), or "host" for the host\'s (ipc=host). Unset: a private one of '
-        'half the host\'s RAM where snapshots are on (a ceiling, not an allocation), else ipc=host.',
+        "half the host's RAM where snapshots are on (a ceiling, not an allocation), else ipc=host.",
     )
     privileged: bool = Field(
         default=False,

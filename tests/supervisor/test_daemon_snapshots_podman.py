@@ -109,6 +109,12 @@ def _boots_in_log(env: PodmanEnv, deployment: str) -> int:
     return env.podman("logs", workload_name(deployment)).stderr.count(READY)
 
 
+def _ipc_namespace(env: PodmanEnv, deployment: str) -> int:
+    """The IPC namespace of the container's process (Podman 4.3.1's inspect says `shareable` for ipc=host too)."""
+    pid = _container(env, workload_name(deployment))["State"]["Pid"]
+    return os.stat(f"/proc/{pid}/ns/ipc").st_ino
+
+
 def _kill(env: PodmanEnv, deployment: str) -> None:
     env.podman("kill", "--signal", "KILL", workload_name(deployment))
 
@@ -232,7 +238,7 @@ def test_a_snapshot_of_another_image_or_plan_is_deleted_with_its_reason_and_boot
         _ids(port)
 
 
-def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
+def test_criu_missing_or_an_explicit_host_ipc_turns_snapshots_off_with_the_reason(
     tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     port = free_port()
@@ -243,11 +249,46 @@ def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
         assert after["snapshot"]["state"] == "off" and "CRIU is not installed" in after["snapshot"]["reason"]
         assert (daemon.state_dir / "snapshots" / deployment / "manifest.json").exists(), "nothing lost"
         _ids(port)
-    shared = {k: v for k, v in dep.items() if k != "shm_size"}
+    shared = {**dep, "shm_size": "host"}  # an explicit opt-in to the host's IPC namespace (ipc=host)
     with _daemon(tmp_path, podman_env, deployment, shared, host) as daemon:
         after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
         assert after["snapshot"]["state"] == "off" and "shares the host's /dev/shm" in after["snapshot"]["reason"]
+        assert _ipc_namespace(podman_env, deployment) == os.stat("/proc/self/ns/ipc").st_ino  # ipc=host
         _ids(port)
+
+
+def test_a_default_container_gets_a_private_dev_shm_and_is_restored_leaving_the_hosts_alone(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """No shm_size: the container gets a private /dev/shm (half the host's RAM, a ceiling), is captured and
+    restored after kill -9 with the same ids; the host's own /dev/shm is neither in the archive nor touched."""
+    planted = Path("/dev/shm") / f"dankserve-test-{deployment}"
+    planted.write_bytes(b"the host's own segment")
+    os.utime(planted, ns=(1_000_000_000, 1_000_000_000))
+    port = free_port()
+    dep = {k: v for k, v in _deployment(vllm_image, port).items() if k != "shm_size"}
+    try:
+        with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+            shown = " ".join(daemon.cli("plan", deployment, "--hardware", str(daemon.hardware)).stdout.split())
+            assert "note: /dev/shm: " in shown and "a private /dev/shm of" in shown, shown
+            _captured(daemon, deployment)
+            inspected = _container(podman_env, workload_name(deployment))["HostConfig"]
+            assert _ipc_namespace(podman_env, deployment) != os.stat("/proc/self/ns/ipc").st_ino, "a private one"
+            assert inspected["ShmSize"] >= 1 << 30, inspected
+            ids = _ids(port)
+            archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
+            shm_tar = subprocess.run(
+                ["tar", "xOf", str(archive), "devshm-checkpoint.tar"], capture_output=True, check=True
+            ).stdout
+            held = subprocess.run(["tar", "tf", "-"], input=shm_tar, capture_output=True, check=True).stdout.decode()
+            assert planted.name not in held and "link_remap" in held, held
+            _kill(podman_env, deployment)
+            after = _restored(daemon, deployment, 1)
+            assert _ids(port) == ids and after["snapshot"]["last_failure"] is None
+        assert planted.read_bytes() == b"the host's own segment"
+        assert planted.stat().st_mtime_ns == 1_000_000_000, "a restore unpacked nothing over the host's /dev/shm"
+    finally:
+        planted.unlink(missing_ok=True)
 
 
 def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reason(
