@@ -131,3 +131,22 @@ def test_a_container_gets_the_files_not_podman_secrets_and_they_go_with_it(
             make_spec(image="localhost/dankserve-test-absent:none", secrets=secrets, secrets_dir=directory)
         )
     assert sorted(os.listdir(directory)) == []
+
+
+@pytest.mark.podman
+def test_the_files_stay_while_another_container_mounts_them(
+    podman_runtime: PodmanRuntime, make_spec: SpecFactory, deployment: str, tmp_path: Path
+) -> None:
+    """An upgrade's trial mounts the same files as the container it replaces: removing the old one keeps them
+    (the trial's restore in place at its capture mounts them again); removing the last one deletes them."""
+    import dataclasses
+
+    secrets = (_secret(tmp_path, "api_key", "k-trial", "VLLM_API_KEY"),)
+    directory = tmp_path / "state" / "secrets" / deployment
+    old = podman_runtime.start(make_spec(secrets=secrets, secrets_dir=directory))
+    spec = make_spec(secrets=secrets, secrets_dir=directory)
+    trial = podman_runtime.start(dataclasses.replace(spec, deployment=deployment + "-trial", port=spec.port + 1))
+    podman_runtime.remove(old.id)
+    assert (directory / "api_key").read_bytes() == b"k-trial"
+    podman_runtime.remove(trial.id)
+    assert not (directory / "api_key").exists()

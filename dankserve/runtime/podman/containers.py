@@ -166,7 +166,11 @@ class ContainerManager:
         if attrs is None:
             return
         self._session.remove_container(str(attrs["Id"]))
-        secret_mounts.remove(attrs)
+        named = ((attrs.get("Config") or {}).get("Labels") or {}).get(secret_mounts.LABEL_SECRETS_DIR)
+        # With the last container that mounts them: an upgrade's trial mounts the same files as the container
+        # it replaces, and a restore in place of it (the capture's) mounts them again.
+        if named and not any(w.labels.get(secret_mounts.LABEL_SECRETS_DIR) == named for w in self.list_workloads()):
+            secret_mounts.remove(attrs)
         deployment = ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_DEPLOYMENT)
         if deployment:
             self._remove_secrets(deployment)
