@@ -53,6 +53,7 @@ def test_files_are_written_0600_in_a_0700_directory_and_a_bad_source_writes_noth
     secret_mounts.write(target, (good,))
     assert (target / "api_key").read_bytes() == b"k-1"
     assert ((target / "api_key").stat().st_mode & 0o777, target.stat().st_mode & 0o777) == (0o600, 0o700)
+    assert target.parent.stat().st_mode & 0o777 == 0o700
     loose = _secret(tmp_path, "hf_token", "t", "HF_TOKEN_PATH")
     loose.source.chmod(0o644)
     (target / "api_key").unlink()

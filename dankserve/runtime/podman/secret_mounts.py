@@ -33,7 +33,8 @@ def write(directory: Path, secrets: Sequence[SecretFile]) -> None:
     """The deployment's secret files read (all first: a bad one fails before anything is written) and written
     into `directory` (made root's and 0700; a symlink or another owner's refused), each 0600, atomically."""
     values = [(s.name, read_secret(s.source, s.name)) for s in secrets]
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # `parents` alone would make it 0755
+    directory.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(directory)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise ConfigError(
