@@ -151,3 +151,14 @@ def test_the_files_stay_while_another_container_mounts_them(
     assert (directory / "api_key").read_bytes() == b"k-trial"
     podman_runtime.remove(trial.id)
     assert not (directory / "api_key").exists()
+
+
+def test_host_ipc_is_told_by_the_process_namespace_as_podman_4_3_inspect_says_shareable_for_both() -> None:
+    """Podman 4.3.1's inspect says `shareable` for ipc=host as for a private namespace: the capture asks the
+    container's process whether its IPC namespace is this one's (the host's)."""
+    from dankserve.runtime.podman.checkpoint import shared_shm
+
+    shareable = {"HostConfig": {"IpcMode": "shareable"}}
+    assert shared_shm(shareable, os.getpid())
+    assert not shared_shm(shareable, None) and not shared_shm(shareable, 1 << 30)  # no such process
+    assert shared_shm({"HostConfig": {"IpcMode": "host"}})
