@@ -96,7 +96,7 @@ class ContainerManager:
                 session.remove_container(container.id)
             self._remove_secrets(spec.deployment)
             if spec.secrets_dir is not None:
-                secret_mounts.remove({"Config": {"Labels": kwargs["labels"]}, "Mounts": _mounts_of(kwargs)})
+                self._remove_secret_files({"Config": {"Labels": kwargs["labels"]}, "Mounts": _mounts_of(kwargs)})
             raise
         log.info("workload_started", deployment=spec.deployment, id=container.id[:12], gpus=gpu.mode)
         workload = self.inspect(container.id)
@@ -166,14 +166,18 @@ class ContainerManager:
         if attrs is None:
             return
         self._session.remove_container(str(attrs["Id"]))
-        named = ((attrs.get("Config") or {}).get("Labels") or {}).get(secret_mounts.LABEL_SECRETS_DIR)
-        # With the last container that mounts them: an upgrade's trial mounts the same files as the container
-        # it replaces, and a restore in place of it (the capture's) mounts them again.
-        if named and not any(w.labels.get(secret_mounts.LABEL_SECRETS_DIR) == named for w in self.list_workloads()):
-            secret_mounts.remove(attrs)
+        self._remove_secret_files(attrs)
         deployment = ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_DEPLOYMENT)
         if deployment:
             self._remove_secrets(deployment)
+
+    def _remove_secret_files(self, attrs: dict[str, Any]) -> None:
+        """A removed container's secret files (secret_mounts.py) deleted with the last container that mounts them:
+        an upgrade's trial mounts the same files as the container it replaces, whose restore in place (a capture's)
+        mounts them again."""
+        named = ((attrs.get("Config") or {}).get("Labels") or {}).get(secret_mounts.LABEL_SECRETS_DIR)
+        if named and not any(w.labels.get(secret_mounts.LABEL_SECRETS_DIR) == named for w in self.list_workloads()):
+            secret_mounts.remove(attrs)
 
     def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
         """Block until the container exits (its ExitEvent) or the timeout passes (None).
