@@ -37,13 +37,14 @@ from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import unavailable
-from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
+from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason, secrets_digest
 from dankserve.snapshot.sequence import canary_problem
 from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
 from dankserve.snapshot.suspend import resume_steps
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import podman_snapshots as podman
 from dankserve.supervisor.worker import snapshot_rollback as rollback
+from dankserve.supervisor.worker.deployment_secrets import secret_values
 from dankserve.supervisor.worker.snapshot_capture import (
     CaptureJob,
     ContainerJob,
@@ -187,6 +188,7 @@ class SnapshotEdge:
             criu_version=criu_version,
             dankserve_version=dankserve.__version__,
             weights=weights_files(dep, self._settings().hf_cache_dir),
+            secrets=secrets_digest(secret_values(dep)),
         )
 
     def repair_interrupted(self, dep: DeploymentSettings, pid: int | None) -> None:
@@ -275,10 +277,10 @@ class SnapshotEdge:
             manifest = podman.read_manifest(entry.path) if entry.state == "ready" else None
             self._sleeps = bool(manifest and manifest.get("sleeps"))
             self._prepares = bool(manifest and manifest.get("prepares") is True)
-            hooks = self._hooks(dep)
-            keys = (stored_key(entry.path), self._key)
+            files = podman.secrets_of(dep, self._name, self._settings().state_dir)
+            gpu, keys = self._gpu_checkpoint(), (stored_key(entry.path), self._key)
             done = podman.restore_entry(
-                runtime, self._name, entry, keys=keys, gpu=self._gpu_checkpoint(), hooks=hooks, manifest=manifest
+                runtime, self._name, entry, keys=keys, gpu=gpu, hooks=self._hooks(dep), manifest=manifest, secrets=files
             )
             return done if isinstance(done, m.RestoreFailed) else self._restored(root, done[1], done[0], boot, began)
         captured = read_captured(entry.path) if entry.state == "ready" else None
@@ -427,6 +429,7 @@ def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
 
 
 _KEY_TEXT = (
+    "secrets",
     "image_digest",
     "vllm_version",
     "driver_version",
