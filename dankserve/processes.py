@@ -83,7 +83,7 @@ def write_private_file(path: Path, text: str) -> None:
         raise
 
 
-# PID namespaces (issue 41: the process runtime's server as the init of its own; runtime/pid_namespace.py)
+# PID namespaces: a process's pids as its namespaces see them (a container's processes; the stand-in's records)
 def namespace_pids(pid: int) -> tuple[int, ...]:
     """The pid of `pid` in each PID namespace it is in, outermost first (`NSpid`; empty when gone)."""
     with contextlib.suppress(OSError, ValueError):

@@ -1,14 +1,14 @@
-"""Capture and restore (dankserve/snapshot/capture.py, restore.py) against the real CRIU and the real
-stand-in vLLM run as a process under dankserve's init (its own PID namespace, runtime/pid_init.py): an
-API server and its engine-core child (a unix socket, a /dev/shm segment, a multiprocessing semaphore
-mapped after its unlink, the listening port, the engine core's GPU record) driven through the stand-in
-GpuCheckpoint.
+"""Capture and restore (dankserve/snapshot/capture.py, restore.py) against the real CRIU and the real stand-in
+vLLM run as a process with its host pids (as the process runtime runs it: a PID namespace of its own would
+share the host's /proc, which CUDA refuses; docs/snapshots.md "Host pids"): an API server and its engine-
+core child (a unix socket, a /dev/shm segment, a multiprocessing semaphore mapped after its unlink, the
+listening port, the engine core's GPU record) driven through the stand-in GpuCheckpoint.
 
-Captured while serving (the dump ends the tree, which is restored at once from the image and serves),
-the tree killed with SIGKILL, restored again: it serves the same greedy ids, without booting again, even
-with its old host pid taken. A `--leave-running` dump cannot be restored later (CRIU deletes its
-link-remap file), as on real vLLM. Each failure leaves things clean with its reason: the GPU checkpoint
-failing (FAKE_VLLM_GPU_CHECKPOINT_FAIL), corrupt and truncated images.
+Captured while serving (the dump ends the tree, which is restored at once from the image and serves), the
+tree killed with SIGKILL, restored again with its own pids: it serves the same greedy ids, without booting
+again; with its old host pid taken the restore fails with CRIU's reason. A `--leave-running` dump cannot be
+restored later (CRIU deletes its link-remap file), as on real vLLM. Each failure leaves things clean with
+its reason: the GPU checkpoint failing (FAKE_VLLM_GPU_CHECKPOINT_FAIL), corrupt and truncated images.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from dankserve.backend_address import TcpAddress
 from dankserve.doctor import read_criu
 from dankserve.host.gpu_processes import held_bytes, process_tree
 from dankserve.processes import spawn_detached
-from dankserve.runtime.pid_namespace import find_init, init_command
 from dankserve.snapshot import criu, shm
 from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot.criu import criu_path
@@ -60,9 +59,9 @@ READY = b"Application startup complete."
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
-    """The outer (this process's child): it mirrors the init's end."""
+    """The API server as started (this process's child)."""
     root: int
-    """The tree's root: its PID namespace's init (a restored tree's, once restored)."""
+    """The tree's root: the API server (a restored tree's has the same pid)."""
     port: int
     records: Path
     log: Path
@@ -111,9 +110,8 @@ def _start(tmp_path: Path, **knobs: str) -> Server:
     }
     log = tmp_path / "server.log"
     argv = [sys.executable, str(STAND_IN), "serve", MODEL, "--port", str(port), "--enable-sleep-mode"]
-    proc = spawn_detached(init_command(argv), log, env=env)
-    root = find_init(proc.pid)
-    assert root is not None, "the server's own PID namespace"
+    proc = spawn_detached(argv, log, env=env)
+    root = proc.pid
     end = time.monotonic() + 30
     while READY not in log.read_bytes():
         assert proc.poll() is None and time.monotonic() < end, log.read_text()
@@ -134,13 +132,15 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield started
     finally:
         _kill(started)
-        for kept in Path("/dev/shm").glob("fake-vllm-*-2"):
+        for kept in Path("/dev/shm").glob(f"fake-vllm-*-{started.root}"):
             if kept.stat().st_mtime > time.time() - 600:
                 kept.unlink(missing_ok=True)
 
 
-def _restore_args(server: Server, captured: Outcome) -> dict[str, Any]:
-    return {"holders": captured.holders, "expected_ids": captured.canary_ids, "appended": (server.log,)}
+def _restore_args(server: Server, captured: Outcome, tree: tuple[int, ...]) -> dict[str, Any]:
+    """`tree`: the captured tree's host pids, which the restore waits for and takes again."""
+    args = {"holders": captured.holders, "expected_ids": captured.canary_ids, "appended": (server.log,)}
+    return {**args, "pids": tree}
 
 
 def _complete(server: Server) -> list[int]:
@@ -177,8 +177,9 @@ class Kept:
         shm.clear_remaps(self.put)
 
 
-def _capture(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome, Kept]:
+def _capture(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome, Kept, tuple[int, ...]]:
     gpu = StandInGpuCheckpoint(server.records)
+    tree = tuple(process_tree(server.root))
     images = tmp_path / "images"
     images.mkdir()
     kept = Kept(server, tmp_path / "kept")
@@ -194,17 +195,21 @@ def _capture(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path
     assert captured.ok, captured.reason
     assert captured.pid is not None
     server.root = captured.pid
-    return gpu, images, captured, kept
+    return gpu, images, captured, kept, tree
+
+
+def _started_at(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
 
 
 def test_the_stand_in_has_vllm_s_process_shape(server: Server) -> None:
     tree = process_tree(server.root)
-    assert len(tree) == 3, "dankserve's init, an API server and its engine core"
+    assert len(tree) == 2, "an API server and its engine core"
     gpu = StandInGpuCheckpoint(server.records)
-    assert gpu.holders(tree) == [tree[2]], "the engine core holds the GPU"
-    assert list(Path("/dev/shm").glob(f"fake-vllm-*-{2}")), "the shared segment (the API server is pid 2 inside)"
-    assert shm.deleted_inodes(tree[1:2]), "a multiprocessing semaphore: mapped, already unlinked"
-    engine_bytes = held_bytes([tree[2]], ["GPU-0"], server.records)
+    assert gpu.holders(tree) == [tree[1]], "the engine core holds the GPU"
+    assert list(Path("/dev/shm").glob(f"fake-vllm-*-{server.root}")), "the shared segment (named by the API server)"
+    assert shm.deleted_inodes(tree[0:1]), "a multiprocessing semaphore: mapped, already unlinked"
+    engine_bytes = held_bytes([tree[1]], ["GPU-0"], server.records)
     assert engine_bytes is not None and engine_bytes["GPU-0"] > 0
     assert held_bytes(tree, ["GPU-0"], server.records) == engine_bytes, "the API server holds none"
     assert _complete(server) == [100, 101, 102, 103, 104], "completions go through the engine core"
@@ -223,15 +228,15 @@ def test_a_dump_that_leaves_the_server_running_cannot_be_restored_later(server: 
 
 
 def test_capture_restores_at_once_then_kill_then_restore_serves_the_same_ids(server: Server, tmp_path: Path) -> None:
-    before = server.root
-    engine = process_tree(server.root)[2]
+    before, started = server.root, _started_at(server.root)
+    engine = process_tree(server.root)[1]
     awake = held_bytes([engine], ["GPU-0"], server.records)
     booted = server.log.read_bytes().count(READY)
-    gpu, images, captured, kept = _capture(server, tmp_path)
-    assert captured.holders == (3,), "the engine core by its pid inside the namespace"
+    gpu, images, captured, kept, tree = _capture(server, tmp_path)
+    assert captured.holders == (engine,), "the engine core by its pid (its own again once restored)"
     assert any(shm.is_link_remap(n) for n in kept.names), "CRIU's link-remap of the semaphore, kept"
-    assert server.root != before and not Path(f"/proc/{before}").exists(), "the dump ended the tree: restored"
-    engine = process_tree(server.root)[2]
+    assert server.root == before and _started_at(before) != started, "the dump ended the tree: restored, same pids"
+    engine = process_tree(server.root)[1]
     assert list(captured.canary_ids[:5]) == _complete(server), "serving from the image"
     assert gpu.state(engine) == "running"
     assert held_bytes([engine], ["GPU-0"], server.records) == awake, "woken: its memory back"
@@ -242,12 +247,12 @@ def test_capture_restores_at_once_then_kill_then_restore_serves_the_same_ids(ser
     for _ in range(2):  # every later restore: the kept files put back
         _kill(server)
         kept.put_back()
-        restored = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
+        restored = restore(images, gpu, server.hooks(), **_restore_args(server, captured, tree))
         kept.clear()
         assert restored.ok, restored.reason
-        assert restored.pid is not None
+        assert restored.pid == tree[0]
         server.root = restored.pid
-        assert [p for p in process_tree(restored.pid)][2] in restored.holders
+        assert process_tree(restored.pid) == list(tree) and tree[1] in restored.holders
         assert restored.canary_ids == captured.canary_ids
         assert _complete(server) == [100, 101, 102, 103, 104]
         assert server.log.read_bytes().count(READY) == booted, "a restored server does not boot again"
@@ -264,7 +269,7 @@ def test_a_failing_gpu_checkpoint_leaves_the_server_serving_with_the_reason(tmp_
         assert outcome.failure is not None and outcome.failure.step.name == "gpu_checkpoint"
         assert "CUDA_ERROR_NOT_SUPPORTED" in (outcome.reason or "") and not outcome.undo_problems
         assert list(images.iterdir()) == [], "nothing of the capture is kept"
-        engine = process_tree(server.root)[2]
+        engine = process_tree(server.root)[1]
         assert gpu.state(engine) == "running", "unlocked again"
         assert _complete(server) == [100, 101, 102, 103, 104], "woken and serving"
     finally:
@@ -287,21 +292,28 @@ def test_a_failing_restore_after_the_dump_says_the_server_is_lost(server: Server
     assert not outcome.ok and outcome.server_lost
     assert outcome.failure is not None and outcome.failure.step.name == "criu_restore"
     assert (outcome.reason or "").startswith("capture failed at criu_restore")
-    assert not Path(f"/proc/{server.root}").exists()
+    state = (
+        Path(f"/proc/{server.root}/stat").read_text().rpartition(")")[2].split()[0]
+        if Path(f"/proc/{server.root}").exists()
+        else "gone"
+    )
+    assert state in ("gone", "Z"), "nothing serves"
 
 
-def _captured_then_killed(server: Server, tmp_path: Path) -> tuple[StandInGpuCheckpoint, Path, Outcome, Kept]:
-    gpu, images, captured, kept = _capture(server, tmp_path)
+def _captured_then_killed(
+    server: Server, tmp_path: Path
+) -> tuple[StandInGpuCheckpoint, Path, Outcome, Kept, tuple[int, ...]]:
+    gpu, images, captured, kept, tree = _capture(server, tmp_path)
     _kill(server)
     kept.put_back()
-    return gpu, images, captured, kept
+    return gpu, images, captured, kept, tree
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_a_damaged_snapshot_fails_the_restore_cleanly(server: Server, tmp_path: Path, damage: str) -> None:
-    gpu, images, captured, kept = _captured_then_killed(server, tmp_path)
+    gpu, images, captured, kept, tree = _captured_then_killed(server, tmp_path)
     damage_images(images, damage)
-    outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
+    outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured, tree))
     kept.clear()
     assert not any(Path("/dev/shm", name).exists() for name in kept.put), "what CRIU did not consume, deleted"
     _kill(server, outcome.pid)
@@ -322,9 +334,11 @@ def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
     return None
 
 
-def test_a_taken_host_pid_does_not_stop_the_restore(server: Server, tmp_path: Path) -> None:
-    """The tree comes back in a new PID namespace: its pids inside are its own, whatever host pids are taken."""
-    gpu, images, captured, kept = _captured_then_killed(server, tmp_path)
+def test_a_taken_host_pid_fails_the_restore_with_crius_reason(server: Server, tmp_path: Path) -> None:
+    """The tree is restored with its own host pids: one another process took meanwhile fails `criu restore`
+    (at once: no wait for a stranger) with CRIU's reason, the holder untouched; the lifecycle then discards
+    the snapshot and boots normally (tests/supervisor/test_daemon_snapshots.py)."""
+    gpu, images, captured, kept, tree = _captured_then_killed(server, tmp_path)
     gone = server.root
     wait_gone = time.monotonic() + 10
     while Path(f"/proc/{gone}").exists() and time.monotonic() < wait_gone:
@@ -333,12 +347,12 @@ def test_a_taken_host_pid_does_not_stop_the_restore(server: Server, tmp_path: Pa
     if taker is None:
         pytest.skip("another process took the pid first (a busy host)")
     try:
-        outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured))
+        began = time.monotonic()
+        outcome = restore(images, gpu, server.hooks(), **_restore_args(server, captured, tree))
         kept.clear()
-        assert outcome.ok, outcome.reason
-        assert outcome.pid is not None and outcome.pid != gone
-        server.root = outcome.pid
-        assert _complete(server) == [100, 101, 102, 103, 104]
+        assert not outcome.ok and outcome.failure is not None
+        assert outcome.failure.step.name == "criu_restore" and "criu restore failed" in (outcome.reason or "")
+        assert time.monotonic() - began < 9, "a stranger holding the pid is not waited for"
         assert taker.poll() is None, "the process holding the pid is untouched"
     finally:
         taker.send_signal(signal.SIGKILL)

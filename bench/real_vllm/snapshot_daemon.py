@@ -129,9 +129,12 @@ def server_pid() -> int:
     return pid
 
 
-def current_pid() -> int | None:
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        return server_pid()
+def current_server() -> tuple[int, str] | None:
+    """The recorded server's pid and start time: a restore brings the tree back with its own pids, so the
+    start time tells the restored server from the killed one."""
+    with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+        pid = server_pid()
+        return pid, Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
     return None
 
 
@@ -166,11 +169,11 @@ def healthy() -> bool:
         conn.close()
 
 
-def wait_gone(old: int, timeout: float = 60) -> None:
+def wait_gone(old: tuple[int, str] | None, timeout: float = 60) -> None:
     """Until the old server no longer answers (so a first token is the new one's)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and healthy():
-        if current_pid() not in (None, old):
+        if current_server() not in (None, old):
             return
         time.sleep(0.01)
 
@@ -269,12 +272,12 @@ def last_backoff(since: float) -> float | None:
 def restart_by(label: str, act: Any) -> None:
     """Does `act`, then times the way back: to READY with the boot kind `restore` (status), and to the first
     streamed token; the greedy ids must be the captured ones."""
-    old = server_pid()
+    old = current_server()
     acted, acted_epoch = time.monotonic(), time.time()
     act()
     wait_gone(old)
     token = first_token_at() - acted
-    after = wait_status(lambda s: s["state"] == "ready" and current_pid() not in (None, old), 300, f"{label}: ready")
+    after = wait_status(lambda s: s["state"] == "ready" and current_server() not in (None, old), 300, f"{label}: ready")
     ids = greedy_ids()
     reference = results()["captured"][0]["ids"]
     snap = after.get("snapshot") or {}

@@ -130,9 +130,6 @@ class WorkloadSpec:
     deployment's private one (0700), mounted into a container at CONTAINER_BACKEND_RUN."""
     kernels: KernelsDir | None = None
     """The kept kernels of the image's vLLM release (None: its release has no `vllm download-kernels`)."""
-    pid_namespace: bool = False
-    """Process runtime: start the server as the init of its own PID namespace (`runtime/pid_init.py`), so a
-    snapshot's restore never meets a taken pid (issue 41: asked where the deployment's snapshots are on)."""
     criu_config: Path | None = None
     secrets_dir: Path | None = None
     """Podman: the secrets as files in this directory, bind-mounted, instead of Podman secrets (a snapshot

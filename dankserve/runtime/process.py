@@ -26,7 +26,6 @@ from typing import Any
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.launcher import protocol
 from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
-from dankserve.runtime import pid_namespace as pidns
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
     LABEL_CONTAINER_FINGERPRINT,
@@ -301,9 +300,6 @@ class ProcessRuntime(Runtime):
             raise EnvironmentUnusable(
                 f"cannot run {argv[0]}: not found or not executable", fix="check the deployment's executable setting"
             )
-        in_namespace = spec.pid_namespace and spec.launcher is None
-        if in_namespace:  # issue 41: pid 1 of its own namespace, so a restore never meets a taken pid
-            argv = pidns.init_command(argv)
         gate_read, gate_write = os.pipe()
         try:
             proc = spawn_detached([*START_GATE, *argv], log_path, env=env, stdin=gate_read)
@@ -337,20 +333,8 @@ class ProcessRuntime(Runtime):
             os.write(gate_write, b"go\n")  # recorded: the server may start (and outlive us)
         finally:
             os.close(gate_write)
-        if in_namespace:
-            record = self._namespace_init(record)
         self._watchers.start(record.pid, record.create_time, log_path, times_path)
         return self._workload(record)
-
-    def _namespace_init(self, record: ProcessRecord) -> ProcessRecord:
-        """Once it runs, the namespace's init is the server's identity (what CRIU dumps); our child, the outer,
-        mirrors its end. No namespace could be made: the outer runs the server itself."""
-        init = pidns.find_init(record.pid)
-        moved = record if init is None else replace(record, pid=init, create_time=start_time_of(init))
-        self._children[moved.pid] = self._children.pop(record.pid)
-        self._oom_kills_at_start[moved.pid] = self._oom_kills_at_start.pop(record.pid)
-        write_private_file(self._record_path(record.deployment), json.dumps(moved.to_json()))
-        return moved
 
     def stop(self, workload_id: str, timeout: float) -> None:
         record = self._by_id(workload_id)
@@ -370,11 +354,11 @@ class ProcessRuntime(Runtime):
             self._gpu_release(record.gpu_uuids, GPU_RELEASE_TIMEOUT)
 
     def _signal_group(self, record: ProcessRecord, sig: signal.Signals) -> None:
-        pidns.signal_server(record.pid, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, sig)
 
     def _reap_group(self, record: ProcessRecord) -> None:
         """Kill what is left of the group (vLLM's workers) and reap our child."""
-        pidns.signal_server(record.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pid, signal.SIGKILL)
         child = self._children.get(record.pid)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
-from dankserve.processes import inner_pid, is_namespace_init
+from dankserve.processes import inner_pid
 from dankserve.snapshot import tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.restore import restore
@@ -42,12 +42,9 @@ def capture(
     """Captures the tree rooted at `pid` (its PID namespace's init) into `images` (an existing, empty
     directory) and restores it: on success `Outcome.pid` is the restored tree's root and `holders` its GPU
     processes by their pids inside the namespace (what a later restore finds them by)."""
-    holders = tuple(gpu.holders(process_tree(pid)))
+    tree = tuple(process_tree(pid))
+    holders = tuple(gpu.holders(list(tree)))
     outcome = Outcome("capture", pid, holders=holders)
-    if not is_namespace_init(pid):  # a restore would need its host pids free: not captured
-        why = "the server is not the init of its own PID namespace (dankserve's init could not make one)"
-        outcome.failure = Failure("capture", Step("criu_dump"), why, ())
-        return outcome
     inside = tuple(inner_pid(h) or h for h in holders)
     runner = Runner(
         "capture",
@@ -83,6 +80,7 @@ def capture(
             criu_options=criu_options,
             outcome=outcome,
             after_criu=lambda root: leaked.extend(tcp.read_outside(root)),
+            pids=tree,  # host pids (docs/snapshots.md, "Host pids"): the dumped tree's, freed first
         )
         outcome.holders = inside
     if outcome.failure is not None:

@@ -16,7 +16,7 @@ from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import host_pids
 from dankserve.snapshot.gpu import GpuCheckpoint
 from dankserve.snapshot.sequence import Step, on_failure, restore_steps
-from dankserve.snapshot.steps import Hooks, Outcome, Runner
+from dankserve.snapshot.steps import Hooks, Outcome, Runner, free_pids
 
 
 def restore(
@@ -31,11 +31,14 @@ def restore(
     criu_options: Sequence[str] = (),
     outcome: Outcome | None = None,
     after_criu: Callable[[int], None] = lambda pid: None,
+    pids: Sequence[int] = (),
 ) -> Outcome:
     """Restores the tree in `images`; `holders` (the GPU processes' pids inside the tree's namespace) and
     `expected_ids` are the capture's; `appended` the files it writes that grew since (its log: the process
     runtime's server log). `outcome`: one to continue (a capture's), else a new one. `after_criu(root pid)`:
-    run as soon as CRIU made the tree, before anything else reaches it (a capture's look at its sockets)."""
+    run as soon as CRIU made the tree, before anything else reaches it (a capture's look at its sockets).
+    `pids`: the captured tree's host pids, waited for until free (a tree with host pids is restored with
+    them; steps.free_pids)."""
     outcome = outcome if outcome is not None else Outcome("restore", None, holders=tuple(holders))
     runner = Runner(
         "restore",
@@ -49,6 +52,7 @@ def restore(
         criu_options=tuple(criu_options),
     )
     made = Step("criu_restore")
+    free_pids(pids)  # what is still taken then fails `criu restore` with CRIU's reason
     runner.run((made,))
     if not outcome.ok or outcome.pid is None:
         return outcome

@@ -186,6 +186,49 @@ def kill_tree(pid: int | None, *, wait_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+PIDS_FREE_SECONDS = 10.0
+
+
+def free_pids(pids: Sequence[int], *, wait_s: float = PIDS_FREE_SECONDS) -> list[int]:
+    """Until a dumped or killed tree's host pids are free, as `criu restore` needs them (the process runtime's
+    server keeps its host pids: docs/snapshots.md, "Host pids"): what is left of its process group is killed,
+    our own zombies reaped, others' left to their parents (bounded). The pids still taken: at once those a
+    live process outside the tree's group holds (it will not go away; the restore then fails with CRIU's
+    reason and the normal boot runs)."""
+    if not pids:
+        return []
+    root = pids[0]
+    if _gone_or_zombie(root):  # its group still names the dead root: what is left of the tree
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(root, signal.SIGKILL)
+    end = time.monotonic() + wait_s
+    while True:
+        held = [p for p in pids if Path(f"/proc/{p}").exists()]
+        for pid in held:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        held = [p for p in held if Path(f"/proc/{p}").exists()]
+        if not held or any(_stranger(p, root) for p in held) or time.monotonic() >= end:
+            return held
+        time.sleep(0.01)
+
+
+def _stranger(pid: int, group: int) -> bool:
+    """A live process outside the tree's process group (a pid reused since)."""
+    try:
+        return not _gone_or_zombie(pid) and os.getpgid(pid) != group
+    except OSError:
+        return False
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
+    except OSError:
+        return True
+    return state in (["Z"], ["X"])
+
+
 def clear_images(images: Path, *, keep: tuple[str, ...] = ()) -> None:
     """A discarded snapshot's files (the directory itself is the caller's), but those named in `keep`
     (CRIU's log of the failed dump, which the failure's reason names)."""

@@ -1,11 +1,12 @@
 """Snapshots in the lifecycle (issue 41) through a real daemon on the process runtime, with real CRIU and the
-stand-in vLLM (dankserve's init of its own PID namespace, an API server holding a named POSIX semaphore as
-vLLM's does, and its engine core, whose GPU record is checkpointed through the stand-in's GPU edge): the ready
-server is captured once (dumped, which ends it, and restored at once from the image: the restored tree is
-the deployment's server); a kill -9 of it restores the snapshot (boot kind `restore`, the same greedy ids,
-no boot in its log), even with its old host pid taken; each failure (a corrupt or truncated snapshot, one of
-another plan, CRIU missing) falls back to the normal boot in the same restart, with the reason in status,
-no failure counted, and the server serving; a capture whose restore fails boots the server again at once."""
+stand-in vLLM (with its host pids, an API server holding a named POSIX semaphore as vLLM's does, and its engine
+core, whose GPU record is checkpointed through the stand-in's GPU edge): the ready server is captured once
+(dumped, which ends it, and restored at once from the image, with the same pids: the restored tree is the
+deployment's server); a kill -9 of it restores the snapshot (boot kind `restore`, the same greedy ids, no boot
+in its log); with its old host pid taken the restore fails and the same start boots; each failure (a corrupt or
+truncated snapshot, one of another plan, CRIU missing) falls back to the normal boot in the same restart, with
+the reason in status, no failure counted, and the server serving; a capture whose restore fails boots the server
+again at once."""
 
 from __future__ import annotations
 
@@ -51,11 +52,9 @@ def _server_pid(daemon: RunningDaemon) -> int:
     return pid
 
 
-def _inside(pid: int) -> list[int]:
-    """The tree's pids inside its own PID namespace (the init 1, the API server 2, then its engine core)."""
-    from dankserve.processes import inner_pid
-
-    return [inner_pid(p) or 0 for p in process_tree(pid)]
+def _started(pid: int) -> str:
+    """When the process started (clock ticks since boot): a restored tree has its pids, not their start times."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
 
 
 def _ids(port: int) -> list[int]:
@@ -89,9 +88,10 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
         captured = _server_pid(daemon)
         (booted_id,) = [e["container_id"] for e in daemon.events_named("started")]
         (event,) = daemon.events_named("snapshot_captured")
-        assert event["container_id"] == f"process-chat-{captured}" != booted_id, "the tree restored from the image"
-        inside = _inside(captured)
-        assert inside[:2] == [1, 2] and len(inside) == 3, "in its own PID namespace"
+        assert event["container_id"] == f"process-chat-{captured}" == booted_id, "restored from the image, same pids"
+        tree = process_tree(captured)
+        assert len(tree) == 2, "the API server and its engine core, with their host pids"
+        restored_at = _started(captured)
         assert first["gpu_memory_held_bytes"], "its GPU holder found by host pid"
         manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())
         assert manifest["link_remaps"], "CRIU's link-remap of the API server's semaphore, kept"
@@ -101,8 +101,8 @@ def test_captured_then_killed_with_9_the_server_is_restored_serving_the_same_ids
         restored = daemon.wait_for(
             "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=60
         )
-        assert _inside(_server_pid(daemon)) == inside, "CRIU restores the tree with its pids inside its namespace"
-        assert _server_pid(daemon) != pid
+        assert process_tree(_server_pid(daemon)) == tree, "CRIU restores the tree with its own pids"
+        assert _server_pid(daemon) == pid and _started(pid) != restored_at
         assert _ids(port) == ids
         assert _boots_in_log(daemon) == booted, "restored, not booted"
         assert restored["snapshot"]["last_restore_seconds"] > 0
@@ -170,7 +170,7 @@ def _captured_then_daemon_and_server_killed(tmp_path: Path, deployment: dict[str
         pid = _server_pid(daemon)
         tree = process_tree(pid)
         daemon.kill()
-    os.kill(pid, signal.SIGKILL)  # the namespace's init: its whole namespace ends
+    os.killpg(pid, signal.SIGKILL)  # the whole server: its process group
     wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in tree) or None, 30, 0.05, what="the tree gone")
     return pid
 
@@ -194,31 +194,24 @@ def test_a_changed_plan_deletes_the_snapshot_with_its_reason_and_boots(tmp_path:
         _ids(port)
 
 
-def test_a_daemon_restart_restores_even_with_the_old_host_pid_taken(tmp_path: Path) -> None:
-    """The tree comes back in a new PID namespace: another process holding its old host pid changes nothing."""
+def test_a_daemon_restart_with_the_old_host_pid_taken_boots_normally_with_the_reason(tmp_path: Path) -> None:
+    """The tree is restored with its own host pids: another process holding one fails the restore with CRIU's
+    reason, and the same start boots normally (not counted as a failure); the holder is untouched."""
     host = write_host(tmp_path / "host.json")
     port = free_port()
     deployment = _deployment(host, port)
-    _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
-    with _second_daemon(tmp_path, deployment, host) as daemon:  # its first boot restores
-        daemon.wait_for("chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore")
-        pid = _server_pid(daemon)
-        ids = _ids(port)
-        booted = _boots_in_log(daemon)
-        daemon.kill()
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
+    pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
     taker = _take_pid(pid)
     if taker is None:
         pytest.skip(f"could not take pid {pid} for the test")
     try:
         with _second_daemon(tmp_path, deployment, host) as daemon:
-            after = daemon.wait_for(
-                "chat", lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore"
-            )
-            assert after["snapshot"]["last_failure"] is None and _boots_in_log(daemon) == booted, "not booted"
-            assert _server_pid(daemon) != pid and taker.poll() is None, "the process holding the pid is untouched"
-            assert _ids(port) == ids
+            after = _booted_normally(daemon, 2)
+            failure = after["snapshot"]["last_failure"] or ""
+            assert "criu restore failed" in failure, failure
+            assert after["restarts"] == 0 and not daemon.events_named("boot_failed"), "not counted"
+            assert taker.poll() is None, "the process holding the pid is untouched"
+            _ids(port)
     finally:
         taker.kill()
         taker.wait()
@@ -323,8 +316,7 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
     finally:
         shm.clear_remaps(put)
     gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
-    (server,) = _children(pid)
-    (engine,) = _children(server)
+    (engine,) = _children(pid)  # the API server's, with their own pids again
     assert gpu.state(engine) == "checkpointed"
     with _second_daemon(tmp_path, deployment, host) as daemon:
         after = daemon.wait_for(
@@ -430,9 +422,9 @@ def test_a_capture_whose_restore_fails_boots_the_server_again_at_once(tmp_path: 
 
 
 def test_an_engine_core_killed_with_9_is_engine_death_and_the_restart_restores(tmp_path: Path) -> None:
-    """The engine core (pid 3-ish inside the server's namespace) killed alone: the API server answers vLLM's
-    engine-dead errors, the daemon sees engine death, stops the server through its namespace's init (the
-    whole tree goes) and the restart restores the snapshot."""
+    """The engine core killed alone: the API server answers vLLM's engine-dead errors, the daemon sees engine
+    death, stops the server through its process group (the whole tree goes) and the restart restores the
+    snapshot, with its own pids again."""
     host = write_host(tmp_path / "host.json")
     port = free_port()
     with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
@@ -440,6 +432,7 @@ def test_an_engine_core_killed_with_9_is_engine_death_and_the_restart_restores(t
         ids = _ids(port)
         root = _server_pid(daemon)
         tree = process_tree(root)
+        before = [_started(p) for p in tree]
         os.kill(tree[-1], signal.SIGKILL)
         body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5}
         dead = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
@@ -448,7 +441,7 @@ def test_an_engine_core_killed_with_9_is_engine_death_and_the_restart_restores(t
             "chat", lambda d: d["state"] == "ready" and d["boots_by_kind"].get("restore") == 1, timeout=90
         )
         assert after["restarts_by_cause"] == {"engine_dead": 1}, after["restarts_by_cause"]
-        assert not any(Path(f"/proc/{p}").exists() for p in tree if p != root), "the old tree is gone"
+        assert process_tree(root) == tree and [_started(p) for p in tree] != before, "the old tree gone, restored"
         assert _ids(port) == ids
 
 
@@ -538,11 +531,11 @@ def test_an_idle_client_connection_is_waited_out_and_the_snapshot_restores(tmp_p
             ids = _ids(port)
             for kills in (1, 2):
                 _kill(daemon)
-                restored = daemon.wait_for(
-                    "chat",
-                    lambda d, k=kills: d["state"] == "ready" and d["boots_by_kind"].get("restore") == k,
-                    timeout=60,
-                )
+
+                def restored_again(d: dict[str, Any], k: int = kills) -> bool:
+                    return bool(d["state"] == "ready" and d["boots_by_kind"].get("restore") == k)
+
+                restored = daemon.wait_for("chat", restored_again, timeout=60)
                 assert restored["snapshot"]["last_failure"] is None
                 assert _ids(port) == ids
         finally:

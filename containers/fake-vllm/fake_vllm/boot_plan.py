@@ -100,6 +100,9 @@ class BootInputs:
     model_missing: bool
     model_is_local_dir: bool  # a missing config.json then fails in ModelConfig, not in transformers
     no_gpu: bool
+    foreign_proc: bool
+    """In a PID namespace whose /proc is the host's (`/proc/<getpid()>` names another process): CUDA refuses
+    to start there (error 304 at the engine's device init, as on a real GPU)."""
     max_len_over_derived: bool
     kv_cache_dtypes: tuple[str, ...] | None  # what CacheConfig accepts; None: anything
     model_bytes: int
@@ -280,6 +283,8 @@ def _load_phase(inputs: BootInputs) -> list[Event]:
         Sleep(durations.engine_start),
         Log(msg.RANK_ASSIGNMENT, (0, ranks, 0, 0, 0, 0, 0, 0, 0)),
     ]
+    if inputs.foreign_proc:
+        return _engine_startup_failure(fail.cuda_init_304_traceback(), events)
     if memory.outcome == "free_below_requested":
         traceback = fail.free_below_requested_traceback(
             rank0.init_free, rank0.total, config.gpu_memory_utilization, rank0.requested

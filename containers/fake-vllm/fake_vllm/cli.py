@@ -197,6 +197,7 @@ def serve(
         model_missing=knobs.require_model and not model_present(config.model, env),
         model_is_local_dir=Path(os.path.expanduser(config.model)).is_dir(),
         no_gpu=knobs.require_gpu and gpus == 0,
+        foreign_proc=_foreign_proc(),
         max_len_over_derived=over_derived,
         kv_cache_dtypes=kv_cache_dtypes,
         model_bytes=knobs.model_bytes,
@@ -250,6 +251,15 @@ def serve(
         return Runner(context).run(build_boot_plan(inputs))
     finally:
         engine.close_shm()
+
+
+def _foreign_proc() -> bool:
+    """/proc/<our pid> is not this process: a PID namespace sharing the host's /proc (`/proc/self` is resolved
+    in /proc's own namespace, so it names our host pid)."""
+    try:
+        return os.readlink("/proc/self") != str(os.getpid())
+    except OSError:
+        return False
 
 
 def _keep_alive(text: str | None) -> float | None:

@@ -143,6 +143,27 @@ def _torch_size(value: int) -> str:
     return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / MIB:.2f} MiB"
 
 
+def cuda_init_304_traceback() -> str:
+    """The engine's device init where CUDA cannot start (seen on an H100 with vLLM 0.26.0, driver 580: the
+    engine in a PID namespace that shares the host's /proc, docs/snapshots.md "Host pids")."""
+    frames = [
+        *_ENGINE_FRAMES,
+        _frame(f"{VLLM}/v1/engine/core.py", 125, "__init__", "self.model_executor = executor_class(vllm_config)"),
+        _frame(f"{VLLM}/v1/executor/abstract.py", 109, "__init__", "self._init_executor()"),
+        _frame(f"{VLLM}/v1/executor/uniproc_executor.py", 63, "_init_executor", "self.driver_worker.init_device()"),
+        _frame(
+            f"{VLLM}/v1/worker/gpu_worker.py", 361, "init_device", "torch.accelerator.set_device_index(self.device)"
+        ),
+        _frame(f"{PACKAGE}/torch/cuda/__init__.py", 478, "_lazy_init", "torch._C._cuda_init()"),
+    ]
+    return traceback_text(
+        frames,
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
+        "NumCudaDevices() that might have already set an error? Error 304: OS call failed or operation not "
+        "supported on this OS",
+    )
+
+
 def weights_oom_traceback(oom_message: str) -> str:
     frames = [
         *_ENGINE_FRAMES,

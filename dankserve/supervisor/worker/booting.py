@@ -229,8 +229,6 @@ class Boots:
         compile_cache_dir(settings, name).mkdir(parents=True, exist_ok=True, mode=0o700)
         settings.hf_cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = workload_spec(plan, dep, settings, boot)
-        if self.snapshots is not None and self.snapshots.on:  # issue 41: a restore never meets a taken pid
-            spec = replace(spec, pid_namespace=True)
         timeout = self._machine().config.boot_timeout_seconds
         if launcher_id is not None:
             runtime = self._runtimes.of(launcher_id, dep)

@@ -77,15 +77,13 @@ def capture_tree(
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
         store.remove(root, name)
         served = None  # a tree restored from an image that is not kept (capture.py: a client's connection)
-        if not outcome.server_lost and outcome.pid not in (None, record.pid):
-            with contextlib.suppress(OSError):
+        if not outcome.server_lost and outcome.pid is not None and "criu_restore" in outcome.timings:
+            with contextlib.suppress(OSError):  # restored with its own pids: recorded anew (a new start time)
                 served = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
             if served is None:
                 kill_tree(outcome.pid)
                 return m.SnapshotCaptureFailed(reason, server_lost=True)
-        # Not tried again on a tree restored from an image not kept: CRIU cannot dump it again (the restore
-        # left its POSIX semaphore's temporary name in /dev/shm: "Can't link remap ...: File exists").
-        again = passing(outcome) if served is None else None
+        again = passing(outcome)
         return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost, workload_id=served, retry_in=again)
     try:
         workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id

@@ -2,9 +2,8 @@
 planning, the capture of its ready server, the restore in a boot's place. What to do when is the machine's
 (`machine/snapshots.py`); this runs it against the store, CRIU, the GPU checkpoint and the server's routes.
 
-The process runtime: its server runs as the init of its own PID namespace (`runtime/pid_init.py`; asked at
-start while snapshots are on): CRIU restores the tree in a new namespace with its pids inside it, whatever host
-pids are taken. The capture dumps the tree (it ends) and restores it at once: the restored tree is the
+The process runtime: its server keeps its host pids (CUDA refuses a PID namespace sharing the host's /proc:
+docs/snapshots.md, "Host pids"); CRIU restores the tree with them once they are free. The capture dumps the tree (it ends) and restores it at once: the restored tree is the
 deployment's server from then on. A Podman deployment's container goes through Podman's checkpoint and restore
 (`podman_snapshots.py`). Every failure is a reason, never an exception: the machine discards and boots.
 """
@@ -99,7 +98,7 @@ class SnapshotEdge:
 
     @property
     def on(self) -> bool:
-        """The last verdict was `ready` or `absent`: the server is started in its own PID namespace."""
+        """The last verdict was `ready` or `absent`: the server's ready boot is captured, a restart restores."""
         return self._key is not None
 
     # -- planning -------------------------------------------------------------------------------
@@ -304,6 +303,7 @@ class SnapshotEdge:
                     expected_ids=captured.canary_ids,
                     criu_binary=criu.criu_path(),
                     appended=(runtime.log_path(self._name),),
+                    pids=captured.pids,
                 )
             finally:
                 shm.clear_remaps(put)
