@@ -83,6 +83,44 @@ def write_private_file(path: Path, text: str) -> None:
         raise
 
 
+# Orphans: a server's processes outlive their parent (a kill -9, CRIU's dump) and would go to pid 1, whose reaping
+# a restore then waits for (its pids must be free: docs/snapshots.md "Host pids"). Some inits reap late or never
+# (seen here: a sandbox's init took 2-10 s). As the child subreaper of what it starts, the daemon gets them and
+# reaps them itself, only those of a server's process group that are not the server (no one else waits for them;
+# a `subprocess` child is never taken from its waiter).
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans of this process's descendants come to it (Linux prctl); False where refused."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    return False
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return []
+
+
+def reap_group_orphans(group: int) -> int:
+    """Reaps this process's zombie children of process group `group` other than its leader (a server's orphaned
+    workers, adopted as subreaper); how many."""
+    reaped = 0
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir() if Path(f"/proc/{os.getpid()}/task").is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            for pid in (int(p) for p in (task / "children").read_text().split()):
+                fields = _stat_fields(pid)
+                if pid != group and len(fields) > 2 and fields[0] == "Z" and int(fields[2]) == group:
+                    with contextlib.suppress(ChildProcessError, OSError):
+                        os.waitpid(pid, os.WNOHANG)
+                        reaped += 1
+    return reaped
+
+
 # PID namespaces: a process's pids as its namespaces see them (a container's processes; the stand-in's records)
 def namespace_pids(pid: int) -> tuple[int, ...]:
     """The pid of `pid` in each PID namespace it is in, outermost first (`NSpid`; empty when gone)."""

@@ -36,7 +36,7 @@ from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
         ("restore", 1, GpuProcessNotFound, "undo"),
         ("checkpoint", 401, GpuWrongState, "undo"),
         ("checkpoint", 801, GpuCheckpointUnsupported, "deployment"),
-        ("lock", 3, GpuCheckpointUnavailable, "host"),
+        ("lock", 3, GpuProcessNotFound, "undo"),
         ("lock", 35, GpuCheckpointUnavailable, "host"),
         ("lock", 100, GpuCheckpointUnavailable, "host"),
         ("lock", 800, GpuCheckpointUnavailable, "host"),
@@ -53,6 +53,15 @@ def test_each_code_maps_to_what_the_caller_can_do(action: str, code: int, kind: 
     assert "pid 42" in error.message and error.fix
 
 
+def test_not_initialized_is_the_host_s_at_init_and_the_process_s_for_a_pid() -> None:
+    """Our cuInit failing: the driver is unusable here. A pid's action answering it after our cuInit passed:
+    that process never initialized CUDA (no holder; seen on the H100 with real vLLM)."""
+    assert type(error_for("init", None, 3)) is GpuCheckpointUnavailable
+    assert type(error_for("state", 1463, 3)) is GpuProcessNotFound
+    edge = DriverGpuCheckpoint(FakeDriver(state=CUresult.CUDA_ERROR_NOT_INITIALIZED))
+    assert edge.holders([os.getpid()]) == [], "not a holder: the capture goes on without it"
+
+
 def test_unknown_codes_are_named_by_number_and_known_ones_by_name() -> None:
     assert "CUresult 12345" in error_for("lock", 1, 12345).message
     assert "CUDA_ERROR_NOT_SUPPORTED" in error_for("checkpoint", 1, 801).message
@@ -62,6 +71,7 @@ def test_unknown_codes_are_named_by_number_and_known_ones_by_name() -> None:
 class CUresult(IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_NOT_INITIALIZED = 3
     CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_NOT_SUPPORTED = 801
     CUDA_ERROR_TIMEOUT = 909

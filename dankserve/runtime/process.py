@@ -25,7 +25,14 @@ from typing import Any
 
 from dankserve.errors import EnvironmentUnusable, InvalidInput
 from dankserve.launcher import protocol
-from dankserve.processes import is_same_process, spawn_detached, start_time_of, write_private_file
+from dankserve.processes import (
+    become_subreaper,
+    is_same_process,
+    reap_group_orphans,
+    spawn_detached,
+    start_time_of,
+    write_private_file,
+)
 from dankserve.runtime.base import (
     CONTAINER_HF_HOME,
     LABEL_CONTAINER_FINGERPRINT,
@@ -187,6 +194,7 @@ class ProcessRuntime(Runtime):
         only the one before the last start, as `NAME.log.1`)."""
         self.directory = directory
         self._archive = archive
+        become_subreaper()  # a server's orphaned workers come here and are reaped (processes.py, "Orphans")
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._oom_kills_at_start: dict[int, int | None] = {}
         self._killed_by_us: set[int] = set()
@@ -365,6 +373,7 @@ class ProcessRuntime(Runtime):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
+        reap_group_orphans(record.pid)
         self._watchers.reap(record.pid, 5)
 
     def remove(self, workload_id: str) -> None:

@@ -131,6 +131,11 @@ def error_for(action: str, pid: int | None, code: int, name: str | None = None) 
         return GpuLockTimeout(action, pid, f"{said}: the process kept its CUDA locks past the timeout", code=code)
     if code in (CUDA_ERROR_NOT_FOUND, CUDA_ERROR_INVALID_VALUE):
         return GpuProcessNotFound(action, pid, f"{said}: no CUDA process with this pid", code=code)
+    if code == CUDA_ERROR_NOT_INITIALIZED and pid is not None:
+        # Our own cuInit passed (DriverGpuCheckpoint._api): the process has not initialized CUDA. Seen on an
+        # H100 with real vLLM 0.26.0: a process of the server's tree (not its engine) answered this to
+        # cuCheckpointProcessGetState, which failed the daemon's capture before it was read as "no holder".
+        return GpuProcessNotFound(action, pid, f"{said}: the process has not initialized CUDA", code=code)
     if code == CUDA_ERROR_ILLEGAL_STATE:
         return GpuWrongState(action, pid, f"{said}: the process is not in a state that allows {action}", code=code)
     if code == CUDA_ERROR_NOT_SUPPORTED:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
+from dankserve.processes import reap_group_orphans
 from dankserve.snapshot import criu, tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.sequence import Failure, Kind, Step, canary_problem, on_failure
@@ -204,6 +205,7 @@ def free_pids(pids: Sequence[int], *, wait_s: float = PIDS_FREE_SECONDS) -> list
     end = time.monotonic() + wait_s
     while True:
         held = [p for p in pids if Path(f"/proc/{p}").exists()]
+        reap_group_orphans(root)  # its workers, ours as subreaper (processes.py, "Orphans")
         for pid in held:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)

@@ -1,11 +1,12 @@
-"""A worker's snapshot edge (issue 41, docs/snapshots.md): the verdict on the deployment's snapshot while
-planning, the capture of its ready server, the restore in a boot's place. What to do when is the machine's
+"""A worker's snapshot edge (issue 41, docs/snapshots.md): the verdict on the deployment's snapshot while planning,
+the capture of its ready server, the restore in a boot's place. What to do when is the machine's
 (`machine/snapshots.py`); this runs it against the store, CRIU, the GPU checkpoint and the server's routes.
 
 The process runtime: its server keeps its host pids (CUDA refuses a PID namespace sharing the host's /proc:
-docs/snapshots.md, "Host pids"); CRIU restores the tree with them once they are free. The capture dumps the tree (it ends) and restores it at once: the restored tree is the
-deployment's server from then on. A Podman deployment's container goes through Podman's checkpoint and restore
-(`podman_snapshots.py`). Every failure is a reason, never an exception: the machine discards and boots.
+docs/snapshots.md, "Host pids"); CRIU restores the tree with them once they are free. The capture dumps the tree
+(it ends) and restores it at once: the restored tree is the deployment's server from then on. A Podman deployment's
+container goes through Podman's checkpoint and restore (`podman_snapshots.py`). Every failure is a reason, never an
+exception: the machine discards and boots.
 """
 
 from __future__ import annotations
