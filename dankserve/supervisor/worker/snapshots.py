@@ -30,7 +30,7 @@ from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
 from dankserve.planning import backend_address
 from dankserve.processes import host_pids
-from dankserve.runtime.base import Runtime
+from dankserve.runtime.base import Runtime, Workload
 from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
@@ -39,7 +39,7 @@ from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import unavailable
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
 from dankserve.snapshot.sequence import canary_problem
-from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
+from dankserve.snapshot.steps import Hooks, Outcome, StepFailed, kill_tree
 from dankserve.snapshot.suspend import resume_steps
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import podman_snapshots as podman
@@ -189,21 +189,36 @@ class SnapshotEdge:
             weights=weights_files(dep, self._settings().hf_cache_dir),
         )
 
-    def repair_interrupted(self, dep: DeploymentSettings, pid: int | None) -> None:
+    def restore_left(self, pid: int | None) -> bool:
+        """A Podman container found running beside a ready entry marked `restoring`: a restore a daemon killed
+        with -9 midway left (restored by Podman, maybe not yet GPU-restored, unlocked, woken). Not adopted as it
+        is: the boot's restore takes it over and judges it by the canary (`_resume`)."""
+        if pid is None:
+            return False
+        root = store.store_root(self._settings().state_dir)
+        with contextlib.suppress(DankserveError, OSError):
+            return (
+                store.check_root(root)
+                and store.read_entry(root, self._name).state == "ready"
+                and (root / self._name / podman.RESTORING).is_file()
+            )
+        return False
+
+    def repair_interrupted(self, dep: DeploymentSettings, pid: int | None, *, restore_left: bool = False) -> None:
         """A server found running beside an entry without a manifest: a capture the daemon did not finish
         (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
-        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. Beside
-        a ready entry marked `restoring`, a restore a killed daemon left (a Podman container restored, not yet
-        GPU-restored and woken): the same repair."""
+        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. A restore
+        a killed daemon left (`restore_left`) whose snapshot this plan does not restore (changed, off): the same
+        repair before the machine adopts or replaces it."""
         root = store.store_root(self._settings().state_dir)
-        state = None
+        state = "ready" if restore_left else None
         with contextlib.suppress(DankserveError, OSError):
-            if pid is not None and store.check_root(root):
+            if pid is not None and state is None and store.check_root(root):
                 state = store.read_entry(root, self._name).state
         if pid is None or state not in ("incomplete", "ready"):
             return
         marker = root / self._name / podman.RESTORING
-        if state == "ready" and not marker.is_file():
+        if state == "ready" and not (restore_left or marker.is_file()):
             return  # a server serving beside its snapshot
         marker.unlink(missing_ok=True)
         done: list[str] = []
@@ -277,6 +292,9 @@ class SnapshotEdge:
             self._prepares = bool(manifest and manifest.get("prepares") is True)
             hooks = self._hooks(dep)
             keys = (stored_key(entry.path), self._key)
+            left = podman.left_restored(runtime, self._name, entry)
+            if left is not None and manifest is not None:  # a daemon killed during its restore left it running
+                return self._resume_container(dep, runtime, left, manifest, keys, boot=boot, began=began)
             done = podman.restore_entry(
                 runtime, self._name, entry, keys=keys, gpu=self._gpu_checkpoint(), hooks=hooks, manifest=manifest
             )
@@ -287,9 +305,9 @@ class SnapshotEdge:
         why = invalid_reason(captured.key, self._key)
         if why is not None:
             return m.RestoreFailed(why)
-        left = _restored_already(captured, entry.path / "images")
-        if left is not None:  # a daemon killed during its restore left the tree running
-            return self._resume(dep, runtime, captured, root=left, boot=boot, began=began)
+        tree = _restored_already(captured, entry.path / "images")
+        if tree is not None:  # a daemon killed during its restore left the tree running
+            return self._resume(dep, runtime, captured, root=tree, boot=boot, began=began)
         self._sleeps, self._prepares = captured.sleeps, captured.prepares
         with shm.turn():  # one dump or restore at a time on the host: their link-remap files share /dev/shm
             put = shm.put_back((*captured.shm, *captured.link_remaps), entry.path / "shm")
@@ -332,25 +350,71 @@ class SnapshotEdge:
         """The tree CRIU restored for a daemon killed before it took it over (its root at `root`): adopted,
         its GPU restore, unlock and wake done (what was not), and judged by the canary like any restore."""
         workload = runtime.adopt_restored(replace(captured.record, pid=root))
-        done: list[str] = []
-        self._sleeps, self._prepares = captured.sleeps, captured.prepares
-        hooks = self._hooks(dep)
-        inside = host_pids(process_tree(root))
-        try:
-            gpu_running(self._gpu_checkpoint(), [inside[h] for h in captured.holders if h in inside], done)
-            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
-            asleep = self._edges.checkpoint_prepared if captured.prepares else self._edges.is_sleeping
-            if asleep(address, key):
-                hooks.wake()
-            problem = canary_problem(captured.canary_ids, hooks.canary())
-        except (DankserveError, OSError, StepFailed) as exc:
-            problem = exc.message if isinstance(exc, DankserveError) else str(exc)
+        done, problem = self._finish_left(
+            dep, root, captured.holders, sleeps=captured.sleeps, prepares=captured.prepares, ids=captured.canary_ids
+        )
         if problem is not None:
             kill_tree(root)
             runtime.remove(workload.id)
             return m.RestoreFailed(f"the restore a stopped daemon left running failed: {problem}")
-        self._log.warning("snapshot_restore_resumed", pid=root, done=done)
+        self._log.warning("snapshot_restore_resumed", pid=root, done=done, canary="the captured ids")
         return m.Restored(workload.id, boot, time.monotonic() - began)
+
+    def _resume_container(
+        self,
+        dep: DeploymentSettings,
+        runtime: PodmanRuntime,
+        left: Workload,
+        manifest: dict[str, Any],
+        keys: tuple[SnapshotKey | None, SnapshotKey | None],
+        *,
+        boot: int,
+        began: float,
+    ) -> m.Event:
+        """Podman's container a daemon killed during its restore left running: its GPU restore, unlock and wake
+        finished (what was not), judged by the canary against the captured ids like any restore; any problem
+        removes it (the snapshot is then discarded and the same boot goes on normally)."""
+        stored, key = keys
+        why = invalid_reason(stored, key) if stored is not None and key is not None else "its manifest is unreadable"
+        done: list[str] = []
+        if why is None and left.pid is not None:
+            holders = tuple(int(p) for p in manifest["holders"])
+            ids = tuple(int(i) for i in manifest["canary_ids"])
+            done, why = self._finish_left(dep, left.pid, holders, sleeps=self._sleeps, prepares=self._prepares, ids=ids)
+        root = store.store_root(self._settings().state_dir)
+        (root / self._name / podman.RESTORING).unlink(missing_ok=True)
+        if why is not None:
+            runtime.remove(left.id)
+            return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
+        self._log.warning("snapshot_restore_resumed", container_id=left.id, done=done, canary="the captured ids")
+        return self._restored(root, left.id, Outcome("restore", left.pid), boot, began)
+
+    def _finish_left(
+        self,
+        dep: DeploymentSettings,
+        root: int,
+        holders: Iterable[int],
+        *,
+        sleeps: bool,
+        prepares: bool,
+        ids: tuple[int, ...],
+    ) -> tuple[list[str], str | None]:
+        """A restored server a stopped daemon left: the GPU steps its processes' driver states need (`holders`:
+        their pids inside its namespace), the wake if it sleeps, then the canary; what was done, and the problem
+        (None: it answered the captured `ids`)."""
+        done: list[str] = []
+        self._sleeps, self._prepares = sleeps, prepares
+        hooks = self._hooks(dep)
+        inside = host_pids(process_tree(root))
+        try:
+            gpu_running(self._gpu_checkpoint(), [inside[h] for h in holders if h in inside], done)
+            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
+            asleep = self._edges.checkpoint_prepared if prepares else self._edges.is_sleeping
+            if asleep(address, key):
+                hooks.wake()
+            return done, canary_problem(ids, hooks.canary())
+        except (DankserveError, OSError, StepFailed) as exc:
+            return done, exc.message if isinstance(exc, DankserveError) else str(exc)
 
     # -- shared ---------------------------------------------------------------------------------
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
