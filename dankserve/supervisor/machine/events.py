@@ -74,6 +74,8 @@ class ImageReady:
     vllm_version: str | None
     digest: str | None = None
     """The image's digest (the process runtime's executable identity): part of the learning key."""
+    entrypoint: tuple[str, ...] | None = None
+    """The image's entrypoint as read from its config (Podman; None: not read): `launcher = "auto"` decides by it."""
 
 
 @dataclass(frozen=True)
