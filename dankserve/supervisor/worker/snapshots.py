@@ -16,20 +16,16 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import dankserve
 from dankserve.errors import DankserveError
-from dankserve.host.gpu_processes import process_tree
 from dankserve.host.model import Host
 from dankserve.plan.catalogue import capabilities
-from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
-from dankserve.planning import backend_address
-from dankserve.processes import host_pids
 from dankserve.runtime.base import Runtime, Workload
 from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
@@ -38,9 +34,7 @@ from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import unavailable
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
-from dankserve.snapshot.sequence import canary_problem
-from dankserve.snapshot.steps import Hooks, Outcome, StepFailed, kill_tree
-from dankserve.snapshot.suspend import resume_steps
+from dankserve.snapshot.steps import Hooks, Outcome, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import podman_snapshots as podman
 from dankserve.supervisor.worker import snapshot_rollback as rollback
@@ -51,7 +45,7 @@ from dankserve.supervisor.worker.snapshot_capture import (
     capture_tree,
     keep_criu_log,
 )
-from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
+from dankserve.supervisor.worker.snapshot_left import LeftBehind, hooks_for
 
 _MAX_WEIGHT_FILES = 10_000
 
@@ -95,6 +89,7 @@ class SnapshotEdge:
         self._key: SnapshotKey | None = None
         self._sleeps = False
         self._prepares = False
+        self._left = LeftBehind(name, settings, gpu, edges, logger)
 
     @property
     def on(self) -> bool:
@@ -190,49 +185,12 @@ class SnapshotEdge:
         )
 
     def restore_left(self, pid: int | None) -> bool:
-        """A Podman container found running beside a ready entry marked `restoring`: a restore a daemon killed
-        with -9 midway left (restored by Podman, maybe not yet GPU-restored, unlocked, woken). Not adopted as it
-        is: the boot's restore takes it over and judges it by the canary (`_resume`)."""
-        if pid is None:
-            return False
-        root = store.store_root(self._settings().state_dir)
-        with contextlib.suppress(DankserveError, OSError):
-            return (
-                store.check_root(root)
-                and store.read_entry(root, self._name).state == "ready"
-                and (root / self._name / podman.RESTORING).is_file()
-            )
-        return False
+        """A Podman restore a daemon killed with -9 left running: the boot's restore takes it over (`snapshot_left`)."""
+        return self._left.restore_left(pid)
 
     def repair_interrupted(self, dep: DeploymentSettings, pid: int | None, *, restore_left: bool = False) -> None:
-        """A server found running beside an entry without a manifest: a capture the daemon did not finish
-        (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
-        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. A restore
-        a killed daemon left (`restore_left`) whose snapshot this plan does not restore (changed, off): the same
-        repair before the machine adopts or replaces it."""
-        root = store.store_root(self._settings().state_dir)
-        state = "ready" if restore_left else None
-        with contextlib.suppress(DankserveError, OSError):
-            if pid is not None and state is None and store.check_root(root):
-                state = store.read_entry(root, self._name).state
-        if pid is None or state not in ("incomplete", "ready"):
-            return
-        marker = root / self._name / podman.RESTORING
-        if state == "ready" and not (restore_left or marker.is_file()):
-            return  # a server serving beside its snapshot
-        marker.unlink(missing_ok=True)
-        done: list[str] = []
-        try:
-            gpu = self._gpu_checkpoint()
-            gpu_running(gpu, gpu.holders(process_tree(pid)), done)
-            woke = serve_again(self._edges, backend_address(self._settings(), self._name, dep), _read_key(dep))
-            done += [woke] if woke else []
-        except (DankserveError, OSError) as exc:
-            reason = exc.message if isinstance(exc, DankserveError) else str(exc)
-            self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
-            return
-        event = "snapshot_restore_resumed" if state == "ready" else "snapshot_capture_interrupted"
-        self._log.warning(event, pid=pid, repaired=done or ["nothing to undo"])
+        """A capture (or a restore not taken over) a killed daemon left midway, repaired (`snapshot_left`)."""
+        self._left.repair_interrupted(dep, pid, restore_left=restore_left)
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
@@ -294,7 +252,11 @@ class SnapshotEdge:
             keys = (stored_key(entry.path), self._key)
             left = podman.left_restored(runtime, self._name, entry)
             if left is not None and manifest is not None:  # a daemon killed during its restore left it running
-                return self._resume_container(dep, runtime, left, manifest, keys, boot=boot, began=began)
+                why = invalid_for(entry.path, self._key)
+                why = self._resume_container(dep, runtime, left, manifest, why)[1]
+                if why is not None:
+                    return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
+                return self._restored(root, left.id, Outcome("restore", left.pid), boot, began)
             done = podman.restore_entry(
                 runtime, self._name, entry, keys=keys, gpu=self._gpu_checkpoint(), hooks=hooks, manifest=manifest
             )
@@ -350,7 +312,7 @@ class SnapshotEdge:
         """The tree CRIU restored for a daemon killed before it took it over (its root at `root`): adopted,
         its GPU restore, unlock and wake done (what was not), and judged by the canary like any restore."""
         workload = runtime.adopt_restored(replace(captured.record, pid=root))
-        done, problem = self._finish_left(
+        done, problem = self._left.finish(
             dep, root, captured.holders, sleeps=captured.sleeps, prepares=captured.prepares, ids=captured.canary_ids
         )
         if problem is not None:
@@ -361,74 +323,30 @@ class SnapshotEdge:
         return m.Restored(workload.id, boot, time.monotonic() - began)
 
     def _resume_container(
-        self,
-        dep: DeploymentSettings,
-        runtime: PodmanRuntime,
-        left: Workload,
-        manifest: dict[str, Any],
-        keys: tuple[SnapshotKey | None, SnapshotKey | None],
-        *,
-        boot: int,
-        began: float,
-    ) -> m.Event:
-        """Podman's container a daemon killed during its restore left running: its GPU restore, unlock and wake
-        finished (what was not), judged by the canary against the captured ids like any restore; any problem
-        removes it (the snapshot is then discarded and the same boot goes on normally)."""
-        stored, key = keys
-        why = invalid_reason(stored, key) if stored is not None and key is not None else "its manifest is unreadable"
+        self, dep: DeploymentSettings, runtime: PodmanRuntime, left: Workload, manifest: dict[str, Any], why: str | None
+    ) -> tuple[list[str], str | None]:
+        """Podman's container a daemon killed during its restore left running (`why`: the snapshot is invalid for
+        this plan): its GPU restore, unlock and wake finished (what was not) and judged by the canary against the
+        captured ids like any restore; a problem removes it (the snapshot is discarded, the boot goes on)."""
         done: list[str] = []
         if why is None and left.pid is not None:
             holders = tuple(int(p) for p in manifest["holders"])
             ids = tuple(int(i) for i in manifest["canary_ids"])
-            done, why = self._finish_left(dep, left.pid, holders, sleeps=self._sleeps, prepares=self._prepares, ids=ids)
-        root = store.store_root(self._settings().state_dir)
-        (root / self._name / podman.RESTORING).unlink(missing_ok=True)
+            done, why = self._left.finish(dep, left.pid, holders, sleeps=self._sleeps, prepares=self._prepares, ids=ids)
+        (store.store_root(self._settings().state_dir) / self._name / podman.RESTORING).unlink(missing_ok=True)
         if why is not None:
             runtime.remove(left.id)
-            return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
-        self._log.warning("snapshot_restore_resumed", container_id=left.id, done=done, canary="the captured ids")
-        return self._restored(root, left.id, Outcome("restore", left.pid), boot, began)
-
-    def _finish_left(
-        self,
-        dep: DeploymentSettings,
-        root: int,
-        holders: Iterable[int],
-        *,
-        sleeps: bool,
-        prepares: bool,
-        ids: tuple[int, ...],
-    ) -> tuple[list[str], str | None]:
-        """A restored server a stopped daemon left: the GPU steps its processes' driver states need (`holders`:
-        their pids inside its namespace), the wake if it sleeps, then the canary; what was done, and the problem
-        (None: it answered the captured `ids`)."""
-        done: list[str] = []
-        self._sleeps, self._prepares = sleeps, prepares
-        hooks = self._hooks(dep)
-        inside = host_pids(process_tree(root))
-        try:
-            gpu_running(self._gpu_checkpoint(), [inside[h] for h in holders if h in inside], done)
-            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
-            asleep = self._edges.checkpoint_prepared if prepares else self._edges.is_sleeping
-            if asleep(address, key):
-                hooks.wake()
-            return done, canary_problem(ids, hooks.canary())
-        except (DankserveError, OSError, StepFailed) as exc:
-            return done, exc.message if isinstance(exc, DankserveError) else str(exc)
+        else:
+            self._log.warning("snapshot_restore_resumed", container_id=left.id, done=done, canary="the captured ids")
+        return done, why
 
     # -- shared ---------------------------------------------------------------------------------
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
         """The server's sleep (level 2, or 0.34's checkpoint prepare), wake and canary (`snapshot_hooks`)."""
-        address = backend_address(self._settings(), self._name, dep)
-        model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-        return server_hooks(
-            self._edges,
-            address,
-            _read_key(dep),
-            model,
-            sleeps=self._sleeps,
-            prepares=self._prepares,
-            after_sleep=after_sleep,
+        settings = self._settings()
+        sleeps, prepares = self._sleeps, self._prepares
+        return hooks_for(
+            self._edges, settings, self._name, dep, sleeps=sleeps, prepares=prepares, after_sleep=after_sleep
         )
 
     def _discard(self, root: Path, why: str) -> None:
@@ -474,14 +392,6 @@ def read_captured(path: Path) -> Captured | None:
         return None
 
 
-def gpu_running(gpu: Any, holders: Iterable[int], done: list[str]) -> None:
-    """Each CUDA process back to running from wherever a stopped sequence left it: the steps suspended sleep's
-    resume decides from each process's driver state (restores before unlocks)."""
-    for step in resume_steps({pid: gpu.state(pid) for pid in holders}):
-        (gpu.restore if step.name == "gpu_restore" else gpu.unlock)(step.pid)
-        done.append(f"GPU {step.name.removeprefix('gpu_')} of pid {step.pid}")
-
-
 def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
     """Why the entry at `path` is not valid for the plan whose key is `key` (None: it is)."""
     stored = stored_key(path)
@@ -509,12 +419,6 @@ def _key_json(key: SnapshotKey) -> dict[str, Any]:
         "weights": [[w.name, w.size, w.mtime_ns] for w in key.weights],
         **{f: getattr(key, f) for f in _KEY_TEXT},
     }
-
-
-def _read_key(dep: DeploymentSettings) -> str | None:
-    from dankserve.secret_files import read_key_now
-
-    return read_key_now(dep.api_key_file)
 
 
 def prepares_for_checkpoint(plan: Plan, version: str | None) -> bool:
