@@ -331,6 +331,7 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
         assert _server_pid(daemon) == pid and gpu.state(engine) == "running"
         (resumed,) = daemon.events_named("snapshot_restore_resumed")
         assert resumed["done"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert resumed["canary"] == "the captured ids"
         assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
         _ids(port)
 
