@@ -16,7 +16,7 @@ import pytest
 from dankserve.runtime.base import workload_name
 from dankserve.runtime.launcher_client import LauncherClient
 from dankserve.runtime.podman.images import image_entrypoint
-from tests.harness.daemon import LAUNCHER_ENV, MODEL_FACTS, free_port, running_daemon, write_host
+from tests.harness.daemon import LAUNCHER_ENV, container_deployment, free_port, running_daemon, write_host
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import WRAPPER_ENTRYPOINT, wrapper_entrypoint_image
 from tests.harness.podman_service import PodmanEnv
@@ -25,17 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
 
 def _dep(image: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "test/tiny",
-        "image": image,
-        "pull": "never",
-        "port": free_port(),
-        "gpus": [0],
-        "snapshot": "off",
-        "env": {"FAKE_VLLM_TIME_SCALE": "0.02", **LAUNCHER_ENV},
-        "model_facts": MODEL_FACTS,
-        **extra,
-    }
+    env = {**LAUNCHER_ENV, **extra.pop("env", {})}
+    return container_deployment(image, free_port(), **{"gpus": [0], "snapshot": "off", "env": env, **extra})
 
 
 def _run(tmp_path: Path, env: PodmanEnv, gpus: StandInGpus, name: str, dep: dict[str, Any]) -> Any:

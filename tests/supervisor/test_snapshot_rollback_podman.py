@@ -8,7 +8,7 @@ boots A normally, the reason in status."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,18 @@ def _captured_on_a_then_upgraded(daemon: RunningDaemon, name: str, image_b: str,
     return ids
 
 
+def _rolled_back(daemon: RunningDaemon, name: str, booted: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """`dankserve rollback NAME`, then its status once A serves again from a boot as `booted` says."""
+    boots = daemon.deployment(name)["boots"]  # type: ignore[index]
+    back = daemon.cli("rollback", name, "--timeout", "180", timeout=200)
+    assert back.returncode == 0, back.stdout + back.stderr
+    return daemon.wait_for(
+        name,
+        lambda d: d["state"] == "ready" and d["boots"] > boots and d["vllm_version"] == "0.33.0" and bool(booted(d)),
+        timeout=180,
+    )
+
+
 def test_a_rollback_on_podman_restores_the_old_images_kept_archive(
     tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, deployment: str, images: dict[str, str]
 ) -> None:
@@ -78,19 +90,7 @@ def test_a_rollback_on_podman_restores_the_old_images_kept_archive(
     dep = _deployment(images["A"], port)
     with _daemon(tmp_path, podman_env, deployment, dep, _host(tmp_path, gpus)) as daemon:
         ids = _captured_on_a_then_upgraded(daemon, deployment, images["B"], port)
-        boots = daemon.deployment(deployment)["boots"]  # type: ignore[index]
-        back = daemon.cli("rollback", deployment, "--timeout", "180", timeout=200)
-        assert back.returncode == 0, back.stdout + back.stderr
-        after = daemon.wait_for(
-            deployment,
-            lambda d: (
-                d["state"] == "ready"
-                and d["boots"] > boots
-                and d["vllm_version"] == "0.33.0"
-                and (d["last_boot"] or {}).get("kind") == "restore"
-            ),
-            timeout=180,
-        )
+        after = _rolled_back(daemon, deployment, lambda d: (d["last_boot"] or {}).get("kind") == "restore")
         assert after["upgrade"]["step"] == "rolled_back" and after["image"] == images["A"]
         assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None, after["snapshot"]
         assert _ids(port) == ids
@@ -113,19 +113,10 @@ def test_a_rollback_whose_kept_archive_is_corrupt_boots_the_old_image_normally(
         archive = daemon.state_dir / "snapshots" / f"{deployment}@previous" / "images" / "checkpoint.tar"
         with archive.open("r+b") as damaged:
             damaged.truncate(archive.stat().st_size // 3)
-        boots = daemon.deployment(deployment)["boots"]  # type: ignore[index]
-        back = daemon.cli("rollback", deployment, "--timeout", "180", timeout=200)
-        assert back.returncode == 0, back.stdout + back.stderr
-        after = daemon.wait_for(
+        after = _rolled_back(
+            daemon,
             deployment,
-            lambda d: (
-                d["state"] == "ready"
-                and d["boots"] > boots
-                and d["vllm_version"] == "0.33.0"
-                and (d["last_boot"] or {}).get("kind") not in (None, "restore")
-                and d["snapshot"]["last_failure"] is not None
-            ),
-            timeout=180,
+            lambda d: (d["last_boot"] or {}).get("kind") not in (None, "restore") and d["snapshot"]["last_failure"],
         )
         failure = after["snapshot"]["last_failure"]
         assert "restore failed at criu_restore" in failure, failure
