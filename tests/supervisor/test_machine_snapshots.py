@@ -129,3 +129,15 @@ def test_a_capture_that_lost_the_server_boots_it_at_once_not_counted_and_not_aga
     assert not m.snapshots.wants_capture(planned.boot)
     valid, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=READY), 12.0)
     assert valid.boot is not None and valid.boot.snapshot == READY, "a valid snapshot (captured elsewhere) restores"
+
+
+def test_a_restore_taken_over_from_a_stopped_daemon_says_so_in_status() -> None:
+    """Restored with `resumed`: the snapshot's reason says the restore was taken over and judged by the canary."""
+    from dankserve.supervisor.machine.snapshots import RESUMED
+
+    starting, _ = m.step(_acquiring(READY), m.GpusAcquired(), 1.0)
+    ready, _ = m.step(starting, m.Restored("w2", 3, 0.4, resumed=True), 1.5)
+    assert ready.stage is m.Stage.READY and ready.snapshot.plan is not None
+    assert ready.snapshot.plan.reason == RESUMED and "the canary answered the captured ids" in RESUMED
+    plain, _ = m.step(starting, m.Restored("w2", 3, 0.4), 1.5)
+    assert plain.snapshot.plan is not None and plain.snapshot.plan.reason == "restored from it"

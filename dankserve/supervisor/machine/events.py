@@ -375,6 +375,8 @@ class Restored:
     workload_id: str
     boot: int
     seconds: float
+    resumed: bool = False
+    """A restore a daemon killed midway left running, taken over by this one and judged by the canary."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ from dankserve.supervisor.machine.state import Boot, MachineState, SnapshotPlan,
 from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
 from dankserve.supervisor.machine.timing import MAX_IDLE_SECONDS
 
+RESUMED = "restored from it (a restore a stopped daemon left, taken over; the canary answered the captured ids)"
+
 
 def wants_capture(boot: Boot) -> bool:
     """A ready boot captures when planning found no valid snapshot (and snapshots are on), unless it is
@@ -133,7 +135,7 @@ def on_restored(state: MachineState, event: Restored, now: float) -> Step:
         phase=Phase.READY,
         server=None,
     )
-    plan = SnapshotPlan("ready", "restored from it")
+    plan = SnapshotPlan("ready", RESUMED if event.resumed else "restored from it")
     snapshot = replace(state.snapshot, plan=plan, last_restore_seconds=round(event.seconds, 3))
     # A swap member asleep by stop woken by this boot: the wake ends here, as on_warmed_up ends it.
     swap = swap_done(state.swap, "wake", now) if state.swap.since is not None else state.swap

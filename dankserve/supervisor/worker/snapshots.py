@@ -256,7 +256,7 @@ class SnapshotEdge:
                 why = self._resume_container(dep, runtime, left, manifest, why)[1]
                 if why is not None:
                     return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
-                return self._restored(root, left.id, Outcome("restore", left.pid), boot, began)
+                return self._restored(root, left.id, Outcome("restore", left.pid), boot, began, resumed=True)
             done = podman.restore_entry(
                 runtime, self._name, entry, keys=keys, gpu=self._gpu_checkpoint(), hooks=hooks, manifest=manifest
             )
@@ -291,13 +291,23 @@ class SnapshotEdge:
         workload = runtime.adopt_restored(restored)
         return self._restored(root, workload.id, outcome, boot, began, pid=outcome.pid)
 
-    def _restored(self, root: Path, workload_id: str, outcome: Any, boot: int, began: float, **more: float) -> m.Event:
+    def _restored(
+        self,
+        root: Path,
+        workload_id: str,
+        outcome: Any,
+        boot: int,
+        began: float,
+        *,
+        resumed: bool = False,
+        **more: float,
+    ) -> m.Event:
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
         self._log.info("snapshot_restored", seconds=round(seconds, 3), **more, **timings)
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
-        return m.Restored(workload_id, boot, seconds)
+        return m.Restored(workload_id, boot, seconds, resumed=resumed)
 
     def _resume(
         self,
@@ -320,7 +330,7 @@ class SnapshotEdge:
             runtime.remove(workload.id)
             return m.RestoreFailed(f"the restore a stopped daemon left running failed: {problem}")
         self._log.warning("snapshot_restore_resumed", pid=root, done=done, canary="the captured ids")
-        return m.Restored(workload.id, boot, time.monotonic() - began)
+        return m.Restored(workload.id, boot, time.monotonic() - began, resumed=True)
 
     def _resume_container(
         self, dep: DeploymentSettings, runtime: PodmanRuntime, left: Workload, manifest: dict[str, Any], why: str | None
