@@ -50,9 +50,9 @@ def test_auto_boots_vllms_own_entrypoint_through_the_launcher_and_says_why(
     dep = _dep(vllm_image)
     with _run(tmp_path, podman_env, gpus, deployment, dep) as daemon:
         done = daemon.cli("plan", deployment, "--hardware", str(tmp_path / "host.json"))
-        planned = done.stdout
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "launcher: not used" in planned and "the daemon ensures the image at boot" in planned, planned
+        said = " ".join(done.stdout.split())  # the note is wrapped
+        assert "launcher: used (launcher = auto: the image's entrypoint `vllm serve` is vLLM's own)" in said, said
         after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
         assert after["launcher"]["used"] is True, after["launcher"]
         assert "`vllm serve` is vLLM's own" in after["launcher"]["why"]
@@ -84,3 +84,22 @@ def test_auto_with_snapshots_on_podman_leaves_the_launcher_off_and_says_why(
         assert after["launcher"]["used"] is False
         why = after["launcher"]["why"]
         assert "`vllm serve` is vLLM's own" in why and 'snapshot = "auto"' in why and "launcher = true" in why
+
+
+def test_plan_without_podman_says_the_entrypoint_is_read_at_boot(
+    tmp_path: Path, gpus: StandInGpus, vllm_image: str
+) -> None:
+    """`dankserve plan` where no Podman service answers (its socket absent): the plan is made all the same, and
+    says the image's entrypoint is read when the daemon ensures the image."""
+    from dankserve.testing.config_file import write_config
+    from tests.harness.cli import dankserve_cli
+    from tests.harness.daemon import daemon_globals
+
+    config = tmp_path / "dankserve.toml"
+    globals_ = daemon_globals(tmp_path, {"podman_url": f"unix://{tmp_path}/absent/podman.sock"})
+    write_config(config, globals_, {"chat": _dep(vllm_image)})
+    host = write_host(tmp_path / "host.json", uuids=[g.uuid for g in gpus.gpus])
+    done = dankserve_cli(config, "plan", "chat", "--hardware", str(host))
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "launcher: not used" in said and "when the daemon ensures the image at boot" in said, said
