@@ -11,8 +11,8 @@ boot, and a launcher's server (its child) is not captured.
 
 Podman: the image's entrypoint is read from its config when the daemon ensures the image (its `Config.Entrypoint`,
 runtime/podman/images.py; recorded in the machine's state and handed here through
-`DeploymentSettings.with_image_entrypoint`). Until then (`dankserve plan`, which does not ask Podman) it is
-unknown, and the reason says it is read at boot. With `snapshot = "auto"` a Podman deployment's restarts are
+`DeploymentSettings.with_image_entrypoint`; `dankserve plan` reads it where the image is local and Podman answers
+at once). Until then it is unknown, and the reason says it is read at boot. With `snapshot = "auto"` a Podman deployment's restarts are
 restores of its container, which a launcher's container does not have yet (its boots are not captured): `auto`
 leaves the launcher off there and says so.
 `DeploymentSettings.uses_launcher` is the one answer the rest of dankserve reads (a leaf, so that the
