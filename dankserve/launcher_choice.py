@@ -9,12 +9,12 @@ more (a wrapper script, a shell) would be bypassed. `true` and `false` keep thei
 process runtime, issue 41) the launcher is not used: a restore is several times faster than a launcher
 boot, and a launcher's server (its child) is not captured.
 
-Podman: the image's entrypoint is read from its config when the daemon ensures the image (its `Config.Entrypoint`,
-runtime/podman/images.py; recorded in the machine's state and handed here through
-`DeploymentSettings.with_image_entrypoint`; `dankserve plan` reads it where the image is local and Podman answers
-at once). Until then it is unknown, and the reason says it is read at boot. With `snapshot = "auto"` a Podman deployment's restarts are
-restores of its container, which a launcher's container does not have yet (its boots are not captured): `auto`
-leaves the launcher off there and says so.
+Podman: the image's entrypoint is read from its config when the daemon ensures the image (its
+`Config.Entrypoint`, runtime/podman/images.py; kept in the machine's state and handed here through
+`DeploymentSettings.with_image_entrypoint`; `dankserve plan` reads it where the image is local and Podman
+answers at once). Until then it is unknown, and the reason says it is read at boot. With `snapshot = "auto"`
+a Podman deployment's restarts are restores of its whole container, faster than a launcher boot: `auto` leaves
+the launcher off there and says so (`launcher = true` boots through it, and its whole container is captured).
 `DeploymentSettings.uses_launcher` is the one answer the rest of dankserve reads (a leaf, so that the
 settings can ask it).
 """
@@ -87,8 +87,8 @@ def launcher_choice(
     if _vllm_own(image_entrypoint) and snapshot == "auto":
         return False, (
             f"launcher = auto: the image's entrypoint `{shown}` is vLLM's own, but snapshot = \"auto\" restores this "
-            "deployment's restarts from its container's snapshot, and a launcher's container is not captured on "
-            "Podman yet: set launcher = true to boot through it anyway (then without snapshots)"
+            "deployment's restarts from its container's snapshot (faster than a launcher boot): set launcher = true "
+            "to boot through it too (its whole container is then captured and restored)"
         )
     if _vllm_own(image_entrypoint):
         return True, f"launcher = auto: the image's entrypoint `{shown}` is vLLM's own"

@@ -518,3 +518,44 @@ def test_a_container_on_its_private_socket_is_restored_on_it(
         _kill(podman_env, deployment)
         _restored(daemon, deployment, 1)
         assert _ids(gateway) == ids
+
+
+def test_a_launchers_whole_container_is_captured_and_a_server_killed_inside_is_restored(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """`launcher = true` with snapshots: the launcher's container (launcher, zygote, server) is captured whole. A
+    kill -9 of the server inside it leaves the container running: the restart restores the container's snapshot
+    (faster than asking the launcher for a new server), the same ids, the launcher's server back as it was; again
+    after a second kill. A restore that fails falls back to a normal boot through the launcher, a new container."""
+    from dankserve.runtime.launcher_client import LauncherClient
+    from tests.harness.daemon import LAUNCHER_ENV
+
+    port = free_port()
+    name = workload_name(deployment)
+    dep = _deployment(vllm_image, port, launcher=True, env=dict(LAUNCHER_ENV))
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        first = _captured(daemon, deployment)
+        assert first["launcher"]["used"] is True
+        ids = _ids(port)
+        launcher = LauncherClient(daemon.state_dir / "launchers" / deployment)
+        for count in (1, 2):
+            server = launcher.status().server
+            assert server is not None and not server.exited
+            podman_env.podman("exec", name, "sh", "-c", f"kill -9 {server.pid}")
+            after = _restored(daemon, deployment, count)
+            assert _ids(port) == ids
+            assert after["snapshot"]["last_failure"] is None and after["launcher"]["used"] is True
+            assert _container(podman_env, name)["State"]["Restored"] is True
+            again = launcher.status().server
+            assert again is not None and not again.exited, "the launcher's server restored with its container"
+        archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
+        archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
+        before = _container(podman_env, name)["Id"]
+        podman_env.podman("exec", name, "sh", "-c", f"kill -9 {launcher.status().server.pid}")  # type: ignore[union-attr]
+        booted = _booted_normally(daemon, deployment)
+        assert "restore failed at criu_restore" in booted["snapshot"]["last_failure"], booted["snapshot"]
+        assert _container(podman_env, name)["Id"] != before and booted["launcher"]["used"] is True
+        server = launcher.status().server
+        assert server is not None and not server.exited, "booted through a new launcher"
+        assert _ids(port) == ids
+        _no_failure_counted(daemon)

@@ -85,6 +85,9 @@ class SnapshotPlan:
     reason: str
     discarded: str | None = None
     """Why planning deleted the snapshot there was (a changed plan, a corrupt entry), else None."""
+    whole: bool = False
+    """Of the whole workload (a Podman container): a launcher's container is captured and restored with its
+    launcher and zygote, so a launcher boot captures and a restart through a kept launcher restores."""
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,11 @@ class SnapshotEdge:
         return self._key is not None
 
     # -- planning -------------------------------------------------------------------------------
-    def verdict(
+    def verdict(self, dep: DeploymentSettings, runtime: Runtime, plan: Plan, *more: Any, **kw: Any) -> m.SnapshotPlan:
+        found = self._verdict(dep, runtime, plan, *more, **kw)  # Podman's: the whole container, a launcher's too
+        return replace(found, whole=True) if isinstance(runtime, PodmanRuntime) and found.state != "off" else found
+
+    def _verdict(
         self,
         dep: DeploymentSettings,
         runtime: Runtime,
@@ -335,9 +339,8 @@ class SnapshotEdge:
     def _resume_container(
         self, dep: DeploymentSettings, runtime: PodmanRuntime, left: Workload, manifest: dict[str, Any], why: str | None
     ) -> tuple[list[str], str | None]:
-        """Podman's container a daemon killed during its restore left running (`why`: the snapshot is invalid for
-        this plan): its GPU restore, unlock and wake finished (what was not) and judged by the canary against the
-        captured ids like any restore; a problem removes it (the snapshot is discarded, the boot goes on)."""
+        """Podman's container a killed daemon's restore left running, finished and judged by the canary
+        (`snapshot_left`); a problem (`why`: the snapshot is invalid for this plan) removes it."""
         done: list[str] = []
         if why is None and left.pid is not None:
             holders = tuple(int(p) for p in manifest["holders"])
