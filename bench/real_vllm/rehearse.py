@@ -13,6 +13,8 @@ in /etc/cdi, rootful Podman with the stand-in image: `make fake-vllm-image`).
         cold,launcher-kill,launcher-down-up,manual-best,summary --requests   (issue 28's run)
     .venv/bin/python bench/real_vllm/rehearse.py swap --swaps 4 --modes level1,level2mt   (swap.py, 8B + 14B)
     .venv/bin/python bench/real_vllm/rehearse.py upgrade [--rooms sleep,stop]   (upgrade.py --stand-in, as root)
+    .venv/bin/python bench/real_vllm/rehearse.py snapshot [STEPS]   (snapshot_daemon.py: issue 41 through the
+        daemon, the stand-in's 8B shape, real CRIU, as root)
 
 STEPS defaults to `all`. The work directory is a fresh temporary one; its results (launcher.json),
 logs and the daemon's log stay there and are named at the end.
@@ -156,7 +158,31 @@ def rehearse_upgrade(rest: list[str]) -> int:
     return code
 
 
+def rehearse_snapshot(rest: list[str]) -> int:
+    """bench/real_vllm/snapshot_daemon.py REST against the stand-in as the process runtime's executable (its
+    8B Qwen3 shape), a recorded H200 host with stand-in GPUs (their GPU checkpoint is the stand-in's) and
+    the real CRIU on PATH."""
+    work = Path(tempfile.mkdtemp(prefix="rehearse-snapshot-", dir="/var/tmp"))
+    model = work / "models" / "q8b"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(MODEL_CONFIGS["qwen3-8b"]))
+    with stand_in_gpus(work, count=1, prefix="dankserve-rehearse-") as gpus:
+        host = write_recorded_host(work / "host.json", "h200x1-vm", [gpu.uuid for gpu in gpus.gpus])
+        (work / "host.json.processes").mkdir(exist_ok=True)
+        knobs = {"FAKE_VLLM_TIME_SCALE": "0.2", "FAKE_VLLM_NVML_DIR": f"{host}.processes"}
+        env = {**os.environ, "DANKSERVE_HARDWARE": str(host), "SNAPD_WORK": str(work / "snapd")}
+        env |= {"SNAPD_MODEL": str(model), "SNAPD_LABEL": "8b", "SNAPD_EXECUTABLE": str(STAND_IN / "vllm.py")}
+        env |= {"SNAPD_EXTRA_ENV": json.dumps(knobs), "OUT": str(work / "out")}
+        (work / "out").mkdir()
+        argv = [sys.executable, str(REPO / "bench" / "real_vllm" / "snapshot_daemon.py"), *rest]
+        code = subprocess.run(argv, env=env, check=False).returncode
+    print(f"rehearsal {'passed' if code == 0 else f'FAILED (exit {code})'}: results and logs in {work}")
+    return code
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] == "snapshot":
+        return rehearse_snapshot(sys.argv[2:])
     if len(sys.argv) >= 2 and sys.argv[1] == "swap":
         return rehearse_swap(sys.argv[2:])
     if len(sys.argv) >= 2 and sys.argv[1] == "upgrade":

@@ -9,6 +9,11 @@ import aiohttp
 
 from dankserve.backend_address import BackendAddress, TcpAddress
 
+# An idle connection is dropped before vLLM drops it (uvicorn's timeout_keep_alive, VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+# 5 s by default): reusing one the server is closing fails the request. It also leaves the server with no
+# idle connection of the gateway's when a snapshot is captured (dankserve/snapshot/tcp.py).
+KEEPALIVE_S = 4.0
+
 
 class Upstreams:
     """The sessions, opened with the gateway's application and closed with it; a socket's on its first request
@@ -19,7 +24,7 @@ class Upstreams:
         self._sockets: dict[Path, aiohttp.ClientSession] = {}
 
     async def open(self) -> None:
-        self._tcp = _session(aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True))
+        self._tcp = _session(aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, enable_cleanup_closed=True))
 
     async def close(self) -> None:
         if self._tcp is not None:
@@ -35,7 +40,7 @@ class Upstreams:
             return self._tcp
         found = self._sockets.get(address.path)
         if found is None:
-            connector = aiohttp.UnixConnector(str(address.path), limit=0, keepalive_timeout=30)
+            connector = aiohttp.UnixConnector(str(address.path), limit=0, keepalive_timeout=KEEPALIVE_S)
             found = self._sockets[address.path] = _session(connector)
         return found
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import inner_pid, is_namespace_init
+from dankserve.snapshot import tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.restore import restore
 from dankserve.snapshot.sequence import Failure, Step, capture_steps
@@ -68,6 +69,7 @@ def capture(
         after_dump(expected, inside)
     except (OSError, ValueError) as exc:
         outcome.failure = Failure("capture", Step("keep_files"), str(exc) or type(exc).__name__, ())
+    leaked: list[tcp.Connection] = []  # the image's own client connections, read before any new one comes
     if outcome.ok:  # the snapshot proves itself: served again from the image
         outcome.pid, outcome.holders = None, inside
         restore(
@@ -80,12 +82,20 @@ def capture(
             appended=appended,
             criu_options=criu_options,
             outcome=outcome,
+            after_criu=lambda root: leaked.extend(tcp.read_outside(root)),
         )
         outcome.holders = inside
     if outcome.failure is not None:
         outcome.failure = dataclasses.replace(outcome.failure, kind="capture")
         outcome.server_lost = True
         clear_images(images, keep=("restore.log",))
+    elif outcome.pid is not None and leaked:
+        # A client connected between the quiet step and CRIU's freeze: the image holds its connection, so
+        # it is not kept (tcp.py); the restored tree serves on (`Outcome.pid`, not lost). Read as soon as
+        # CRIU made the tree: the wake's and the canary's own connections come after.
+        why = f"a client connected during the dump: {tcp.describe(leaked)}"
+        outcome.failure = Failure("capture", Step("quiet"), why, ())
+        clear_images(images)
     return outcome
 
 

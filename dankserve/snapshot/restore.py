@@ -9,7 +9,7 @@ why, and the caller discards the snapshot and boots normally.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
@@ -30,10 +30,12 @@ def restore(
     appended: Sequence[Path] = (),
     criu_options: Sequence[str] = (),
     outcome: Outcome | None = None,
+    after_criu: Callable[[int], None] = lambda pid: None,
 ) -> Outcome:
     """Restores the tree in `images`; `holders` (the GPU processes' pids inside the tree's namespace) and
     `expected_ids` are the capture's; `appended` the files it writes that grew since (its log: the process
-    runtime's server log). `outcome`: one to continue (a capture's), else a new one."""
+    runtime's server log). `outcome`: one to continue (a capture's), else a new one. `after_criu(root pid)`:
+    run as soon as CRIU made the tree, before anything else reaches it (a capture's look at its sockets)."""
     outcome = outcome if outcome is not None else Outcome("restore", None, holders=tuple(holders))
     runner = Runner(
         "restore",
@@ -50,6 +52,7 @@ def restore(
     runner.run((made,))
     if not outcome.ok or outcome.pid is None:
         return outcome
+    after_criu(outcome.pid)
     inside = host_pids(process_tree(outcome.pid))
     missing = [pid for pid in holders if pid not in inside]
     if missing:

@@ -1,9 +1,10 @@
 """The capture and restore sequences as data (pure): their ordered steps, and what a failed step means.
 
 Capture (issue 41, docs/snapshots.md): the reference canary (the greedy ids the snapshot will be
-judged by), sleep, GPU lock then checkpoint of every process holding a CUDA context, `criu dump` (the
-tree ends there: CRIU's link-remap files of a `--leave-running` dump are deleted after it, so no later
-restore of such an image works on real vLLM), then at once the restore's steps from the image: the
+judged by), sleep, GPU lock then checkpoint of every process holding a CUDA context, quiet (no
+client's connection left open in the tree: tcp.py), `criu dump` (the tree ends there: CRIU's link-remap
+files of a `--leave-running` dump are deleted after it, so no later restore of such an image works on
+real vLLM), then at once the restore's steps from the image: the
 snapshot proves itself and the restored tree serves. Restore: `criu restore`, GPU restore then unlock,
 wake, the canary (its ids must be the captured ones).
 
@@ -23,6 +24,7 @@ from typing import Literal
 StepName = Literal[
     "reference",
     "sleep",
+    "quiet",
     "gpu_lock",
     "gpu_checkpoint",
     "criu_dump",
@@ -56,6 +58,7 @@ def capture_steps(holders: Sequence[int]) -> tuple[Step, ...]:
         Step("sleep"),
         *(Step("gpu_lock", pid) for pid in holders),
         *(Step("gpu_checkpoint", pid) for pid in holders),
+        Step("quiet"),  # no client's connection left in the tree, checked as late as can be (snapshot/tcp.py)
         Step("criu_dump"),
     )
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
-from dankserve.snapshot import criu
+from dankserve.snapshot import criu, tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.sequence import Failure, Kind, Step, canary_problem, on_failure
 
@@ -83,6 +83,8 @@ class Runner:
     """Files the tree writes that grow (its log), handed to `criu restore` (criu.restore)."""
     criu_options: tuple[str, ...] = ()
     """More of CRIU's own options, for both `dump` and `restore`."""
+    quiet_timeout_s: float = tcp.QUIET_TIMEOUT_S
+    """How long the asleep server's client connections may take to close before the dump (tcp.py)."""
     clock: Callable[[], float] = time.monotonic
 
     def run(self, steps: Sequence[Step], done_before: Sequence[Step] = ()) -> Outcome:
@@ -109,6 +111,11 @@ class Runner:
                 self.expected_ids = self.hooks.canary()
             case "sleep":
                 self.hooks.sleep()
+            case "quiet":
+                assert self.outcome.pid is not None
+                left = tcp.wait_quiet(self.outcome.pid, self.quiet_timeout_s)
+                if left:
+                    raise StepFailed(tcp.describe(left))
             case "wake":
                 self.hooks.wake()
             case "gpu_lock":

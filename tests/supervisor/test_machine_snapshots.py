@@ -43,6 +43,30 @@ def test_a_failed_capture_leaves_the_server_ready_with_the_reason() -> None:
     assert after.snapshot.plan is not None and "the last capture failed" in after.snapshot.plan.reason
 
 
+def test_a_capture_failed_on_clients_connections_is_tried_again_later_a_bounded_number_of_times() -> None:
+    """Clients' connections open at the dump pass (snapshot/tcp.py): the same boot captures again `retry_in`
+    later, up to MAX_CAPTURE_RETRIES times per daemon; then, and for any other failure, the next boot does."""
+    ready, _ = m.step(_warming(ABSENT), m.WarmedUp(None, 0.1), 10.0)
+    state, _ = m.step(ready, m.Tick(), 10.0)
+    now = 11.0
+    for tries in range(1, m.snapshots.MAX_CAPTURE_RETRIES + 1):
+        state, _ = m.step(state, m.SnapshotCaptureFailed("capture failed at quiet: 1 client", retry_in=30.0), now)
+        assert state.stage is m.Stage.READY and state.boot is not None and state.boot.capture_due
+        assert state.snapshot.capture_retries == tries and state.wake_at is not None and state.wake_at <= now + 30
+        assert state.snapshot.plan is not None and "tried again in 30 s" in state.snapshot.plan.reason
+        early, commands = m.step(state, m.Tick(), now + 29)
+        assert early.stage is m.Stage.READY and not any(isinstance(c, m.CaptureSnapshot) for c in commands)
+        state, commands = m.step(early, m.Tick(), now + 30)
+        assert state.stage is m.Stage.SNAPSHOTTING and any(isinstance(c, m.CaptureSnapshot) for c in commands)
+        now += 31
+    last, _ = m.step(state, m.SnapshotCaptureFailed("capture failed at quiet: 1 client", retry_in=30.0), now)
+    assert last.boot is not None and not last.boot.capture_due and last.failures == ()
+    assert last.snapshot.plan is not None and "captured at the next boot" in last.snapshot.plan.reason
+    other, _ = m.step(ready, m.Tick(), 10.0)
+    other, _ = m.step(other, m.SnapshotCaptureFailed("capture failed at gpu_lock: timeout"), 11.0)
+    assert other.boot is not None and not other.boot.capture_due, "no retry for a failure that does not pass"
+
+
 def test_no_capture_when_snapshots_are_off_a_restore_or_a_launcher_server() -> None:
     for state in (
         _warming(None),

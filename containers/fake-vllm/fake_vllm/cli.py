@@ -224,6 +224,7 @@ def serve(
         tokens_differ_file=knobs.tokens_differ_file,
         lora=lora,
         lora_runtime_updating=runtime_updating,
+        keep_alive_seconds=_keep_alive(env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE")),
     )
     state = EngineState()
     server = FakeVllmHTTPServer(config.uds or (host, config.port), facts, state, output)
@@ -250,6 +251,15 @@ def serve(
         return Runner(context).run(build_boot_plan(inputs))
     finally:
         engine.close_shm()
+
+
+def _keep_alive(text: str | None) -> float | None:
+    """VLLM_HTTP_TIMEOUT_KEEP_ALIVE, as vllm/envs.py reads it (int, 5 unset); 0 or less: never closed idle."""
+    try:
+        seconds = int(text) if text else 5
+    except ValueError:
+        seconds = 5
+    return float(seconds) if seconds > 0 else None
 
 
 def load_static_loras(registry: LoraRegistry, config: ServeConfig) -> tuple[tuple[str, str, str | None], ...]:

@@ -115,6 +115,9 @@ class ServerFacts:
     """The LoRA adapters served (mutable: /v1/load_lora_adapter adds to it)."""
     lora_runtime_updating: bool = False
     """VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter exist."""
+    keep_alive_seconds: float | None = 5.0
+    """VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vLLM passes it to uvicorn as timeout_keep_alive; 5 by default): an idle
+    keep-alive connection is closed after it (here a socket timeout, which bounds each read and write too)."""
 
     @property
     def own_awake_bytes(self) -> int:
@@ -255,6 +258,10 @@ class RequestHandler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
     disable_nagle_algorithm = True  # asyncio (uvicorn) sets TCP_NODELAY on every connection
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.facts.keep_alive_seconds)  # handle_one_request closes it idle
 
     def log_message(self, format: str, *args: object) -> None:
         """Access lines are uvicorn's, written after each response (see _access_log)."""

@@ -366,6 +366,9 @@ class SnapshotCaptureFailed:
     server_lost: bool = False
     workload_id: str | None = None
     """The server serving now when it is not the captured one (restored, then the snapshot not kept)."""
+    retry_in: float | None = None
+    """A passing cause (clients' connections open at the dump: snapshot/tcp.py): the capture may be tried
+    again this many seconds later (machine/snapshots.py bounds the tries)."""
 
 
 @dataclass(frozen=True)

@@ -356,10 +356,13 @@ def watch(state: MachineState, now: float) -> Step:
                 return replace(state, boot=boot, wake_at=now + HEALTH_RETRY_SECONDS), (ProbeHealth(1.0),)
             wake = min(wake, boot.next_health)
         return replace(state, wake_at=wake), ()
-    if boot.capture_due:
+    if boot.capture_due and now >= boot.capture_after:
         return start_capture(state, now)
     if now >= boot.next_health:
         boot = replace(boot, next_health=now + config.health_interval_seconds)
         wake = min(boot.next_health, now + MAX_IDLE_SECONDS)
+        if boot.capture_due:
+            wake = min(wake, boot.capture_after)
         return replace(state, boot=boot, wake_at=wake), (ProbeHealth(min(2.0, config.health_interval_seconds)),)
-    return replace(state, wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS)), ()
+    later = boot.capture_after if boot.capture_due else now + MAX_IDLE_SECONDS
+    return replace(state, wake_at=min(boot.next_health, now + MAX_IDLE_SECONDS, later)), ()

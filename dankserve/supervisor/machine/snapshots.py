@@ -107,13 +107,25 @@ def on_snapshot_captured(state: MachineState, event: SnapshotCaptured, now: floa
     return after, (noted, *follow)
 
 
+MAX_CAPTURE_RETRIES = 3
+"""Captures tried again after a passing failure (clients' connections), per daemon; then the next boot's."""
+
+
 def on_capture_failed(state: MachineState, event: SnapshotCaptureFailed, now: float) -> Step:
     if event.server_lost:
         return _capture_lost(state, event, now)
-    plan = SnapshotPlan("absent", f"the last capture failed: {event.reason}", whole=_whole(state))
+    retries = state.snapshot.capture_retries
+    again = event.retry_in is not None and retries < MAX_CAPTURE_RETRIES
+    when = f"tried again in {event.retry_in:.0f} s" if again else "captured at the next boot"
+    plan = SnapshotPlan("absent", f"the last capture failed ({when}): {event.reason}", whole=_whole(state))
     state, follow = _serving(state, event.workload_id)
-    after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_failure=event.reason))
-    return after, (note("snapshot_capture_failed", "warning", reason=event.reason), *follow)
+    times = replace(state.snapshot, plan=plan, last_failure=event.reason, capture_retries=retries + int(again))
+    after = _ready_again(state, now, times)
+    if again and after.boot is not None:
+        boot = replace(after.boot, capture_due=True, capture_after=now + (event.retry_in or 0.0))
+        after = replace(after, boot=boot, wake_at=min(after.wake_at or boot.capture_after, boot.capture_after))
+    failed = note("snapshot_capture_failed", "warning", reason=event.reason, then=when)
+    return after, (failed, *follow)
 
 
 def _capture_lost(state: MachineState, event: SnapshotCaptureFailed, now: float) -> Step:

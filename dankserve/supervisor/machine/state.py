@@ -99,6 +99,8 @@ class SnapshotTimes:
     last_capture_outage_seconds: float | None = None
     last_restore_seconds: float | None = None
     last_failure: str | None = None
+    capture_retries: int = 0
+    """Captures tried again after a passing failure, since this daemon started (bounded)."""
     capture_lost: str | None = None
     """Why a capture lost the server (its dump ended the tree, the restore from the image failed): this
     daemon does not capture the deployment again (a loop of lost servers), until it restarts."""
@@ -145,6 +147,8 @@ class Boot:
     """This boot is a snapshot's restore (boot kind `restore`)."""
     capture_due: bool = False
     """Ready without a valid snapshot: capture one at the next look around."""
+    capture_after: float = 0.0
+    """Not before then (a capture tried again after a passing failure)."""
 
 
 @dataclass(frozen=True)

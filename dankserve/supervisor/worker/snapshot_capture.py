@@ -76,7 +76,17 @@ def capture_tree(
     if not outcome.ok or outcome.pid is None:
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
         store.remove(root, name)
-        return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost)
+        served = None  # a tree restored from an image that is not kept (capture.py: a client's connection)
+        if not outcome.server_lost and outcome.pid not in (None, record.pid):
+            with contextlib.suppress(OSError):
+                served = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
+            if served is None:
+                kill_tree(outcome.pid)
+                return m.SnapshotCaptureFailed(reason, server_lost=True)
+        # Not tried again on a tree restored from an image not kept: CRIU cannot dump it again (the restore
+        # left its POSIX semaphore's temporary name in /dev/shm: "Can't link remap ...: File exists").
+        again = passing(outcome) if served is None else None
+        return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost, workload_id=served, retry_in=again)
     try:
         workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
     except OSError as exc:  # unrecorded, it could never be stopped: ended, and a normal boot runs
@@ -115,7 +125,8 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
         store.remove(root, name)
         left = job.runtime.inspect(job.workload_id)  # stopped by the checkpoint, not restored: a normal boot
-        return m.SnapshotCaptureFailed(reason, server_lost=left is None or not left.running)
+        lost = left is None or not left.running
+        return m.SnapshotCaptureFailed(reason, server_lost=lost, retry_in=None if lost else passing(outcome))
     size, why = _within_budget(root, name, job.max_bytes)
     if why is not None:
         return m.SnapshotCaptureFailed(why)
@@ -131,6 +142,17 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
     )
     store.write_manifest(root, name, manifest)
     return m.SnapshotCaptured(outage, size)
+
+
+RETRY_SECONDS = 30.0
+"""A capture that met clients' connections is tried again this much later (machine/snapshots.py bounds it)."""
+
+
+def passing(outcome: Any) -> float | None:
+    """When a failed capture may be tried again: its clients' connections (the `quiet` step, or one caught in
+    the image after the restore: snapshot/tcp.py) pass; any other failure waits for the next boot."""
+    failure = outcome.failure
+    return RETRY_SECONDS if failure is not None and failure.step.name == "quiet" else None
 
 
 def _new_entry(root: Path, name: str) -> Path:
