@@ -81,7 +81,8 @@ def command(
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
     plan = plan_one(settings, deployment, dep, host, vllm_version=vllm_version)
     # No dankserve gateway stands in front of the unit: it serves on TCP host:port, never on the private socket.
-    spec = replace(workload_spec(plan, dep, settings, 1), socket=None)
+    # Podman secrets, not dankserve's files (a unit has no snapshots: podman/secret_mounts.py).
+    spec = replace(workload_spec(plan, dep, settings, 1), socket=None, secrets_dir=None)
     gpu = gpu_passthrough(spec.gpus, devices)
     notes = [
         f"Planned for vLLM {plan.vllm_version} on GPU {', '.join(map(str, plan.gpu_indices)) or 'none'}"

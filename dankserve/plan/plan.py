@@ -17,7 +17,7 @@ from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, extra_args, families, gpu_choice, lora, releases, rules
+from dankserve.plan import checks, extra_args, families, gpu_choice, lora, releases, rules, shm
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.exposure import DEV_MODE_ENV, env_flag, exposure, exposure_warning
 from dankserve.plan.models import ModelFacts, kv_element_bytes
@@ -79,7 +79,6 @@ def plan_deployment(
     """The plan for one deployment; raises InvalidInput (exit 2) or InfeasiblePlan (exit 4).
 
     `socket`: the unix socket path vLLM binds (`--uds`: the deployment's private socket), None: TCP host:port.
-
     `offload_share`: the host RAM this deployment shares with the others for CPU KV offload (None: it is alone).
     `adapters`: the LoRA adapters' facts (read from their directories by `planning`).
     `gateway`: the gateway's queue for this deployment (None: no gateway), which vLLM's admission follows."""
@@ -146,7 +145,8 @@ def plan_deployment(
     notes = [releases.kv_sizing_note(caps, learned_kv_cache_memory_bytes)]
     notes.append(kernels.describe() if kernels is not None and kernels.download else None)
     uses_launcher, why_launcher = deployment.launcher_choice()
-    notes.append(f"launcher: {'used' if uses_launcher else 'not used'} ({why_launcher})")
+    ram = host.memory.total_bytes  # a container's /dev/shm is sized by it (shm.py)
+    notes += [f"launcher: {'used' if uses_launcher else 'not used'} ({why_launcher})", shm.shm_note(deployment, ram)]
 
     argv: list[str] = [deployment.model]
     for choice in choices:
@@ -188,6 +188,7 @@ def plan_deployment(
         exposure=exposed,
         notes=tuple(n for n in notes if n),
         kernels=kernels,
+        shm_size=shm.shm_choice(deployment, ram).value,
     )
 
 
@@ -651,6 +652,7 @@ def _settings_payload(deployment: DeploymentSettings) -> dict[str, Any]:
     they existed keeps its fingerprint (and is adopted, not replaced, after an upgrade)."""
     dumped = deployment.model_dump(mode="json")
     del dumped["listen"]  # the fingerprint holds where the server listens as resolved (`socket`), not the key
+    dumped.update(shm.fingerprinted(deployment))
     if not dumped["adapters"]:
         del dumped["adapters"]
     facts = dumped.get("model_facts")
@@ -675,8 +677,7 @@ def fingerprint(
     """sha256 of the configuration and the host's totals: never live free memory, never learned values.
 
     Equal inputs give equal fingerprints, so a learned KV-cache size can be keyed by it and reused
-    only while the deployment, the GPUs, the vLLM release and the model are the same.
-    """
+    only while the deployment, the GPUs, the vLLM release and the model are the same."""
     payload = {
         "deployment": name,
         "settings": _settings_payload(deployment),

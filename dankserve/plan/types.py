@@ -125,6 +125,8 @@ class Plan:
     kernels: KernelDownload | None = None
     """The kept kernels (`vllm download-kernels` into the kept cache dir before a first boot; None: the release
     has no such subcommand, or the server is no container of its own)."""
+    shm_size: str | None = None
+    """A Podman container's private /dev/shm size (None: the host's, ipc=host; plan/shm.py decides)."""
 
     def to_json(self) -> dict[str, Any]:
         """The `dankserve plan --json` form."""

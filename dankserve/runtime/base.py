@@ -134,6 +134,9 @@ class WorkloadSpec:
     """Process runtime: start the server as the init of its own PID namespace (`runtime/pid_init.py`), so a
     snapshot's restore never meets a taken pid (issue 41: asked where the deployment's snapshots are on)."""
     criu_config: Path | None = None
+    secrets_dir: Path | None = None
+    """Podman: the secrets as files in this directory, bind-mounted, instead of Podman secrets (a snapshot
+    deployment's container: its restore with import mounts what the archive names; podman/secret_mounts.py)."""
     """Podman: the CRIU configuration file runc hands CRIU at a checkpoint or restore of the container
     (the `org.criu.config` annotation; snapshots, issue 41). None: runc's default."""
 

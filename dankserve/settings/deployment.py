@@ -87,7 +87,11 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
     )
     profile: Profile = Field(default="throughput", description="Tune batching for throughput or latency.")
     numa_bind: bool | None = Field(default=None, description="Unset: bind when the host has several NUMA nodes.")
-    shm_size: str | None = Field(default=None, description="Container shared memory (e.g. 16g) instead of ipc=host.")
+    shm_size: str | None = Field(
+        default=None,
+        description='Container /dev/shm size (e.g. 16g), or "host" for the host\'s (ipc=host). Unset: a private one of '
+        "half the host's RAM where snapshots are on (a ceiling, not an allocation), else ipc=host.",
+    )
     privileged: bool = Field(
         default=False,
         description="Opt-in: run the container privileged (SYS_ADMIN, apparmor=unconfined). Warned about.",

@@ -7,6 +7,8 @@ dankserve themselves, and the weights' files. One frozen value; `invalid_reason`
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 
@@ -26,6 +28,9 @@ class SnapshotKey:
 
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    secrets: str
+    """The digest of the deployment's secret files (`secrets_digest`): a server restored holds the key and the
+    token it read at capture, so a changed file must not restore it."""
     image_digest: str
     vllm_version: str
     driver_version: str
@@ -50,12 +55,14 @@ class SnapshotKey:
         criu_version: str,
         dankserve_version: str,
         weights: tuple[WeightsFile, ...],
+        secrets: str = "",
     ) -> SnapshotKey:
         """A key in canonical order (env and weights sorted), so that equal inputs compare equal
         whatever order a dict or a directory listing gave them in."""
         return SnapshotKey(
             argv=argv,
             env=tuple(sorted(env.items())),
+            secrets=secrets,
             image_digest=image_digest,
             vllm_version=vllm_version,
             driver_version=driver_version,
@@ -72,6 +79,7 @@ class SnapshotKey:
 _LABELS = {
     "argv": "the plan's arguments",
     "env": "the server's environment",
+    "secrets": "the secret files' contents (hf_token_file, api_key_file)",
     "image_digest": "the image digest",
     "vllm_version": "the vLLM version",
     "driver_version": "the NVIDIA driver version",
@@ -84,7 +92,7 @@ _LABELS = {
 }
 
 # Values that may hold a secret (env: the HF token) are never shown in a reason.
-_HIDDEN = frozenset({"env", "argv"})
+_HIDDEN = frozenset({"env", "argv", "secrets"})
 
 
 def invalid_reason(stored: SnapshotKey, current: SnapshotKey) -> str | None:
@@ -118,3 +126,14 @@ def _weights_change(was: tuple[WeightsFile, ...], now: tuple[WeightsFile, ...]) 
     if changed:
         parts.append("changed " + ", ".join(changed[:3]) + (" …" if len(changed) > 3 else ""))
     return "; ".join(parts)
+
+
+def secrets_digest(values: Sequence[tuple[str, bytes]]) -> str:
+    """One digest of the secrets' names and contents ("" for none): kept in the manifest beside the image that
+    holds the values themselves (the server's memory), never shown."""
+    if not values:
+        return ""
+    digest = hashlib.sha256()
+    for name, value in sorted(values):
+        digest.update(f"{name}\0{len(value)}\0".encode() + value)
+    return "sha256:" + digest.hexdigest()

@@ -109,6 +109,12 @@ def _boots_in_log(env: PodmanEnv, deployment: str) -> int:
     return env.podman("logs", workload_name(deployment)).stderr.count(READY)
 
 
+def _ipc_namespace(env: PodmanEnv, deployment: str) -> int:
+    """The IPC namespace of the container's process (Podman 4.3.1's inspect says `shareable` for ipc=host too)."""
+    pid = _container(env, workload_name(deployment))["State"]["Pid"]
+    return os.stat(f"/proc/{pid}/ns/ipc").st_ino
+
+
 def _kill(env: PodmanEnv, deployment: str) -> None:
     env.podman("kill", "--signal", "KILL", workload_name(deployment))
 
@@ -232,7 +238,7 @@ def test_a_snapshot_of_another_image_or_plan_is_deleted_with_its_reason_and_boot
         _ids(port)
 
 
-def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
+def test_criu_missing_or_an_explicit_host_ipc_turns_snapshots_off_with_the_reason(
     tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
     port = free_port()
@@ -243,11 +249,46 @@ def test_criu_missing_or_a_shared_dev_shm_turns_snapshots_off_with_the_reason(
         assert after["snapshot"]["state"] == "off" and "CRIU is not installed" in after["snapshot"]["reason"]
         assert (daemon.state_dir / "snapshots" / deployment / "manifest.json").exists(), "nothing lost"
         _ids(port)
-    shared = {k: v for k, v in dep.items() if k != "shm_size"}
+    shared = {**dep, "shm_size": "host"}  # an explicit opt-in to the host's IPC namespace (ipc=host)
     with _daemon(tmp_path, podman_env, deployment, shared, host) as daemon:
         after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
         assert after["snapshot"]["state"] == "off" and "shares the host's /dev/shm" in after["snapshot"]["reason"]
+        assert _ipc_namespace(podman_env, deployment) == os.stat("/proc/self/ns/ipc").st_ino  # ipc=host
         _ids(port)
+
+
+def test_a_default_container_gets_a_private_dev_shm_and_is_restored_leaving_the_hosts_alone(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """No shm_size: the container gets a private /dev/shm (half the host's RAM, a ceiling), is captured and
+    restored after kill -9 with the same ids; the host's own /dev/shm is neither in the archive nor touched."""
+    planted = Path("/dev/shm") / f"dankserve-test-{deployment}"
+    planted.write_bytes(b"the host's own segment")
+    os.utime(planted, ns=(1_000_000_000, 1_000_000_000))
+    port = free_port()
+    dep = {k: v for k, v in _deployment(vllm_image, port).items() if k != "shm_size"}
+    try:
+        with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+            shown = " ".join(daemon.cli("plan", deployment, "--hardware", str(daemon.hardware)).stdout.split())
+            assert "note: /dev/shm: " in shown and "a private /dev/shm of" in shown, shown
+            _captured(daemon, deployment)
+            inspected = _container(podman_env, workload_name(deployment))["HostConfig"]
+            assert _ipc_namespace(podman_env, deployment) != os.stat("/proc/self/ns/ipc").st_ino, "a private one"
+            assert inspected["ShmSize"] >= 1 << 30, inspected
+            ids = _ids(port)
+            archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
+            shm_tar = subprocess.run(
+                ["tar", "xOf", str(archive), "devshm-checkpoint.tar"], capture_output=True, check=True
+            ).stdout
+            held = subprocess.run(["tar", "tf", "-"], input=shm_tar, capture_output=True, check=True).stdout.decode()
+            assert planted.name not in held and "link_remap" in held, held
+            _kill(podman_env, deployment)
+            after = _restored(daemon, deployment, 1)
+            assert _ids(port) == ids and after["snapshot"]["last_failure"] is None
+        assert planted.read_bytes() == b"the host's own segment"
+        assert planted.stat().st_mtime_ns == 1_000_000_000, "a restore unpacked nothing over the host's /dev/shm"
+    finally:
+        planted.unlink(missing_ok=True)
 
 
 def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reason(
@@ -559,3 +600,88 @@ def test_a_launchers_whole_container_is_captured_and_a_server_killed_inside_is_r
         assert server is not None and not server.exited, "booted through a new launcher"
         assert _ids(port) == ids
         _no_failure_counted(daemon)
+
+
+def _keyed_ids(port: int, key: str | None) -> tuple[int, list[int]]:
+    """The status code and the greedy ids of a completion sent with `key` (None: without one)."""
+    body = {"model": "test/tiny", "prompt": "x", "max_tokens": 5, "temperature": 0, "return_token_ids": True}
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, headers=headers, timeout=30)
+    ids = list(answer.json()["choices"][0]["token_ids"]) if answer.status_code == 200 else []
+    return answer.status_code, ids
+
+
+def _secret_file(path: Path, value: str) -> str:
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_a_container_with_secrets_is_restored_after_kill_restart_down_up_and_a_daemon_restart(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """api_key_file and hf_token_file: the container mounts dankserve's copies (root's, 0600, in a 0700 directory
+    under the state dir) instead of Podman secrets, so a restore with import finds them where the archive names
+    them. Captured, then restored after kill -9, `restart`, `down`/`up` and a daemon restart: the key still
+    required, the same ids. The archive holds no secret file."""
+    port = free_port()
+    key = _secret_file(tmp_path / "api.key", "snapshot-key-0123456789")
+    token = _secret_file(tmp_path / "hf.token", "hf_snapshot_token")
+    dep = _deployment(vllm_image, port, api_key_file=key, hf_token_file=token)
+    name = workload_name(deployment)
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        assert _keyed_ids(port, None)[0] == 401
+        code, ids = _keyed_ids(port, "snapshot-key-0123456789")
+        assert code == 200 and ids
+        inspected = _container(podman_env, name)
+        secrets_dir = daemon.state_dir / "secrets" / deployment
+        mounted = {m["Destination"]: m["Source"] for m in inspected["Mounts"]}
+        assert mounted["/run/secrets/api_key"] == str(secrets_dir / "api_key"), mounted
+        assert not inspected["Config"].get("Secrets"), "no Podman secret"
+        assert (secrets_dir.stat().st_mode & 0o777, (secrets_dir / "api_key").stat().st_mode & 0o777) == (0o700, 0o600)
+        archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
+        listed = subprocess.run(["tar", "tf", str(archive)], capture_output=True, text=True, check=True).stdout
+        assert not [n for n in listed.split() if n.endswith(("api_key", "hf_token"))], listed
+        _kill(podman_env, deployment)
+        _restored(daemon, deployment, 1)
+        assert _keyed_ids(port, None)[0] == 401 and _keyed_ids(port, "snapshot-key-0123456789") == (200, ids)
+        inside = podman_env.podman("exec", name, "cat", "/run/secrets/hf_token").stdout.strip()
+        assert inside == "hf_snapshot_token"
+        assert daemon.cli("restart", deployment).returncode == 0
+        _restored(daemon, deployment, 2)
+        assert daemon.cli("down", deployment).returncode == 0
+        assert not (secrets_dir / "api_key").exists(), "deleted with the container"
+        assert daemon.cli("up", deployment).returncode == 0
+        after = _restored(daemon, deployment, 3)
+        assert after["snapshot"]["last_failure"] is None, after["snapshot"]
+        assert _keyed_ids(port, None)[0] == 401 and _keyed_ids(port, "snapshot-key-0123456789") == (200, ids)
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:  # its container was removed at the stop
+        after = daemon.wait_for(
+            deployment, lambda d: d["state"] == "ready" and (d["last_boot"] or {}).get("kind") == "restore", timeout=90
+        )
+        assert after["snapshot"]["last_failure"] is None
+        assert _keyed_ids(port, "snapshot-key-0123456789") == (200, ids)
+        _no_failure_counted(daemon)
+
+
+def test_a_changed_key_file_discards_the_snapshot_and_boots_with_the_new_key(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """The server restored would hold the key it read at capture: a key file changed since is a reason to
+    discard the snapshot (its value never shown), and the normal boot serves the new key only."""
+    port = free_port()
+    key_path = tmp_path / "api.key"
+    dep = _deployment(vllm_image, port, api_key_file=_secret_file(key_path, "old-key-0123456789"))
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        assert _keyed_ids(port, "old-key-0123456789")[0] == 200
+        _secret_file(key_path, "new-key-0123456789")
+        assert daemon.cli("restart", deployment).returncode == 0
+        after = _booted_normally(daemon, deployment)
+        changed = "the secret files' contents (hf_token_file, api_key_file) changed since the capture"
+        assert after["snapshot"]["last_failure"] == changed, after["snapshot"]
+        assert _keyed_ids(port, "old-key-0123456789")[0] == 401
+        assert _keyed_ids(port, "new-key-0123456789")[0] == 200
+        logged = daemon.log_tail(100000)
+        assert "new-key" not in logged and "old-key" not in logged

@@ -145,11 +145,16 @@ def _restored_id(response: Any) -> str:
         raise PodmanCheckpointFailed(f"Podman's restore answered without a container id: {exc}") from exc
 
 
-def shared_shm(attrs: dict[str, Any]) -> bool:
+def shared_shm(attrs: dict[str, Any], pid: int | None = None) -> bool:
     """The container shares the host's IPC namespace (ipc=host): Podman 4.3 would save the host's whole
-    /dev/shm into the archive and unpack it back over the host's at restore."""
-    mode = str(((attrs.get("HostConfig") or {}).get("IpcMode")) or "")
-    return mode == "host"
+    /dev/shm into the archive and unpack it back over the host's at restore. Podman 4.3.1's inspect says
+    `shareable` for ipc=host as for a private namespace (it looks for the namespace's path), so the container's
+    process (`pid`) is asked too: the same IPC namespace as this process's is the host's."""
+    if str(((attrs.get("HostConfig") or {}).get("IpcMode")) or "") == "host":
+        return True
+    with contextlib.suppress(OSError):
+        return pid is not None and os.stat(f"/proc/{pid}/ns/ipc").st_ino == os.stat("/proc/self/ns/ipc").st_ino
+    return False
 
 
 def criu_of(info: dict[str, Any]) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -20,6 +21,7 @@ from dankserve.runtime.base import (
     prepare_socket,
     workload_name,
 )
+from dankserve.runtime.podman import secret_mounts
 from dankserve.runtime.podman.cdi import choose_gpu_passthrough, present_device_nodes, read_cdi_device_names
 from dankserve.runtime.podman.parsing import workload_from_inspect
 from dankserve.runtime.podman.session import PodmanSession
@@ -75,7 +77,9 @@ class ContainerManager:
                 deployment=spec.deployment,
                 detail="SYS_ADMIN and apparmor=unconfined were asked for; CDI needs neither",
             )
-        secret_ids = self._replace_secrets(spec.deployment, spec.secrets)
+        if spec.secrets_dir is not None:  # files at a path a restore with import finds (secret_mounts.py)
+            secret_mounts.write(spec.secrets_dir, spec.secrets)
+        secret_ids = self._replace_secrets(spec.deployment, () if spec.secrets_dir is not None else spec.secrets)
         # Podman's k8s-file log, not journald, even where journald runs: the daemon follows a
         # local k8s-file directly (READY in ms), while following journald-backed logs through
         # Podman 4.3's API delivered no lines here, which starves boot learning.
@@ -91,6 +95,8 @@ class ContainerManager:
             if container is not None:
                 session.remove_container(container.id)
             self._remove_secrets(spec.deployment)
+            if spec.secrets_dir is not None:
+                self._remove_secret_files({"Config": {"Labels": kwargs["labels"]}, "Mounts": _mounts_of(kwargs)})
             raise
         log.info("workload_started", deployment=spec.deployment, id=container.id[:12], gpus=gpu.mode)
         workload = self.inspect(container.id)
@@ -160,9 +166,18 @@ class ContainerManager:
         if attrs is None:
             return
         self._session.remove_container(str(attrs["Id"]))
+        self._remove_secret_files(attrs)
         deployment = ((attrs.get("Config") or {}).get("Labels") or {}).get(LABEL_DEPLOYMENT)
         if deployment:
             self._remove_secrets(deployment)
+
+    def _remove_secret_files(self, attrs: dict[str, Any]) -> None:
+        """A removed container's secret files (secret_mounts.py) deleted with the last container that mounts them:
+        an upgrade's trial mounts the same files as the container it replaces, whose restore in place (a capture's)
+        mounts them again."""
+        named = ((attrs.get("Config") or {}).get("Labels") or {}).get(secret_mounts.LABEL_SECRETS_DIR)
+        if named and not any(w.labels.get(secret_mounts.LABEL_SECRETS_DIR) == named for w in self.list_workloads()):
+            secret_mounts.remove(attrs)
 
     def wait(self, workload_id: str, timeout: float | None = None) -> ExitEvent | None:
         """Block until the container exits (its ExitEvent) or the timeout passes (None).
@@ -219,3 +234,8 @@ class ContainerManager:
         """The container now, or None when it no longer exists."""
         attrs = self._session.container_attrs(workload_id)
         return workload_from_inspect(attrs) if attrs is not None else None
+
+
+def _mounts_of(kwargs: dict[str, Any]) -> list[dict[str, str]]:
+    """A create request's mounts as inspect names them (Source, Destination)."""
+    return [{"Source": str(m["source"]), "Destination": str(m["target"])} for m in kwargs["mounts"]]

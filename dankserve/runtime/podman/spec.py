@@ -29,6 +29,7 @@ from dankserve.runtime.base import (
     without_flags,
     workload_name,
 )
+from dankserve.runtime.podman import secret_mounts
 from dankserve.runtime.podman.cdi import GpuPassthrough
 
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
@@ -144,8 +145,12 @@ def container_create_kwargs(
     for s in spec.secrets:
         if not _FILE_NAME.fullmatch(s.name):
             raise ValueError(f"secret name {s.name!r} is not a plain file name")
-        secrets.append({"source": secret_ids[s.name], "target": s.name})
+        if spec.secrets_dir is None:
+            secrets.append({"source": secret_ids[s.name], "target": s.name})
     labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_DEPLOYMENT: spec.deployment}
+    if spec.secrets_dir is not None:  # files a restore with import finds again (secret_mounts.py)
+        mounts += secret_mounts.mounts(spec.secrets_dir, spec.secrets)
+        labels[secret_mounts.LABEL_SECRETS_DIR] = str(spec.secrets_dir)
     entrypoint, command = serve_entrypoint(spec.secrets, spec.kernels), list(server_argv(spec))
     if spec.launcher is not None:
         # The image's own Python runs the launcher (stdlib only), mounted read-only; servers come from its socket.

@@ -24,17 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import inner_pid, process_tree
-from dankserve.runtime.base import Workload
+from dankserve.plan.shm import SHARED_REASON, shares_host_ipc
+from dankserve.runtime.base import SecretFile, Workload
+from dankserve.runtime.podman import secret_mounts
 from dankserve.runtime.podman.checkpoint import CRIU_CONFIG, PodmanCheckpointFailed, shared_shm
 from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.settings import DeploymentSettings
 from dankserve.snapshot import store
 from dankserve.snapshot.gpu import GpuCheckpoint
 from dankserve.snapshot.key import SnapshotKey, invalid_reason
-from dankserve.snapshot.sequence import Step, capture_steps, restore_steps
+from dankserve.snapshot.sequence import Failure, Step, capture_steps, restore_steps
 from dankserve.snapshot.steps import Hooks, Outcome, Runner, StepFailed, clear_images
 from dankserve.supervisor import machine as m
+from dankserve.supervisor.worker.deployment_secrets import secret_files
 
 ARCHIVE = "checkpoint.tar"
 """Podman's exported archive, in the entry's images/."""
@@ -48,6 +52,12 @@ _CRIU_CONFIG_FILE = ".podman-criu.conf"
 def criu_config_path(state_dir: Path) -> Path:
     """The CRIU configuration a snapshotted container's annotation names (in the store: root's, 0700)."""
     return store.store_root(state_dir) / _CRIU_CONFIG_FILE
+
+
+def secrets_dir(state_dir: Path, deployment: str) -> Path:
+    """Where a snapshot deployment's container finds its secret files (runtime/podman/secret_mounts.py): a path
+    that outlives the container, so a restore with import mounts them from where the archive names them."""
+    return state_dir / "secrets" / deployment
 
 
 def write_criu_config(state_dir: Path) -> None:
@@ -70,17 +80,16 @@ def unsupported(runtime: Any, dep: DeploymentSettings) -> str | None:
     """Why a Podman deployment cannot be snapshotted here (None: it can); checked while planning."""
     if not isinstance(runtime, PodmanRuntime):
         return "this runtime has no checkpoint: the process and Podman runtimes only"
-    if dep.shm_size is None:
-        return (
-            "the container shares the host's /dev/shm (ipc=host, shm_size unset): Podman 4.3 would save the "
-            "host's whole /dev/shm with it and unpack it over the host's at restore; set shm_size (e.g. \"8g\")"
-        )
-    if dep.hf_token_file is not None or dep.api_key_file is not None:
-        return (
-            "the container has Podman secrets (hf_token_file, api_key_file): Podman 4.3's restore of an "
-            "exported container does not recreate them (runc: stat .../userdata/secrets/NAME: no such file)"
-        )
+    if shares_host_ipc(dep):
+        return SHARED_REASON
     return None
+
+
+def secrets_of(dep: DeploymentSettings, deployment: str, state_dir: Path) -> tuple[Path, tuple[SecretFile, ...]] | None:
+    """The secret files a restore writes before it imports the archive (None: the deployment has none): where
+    its container mounts them from, and the deployment's files they are read from."""
+    files = secret_files(dep)
+    return (secrets_dir(state_dir, deployment), files) if files else None
 
 
 @dataclass
@@ -169,8 +178,10 @@ def capture(
     workload = runtime.inspect(workload_id)
     if workload is None or not workload.running or workload.pid is None:
         raise PodmanCheckpointFailed("the container is not running")
-    if shared_shm(runtime.container_attrs(workload_id) or {}):
-        raise PodmanCheckpointFailed("the container shares the host's /dev/shm (started before shm_size was set)")
+    if shared_shm(runtime.container_attrs(workload_id) or {}, workload.pid):
+        raise PodmanCheckpointFailed(
+            "the container shares the host's /dev/shm (ipc=host: started by an older dankserve)"
+        )
     holders = inner_holders(workload, gpu)
     outcome = Outcome("capture", workload.pid, holders=holders)
     runner = PodmanRunner("capture", gpu, hooks, images, outcome, runtime=runtime, container=workload.id)
@@ -189,21 +200,32 @@ def restore_entry(
     gpu: GpuCheckpoint,
     hooks: Hooks,
     manifest: dict[str, Any] | None,
+    secrets: tuple[Path, tuple[SecretFile, ...]] | None = None,
 ) -> m.RestoreFailed | tuple[Outcome, str]:
     """A ready entry restored (the outcome and the container's id) when its key (`keys`: the stored one and
-    the current one) is valid, or why not."""
+    the current one) is valid, or why not. `secrets`: the secret files the container mounts (`secrets_of`),
+    written again first where the archive names them (the key holds their digest: the same as at capture)."""
     stored, key = keys
     if manifest is None or stored is None or key is None:
         return m.RestoreFailed(entry.reason or "the snapshot's manifest is unreadable")
     why = invalid_reason(stored, key)
     if why is not None:
         return m.RestoreFailed(why)
-    outcome, container = restore(runtime, deployment, entry.path / "images", gpu, hooks, manifest=manifest)
+    outcome, container = restore(
+        runtime, deployment, entry.path / "images", gpu, hooks, manifest=manifest, secrets=secrets
+    )
     return (outcome, container) if outcome.ok else m.RestoreFailed(outcome.reason or "the restore failed")
 
 
 def restore(
-    runtime: PodmanRuntime, deployment: str, images: Path, gpu: GpuCheckpoint, hooks: Hooks, *, manifest: dict[str, Any]
+    runtime: PodmanRuntime,
+    deployment: str,
+    images: Path,
+    gpu: GpuCheckpoint,
+    hooks: Hooks,
+    *,
+    manifest: dict[str, Any],
+    secrets: tuple[Path, tuple[SecretFile, ...]] | None = None,
 ) -> tuple[Outcome, str]:
     """The deployment's container restored from the archive; the outcome and the new container's id. The
     deployment's container the restart left (exited) is removed first: the archive's takes its name."""
@@ -211,10 +233,19 @@ def restore(
     expected = tuple(int(i) for i in manifest["canary_ids"])
     left = runtime.find(deployment)
     if left is not None:
-        runtime.remove(left.id)
+        runtime.remove(left.id)  # its secret files with it: written again below
+    outcome = Outcome("restore", None, holders=holders)
+    if secrets is not None:  # where the archive's config mounts them from (secret_mounts.py)
+        try:
+            secret_mounts.write(*secrets)
+        except (DankserveError, OSError) as exc:
+            said = exc.message if isinstance(exc, DankserveError) else str(exc)
+            outcome.failure = Failure(
+                "restore", Step("criu_restore"), f"the secret files could not be written: {said}", ()
+            )
+            return outcome, ""
     marker = images.parent / RESTORING
     marker.touch(mode=0o600)
-    outcome = Outcome("restore", None, holders=holders)
     runner = PodmanRunner(
         "restore", gpu, hooks, images, outcome, expected_ids=expected, runtime=runtime, deployment=deployment
     )

@@ -33,11 +33,12 @@ from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import unavailable
-from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason
+from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason, secrets_digest
 from dankserve.snapshot.steps import Hooks, Outcome, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import podman_snapshots as podman
 from dankserve.supervisor.worker import snapshot_rollback as rollback
+from dankserve.supervisor.worker.deployment_secrets import secret_values
 from dankserve.supervisor.worker.snapshot_capture import (
     CaptureJob,
     ContainerJob,
@@ -186,6 +187,7 @@ class SnapshotEdge:
             criu_version=criu_version,
             dankserve_version=dankserve.__version__,
             weights=weights_files(dep, self._settings().hf_cache_dir),
+            secrets=secrets_digest(secret_values(dep)),
         )
 
     def restore_left(self, pid: int | None) -> bool:
@@ -252,17 +254,13 @@ class SnapshotEdge:
             manifest = podman.read_manifest(entry.path) if entry.state == "ready" else None
             self._sleeps = bool(manifest and manifest.get("sleeps"))
             self._prepares = bool(manifest and manifest.get("prepares") is True)
-            hooks = self._hooks(dep)
-            keys = (stored_key(entry.path), self._key)
             left = podman.left_restored(runtime, self._name, entry)
             if left is not None and manifest is not None:  # a daemon killed during its restore left it running
-                why = invalid_for(entry.path, self._key)
-                why = self._resume_container(dep, runtime, left, manifest, why)[1]
-                if why is not None:
-                    return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
-                return self._restored(root, left.id, Outcome("restore", left.pid), boot, began, resumed=True)
+                return self._resume_container(dep, runtime, left, manifest, root=root, boot=boot, began=began)
+            files = podman.secrets_of(dep, self._name, self._settings().state_dir)
+            gpu, keys = self._gpu_checkpoint(), (stored_key(entry.path), self._key)
             done = podman.restore_entry(
-                runtime, self._name, entry, keys=keys, gpu=self._gpu_checkpoint(), hooks=hooks, manifest=manifest
+                runtime, self._name, entry, keys=keys, gpu=gpu, hooks=self._hooks(dep), manifest=manifest, secrets=files
             )
             return done if isinstance(done, m.RestoreFailed) else self._restored(root, done[1], done[0], boot, began)
         captured = read_captured(entry.path) if entry.state == "ready" else None
@@ -337,21 +335,22 @@ class SnapshotEdge:
         return m.Restored(workload.id, boot, time.monotonic() - began, resumed=True)
 
     def _resume_container(
-        self, dep: DeploymentSettings, runtime: PodmanRuntime, left: Workload, manifest: dict[str, Any], why: str | None
-    ) -> tuple[list[str], str | None]:
+        self, dep: DeploymentSettings, runtime: PodmanRuntime, left: Workload, manifest: dict[str, Any], **at: Any
+    ) -> m.Event:
         """Podman's container a killed daemon's restore left running, finished and judged by the canary
-        (`snapshot_left`); a problem (`why`: the snapshot is invalid for this plan) removes it."""
+        (`snapshot_left`); a problem (or the snapshot invalid for this plan) removes it. `at`: root, boot, began."""
         done: list[str] = []
+        root, why = at["root"], invalid_for(at["root"] / self._name, self._key)
         if why is None and left.pid is not None:
             holders = tuple(int(p) for p in manifest["holders"])
             ids = tuple(int(i) for i in manifest["canary_ids"])
             done, why = self._left.finish(dep, left.pid, holders, sleeps=self._sleeps, prepares=self._prepares, ids=ids)
-        (store.store_root(self._settings().state_dir) / self._name / podman.RESTORING).unlink(missing_ok=True)
+        (root / self._name / podman.RESTORING).unlink(missing_ok=True)
         if why is not None:
             runtime.remove(left.id)
-        else:
-            self._log.warning("snapshot_restore_resumed", container_id=left.id, done=done, canary="the captured ids")
-        return done, why
+            return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
+        self._log.warning("snapshot_restore_resumed", container_id=left.id, done=done, canary="the captured ids")
+        return self._restored(root, left.id, Outcome("restore", left.pid), at["boot"], at["began"], resumed=True)
 
     # -- shared ---------------------------------------------------------------------------------
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
@@ -414,6 +413,7 @@ def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
 
 
 _KEY_TEXT = (
+    "secrets",
     "image_digest",
     "vllm_version",
     "driver_version",

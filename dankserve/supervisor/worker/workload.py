@@ -14,21 +14,18 @@ from dankserve.runtime.base import (
     KernelsDir,
     LauncherSpec,
     Mount,
-    SecretFile,
     WorkloadSpec,
 )
 from dankserve.settings import DeploymentSettings, Settings, is_loopback
-from dankserve.supervisor.worker.podman_snapshots import criu_config_path
+from dankserve.supervisor.worker.deployment_secrets import secret_files
+from dankserve.supervisor.worker.podman_snapshots import criu_config_path, secrets_dir
 
 
 def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot: int) -> WorkloadSpec:
     """The spec a runtime needs to start `plan` as boot number `boot`."""
-    secrets: list[SecretFile] = []
-    if dep.hf_token_file is not None:
-        secrets.append(SecretFile("hf_token", dep.hf_token_file, "HF_TOKEN_PATH"))
-    if dep.api_key_file is not None:
-        secrets.append(SecretFile("api_key", dep.api_key_file, "VLLM_API_KEY"))
+    secrets = secret_files(dep)
     cache = compile_cache_dir(settings, plan.deployment)
+    snapshots = dep.snapshot == "auto" and dep.runtime == "podman"
     return WorkloadSpec(
         deployment=plan.deployment,
         image=plan.image,
@@ -45,9 +42,9 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
             Mount(settings.hf_cache_dir, CONTAINER_HF_HOME),
             *(Mount(Path(host), target, read_only=True) for host, target in plan.lora_mounts),
         ),
-        secrets=tuple(secrets),
+        secrets=secrets,
         labels={LABEL_BOOT: str(boot), LABEL_FINGERPRINT: plan.fingerprint},
-        shm_size=dep.shm_size,
+        shm_size=plan.shm_size,
         numa_bind=plan.numa_bind,
         privileged=dep.privileged,
         executable=dep.executable,
@@ -57,9 +54,8 @@ def workload_spec(plan: Plan, dep: DeploymentSettings, settings: Settings, boot:
         else None,
         socket=backend_socket(settings, plan.deployment, dep),
         kernels=KernelsDir(plan.kernels.target, plan.kernels.download) if plan.kernels is not None else None,
-        criu_config=criu_config_path(settings.state_dir)
-        if dep.snapshot == "auto" and dep.runtime == "podman"
-        else None,
+        criu_config=criu_config_path(settings.state_dir) if snapshots else None,
+        secrets_dir=secrets_dir(settings.state_dir, plan.deployment) if snapshots and secrets else None,
     )
 
 
