@@ -9,6 +9,7 @@ no failure counted, and the server serving; a capture whose restore fails boots 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -539,12 +540,12 @@ def test_an_idle_client_connection_is_waited_out_and_the_snapshot_restores(tmp_p
             ids = _ids(port)
             for kills in (1, 2):
                 _kill(daemon)
-                restored = daemon.wait_for(
-                    "chat",
-                    lambda d, k=kills: d["state"] == "ready" and d["boots_by_kind"].get("restore") == k,
-                    timeout=60,
-                )
+                restored = daemon.wait_for("chat", functools.partial(_restores_counted, kills), timeout=60)
                 assert restored["snapshot"]["last_failure"] is None
                 assert _ids(port) == ids
         finally:
             client.close()
+
+
+def _restores_counted(count: int, d: dict[str, Any]) -> bool:
+    return bool(d["state"] == "ready" and d["boots_by_kind"].get("restore") == count)
