@@ -7,8 +7,14 @@ more (a wrapper script, a shell) would be bypassed. `true` and `false` keep thei
 
 `auto` is the default. Where snapshots restore the deployment's restarts (`snapshot = "auto"` on the
 process runtime, issue 41) the launcher is not used: a restore is several times faster than a launcher
-boot, and a launcher's server (its child) is not captured. Podman's image entrypoint is not read yet
-(it comes with `ensure_image`): `auto` does not use the launcher there, and says so.
+boot, and a launcher's server (its child) is not captured.
+
+Podman: the image's entrypoint is read from its config when the daemon ensures the image (its
+`Config.Entrypoint`, runtime/podman/images.py; kept in the machine's state and handed here through
+`DeploymentSettings.with_image_entrypoint`; `dankserve plan` reads it where the image is local and Podman
+answers at once). Until then it is unknown, and the reason says it is read at boot. With `snapshot = "auto"`
+a Podman deployment's restarts are restores of its whole container, faster than a launcher boot: `auto` leaves
+the launcher off there and says so (`launcher = true` boots through it, and its whole container is captured).
 `DeploymentSettings.uses_launcher` is the one answer the rest of dankserve reads (a leaf, so that the
 settings can ask it).
 """
@@ -63,9 +69,13 @@ def launcher_choice(
             'launcher = auto: snapshot = "auto" restores this deployment\'s restarts (faster than a launcher '
             "boot; a launcher's server is not captured): set launcher = true to boot through it anyway"
         )
+    if image_entrypoint is None and runtime_kind == "podman":
+        return False, (
+            "launcher = auto: the image's entrypoint is read from its config when the daemon ensures the image "
+            "at boot; until then the launcher is not used (it could bypass what the entrypoint does)"
+        )
     if image_entrypoint is None:
-        where = "the image's entrypoint" if runtime_kind == "podman" else "the executable"
-        return False, f"launcher = auto: {where} could not be read, so the launcher could bypass what it does"
+        return False, "launcher = auto: the executable could not be read, so the launcher could bypass what it does"
     shown = shlex.join(image_entrypoint) or "(none)"
     if runtime_kind == "process":
         if _vllm_own(image_entrypoint[:1]):
@@ -73,6 +83,12 @@ def launcher_choice(
         return False, (
             f"launcher = auto: the executable `{shown}` is neither the `vllm` script nor a Python; the launcher "
             "would bypass what it does (set launcher = true to use it anyway)"
+        )
+    if _vllm_own(image_entrypoint) and snapshot == "auto":
+        return False, (
+            f"launcher = auto: the image's entrypoint `{shown}` is vLLM's own, but snapshot = \"auto\" restores this "
+            "deployment's restarts from its container's snapshot (faster than a launcher boot): set launcher = true "
+            "to boot through it too (its whole container is then captured and restored)"
         )
     if _vllm_own(image_entrypoint):
         return True, f"launcher = auto: the image's entrypoint `{shown}` is vLLM's own"

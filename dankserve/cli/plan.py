@@ -10,6 +10,7 @@ one is named. `--json` always prints a list; a plan that fails still prints its 
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,7 +49,7 @@ def command(
 ) -> ExitCode:
     """Compute the vLLM command line for a deployment, with a reason per flag."""
     settings = cli_context().load_settings()
-    selected = select_deployments(settings, deployment, model)
+    selected = local_entrypoints(settings, select_deployments(settings, deployment, model))
     from dankserve.host.probe import load_host
 
     host = load_host(hardware, cache_dirs=lambda: [settings.cache_dir, settings.hf_cache_dir])
@@ -78,6 +79,35 @@ def _note_running_config(settings: Settings) -> None:
     pending = disk_changes(settings)
     if pending:
         click.echo(f"note: this plans the file; {pending_line(list(pending))}", err=True)
+
+
+def local_entrypoints(
+    settings: Settings, selected: list[tuple[str, DeploymentSettings]]
+) -> list[tuple[str, DeploymentSettings]]:
+    """`launcher = "auto"` decides by a Podman image's entrypoint: read here where the image is in local storage
+    and the local Podman service answers at once (one try, a short timeout); else the plan says it is read when
+    the daemon ensures the image at boot."""
+    wanted = {n for n, d in selected if d.runtime == "podman" and d.launcher == "auto"}
+    url = settings.podman_url
+    if not wanted or not url.startswith("unix://") or not Path(url.removeprefix("unix://")).exists():
+        return selected
+    from dankserve.runtime.podman import PodmanRuntime
+
+    try:
+        runtime = PodmanRuntime(url, request_timeout=5.0, attempts=1)
+    except DankserveError:
+        return selected
+    try:
+        read = []
+        for name, dep in selected:
+            entrypoint = None
+            if name in wanted:
+                with contextlib.suppress(DankserveError):
+                    entrypoint = runtime.local_entrypoint(dep.image)
+            read.append((name, dep.with_image_entrypoint(entrypoint)))
+        return read
+    finally:
+        runtime.close()
 
 
 def error_json(exc: DankserveError) -> dict[str, object]:

@@ -182,6 +182,9 @@ class ImageInfo:
     reference: str
     digest: str
     vllm_version: str | None
+    entrypoint: tuple[str, ...] | None = None
+    """The image's entrypoint as its config names it (`()`: none); None where not read (the process runtime:
+    its command is the executable). What `launcher = "auto"` decides by (dankserve/launcher_choice.py)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dankserve.launcher_choice import launcher_choice
 from dankserve.lora_adapters import LoraAdaptersTable
@@ -268,10 +268,25 @@ class DeploymentSettings(LoraAdaptersTable, SwapFitSettings, _Strict):
             )
         return self
 
+    _image_entrypoint: tuple[str, ...] | None = PrivateAttr(default=None)
+    """The image's entrypoint, read from its config when the daemon ensured the image (never from the file)."""
+
+    def with_image_entrypoint(self, entrypoint: tuple[str, ...] | None) -> DeploymentSettings:
+        """This deployment as the daemon runs it once its image's entrypoint is read (Podman): what
+        `launcher = "auto"` decides by. None (not read yet, or the process runtime): itself."""
+        if entrypoint is None or self.runtime != "podman" or entrypoint == self._image_entrypoint:
+            return self
+        known = self.model_copy()
+        known._image_entrypoint = entrypoint
+        return known
+
     def launcher_choice(self) -> tuple[bool, str]:
         """Whether this deployment's boots go through the launcher, and why (`launcher = "auto"`: the one
-        answer; dankserve/launcher_choice.py)."""
-        entrypoint = shlex.split(self.executable) if self.runtime == "process" and self.executable else None
+        answer; dankserve/launcher_choice.py). Podman: by the image's entrypoint once the daemon read it."""
+        if self.runtime == "process":
+            entrypoint = tuple(shlex.split(self.executable)) if self.executable else None
+        else:
+            entrypoint = self._image_entrypoint
         return launcher_choice(self.launcher, entrypoint, self.runtime, snapshot=self.snapshot)
 
     @property

@@ -146,3 +146,25 @@ def stand_in_release(env: PodmanEnv, base: str, version: str, knobs: dict[str, s
                 (Path(context) / "Containerfile").write_text(containerfile)
                 env.podman("build", "--quiet", "--pull=never", "--network=none", "--tag", reference, context)
     return reference
+
+
+WRAPPER_ENTRYPOINT = "/usr/local/bin/start-vllm.sh"
+"""The wrapper image's entrypoint: a script that does something of its own, then runs `vllm serve`."""
+
+
+def wrapper_entrypoint_image(env: PodmanEnv, base: str) -> str:
+    """`base` (the stand-in) with a wrapper script as its entrypoint, as images that prepare something before vLLM
+    have (`launcher = "auto"` must not bypass it); built offline, tagged by its content; its ref."""
+    script = '#!/bin/sh\necho "start-vllm.sh: preparing" >&2\nexec vllm serve "$@"\n'
+    containerfile = f'FROM {base}\nCOPY start-vllm.sh {WRAPPER_ENTRYPOINT}\nENTRYPOINT ["{WRAPPER_ENTRYPOINT}"]\n'
+    base_id = env.podman("image", "inspect", "--format", "{{.Id}}", base).stdout.strip()
+    digest = hashlib.sha256((base_id + containerfile + script).encode()).hexdigest()[:12]
+    reference = f"localhost/dankserve-test-wrapper:{digest}"
+    with building():
+        if env.podman("image", "exists", reference, check=False).returncode != 0:
+            with tempfile.TemporaryDirectory() as context:
+                (Path(context) / "Containerfile").write_text(containerfile)
+                (Path(context) / "start-vllm.sh").write_text(script)
+                (Path(context) / "start-vllm.sh").chmod(0o755)  # COPY keeps the mode: no RUN step
+                env.podman("build", "--quiet", "--pull=never", "--network=none", "--tag", reference, context)
+    return reference

@@ -42,7 +42,7 @@ def test_auto_refuses_a_wrapper_executable_and_an_unread_entrypoint() -> None:
     use, why = launcher_choice("auto", ["/usr/local/bin/run-vllm.sh"], "process")
     assert not use and "run-vllm.sh" in why
     use, why = launcher_choice("auto", None, "podman")
-    assert not use and "could not be read" in why
+    assert not use and "read from its config when the daemon ensures the image at boot" in why
 
 
 def test_true_and_false_keep_their_meaning() -> None:
@@ -68,3 +68,57 @@ def test_the_settings_default_is_auto_and_their_answer_is_the_choice() -> None:
     assert not DeploymentSettings(model="m", runtime="process", executable="/x/run.sh", snapshot="off").uses_launcher
     assert not DeploymentSettings(model="m", image="vllm/vllm-openai:v0.33.0").uses_launcher, "entrypoint not read"
     assert DeploymentSettings(model="m", launcher=True).uses_launcher
+
+
+def test_podman_auto_with_snapshots_leaves_the_launcher_off_and_says_why() -> None:
+    """snapshot = "auto" on Podman: restarts restore the container's snapshot, which a launcher's container does not
+    have yet: auto leaves the launcher off, naming the entrypoint it read and the way to use it anyway."""
+    used, why = launcher_choice("auto", ["vllm", "serve"], "podman", snapshot="auto")
+    assert not used and "`vllm serve` is vLLM's own" in why and 'snapshot = "auto"' in why and "launcher = true" in why
+    used, why = launcher_choice("auto", ["/entrypoint.sh"], "podman", snapshot="auto")
+    assert not used and "not vLLM's own" in why
+    assert launcher_choice("auto", ["vllm", "serve"], "podman", snapshot="off")[0]
+    assert launcher_choice(True, ["vllm", "serve"], "podman", snapshot="auto")[0]
+
+
+def test_a_podman_deployment_decides_by_its_images_entrypoint_once_read() -> None:
+    """The settings alone do not know the image's entrypoint (`dankserve plan`: read at boot); the daemon hands the
+    one it read when it ensured the image (`with_image_entrypoint`) and every answer follows it."""
+    from dankserve.settings import DeploymentSettings
+
+    dep = DeploymentSettings(model="m", image="vllm/vllm-openai:v0.33.0", snapshot="off")
+    used, why = dep.launcher_choice()
+    assert not used and "at boot" in why
+    own = dep.with_image_entrypoint(("vllm", "serve"))
+    assert own.uses_launcher and "`vllm serve` is vLLM's own" in own.launcher_choice()[1]
+    assert own.model_copy(update={"port": 9000}).uses_launcher, "kept through a copy"
+    wrapper = dep.with_image_entrypoint(("/usr/local/bin/start.sh",))
+    used, why = wrapper.launcher_choice()
+    assert not used and "`/usr/local/bin/start.sh` is not vLLM's own" in why
+    none = dep.with_image_entrypoint(())
+    assert not none.uses_launcher and "`(none)`" in none.launcher_choice()[1]
+    assert dep.with_image_entrypoint(None) is dep
+    process = DeploymentSettings(model="m", runtime="process", executable="/x/run.sh", snapshot="off")
+    assert process.with_image_entrypoint(("vllm", "serve")) is process, "the process runtime runs its executable"
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"Entrypoint": ["vllm", "serve"], "Cmd": ["--help"]}, ("vllm", "serve")),
+        ({"Entrypoint": None, "Cmd": ["vllm", "serve"]}, ()),
+        ({"Cmd": ["sh"]}, ()),
+        ({"Entrypoint": "exec vllm serve"}, ("/bin/sh", "-c", "exec vllm serve")),
+        ({"Entrypoint": ["vllm", 3]}, None),
+        ({"Entrypoint": ["x"] * 65}, None),
+        ({"Entrypoint": ["x" * 5000]}, None),
+        ({"Entrypoint": {"a": 1}}, None),
+    ],
+)
+def test_the_image_entrypoint_is_read_from_the_inspect_document_as_hostile_input(
+    config: dict[str, object], expected: tuple[str, ...] | None
+) -> None:
+    from dankserve.runtime.podman.images import image_entrypoint
+
+    assert image_entrypoint({"Id": "x", "Config": config}) == expected
+    assert image_entrypoint({"Id": "x"}) is None

@@ -59,6 +59,9 @@ def launcher_deployment(podman_env: PodmanEnv, vllm_image: str, deployment: str)
         "port": free_port(),
         "gpus": [0],
         "launcher": True,
+        # The launcher's own behaviour: with snapshots a restart restores the whole container instead of asking
+        # the launcher for a server (tests/supervisor/test_daemon_snapshots_podman.py tests that).
+        "snapshot": "off",
         # No DANKSERVE_LAUNCHER_PATH: the image's own PYTHONPATH finds the stand-in, as an image's finds vLLM.
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02", **LAUNCHER_ENV},
         "model_facts": MODEL_FACTS,

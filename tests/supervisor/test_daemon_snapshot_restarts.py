@@ -4,10 +4,10 @@ valid snapshot that boot is a restore (boot kind `restore`, the same greedy ids,
 vLLM 0.34 server is captured through `/checkpoint/prepare` and served again by `/checkpoint/restore` instead of
 a level-2 sleep and wake; an upgrade's rollback boots the old image through the snapshot kept aside for it.
 
-Upgrades run on Podman, whose checkpoints are not wired on this branch: the rollback test keeps the process
-runtime and stands the image change in by the executable's identity (its modification time, which is its
-digest: `runtime.process.executable_digest`) with the upgrade's record written into state.json, as a switch
-leaves it; `dankserve rollback` then runs for real."""
+The rollback test here keeps the process runtime and stands the image change in by the executable's identity
+(its modification time, which is its digest: `runtime.process.executable_digest`) with the upgrade's record
+written into state.json, as a switch leaves it; `dankserve rollback` then runs for real. On Podman itself, with a
+real `dankserve upgrade` between two images: tests/supervisor/test_snapshot_rollback_podman.py."""
 
 from __future__ import annotations
 

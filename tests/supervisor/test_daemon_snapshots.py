@@ -10,6 +10,7 @@ again at once."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -325,6 +326,7 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
         assert _server_pid(daemon) == pid and gpu.state(engine) == "running"
         (resumed,) = daemon.events_named("snapshot_restore_resumed")
         assert resumed["done"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert resumed["canary"] == "the captured ids"
         assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
         _ids(port)
 
@@ -531,12 +533,12 @@ def test_an_idle_client_connection_is_waited_out_and_the_snapshot_restores(tmp_p
             ids = _ids(port)
             for kills in (1, 2):
                 _kill(daemon)
-
-                def restored_again(d: dict[str, Any], k: int = kills) -> bool:
-                    return bool(d["state"] == "ready" and d["boots_by_kind"].get("restore") == k)
-
-                restored = daemon.wait_for("chat", restored_again, timeout=60)
+                restored = daemon.wait_for("chat", functools.partial(_restores_counted, kills), timeout=60)
                 assert restored["snapshot"]["last_failure"] is None
                 assert _ids(port) == ids
         finally:
             client.close()
+
+
+def _restores_counted(count: int, d: dict[str, Any]) -> bool:
+    return bool(d["state"] == "ready" and d["boots_by_kind"].get("restore") == count)

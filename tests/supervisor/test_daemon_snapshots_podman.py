@@ -318,7 +318,8 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
     """Made as a kill -9 of the daemon leaves them. During a capture: the container GPU-locked and checkpointed
     beside an entry without a manifest: the next daemon restores and unlocks it, adopts it serving, deletes
     the entry and captures again. During a restore: the container restored from the archive by Podman, its
-    engine core still checkpointed: the next daemon finishes the GPU restore and unlock and adopts it."""
+    engine core still checkpointed: the next daemon's restore takes it over, finishes the GPU restore and
+    unlock, and judges it by the canary (boot kind `restore`, the captured ids, no second restore)."""
     from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
     from tests.supervisor.test_daemon_snapshots import _children
 
@@ -335,12 +336,14 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
     (engine,) = _children(pid)
     assert gpu.state(engine) == "checkpointed", "captured mid-sequence: the archive's engine core is checkpointed"
     with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
-        after = daemon.wait_for(deployment, lambda d: d["state"] == "ready", timeout=120)
-        assert int(_container(podman_env, name)["State"]["Pid"]) == pid, "adopted, not booted again"
+        after = _restored(daemon, deployment)
+        assert int(_container(podman_env, name)["State"]["Pid"]) == pid, "taken over, not restored or booted again"
         assert gpu.state(engine) == "running"
         (resumed,) = daemon.events_named("snapshot_restore_resumed")
-        assert resumed["repaired"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
-        assert after["snapshot"]["state"] == "ready" and not (entry / "restoring").exists()
+        assert resumed["done"] == [f"GPU restore of pid {engine}", f"GPU unlock of pid {engine}"]
+        assert resumed["canary"] == "the captured ids"
+        assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
+        assert not (entry / "restoring").exists()
         assert _ids(port) == ids
         daemon.kill()
     gpu.lock(engine)
@@ -366,6 +369,86 @@ def test_a_daemon_killed_during_a_capture_or_a_restore_loses_nothing(
         after = _booted_normally(daemon, deployment)
         assert after["snapshot"]["last_failure"] == "no manifest: the capture did not finish"
         assert _ids(port) == ids
+
+
+def test_a_daemon_killed_with_9_during_a_restore_the_next_daemon_finishes_it_and_runs_the_canary(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """A real kill -9 of the daemon while it restores the archive: a swap member (captured asleep at level 2)
+    whose wake takes 3 s, the daemon killed once Podman's restored container runs (its wake under way). The
+    next daemon takes the container over, finishes what is left, runs the canary against the captured ids
+    and serves them: boot kind `restore`, no second restore, no boot."""
+    import time
+
+    port = free_port()
+    dep = _deployment(vllm_image, port, swap_group="g", env={"FAKE_VLLM_WAKE_SECONDS": "3"})
+    name = workload_name(deployment)
+    entry = tmp_path / "state" / "snapshots" / deployment
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        _captured(daemon, deployment)
+        ids = _ids(port)
+        booted = _boots_in_log(podman_env, deployment)
+        before = _container(podman_env, name)["Id"]
+        _kill(podman_env, deployment)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = json.loads(podman_env.podman("inspect", name, check=False).stdout or "[]")
+            state = found[0]["State"] if found else {}
+            if (entry / "restoring").exists() and found and found[0]["Id"] != before and state.get("Running"):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the restore never ran")
+        daemon.kill()
+    left = int(_container(podman_env, name)["State"]["Pid"])
+    assert (entry / "restoring").exists(), "killed during the restore"
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        after = _restored(daemon, deployment)
+        assert int(_container(podman_env, name)["State"]["Pid"]) == left, "taken over, not restored again"
+        (resumed,) = daemon.events_named("snapshot_restore_resumed")
+        assert resumed["canary"] == "the captured ids"
+        assert after["snapshot"]["state"] == "ready" and after["snapshot"]["last_failure"] is None
+        assert not (entry / "restoring").exists()
+        assert _ids(port) == ids
+        assert _boots_in_log(podman_env, deployment) == booted, "restored, not booted"
+        shown = daemon.cli("status", deployment).stdout
+        assert "snapshot ready: restored from it (a restore a stopped daemon left, taken over; the canary" in shown
+        _no_failure_counted(daemon)
+
+
+def test_a_restore_left_by_a_killed_daemon_answering_other_ids_is_discarded_and_boots(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """The container a daemon killed during its restore left running answers other greedy ids than the captured
+    ones (the stand-in's FAKE_VLLM_TOKENS_DIFFER_FILE, made after the capture): the next daemon's canary fails,
+    the container is removed, the snapshot discarded with the reason, and the same boot goes on normally (not
+    counted as a failure), then captures again."""
+    port = free_port()
+    differ = tmp_path / "hf" / "tokens-differ"
+    dep = _deployment(vllm_image, port, env={"FAKE_VLLM_TOKENS_DIFFER_FILE": f"{CONTAINER_HF_HOME}/tokens-differ"})
+    name = workload_name(deployment)
+    ids = _captured_then_daemon_killed(tmp_path, podman_env, deployment, dep, host)
+    entry = tmp_path / "state" / "snapshots" / deployment
+    podman_env.podman("rm", "-f", name)
+    (entry / "restoring").touch()
+    podman_env.podman("container", "restore", "--import", str(entry / "images" / "checkpoint.tar"), "--name", name)
+    left = int(_container(podman_env, name)["State"]["Pid"])
+    differ.touch()
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        after = _booted_normally(daemon, deployment)
+        failure = after["snapshot"]["last_failure"]
+        assert failure.startswith("the restore a stopped daemon left running failed: greedy ids differ"), failure
+        assert int(_container(podman_env, name)["State"]["Pid"]) != left, "replaced by the normal boot"
+        assert not daemon.events_named("snapshot_restore_resumed")
+        (discarded,) = daemon.events_named("snapshot_restore_failed")
+        assert discarded["reason"] == failure and discarded["then"] == "a normal boot"
+        assert after["boots_by_kind"].get("restore") is None
+        assert daemon.events_named("snapshot_captured"), "captured again"
+        _no_failure_counted(daemon)
+        differ.unlink()
+        assert _ids(port) == ids
+        shown = daemon.cli("status", deployment).stdout
+        assert "the restore a stopped daemon left running failed" in shown, shown
 
 
 def test_down_then_up_restart_and_a_daemon_restart_restore_the_archive(
@@ -476,6 +559,47 @@ def test_a_container_on_its_private_socket_is_restored_on_it(
         _kill(podman_env, deployment)
         _restored(daemon, deployment, 1)
         assert _ids(gateway) == ids
+
+
+def test_a_launchers_whole_container_is_captured_and_a_server_killed_inside_is_restored(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """`launcher = true` with snapshots: the launcher's container (launcher, zygote, server) is captured whole. A
+    kill -9 of the server inside it leaves the container running: the restart restores the container's snapshot
+    (faster than asking the launcher for a new server), the same ids, the launcher's server back as it was; again
+    after a second kill. A restore that fails falls back to a normal boot through the launcher, a new container."""
+    from dankserve.runtime.launcher_client import LauncherClient
+    from tests.harness.daemon import LAUNCHER_ENV
+
+    port = free_port()
+    name = workload_name(deployment)
+    dep = _deployment(vllm_image, port, launcher=True, env=dict(LAUNCHER_ENV))
+    with _daemon(tmp_path, podman_env, deployment, dep, host) as daemon:
+        first = _captured(daemon, deployment)
+        assert first["launcher"]["used"] is True
+        ids = _ids(port)
+        launcher = LauncherClient(daemon.state_dir / "launchers" / deployment)
+        for count in (1, 2):
+            server = launcher.status().server
+            assert server is not None and not server.exited
+            podman_env.podman("exec", name, "sh", "-c", f"kill -9 {server.pid}")
+            after = _restored(daemon, deployment, count)
+            assert _ids(port) == ids
+            assert after["snapshot"]["last_failure"] is None and after["launcher"]["used"] is True
+            assert _container(podman_env, name)["State"]["Restored"] is True
+            again = launcher.status().server
+            assert again is not None and not again.exited, "the launcher's server restored with its container"
+        archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
+        archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
+        before = _container(podman_env, name)["Id"]
+        podman_env.podman("exec", name, "sh", "-c", f"kill -9 {launcher.status().server.pid}")  # type: ignore[union-attr]
+        booted = _booted_normally(daemon, deployment)
+        assert "restore failed at criu_restore" in booted["snapshot"]["last_failure"], booted["snapshot"]
+        assert _container(podman_env, name)["Id"] != before and booted["launcher"]["used"] is True
+        server = launcher.status().server
+        assert server is not None and not server.exited, "booted through a new launcher"
+        assert _ids(port) == ids
+        _no_failure_counted(daemon)
 
 
 def _keyed_ids(port: int, key: str | None) -> tuple[int, list[int]]:

@@ -153,3 +153,45 @@ def test_a_capture_that_lost_the_server_boots_it_at_once_not_counted_and_not_aga
     assert not m.snapshots.wants_capture(planned.boot)
     valid, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=READY), 12.0)
     assert valid.boot is not None and valid.boot.snapshot == READY, "a valid snapshot (captured elsewhere) restores"
+
+
+def test_a_restore_taken_over_from_a_stopped_daemon_says_so_in_status() -> None:
+    """Restored with `resumed`: the snapshot's reason says the restore was taken over and judged by the canary."""
+    from dankserve.supervisor.machine.snapshots import RESUMED
+
+    starting, _ = m.step(_acquiring(READY), m.GpusAcquired(), 1.0)
+    ready, _ = m.step(starting, m.Restored("w2", 3, 0.4, resumed=True), 1.5)
+    assert ready.stage is m.Stage.READY and ready.snapshot.plan is not None
+    assert ready.snapshot.plan.reason == RESUMED and "the canary answered the captured ids" in RESUMED
+    plain, _ = m.step(starting, m.Restored("w2", 3, 0.4), 1.5)
+    assert plain.snapshot.plan is not None and plain.snapshot.plan.reason == "restored from it"
+
+
+WHOLE_READY = replace(READY, whole=True)
+"""A Podman container's snapshot: of the whole container, a launcher's with it."""
+
+
+def test_a_whole_containers_launcher_boot_captures_and_its_kept_launcher_restores() -> None:
+    """Podman (`whole`): a ready launcher boot is captured (its container whole); a restart through the kept
+    launcher restores the container's snapshot instead of asking the launcher for a server, and the restored
+    container is the workload (the kept launcher's container was replaced)."""
+    ready, _ = m.step(_warming(replace(ABSENT, whole=True), server=1, launcher_id="l1"), m.WarmedUp(None, 0.1), 10.0)
+    capturing, commands = m.step(ready, m.Tick(), 10.0)
+    assert capturing.stage is m.Stage.SNAPSHOTTING and m.CaptureSnapshot("w1") in commands
+    captured, _ = m.step(capturing, m.SnapshotCaptured(0.5, 100), 10.5)
+    assert captured.boot is not None and captured.boot.snapshot is not None and captured.boot.snapshot.whole
+    starting, commands = m.step(_acquiring(WHOLE_READY, launcher_id="l1"), m.GpusAcquired(), 1.0)
+    assert starting.stage is m.Stage.STARTING and m.RestoreSnapshot() in commands
+    restored, _ = m.step(starting, m.Restored("c2", 3, 0.3), 1.3)
+    assert restored.boot is not None and restored.boot.launcher_id is None and restored.workload_id == "c2"
+
+
+def test_a_whole_containers_failed_restore_boots_a_new_launcher_container() -> None:
+    """The restore replaced the kept launcher's container, then failed: the normal boot starts a new container
+    (through the launcher where used), the old one removed should it still be there; not counted."""
+    starting, _ = m.step(_acquiring(WHOLE_READY, launcher_id="l1"), m.GpusAcquired(), 1.0)
+    measuring, commands = m.step(starting, m.RestoreFailed("restore failed at criu_restore: truncated"), 2.0)
+    assert measuring.stage is m.Stage.MEASURING and measuring.failures == ()
+    assert measuring.boot is not None and measuring.boot.launcher_id is None and measuring.boot.server is None
+    assert m.RemoveWorkload("l1", best_effort=True) in commands
+    assert measuring.boot.snapshot is not None and measuring.boot.snapshot.whole, "captured again, whole"

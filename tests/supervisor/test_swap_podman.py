@@ -146,7 +146,9 @@ def test_a_swap_group_sleeps_and_wakes_its_members_through_the_gateway(
 
 def _launcher_member(image: str, model: str, sleep_level: str) -> dict[str, Any]:
     env = {"FAKE_VLLM_TIME_SCALE": "0.02", **LAUNCHER_ENV}
-    return _member(image, model, launcher=True, sleep_level=sleep_level, env=env)
+    # The launcher's own behaviour: with snapshots a restart restores its whole container instead (tested in
+    # tests/supervisor/test_daemon_snapshots_podman.py).
+    return _member(image, model, launcher=True, sleep_level=sleep_level, env=env, snapshot="off")
 
 
 @contextlib.contextmanager

@@ -222,6 +222,7 @@ def serve(
         nvml_dir=knobs.nvml_dir,
         sleep_keeps_memory=knobs.sleep_keeps_memory,
         wake_tokens_differ=knobs.wake_tokens_differ,
+        tokens_differ_file=knobs.tokens_differ_file,
         lora=lora,
         lora_runtime_updating=runtime_updating,
         keep_alive_seconds=_keep_alive(env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE")),

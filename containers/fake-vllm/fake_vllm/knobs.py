@@ -77,6 +77,9 @@ class Knobs:
     (vllm issue 32714: a sleep freeing a fraction of it)."""
     wake_tokens_differ: bool = False
     """FAKE_VLLM_WAKE_TOKENS_DIFFER: after any wake, completions answer other token ids (vllm issue 29341)."""
+    tokens_differ_file: str | None = None
+    """FAKE_VLLM_TOKENS_DIFFER_FILE: while this file exists, completions answer other token ids (each one
+    higher): a test makes a restored server answer other ids than the captured ones, at any moment."""
     gpu_checkpoint_fail: int = 0
     """FAKE_VLLM_GPU_CHECKPOINT_FAIL: the engine core's GPU checkpoint answers this CUresult (1/true: 801,
     CUDA_ERROR_NOT_SUPPORTED, as for a process with CUDA IPC or UVM memory); 0 succeeds (engine_core.py)."""
@@ -174,6 +177,7 @@ def parse_knobs(env: Mapping[str, str]) -> Knobs:
         nvml_dir=env.get("FAKE_VLLM_NVML_DIR", "").strip() or None,
         sleep_keeps_memory=_flag(env, "FAKE_VLLM_SLEEP_KEEPS_MEMORY"),
         wake_tokens_differ=_flag(env, "FAKE_VLLM_WAKE_TOKENS_DIFFER"),
+        tokens_differ_file=env.get("FAKE_VLLM_TOKENS_DIFFER_FILE", "").strip() or None,
         gpu_checkpoint_fail=_cuda_error(env, "FAKE_VLLM_GPU_CHECKPOINT_FAIL"),
         shm_dir=env.get("FAKE_VLLM_SHM_DIR", "").strip() or "/dev/shm",
     )

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import hmac
 import json
+import os
 import select
 import socket
 import threading
@@ -108,6 +109,8 @@ class ServerFacts:
     nvml_dir: str | None = None
     sleep_keeps_memory: bool = False
     wake_tokens_differ: bool = False
+    tokens_differ_file: str | None = None
+    """While this file exists, completions answer other ids (FAKE_VLLM_TOKENS_DIFFER_FILE)."""
     lora: LoraRegistry = field(default_factory=lambda: LoraRegistry(False, 16))
     """The LoRA adapters served (mutable: /v1/load_lora_adapter adds to it)."""
     lora_runtime_updating: bool = False
@@ -644,6 +647,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             ids = adapter_token_ids(str(model), max_tokens) if adapter else engine_ids
             with state.lock:
                 differ = facts.wake_tokens_differ and state.woken
+            differ = differ or (facts.tokens_differ_file is not None and os.path.exists(facts.tokens_differ_file))
             choice["token_ids"] = [] if stale else [i + 1 for i in ids] if differ else ids
         response: dict[str, object] = {
             "id": request_id,

@@ -76,8 +76,10 @@ class ImageManager:
             if attrs is None:
                 raise ImageUnavailable(f"image {image} was pulled but Podman cannot find it", fix="pull it again")
         digest = str(attrs.get("Digest") or f"sha256:{attrs['Id']}")
-        info = ImageInfo(reference=image, digest=digest, vllm_version=self._vllm_version(attrs))
-        log.info("image_ready", image=image, digest=digest, vllm_version=info.vllm_version)
+        info = ImageInfo(
+            reference=image, digest=digest, vllm_version=self._vllm_version(attrs), entrypoint=image_entrypoint(attrs)
+        )
+        log.info("image_ready", image=image, digest=digest, vllm_version=info.vllm_version, entrypoint=info.entrypoint)
         return info
 
     def _pull(self, image: str, progress: Callable[[PullProgress], None] | None) -> None:
@@ -142,3 +144,26 @@ class ImageManager:
         if version is None:
             log.warning("vllm_version_unknown", image=image_id, exit=event and event.exit_code, output=output[-500:])
         return version
+
+
+_MAX_ENTRYPOINT_WORDS = 64
+_MAX_WORD = 4096
+
+
+def image_entrypoint(attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The entrypoint of an image's inspect document (`Config.Entrypoint`; `()` where it has none), or None
+    where it is not a list of words within bounds. The image's `Cmd` is not part of what the launcher replaces:
+    dankserve passes the plan's arguments in its place."""
+    config = attrs.get("Config")
+    if not isinstance(config, Mapping):
+        return None
+    words = config.get("Entrypoint")
+    if words is None:
+        return ()
+    if isinstance(words, str):  # Docker's shell form: run by /bin/sh -c
+        words = ["/bin/sh", "-c", words]
+    if not isinstance(words, list) or len(words) > _MAX_ENTRYPOINT_WORDS:
+        return None
+    if not all(isinstance(w, str) and len(w) <= _MAX_WORD for w in words):
+        return None
+    return tuple(words)

@@ -27,7 +27,7 @@ from dankserve.runtime.log_archive import LogArchive
 from dankserve.runtime.podman import checkpoint as checkpointing
 from dankserve.runtime.podman.cdi import DEFAULT_CDI_DIRS
 from dankserve.runtime.podman.containers import ContainerManager
-from dankserve.runtime.podman.images import ImageManager
+from dankserve.runtime.podman.images import ImageManager, image_entrypoint
 from dankserve.runtime.podman.session import PodmanSession
 from dankserve.runtime.podman.spec import JOURNAL_SOCKET, launch_request
 from dankserve.runtime.podman.streams import LogStreams
@@ -80,6 +80,11 @@ class PodmanRuntime(Runtime):
     def image_present(self, image: str) -> bool:
         """The image is in local storage (no pull)."""
         return self._images.present(image)
+
+    def local_entrypoint(self, image: str) -> tuple[str, ...] | None:
+        """The entrypoint of the image in local storage (no pull); None when it is not there or unreadable."""
+        attrs = self._images.attrs(image)
+        return None if attrs is None else image_entrypoint(attrs)
 
     def ensure_image(
         self, image: str, pull: PullPolicy, progress: Callable[[PullProgress], None] | None = None

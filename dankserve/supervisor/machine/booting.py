@@ -140,9 +140,9 @@ def on_weights_failed(state: MachineState, event: WeightsFailed, now: float) -> 
 def on_image_ready(state: MachineState, event: ImageReady, now: float) -> Step:
     version = event.vllm_version or state.vllm_version
     digest = event.digest or state.image_digest
-    return replace(state, stage=Stage.PLANNING, vllm_version=version, image_digest=digest), (
-        PlanBoot(state.overrides, event.vllm_version, event.digest),
-    )
+    entrypoint = event.entrypoint if event.entrypoint is not None else state.image_entrypoint
+    after = replace(state, stage=Stage.PLANNING, vllm_version=version, image_digest=digest, image_entrypoint=entrypoint)
+    return after, (PlanBoot(state.overrides, event.vllm_version, event.digest),)
 
 
 def on_boot_planned(state: MachineState, event: BootPlanned, now: float) -> Step:

@@ -74,6 +74,8 @@ class ImageReady:
     vllm_version: str | None
     digest: str | None = None
     """The image's digest (the process runtime's executable identity): part of the learning key."""
+    entrypoint: tuple[str, ...] | None = None
+    """The image's entrypoint as read from its config (Podman; None: not read): `launcher = "auto"` decides by it."""
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,8 @@ class Restored:
     workload_id: str
     boot: int
     seconds: float
+    resumed: bool = False
+    """A restore a daemon killed midway left running, taken over by this one and judged by the canary."""
 
 
 @dataclass(frozen=True)

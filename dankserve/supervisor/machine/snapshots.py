@@ -41,18 +41,26 @@ from dankserve.supervisor.machine.state import Boot, MachineState, SnapshotPlan,
 from dankserve.supervisor.machine.swapping import swap_done, woke_by_boot
 from dankserve.supervisor.machine.timing import MAX_IDLE_SECONDS
 
+RESUMED = "restored from it (a restore a stopped daemon left, taken over; the canary answered the captured ids)"
+
 
 def wants_capture(boot: Boot) -> bool:
     """A ready boot captures when planning found no valid snapshot (and snapshots are on), unless it is
     itself a restore or runs under a launcher (the launcher's server is its child: not captured yet)."""
     plan = boot.snapshot
-    return plan is not None and plan.state == "absent" and not boot.restored and boot.server is None
+    return plan is not None and plan.state == "absent" and not boot.restored and (boot.server is None or plan.whole)
 
 
 def restores(boot: Boot) -> bool:
-    """The boot restores its snapshot instead of starting a workload (not through a kept launcher)."""
+    """The boot restores its snapshot instead of starting a workload (not through a kept launcher, unless the
+    snapshot is of the whole container: Podman's, launcher included, which the restore replaces)."""
     plan = boot.snapshot
-    return plan is not None and plan.state == "ready" and boot.launcher_id is None
+    return plan is not None and plan.state == "ready" and (boot.launcher_id is None or plan.whole)
+
+
+def _whole(state: MachineState) -> bool:
+    boot = state.boot
+    return boot is not None and boot.snapshot is not None and boot.snapshot.whole
 
 
 def start_capture(state: MachineState, now: float) -> Step:
@@ -91,7 +99,7 @@ def _serving(state: MachineState, workload_id: str | None) -> tuple[MachineState
 
 
 def on_snapshot_captured(state: MachineState, event: SnapshotCaptured, now: float) -> Step:
-    plan = SnapshotPlan("ready", "captured from this plan's ready server: restarts restore it")
+    plan = SnapshotPlan("ready", "captured from this plan's ready server: restarts restore it", whole=_whole(state))
     outage = round(event.outage_seconds, 3)
     state, follow = _serving(state, event.workload_id)
     after = _ready_again(state, now, replace(state.snapshot, plan=plan, last_capture_outage_seconds=outage))
@@ -109,7 +117,7 @@ def on_capture_failed(state: MachineState, event: SnapshotCaptureFailed, now: fl
     retries = state.snapshot.capture_retries
     again = event.retry_in is not None and retries < MAX_CAPTURE_RETRIES
     when = f"tried again in {event.retry_in:.0f} s" if again else "captured at the next boot"
-    plan = SnapshotPlan("absent", f"the last capture failed ({when}): {event.reason}")
+    plan = SnapshotPlan("absent", f"the last capture failed ({when}): {event.reason}", whole=_whole(state))
     state, follow = _serving(state, event.workload_id)
     times = replace(state.snapshot, plan=plan, last_failure=event.reason, capture_retries=retries + int(again))
     after = _ready_again(state, now, times)
@@ -135,6 +143,7 @@ def _capture_lost(state: MachineState, event: SnapshotCaptureFailed, now: float)
 def on_restored(state: MachineState, event: Restored, now: float) -> Step:
     """Restored: READY at once (the canary answered the captured ids), a boot of kind `restore`."""
     config = state.config
+    whole = _whole(state)
     boot = replace(
         state.boot or Boot(started_at=now),
         workload_id=event.workload_id,
@@ -144,8 +153,10 @@ def on_restored(state: MachineState, event: Restored, now: float) -> Step:
         next_health=now + config.health_interval_seconds,
         phase=Phase.READY,
         server=None,
+        # A whole container restored in place of the launcher's: the restored container is the workload.
+        launcher_id=None if whole else (state.boot.launcher_id if state.boot is not None else None),
     )
-    plan = SnapshotPlan("ready", "restored from it")
+    plan = SnapshotPlan("ready", RESUMED if event.resumed else "restored from it", whole=whole)
     snapshot = replace(state.snapshot, plan=plan, last_restore_seconds=round(event.seconds, 3))
     # A swap member asleep by stop woken by this boot: the wake ends here, as on_warmed_up ends it.
     swap = swap_done(state.swap, "wake", now) if state.swap.since is not None else state.swap
@@ -177,11 +188,18 @@ def on_restored(state: MachineState, event: Restored, now: float) -> Step:
 def on_restore_failed(state: MachineState, event: RestoreFailed, now: float) -> Step:
     """The snapshot is gone with its reason; the same boot goes on normally (free memory, then a start)."""
     boot = state.boot or Boot(started_at=now)
-    plan = SnapshotPlan("absent", f"discarded at restore: {event.reason}")
+    plan = SnapshotPlan("absent", f"discarded at restore: {event.reason}", whole=_whole(state))
+    # A whole container's restore replaced the kept launcher's container: the normal boot starts a new one
+    # (through the launcher where it is used), the old one removed should the restore have left it.
+    gone = boot.launcher_id if plan.whole else None
+    launcher_id = None if plan.whole else boot.launcher_id
     boot = replace(boot, snapshot=plan, settle_until=now + state.config.gpu_memory_settle_seconds)
+    boot = replace(boot, launcher_id=launcher_id, server=None if plan.whole else boot.server)
     snapshot = replace(state.snapshot, plan=plan, last_failure=event.reason)
     after = replace(state, stage=Stage.MEASURING, boot=boot, snapshot=snapshot)
+    removed = (RemoveWorkload(gone, best_effort=True),) if gone is not None else ()
     return after, (
         note("snapshot_restore_failed", "warning", reason=event.reason, then="a normal boot"),
+        *removed,
         ReadFreeMemory(boot.uuids, settle_first=True),
     )

@@ -85,6 +85,9 @@ class SnapshotPlan:
     reason: str
     discarded: str | None = None
     """Why planning deleted the snapshot there was (a changed plan, a corrupt entry), else None."""
+    whole: bool = False
+    """Of the whole workload (a Podman container): a launcher's container is captured and restored with its
+    launcher and zygote, so a launcher boot captures and a restart through a kept launcher restores."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,9 @@ class MachineState:
     vllm_version: str | None = None
     image_digest: str | None = None
     """The digest of the image the last boot ran (an upgrade's auto-update compares it with the local one)."""
+    image_entrypoint: tuple[str, ...] | None = None
+    """The entrypoint of the image the last boot ran, read from its config (Podman; None: not read yet): what
+    `launcher = "auto"` decides by (DeploymentSettings.with_image_entrypoint)."""
     gpu_uuids: tuple[str, ...] = ()
     kv_cache_memory_bytes: int | None = None
     kv_cache_learned_used: bool = False

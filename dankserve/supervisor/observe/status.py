@@ -264,9 +264,14 @@ def deployment_view(
         waiting_for=waiting_for,
         phase_seconds=round(now - phase_since, 1) if phase_since is not None else None,
         kv_cache_source=("learned" if learned_used else "profiled") if kv_bytes is not None else None,
-        launcher=dict(zip(("used", "why"), dep.launcher_choice(), strict=True)),
+        launcher=dict(zip(("used", "why"), launcher_view(dep, machine), strict=True)),
         snapshot=snapshot_view(dep, machine),
     )
+
+
+def launcher_view(dep: DeploymentSettings, machine: MachineState | None) -> tuple[bool, str]:
+    """Whether its boots go through the launcher, and why: by the image's entrypoint the daemon read (Podman)."""
+    return dep.with_image_entrypoint(machine.image_entrypoint if machine is not None else None).launcher_choice()
 
 
 def snapshot_view(dep: DeploymentSettings, machine: MachineState | None) -> dict[str, Any]:

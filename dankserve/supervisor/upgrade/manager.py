@@ -82,7 +82,7 @@ class Upgrades:
             return f"deployment {name!r} is {now}: only a serving deployment is upgraded"
         if dep.runtime != "podman":
             return f"deployment {name!r} runs as a {dep.runtime}: upgrades change container images (runtime = podman)"
-        if dep.uses_launcher or dep.hosts:
+        if dep.with_image_entrypoint(worker.machine.image_entrypoint).uses_launcher or dep.hosts:
             return f"deployment {name!r} runs a launcher or several hosts: upgrades try one server beside another"
         target = image or dep.image
         if image is None and not if_newer:

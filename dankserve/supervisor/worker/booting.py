@@ -156,8 +156,22 @@ class Boots:
         handover, self.handover = self.handover, None
         if handover is not None:
             found = self._hand_over(runtime, handover) if found is None else self._discard(runtime, handover, found)
-        if found is not None and found.running and self.snapshots is not None:
-            self.snapshots.repair_interrupted(dep, found.pid)  # a capture a killed daemon left midway
+        snapshots = self.snapshots if found is not None and found.running else None
+        left_restore = snapshots is not None and found is not None and snapshots.restore_left(found.pid)
+        if snapshots is not None and found is not None and not left_restore:
+            snapshots.repair_interrupted(dep, found.pid)  # a capture a killed daemon left midway
+        kept = services.world.state.deployment(name)
+        switched = kept.upgrade is not None and kept.upgrade.step == "switched"  # it can roll back: keep the old
+        snapshot = (
+            self.snapshots.verdict(dep, runtime, plan, digest, version, upgrade_switched=switched)
+            if self.snapshots is not None
+            else None
+        )
+        if left_restore and snapshots is not None and found is not None:
+            if snapshot is not None and snapshot.state == "ready":
+                found = None  # a restore a killed daemon left: the boot's restore takes it over, judged by the canary
+            else:
+                snapshots.repair_interrupted(dep, found.pid, restore_left=True)
         existing = None
         if found is not None:
             self._runtimes.seen(found.id, runtime)
@@ -172,13 +186,6 @@ class Boots:
         if dep.swap_group is not None and server_runs:
             # A member an earlier daemon (killed with -9) left running may sleep: adopted asleep, not woken.
             sleeping = world.servers.is_sleeping(backend_address(settings, name, dep), api_key(dep))
-        kept = services.world.state.deployment(name)
-        switched = kept.upgrade is not None and kept.upgrade.step == "switched"  # it can roll back: keep the old
-        snapshot = (
-            self.snapshots.verdict(dep, runtime, plan, digest, version, upgrade_switched=switched)
-            if self.snapshots is not None
-            else None
-        )
         remembered, moving = (kept.asleep, kept.swapping) if dep.swap_group is not None else (None, None)
         return m.BootPlanned(
             uuids=uuids,

@@ -88,7 +88,7 @@ class Commands:
                 runtime = self.runtimes.current(dep)
                 image_ref = (dep.executable or "") if dep.runtime == "process" else dep.image
                 image = runtime.ensure_image(image_ref, dep.pull, lambda p: self._log.info("pull", status=p.status))
-                return m.ImageReady(image.vllm_version or None, image.digest or None)
+                return m.ImageReady(image.vllm_version or None, image.digest or None, image.entrypoint)
             case m.PlanBoot(overrides=overrides, vllm_version=version, digest=digest):
                 return self.boots.plan(dep, overrides, version, digest)
             case m.StopWorkload(workload_id=wid):

@@ -285,8 +285,8 @@ class DeploymentWorker:
 
     def _execute_once(self, command: m.Command) -> m.Event | None:
         try:
-            with self.lock:
-                dep = self.dep
+            with self.lock:  # launcher = "auto" decides by the image's entrypoint, read when it was ensured
+                dep = self.dep.with_image_entrypoint(self._machine.image_entrypoint)
             return self._commands.run(command, dep)
         except Exception as exc:
             if isinstance(exc, DankserveError) and exc.transient:  # Podman, the Hub or a group not answering now

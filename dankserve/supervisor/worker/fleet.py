@@ -157,9 +157,10 @@ class Fleet:
                 failed(worker.name)
         # A worker that ended (stopped, or failed: its launcher idles on for `up`) stops nothing more itself.
         supervised = {w.name for w in workers if w.alive}
+        entrypoints = {w.name: w.machine.image_entrypoint for w in workers}  # what launcher = "auto" decided by
         settings = self.settings
         for name, dep in settings.deployments.items():
-            if name in supervised or not dep.uses_launcher:
+            if name in supervised or not dep.with_image_entrypoint(entrypoints.get(name)).uses_launcher:
                 continue
             try:
                 removed = launching.remove_launcher(runtime_for(dep), name, settings.stop_timeout_seconds)

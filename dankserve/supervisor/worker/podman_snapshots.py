@@ -257,6 +257,15 @@ def restore(
     return outcome, runner.container
 
 
+def left_restored(runtime: PodmanRuntime, deployment: str, entry: store.Entry) -> Workload | None:
+    """The deployment's container a daemon killed during its restore left running (the entry still marked
+    `restoring`), or None."""
+    if entry.state != "ready" or not (entry.path / RESTORING).is_file():
+        return None
+    found = runtime.find(deployment)
+    return found if found is not None and found.running and found.pid is not None else None
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
     """A Podman entry's manifest (None: not a Podman capture, or unreadable), read as hostile input."""
     try:

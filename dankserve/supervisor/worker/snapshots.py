@@ -16,21 +16,17 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import dankserve
 from dankserve.errors import DankserveError
-from dankserve.host.gpu_processes import process_tree
 from dankserve.host.model import Host
 from dankserve.plan.catalogue import capabilities
-from dankserve.plan.serve_args import served_name
 from dankserve.plan.types import Plan
-from dankserve.planning import backend_address
-from dankserve.processes import host_pids
-from dankserve.runtime.base import Runtime
+from dankserve.runtime.base import Runtime, Workload
 from dankserve.runtime.podman.runtime import PodmanRuntime
 from dankserve.runtime.process import ProcessRecord, ProcessRuntime, record_of
 from dankserve.settings import DeploymentSettings, Settings
@@ -38,9 +34,7 @@ from dankserve.snapshot import criu, shm, store
 from dankserve.snapshot import restore as restoring
 from dankserve.snapshot.gpu_helper import unavailable
 from dankserve.snapshot.key import SnapshotKey, WeightsFile, invalid_reason, secrets_digest
-from dankserve.snapshot.sequence import canary_problem
-from dankserve.snapshot.steps import Hooks, StepFailed, kill_tree
-from dankserve.snapshot.suspend import resume_steps
+from dankserve.snapshot.steps import Hooks, Outcome, kill_tree
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.worker import podman_snapshots as podman
 from dankserve.supervisor.worker import snapshot_rollback as rollback
@@ -52,7 +46,7 @@ from dankserve.supervisor.worker.snapshot_capture import (
     capture_tree,
     keep_criu_log,
 )
-from dankserve.supervisor.worker.snapshot_hooks import serve_again, server_hooks
+from dankserve.supervisor.worker.snapshot_left import LeftBehind, hooks_for
 
 _MAX_WEIGHT_FILES = 10_000
 
@@ -96,6 +90,7 @@ class SnapshotEdge:
         self._key: SnapshotKey | None = None
         self._sleeps = False
         self._prepares = False
+        self._left = LeftBehind(name, settings, gpu, edges, logger)
 
     @property
     def on(self) -> bool:
@@ -103,7 +98,11 @@ class SnapshotEdge:
         return self._key is not None
 
     # -- planning -------------------------------------------------------------------------------
-    def verdict(
+    def verdict(self, dep: DeploymentSettings, runtime: Runtime, plan: Plan, *more: Any, **kw: Any) -> m.SnapshotPlan:
+        found = self._verdict(dep, runtime, plan, *more, **kw)  # Podman's: the whole container, a launcher's too
+        return replace(found, whole=True) if isinstance(runtime, PodmanRuntime) and found.state != "off" else found
+
+    def _verdict(
         self,
         dep: DeploymentSettings,
         runtime: Runtime,
@@ -191,35 +190,13 @@ class SnapshotEdge:
             secrets=secrets_digest(secret_values(dep)),
         )
 
-    def repair_interrupted(self, dep: DeploymentSettings, pid: int | None) -> None:
-        """A server found running beside an entry without a manifest: a capture the daemon did not finish
-        (killed with -9 midway) may have left it GPU-locked, checkpointed or asleep. Its CUDA processes are
-        restored and unlocked, and it is woken, before it is adopted; the entry goes with the verdict. Beside
-        a ready entry marked `restoring`, a restore a killed daemon left (a Podman container restored, not yet
-        GPU-restored and woken): the same repair."""
-        root = store.store_root(self._settings().state_dir)
-        state = None
-        with contextlib.suppress(DankserveError, OSError):
-            if pid is not None and store.check_root(root):
-                state = store.read_entry(root, self._name).state
-        if pid is None or state not in ("incomplete", "ready"):
-            return
-        marker = root / self._name / podman.RESTORING
-        if state == "ready" and not marker.is_file():
-            return  # a server serving beside its snapshot
-        marker.unlink(missing_ok=True)
-        done: list[str] = []
-        try:
-            gpu = self._gpu_checkpoint()
-            gpu_running(gpu, gpu.holders(process_tree(pid)), done)
-            woke = serve_again(self._edges, backend_address(self._settings(), self._name, dep), _read_key(dep))
-            done += [woke] if woke else []
-        except (DankserveError, OSError) as exc:
-            reason = exc.message if isinstance(exc, DankserveError) else str(exc)
-            self._log.warning("snapshot_capture_repair_failed", error=reason, done=done)
-            return
-        event = "snapshot_restore_resumed" if state == "ready" else "snapshot_capture_interrupted"
-        self._log.warning(event, pid=pid, repaired=done or ["nothing to undo"])
+    def restore_left(self, pid: int | None) -> bool:
+        """A Podman restore a daemon killed with -9 left running: the boot's restore takes it over (`snapshot_left`)."""
+        return self._left.restore_left(pid)
+
+    def repair_interrupted(self, dep: DeploymentSettings, pid: int | None, *, restore_left: bool = False) -> None:
+        """A capture (or a restore not taken over) a killed daemon left midway, repaired (`snapshot_left`)."""
+        self._left.repair_interrupted(dep, pid, restore_left=restore_left)
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
@@ -277,6 +254,9 @@ class SnapshotEdge:
             manifest = podman.read_manifest(entry.path) if entry.state == "ready" else None
             self._sleeps = bool(manifest and manifest.get("sleeps"))
             self._prepares = bool(manifest and manifest.get("prepares") is True)
+            left = podman.left_restored(runtime, self._name, entry)
+            if left is not None and manifest is not None:  # a daemon killed during its restore left it running
+                return self._resume_container(dep, runtime, left, manifest, root=root, boot=boot, began=began)
             files = podman.secrets_of(dep, self._name, self._settings().state_dir)
             gpu, keys = self._gpu_checkpoint(), (stored_key(entry.path), self._key)
             done = podman.restore_entry(
@@ -289,9 +269,9 @@ class SnapshotEdge:
         why = invalid_reason(captured.key, self._key)
         if why is not None:
             return m.RestoreFailed(why)
-        left = _restored_already(captured, entry.path / "images")
-        if left is not None:  # a daemon killed during its restore left the tree running
-            return self._resume(dep, runtime, captured, root=left, boot=boot, began=began)
+        tree = _restored_already(captured, entry.path / "images")
+        if tree is not None:  # a daemon killed during its restore left the tree running
+            return self._resume(dep, runtime, captured, root=tree, boot=boot, began=began)
         self._sleeps, self._prepares = captured.sleeps, captured.prepares
         with shm.turn():  # one dump or restore at a time on the host: their link-remap files share /dev/shm
             put = shm.put_back((*captured.shm, *captured.link_remaps), entry.path / "shm")
@@ -314,13 +294,23 @@ class SnapshotEdge:
         workload = runtime.adopt_restored(restored)
         return self._restored(root, workload.id, outcome, boot, began, pid=outcome.pid)
 
-    def _restored(self, root: Path, workload_id: str, outcome: Any, boot: int, began: float, **more: float) -> m.Event:
+    def _restored(
+        self,
+        root: Path,
+        workload_id: str,
+        outcome: Any,
+        boot: int,
+        began: float,
+        *,
+        resumed: bool = False,
+        **more: float,
+    ) -> m.Event:
         seconds = time.monotonic() - began
         timings = {k: round(v, 3) for k, v in outcome.timings.items()}
         self._log.info("snapshot_restored", seconds=round(seconds, 3), **more, **timings)
         with contextlib.suppress(DankserveError, OSError):
             store.record_restore(root, self._name, seconds=round(seconds, 3), now=time.time())
-        return m.Restored(workload_id, boot, seconds)
+        return m.Restored(workload_id, boot, seconds, resumed=resumed)
 
     def _resume(
         self,
@@ -335,39 +325,41 @@ class SnapshotEdge:
         """The tree CRIU restored for a daemon killed before it took it over (its root at `root`): adopted,
         its GPU restore, unlock and wake done (what was not), and judged by the canary like any restore."""
         workload = runtime.adopt_restored(replace(captured.record, pid=root))
-        done: list[str] = []
-        self._sleeps, self._prepares = captured.sleeps, captured.prepares
-        hooks = self._hooks(dep)
-        inside = host_pids(process_tree(root))
-        try:
-            gpu_running(self._gpu_checkpoint(), [inside[h] for h in captured.holders if h in inside], done)
-            address, key = backend_address(self._settings(), self._name, dep), _read_key(dep)
-            asleep = self._edges.checkpoint_prepared if captured.prepares else self._edges.is_sleeping
-            if asleep(address, key):
-                hooks.wake()
-            problem = canary_problem(captured.canary_ids, hooks.canary())
-        except (DankserveError, OSError, StepFailed) as exc:
-            problem = exc.message if isinstance(exc, DankserveError) else str(exc)
+        done, problem = self._left.finish(
+            dep, root, captured.holders, sleeps=captured.sleeps, prepares=captured.prepares, ids=captured.canary_ids
+        )
         if problem is not None:
             kill_tree(root)
             runtime.remove(workload.id)
             return m.RestoreFailed(f"the restore a stopped daemon left running failed: {problem}")
-        self._log.warning("snapshot_restore_resumed", pid=root, done=done)
-        return m.Restored(workload.id, boot, time.monotonic() - began)
+        self._log.warning("snapshot_restore_resumed", pid=root, done=done, canary="the captured ids")
+        return m.Restored(workload.id, boot, time.monotonic() - began, resumed=True)
+
+    def _resume_container(
+        self, dep: DeploymentSettings, runtime: PodmanRuntime, left: Workload, manifest: dict[str, Any], **at: Any
+    ) -> m.Event:
+        """Podman's container a killed daemon's restore left running, finished and judged by the canary
+        (`snapshot_left`); a problem (or the snapshot invalid for this plan) removes it. `at`: root, boot, began."""
+        done: list[str] = []
+        root, why = at["root"], invalid_for(at["root"] / self._name, self._key)
+        if why is None and left.pid is not None:
+            holders = tuple(int(p) for p in manifest["holders"])
+            ids = tuple(int(i) for i in manifest["canary_ids"])
+            done, why = self._left.finish(dep, left.pid, holders, sleeps=self._sleeps, prepares=self._prepares, ids=ids)
+        (root / self._name / podman.RESTORING).unlink(missing_ok=True)
+        if why is not None:
+            runtime.remove(left.id)
+            return m.RestoreFailed(f"the restore a stopped daemon left running failed: {why}")
+        self._log.warning("snapshot_restore_resumed", container_id=left.id, done=done, canary="the captured ids")
+        return self._restored(root, left.id, Outcome("restore", left.pid), at["boot"], at["began"], resumed=True)
 
     # -- shared ---------------------------------------------------------------------------------
     def _hooks(self, dep: DeploymentSettings, after_sleep: Callable[[], None] = lambda: None) -> Hooks:
         """The server's sleep (level 2, or 0.34's checkpoint prepare), wake and canary (`snapshot_hooks`)."""
-        address = backend_address(self._settings(), self._name, dep)
-        model = served_name(dep.served_model_name, dep.extra_args, dep.model)
-        return server_hooks(
-            self._edges,
-            address,
-            _read_key(dep),
-            model,
-            sleeps=self._sleeps,
-            prepares=self._prepares,
-            after_sleep=after_sleep,
+        settings = self._settings()
+        sleeps, prepares = self._sleeps, self._prepares
+        return hooks_for(
+            self._edges, settings, self._name, dep, sleeps=sleeps, prepares=prepares, after_sleep=after_sleep
         )
 
     def _discard(self, root: Path, why: str) -> None:
@@ -413,14 +405,6 @@ def read_captured(path: Path) -> Captured | None:
         return None
 
 
-def gpu_running(gpu: Any, holders: Iterable[int], done: list[str]) -> None:
-    """Each CUDA process back to running from wherever a stopped sequence left it: the steps suspended sleep's
-    resume decides from each process's driver state (restores before unlocks)."""
-    for step in resume_steps({pid: gpu.state(pid) for pid in holders}):
-        (gpu.restore if step.name == "gpu_restore" else gpu.unlock)(step.pid)
-        done.append(f"GPU {step.name.removeprefix('gpu_')} of pid {step.pid}")
-
-
 def invalid_for(path: Path, key: SnapshotKey | None) -> str | None:
     """Why the entry at `path` is not valid for the plan whose key is `key` (None: it is)."""
     stored = stored_key(path)
@@ -449,12 +433,6 @@ def _key_json(key: SnapshotKey) -> dict[str, Any]:
         "weights": [[w.name, w.size, w.mtime_ns] for w in key.weights],
         **{f: getattr(key, f) for f in _KEY_TEXT},
     }
-
-
-def _read_key(dep: DeploymentSettings) -> str | None:
-    from dankserve.secret_files import read_key_now
-
-    return read_key_now(dep.api_key_file)
 
 
 def prepares_for_checkpoint(plan: Plan, version: str | None) -> bool:
