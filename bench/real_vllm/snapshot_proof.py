@@ -44,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dankserve.backend_address import TcpAddress
 from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import spawn_detached
-from dankserve.runtime.pid_namespace import find_init, init_command
 from dankserve.snapshot import shm
 from dankserve.snapshot.capture import capture, outage_seconds
 from dankserve.snapshot.criu import CriuFailed, criu_path
@@ -167,15 +166,15 @@ class Proof:
             command = [self.args.vllm]
         argv = [*command, "serve", self.args.model, "--served-model-name", SERVED, "--port", str(PORT)]
         argv += ["--enable-sleep-mode", *self.args.extra]
-        # As the process runtime starts it where snapshots are on: pid 2 of its own PID namespace.
-        proc = spawn_detached(init_command(argv), log, env=env)
+        # As the process runtime starts it: its own session and process group, its host pids.
+        proc = spawn_detached(argv, log, env=env)
         _wait_health(PORT, proc, self.args.boot_timeout)
         return proc
 
     @staticmethod
     def _root(server: subprocess.Popen[bytes]) -> int:
-        """The tree's root: its PID namespace's init (the outer's child)."""
-        return find_init(server.pid) or server.pid
+        """The tree's root: the server itself (docs/snapshots.md, "Host pids")."""
+        return server.pid
 
     def hooks(self) -> Hooks:
         address = TcpAddress("127.0.0.1", PORT)
