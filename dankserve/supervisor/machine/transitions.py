@@ -122,7 +122,8 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
     t[Stage.STARTING, LauncherLost] = _allowed(Stage.STARTING, note="replaces the launcher")
     for stage in (Stage.BOOTING, Stage.READY):
         t[stage, BootLog] = _allowed(stage, Stage.ENDING)
-        t[stage, LogEnded] = _allowed(stage)
+        # Both look around (running.watch), which may find a boot past its deadline: a boot timeout.
+        t[stage, LogEnded] = _allowed(stage, *_ON_FAILURE)
         t[stage, Exited] = _allowed(*_ON_FAILURE)
         t[stage, StillRunning] = _allowed(stage)
         t[stage, HealthChecked] = (
@@ -131,7 +132,7 @@ def _transitions() -> dict[tuple[Stage, type[Event]], Transition]:
             else _allowed(Stage.BOOTING, note="up: the warm-up before ready is sent")
         )
         t[stage, Tick] = _allowed(stage, *_ON_FAILURE)
-        t[stage, RuntimeUnreachable] = _allowed(stage, note="follows on; the server is still probed")
+        t[stage, RuntimeUnreachable] = _allowed(stage, *_ON_FAILURE, note="follows on; the server is still probed")
         t[stage, MemberLost] = _allowed(*_ON_FAILURE)
     t[Stage.BOOTING, WarmedUp] = _allowed(
         Stage.READY, *_ON_FAILURE, Stage.BOOTING, note="a failed warm-up fails the boot; unasked: nothing"
