@@ -46,9 +46,14 @@ RESUMED = "restored from it (a restore a stopped daemon left, taken over; the ca
 
 def wants_capture(boot: Boot) -> bool:
     """A ready boot captures when planning found no valid snapshot (and snapshots are on), unless it is
-    itself a restore or runs under a launcher (the launcher's server is its child: not captured yet)."""
+    itself a restore, runs under a launcher (the launcher's server is its child: not captured yet) or adopted a
+    server it did not start: an upgrade's handed-over trial listens on a socket renamed under it, which CRIU's
+    restore puts back under its old name (the gateway's requests then failed: found in the Podman upgrade
+    test); such a server is captured at its next boot."""
     plan = boot.snapshot
-    return plan is not None and plan.state == "absent" and not boot.restored and (boot.server is None or plan.whole)
+    if plan is None or plan.state != "absent" or boot.restored or boot.adopted:
+        return False
+    return boot.server is None or plan.whole
 
 
 def restores(boot: Boot) -> bool:
