@@ -31,7 +31,6 @@ launcher-config-change <= 0.5x; `summary` prints the ratios.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
 import os
@@ -335,18 +334,7 @@ def step_stop(args: argparse.Namespace) -> None:
     """SIGTERM to the daemon started by `cold`: servers and launcher go (nothing may be left running)."""
     pid_file = proof.WORK / "launcher-daemon.pid"
     if pid_file.exists():
-        pid = int(pid_file.read_text())
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.2)
+        proof.stop_daemon(int(pid_file.read_text()))
         pid_file.unlink()
     proof.wait_gpu_idle()
 

@@ -57,6 +57,35 @@ PORT = 8000
 STARTUP_LINE = "Application startup complete."
 
 
+def globals_text(work: Path) -> str:
+    """The top of a GPU run's dankserve.toml: its own state and caches under `work`, vLLM 0.26.0's figures."""
+    return f"""
+state_dir = "{work}/state"
+cache_dir = "{work}/cache"
+hf_cache_dir = "{work}/hf"
+vllm_version = "0.26.0"
+boot_timeout_seconds = 900
+stop_timeout_seconds = 60
+health_interval_seconds = 1
+log_format = "json"
+"""
+
+
+def stop_daemon(pid: int, timeout: float = 120, poll: float = 0.2) -> None:
+    """SIGTERM to a daemon, as systemd stops it (its servers go too), and its end waited for (bounded)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(poll)
+
+
 def config_text(python: str) -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
     env.update(json.loads(os.environ.get("PROOF_EXTRA_ENV", "{}")))  # a rehearsal's stand-in knobs (rehearse.py)
@@ -67,16 +96,9 @@ def config_text(python: str) -> str:
     else:
         lines = [f'model = "{MODEL}"', 'runtime = "process"', f'executable = "{python}"']
     where = "\n".join(lines)
-    return f"""
-state_dir = "{WORK}/state"
-cache_dir = "{WORK}/cache"
-hf_cache_dir = "{WORK}/hf"
-vllm_version = "0.26.0"
-boot_timeout_seconds = 900
-stop_timeout_seconds = 60
-health_interval_seconds = 1
-log_format = "json"
-
+    return (
+        globals_text(WORK)
+        + f"""
 [deployments.tiny]
 {where}
 port = {PORT}
@@ -86,6 +108,7 @@ kv_cache_dtype = "auto"
 kv_offload = "off"
 env = {{ {env_text} }}
 """
+    )
 
 
 def results() -> dict[str, Any]:

@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.real_vllm.proof import globals_text, stop_daemon
 from dankserve import control as ctl
 
 WORK = Path(os.environ.get("SNAPD_WORK", "/tmp/snapd"))
@@ -58,16 +59,9 @@ def config_text() -> str:
     env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
     env.update(json.loads(os.environ.get("SNAPD_EXTRA_ENV", "{}")))
     env_text = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
-    return f"""
-state_dir = "{WORK}/state"
-cache_dir = "{WORK}/cache"
-hf_cache_dir = "{WORK}/hf"
-vllm_version = "0.26.0"
-boot_timeout_seconds = 900
-stop_timeout_seconds = 60
-health_interval_seconds = 1
-log_format = "json"
-{os.environ.get("SNAPD_GLOBALS", "")}
+    return (
+        globals_text(WORK)
+        + f"""{os.environ.get("SNAPD_GLOBALS", "")}
 
 [deployments.{NAME}]
 model = "{MODEL}"
@@ -80,6 +74,7 @@ kv_offload = "off"
 snapshot = "auto"
 env = {{ {env_text} }}
 """
+    )
 
 
 # --- the daemon, as a user drives it --------------------------------------------------------------------
@@ -369,17 +364,7 @@ def step_daemon_restart() -> None:
     host restart's path."""
 
     def act() -> None:
-        pid = daemon_pid()
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            time.sleep(0.05)
+        stop_daemon(daemon_pid(), poll=0.05)
         start_daemon()
 
     restart_by("daemon_restart", act)
