@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.real_vllm.proof import globals_text, stop_daemon
+from bench.real_vllm.proof import globals_text, healthy, stop_daemon
 from dankserve import control as ctl
 
 WORK = Path(os.environ.get("SNAPD_WORK", "/tmp/snapd"))
@@ -149,17 +149,6 @@ def greedy_ids() -> list[int]:
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         reply = json.loads(conn.getresponse().read())
         return list(reply["choices"][0]["token_ids"])
-    finally:
-        conn.close()
-
-
-def healthy() -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=1)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
     finally:
         conn.close()
 
