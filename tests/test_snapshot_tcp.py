@@ -12,11 +12,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from dankserve.snapshot import tcp
+from tests.harness.wait import wait_until
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 
@@ -116,10 +116,7 @@ def _server(idle_seconds: float) -> Iterator[tuple[int, int]]:
 def _accepted(pid: int) -> list[tcp.Connection]:
     """The tree's connections once the server accepted the client's (until then it sits in the listening
     socket's queue, no descriptor of the tree's)."""
-    deadline = time.monotonic() + 10
-    while not (found := tcp.read_outside(pid)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return found
+    return wait_until(lambda: tcp.read_outside(pid) or None, 10, 0.01, what="the client's connection accepted")
 
 
 def test_a_client_s_idle_connection_is_found_then_waited_out_when_the_server_closes_it() -> None:

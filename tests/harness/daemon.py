@@ -114,7 +114,9 @@ def launcher_deployment(port: int, **extra: Any) -> dict[str, Any]:
 
 
 def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
-    """A deployment running the stand-in image in a container (the image must be present)."""
+    """A deployment running the stand-in image in a container (the image must be present). Snapshots off unless
+    a test turns them on, as for `process_deployment` (the Podman snapshot tests do: a restart there is a
+    restore, not the boot these tests look at)."""
     env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
     return {
         "model": "test/tiny",
@@ -123,6 +125,7 @@ def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
         "port": port,
         "env": env,
         "model_facts": MODEL_FACTS,
+        "snapshot": "off",
         **extra,
     }
 

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -474,14 +473,14 @@ def test_two_deployments_captured_at_once_both_restore(tmp_path: Path) -> None:
 
 def _hold_connection(port: int) -> socket.socket:
     """A client's idle connection straight to the server's port (no request sent), once it accepts."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def connected() -> socket.socket | None:
         try:
             return socket.create_connection(("127.0.0.1", port), timeout=5)
         except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            return None
+
+    return wait_until(connected, 60, 0.05, what=f"a connection to port {port}")
 
 
 def test_a_client_connection_the_server_keeps_open_fails_the_capture_which_is_tried_again(tmp_path: Path) -> None:

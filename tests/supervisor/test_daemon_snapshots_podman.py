@@ -25,6 +25,7 @@ from tests.harness.daemon import MODEL_FACTS, RunningDaemon, free_port, running_
 from tests.harness.faults import small_snapshot_store
 from tests.harness.gpus import StandInGpus
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 from tests.supervisor.test_daemon_snapshots import READY
 from tests.supervisor.test_daemon_snapshots import pytestmark as criu_marks
 
@@ -378,7 +379,6 @@ def test_a_daemon_killed_with_9_during_a_restore_the_next_daemon_finishes_it_and
     whose wake takes 3 s, the daemon killed once Podman's restored container runs (its wake under way). The
     next daemon takes the container over, finishes what is left, runs the canary against the captured ids
     and serves them: boot kind `restore`, no second restore, no boot."""
-    import time
 
     port = free_port()
     dep = _deployment(vllm_image, port, swap_group="g", env={"FAKE_VLLM_WAKE_SECONDS": "3"})
@@ -390,15 +390,13 @@ def test_a_daemon_killed_with_9_during_a_restore_the_next_daemon_finishes_it_and
         booted = _boots_in_log(podman_env, deployment)
         before = _container(podman_env, name)["Id"]
         _kill(podman_env, deployment)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def restoring() -> bool:
             found = json.loads(podman_env.podman("inspect", name, check=False).stdout or "[]")
             state = found[0]["State"] if found else {}
-            if (entry / "restoring").exists() and found and found[0]["Id"] != before and state.get("Running"):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the restore never ran")
+            return bool((entry / "restoring").exists() and found and found[0]["Id"] != before and state.get("Running"))
+
+        wait_until(restoring, 60, 0.05, what="the restore running")
         daemon.kill()
     left = int(_container(podman_env, name)["State"]["Pid"])
     assert (entry / "restoring").exists(), "killed during the restore"

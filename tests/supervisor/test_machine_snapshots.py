@@ -73,7 +73,6 @@ def test_no_capture_when_snapshots_are_off_a_restore_or_a_launcher_server() -> N
         _warming(m.SnapshotPlan("off", 'snapshot = "off"')),
         _warming(ABSENT, restored=True),
         _warming(ABSENT, server=1),
-        _warming(ABSENT, adopted=True),
     ):
         ready, _ = m.step(state, m.WarmedUp(None, 0.1), 10.0)
         assert ready.boot is not None and not ready.boot.capture_due

@@ -46,12 +46,9 @@ RESUMED = "restored from it (a restore a stopped daemon left, taken over; the ca
 
 def wants_capture(boot: Boot) -> bool:
     """A ready boot captures when planning found no valid snapshot (and snapshots are on), unless it is
-    itself a restore, runs under a launcher (the launcher's server is its child: not captured yet) or adopted a
-    server it did not start: an upgrade's handed-over trial listens on a socket renamed under it, which CRIU's
-    restore puts back under its old name (the gateway's requests then failed: found in the Podman upgrade
-    test); such a server is captured at its next boot."""
+    itself a restore or runs under a launcher (the launcher's server is its child: not captured yet)."""
     plan = boot.snapshot
-    if plan is None or plan.state != "absent" or boot.restored or boot.adopted:
+    if plan is None or plan.state != "absent" or boot.restored:
         return False
     return boot.server is None or plan.whole
 

@@ -199,7 +199,10 @@ class Boots:
             sleeping=sleeping,
             remembered_asleep=m.SLEEP_LEVELS.get(remembered or ""),
             remembered_moving=m.SWAP_MOVES.get(moving or ""),
-            snapshot=snapshot,
+            # An upgrade's handed-over trial listens on a socket renamed under it, which a capture's restore
+            # would put back under its old name (the gateway's requests then failed: the Podman upgrade test):
+            # not captured now; its next boot plans its snapshot as any boot does.
+            snapshot=None if handover is not None else snapshot,
         )
 
     def _hand_over(self, runtime: Runtime, workload: str) -> Workload | None:
