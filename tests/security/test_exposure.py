@@ -72,6 +72,7 @@ def stand_in(image: str, port: int, **extra: Any) -> dict[str, Any]:
         "model": "test/tiny",
         "image": image,
         "pull": "never",
+        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
         "port": port,
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02"},
         "model_facts": MODEL_FACTS,

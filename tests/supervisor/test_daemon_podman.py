@@ -42,6 +42,7 @@ def container_deployment(podman_env: PodmanEnv, vllm_image: str, deployment: str
         "model": "test/tiny",
         "image": vllm_image,
         "pull": "never",
+        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
         "port": free_port(),
         "gpus": [0],
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02"},

@@ -32,6 +32,7 @@ def deployment_config(image: str, **env: str) -> dict[str, Any]:
         "model": "test/tiny",
         "image": image,
         "pull": "never",
+        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
         "port": free_port(),
         "gpus": [0],
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02", **env},

@@ -51,6 +51,7 @@ def _member(image: str, model: str, **extra: Any) -> dict[str, Any]:
         "served_model_name": model,
         "image": image,
         "pull": "never",
+        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
         "port": free_port(),
         "gpus": [0],
         "gpu_memory_utilization": 0.9,
