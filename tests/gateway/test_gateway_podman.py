@@ -27,7 +27,10 @@ def test_gateway_streams_from_a_container_and_waits_through_its_restart(
         "served_model_name": "tiny",
         "image": vllm_image,
         "pull": "never",
-        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
+        # A restart here is a boot of a new container: no snapshot, no launcher (their own tests:
+        # test_daemon_snapshots_podman.py, test_daemon_podman_launcher.py).
+        "snapshot": "off",
+        "launcher": False,
         "port": free_port(),
         "gpus": [0],
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02", "FAKE_VLLM_TOKEN_SECONDS": "0.02"},

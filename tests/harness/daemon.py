@@ -114,9 +114,11 @@ def launcher_deployment(port: int, **extra: Any) -> dict[str, Any]:
 
 
 def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
-    """A deployment running the stand-in image in a container (the image must be present). Snapshots off unless
-    a test turns them on, as for `process_deployment` (the Podman snapshot tests do: a restart there is a
-    restore, not the boot these tests look at)."""
+    """A deployment running the stand-in image in a container (the image must be present). Snapshots and the
+    launcher off unless a test turns them on, as for `process_deployment`: a restart here is a boot of a new
+    container (with snapshots it is a restore, test_daemon_snapshots_podman.py; with the launcher, which
+    `launcher = "auto"` picks for the image's `vllm serve` once snapshots are off, a new server in the same
+    container, test_daemon_podman_launcher.py)."""
     env = {"FAKE_VLLM_TIME_SCALE": "0.02", **extra.pop("env", {})}
     return {
         "model": "test/tiny",
@@ -126,6 +128,7 @@ def container_deployment(image: str, port: int, **extra: Any) -> dict[str, Any]:
         "env": env,
         "model_facts": MODEL_FACTS,
         "snapshot": "off",
+        "launcher": False,
         **extra,
     }
 

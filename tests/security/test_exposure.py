@@ -72,7 +72,10 @@ def stand_in(image: str, port: int, **extra: Any) -> dict[str, Any]:
         "model": "test/tiny",
         "image": image,
         "pull": "never",
-        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
+        # A restart here is a boot of a new container: no snapshot, no launcher (their own tests:
+        # test_daemon_snapshots_podman.py, test_daemon_podman_launcher.py).
+        "snapshot": "off",
+        "launcher": False,
         "port": port,
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02"},
         "model_facts": MODEL_FACTS,

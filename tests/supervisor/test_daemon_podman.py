@@ -42,7 +42,10 @@ def container_deployment(podman_env: PodmanEnv, vllm_image: str, deployment: str
         "model": "test/tiny",
         "image": vllm_image,
         "pull": "never",
-        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
+        # A restart here is a boot of a new container: no snapshot, no launcher (their own tests:
+        # test_daemon_snapshots_podman.py, test_daemon_podman_launcher.py).
+        "snapshot": "off",
+        "launcher": False,
         "port": free_port(),
         "gpus": [0],
         "env": {"FAKE_VLLM_TIME_SCALE": "0.02"},

@@ -16,7 +16,7 @@ import pytest
 from dankserve.runtime.base import workload_name
 from dankserve.runtime.launcher_client import LauncherClient
 from dankserve.runtime.podman.images import image_entrypoint
-from tests.harness.daemon import LAUNCHER_ENV, container_deployment, free_port, running_daemon, write_host
+from tests.harness.daemon import container_deployment, free_port, running_daemon, write_host
 from tests.harness.gpus import StandInGpus
 from tests.harness.images import WRAPPER_ENTRYPOINT, wrapper_entrypoint_image
 from tests.harness.podman_service import PodmanEnv
@@ -25,8 +25,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
 
 def _dep(image: str, **extra: Any) -> dict[str, Any]:
-    env = {**LAUNCHER_ENV, **extra.pop("env", {})}
-    return container_deployment(image, free_port(), **{"gpus": [0], "snapshot": "off", "env": env, **extra})
+    # No launcher settings: the launcher imports vLLM's own entry point (`vllm.entrypoints.cli.main:main`),
+    # which the stand-in image has, as vllm/vllm-openai does. `launcher` is left to auto.
+    extra = {"gpus": [0], "snapshot": "off", **extra}
+    dep = container_deployment(image, free_port(), **extra)
+    if "launcher" not in extra:
+        del dep["launcher"]
+    return dep
 
 
 def _run(tmp_path: Path, env: PodmanEnv, gpus: StandInGpus, name: str, dep: dict[str, Any]) -> Any:

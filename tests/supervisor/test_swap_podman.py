@@ -51,7 +51,10 @@ def _member(image: str, model: str, **extra: Any) -> dict[str, Any]:
         "served_model_name": model,
         "image": image,
         "pull": "never",
-        "snapshot": "off",  # a restart here is a boot (snapshots: test_daemon_snapshots_podman.py)
+        # A restart here is a boot of a new container: no snapshot, no launcher (their own tests:
+        # test_daemon_snapshots_podman.py, test_daemon_podman_launcher.py).
+        "snapshot": "off",
+        "launcher": False,
         "port": free_port(),
         "gpus": [0],
         "gpu_memory_utilization": 0.9,

@@ -1,0 +1,1 @@
+"""vLLM's `vllm` CLI (see vllm/__init__.py)."""

@@ -1,0 +1,1 @@
+"""vLLM's OpenAI server (see vllm/__init__.py)."""
