@@ -56,6 +56,18 @@ def start_time_of(pid: int) -> float:
         return time.time()
 
 
+def start_ticks_of(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat field 22); None when gone.
+
+    Exact, unlike `start_time_of` (whose boot time each reader rounds): two processes given one pid a moment
+    apart (a restored tree's pid taken again within the tolerance) differ here. Only meaningful within one
+    boot, so it is checked beside the start time, not instead of it."""
+    fields = _stat_fields(pid)
+    with contextlib.suppress(IndexError, ValueError):
+        return int(fields[19])
+    return None
+
+
 def is_same_process(pid: int, start_time: float, tolerance: float = START_TIME_TOLERANCE_SECONDS) -> bool:
     """The process `pid` that started at `start_time` still runs (not a zombie, not a reused pid)."""
     import psutil

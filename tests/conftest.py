@@ -26,7 +26,7 @@ from dankserve.runtime.base import LABEL_BOOT, LABEL_FINGERPRINT, WorkloadSpec, 
 from dankserve.testing.hub import StandInHub
 from tests.harness.gpus import StandInGpus, stand_in_gpus
 from tests.harness.hub import hub_env, populate
-from tests.harness.pids import roomy_pid_space
+from tests.harness.pids import roomy_pid_space, set_subreaper
 from tests.harness.podman_service import (
     SESSION_LABEL,
     PodmanEnv,
@@ -121,6 +121,15 @@ def _umask_restored() -> Iterator[None]:
     os.umask(before)
     yield
     os.umask(before)
+
+
+@pytest.fixture(autouse=True)
+def _not_a_subreaper() -> Iterator[None]:
+    """Each test ends with this worker no child subreaper: a ProcessRuntime made in-process makes it one (its
+    servers' orphans come to it, processes.py "Orphans"), and a worker left so would collect every later test's
+    orphans as zombies nobody reaps, their pids never free."""
+    yield
+    set_subreaper(False)
 
 
 def _require_harness() -> None:

@@ -14,7 +14,6 @@ its reason: the GPU checkpoint failing (FAKE_VLLM_GPU_CHECKPOINT_FAIL), corrupt 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -43,6 +42,7 @@ from dankserve.supervisor import machine as m
 from dankserve.supervisor.fleet.swap_verify import canary_ids
 from dankserve.supervisor.probes.sleep_mode import sleep_server, wake_server
 from tests.containers.test_fake_vllm import free_port
+from tests.harness.pids import adopting_orphans, take_pid
 from tests.test_snapshot_criu import damage_images
 
 _reading = read_criu(criu_path())
@@ -91,9 +91,12 @@ class Server:
 
 
 @pytest.fixture(autouse=True)
-def _subreaper() -> None:
-    """Orphans of the stand-in (a restored tree's root) come to this process, which reaps them."""
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+def _subreaper() -> Iterator[None]:
+    """Orphans of the stand-in (a restored tree's root, a killed server's engine core) come to this process,
+    which reaps them, as the process runtime does. Only for this test: a pytest worker left a subreaper would
+    collect every later test's orphans as zombies it never reaps, their pids never free."""
+    with adopting_orphans():
+        yield
 
 
 def _start(tmp_path: Path, **knobs: str) -> Server:
@@ -322,18 +325,6 @@ def test_a_damaged_snapshot_fails_the_restore_cleanly(server: Server, tmp_path: 
     assert outcome.pid is None or not Path(f"/proc/{outcome.pid}").exists()
 
 
-def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
-    """A process with exactly this pid (ns_last_pid as CRIU itself sets it), or None after some tries."""
-    for _ in range(50):
-        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        taker = subprocess.Popen(["sleep", "60"])
-        if taker.pid == pid:
-            return taker
-        taker.kill()
-        taker.wait()
-    return None
-
-
 def test_a_taken_host_pid_fails_the_restore_with_crius_reason(server: Server, tmp_path: Path) -> None:
     """The tree is restored with its own host pids: one another process took meanwhile fails `criu restore`
     (at once: no wait for a stranger) with CRIU's reason, the holder untouched; the lifecycle then discards
@@ -343,7 +334,7 @@ def test_a_taken_host_pid_fails_the_restore_with_crius_reason(server: Server, tm
     wait_gone = time.monotonic() + 10
     while Path(f"/proc/{gone}").exists() and time.monotonic() < wait_gone:
         time.sleep(0.02)
-    taker = _take_pid(gone)
+    taker = take_pid(gone)
     if taker is None:
         pytest.skip("another process took the pid first (a busy host)")
     try:

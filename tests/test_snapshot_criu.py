@@ -18,6 +18,7 @@ import pytest
 
 from dankserve.doctor import read_criu
 from dankserve.snapshot.criu import CriuFailed, criu_path, dump, restore
+from tests.harness.pids import adopting_orphans
 
 _reading = read_criu(criu_path())
 pytestmark = pytest.mark.skipif(
@@ -91,12 +92,12 @@ def _kill_tree(pid: int) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _subreaper() -> None:
+def _subreaper() -> Iterator[None]:
     """Orphaned children of the server are reparented to this process (not to a PID 1 that may
-    never reap them), so their pids are free for the restore once we reap them."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    never reap them), so their pids are free for the restore once we reap them. Only for this test
+    (tests/harness/pids.py `adopting_orphans`)."""
+    with adopting_orphans():
+        yield
 
 
 def test_dump_leaves_running_then_restore_after_kill_serves_again(

@@ -30,6 +30,7 @@ from dankserve.processes import (
     is_same_process,
     reap_group_orphans,
     spawn_detached,
+    start_ticks_of,
     start_time_of,
     write_private_file,
 )
@@ -73,6 +74,8 @@ class ProcessRecord:
     labels: dict[str, str]
     started_at: float
     gpu_uuids: tuple[str, ...] = ()
+    start_ticks: int | None = None
+    """The exact start (`processes.start_ticks_of`); None in records written before it was kept."""
 
     @property
     def id(self) -> str:
@@ -87,6 +90,7 @@ class ProcessRecord:
             "labels": self.labels,
             "started_at": self.started_at,
             "gpu_uuids": list(self.gpu_uuids),
+            "start_ticks": self.start_ticks,
         }
 
     @classmethod
@@ -99,6 +103,7 @@ class ProcessRecord:
             labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
             started_at=float(data["started_at"]),
             gpu_uuids=tuple(str(u) for u in data.get("gpu_uuids", [])),
+            start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
         )
 
 
@@ -229,9 +234,12 @@ class ProcessRuntime(Runtime):
         return out
 
     def _alive(self, record: ProcessRecord) -> bool:
-        """The recorded process still runs: same pid AND same start time (pids are reused)."""
+        """The recorded process still runs: same pid AND same start time (pids are reused, a restored tree's even
+        within a second of its start: the exact start ticks tell those apart)."""
         child = self._children.get(record.pid)
         if child is not None and child.poll() is not None:
+            return False
+        if record.start_ticks is not None and start_ticks_of(record.pid) != record.start_ticks:
             return False
         return is_same_process(record.pid, record.create_time)
 
@@ -318,7 +326,7 @@ class ProcessRuntime(Runtime):
             ) from None
         finally:
             os.close(gate_read)
-        create_time = start_time_of(proc.pid)
+        create_time, start_ticks = start_time_of(proc.pid), start_ticks_of(proc.pid)
         labels = {
             LABEL_MANAGED: "true",
             LABEL_DEPLOYMENT: spec.deployment,
@@ -329,6 +337,7 @@ class ProcessRuntime(Runtime):
             deployment=spec.deployment,
             pid=proc.pid,
             create_time=create_time,
+            start_ticks=start_ticks,
             argv=tuple(argv),
             labels=labels,
             started_at=time.time(),
@@ -452,7 +461,12 @@ class ProcessRuntime(Runtime):
 
     def adopt_restored(self, restored: ProcessRecord) -> Workload:
         """A tree CRIU restored (its root at `restored.pid`, not our child): the deployment's server."""
-        record = replace(restored, create_time=start_time_of(restored.pid), started_at=time.time())
+        record = replace(
+            restored,
+            create_time=start_time_of(restored.pid),
+            start_ticks=start_ticks_of(restored.pid),
+            started_at=time.time(),
+        )
         before = self._read_record(record.deployment)
         ended = self._children.pop(before.pid, None) if before is not None else None
         if ended is not None:  # the captured server's outer (its tree ended at the dump): reaped

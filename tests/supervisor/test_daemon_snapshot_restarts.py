@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from dankserve.host.gpu_processes import process_tree
 from tests.harness.daemon import (
     STAND_IN,
     RunningDaemon,
@@ -28,7 +29,7 @@ from tests.harness.daemon import (
     running_daemon,
     write_host,
 )
-from tests.harness.wait import wait_until
+from tests.harness.pids import adopting_orphans, reap_gone
 from tests.supervisor.test_daemon_snapshots import READY, pytestmark
 
 __all__ = ["pytestmark"]  # root, a working CRIU >= 4.2, slow: as the other snapshot daemon tests
@@ -144,11 +145,14 @@ def _switched(state_dir: Path) -> None:
 
 
 def _stopped_with_the_server(daemon: RunningDaemon) -> None:
-    """The daemon killed, then its server's tree (its pids freed for a later restore)."""
+    """The daemon killed, then its server's tree (its pids freed for a later restore: the orphans come to this
+    test, which reaps them, whatever pid 1 does)."""
     pid: int = json.loads((daemon.state_dir / "processes" / "chat.json").read_text())["pid"]
-    daemon.kill()
-    os.killpg(pid, signal.SIGKILL)
-    wait_until(lambda: not Path(f"/proc/{pid}").exists() or None, 30, 0.05, what="the server gone")
+    tree = process_tree(pid)
+    with adopting_orphans():
+        daemon.kill()
+        os.killpg(pid, signal.SIGKILL)
+        reap_gone(tree)
 
 
 def _listed(daemon: RunningDaemon) -> dict[str, str]:

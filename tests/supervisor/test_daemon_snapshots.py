@@ -15,8 +15,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from dankserve.host.gpu_processes import process_tree
 from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
 from tests.harness.faults import small_snapshot_store
+from tests.harness.pids import adopting_orphans, reap_gone, take_pid
 from tests.harness.wait import wait_until
 from tests.test_snapshot_criu import damage_images
 
@@ -164,14 +163,15 @@ def _second_daemon(tmp_path: Path, deployment: dict[str, Any], host: Path, **ext
 
 
 def _captured_then_daemon_and_server_killed(tmp_path: Path, deployment: dict[str, Any], host: Path) -> int:
-    """Daemon 1 captures; it is killed with -9, then its server: the pid the tree had (its pids freed)."""
-    with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon:
+    """Daemon 1 captures; it is killed with -9, then its server: the pid the tree had (its pids freed: the
+    orphans come to this test, which reaps them, whatever pid 1 does)."""
+    with running_daemon(tmp_path, {"chat": deployment}, hardware=host) as daemon, adopting_orphans():
         _captured(daemon)
         pid = _server_pid(daemon)
         tree = process_tree(pid)
         daemon.kill()
-    os.killpg(pid, signal.SIGKILL)  # the whole server: its process group
-    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in tree) or None, 30, 0.05, what="the tree gone")
+        os.killpg(pid, signal.SIGKILL)  # the whole server: its process group
+        reap_gone(tree)
     return pid
 
 
@@ -201,7 +201,7 @@ def test_a_daemon_restart_with_the_old_host_pid_taken_boots_normally_with_the_re
     port = free_port()
     deployment = _deployment(host, port)
     pid = _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
-    taker = _take_pid(pid)
+    taker = take_pid(pid)
     if taker is None:
         pytest.skip(f"could not take pid {pid} for the test")
     try:
@@ -215,18 +215,6 @@ def test_a_daemon_restart_with_the_old_host_pid_taken_boots_normally_with_the_re
     finally:
         taker.kill()
         taker.wait()
-
-
-def _take_pid(pid: int) -> subprocess.Popen[bytes] | None:
-    """A process with exactly this pid (ns_last_pid, as CRIU itself sets it), or None after some tries."""
-    for _ in range(50):
-        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
-        taker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        if taker.pid == pid:
-            return taker
-        taker.kill()
-        taker.wait()
-    return None
 
 
 def test_criu_missing_boots_normally_and_keeps_the_snapshot(tmp_path: Path) -> None:

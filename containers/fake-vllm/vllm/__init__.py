@@ -3,6 +3,6 @@
 service.py), so that `launcher = "auto"` boots the stand-in image as it boots vllm/vllm-openai, with no
 launcher settings of its own. The `vllm` script (vllm.py) is the stand-in's CLI as before."""
 
-from fake_vllm import VLLM_VERSION as __version__
+from fake_vllm import VLLM_VERSION
 
-__all__ = ["__version__"]
+__version__ = VLLM_VERSION
