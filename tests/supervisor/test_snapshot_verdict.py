@@ -20,7 +20,7 @@ from dankserve.settings import load_settings
 from dankserve.snapshot import criu, gpu
 from dankserve.snapshot.gpu_helper import IsolatedGpuCheckpoint, unavailable
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
-from dankserve.supervisor.worker.snapshots import SnapshotEdge
+from dankserve.supervisor.worker.snapshots import LAUNCHER_PROCESS, SnapshotEdge
 from dankserve.testing import write_recorded_host
 from dankserve.testing.config_file import write_config
 
@@ -120,3 +120,17 @@ def test_only_the_drivers_own_edge_is_judged(tmp_path: Path, monkeypatch: pytest
     assert unavailable(IsolatedGpuCheckpoint()) is not None
     assert unavailable(IsolatedGpuCheckpoint(["--stand-in", str(tmp_path)])) is None
     assert unavailable(StandInGpuCheckpoint(tmp_path)) is None
+
+
+def test_a_kept_launcher_on_the_process_runtime_is_off_with_the_reason(tmp_path: Path) -> None:
+    """Its server is the launcher's child: never captured, so status says off and why, not `absent` forever."""
+    edge, dep, plan = _edge(tmp_path, StandInGpuCheckpoint(tmp_path / "records"))
+    verdict = edge.verdict(
+        dep.model_copy(update={"launcher": True}), ProcessRuntime(tmp_path / "p"), plan, None, "0.33.0"
+    )
+    assert (verdict.state, verdict.reason) == ("off", LAUNCHER_PROCESS)
+    assert not edge.on
+    auto = edge.verdict(
+        dep.model_copy(update={"launcher": "auto"}), ProcessRuntime(tmp_path / "p"), plan, None, "0.33.0"
+    )
+    assert auto.state == "absent", "auto leaves the launcher off under snapshots"

@@ -68,6 +68,12 @@ class Captured:
     """CRIU's `link_remap.N` files of the dump (the tree's deleted /dev/shm files), put back before a restore."""
 
 
+LAUNCHER_PROCESS = (
+    "launcher = true on the process runtime: its server is the launcher's child, which a restore cannot give "
+    'back to it (Podman captures the launcher\'s whole container); set launcher = "auto" to restore restarts'
+)
+
+
 class SnapshotEdge:
     """One deployment's snapshots."""
 
@@ -125,6 +131,8 @@ class SnapshotEdge:
         unusable = None if isinstance(runtime, ProcessRuntime) else podman.unsupported(runtime, dep)
         if unusable is not None:
             return m.SnapshotPlan("off", unusable)
+        if isinstance(runtime, ProcessRuntime) and dep.uses_launcher:  # kept: `launcher` back to auto restores it
+            return m.SnapshotPlan("off", LAUNCHER_PROCESS)
         if len(plan.gpu_uuids) != 1 or dep.hosts:
             return m.SnapshotPlan("off", "more than one GPU (TP > 1: NCCL cannot be checkpointed)")
         binary = criu.criu_path()
