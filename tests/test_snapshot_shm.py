@@ -121,3 +121,41 @@ def test_a_turn_file_another_local_user_made_is_refused_not_waited_on(tmp_path: 
     planted.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(EnvironmentUnusable, match="cannot open"), shm.turn(5, tmp_path):
         pass
+
+
+def test_an_unfinished_dumps_link_remaps_are_deleted_by_its_noted_inodes_only(tmp_path: Path) -> None:
+    """A daemon killed between the dump and the manifest: the entry's note names the tree's deleted inodes, and
+    only the link-remap files of those go (another dump's, of another inode, stays; so do other files)."""
+    dev = tmp_path / "shm"
+    entry = tmp_path / "entry"
+    dev.mkdir()
+    entry.mkdir()
+    (dev / "sem.ours").write_bytes(b"x")
+    (dev / "sem.theirs").write_bytes(b"y")
+    os.link(dev / "sem.ours", dev / "link_remap.3")
+    os.link(dev / "sem.theirs", dev / "link_remap.4")
+    shm.note_dump(entry, frozenset({(dev / "sem.ours").stat().st_ino}))
+    assert (entry / shm.DUMP_NOTE).stat().st_mode & 0o777 == 0o600
+    assert shm.clear_left_dump(entry, dev) == ("link_remap.3",)
+    assert sorted(p.name for p in dev.iterdir()) == ["link_remap.4", "sem.ours", "sem.theirs"]
+    shm.dump_noted(entry)
+    assert not (entry / shm.DUMP_NOTE).exists() and shm.clear_left_dump(entry, dev) == ()
+
+
+@pytest.mark.parametrize("note", [b"garbage", b'{"a": 1}', b"[true]", b'["1"]', b"[" + b"1," * 40000 + b"1]"])
+def test_a_hostile_dump_note_is_ignored(tmp_path: Path, note: bytes) -> None:
+    dev = tmp_path / "shm"
+    dev.mkdir()
+    (dev / "link_remap.1").write_bytes(b"x")
+    (tmp_path / shm.DUMP_NOTE).write_bytes(note.replace(b"1", str((dev / "link_remap.1").stat().st_ino).encode(), 1))
+    assert shm.clear_left_dump(tmp_path, dev) == ()
+    assert (dev / "link_remap.1").exists()
+
+
+def test_a_dump_note_that_is_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    dev = tmp_path / "shm"
+    dev.mkdir()
+    (dev / "link_remap.1").write_bytes(b"x")
+    (tmp_path / "elsewhere").write_text(f"[{(dev / 'link_remap.1').stat().st_ino}]")
+    (tmp_path / shm.DUMP_NOTE).symlink_to(tmp_path / "elsewhere")
+    assert shm.clear_left_dump(tmp_path, dev) == ()

@@ -16,6 +16,10 @@ CRIU numbers its link-remap files per dump (`link_remap.1`, ...), so two dumps a
 captured together), or a dump while a restore has put its files back, would meet each other's: `turn`
 takes them one at a time on the host (an flock on a file in /dev/shm, the resource they share).
 
+A daemon killed between the dump and the manifest (which lists the link-remap files) would leave this
+dump's in /dev/shm for good: `note_dump` writes the tree's deleted inodes into the entry before the dump,
+and `clear_left_dump` deletes the link-remap files of those inodes when that entry is found unfinished.
+
 Names come back from the manifest (hostile): only plain names directly under /dev/shm are used.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import stat
@@ -35,6 +40,9 @@ from dankserve.errors import EnvironmentUnusable
 SHM = Path("/dev/shm")
 _MAX_SEGMENTS = 64
 TURN_FILE = ".dankserve-criu.lock"
+DUMP_NOTE = "dump-inodes.json"
+"""In a snapshot's entry from before its dump until its manifest: the dumped tree's deleted inodes."""
+_DUMP_NOTE_MAX_BYTES = 64 << 10
 TURN_TIMEOUT_S = 600.0
 """How long a capture or restore waits for another's dump or restore (a real vLLM's capture: tens of seconds)."""
 
@@ -178,3 +186,40 @@ def clear_remaps(put: dict[str, int], shm: Path = SHM) -> None:
         with contextlib.suppress(OSError):
             if os.stat(shm / name, follow_symlinks=False).st_ino == inode:
                 os.unlink(shm / name)
+
+
+def note_dump(entry: Path, inodes: frozenset[int]) -> None:
+    """Before a dump (under `turn`): the inodes whose link-remap files it will make, in the entry (0600)."""
+    fd = os.open(entry / DUMP_NOTE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(sorted(inodes), out)
+
+
+def dump_noted(entry: Path) -> None:
+    """The manifest lists the link-remap files now: the note goes (a later dump of the restored tree makes
+    files of the same inodes, which a stale note must not name)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(entry / DUMP_NOTE)
+
+
+def clear_left_dump(entry: Path, shm: Path = SHM) -> tuple[str, ...]:
+    """An unfinished entry's dump (under `turn`, before the entry is deleted): the link-remap files of its
+    noted inodes are deleted; their names. The note is the entry's (hostile once on disk): bounded, a list of
+    integers, else ignored."""
+    try:
+        fd = os.open(entry / DUMP_NOTE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    with os.fdopen(fd, "rb") as note:
+        raw = note.read(_DUMP_NOTE_MAX_BYTES + 1)
+    try:
+        noted = json.loads(raw) if len(raw) <= _DUMP_NOTE_MAX_BYTES else None
+    except ValueError:
+        noted = None
+    if not isinstance(noted, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in noted):
+        return ()
+    names = link_remaps(frozenset(noted), shm)
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(shm / name)
+    return names

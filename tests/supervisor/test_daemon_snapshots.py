@@ -64,7 +64,9 @@ def _ids(port: int) -> list[int]:
 
 
 def _captured(daemon: RunningDaemon) -> dict[str, Any]:
-    return daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=90)
+    status = daemon.wait_for("chat", lambda d: d["state"] == "ready" and d["snapshot"]["state"] == "ready", timeout=90)
+    assert not (daemon.state_dir / "snapshots" / "chat" / "dump-inodes.json").exists(), "the dump's note goes"
+    return status
 
 
 def _boots_in_log(daemon: RunningDaemon) -> int:
@@ -255,7 +257,9 @@ def test_down_then_up_and_restart_restore_after_a_graceful_stop(tmp_path: Path) 
 def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_again(tmp_path: Path) -> None:
     """The daemon killed with -9 between the GPU checkpoint and the manifest leaves the server locked and
     checkpointed beside an entry without a manifest (made here as that moment leaves them): the next daemon
-    restores and unlocks it, adopts it serving, deletes the entry with its reason and captures again."""
+    restores and unlocks it, adopts it serving, deletes the entry with its reason (and the link-remap files its
+    dump made) and captures again."""
+    from dankserve.snapshot import shm
     from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
     host = write_host(tmp_path / "host.json")
@@ -270,9 +274,18 @@ def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_agai
     (engine,) = gpu.holders(process_tree(pid))
     gpu.lock(engine)
     gpu.checkpoint(engine)
-    (tmp_path / "state" / "snapshots" / "chat" / "manifest.json").unlink()
+    entry = tmp_path / "state" / "snapshots" / "chat"
+    (entry / "manifest.json").unlink()
+    # The dump's link-remap file of a deleted /dev/shm file (a stand-in for the semaphore's), noted in the entry
+    # before the dump as the capture does: the unfinished entry's discard deletes it, not another's.
+    held, remap = Path(f"/dev/shm/dankserve-test-{os.getpid()}"), Path(f"/dev/shm/link_remap.{9 * 10**8 + os.getpid()}")
+    held.write_bytes(b"semaphore")
+    os.link(held, remap)
+    shm.note_dump(entry, frozenset({held.stat().st_ino}))
+    held.unlink()
     with _second_daemon(tmp_path, deployment, host) as daemon:
         after = _booted_normally(daemon, 1)
+        assert not remap.exists(), "the unfinished dump's link-remap file went with its entry"
         (adopted,) = daemon.events_named("adopting")
         assert adopted["container_id"] == f"process-chat-{pid}", "adopted, not booted again"
         (now,) = gpu.holders(process_tree(_server_pid(daemon)))  # captured again: the tree restored from it

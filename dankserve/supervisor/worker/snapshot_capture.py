@@ -59,8 +59,10 @@ def capture_tree(
         now = time.time()
         manifest.update(captured_at=now, last_used=now, holders=list(holders), canary_ids=list(canary_ids))
         store.write_manifest(root, name, manifest)
+        shm.dump_noted(entry)
 
     with shm.turn():  # one dump or restore at a time on the host: their link-remap files share /dev/shm
+        shm.note_dump(entry, deleted)  # a daemon killed before the manifest: the next one deletes the files
         try:
             outcome = capturing.capture(
                 record.pid,
@@ -75,7 +77,7 @@ def capture_tree(
             shm.clear_remaps(put)
     if not outcome.ok or outcome.pid is None:
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
-        store.remove(root, name)
+        remove_entry(root, name)
         served = None  # a tree restored from an image that is not kept (capture.py: a client's connection)
         if not outcome.server_lost and outcome.pid is not None and "criu_restore" in outcome.timings:
             with contextlib.suppress(OSError):  # restored with its own pids: recorded anew (a new start time)
@@ -89,7 +91,7 @@ def capture_tree(
         workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
     except OSError as exc:  # unrecorded, it could never be stopped: ended, and a normal boot runs
         kill_tree(outcome.pid)
-        store.remove(root, name)
+        remove_entry(root, name)
         return m.SnapshotCaptureFailed(f"the restored server could not be recorded: {exc}", server_lost=True)
     outage = capturing.outage_seconds(outcome)
     timings = {k: round(v, 4) for k, v in outcome.timings.items()}
@@ -153,10 +155,19 @@ def passing(outcome: Any) -> float | None:
     return RETRY_SECONDS if failure is not None and failure.step.name == "quiet" else None
 
 
+def remove_entry(root: Path, name: str) -> bool:
+    """Deletes a deployment's entry; one a killed daemon left between its dump and its manifest takes the
+    link-remap files that dump made in /dev/shm with it (shm.py)."""
+    if store.check_root(root) and (root / name / shm.DUMP_NOTE).is_file() and not (root / name).is_symlink():
+        with shm.turn():
+            shm.clear_left_dump(root / name)
+    return store.remove(root, name)
+
+
 def _new_entry(root: Path, name: str) -> Path:
     """The deployment's entry, empty but for its `images` directory (any earlier one deleted)."""
     store.check_root(root, create=True)
-    store.remove(root, name)
+    remove_entry(root, name)
     entry = root / name
     entry.mkdir(mode=0o700)
     (entry / "images").mkdir(mode=0o700)

@@ -45,6 +45,7 @@ from dankserve.supervisor.worker.snapshot_capture import (
     capture_container,
     capture_tree,
     keep_criu_log,
+    remove_entry,
 )
 from dankserve.supervisor.worker.snapshot_left import LeftBehind, hooks_for
 
@@ -216,7 +217,7 @@ class SnapshotEdge:
                 self._log.exception("snapshot_capture_error")
             reason = exc.message if isinstance(exc, DankserveError) else f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(DankserveError, OSError):
-                store.remove(store.store_root(self._settings().state_dir), self._name)
+                remove_entry(store.store_root(self._settings().state_dir), self._name)
             return m.SnapshotCaptureFailed(reason)
 
     def _capture(self, dep: DeploymentSettings, runtime: Runtime, workload_id: str) -> m.Event:
@@ -374,7 +375,7 @@ class SnapshotEdge:
         why = keep_criu_log(root, self._name, why)
         self._log.warning("snapshot_discarded", reason=why)
         with contextlib.suppress(DankserveError, OSError):
-            store.remove(root, self._name)
+            remove_entry(root, self._name)
 
 
 def _parse_key(key: Any) -> SnapshotKey:
