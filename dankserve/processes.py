@@ -118,6 +118,12 @@ def _stat_fields(pid: int) -> list[str]:
     return []
 
 
+def gone_or_zombie(pid: int) -> bool:
+    """No process `pid` runs: none, or one that has exited and awaits its parent's wait (its pid still taken)."""
+    fields = _stat_fields(pid)
+    return not fields or fields[0] in ("Z", "X")
+
+
 def reap_group_orphans(group: int) -> int:
     """Reaps this process's zombie children of process group `group` other than its leader (a server's orphaned
     workers, adopted as subreaper); how many."""

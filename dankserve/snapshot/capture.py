@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
-from dankserve.processes import inner_pid
+from dankserve.processes import gone_or_zombie, inner_pid
 from dankserve.snapshot import tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.restore import restore
@@ -58,7 +58,7 @@ def capture(
     )
     runner.run(capture_steps(holders))
     if not outcome.ok:
-        outcome.server_lost = not _alive(pid)
+        outcome.server_lost = gone_or_zombie(pid)  # a failed dump leaves the root running; a finished one ends it
         clear_images(images, keep=("dump.log",) if outcome.failure and outcome.failure.step.name == "criu_dump" else ())
         return outcome
     expected = runner.expected_ids
@@ -95,15 +95,6 @@ def capture(
         outcome.failure = Failure("capture", Step("quiet"), why, ())
         clear_images(images)
     return outcome
-
-
-def _alive(pid: int) -> bool:
-    """The dumped tree's root still runs (a dump that failed leaves it running; one that finished ends it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
-    except OSError:
-        return False
-    return state not in (["Z"], ["X"])
 
 
 def outage_seconds(outcome: Outcome) -> float:

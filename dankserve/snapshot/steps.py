@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
-from dankserve.processes import reap_group_orphans
+from dankserve.processes import gone_or_zombie, reap_group_orphans
 from dankserve.snapshot import criu, tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.sequence import Failure, Kind, Step, canary_problem, on_failure
@@ -199,7 +199,7 @@ def free_pids(pids: Sequence[int], *, wait_s: float = PIDS_FREE_SECONDS) -> list
     if not pids:
         return []
     root = pids[0]
-    if _gone_or_zombie(root):  # its group still names the dead root: what is left of the tree
+    if gone_or_zombie(root):  # its group still names the dead root: what is left of the tree
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(root, signal.SIGKILL)
     end = time.monotonic() + wait_s
@@ -218,17 +218,9 @@ def free_pids(pids: Sequence[int], *, wait_s: float = PIDS_FREE_SECONDS) -> list
 def _stranger(pid: int, group: int) -> bool:
     """A live process outside the tree's process group (a pid reused since)."""
     try:
-        return not _gone_or_zombie(pid) and os.getpgid(pid) != group
+        return not gone_or_zombie(pid) and os.getpgid(pid) != group
     except OSError:
         return False
-
-
-def _gone_or_zombie(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[:1]
-    except OSError:
-        return True
-    return state in (["Z"], ["X"])
 
 
 def clear_images(images: Path, *, keep: tuple[str, ...] = ()) -> None:
