@@ -71,6 +71,17 @@ log_format = "json"
 """
 
 
+def deployment_text(name: str, lines: list[str], port: int, extra_env_var: str) -> str:
+    """A GPU run's `[deployments.NAME]`: where it runs (`lines`), on `port`, with the settings vLLM 0.26.0 on the
+    H100/H200 needs, and the env (plus the JSON object in `$extra_env_var`: a rehearsal's stand-in knobs)."""
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
+    env.update(json.loads(os.environ.get(extra_env_var, "{}")))
+    env_text = ", ".join(f"{k} = {json.dumps(str(v))}" for k, v in env.items())
+    settings = [f"port = {port}", 'attention_backend = "TRITON_ATTN"', "max_model_len = 4096", 'kv_offload = "off"']
+    body = "\n".join([*lines, *settings, f"env = {{ {env_text} }}"])
+    return f"\n[deployments.{name}]\n{body}\n"
+
+
 def stop_daemon(pid: int, timeout: float = 120, poll: float = 0.2) -> None:
     """SIGTERM to a daemon, as systemd stops it (its servers go too), and its end waited for (bounded)."""
     with contextlib.suppress(ProcessLookupError):
@@ -87,28 +98,13 @@ def stop_daemon(pid: int, timeout: float = 120, poll: float = 0.2) -> None:
 
 
 def config_text(python: str) -> str:
-    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
-    env.update(json.loads(os.environ.get("PROOF_EXTRA_ENV", "{}")))  # a rehearsal's stand-in knobs (rehearse.py)
-    env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
     if RUNTIME == "podman":
         lines = [f'model = "/root/.cache/huggingface/{Path(MODEL).name}"', f'image = "{IMAGE}"', 'pull = "never"']
         lines.append('runtime = "podman"')
     else:
         lines = [f'model = "{MODEL}"', 'runtime = "process"', f'executable = "{python}"']
-    where = "\n".join(lines)
-    return (
-        globals_text(WORK)
-        + f"""
-[deployments.tiny]
-{where}
-port = {PORT}
-attention_backend = "TRITON_ATTN"
-max_model_len = 4096
-kv_cache_dtype = "auto"
-kv_offload = "off"
-env = {{ {env_text} }}
-"""
-    )
+    lines.append('kv_cache_dtype = "auto"')
+    return globals_text(WORK) + deployment_text("tiny", lines, PORT, "PROOF_EXTRA_ENV")
 
 
 def results() -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.real_vllm.proof import globals_text, healthy, stop_daemon
+from bench.real_vllm.proof import deployment_text, globals_text, healthy, stop_daemon
 from dankserve import control as ctl
 
 WORK = Path(os.environ.get("SNAPD_WORK", "/tmp/snapd"))
@@ -45,8 +45,6 @@ LABEL = os.environ.get("SNAPD_LABEL", Path(MODEL).name)
 EXECUTABLE = os.environ.get("SNAPD_EXECUTABLE", sys.executable)
 REPEATS = int(os.environ.get("SNAPD_REPEATS", "3"))
 NAME, PORT = "chat", 8000
-# The device machine's rule: NVLink multicast stays off in every program started there.
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 OUT = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
 T0 = time.monotonic()
 
@@ -56,25 +54,9 @@ def log(text: str) -> None:
 
 
 def config_text() -> str:
-    env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", **SAFE_ENV}
-    env.update(json.loads(os.environ.get("SNAPD_EXTRA_ENV", "{}")))
-    env_text = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
-    return (
-        globals_text(WORK)
-        + f"""{os.environ.get("SNAPD_GLOBALS", "")}
-
-[deployments.{NAME}]
-model = "{MODEL}"
-runtime = "process"
-executable = "{EXECUTABLE}"
-port = {PORT}
-attention_backend = "TRITON_ATTN"
-max_model_len = 4096
-kv_offload = "off"
-snapshot = "auto"
-env = {{ {env_text} }}
-"""
-    )
+    lines = [f'model = "{MODEL}"', 'runtime = "process"', f'executable = "{EXECUTABLE}"', 'snapshot = "auto"']
+    extra_globals = os.environ.get("SNAPD_GLOBALS", "")
+    return globals_text(WORK) + f"{extra_globals}\n" + deployment_text(NAME, lines, PORT, "SNAPD_EXTRA_ENV")
 
 
 # --- the daemon, as a user drives it --------------------------------------------------------------------
