@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,6 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
                 os.environ[name] = worker[f"dankserve_{name}"]
     if worker is None:
         roomy_pid_space()
+    # A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT and SIGQUIT
+    # ignored (POSIX), and so would every child: the tests that press Ctrl-C on a command would see it ignored.
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     if getattr(config.option, "numprocesses", None) and config.option.basetemp is None:
         config.option.basetemp = tempfile.mkdtemp(prefix="ds", dir="/tmp")
         config.stash[_SHORT_BASETEMP] = config.option.basetemp

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dankserve.processes import is_same_process, spawn_detached, start_ticks_of, start_time_of, write_private_file
 from tests.harness.pids import take_pid
+from tests.harness.wait import hold_for
 
 
 def test_a_detached_child_runs_in_its_own_session_logging_to_a_private_file(tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_a_pid_taken_again_within_the_start_time_tolerance_has_other_start_ticks
     first.kill()
     first.wait(10)
     assert start_ticks_of(first.pid) is None
-    time.sleep(0.05)  # ticks are 1/100 s (USER_HZ): a pid taken again within the same tick is not told apart
+    hold_for(0.05, "ticks are 1/100 s (USER_HZ): a pid taken again within the same tick is not told apart")
     taker = take_pid(first.pid) if os.geteuid() == 0 else None
     if taker is None:
         return  # the pid could not be taken again here (not root): the rest needs it
