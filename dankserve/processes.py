@@ -61,10 +61,14 @@ def start_ticks_of(pid: int) -> int | None:
 
     Exact, unlike `start_time_of` (whose boot time each reader rounds): two processes given one pid a moment
     apart (a restored tree's pid taken again within the tolerance) differ here. Only meaningful within one
-    boot, so it is checked beside the start time, not instead of it."""
-    fields = _stat_fields(pid)
+    boot, so it is checked beside the start time, not instead of it. A /proc that cannot be read for another
+    reason (the daemon out of descriptors) raises, as psutil does: not a sign that the process ended."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
     with contextlib.suppress(IndexError, ValueError):
-        return int(fields[19])
+        return int(text.rpartition(")")[2].split()[19])
     return None
 
 

@@ -75,6 +75,13 @@ LAUNCHER_PROCESS = (
 )
 
 
+def _unusable(runtime: Runtime, dep: DeploymentSettings) -> str | None:
+    """Why this deployment's server cannot be captured on its runtime (None: nothing so far)."""
+    if isinstance(runtime, ProcessRuntime):
+        return LAUNCHER_PROCESS if dep.uses_launcher else None
+    return podman.unsupported(runtime, dep)
+
+
 class SnapshotEdge:
     """One deployment's snapshots."""
 
@@ -129,11 +136,9 @@ class SnapshotEdge:
                 if store.remove(root, self._name) | store.remove(root, store.previous(self._name)):
                     self._log.info("snapshot_discarded", reason='snapshot = "off"')
             return m.SnapshotPlan("off", 'snapshot = "off"')
-        unusable = None if isinstance(runtime, ProcessRuntime) else podman.unsupported(runtime, dep)
+        unusable = _unusable(runtime, dep)  # the snapshot is kept: the deployment set back makes it usable
         if unusable is not None:
             return m.SnapshotPlan("off", unusable)
-        if isinstance(runtime, ProcessRuntime) and dep.uses_launcher:  # kept: `launcher` back to auto restores it
-            return m.SnapshotPlan("off", LAUNCHER_PROCESS)
         if len(plan.gpu_uuids) != 1 or dep.hosts:
             return m.SnapshotPlan("off", "more than one GPU (TP > 1: NCCL cannot be checkpointed)")
         binary = criu.criu_path()
