@@ -80,6 +80,16 @@ def running(tmp_path: Path) -> Iterator[Running]:
         return list(records.glob("*.json"))
 
     wait_until(recorded, 20, what="the stand-in's GPU record")
+
+    def serving() -> bool:  # a SIGTERM before it serves ends the boot as vLLM's does (by SIGINT), not gracefully
+        assert proc.poll() is None, "the stand-in exited before serving"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    wait_until(serving, 30, what="the stand-in serving")
     try:
         yield Running(proc, port, records, shm)
     finally:
