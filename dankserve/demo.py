@@ -314,7 +314,7 @@ def run_flow(cli: Cli, podman: Any, state_dir: Path, result: FlowResult) -> None
     result.boots[0] = boot_from(first, times[0] if times else None)
     result.boots.append(boot_from(second, times[1] if len(times) > 1 else None))
     result.restarts = int(second["restarts"])
-    if (second.get("last_boot") or {}).get("kind") == "restore":
+    if result.boots[1].restored:
         # Snapshots on (the default, docs/snapshots.md): the server captured after boot 1 is restored, no vLLM boot
         result.steps.append("boot 2 restored the snapshot captured after boot 1 (vLLM did not boot again)")
     else:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 START_TIME_TOLERANCE_SECONDS = 0.5
@@ -64,11 +64,11 @@ def start_ticks_of(pid: int) -> int | None:
     boot, so it is checked beside the start time, not instead of it. A /proc that cannot be read for another
     reason (the daemon out of descriptors) raises, as psutil does: not a sign that the process ended."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        fields = _read_stat(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
     with contextlib.suppress(IndexError, ValueError):
-        return int(text.rpartition(")")[2].split()[19])
+        return int(fields[19])
     return None
 
 
@@ -107,18 +107,24 @@ def write_private_file(path: Path, text: str) -> None:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
-    """Orphans of this process's descendants come to it (Linux prctl); False where refused."""
+def become_subreaper(on: bool = True) -> bool:
+    """Orphans of this process's descendants come to it (Linux prctl), or no longer (`on=False`); False where
+    refused."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
-        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)) == 0
     return False
+
+
+def _read_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (the state first); raises OSError."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
 
 
 def _stat_fields(pid: int) -> list[str]:
     with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return _read_stat(pid)
     return []
 
 
@@ -141,35 +147,3 @@ def reap_group_orphans(group: int) -> int:
                         os.waitpid(pid, os.WNOHANG)
                         reaped += 1
     return reaped
-
-
-# PID namespaces: a process's pids as its namespaces see them (a container's processes; the stand-in's records)
-def namespace_pids(pid: int) -> tuple[int, ...]:
-    """The pid of `pid` in each PID namespace it is in, outermost first (`NSpid`; empty when gone)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text(errors="replace").splitlines():
-            if line.startswith("NSpid:"):
-                return tuple(int(p) for p in line.split()[1:])
-    return ()
-
-
-def inner_pid(pid: int) -> int | None:
-    """The pid as the process itself sees it (its innermost namespace's)."""
-    found = namespace_pids(pid)
-    return found[-1] if found else None
-
-
-def is_namespace_init(pid: int) -> bool:
-    """`pid` is pid 1 of a namespace nested below ours."""
-    found = namespace_pids(pid)
-    return len(found) >= 2 and found[-1] == 1
-
-
-def host_pids(tree: Iterable[int]) -> dict[int, int]:
-    """Each process of a tree by its pid inside its namespace: {inner pid: host pid}."""
-    found: dict[int, int] = {}
-    for pid in tree:
-        inner = inner_pid(pid)
-        if inner is not None:
-            found[inner] = pid
-    return found

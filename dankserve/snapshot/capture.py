@@ -2,7 +2,7 @@
 
 The steps (sequence.capture_steps): the reference canary, sleep, GPU lock + checkpoint of every
 process of the tree holding a CUDA context, `criu dump` (the tree ends there), then the caller keeps the
-files the image refers to by path (`after_dump(reference ids, holders inside the namespace)`: the /dev/shm
+files the image refers to by path (`after_dump(reference ids, holders)`: the /dev/shm
 segments and CRIU's link-remap files, the manifest) and
 the tree is restored at once from the image (restore.restore: `criu restore`, GPU restore + unlock,
 wake, the canary must answer the reference ids). The restored tree is the server from then on.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
-from dankserve.processes import gone_or_zombie, inner_pid
+from dankserve.processes import gone_or_zombie
 from dankserve.snapshot import tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.restore import restore
@@ -39,13 +39,12 @@ def capture(
     criu_options: Sequence[str] = (),
     appended: Sequence[Path] = (),
 ) -> Outcome:
-    """Captures the tree rooted at `pid` (its PID namespace's init) into `images` (an existing, empty
-    directory) and restores it: on success `Outcome.pid` is the restored tree's root and `holders` its GPU
-    processes by their pids inside the namespace (what a later restore finds them by)."""
+    """Captures the tree rooted at `pid` into `images` (an existing, empty directory) and restores it: on
+    success `Outcome.pid` is the restored tree's root and `holders` its GPU processes, by the host pids the
+    tree keeps (docs/snapshots.md, "Host pids")."""
     tree = tuple(process_tree(pid))
     holders = tuple(gpu.holders(list(tree)))
     outcome = Outcome("capture", pid, holders=holders)
-    inside = tuple(inner_pid(h) or h for h in holders)
     runner = Runner(
         "capture",
         gpu,
@@ -63,17 +62,17 @@ def capture(
         return outcome
     expected = runner.expected_ids
     try:
-        after_dump(expected, inside)
+        after_dump(expected, holders)
     except (OSError, ValueError) as exc:
         outcome.failure = Failure("capture", Step("keep_files"), str(exc) or type(exc).__name__, ())
     leaked: list[tcp.Connection] = []  # the image's own client connections, read before any new one comes
     if outcome.ok:  # the snapshot proves itself: served again from the image
-        outcome.pid, outcome.holders = None, inside
+        outcome.pid = None
         restore(
             images,
             gpu,
             hooks,
-            holders=inside,
+            holders=holders,
             expected_ids=expected,
             criu_binary=criu_binary,
             appended=appended,
@@ -82,7 +81,7 @@ def capture(
             after_criu=lambda root: leaked.extend(tcp.read_outside(root)),
             pids=tree,  # host pids (docs/snapshots.md, "Host pids"): the dumped tree's, freed first
         )
-        outcome.holders = inside
+        outcome.holders = holders
     if outcome.failure is not None:
         outcome.failure = dataclasses.replace(outcome.failure, kind="capture")
         outcome.server_lost = True

@@ -1,8 +1,8 @@
 """Restore: a snapshot's process tree back to serving.
 
-The steps (sequence.restore_steps): `criu restore` (the tree comes back in a new PID namespace with its
-pids inside it, its GPU processes checkpointed, past its boot), GPU restore + unlock of the captured
-holders (found again by their pids inside the namespace), wake, the canary (its ids must be the captured
+The steps (sequence.restore_steps): `criu restore` (the tree comes back with its own host pids, its GPU
+processes checkpointed, past its boot), GPU restore + unlock of the captured holders (by those pids, each
+found in the restored tree), wake, the canary (its ids must be the captured
 ones). A failed step kills what was restored and discards nothing on its own: the outcome's reason says
 why, and the caller discards the snapshot and boots normally.
 """
@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dankserve.host.gpu_processes import process_tree
-from dankserve.processes import host_pids
 from dankserve.snapshot.gpu import GpuCheckpoint
 from dankserve.snapshot.sequence import Step, on_failure, restore_steps
 from dankserve.snapshot.steps import Hooks, Outcome, Runner, free_pids
@@ -33,7 +32,7 @@ def restore(
     after_criu: Callable[[int], None] = lambda pid: None,
     pids: Sequence[int] = (),
 ) -> Outcome:
-    """Restores the tree in `images`; `holders` (the GPU processes' pids inside the tree's namespace) and
+    """Restores the tree in `images`; `holders` (the tree's GPU processes) and
     `expected_ids` are the capture's; `appended` the files it writes that grew since (its log: the process
     runtime's server log). `outcome`: one to continue (a capture's), else a new one. `after_criu(root pid)`:
     run as soon as CRIU made the tree, before anything else reaches it (a capture's look at its sockets).
@@ -57,12 +56,11 @@ def restore(
     if not outcome.ok or outcome.pid is None:
         return outcome
     after_criu(outcome.pid)
-    inside = host_pids(process_tree(outcome.pid))
-    missing = [pid for pid in holders if pid not in inside]
+    tree = set(process_tree(outcome.pid))
+    missing = [pid for pid in holders if pid not in tree]
     if missing:
         outcome.failure = on_failure("restore", (made,), Step("gpu_restore", missing[0]), "not in the restored tree")
         runner.undo(outcome.failure)
         return outcome
-    mapped = tuple(inside[pid] for pid in holders)
-    outcome.holders = mapped
-    return runner.run(restore_steps(mapped)[1:], done_before=(made,))
+    outcome.holders = tuple(holders)
+    return runner.run(restore_steps(holders)[1:], done_before=(made,))

@@ -64,8 +64,8 @@ def capture_steps(holders: Sequence[int]) -> tuple[Step, ...]:
 
 
 def restore_steps(holders: Sequence[int]) -> tuple[Step, ...]:
-    """`holders`: the restored tree's GPU processes by their host pids (CRIU restores each process with its
-    pid inside the tree's own PID namespace: `restore.restore` maps them)."""
+    """`holders`: the restored tree's GPU processes by their host pids (CRIU restores each process with the
+    pid it had: docs/snapshots.md, "Host pids")."""
     return (
         Step("criu_restore"),
         *(Step("gpu_restore", pid) for pid in holders),

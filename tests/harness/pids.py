@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dankserve.processes import become_subreaper
 from tests.harness.wait import wait_until
 
 PID_MAX = Path("/proc/sys/kernel/pid_max")
@@ -27,12 +27,9 @@ def roomy_pid_space() -> None:
             PID_MAX.write_text(str(ROOMY))
 
 
-_PR_SET_CHILD_SUBREAPER = 36
-
-
 def set_subreaper(on: bool) -> None:
-    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    if not become_subreaper(on):
+        raise OSError("prctl(PR_SET_CHILD_SUBREAPER) was refused")
 
 
 @contextlib.contextmanager

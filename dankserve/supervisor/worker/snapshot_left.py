@@ -16,7 +16,6 @@ from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
 from dankserve.plan.serve_args import served_name
 from dankserve.planning import backend_address
-from dankserve.processes import host_pids
 from dankserve.settings import DeploymentSettings, Settings
 from dankserve.snapshot import store
 from dankserve.snapshot.sequence import canary_problem
@@ -122,14 +121,14 @@ class LeftBehind:
         ids: tuple[int, ...],
     ) -> tuple[list[str], str | None]:
         """A restored server a stopped daemon left (its root at `root`): the GPU steps its processes' driver
-        states need (`holders`: their pids inside its namespace), the wake if it sleeps or is prepared, then the
+        states need (`holders`: their host pids), the wake if it sleeps or is prepared, then the
         canary; what was done, and the problem (None: it answered the captured `ids`)."""
         done: list[str] = []
         settings = self.settings()
         hooks = hooks_for(self.edges, settings, self.name, dep, sleeps=sleeps, prepares=prepares)
-        inside = host_pids(process_tree(root))
+        tree = set(process_tree(root))
         try:
-            gpu_running(self.gpu(), [inside[h] for h in holders if h in inside], done)
+            gpu_running(self.gpu(), [h for h in holders if h in tree], done)
             address, key = backend_address(settings, self.name, dep), read_key(dep)
             asleep = self.edges.checkpoint_prepared if prepares else self.edges.is_sleeping
             if asleep(address, key):
