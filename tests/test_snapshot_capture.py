@@ -91,6 +91,15 @@ class Server:
 
 
 @pytest.fixture(autouse=True)
+def _one_dump_at_a_time() -> Iterator[None]:
+    """These tests call capture and restore directly: they take the host's turn as the daemon does
+    (shm.turn), or two at once (pytest-xdist workers, a daemon test beside) meet each other's link-remap
+    files in /dev/shm ("Can't link remap ...: File exists")."""
+    with shm.turn():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _subreaper() -> Iterator[None]:
     """Orphans of the stand-in (a restored tree's root, a killed server's engine core) come to this process,
     which reaps them, as the process runtime does. Only for this test: a pytest worker left a subreaper would

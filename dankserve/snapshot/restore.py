@@ -15,7 +15,7 @@ from pathlib import Path
 from dankserve.host.gpu_processes import process_tree
 from dankserve.snapshot.gpu import GpuCheckpoint
 from dankserve.snapshot.sequence import Step, on_failure, restore_steps
-from dankserve.snapshot.steps import Hooks, Outcome, Runner, free_pids
+from dankserve.snapshot.steps import Hooks, Outcome, Runner, end_failed_restore, free_pids
 
 
 def restore(
@@ -54,6 +54,7 @@ def restore(
     free_pids(pids)  # what is still taken then fails `criu restore` with CRIU's reason
     runner.run((made,))
     if not outcome.ok or outcome.pid is None:
+        end_failed_restore(pids)
         return outcome
     after_criu(outcome.pid)
     tree = set(process_tree(outcome.pid))

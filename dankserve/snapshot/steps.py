@@ -215,12 +215,31 @@ def free_pids(pids: Sequence[int], *, wait_s: float = PIDS_FREE_SECONDS) -> list
         time.sleep(0.01)
 
 
+def end_failed_restore(pids: Sequence[int], *, wait_s: float = 5.0) -> None:
+    """What a failed `criu restore` made of a tree with host pids: CRIU kills it but does not wait for its end,
+    so the tree's process group is killed again and waited for until none of its pids runs (zombies are their
+    parents' to reap): nothing of it serves when the caller boots normally. A stranger holding one of the
+    pids (the restore failed on it) is outside the group and left alone."""
+    if not pids:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pids[0], signal.SIGKILL)
+    end = time.monotonic() + wait_s
+    while any(_running_group(p) == pids[0] for p in pids) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def _running_group(pid: int) -> int | None:
+    """The process group of `pid` while it runs (None: gone, a zombie, or unreadable)."""
+    try:
+        return None if gone_or_zombie(pid) else os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def _stranger(pid: int, group: int) -> bool:
     """A live process outside the tree's process group (a pid reused since)."""
-    try:
-        return not gone_or_zombie(pid) and os.getpgid(pid) != group
-    except OSError:
-        return False
+    return _running_group(pid) not in (None, group)
 
 
 def clear_images(images: Path, *, keep: tuple[str, ...] = ()) -> None:

@@ -311,11 +311,12 @@ def test_a_restore_interrupted_by_a_kill_9_of_the_daemon_is_taken_over(tmp_path:
     _captured_then_daemon_and_server_killed(tmp_path, deployment, host)
     entry = tmp_path / "state" / "snapshots" / "chat"
     manifest = json.loads((entry / "manifest.json").read_text())
-    put = shm.put_back((*manifest["shm"], *manifest["link_remaps"]), entry / "shm")
-    try:
-        pid = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
-    finally:
-        shm.clear_remaps(put)
+    with shm.turn():  # as the daemon's own restore: no other test's dump meets its link-remap files
+        put = shm.put_back((*manifest["shm"], *manifest["link_remaps"]), entry / "shm")
+        try:
+            pid = criu.restore(entry / "images", appended=(tmp_path / "state" / "processes" / "chat.log",))
+        finally:
+            shm.clear_remaps(put)
     gpu = StandInGpuCheckpoint(host.with_name(host.name + ".processes"))
     (engine,) = _children(pid)  # the API server's, with their own pids again
     assert gpu.state(engine) == "checkpointed"
