@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dankserve.errors import DankserveError
-from dankserve.host.gpu_processes import process_tree
+from dankserve.host.gpu_processes import inner_pid, process_tree
 from dankserve.plan.serve_args import served_name
 from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings, Settings
@@ -121,14 +121,14 @@ class LeftBehind:
         ids: tuple[int, ...],
     ) -> tuple[list[str], str | None]:
         """A restored server a stopped daemon left (its root at `root`): the GPU steps its processes' driver
-        states need (`holders`: their host pids), the wake if it sleeps or is prepared, then the
+        states need (`holders`: their pids inside its namespace), the wake if it sleeps or is prepared, then the
         canary; what was done, and the problem (None: it answered the captured `ids`)."""
         done: list[str] = []
         settings = self.settings()
         hooks = hooks_for(self.edges, settings, self.name, dep, sleeps=sleeps, prepares=prepares)
-        tree = set(process_tree(root))
+        inside = {inner_pid(pid): pid for pid in process_tree(root)}  # a container's holders: its own pids
         try:
-            gpu_running(self.gpu(), [h for h in holders if h in tree], done)
+            gpu_running(self.gpu(), [inside[h] for h in holders if h in inside], done)
             address, key = backend_address(settings, self.name, dep), read_key(dep)
             asleep = self.edges.checkpoint_prepared if prepares else self.edges.is_sleeping
             if asleep(address, key):
