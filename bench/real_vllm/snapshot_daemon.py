@@ -1,7 +1,7 @@
 """Issue 41 through dankserve's own daemon on a GPU with real vLLM: snapshots in the lifecycle.
 
 The by-hand proof (snapshot_by_hand/) ran the capture's and the restore's steps itself; this runs
-`dankserve run` (process runtime, `snapshot = "auto"`, the server as the init of its own PID namespace)
+`dankserve run` (process runtime, `snapshot = "auto"`, the server keeping its host pids: docs/snapshots.md)
 and only acts as a user would: it waits for the daemon's capture, then kills, restarts and stops, and
 times each restart from the act to the first streamed token, checking the greedy ids every time.
 
