@@ -90,6 +90,16 @@ class EnvironmentUnusable(DankserveError):
     exit_code = ExitCode.ENVIRONMENT
 
 
+class NotTheDaemonsUser(EnvironmentUnusable):
+    """The daemon's files (its state dir, control socket, snapshots) belong to the user it runs as, and this
+    command runs as another: the fix is the same wherever it is met."""
+
+    FIX = "run dankserve as the user its daemon runs as (root for the systemd unit: `sudo dankserve ...`)"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, fix=self.FIX)
+
+
 class NvmlUnavailable(EnvironmentUnusable):
     """NVML cannot be loaded or initialised, or it sees no GPU."""
 

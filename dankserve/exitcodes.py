@@ -31,8 +31,9 @@ MEANING: Mapping[ExitCode, str] = {
     ExitCode.INTERNAL: "unexpected internal error: a bug (`--debug` prints the traceback)",
     ExitCode.INVALID_INPUT: "invalid input: arguments, config file, setting values, a malformed recorded-host file",
     ExitCode.ENVIRONMENT: "environment not usable: no NVIDIA driver or GPU, Podman unreachable, a system tool "
-    "missing, an address the daemon must listen on already taken; `up` relays the daemon's own error and code "
-    "when the daemon stops while starting",
+    "missing, an address the daemon must listen on already taken, the daemon's state dir another user's (run the "
+    "command as the user the daemon runs as: `sudo`); `up` relays the daemon's own error and code when the "
+    "daemon stops while starting",
     ExitCode.INFEASIBLE: "infeasible plan: the deployment cannot run on this host as configured (`plan`, and the "
     "daemon's own check before it starts anything)",
     ExitCode.DEPLOYMENT_FAILED: "a deployment `up` or `wake` waited for failed: the daemon gave up on it "

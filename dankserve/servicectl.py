@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dankserve import control
-from dankserve.errors import EnvironmentUnusable
+from dankserve.errors import EnvironmentUnusable, NotTheDaemonsUser
 from dankserve.logsources import DAEMON_LOG as _DAEMON_LOG
 from dankserve.processes import spawn_detached
 from dankserve.supervisor import instance
@@ -87,10 +87,7 @@ def daemon_request(state_dir: Path, message: dict[str, Any], timeout: float = 12
     try:
         return control.request(path, message, timeout=timeout)
     except PermissionError:
-        raise EnvironmentUnusable(
-            f"cannot reach the daemon's control socket {path}: permission denied",
-            fix="run as root (the control socket is root-only)",
-        ) from None
+        raise NotTheDaemonsUser(f"cannot reach the daemon's control socket {path}: permission denied") from None
     except (OSError, ValueError):
         return None
 
@@ -111,8 +108,13 @@ def running_settings(state_dir: Path) -> Settings | None:
 
 
 def daemon_pid(state_dir: Path) -> int | None:
-    """The running daemon's pid, or None."""
-    return instance.running_daemon(state_dir)
+    """The running daemon's pid, or None; raises when this user cannot tell (another user's state dir): a
+    "not running" then would be a guess, and `down` would say it of a daemon that runs."""
+    try:
+        return instance.running_daemon(state_dir)
+    except PermissionError:
+        lock = state_dir / instance.LOCK_NAME
+        raise NotTheDaemonsUser(f"cannot tell whether a daemon runs: {lock} is closed to uid {os.geteuid()}") from None
 
 
 def spawn_daemon(argv: list[str], state_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

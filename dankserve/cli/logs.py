@@ -20,6 +20,7 @@ one running when it began (a restart, `down` then `up`, a swap group's boots).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ import click
 
 from dankserve.cli.context import cli_context
 from dankserve.cli.options import complete_deployment
-from dankserve.errors import DankserveError, InvalidInput
+from dankserve.errors import DankserveError, InvalidInput, NotTheDaemonsUser
 from dankserve.exitcodes import ExitCode
 from dankserve.logsources import (
     DAEMON_LOG,
@@ -103,15 +104,17 @@ def command(  # click passes every option by name
     start = parse_since(since, now) if since is not None else None
     emit = _printer(TimedLine.as_json if as_json else TimedLine.render)
     if previous:
+        _closed(settings.state_dir, journal=False)  # the ended servers' lines are all in the state dir
         for line in merged(_previous_servers(settings, deployment, now), start, lines):
             emit(line)
         return ExitCode.OK
     journal = journal_available()
+    closed = _closed(settings.state_dir, journal)
     # A daemon under systemd logs to the journal; one started in the background (`dankserve up`
     # without the unit) writes daemon.log in the state dir: both are read where they exist.
     journal_lines = journal_history(settings.state_dir, deployment, start, lines) if journal else []
     daemon_log = DaemonLog(_daemon_log_path(settings), deployment)
-    servers = [ServerLog(runtime, name) for name, runtime in _runtimes(settings, deployment)]
+    servers = [] if closed else [ServerLog(runtime, name) for name, runtime in _runtimes(settings, deployment)]
     ended = [ended_lines(s.runtime, s.deployment, now) for s in servers]
     histories = [journal_lines, daemon_log.history(), *(s.history(now) for s in servers), *ended]
     for line in merged(histories, start, lines):
@@ -129,6 +132,22 @@ def command(  # click passes every option by name
     for thread in threads:
         thread.join()
     return ExitCode.OK
+
+
+def _closed(state_dir: Path, journal: bool) -> bool:
+    """True when the state dir (daemon.log, the servers' output) is another user's: with no journal to read
+    instead, an error, since printing nothing would read as "no logs"; else a note, and the journal alone."""
+    if not state_dir.exists() or os.access(state_dir, os.R_OK | os.X_OK):
+        return False
+    if not journal:
+        raise NotTheDaemonsUser(
+            f"cannot read the daemon's logs: its state dir {state_dir} is closed to uid {os.geteuid()}"
+        )
+    click.echo(
+        f"note: {state_dir} is closed to uid {os.geteuid()}: the journal's lines only, no daemon.log or server output",
+        err=True,
+    )
+    return True
 
 
 def _printer(render: Callable[[TimedLine], str]) -> Emit:

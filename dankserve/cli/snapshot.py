@@ -2,7 +2,8 @@
 state dir, read and changed directly (no daemon needed; docs/snapshots.md).
 
 Exit codes: 0 done; 2 `rm` of a name with no snapshot (or not a name); 3 the store is unsafe (a
-symlink, another owner, open to others: it holds the servers' secrets).
+symlink, another owner, open to others: it holds the servers' secrets), or another user's (the daemon's:
+run the command as that user).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dankserve.errors import EnvironmentUnusable, InvalidInput
+from dankserve.errors import EnvironmentUnusable, InvalidInput, NotTheDaemonsUser
 from dankserve.snapshot.eviction import StoredSnapshot, to_evict
 
 SNAPSHOTS_DIR = "snapshots"
@@ -70,18 +70,24 @@ def check_root(root: Path, *, create: bool = False) -> bool:
         st = root.lstat()
     except FileNotFoundError:
         return False
+    except PermissionError:
+        # Another user's state dir (the daemon's, 0700): its store is not this user's to read or change.
+        raise NotTheDaemonsUser(
+            f"the snapshot store {root} cannot be read by uid {os.geteuid()}: its state dir is another user's"
+        ) from None
     problem = None
+    fix = f"remove it (`rm -rf {root}`) or make it a 0700 directory of this user"
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         problem = "is not a directory (or is a symlink)"
     elif st.st_uid != os.geteuid():
         problem = f"belongs to uid {st.st_uid}, not {os.geteuid()}"
+        if os.geteuid() != 0 and not st.st_mode & 0o077:
+            # A private store of someone else (root's daemon, as a rule): a user error, not a planted one.
+            fix = NotTheDaemonsUser.FIX
     elif st.st_mode & 0o077:
         problem = f"has mode {stat.S_IMODE(st.st_mode):04o}: others may read the servers' memory"
     if problem:
-        raise EnvironmentUnusable(
-            f"the snapshot store {root} {problem}",
-            fix=f"remove it (`rm -rf {root}`) or make it a 0700 directory of this user",
-        )
+        raise EnvironmentUnusable(f"the snapshot store {root} {problem}", fix=fix)
     return True
 
 

@@ -152,10 +152,13 @@ def read_pid(state_dir: Path) -> int | None:
 
 
 def running_daemon(state_dir: Path) -> int | None:
-    """The pid of the daemon holding the lock, or None when no daemon runs."""
+    """The pid of the daemon holding the lock, or None when no daemon runs; PermissionError when the lock
+    cannot be opened by this user."""
     lock_path = state_dir / LOCK_NAME
     try:
         fd = os.open(lock_path, os.O_RDONLY)
+    except PermissionError:
+        raise  # another user's state dir: the caller cannot tell, and says so
     except OSError:
         return None
     try:
