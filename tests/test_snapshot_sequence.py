@@ -21,6 +21,7 @@ def test_capture_locks_all_then_checkpoints_all_then_dumps_which_ends_the_tree()
         "gpu_lock:9",
         "gpu_checkpoint:7",
         "gpu_checkpoint:9",
+        "room",
         "quiet",
         "criu_dump",
     ]
@@ -41,6 +42,7 @@ def _until(steps: tuple[Step, ...], name: str) -> tuple[list[Step], Step]:
     [
         ("reference", []),
         ("sleep", []),
+        ("room", ["gpu_restore:7", "gpu_restore:9", "gpu_unlock:7", "gpu_unlock:9", "wake"]),
         ("quiet", ["gpu_restore:7", "gpu_restore:9", "gpu_unlock:7", "gpu_unlock:9", "wake"]),
         ("gpu_lock:9", ["gpu_unlock:7", "wake"]),
         ("gpu_checkpoint:7", ["gpu_unlock:7", "gpu_unlock:9", "wake"]),

@@ -38,10 +38,11 @@ def capture(
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     criu_options: Sequence[str] = (),
     appended: Sequence[Path] = (),
+    max_bytes: int | None = None,
 ) -> Outcome:
     """Captures the tree rooted at `pid` into `images` (an existing, empty directory) and restores it: on
     success `Outcome.pid` is the restored tree's root and `holders` its GPU processes, by the host pids the
-    tree keeps (docs/snapshots.md, "Host pids")."""
+    tree keeps (docs/snapshots.md, "Host pids"). `max_bytes`: the disk budget an image must fit (room.py)."""
     tree = tuple(process_tree(pid))
     holders = tuple(gpu.holders(list(tree)))
     outcome = Outcome("capture", pid, holders=holders)
@@ -54,6 +55,7 @@ def capture(
         criu_binary=criu_binary,
         lock_timeout_s=lock_timeout_s,
         criu_options=tuple(criu_options),
+        room_budget_bytes=max_bytes,
     )
     runner.run(capture_steps(holders))
     if not outcome.ok:

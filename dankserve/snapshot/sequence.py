@@ -24,6 +24,7 @@ from typing import Literal
 StepName = Literal[
     "reference",
     "sleep",
+    "room",
     "quiet",
     "gpu_lock",
     "gpu_checkpoint",
@@ -58,6 +59,7 @@ def capture_steps(holders: Sequence[int]) -> tuple[Step, ...]:
         Step("sleep"),
         *(Step("gpu_lock", pid) for pid in holders),
         *(Step("gpu_checkpoint", pid) for pid in holders),
+        Step("room"),  # the image's size known (the GPU's memory now in the tree's), before CRIU writes it
         Step("quiet"),  # no client's connection left in the tree, checked as late as can be (snapshot/tcp.py)
         Step("criu_dump"),
     )

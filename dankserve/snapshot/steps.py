@@ -20,7 +20,7 @@ from pathlib import Path
 from dankserve.errors import DankserveError
 from dankserve.host.gpu_processes import process_tree
 from dankserve.processes import gone_or_zombie, reap_group_orphans
-from dankserve.snapshot import criu, tcp
+from dankserve.snapshot import criu, room, tcp
 from dankserve.snapshot.gpu import DEFAULT_LOCK_TIMEOUT_S, GpuCheckpoint
 from dankserve.snapshot.sequence import Failure, Kind, Step, canary_problem, on_failure
 
@@ -84,6 +84,8 @@ class Runner:
     """Files the tree writes that grow (its log), handed to `criu restore` (criu.restore)."""
     criu_options: tuple[str, ...] = ()
     """More of CRIU's own options, for both `dump` and `restore`."""
+    room_budget_bytes: int | None = None
+    """snapshot_max_bytes: an image estimated larger fails the capture before the dump (room.py)."""
     quiet_timeout_s: float = tcp.QUIET_TIMEOUT_S
     """How long the asleep server's client connections may take to close before the dump (tcp.py)."""
     clock: Callable[[], float] = time.monotonic
@@ -112,6 +114,13 @@ class Runner:
                 self.expected_ids = self.hooks.canary()
             case "sleep":
                 self.hooks.sleep()
+            case "room":
+                assert self.outcome.pid is not None
+                image = room.tree_image_bytes(process_tree(self.outcome.pid))
+                free, size = room.free_bytes(self.images), room.filesystem_bytes(self.images)
+                problem = room.shortfall(image, free, size, self.room_budget_bytes)
+                if problem:
+                    raise StepFailed(problem)
             case "quiet":
                 assert self.outcome.pid is not None
                 left = tcp.wait_quiet(self.outcome.pid, self.quiet_timeout_s)

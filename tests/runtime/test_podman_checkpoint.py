@@ -101,3 +101,32 @@ def test_checkpointed_then_restored_in_place_the_archive_restores_again_and_agai
             restored = podman_runtime.restore_import(archive, spec.deployment)
             assert restored.name.endswith(spec.deployment) and restored.running
             assert _ids(spec.port) == ids
+
+
+def test_an_archive_that_runs_out_of_space_restores_the_container_in_place(
+    podman_runtime: PodmanRuntime, make_spec: Callable[..., WorkloadSpec], tmp_path: Path
+) -> None:
+    """The capture's estimate (snapshot/room.py) normally refuses such a store before Podman checkpoints; when
+    the disk fills anyway (the estimate wrong, another writer), writing the archive fails after Podman's
+    checkpoint stopped the container: the dump step restores it in place and fails with the reason."""
+    from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
+    from dankserve.snapshot.sequence import Step
+    from dankserve.snapshot.steps import Hooks, Outcome
+    from dankserve.supervisor.worker.podman_snapshots import PodmanRunner
+    from tests.harness.faults import small_snapshot_store
+
+    with (
+        _serving(podman_runtime, make_spec, tmp_path, link_remap=True) as (spec, workload, ids),
+        small_snapshot_store(tmp_path) as store_dir,
+    ):
+        hooks = Hooks(sleep=lambda: None, wake=lambda: None, canary=lambda: ())
+        outcome = Outcome("capture", workload.pid, holders=())
+        gpu = StandInGpuCheckpoint(tmp_path / "records")
+        runner = PodmanRunner("capture", gpu, hooks, store_dir, outcome, runtime=podman_runtime, container=workload.id)
+        runner.run((Step("criu_dump"),))
+        assert outcome.failure is not None and outcome.failure.step.name == "criu_dump", outcome.reason
+        assert "writing Podman's checkpoint archive failed" in (outcome.reason or "")
+        assert "space" in (outcome.reason or "").lower()
+        left = podman_runtime.find(spec.deployment)
+        assert left is not None and left.running
+        assert _ids(spec.port) == ids

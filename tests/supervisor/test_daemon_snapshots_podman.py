@@ -295,9 +295,9 @@ def test_a_default_container_gets_a_private_dev_shm_and_is_restored_leaving_the_
 def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reason(
     tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
 ) -> None:
-    """The store on an 8 MiB file system (the archive is about 30 MB): writing Podman's archive fails after its
-    checkpoint stopped the container; the container is restored in place, the capture undone (engine core
-    unlocked, awake), nothing half-written kept, the reason in status, the same container serving."""
+    """The store on an 8 MiB file system (the archive is about 30 MB): the image's estimate, taken after the GPU
+    checkpoint, does not fit, so Podman never checkpoints; the capture is undone (engine core unlocked, awake),
+    nothing kept, the reason in status, the same container serving."""
     with small_snapshot_store(tmp_path) as store_dir:
         port = free_port()
         with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
@@ -306,8 +306,8 @@ def test_a_disk_full_while_capturing_leaves_the_container_serving_with_the_reaso
             )
             failure = after["snapshot"]["last_failure"]
             assert after["snapshot"]["state"] == "absent"
-            assert "capture failed at criu_dump: writing Podman's checkpoint archive failed" in failure, failure
-            assert "space" in failure.lower()
+            assert "capture failed at room: the image would take about" in failure, failure
+            assert "filesystem has 0.0 GiB free" in failure and "nothing was written" in failure
             assert [p.name for p in store_dir.iterdir()] == [".podman-criu.conf"], "nothing half-written"
             _ids(port)
             assert after["boots"] == 1 and not daemon.events_named("boot_failed")

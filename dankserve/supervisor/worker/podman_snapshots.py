@@ -172,7 +172,7 @@ def inner_holders(workload: Workload, gpu: GpuCheckpoint) -> tuple[int, ...]:
 
 
 def capture(
-    runtime: PodmanRuntime, workload_id: str, images: Path, gpu: GpuCheckpoint, hooks: Hooks
+    runtime: PodmanRuntime, workload_id: str, images: Path, gpu: GpuCheckpoint, hooks: Hooks, *, max_bytes: int | None
 ) -> tuple[Outcome, dict[str, Any]]:
     """The container captured into `images` (its archive); the outcome and the manifest's Podman part."""
     workload = runtime.inspect(workload_id)
@@ -184,7 +184,9 @@ def capture(
         )
     holders = inner_holders(workload, gpu)
     outcome = Outcome("capture", workload.pid, holders=holders)
-    runner = PodmanRunner("capture", gpu, hooks, images, outcome, runtime=runtime, container=workload.id)
+    runner = PodmanRunner(
+        "capture", gpu, hooks, images, outcome, runtime=runtime, container=workload.id, room_budget_bytes=max_bytes
+    )
     runner.run((*capture_steps(holders), *restore_steps(holders)))  # the dump restored at once, in place
     if not outcome.ok:
         clear_images(images, keep=("dump.log",))

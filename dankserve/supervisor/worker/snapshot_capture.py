@@ -72,6 +72,7 @@ def capture_tree(
                 after_dump=keep_files,
                 criu_binary=criu.criu_path(),
                 appended=(runtime.log_path(name),),
+                max_bytes=job.max_bytes,
             )
         finally:
             shm.clear_remaps(put)
@@ -120,7 +121,7 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
     the same container serves on); SnapshotCaptured, or why not."""
     name, root = job.name, job.root
     entry = _new_entry(root, name)
-    outcome, kept = podman.capture(job.runtime, job.workload_id, entry / "images", gpu, hooks)
+    outcome, kept = podman.capture(job.runtime, job.workload_id, entry / "images", gpu, hooks, max_bytes=job.max_bytes)
     if not outcome.ok:
         reason = keep_criu_log(root, name, outcome.reason or "the capture failed")
         store.remove(root, name)
