@@ -114,6 +114,8 @@ def plan_deployment(
     warnings += lora_flags(flags, adapters, lora_plan)
     swap_env, swap_warnings = sleep_mode_flags(flags, deployment, caps)
     warnings += swap_warnings
+    snapshot_env, snapshot_note = snapshot_sleep_flags(flags, deployment, caps, socket, sizing.tensor_parallel.value)
+    swap_env = {**snapshot_env, **swap_env}
     checks.check_flags_supported(flags.causes, caps, catalogue)
     warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus), *rules.env_warnings(deployment.env)]
     unknown_extra = [a for a in deployment.extra_args if a.startswith("--") and not caps.has(a.split("=", 1)[0])]
@@ -147,6 +149,7 @@ def plan_deployment(
     uses_launcher, why_launcher = deployment.launcher_choice()
     ram = host.memory.total_bytes  # a container's /dev/shm is sized by it (shm.py)
     notes += [f"launcher: {'used' if uses_launcher else 'not used'} ({why_launcher})", shm.shm_note(deployment, ram)]
+    notes.append(snapshot_note)
 
     argv: list[str] = [deployment.model]
     for choice in choices:
@@ -220,6 +223,35 @@ def sleep_mode_flags(
         "swap_group",
     )
     return {DEV_MODE_ENV: "1"}, []
+
+
+def snapshot_sleep_flags(
+    flags: _Flags, deployment: DeploymentSettings, caps: VllmCapabilities, socket: str | None, tensor_parallel: int
+) -> tuple[dict[str, str], str | None]:
+    """`snapshot = "auto"` (one GPU: a snapshot's limit) gets vLLM's sleep mode, so that the capture can empty
+    the GPU first: asleep at level 2 (or prepared through 0.34's checkpoint routes, the weights kept) the
+    snapshot holds a few GiB, not the GPU's whole memory. Found on an H100 with real vLLM: without it an 8B's
+    checkpoint moved 74 GB (weights and KV cache) into the image, over any sensible disk budget. The sleep
+    routes need dev mode, which opens /collective_rpc to whoever reaches the server: on for a private socket
+    only. The env and a note (None: nothing to say)."""
+    if has_sleep_mode(deployment) or deployment.snapshot != "auto" or tensor_parallel != 1:
+        return {}, None
+    if not caps.has(SLEEP_MODE_FLAG):
+        return {}, f"snapshot: vLLM {caps.version} has no {SLEEP_MODE_FLAG}: a capture holds the GPU's whole memory"
+    if socket is not None:
+        reason = "snapshot = auto: the capture sleeps the server at level 2 first (a few GiB kept, not its GPU memory)"
+        flags.add(SLEEP_MODE_FLAG, None, reason, "snapshot")
+        return {DEV_MODE_ENV: "1"}, None
+    if caps.checkpoint_routes:
+        reason = "snapshot = auto: the capture prepares the server through vLLM's checkpoint routes (KV cache freed)"
+        flags.add(SLEEP_MODE_FLAG, None, reason, "snapshot")
+        return {}, None
+    return {}, (
+        "snapshot: the server listens on TCP, so the capture cannot sleep it (vLLM's sleep routes need dev mode, "
+        "which would open /collective_rpc to whoever reaches the port): a snapshot holds its weights and KV cache, "
+        'and a capture over snapshot_max_bytes or the free disk is refused; listen = "socket" with a [gateway] '
+        "lets it sleep first"
+    )
 
 
 def lora_flags(flags: _Flags, adapters: Sequence[lora.AdapterFacts], sizing: lora.LoraSizing) -> list[str]:

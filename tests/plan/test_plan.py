@@ -198,6 +198,27 @@ def test_a_swap_group_member_gets_sleep_mode_and_dev_mode_where_the_release_has_
         assert any("stopping it and booting it again" in w for w in warned.warnings)
 
 
+def test_snapshot_auto_gets_sleep_mode_so_the_capture_empties_the_gpu_first() -> None:
+    """Found on an H100: without sleep mode an 8B's capture held its weights and KV cache (74 GB). On a private
+    socket: sleep mode and dev mode (the capture sleeps it at level 2); on TCP: sleep mode alone where 0.34's
+    checkpoint routes exist (no dev mode: its routes would be open to every local user), else a note; none
+    for snapshot = "off" or TP > 1 (no snapshot there)."""
+    dep = DeploymentSettings(model="m", gpu_memory_utilization=0.9)
+    private = plan_deployment("d", dep, host(), caps(), QWEN3_30B, socket="/s/vllm.sock")
+    assert "--enable-sleep-mode" in private.argv and private.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert any(c.flag == "--enable-sleep-mode" and "level 2" in c.reason for c in private.flags)
+    assert private.exposure is not None and private.exposure.private and private.exposure.dev_mode
+    tcp = plan_deployment("d", dep, host(), caps("0.33.0"), QWEN3_30B)
+    assert "--enable-sleep-mode" not in tcp.argv and "VLLM_SERVER_DEV_MODE" not in tcp.env
+    assert any("cannot sleep it" in n and 'listen = "socket"' in n for n in tcp.notes)
+    routes = plan_deployment("d", dep, host(), caps("0.34.0"), QWEN3_30B)
+    assert "--enable-sleep-mode" in routes.argv and "VLLM_SERVER_DEV_MODE" not in routes.env
+    assert not any("cannot sleep it" in n for n in routes.notes)
+    for other in (dep.model_copy(update={"snapshot": "off"}), dep.model_copy(update={"tensor_parallel_size": 2})):
+        plain = plan_deployment("d", other, host(gpus=(gpu(0), gpu(1))), caps(), QWEN3_30B, socket="/s/vllm.sock")
+        assert "--enable-sleep-mode" not in plain.argv and "VLLM_SERVER_DEV_MODE" not in plain.env
+
+
 def test_a_swap_group_member_keeps_is_sleeping_polls_out_of_its_access_log() -> None:
     """Every sleep and wake polls /is_sleeping (44 % of a group's lines, issue 39 item 12): a sleeping member's
     access log leaves it out as it does /health; others (no dev-mode routes) keep the plain list."""

@@ -153,7 +153,9 @@ class SnapshotEdge:
         if missing is not None:
             return m.SnapshotPlan("off", f"{missing.reason}: the GPU checkpoint needs it ({missing.fix})")
         self._key = self._current_key(dep, plan, digest, version, criu.criu_version(binary) or "unknown")
-        self._sleeps = plan.sleep_mode
+        # Asleep only through the dev-mode routes (a TCP server under snapshot = "auto" has sleep mode
+        # for 0.34's checkpoint routes alone: plan.snapshot_sleep_flags).
+        self._sleeps = plan.sleep_mode and plan.exposure is not None and plan.exposure.dev_mode
         self._prepares = prepares_for_checkpoint(plan, version)
         root = store.store_root(settings.state_dir)
         try:
