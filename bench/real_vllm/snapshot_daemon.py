@@ -10,6 +10,8 @@ times each restart from the act to the first streamed token, checking the greedy
   SNAPD_EXECUTABLE  the deployment's `executable` (a Python with vLLM; default this Python)
   SNAPD_REPEATS  kill -9 restores (default 3)   SNAPD_EXTRA_ENV  JSON added to the deployment's env
   SNAPD_GLOBALS  extra top-level TOML lines (a rehearsal's recorded host needs none: DANKSERVE_HARDWARE)
+  SNAPD_DEPLOYMENT_LINES  extra TOML lines of the deployment (`swap_group = "g"`: sleep mode with dev mode on TCP,
+               so that vLLM 0.26's capture sleeps at level 2; without it the `room` step refuses the image)
 
     python3 bench/real_vllm/snapshot_daemon.py [STEPS]
     STEPS (comma-separated, default all): cold,captured,streams,kill,down_up,restart,daemon_restart,summary
@@ -55,6 +57,7 @@ def log(text: str) -> None:
 
 def config_text() -> str:
     lines = [f'model = "{MODEL}"', 'runtime = "process"', f'executable = "{EXECUTABLE}"', 'snapshot = "auto"']
+    lines += os.environ.get("SNAPD_DEPLOYMENT_LINES", "").splitlines()
     extra_globals = os.environ.get("SNAPD_GLOBALS", "")
     return globals_text(WORK) + f"{extra_globals}\n" + deployment_text(NAME, lines, PORT, "SNAPD_EXTRA_ENV")
 
