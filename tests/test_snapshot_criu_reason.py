@@ -50,3 +50,17 @@ def test_a_link_remap_in_the_way_of_a_dump_is_named_before_criu_s_last_error(tmp
     reason = _reason(log, "")
     assert reason.startswith("a link_remap file another dump or a failed restore left in /dev/shm is in the way")
     assert "/dev/shm/sem.RUGAxW" in reason
+
+
+def test_a_full_disk_is_named_not_the_parasite_line_after_it(tmp_path: Path) -> None:
+    """The dump.log of the H100 run (session 18, docs/hardware/h100x1-snapshot/8b-daemon-dump-enospc.log): the
+    last error line ("Can't dump page with parasite") hid the cause."""
+    log = tmp_path / "dump.log"
+    log.write_text(
+        f"{RLIMIT}\nWarn  (compel/arch/x86/src/lib/infect.c:419): Will restore 788 with interrupted system call\n"
+        "Error (criu/page-xfer.c:263): page-xfer: Unable to spice data: No space left on device\n"
+        "Error (criu/mem.c:718): Can't dump page with parasite\nError (criu/cr-dump.c:1975): Dumping FAILED.\n"
+    )
+    reason = _reason(log, "")
+    assert reason.startswith("the disk holding the snapshot store is full")
+    assert "No space left on device" in reason and "parasite" not in reason

@@ -177,6 +177,10 @@ _EXPLAINED = (
     (re.compile(r"File (\S+) has bad size"), "the file /{0} changed size since the capture"),
     (re.compile(r"Can't open file (\S+)"), "the file /{0} is gone since the capture"),
     (
+        re.compile(r"No space left on device"),
+        "the disk holding the snapshot store is full (was the server asleep? see docs/snapshots.md, Disk)",
+    ),
+    (
         re.compile(r"Can't link remap to (\S+): File exists"),
         "a link_remap file another dump or a failed restore left in /dev/shm is in the way (of {0}): remove"
         " /dev/shm/link_remap.* that no restore is using",
