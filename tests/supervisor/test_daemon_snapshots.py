@@ -344,7 +344,8 @@ def test_a_disk_full_while_capturing_leaves_the_server_serving_with_the_reason(t
             after = daemon.wait_for(
                 "chat", lambda d: d["state"] == "ready" and d["snapshot"]["last_failure"] is not None, timeout=60
             )
-            assert after["snapshot"]["state"] == "absent"
+            assert after["snapshot"]["state"] == "off", "not tried again at every boot"
+            assert "not captured again by this daemon" in after["snapshot"]["reason"]
             failure = after["snapshot"]["last_failure"]
             assert "capture failed at room: the image would take about" in failure, failure
             assert "filesystem has 0.0 GiB free" in failure and "nothing was written" in failure

@@ -155,6 +155,25 @@ def test_a_capture_that_lost_the_server_boots_it_at_once_not_counted_and_not_aga
     assert valid.boot is not None and valid.boot.snapshot == READY, "a valid snapshot (captured elsewhere) restores"
 
 
+def test_an_image_too_big_is_not_captured_again_by_this_daemon() -> None:
+    """Refused at `room` (the disk budget or the free disk): the server serves on, and no later boot pays the
+    capture's outage (a GPU checkpoint of its whole memory) for the same refusal; a valid snapshot still restores."""
+    reason = "capture failed at room: the image would take about 74.0 GiB ..., over snapshot_max_bytes (64.0 GiB)"
+    after, commands = m.step(_capturing(), m.SnapshotCaptureFailed(reason, too_big=True), 11.0)
+    assert after.stage is m.Stage.READY and after.workload_id == "w1" and after.boot is not None
+    assert after.boot.snapshot is not None and after.boot.snapshot.state == "off"
+    assert "not captured again by this daemon" in after.boot.snapshot.reason
+    assert after.snapshot.capture_too_big == reason and after.snapshot.capture_lost is None
+    assert any(isinstance(c, m.Note) and c.event == "snapshot_capture_failed" for c in commands)
+    planning = replace(after, stage=m.Stage.PLANNING)
+    planned, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=ABSENT), 12.0)
+    assert planned.boot is not None and planned.boot.snapshot is not None
+    assert planned.boot.snapshot.state == "off" and "raise snapshot_max_bytes" in planned.boot.snapshot.reason
+    assert not m.snapshots.wants_capture(planned.boot)
+    valid, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=READY), 12.0)
+    assert valid.boot is not None and valid.boot.snapshot == READY
+
+
 def test_a_restore_taken_over_from_a_stopped_daemon_says_so_in_status() -> None:
     """Restored with `resumed`: the snapshot's reason says the restore was taken over and judged by the canary."""
     from dankserve.supervisor.machine.snapshots import RESUMED

@@ -369,6 +369,9 @@ class SnapshotCaptureFailed:
     retry_in: float | None = None
     """A passing cause (clients' connections open at the dump: snapshot/tcp.py): the capture may be tried
     again this many seconds later (machine/snapshots.py bounds the tries)."""
+    too_big: bool = False
+    """The image would not fit (the `room` step: snapshot/room.py): the next boot's capture would pay the same
+    outage (the GPU checkpoint of the whole memory) for the same refusal, so this daemon does not try again."""
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,15 @@ def _ready_again(state: MachineState, now: float, snapshot: SnapshotTimes) -> Ma
 
 
 def planned(state: MachineState, plan: SnapshotPlan) -> SnapshotPlan:
-    """Planning's verdict, unless a capture lost the server: not captured again (no loop of lost servers)."""
-    lost = state.snapshot.capture_lost
-    if lost is None or plan.state != "absent":
+    """Planning's verdict, unless a capture lost the server (no loop of lost servers) or its image would not fit
+    (no outage at every boot for the same refusal): not captured again by this daemon."""
+    lost, too_big = state.snapshot.capture_lost, state.snapshot.capture_too_big
+    if plan.state != "absent" or (lost is None and too_big is None):
         return plan
-    return replace(plan, state="off", reason=f"not captured again since a capture lost the server: {lost}")
+    if lost is not None:
+        return replace(plan, state="off", reason=f"not captured again since a capture lost the server: {lost}")
+    why = f"not captured again by this daemon: {too_big} (free the disk or raise snapshot_max_bytes, then restart it)"
+    return replace(plan, state="off", reason=why)
 
 
 def _serving(state: MachineState, workload_id: str | None) -> tuple[MachineState, tuple[FollowLogs, ...]]:
@@ -121,7 +125,12 @@ def on_capture_failed(state: MachineState, event: SnapshotCaptureFailed, now: fl
     when = f"tried again in {event.retry_in:.0f} s" if again else "captured at the next boot"
     plan = SnapshotPlan("absent", f"the last capture failed ({when}): {event.reason}", whole=_whole(state))
     state, follow = _serving(state, event.workload_id)
+    if event.too_big:
+        when = "not captured again by this daemon"
+        plan = SnapshotPlan("off", f"the last capture failed ({when}): {event.reason}", whole=_whole(state))
     times = replace(state.snapshot, plan=plan, last_failure=event.reason, capture_retries=retries + int(again))
+    if event.too_big:
+        times = replace(times, capture_too_big=event.reason)
     after = _ready_again(state, now, times)
     if again and after.boot is not None:
         boot = replace(after.boot, capture_due=True, capture_after=now + (event.retry_in or 0.0))

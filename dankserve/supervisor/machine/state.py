@@ -104,6 +104,9 @@ class SnapshotTimes:
     capture_lost: str | None = None
     """Why a capture lost the server (its dump ended the tree, the restore from the image failed): this
     daemon does not capture the deployment again (a loop of lost servers), until it restarts."""
+    capture_too_big: str | None = None
+    """Why a capture's image would not fit (the disk budget, the free disk): not captured again by this daemon
+    (each try holds requests through a GPU checkpoint of the whole memory), until it restarts."""
 
 
 @dataclass(frozen=True)

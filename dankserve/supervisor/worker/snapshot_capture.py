@@ -87,7 +87,10 @@ def capture_tree(
                 kill_tree(outcome.pid)
                 return m.SnapshotCaptureFailed(reason, server_lost=True)
         again = passing(outcome)
-        return m.SnapshotCaptureFailed(reason, server_lost=outcome.server_lost, workload_id=served, retry_in=again)
+        big = too_big(outcome)
+        return m.SnapshotCaptureFailed(
+            reason, server_lost=outcome.server_lost, workload_id=served, retry_in=again, too_big=big
+        )
     try:
         workload = runtime.adopt_restored(replace(record, pid=outcome.pid)).id
     except OSError as exc:  # unrecorded, it could never be stopped: ended, and a normal boot runs
@@ -127,7 +130,8 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
         store.remove(root, name)
         left = job.runtime.inspect(job.workload_id)  # stopped by the checkpoint, not restored: a normal boot
         lost = left is None or not left.running
-        return m.SnapshotCaptureFailed(reason, server_lost=lost, retry_in=None if lost else passing(outcome))
+        again = None if lost else passing(outcome)
+        return m.SnapshotCaptureFailed(reason, server_lost=lost, retry_in=again, too_big=too_big(outcome))
     size, why = _within_budget(root, name, job.max_bytes)
     if why is not None:
         return m.SnapshotCaptureFailed(why)
@@ -147,6 +151,12 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
 
 RETRY_SECONDS = 30.0
 """A capture that met clients' connections is tried again this much later (machine/snapshots.py bounds it)."""
+
+
+def too_big(outcome: Any) -> bool:
+    """The capture refused its image as too big (`room`, snapshot/room.py): the same at every boot."""
+    failure = outcome.failure
+    return failure is not None and failure.step.name == "room"
 
 
 def passing(outcome: Any) -> float | None:
