@@ -359,6 +359,12 @@ def test_a_taken_host_pid_fails_the_restore_with_crius_reason(server: Server, tm
         taker.wait()
 
 
+def _capture_into(server: Server, images: Path, max_bytes: int | None) -> tuple[StandInGpuCheckpoint, Outcome]:
+    gpu = StandInGpuCheckpoint(server.records)
+    images.mkdir()
+    return gpu, capture(server.root, images, gpu, server.hooks(), max_bytes=max_bytes)
+
+
 def _undone_and_serving(server: Server, gpu: StandInGpuCheckpoint, outcome: Outcome, images: Path) -> None:
     assert not outcome.ok and not outcome.server_lost and not outcome.undo_problems
     assert gpu.state(process_tree(server.root)[1]) == "running", "GPU restored and unlocked again"
@@ -369,10 +375,8 @@ def _undone_and_serving(server: Server, gpu: StandInGpuCheckpoint, outcome: Outc
 def test_an_image_over_the_budget_fails_before_criu_writes_and_serves_on(server: Server, tmp_path: Path) -> None:
     """Found on an H100: a capture without sleep mode checkpointed 74 GB of GPU memory into the tree and CRIU
     wrote until the disk was full. The image's size is now estimated after the GPU checkpoint, first."""
-    gpu = StandInGpuCheckpoint(server.records)
     images = tmp_path / "images"
-    images.mkdir()
-    outcome = capture(server.root, images, gpu, server.hooks(), max_bytes=2**20)
+    gpu, outcome = _capture_into(server, images, 2**20)
     assert outcome.failure is not None and outcome.failure.step.name == "room", outcome.reason
     assert "capture failed at room: the image would take about" in (outcome.reason or "")
     assert "over snapshot_max_bytes (0.0 GiB); nothing was written" in (outcome.reason or "")
@@ -386,10 +390,8 @@ def test_an_image_over_the_free_space_fails_before_criu_writes(server: Server, t
     from tests.harness.faults import small_snapshot_store
 
     with small_snapshot_store(tmp_path) as store_dir:
-        gpu = StandInGpuCheckpoint(server.records)
         images = store_dir / "images"
-        images.mkdir()
-        outcome = capture(server.root, images, gpu, server.hooks(), max_bytes=2**40)
+        gpu, outcome = _capture_into(server, images, 2**40)
         assert outcome.failure is not None and outcome.failure.step.name == "room", outcome.reason
         assert "but the snapshot store's filesystem has 0.0 GiB free and 2.0 GiB stay free" in (outcome.reason or "")
         _undone_and_serving(server, gpu, outcome, images)
@@ -405,10 +407,8 @@ def test_a_dump_that_still_runs_out_of_space_is_undone(
 
     monkeypatch.setattr(room, "shortfall", lambda *_args: None)
     with small_snapshot_store(tmp_path) as store_dir:
-        gpu = StandInGpuCheckpoint(server.records)
         images = store_dir / "images"
-        images.mkdir()
-        outcome = capture(server.root, images, gpu, server.hooks())
+        gpu, outcome = _capture_into(server, images, None)
         assert outcome.failure is not None and outcome.failure.step.name == "criu_dump", outcome.reason
         assert "space" in (outcome.reason or "").lower()
         _undone_and_serving(server, gpu, outcome, images)

@@ -146,13 +146,7 @@ def test_a_capture_that_lost_the_server_boots_it_at_once_not_counted_and_not_aga
     assert m.RemoveWorkload("w1", best_effort=True) in commands
     assert any(isinstance(c, m.Note) and c.event == "snapshot_capture_lost" for c in commands)
     assert after.snapshot.last_failure == reason and after.snapshot.capture_lost == reason
-    planning = replace(after, stage=m.Stage.PLANNING)
-    planned, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=ABSENT), 12.0)
-    assert planned.boot is not None and planned.boot.snapshot is not None
-    assert planned.boot.snapshot.state == "off" and "not captured again" in planned.boot.snapshot.reason
-    assert not m.snapshots.wants_capture(planned.boot)
-    valid, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=READY), 12.0)
-    assert valid.boot is not None and valid.boot.snapshot == READY, "a valid snapshot (captured elsewhere) restores"
+    _next_boot_not_captured_but_restores(after, "not captured again since a capture lost the server")
 
 
 def test_an_image_too_big_is_not_captured_again_by_this_daemon() -> None:
@@ -165,13 +159,17 @@ def test_an_image_too_big_is_not_captured_again_by_this_daemon() -> None:
     assert "not captured again by this daemon" in after.boot.snapshot.reason
     assert after.snapshot.capture_too_big == reason and after.snapshot.capture_lost is None
     assert any(isinstance(c, m.Note) and c.event == "snapshot_capture_failed" for c in commands)
+    _next_boot_not_captured_but_restores(after, "raise snapshot_max_bytes")
+
+
+def _next_boot_not_captured_but_restores(after: m.MachineState, why: str) -> None:
     planning = replace(after, stage=m.Stage.PLANNING)
     planned, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=ABSENT), 12.0)
     assert planned.boot is not None and planned.boot.snapshot is not None
-    assert planned.boot.snapshot.state == "off" and "raise snapshot_max_bytes" in planned.boot.snapshot.reason
+    assert planned.boot.snapshot.state == "off" and why in planned.boot.snapshot.reason
     assert not m.snapshots.wants_capture(planned.boot)
     valid, _ = m.step(planning, m.BootPlanned(("GPU-0",), "k", None, None, snapshot=READY), 12.0)
-    assert valid.boot is not None and valid.boot.snapshot == READY
+    assert valid.boot is not None and valid.boot.snapshot == READY, "a valid snapshot (captured elsewhere) restores"
 
 
 def test_a_restore_taken_over_from_a_stopped_daemon_says_so_in_status() -> None:
