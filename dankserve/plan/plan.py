@@ -17,12 +17,13 @@ from typing import Any
 
 from dankserve.errors import ConfigError
 from dankserve.host.model import Gpu, Host
-from dankserve.plan import checks, extra_args, families, gpu_choice, lora, releases, rules, shm
+from dankserve.plan import checks, extra_args, families, gpu_choice, lora, releases, rules, shm, sleep_mode
 from dankserve.plan.catalogue import DEFAULT_CONTAINER_CACHE_ROOT, Catalogue, VllmCapabilities
 from dankserve.plan.exposure import DEV_MODE_ENV, env_flag, exposure, exposure_warning
 from dankserve.plan.models import ModelFacts, kv_element_bytes
 from dankserve.plan.rules import GIB, Decision
 from dankserve.plan.serve_args import option_number
+from dankserve.plan.sleep_mode import SLEEP_MODE_FLAG, has_sleep_mode
 from dankserve.plan.types import FlagChoice, Plan
 from dankserve.settings import CpuOffloadSettings, DeploymentSettings
 
@@ -112,9 +113,14 @@ def plan_deployment(
     warnings += numa_warnings
     placement_flags(flags, deployment, socket)
     warnings += lora_flags(flags, adapters, lora_plan)
-    swap_env, swap_warnings = sleep_mode_flags(flags, deployment, caps)
+    swap_reason, swap_env, swap_warnings = sleep_mode.for_swap(deployment, caps)
+    snapshot_reason, snapshot_env, snapshot_note = sleep_mode.for_snapshot(
+        deployment, caps, socket, sizing.tensor_parallel.value
+    )
+    for reason, cause in ((swap_reason, "swap_group"), (snapshot_reason, "snapshot")):
+        if reason is not None:
+            flags.add(SLEEP_MODE_FLAG, None, reason, cause)
     warnings += swap_warnings
-    snapshot_env, snapshot_note = snapshot_sleep_flags(flags, deployment, caps, socket, sizing.tensor_parallel.value)
     swap_env = {**snapshot_env, **swap_env}
     checks.check_flags_supported(flags.causes, caps, catalogue)
     warnings += [*host.warnings, *rules.host_warnings(host, sizing.gpus), *rules.env_warnings(deployment.env)]
@@ -196,62 +202,6 @@ def plan_deployment(
 
 
 LORA_ONLY_FACTS = frozenset({"hidden_size", "intermediate_size"})
-
-SLEEP_MODE_FLAG = "--enable-sleep-mode"
-
-
-def has_sleep_mode(deployment: DeploymentSettings) -> bool:
-    """A swap group member that sleeps through vLLM's sleep mode (and so runs in dev mode, on loopback)."""
-    return deployment.swap_group is not None and deployment.sleep_level != "stop"
-
-
-def sleep_mode_flags(
-    flags: _Flags, deployment: DeploymentSettings, caps: VllmCapabilities
-) -> tuple[dict[str, str], list[str]]:
-    """A swap group's member gets vLLM's sleep mode and its dev-mode routes, where its release has them."""
-    if not has_sleep_mode(deployment):
-        return {}, []
-    if not caps.has(SLEEP_MODE_FLAG):
-        return {}, [
-            f"vLLM {caps.version} has no {SLEEP_MODE_FLAG}: swap group {deployment.swap_group!r} swaps this "
-            "deployment by stopping it and booting it again"
-        ]
-    flags.add(
-        SLEEP_MODE_FLAG,
-        None,
-        f"swap group {deployment.swap_group!r}: sleeps instead of stopping when another member needs its GPUs",
-        "swap_group",
-    )
-    return {DEV_MODE_ENV: "1"}, []
-
-
-def snapshot_sleep_flags(
-    flags: _Flags, deployment: DeploymentSettings, caps: VllmCapabilities, socket: str | None, tensor_parallel: int
-) -> tuple[dict[str, str], str | None]:
-    """`snapshot = "auto"` (one GPU: a snapshot's limit) gets vLLM's sleep mode, so that the capture can empty
-    the GPU first: asleep at level 2 (or prepared through 0.34's checkpoint routes, the weights kept) the
-    snapshot holds a few GiB, not the GPU's whole memory. Found on an H100 with real vLLM: without it an 8B's
-    checkpoint moved 74 GB (weights and KV cache) into the image, over any sensible disk budget. The sleep
-    routes need dev mode, which opens /collective_rpc to whoever reaches the server: on for a private socket
-    only. The env and a note (None: nothing to say)."""
-    if has_sleep_mode(deployment) or deployment.snapshot != "auto" or tensor_parallel != 1:
-        return {}, None
-    if not caps.has(SLEEP_MODE_FLAG):
-        return {}, f"snapshot: vLLM {caps.version} has no {SLEEP_MODE_FLAG}: a capture holds the GPU's whole memory"
-    if socket is not None:
-        reason = "snapshot = auto: the capture sleeps the server at level 2 first (a few GiB kept, not its GPU memory)"
-        flags.add(SLEEP_MODE_FLAG, None, reason, "snapshot")
-        return {DEV_MODE_ENV: "1"}, None
-    if caps.checkpoint_routes:
-        reason = "snapshot = auto: the capture prepares the server through vLLM's checkpoint routes (KV cache freed)"
-        flags.add(SLEEP_MODE_FLAG, None, reason, "snapshot")
-        return {}, None
-    return {}, (
-        "snapshot: the server listens on TCP, so the capture cannot sleep it (vLLM's sleep routes need dev mode, "
-        "which would open /collective_rpc to whoever reaches the port): a snapshot holds its weights and KV cache, "
-        'and a capture over snapshot_max_bytes or the free disk is refused; listen = "socket" with a [gateway] '
-        "lets it sleep first"
-    )
 
 
 def lora_flags(flags: _Flags, adapters: Sequence[lora.AdapterFacts], sizing: lora.LoraSizing) -> list[str]:

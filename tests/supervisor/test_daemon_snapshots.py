@@ -23,6 +23,7 @@ import pytest
 
 from dankserve.doctor import read_criu
 from dankserve.host.gpu_processes import process_tree
+from dankserve.snapshot import shm
 from dankserve.snapshot.criu import criu_path
 from tests.harness.daemon import RunningDaemon, free_port, process_deployment, running_daemon, write_host
 from tests.harness.faults import small_snapshot_store
@@ -259,7 +260,6 @@ def test_a_capture_interrupted_by_a_kill_9_of_the_daemon_is_undone_and_done_agai
     checkpointed beside an entry without a manifest (made here as that moment leaves them): the next daemon
     restores and unlocks it, adopts it serving, deletes the entry with its reason (and the link-remap files its
     dump made) and captures again."""
-    from dankserve.snapshot import shm
     from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 
     host = write_host(tmp_path / "host.json")
@@ -515,19 +515,21 @@ def test_a_client_connection_the_server_keeps_open_fails_the_capture_which_is_tr
 
 
 def test_an_idle_client_connection_is_waited_out_and_the_snapshot_restores(tmp_path: Path) -> None:
-    """A client's idle keep-alive connection opened while the capture sleeps the server: the capture waits
-    until the server closes it (2 s here; vLLM's default is 5 s), so the image holds none, and every restore
-    restores. (A client connecting between that wait and CRIU's freeze is caught after the restore: the image
-    is not kept and the restored server serves on; seen once while writing this test.)"""
+    """A client's idle keep-alive connection opened as the capture begins: the capture waits until the server
+    closes it (3 s here; vLLM's default is 5 s), so the image holds none, and every restore restores. (A client
+    connecting between that wait and CRIU's freeze is caught after the restore: the image is not kept and the
+    restored server serves on; seen once while writing this test.)"""
     host = write_host(tmp_path / "host.json")
     port = free_port()
-    # A swap group member: the capture sleeps it (1 s here), and the client connects meanwhile: its connection
-    # outlives the sleep by about a second.
-    env = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "2", "FAKE_VLLM_SLEEP_SECONDS": "1"}
+    # A swap group member: the capture sleeps it (1 s here); the client connects while this test holds the
+    # host's CRIU turn, so the capture starts as it lets go (CI once saw another test's dump hold the turn
+    # for 7 s, longer than the connection lived): the connection outlives the sleep by about 2 s.
+    env = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3", "FAKE_VLLM_SLEEP_SECONDS": "1"}
     dep = _deployment(host, port, swap_group="g", env=env)
     with running_daemon(tmp_path, {"chat": dep}, hardware=host) as daemon:
-        daemon.wait_for("chat", lambda d: d["state"] == "snapshotting", timeout=60)
-        client = _hold_connection(port)
+        with shm.turn():
+            daemon.wait_for("chat", lambda d: d["state"] == "snapshotting", timeout=60)
+            client = _hold_connection(port)
         try:
             _captured(daemon)
             manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())

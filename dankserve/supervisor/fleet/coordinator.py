@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from dankserve.plan.catalogue import capabilities
-from dankserve.plan.plan import SLEEP_MODE_FLAG
+from dankserve.plan.sleep_mode import SLEEP_MODE_FLAG
 from dankserve.supervisor import machine as m
 from dankserve.supervisor.clock import Clock
 from dankserve.supervisor.fleet import coordinate as c

@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from dankserve.backend_address import BackendAddress
-from dankserve.plan.plan import has_sleep_mode
 from dankserve.plan.serve_args import served_name
+from dankserve.plan.sleep_mode import has_sleep_mode
 from dankserve.planning import backend_address
 from dankserve.settings import DeploymentSettings
 from dankserve.supervisor import machine as m

@@ -153,8 +153,7 @@ class SnapshotEdge:
         if missing is not None:
             return m.SnapshotPlan("off", f"{missing.reason}: the GPU checkpoint needs it ({missing.fix})")
         self._key = self._current_key(dep, plan, digest, version, criu.criu_version(binary) or "unknown")
-        # Asleep only through the dev-mode routes (a TCP server under snapshot = "auto" has sleep mode
-        # for 0.34's checkpoint routes alone: plan.snapshot_sleep_flags).
+        # Asleep only through dev-mode routes (on TCP, sleep mode serves 0.34's checkpoint routes alone)
         self._sleeps = plan.sleep_mode and plan.exposure is not None and plan.exposure.dev_mode
         self._prepares = prepares_for_checkpoint(plan, version)
         root = store.store_root(settings.state_dir)
