@@ -38,16 +38,16 @@ def tree_image_bytes(pids: Iterable[int], proc: Path = Path("/proc")) -> int:
     return total
 
 
-def free_bytes(path: Path) -> int:
-    """Bytes an unprivileged writer may still put on `path`'s filesystem."""
+def space(path: Path) -> tuple[int, int]:
+    """(bytes an unprivileged writer may still put on `path`'s filesystem, the filesystem's size)."""
     st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def filesystem_bytes(path: Path) -> int:
-    """The size of `path`'s filesystem (the margin is a share of it)."""
-    st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize
+def problem(pids: Iterable[int], images: Path, budget: int | None) -> str | None:
+    """Why the image of these processes may not be written into `images` (None: it fits)."""
+    free, size = space(images)
+    return shortfall(tree_image_bytes(pids), free, size, budget)
 
 
 def shortfall(image: int, free: int, filesystem: int, budget: int | None) -> str | None:

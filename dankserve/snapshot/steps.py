@@ -116,9 +116,7 @@ class Runner:
                 self.hooks.sleep()
             case "room":
                 assert self.outcome.pid is not None
-                image = room.tree_image_bytes(process_tree(self.outcome.pid))
-                free, size = room.free_bytes(self.images), room.filesystem_bytes(self.images)
-                problem = room.shortfall(image, free, size, self.room_budget_bytes)
+                problem = room.problem(process_tree(self.outcome.pid), self.images, self.room_budget_bytes)
                 if problem:
                     raise StepFailed(problem)
             case "quiet":
