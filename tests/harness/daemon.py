@@ -194,6 +194,7 @@ class RunningDaemon:
             **os.environ,
             "NOTIFY_SOCKET": str(self.notifications.path),
             "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1",  # SIGABRT (a stop that hangs, below) prints every thread's stack
             **self.extra_env,
         }
         env.pop("DANKSERVE_CONFIG", None)
@@ -262,7 +263,19 @@ class RunningDaemon:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Say what the daemon was doing when it would not stop (a bare TimeoutExpired tells nothing):
+            # SIGABRT makes faulthandler write every thread's stack into the log.
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            tail = self.log_tail(200)
+            raise AssertionError(f"the daemon did not exit within {timeout} s of SIGTERM:\n{tail}") from None
 
     def kill(self) -> None:
         assert self.proc is not None
