@@ -60,6 +60,7 @@ class _Runtimes:
             self._podman = PodmanRuntime(
                 settings.podman_url, cache_dir=settings.state_dir, archive=LogArchive(settings.state_dir / SERVER_LOGS)
             )
+            self._podman.remove_abandoned_probes()  # a daemon killed while it read an image's version left one
         return self._podman
 
 

@@ -3,13 +3,18 @@ and the vLLM version an image holds (its label, else `vllm --version` run once p
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from dankserve.errors import ImageUnavailable
+from dankserve.errors import DankserveError, ImageUnavailable
+from dankserve.processes import is_same_process, start_time_of
 from dankserve.runtime.base import ImageInfo, PullPolicy, PullProgress
 from dankserve.runtime.podman.containers import ContainerManager
 from dankserve.runtime.podman.parsing import (
@@ -20,11 +25,13 @@ from dankserve.runtime.podman.parsing import (
     pull_progress,
     with_default_tag,
 )
+from dankserve.runtime.podman.probes import LABEL_PROBE_OWNER, ProbeOwner, abandoned_probes
 from dankserve.runtime.podman.session import PodmanSession
 from dankserve.runtime.podman.streams import LogStreams
 from dankserve.runtime.podman.versions import VersionCache
 
 log = structlog.get_logger("dankserve.runtime.podman")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class ImageManager:
@@ -124,6 +131,8 @@ class ImageManager:
     def _run_version(self, image_id: str) -> str | None:
         """`--entrypoint vllm IMAGE --version` in a short-lived container, removed afterwards."""
         session = self._session
+        self.remove_abandoned_probes()
+        owner = ProbeOwner(_boot_id() or "-", os.getpid(), start_time_of(os.getpid()))
         container = session.call(
             "create the vLLM version probe",
             lambda: session.client.containers.create(
@@ -131,7 +140,7 @@ class ImageManager:
                 entrypoint=["vllm"],
                 command=["--version"],
                 network_mode="none",
-                labels={LABEL_PROBE: "vllm-version"},
+                labels={LABEL_PROBE: "vllm-version", LABEL_PROBE_OWNER: owner.label()},
             ),
         )
         try:
@@ -144,6 +153,42 @@ class ImageManager:
         if version is None:
             log.warning("vllm_version_unknown", image=image_id, exit=event and event.exit_code, output=output[-500:])
         return version
+
+    def remove_abandoned_probes(self) -> list[str]:
+        """Removes the version probes whose owner was killed before it could (probes.py); their ids. Never
+        fails: a probe left now is removed by the next call."""
+
+        def listed() -> list[dict[str, Any]]:
+            found = self._session.client.containers.list(all=True, filters={"label": LABEL_PROBE})
+            return [dict(c.attrs) for c in found]
+
+        try:
+            gone = abandoned_probes(
+                self._session.call("list the vLLM version probes", listed),
+                now=time.time(),
+                timeout=self._version_timeout,
+                this_boot=_boot_id(),
+                alive=is_same_process,
+            )
+        except DankserveError as exc:
+            log.warning("version_probes_unlisted", error=str(exc))
+            return []
+        removed = []
+        for container_id in gone:
+            with contextlib.suppress(DankserveError):
+                self._session.remove_container(container_id)
+                removed.append(container_id)
+                log.info("version_probe_removed", container_id=container_id[:12], why="its owner is gone")
+        return removed
+
+
+def _boot_id() -> str | None:
+    """This boot's id (None where /proc does not say): a pid means the same process only within one boot."""
+    try:
+        text = BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+    return text if text and len(text) <= 64 and " " not in text else None
 
 
 _MAX_ENTRYPOINT_WORDS = 64

@@ -73,6 +73,10 @@ class PodmanRuntime(Runtime):
         """The service's network backend (`cni` or `netavark`), None when it does not say."""
         return self._session.network_backend()
 
+    def remove_abandoned_probes(self) -> list[str]:
+        """Removes the `vllm --version` probes a killed dankserve left (probes.py); their ids. Never fails."""
+        return self._images.remove_abandoned_probes()
+
     def close(self) -> None:
         """Release the HTTP connections."""
         self._session.close()
