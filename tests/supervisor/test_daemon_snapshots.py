@@ -521,15 +521,15 @@ def test_an_idle_client_connection_is_waited_out_and_the_snapshot_restores(tmp_p
     restored server serves on; seen once while writing this test.)"""
     host = write_host(tmp_path / "host.json")
     port = free_port()
-    # A swap group member: the capture sleeps it (1 s here); the client connects while this test holds the
-    # host's CRIU turn, so the capture starts as it lets go (CI once saw another test's dump hold the turn
-    # for 7 s, longer than the connection lived): the connection outlives the sleep by about 2 s.
+    # A swap group member: the capture sleeps it (1 s here) once it holds the host's CRIU turn; the client
+    # connects when this daemon holds it (other tests' dumps and restores take it too, 7 s seen under load, longer
+    # than the connection lives): the connection outlives the sleep by about 2 s.
     env = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3", "FAKE_VLLM_SLEEP_SECONDS": "1"}
     dep = _deployment(host, port, swap_group="g", env=env)
     with running_daemon(tmp_path, {"chat": dep}, hardware=host) as daemon:
-        with shm.turn():
-            daemon.wait_for("chat", lambda d: d["state"] == "snapshotting", timeout=60)
-            client = _hold_connection(port)
+        daemon.wait_for("chat", lambda d: d["state"] == "snapshotting", timeout=60)
+        wait_until(lambda: _holds_the_turn(daemon), 120, 0.01, what="the daemon's capture holding the CRIU turn")
+        client = _hold_connection(port)
         try:
             _captured(daemon)
             manifest = json.loads((daemon.state_dir / "snapshots" / "chat" / "manifest.json").read_text())
@@ -542,6 +542,21 @@ def test_an_idle_client_connection_is_waited_out_and_the_snapshot_restores(tmp_p
                 assert _ids(port) == ids
         finally:
             client.close()
+
+
+def _holds_the_turn(daemon: RunningDaemon) -> bool:
+    """The daemon holds the host's CRIU turn (shm.turn's flock), as /proc/locks says."""
+    try:
+        inode = os.stat(shm.SHM / shm.TURN_FILE).st_ino
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    assert daemon.proc is not None
+    wanted = ("FLOCK", str(daemon.proc.pid), str(inode))
+    for fields in (line.split() for line in locks.splitlines()):  # N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE ...
+        if len(fields) >= 6 and (fields[1], fields[4], fields[5].rsplit(":", 1)[-1]) == wanted:
+            return True
+    return False
 
 
 def _restores_counted(count: int, d: dict[str, Any]) -> bool:
