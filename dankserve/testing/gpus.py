@@ -67,11 +67,13 @@ def cdi_spec_text(dev_dir: Path, gpus: tuple[GpuRef, ...]) -> str:
 
 
 def remove_stale_specs(cdi_dir: Path, prefix: str = SPEC_PREFIX) -> None:
-    """Remove specs left by an interrupted run (their node directory is gone)."""
+    """Remove specs left by an interrupted run (their node directory is gone). A spec naming no node is not
+    taken for stale: specs are written whole (`stand_in_gpus`), but one of an older dankserve may still be
+    half written by a run starting beside this one (pytest-xdist's workers start together)."""
     for path in cdi_dir.glob(f"{prefix}*.yaml"):
         with suppress(OSError):
             host_paths = re.findall(r"hostPath: (\S+)", path.read_text())
-            if not any(Path(p).exists() for p in host_paths):
+            if host_paths and not any(Path(p).exists() for p in host_paths):
                 path.unlink()
 
 
@@ -86,12 +88,17 @@ def stand_in_gpus(
     remove_stale_specs(cdi_dir, prefix)
     gpus = tuple(GpuRef(index=i, uuid=f"GPU-{prefix}{token}-{i}") for i in range(count))
     spec = cdi_dir / f"{prefix}{token}.yaml"
+    partial = cdi_dir / f".{prefix}{token}.yaml.tmp"
     try:
         make_nodes(dev_dir, count)
-        spec.write_text(cdi_spec_text(dev_dir, gpus))
+        # Whole or not at all: another run's `remove_stale_specs` (or Podman) reading it half written would see
+        # no GPU (seen under load: a worker's spec deleted as stale by another's start, all its GPUs gone).
+        partial.write_text(cdi_spec_text(dev_dir, gpus))
+        partial.replace(spec)
         yield StandInGpus(dev_dir=dev_dir, gpus=gpus, cdi_spec=spec)
     finally:
         spec.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         if dev_dir.is_dir():
             for node in dev_dir.iterdir():
                 node.unlink(missing_ok=True)
