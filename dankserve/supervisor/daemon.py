@@ -92,6 +92,18 @@ def raise_descriptor_limit() -> None:
     log.info("descriptor_limit_raised", soft=soft, to=target)
 
 
+SLOW_STOP_STEP_SECONDS = 3.0
+"""A step of the daemon's stop taking longer is logged (`daemon_stop_slow`): what held SIGTERM up."""
+
+
+def _timed_stop_step(step: str, close: Callable[[], None]) -> None:
+    began = time.monotonic()
+    close()
+    took = time.monotonic() - began
+    if took >= SLOW_STOP_STEP_SECONDS:
+        log.warning("daemon_stop_slow", step=step, seconds=round(took, 1))
+
+
 def install_signals(stop: Callable[[], None], reload: Callable[[], None]) -> dict[int, Any]:
     """SIGTERM and SIGINT stop, SIGHUP reloads (only on the main thread); the handlers they replace."""
     previous: dict[int, Any] = {}
@@ -289,13 +301,17 @@ class Daemon:
             return ExitCode.OK
         finally:
             self.notifier.stopping()
-            close_metrics()  # first: the descriptors its peers hold are free for stopping the servers
-            self.coordinator.close()
-            self._stop_all()
-            close_services()
-            self.observatory.close()
-            control.close()
-            self.state.flush()
+            steps: tuple[tuple[str, Callable[[], None]], ...] = (
+                ("metrics", close_metrics),  # first: the descriptors its peers hold are free for stopping the servers
+                ("coordinator", self.coordinator.close),
+                ("deployments", self._stop_all),
+                ("services", close_services),
+                ("observatory", self.observatory.close),
+                ("control socket", control.close),
+                ("state", self.state.flush),
+            )
+            for step, close in steps:
+                _timed_stop_step(step, close)
             held.release()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -258,8 +258,10 @@ class RunningDaemon:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
-    def stop(self, timeout: float = 60) -> int:
-        """SIGTERM and wait; the exit code."""
+    def stop(self, timeout: float = 120) -> int:
+        """SIGTERM and wait; the exit code. (The daemon's own bound, with the test settings' 10 s stop timeout: the
+        workers' 25 s, each listener's 10 s, the coordinator's and the observatory's 5 s, and Podman's answers;
+        the unit gives it 150 s.)"""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -342,3 +342,16 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_slow_stop_says_which_step_held_it(tmp_path: Path) -> None:
+    """A server whose teardown takes 4 s: SIGTERM still exits 0, and the log names the step that took the time
+    (`daemon_stop_slow`, the deployments), so a stop that runs long can be read, not guessed."""
+    dep = process_deployment(free_port(), env={"FAKE_VLLM_SHUTDOWN_SECONDS": "4"})
+    with running_daemon(tmp_path, {"chat": dep}) as daemon:
+        daemon.wait_for("chat", ready)
+        assert daemon.stop() == 0
+        slow = daemon.events_named("daemon_stop_slow")
+        assert [e["step"] for e in slow] == ["deployments"], slow
+        assert slow[0]["seconds"] >= 3.0
+        assert daemon.events_named("daemon_stopped")
