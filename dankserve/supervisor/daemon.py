@@ -96,12 +96,13 @@ SLOW_STOP_STEP_SECONDS = 3.0
 """A step of the daemon's stop taking longer is logged (`daemon_stop_slow`): what held SIGTERM up."""
 
 
-def _timed_stop_step(step: str, close: Callable[[], None]) -> None:
-    began = time.monotonic()
-    close()
-    took = time.monotonic() - began
-    if took >= SLOW_STOP_STEP_SECONDS:
-        log.warning("daemon_stop_slow", step=step, seconds=round(took, 1))
+def _stop_in_order(*steps: tuple[str, Callable[[], None]]) -> None:
+    for step, close in steps:
+        began = time.monotonic()
+        close()
+        took = time.monotonic() - began
+        if took >= SLOW_STOP_STEP_SECONDS:
+            log.warning("daemon_stop_slow", step=step, seconds=round(took, 1))
 
 
 def install_signals(stop: Callable[[], None], reload: Callable[[], None]) -> dict[int, Any]:
@@ -301,7 +302,7 @@ class Daemon:
             return ExitCode.OK
         finally:
             self.notifier.stopping()
-            steps: tuple[tuple[str, Callable[[], None]], ...] = (
+            _stop_in_order(
                 ("metrics", close_metrics),  # first: the descriptors its peers hold are free for stopping the servers
                 ("coordinator", self.coordinator.close),
                 ("deployments", self._stop_all),
@@ -310,8 +311,6 @@ class Daemon:
                 ("control socket", control.close),
                 ("state", self.state.flush),
             )
-            for step, close in steps:
-                _timed_stop_step(step, close)
             held.release()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
