@@ -393,12 +393,13 @@ def _adoptions(daemon: RunningDaemon, before: int) -> dict[str, list[str]]:
 def test_a_daemon_killed_while_a_member_falls_asleep_is_followed_by_one_that_finishes_the_sleep(
     tmp_path: Path, podman_env: PodmanEnv, gpus: StandInGpus, vllm_image: str, members: list[str]
 ) -> None:
-    """kill -9 once a's /sleep is sent (its server takes 6 s to fall asleep): the next daemon never adopts a as
+    """kill -9 once a's /sleep is sent (its server takes 12 s to fall asleep: the next daemon, started under load,
+    has adopted by then; 6 s was once too few on 10 workers): the next daemon never adopts a as
     ready (its engine would answer 503, /health staying 200), it sends the sleep again and a is asleep at level
     1; a request wakes it. b, adopted asleep at level 2, then wakes by the staged wake: correct completions."""
     a, b = members[:2]
     deployments = {
-        a: _slow_member(vllm_image, "ma", "1", FAKE_VLLM_SLEEP_SECONDS="6"),
+        a: _slow_member(vllm_image, "ma", "1", FAKE_VLLM_SLEEP_SECONDS="12"),
         b: _slow_member(vllm_image, "mb", "2"),
     }
     with _group_daemon(tmp_path, podman_env, gpus, deployments) as (daemon, url):
