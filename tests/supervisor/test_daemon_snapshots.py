@@ -561,3 +561,19 @@ def _holds_the_turn(daemon: RunningDaemon) -> bool:
 
 def _restores_counted(count: int, d: dict[str, Any]) -> bool:
     return bool(d["state"] == "ready" and d["boots_by_kind"].get("restore") == count)
+
+
+def test_after_a_capture_the_worker_still_follows_the_servers_log_and_a_stop_is_prompt(tmp_path: Path) -> None:
+    """Found timing the suite's stops: the dump ended the tree and its log's follower; the tree restored with
+    its pids kept its id, so it was not followed again, and the old follower's end read as an exit to wait
+    for: every look waited 10 s, and SIGTERM took the whole stop timeout (then SIGKILL). Now the stop is prompt."""
+    host = write_host(tmp_path / "host.json")
+    port = free_port()
+    with running_daemon(tmp_path, {"chat": _deployment(host, port)}, hardware=host) as daemon:
+        _captured(daemon)
+        _ids(port)
+        assert daemon.stop() == 0
+        assert not daemon.events_named("daemon_stop_slow"), daemon.events_named("daemon_stop_slow")
+        assert "Application shutdown complete." in (daemon.state_dir / "processes" / "chat.log").read_text(), (
+            "stopped by SIGINT, not killed at the timeout"
+        )

@@ -684,3 +684,17 @@ def test_a_changed_key_file_discards_the_snapshot_and_boots_with_the_new_key(
         assert _keyed_ids(port, "new-key-0123456789")[0] == 200
         logged = daemon.log_tail(100000)
         assert "new-key" not in logged and "old-key" not in logged
+
+
+def test_after_a_capture_in_place_the_container_is_stopped_promptly(
+    tmp_path: Path, podman_env: PodmanEnv, host: Path, vllm_image: str, deployment: str
+) -> None:
+    """The checkpoint stopped the container and ended its log's stream; restored in place it keeps its id, and
+    the stream's end read after the capture made every look wait 10 s for an exit (SIGTERM then took the
+    whole stop timeout). It is followed anew: the stop is prompt."""
+    port = free_port()
+    with _daemon(tmp_path, podman_env, deployment, _deployment(vllm_image, port), host) as daemon:
+        _captured(daemon, deployment)
+        _ids(port)
+        assert daemon.stop() == 0
+        assert not daemon.events_named("daemon_stop_slow"), daemon.events_named("daemon_stop_slow")

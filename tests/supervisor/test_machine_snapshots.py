@@ -129,8 +129,8 @@ def test_a_capture_s_restored_tree_becomes_the_workload_its_log_followed() -> No
     after, commands = m.step(_capturing(), m.SnapshotCaptured(0.7, 100, workload_id="w9"), 11.0)
     assert after.stage is m.Stage.READY and after.workload_id == "w9"
     assert m.FollowLogs("w9") in commands
-    same, commands = m.step(_capturing(), m.SnapshotCaptured(0.7, 100), 11.0)
-    assert same.workload_id == "w1" and not any(isinstance(c, m.FollowLogs) for c in commands)
+    untouched, commands = m.step(_capturing(), m.SnapshotCaptured(0.7, 100), 11.0)
+    assert untouched.workload_id == "w1" and not any(isinstance(c, m.FollowLogs) for c in commands)
     kept, commands = m.step(_capturing(), m.SnapshotCaptureFailed("over snapshot_max_bytes", workload_id="w9"), 11.0)
     assert kept.stage is m.Stage.READY and kept.workload_id == "w9", "restored, then the snapshot not kept"
     assert m.FollowLogs("w9") in commands
@@ -212,3 +212,17 @@ def test_a_whole_containers_failed_restore_boots_a_new_launcher_container() -> N
     assert measuring.boot is not None and measuring.boot.launcher_id is None and measuring.boot.server is None
     assert m.RemoveWorkload("l1", best_effort=True) in commands
     assert measuring.boot.snapshot is not None and measuring.boot.snapshot.whole, "captured again, whole"
+
+
+def test_a_tree_restored_under_its_own_id_is_followed_anew() -> None:
+    """Found timing stops: a process tree restored with its pids (a container restored in place) keeps its
+    id, so its log was not followed again; the old follower's end, read after the capture, made each look wait
+    10 s for an exit that never came (a stop after any capture took the whole stop timeout). Now it is followed
+    anew, resuming after the lines read (the worker drops what the old follower still sends), the stream open."""
+    after, commands = m.step(_capturing(), m.SnapshotCaptured(0.7, 100, workload_id="w1"), 11.0)
+    assert after.workload_id == "w1" and after.boot is not None and not after.boot.log_ended
+    assert m.FollowLogs("w1", resume=True) in commands
+    _, commands = m.step(after, m.Tick(), 12.0)
+    assert not any(isinstance(c, m.WaitExit) for c in commands), commands
+    kept, commands = m.step(_capturing(), m.SnapshotCaptureFailed("over snapshot_max_bytes", workload_id="w1"), 11.0)
+    assert m.FollowLogs("w1", resume=True) in commands and kept.boot is not None and not kept.boot.log_ended

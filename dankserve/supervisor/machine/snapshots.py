@@ -97,11 +97,18 @@ def planned(state: MachineState, plan: SnapshotPlan) -> SnapshotPlan:
 
 
 def _serving(state: MachineState, workload_id: str | None) -> tuple[MachineState, tuple[FollowLogs, ...]]:
-    """The restored tree the capture left serving becomes the boot's workload; its log followed."""
+    """The restored tree the capture left serving becomes the boot's workload, its log followed anew: the dump
+    ended the tree and with it the follower of its log, whose end (read after the capture) would be taken
+    for the server's exit, and each look would then wait 10 s for an exit that never comes (a stop after a
+    capture took the whole stop timeout). The same id too (a process tree restored with its pids, a container
+    restored in place): the new follower resumes after the lines already read, the old one's are dropped."""
     boot = state.boot
-    if boot is None or workload_id is None or workload_id == boot.workload_id:
+    if boot is None or workload_id is None:
         return state, ()
-    return replace(state, boot=replace(boot, workload_id=workload_id)), (FollowLogs(workload_id),)
+    resume = workload_id == boot.workload_id
+    return replace(state, boot=replace(boot, workload_id=workload_id, log_ended=False)), (
+        FollowLogs(workload_id, resume=resume),
+    )
 
 
 def on_snapshot_captured(state: MachineState, event: SnapshotCaptured, now: float) -> Step:

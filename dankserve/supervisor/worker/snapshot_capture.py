@@ -131,10 +131,14 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
         left = job.runtime.inspect(job.workload_id)  # stopped by the checkpoint, not restored: a normal boot
         lost = left is None or not left.running
         again = None if lost else passing(outcome)
-        return m.SnapshotCaptureFailed(reason, server_lost=lost, retry_in=again, too_big=too_big(outcome))
+        # Serving (never stopped, or restored in place): its log followed anew, as after a capture.
+        served = None if lost else job.workload_id
+        return m.SnapshotCaptureFailed(
+            reason, server_lost=lost, workload_id=served, retry_in=again, too_big=too_big(outcome)
+        )
     size, why = _within_budget(root, name, job.max_bytes)
     if why is not None:
-        return m.SnapshotCaptureFailed(why)
+        return m.SnapshotCaptureFailed(why, workload_id=job.workload_id)
     now, outage = time.time(), capturing.outage_seconds(outcome)
     manifest.update(
         kept,
@@ -146,7 +150,8 @@ def capture_container(job: ContainerJob, manifest: dict[str, Any], gpu: Any, hoo
         timings={k: round(v, 4) for k, v in outcome.timings.items()},
     )
     store.write_manifest(root, name, manifest)
-    return m.SnapshotCaptured(outage, size)
+    # The container stopped at the checkpoint and was restored in place (its id kept): its log followed anew.
+    return m.SnapshotCaptured(outage, size, workload_id=job.workload_id)
 
 
 RETRY_SECONDS = 30.0
