@@ -581,7 +581,7 @@ def test_a_launchers_whole_container_is_captured_and_a_server_killed_inside_is_r
         for count in (1, 2):
             server = launcher.status().server
             assert server is not None and not server.exited
-            podman_env.podman("exec", name, "sh", "-c", f"kill -9 {server.pid}")
+            _kill_inside(podman_env, name, server.pid)
             after = _restored(daemon, deployment, count)
             assert _ids(port) == ids
             assert after["snapshot"]["last_failure"] is None and after["launcher"]["used"] is True
@@ -591,7 +591,7 @@ def test_a_launchers_whole_container_is_captured_and_a_server_killed_inside_is_r
         archive = daemon.state_dir / "snapshots" / deployment / "images" / "checkpoint.tar"
         archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
         before = _container(podman_env, name)["Id"]
-        podman_env.podman("exec", name, "sh", "-c", f"kill -9 {launcher.status().server.pid}")  # type: ignore[union-attr]
+        _kill_inside(podman_env, name, launcher.status().server.pid)  # type: ignore[union-attr]
         booted = _booted_normally(daemon, deployment)
         assert "restore failed at criu_restore" in booted["snapshot"]["last_failure"], booted["snapshot"]
         assert _container(podman_env, name)["Id"] != before and booted["launcher"]["used"] is True
@@ -599,6 +599,14 @@ def test_a_launchers_whole_container_is_captured_and_a_server_killed_inside_is_r
         assert server is not None and not server.exited, "booted through a new launcher"
         assert _ids(port) == ids
         _no_failure_counted(daemon)
+
+
+def _kill_inside(podman_env: PodmanEnv, name: str, pid: int) -> None:
+    """kill -9 of a process inside the container. Podman 4.3 has once answered an exec into a container restored
+    with import "container has already been removed" although the kill ran (CI: the daemon saw the server exit
+    and restored it): that answer is let pass, since what the test waits for next proves the kill or times out."""
+    done = podman_env.podman("exec", name, "sh", "-c", f"kill -9 {pid}", check=False)
+    assert done.returncode == 0 or "container has already been removed" in done.stderr, done.stderr
 
 
 def _keyed_ids(port: int, key: str | None) -> tuple[int, list[int]]:

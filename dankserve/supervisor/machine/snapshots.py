@@ -107,7 +107,7 @@ def _serving(state: MachineState, workload_id: str | None) -> tuple[MachineState
         return state, ()
     resume = workload_id == boot.workload_id
     return replace(state, boot=replace(boot, workload_id=workload_id, log_ended=False)), (
-        FollowLogs(workload_id, resume=resume),
+        FollowLogs(workload_id, resume=resume, server=boot.server),  # a launcher's server: its lines, to its exit
     )
 
 
