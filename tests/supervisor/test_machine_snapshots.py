@@ -195,8 +195,10 @@ def test_a_whole_containers_launcher_boot_captures_and_its_kept_launcher_restore
     ready, _ = m.step(_warming(replace(ABSENT, whole=True), server=1, launcher_id="l1"), m.WarmedUp(None, 0.1), 10.0)
     capturing, commands = m.step(ready, m.Tick(), 10.0)
     assert capturing.stage is m.Stage.SNAPSHOTTING and m.CaptureSnapshot("w1") in commands
-    captured, _ = m.step(capturing, m.SnapshotCaptured(0.5, 100), 10.5)
+    captured, commands = m.step(capturing, m.SnapshotCaptured(0.5, 100, workload_id="w1"), 10.5)
     assert captured.boot is not None and captured.boot.snapshot is not None and captured.boot.snapshot.whole
+    # restored in place: followed anew, still only the launcher's server's lines (its exit ends them)
+    assert m.FollowLogs("w1", resume=True, server=1) in commands
     starting, commands = m.step(_acquiring(WHOLE_READY, launcher_id="l1"), m.GpusAcquired(), 1.0)
     assert starting.stage is m.Stage.STARTING and m.RestoreSnapshot() in commands
     restored, _ = m.step(starting, m.Restored("c2", 3, 0.3), 1.3)
