@@ -103,8 +103,11 @@ class TableSupervisor:
     wakes: list[str] = field(default_factory=list)
     touches: list[str] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
+    looks: list[str] = field(default_factory=list)
+    """Every `backend` asked for: a request has reached the gateway once its deployment is looked up."""
 
     def backend(self, deployment: str) -> Backend:
+        self.looks.append(deployment)
         return self.backends.get(deployment, Backend(Availability.OFF, None, message="unknown"))
 
     def wake(self, deployment: str) -> None:

@@ -22,6 +22,7 @@ from tests.gateway.conftest import StandIn, TableSupervisor
 from tests.gateway.test_access import write_keys
 from tests.gateway.test_console import ADMIN, API, READER, Daemon
 from tests.harness.daemon import free_port
+from tests.harness.wait import wait_until
 
 PROMPT = "a secret prompt that never leaves the gateway"
 
@@ -56,7 +57,14 @@ def recent(url: str, key: str, **headers: str) -> httpx.Response:
 def test_each_request_with_its_times_and_tokens(served: tuple[str, TableSupervisor, StandIn]) -> None:
     url, supervisor, server = served
     supervisor.set("a", Availability.PENDING, server.port)  # booting: the request waits in the gateway's queue
-    ready = threading.Timer(0.5, lambda: supervisor.set("a", Availability.READY, server.port))
+    looked = len(supervisor.looks)
+
+    def ready_once_it_waits() -> None:  # (a 0.5 s timer was once too short under CI's load: nothing waited)
+        wait_until(lambda: len(supervisor.looks) > looked, 30, 0.01, what="the request at the gateway")
+        time.sleep(0.3)
+        supervisor.set("a", Availability.READY, server.port)
+
+    ready = threading.Thread(target=ready_once_it_waits)
     ready.start()
     assert complete(url, API).status_code == 200
     ready.join()
@@ -73,9 +81,7 @@ def test_each_request_with_its_times_and_tokens(served: tuple[str, TableSupervis
         None,
     )
     assert (waited["key"], waited["model"]) == ("api", "tiny")
-    # Held by the test until the deployment turned ready (0.5 s after the timer started; when the request
-    # arrived within that window depends on the machine's load, so no lower bound but "some", and more than
-    # a request to a ready deployment waited).
+    # Held by the test until the deployment turned ready, 0.3 s after the gateway first looked it up.
     assert 0 < waited["queued_seconds"] <= waited["total_seconds"]
     assert streamed["queued_seconds"] < waited["queued_seconds"]
     for entry in (waited, streamed):
