@@ -4,6 +4,7 @@ and the vLLM version an image holds (its label, else `vllm --version` run once p
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -182,8 +183,10 @@ class ImageManager:
         return removed
 
 
+@functools.cache
 def _boot_id() -> str | None:
-    """This boot's id (None where /proc does not say): a pid means the same process only within one boot."""
+    """This boot's id (None where /proc does not say): a pid means the same process only within one boot. Read
+    once: it cannot change while this process runs."""
     try:
         text = BOOT_ID.read_text().strip()
     except OSError:
