@@ -22,7 +22,7 @@ from tests.gateway.conftest import StandIn, TableSupervisor
 from tests.gateway.test_access import write_keys
 from tests.gateway.test_console import ADMIN, API, READER, Daemon
 from tests.harness.daemon import free_port
-from tests.harness.wait import wait_until
+from tests.harness.wait import hold_for, wait_until
 
 PROMPT = "a secret prompt that never leaves the gateway"
 
@@ -61,7 +61,7 @@ def test_each_request_with_its_times_and_tokens(served: tuple[str, TableSupervis
 
     def ready_once_it_waits() -> None:  # (a 0.5 s timer was once too short under CI's load: nothing waited)
         wait_until(lambda: len(supervisor.looks) > looked, 30, 0.01, what="the request at the gateway")
-        time.sleep(0.3)
+        hold_for(0.3, "the request waits in the gateway's queue: its queued time is the point")
         supervisor.set("a", Availability.READY, server.port)
 
     ready = threading.Thread(target=ready_once_it_waits)
