@@ -22,6 +22,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_suite_rules.py  # the suite's rules about itself: seconds
 
 # `pip install .` (no extras) into a fresh venv under build/, then one stand-in deployment through
 # its `dankserve run` until ready and a clean stop: a runtime dependency missing from pyproject fails.

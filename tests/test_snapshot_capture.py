@@ -43,6 +43,7 @@ from dankserve.supervisor.fleet.swap_verify import canary_ids
 from dankserve.supervisor.probes.sleep_mode import sleep_server, wake_server
 from tests.containers.test_fake_vllm import free_port
 from tests.harness.pids import adopting_orphans, take_pid
+from tests.harness.wait import wait_until
 from tests.test_snapshot_criu import damage_images
 
 _reading = read_criu(criu_path())
@@ -124,10 +125,12 @@ def _start(tmp_path: Path, **knobs: str) -> Server:
     argv = [sys.executable, str(STAND_IN), "serve", MODEL, "--port", str(port), "--enable-sleep-mode"]
     proc = spawn_detached(argv, log, env=env)
     root = proc.pid
-    end = time.monotonic() + 30
-    while READY not in log.read_bytes():
-        assert proc.poll() is None and time.monotonic() < end, log.read_text()
-        time.sleep(0.05)
+
+    def ready() -> bool:
+        assert proc.poll() is None, log.read_text()
+        return READY in log.read_bytes()
+
+    wait_until(ready, 30, 0.05, what=lambda: f"the stand-in's ready line: {log.read_text()}")
     return Server(proc, root, port, records, log)
 
 
@@ -340,9 +343,7 @@ def test_a_taken_host_pid_fails_the_restore_with_crius_reason(server: Server, tm
     the snapshot and boots normally (tests/supervisor/test_daemon_snapshots.py)."""
     gpu, images, captured, kept, tree = _captured_then_killed(server, tmp_path)
     gone = server.root
-    wait_gone = time.monotonic() + 10
-    while Path(f"/proc/{gone}").exists() and time.monotonic() < wait_gone:
-        time.sleep(0.02)
+    wait_until(lambda: not Path(f"/proc/{gone}").exists(), 10, 0.02, what=f"the killed server's pid {gone} freed")
     taker = take_pid(gone)
     if taker is None:
         pytest.skip("another process took the pid first (a busy host)")

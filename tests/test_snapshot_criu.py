@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from dankserve.doctor import read_criu
 from dankserve.snapshot.criu import CriuFailed, criu_path, dump, restore
 from tests.harness.pids import adopting_orphans
+from tests.harness.wait import wait_until
 
 _reading = read_criu(criu_path())
 pytestmark = pytest.mark.skipif(
@@ -44,15 +44,15 @@ def _free_port() -> int:
 
 
 def _answers(port: int, deadline_s: float = 20.0) -> int:
-    end = time.monotonic() + deadline_s
-    while True:
+
+    def status() -> int | None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
                 return int(r.status)
         except OSError:
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.1)
+            return None
+
+    return wait_until(status, deadline_s, 0.1, what=f"an HTTP answer on port {port}")
 
 
 def _children(pid: int) -> list[int]:
@@ -84,11 +84,13 @@ def _kill_tree(pid: int) -> None:
     members = [pid, *_children(pid)]
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    end = time.monotonic() + 20
-    while any(Path(f"/proc/{p}").exists() for p in members) and time.monotonic() < end:
+
+    def gone() -> bool:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(-1, os.WNOHANG)  # orphans come to us: we are a child subreaper
-        time.sleep(0.05)
+        return not any(Path(f"/proc/{p}").exists() for p in members)
+
+    wait_until(gone, 20, 0.05, what=f"the killed tree's pids {members} freed")
 
 
 @pytest.fixture(autouse=True)

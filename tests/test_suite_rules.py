@@ -15,12 +15,7 @@ TESTS = Path(__file__).resolve().parent
 WAITING_HELPERS = TESTS / "harness"
 """Where sleeping is allowed: the wait helpers themselves and the harness's own retry loops."""
 
-NOT_YET_CONVERTED: dict[str, str] = {
-    "supervisor/test_upgrade_probe.py": "rewritten on another branch while this rule landed",
-    "test_snapshot_capture.py": "rewritten on another branch while this rule landed",
-    "test_snapshot_criu.py": "rewritten on another branch while this rule landed",
-    "runtime/test_podman_gpu_checkpoint.py": "rewritten on another branch while this rule landed",
-}
+NOT_YET_CONVERTED: dict[str, str] = {}
 """Files (relative to tests/) still allowed bare sleeps, with why. Keep it short: an entry whose file no longer
 sleeps fails the rule too, so the list only shrinks."""
 

@@ -4,7 +4,6 @@ directory, matched through the container's pid namespace)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from dankserve.runtime.base import Mount, WorkloadSpec
 from dankserve.runtime.podman import PodmanRuntime
 from dankserve.snapshot.gpu_stand_in import StandInGpuCheckpoint
 from tests.harness.podman_service import PodmanEnv
+from tests.harness.wait import wait_until
 
 
 def test_the_stand_in_checkpoint_reaches_the_engine_core_in_a_container(
@@ -26,10 +26,7 @@ def test_the_stand_in_checkpoint_reaches_the_engine_core_in_a_container(
     )
     workload = podman_runtime.start(spec)
     try:
-        end = time.monotonic() + 60
-        while not list(records.glob("*.json")):
-            assert time.monotonic() < end, "the stand-in never listened"
-            time.sleep(0.1)
+        wait_until(lambda: list(records.glob("*.json")), 60, 0.1, what="the stand-in listening (its GPU record)")
         pid = int(podman_env.podman("inspect", "-f", "{{.State.Pid}}", workload.name).stdout.strip())
         tree = process_tree(pid)
         gpu = StandInGpuCheckpoint(records)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -14,6 +13,7 @@ from dankserve.backend_address import TcpAddress
 from dankserve.supervisor.upgrade.probe import DECODE_RUNS, DECODE_TOKENS, WARM_RUNS, ProbeFailed, measure
 from tests.gateway.conftest import StandIn, stand_ins, start_stand_in
 from tests.harness.daemon import free_port
+from tests.harness.wait import hold_for
 
 __all__ = ["stand_ins"]
 
@@ -115,7 +115,7 @@ def test_a_cold_first_stream_does_not_count() -> None:
             for _ in range(8):
                 self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
                 self.wfile.flush()
-                time.sleep(gap)
+                hold_for(gap, "the stream's pace: the first stream is slow, the others fast")
             self.wfile.write(b"data: [DONE]\n\n")
 
         def log_message(self, *args: object) -> None:
